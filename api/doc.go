@@ -1,0 +1,18 @@
+// Package api is the wire protocol shared by tenants, mediators, nodes and
+// operators: frames, requests, replies and error codes.
+//
+// A frame is a 16-byte header (body length, operation, flags, request id)
+// and a body. Every connection opens with Hello; the versions must match.
+// Requests pipeline: a peer may send many before the first reply, and
+// replies carry their request's id. Bulk payloads ride at the end of a body
+// and are written to the socket from the caller's memory and read into the
+// receiver's, without per-byte work.
+//
+// Invariants:
+//   - A body is never longer than MaxBody; a header that says otherwise is a
+//     protocol error and the connection is dropped, since it cannot resync.
+//   - Decoders trust nothing: every length is checked against what remains
+//     before anything is allocated; a malformed body is ErrProtocol.
+//   - Errors cross the wire as (Code, message). Code survives every hop, so
+//     errors.Is(err, ErrOutOfMemory) holds for a tenant whose node ran out.
+package api

@@ -1,0 +1,93 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is the wire form of an error class. It survives every hop: a node's
+// out-of-memory reaches the tenant as out-of-memory, whatever wrapped it.
+type Code uint16
+
+// Error codes. The numbers are part of the wire protocol: append, never renumber.
+const (
+	CodeOK Code = iota
+	CodeOutOfMemory
+	CodeQuotaExceeded
+	CodeInvalidAddress
+	CodeInvalidArgument
+	CodeUnknownKernel
+	CodePermissionDenied
+	CodeUnavailable
+	CodeProtocol
+	CodeInternal
+	codeEnd
+)
+
+// Sentinels, one per code. Code that fails wraps one of them with %w and
+// context that names the offending value, e.g.
+//
+//	fmt.Errorf("free %#x: no allocation there: %w", va, api.ErrInvalidAddress)
+var (
+	ErrOutOfMemory      = errors.New("out of memory")
+	ErrQuotaExceeded    = errors.New("quota exceeded")
+	ErrInvalidAddress   = errors.New("invalid address")
+	ErrInvalidArgument  = errors.New("invalid argument")
+	ErrUnknownKernel    = errors.New("unknown kernel")
+	ErrPermissionDenied = errors.New("permission denied")
+	ErrUnavailable      = errors.New("unavailable")
+	ErrProtocol         = errors.New("protocol error")
+	ErrInternal         = errors.New("internal error")
+)
+
+var sentinels = [codeEnd]error{
+	CodeOutOfMemory:      ErrOutOfMemory,
+	CodeQuotaExceeded:    ErrQuotaExceeded,
+	CodeInvalidAddress:   ErrInvalidAddress,
+	CodeInvalidArgument:  ErrInvalidArgument,
+	CodeUnknownKernel:    ErrUnknownKernel,
+	CodePermissionDenied: ErrPermissionDenied,
+	CodeUnavailable:      ErrUnavailable,
+	CodeProtocol:         ErrProtocol,
+	CodeInternal:         ErrInternal,
+}
+
+func (c Code) String() string {
+	if c == CodeOK {
+		return "ok"
+	}
+	if c < codeEnd {
+		return sentinels[c].Error()
+	}
+	return fmt.Sprintf("code(%d)", uint16(c))
+}
+
+// CodeOf classifies err. Errors that wrap none of the sentinels are internal.
+func CodeOf(err error) Code {
+	if err == nil {
+		return CodeOK
+	}
+	for c := CodeOutOfMemory; c < codeEnd; c++ {
+		if errors.Is(err, sentinels[c]) {
+			return c
+		}
+	}
+	return CodeInternal
+}
+
+// RemoteError is an error that arrived over the wire. Its message is the
+// remote side's full text; errors.Is matches the sentinel of its code.
+type RemoteError struct {
+	Code Code
+	Msg  string
+}
+
+func (e *RemoteError) Error() string { return e.Msg }
+
+// Unwrap lets errors.Is(err, api.ErrOutOfMemory) work on remote errors.
+func (e *RemoteError) Unwrap() error {
+	if e.Code > CodeOK && e.Code < codeEnd {
+		return sentinels[e.Code]
+	}
+	return ErrInternal
+}

@@ -1,0 +1,156 @@
+package api
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// HeaderSize is the size of a frame header on the wire.
+const HeaderSize = 16
+
+// MaxChunk is the largest bulk payload one frame carries; bigger copies are
+// split into chunks of this size and pipelined.
+const MaxChunk = 1 << 20
+
+// MaxBody is the largest frame body a peer accepts: a chunk plus room for the
+// fields in front of it. A header announcing more is a protocol error.
+const MaxBody = MaxChunk + 64<<10
+
+// BodyTimeout bounds how long a peer may take to deliver a body once its
+// header has arrived, so a connection that stalls mid-frame is dropped.
+const BodyTimeout = 30 * time.Second
+
+// Frame flags.
+const (
+	FlagReply uint16 = 1 << iota // the frame answers request ID
+	FlagError                    // the reply body is an error (code, message)
+)
+
+// Header precedes every frame: body length, operation, flags, request id.
+// Replies carry the id of their request, so requests pipeline.
+type Header struct {
+	Len   uint32
+	Op    Op
+	Flags uint16
+	ID    uint64
+}
+
+// Conn frames a byte stream. Reads are for one goroutine at a time; writes
+// may come from many and are serialised whole frames at a time.
+type Conn struct {
+	nc  net.Conn
+	r   *bufio.Reader
+	wmu sync.Mutex
+	w   *bufio.Writer
+	hdr [HeaderSize]byte
+}
+
+// NewConn wraps nc.
+func NewConn(nc net.Conn) *Conn {
+	return &Conn{nc: nc, r: bufio.NewReaderSize(nc, 64<<10), w: bufio.NewWriterSize(nc, 64<<10)}
+}
+
+// NetConn returns the underlying connection.
+func (c *Conn) NetConn() net.Conn { return c.nc }
+
+// Close closes the connection; blocked reads and writes return.
+func (c *Conn) Close() error { return c.nc.Close() }
+
+// ReadHeader reads and validates the next frame header.
+func (c *Conn) ReadHeader() (Header, error) {
+	if _, err := io.ReadFull(c.r, c.hdr[:]); err != nil {
+		return Header{}, err
+	}
+	h := Header{
+		Len:   binary.LittleEndian.Uint32(c.hdr[0:]),
+		Op:    Op(binary.LittleEndian.Uint16(c.hdr[4:])),
+		Flags: binary.LittleEndian.Uint16(c.hdr[6:]),
+		ID:    binary.LittleEndian.Uint64(c.hdr[8:]),
+	}
+	if h.Len > MaxBody {
+		return h, fmt.Errorf("frame %d (%v) announces a %d-byte body, limit %d: %w", h.ID, h.Op, h.Len, MaxBody, ErrProtocol)
+	}
+	return h, nil
+}
+
+// ReadBody reads the body of the frame whose header was just read into p,
+// which must be exactly h.Len long. The body must arrive within BodyTimeout.
+func (c *Conn) ReadBody(p []byte) error {
+	if len(p) == 0 {
+		return nil
+	}
+	if c.r.Buffered() < len(p) {
+		_ = c.nc.SetReadDeadline(time.Now().Add(BodyTimeout))
+		defer c.nc.SetReadDeadline(time.Time{})
+	}
+	_, err := io.ReadFull(c.r, p)
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// WriteFrame writes one frame whose body is the concatenation of parts.
+// Large parts go straight to the socket without being copied.
+func (c *Conn) WriteFrame(op Op, flags uint16, id uint64, parts ...[]byte) error {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	if n > MaxBody {
+		return fmt.Errorf("frame %d (%v): %d-byte body exceeds limit %d: %w", id, op, n, MaxBody, ErrInvalidArgument)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	var hdr [HeaderSize]byte
+	binary.LittleEndian.PutUint32(hdr[0:], uint32(n))
+	binary.LittleEndian.PutUint16(hdr[4:], uint16(op))
+	binary.LittleEndian.PutUint16(hdr[6:], flags)
+	binary.LittleEndian.PutUint64(hdr[8:], id)
+	if _, err := c.w.Write(hdr[:]); err != nil {
+		return err
+	}
+	for _, p := range parts {
+		if _, err := c.w.Write(p); err != nil {
+			return err
+		}
+	}
+	return c.w.Flush()
+}
+
+// Reply answers request h with a body made of parts.
+func (c *Conn) Reply(h Header, parts ...[]byte) error {
+	return c.WriteFrame(h.Op, FlagReply, h.ID, parts...)
+}
+
+// ReplyError answers request h with err's code and message.
+func (c *Conn) ReplyError(h Header, err error) error {
+	msg := err.Error()
+	if len(msg) > MaxString {
+		msg = msg[:MaxString]
+	}
+	e := Encoder{}
+	e.U16(uint16(CodeOf(err)))
+	e.String(msg)
+	return c.WriteFrame(h.Op, FlagReply|FlagError, h.ID, e.B)
+}
+
+// DecodeError turns an error reply body into a *RemoteError.
+func DecodeError(body []byte) error {
+	d := NewDecoder(body)
+	code := Code(d.U16())
+	msg := d.String()
+	if err := d.Finish(); err != nil {
+		return fmt.Errorf("malformed error reply: %w", err)
+	}
+	if code == CodeOK || code >= codeEnd {
+		return &RemoteError{Code: CodeProtocol, Msg: fmt.Sprintf("error reply with unknown code %d: %s", code, msg)}
+	}
+	return &RemoteError{Code: code, Msg: msg}
+}

@@ -1,0 +1,496 @@
+package api
+
+import "fmt"
+
+// Op names a request. The numbers are part of the wire protocol.
+type Op uint16
+
+// Operations every peer understands.
+const (
+	OpHello   Op = 1 // Hello → HelloReply; must be the first request
+	OpKernels Op = 2 // → KernelList
+)
+
+// Tenant operations: client → mediator. Addresses are tenant virtual addresses.
+const (
+	OpMalloc         Op = 16 + iota // Malloc → MallocReply
+	OpFree                          // Free
+	OpStreamCreate                  // → StreamReply
+	OpStreamDestroy                 // StreamReq
+	OpCopyToDevice                  // CopyToDevice (+ payload)
+	OpCopyFromDevice                // CopyFromDevice → payload
+	OpCopyDevice                    // CopyDevice
+	OpMemset                        // Memset
+	OpLaunch                        // Launch
+	OpSynchronize                   // StreamReq; answered once all earlier commands completed
+	OpStatus                        // → JSON Status
+)
+
+// Node operations: mediator → node. Addresses are physical device addresses.
+const (
+	OpNodeAlloc  Op = 64 + iota // NodeAlloc → NodeFrames
+	OpNodeFree                  // NodeFrames
+	OpNodeWrite                 // NodeAccess (+ payload)
+	OpNodeRead                  // NodeAccess → payload
+	OpNodeFill                  // NodeAccess
+	OpNodeCopy                  // NodeCopy
+	OpNodeLaunch                // NodeLaunch
+	OpNodeStatus                // → JSON NodeStatus
+)
+
+var opNames = map[Op]string{
+	OpHello: "hello", OpKernels: "kernels",
+	OpMalloc: "malloc", OpFree: "free", OpStreamCreate: "stream-create", OpStreamDestroy: "stream-destroy",
+	OpCopyToDevice: "copy-to-device", OpCopyFromDevice: "copy-from-device", OpCopyDevice: "copy-device",
+	OpMemset: "memset", OpLaunch: "launch", OpSynchronize: "synchronize", OpStatus: "status",
+	OpNodeAlloc: "node-alloc", OpNodeFree: "node-free", OpNodeWrite: "node-write", OpNodeRead: "node-read",
+	OpNodeFill: "node-fill", OpNodeCopy: "node-copy", OpNodeLaunch: "node-launch", OpNodeStatus: "node-status",
+}
+
+func (o Op) String() string {
+	if s, ok := opNames[o]; ok {
+		return s
+	}
+	return fmt.Sprintf("op(%d)", uint16(o))
+}
+
+// Message is a request or reply body with a fixed layout.
+type Message interface {
+	Marshal(e *Encoder)
+	Unmarshal(d *Decoder)
+}
+
+// Encode returns m's wire form.
+func Encode(m Message) []byte {
+	var e Encoder
+	m.Marshal(&e)
+	return e.B
+}
+
+// Decode fills m from b, rejecting short, malformed and over-long bodies.
+func Decode(b []byte, m Message) error {
+	d := NewDecoder(b)
+	m.Unmarshal(d)
+	return d.Finish()
+}
+
+// Magic opens every Hello.
+const Magic = 0x55504756 // "VGPU"
+
+// Version is the protocol version this build speaks. Peers must match.
+const Version = 1
+
+// Role says who is connecting.
+type Role uint8
+
+// Roles.
+const (
+	RoleTenant   Role = 1 // a tenant program, to a mediator
+	RoleOperator Role = 2 // vgpuctl, to a mediator
+	RoleMediator Role = 3 // a mediator, to a node
+)
+
+// Hello opens a connection.
+type Hello struct {
+	Magic   uint32
+	Version uint16
+	Role    Role
+	Tenant  string // the tenant this connection acts for; empty for operators
+	Devices uint32 // virtual devices wanted (tenants); 0 means 1
+}
+
+func (m *Hello) Marshal(e *Encoder) {
+	e.U32(m.Magic)
+	e.U16(m.Version)
+	e.U8(uint8(m.Role))
+	e.String(m.Tenant)
+	e.U32(m.Devices)
+}
+
+func (m *Hello) Unmarshal(d *Decoder) {
+	m.Magic = d.U32()
+	m.Version = d.U16()
+	m.Role = Role(d.U8())
+	m.Tenant = d.String()
+	m.Devices = d.U32()
+}
+
+// DeviceInfo describes a device: to a tenant its virtual device, to a
+// mediator a node's physical device.
+type DeviceInfo struct {
+	Index  uint32
+	Name   string
+	Node   string // where it lives
+	Memory uint64 // bytes
+}
+
+// HelloReply accepts a connection.
+type HelloReply struct {
+	Version uint16
+	Session uint64
+	Devices []DeviceInfo
+}
+
+func (m *HelloReply) Marshal(e *Encoder) {
+	e.U16(m.Version)
+	e.U64(m.Session)
+	e.U32(uint32(len(m.Devices)))
+	for _, dv := range m.Devices {
+		e.U32(dv.Index)
+		e.String(dv.Name)
+		e.String(dv.Node)
+		e.U64(dv.Memory)
+	}
+}
+
+func (m *HelloReply) Unmarshal(d *Decoder) {
+	m.Version = d.U16()
+	m.Session = d.U64()
+	m.Devices = make([]DeviceInfo, d.Len(20))
+	for i := range m.Devices {
+		m.Devices[i] = DeviceInfo{Index: d.U32(), Name: d.String(), Node: d.String(), Memory: d.U64()}
+	}
+}
+
+// Malloc allocates Size bytes on virtual device Device.
+type Malloc struct {
+	Device uint32
+	Size   uint64
+}
+
+func (m *Malloc) Marshal(e *Encoder)   { e.U32(m.Device); e.U64(m.Size) }
+func (m *Malloc) Unmarshal(d *Decoder) { m.Device = d.U32(); m.Size = d.U64() }
+
+// MallocReply returns the device virtual address of a new allocation.
+type MallocReply struct{ Addr uint64 }
+
+func (m *MallocReply) Marshal(e *Encoder)   { e.U64(m.Addr) }
+func (m *MallocReply) Unmarshal(d *Decoder) { m.Addr = d.U64() }
+
+// Free releases the allocation that starts at Addr.
+type Free struct{ Addr uint64 }
+
+func (m *Free) Marshal(e *Encoder)   { e.U64(m.Addr) }
+func (m *Free) Unmarshal(d *Decoder) { m.Addr = d.U64() }
+
+// DefaultStream exists in every session and cannot be destroyed.
+const DefaultStream = 0
+
+// StreamReq names a stream (destroy, synchronize); StreamReply returns one.
+type StreamReq struct{ Stream uint32 }
+
+func (m *StreamReq) Marshal(e *Encoder)   { e.U32(m.Stream) }
+func (m *StreamReq) Unmarshal(d *Decoder) { m.Stream = d.U32() }
+
+// CopyToDevice writes its payload at Dst. The payload is the rest of the body.
+type CopyToDevice struct {
+	Stream  uint32
+	Dst     uint64
+	Payload []byte
+}
+
+// CopyToDeviceHeader is the length of the fields in front of the payload.
+const CopyToDeviceHeader = 12
+
+func (m *CopyToDevice) Marshal(e *Encoder) {
+	e.U32(m.Stream)
+	e.U64(m.Dst)
+	e.B = append(e.B, m.Payload...)
+}
+func (m *CopyToDevice) Unmarshal(d *Decoder) {
+	m.Stream = d.U32()
+	m.Dst = d.U64()
+	m.Payload = d.Rest()
+}
+
+// CopyFromDevice reads Len bytes at Src; the reply body is the bytes.
+type CopyFromDevice struct {
+	Stream uint32
+	Src    uint64
+	Len    uint64
+}
+
+func (m *CopyFromDevice) Marshal(e *Encoder) { e.U32(m.Stream); e.U64(m.Src); e.U64(m.Len) }
+func (m *CopyFromDevice) Unmarshal(d *Decoder) {
+	m.Stream = d.U32()
+	m.Src = d.U64()
+	m.Len = d.U64()
+}
+
+// CopyDevice copies Len bytes from Src to Dst, both device addresses.
+type CopyDevice struct {
+	Stream   uint32
+	Dst, Src uint64
+	Len      uint64
+}
+
+func (m *CopyDevice) Marshal(e *Encoder) { e.U32(m.Stream); e.U64(m.Dst); e.U64(m.Src); e.U64(m.Len) }
+func (m *CopyDevice) Unmarshal(d *Decoder) {
+	m.Stream = d.U32()
+	m.Dst = d.U64()
+	m.Src = d.U64()
+	m.Len = d.U64()
+}
+
+// Memset sets Len bytes at Dst to Value.
+type Memset struct {
+	Stream uint32
+	Dst    uint64
+	Value  uint8
+	Len    uint64
+}
+
+func (m *Memset) Marshal(e *Encoder) { e.U32(m.Stream); e.U64(m.Dst); e.U8(m.Value); e.U64(m.Len) }
+func (m *Memset) Unmarshal(d *Decoder) {
+	m.Stream = d.U32()
+	m.Dst = d.U64()
+	m.Value = d.U8()
+	m.Len = d.U64()
+}
+
+// ArgKind is the type of a kernel argument.
+type ArgKind uint8
+
+// Argument kinds.
+const (
+	ArgBuffer ArgKind = 1 // a device address (tenant) or extents (node)
+	ArgI64    ArgKind = 2
+	ArgF32    ArgKind = 3
+)
+
+func (k ArgKind) String() string {
+	switch k {
+	case ArgBuffer:
+		return "buffer"
+	case ArgI64:
+		return "i64"
+	case ArgF32:
+		return "f32"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Arg is a kernel argument as a tenant gives it: a scalar or a device address.
+type Arg struct {
+	Kind ArgKind
+	Bits uint64 // the address, the int64, or the float32's bits
+}
+
+// Launch runs Kernel with Args on the device that holds its buffers.
+type Launch struct {
+	Stream uint32
+	Kernel string
+	Args   []Arg
+}
+
+func (m *Launch) Marshal(e *Encoder) {
+	e.U32(m.Stream)
+	e.String(m.Kernel)
+	e.U32(uint32(len(m.Args)))
+	for _, a := range m.Args {
+		e.U8(uint8(a.Kind))
+		e.U64(a.Bits)
+	}
+}
+
+func (m *Launch) Unmarshal(d *Decoder) {
+	m.Stream = d.U32()
+	m.Kernel = d.String()
+	m.Args = make([]Arg, d.Len(9))
+	for i := range m.Args {
+		m.Args[i] = Arg{Kind: ArgKind(d.U8()), Bits: d.U64()}
+	}
+}
+
+// Access says how a kernel uses a buffer parameter.
+type Access uint8
+
+// Buffer accesses.
+const (
+	AccessNone Access = iota // scalars
+	AccessRead
+	AccessWrite
+	AccessReadWrite
+)
+
+// Param is one parameter of a kernel's signature.
+type Param struct {
+	Name   string
+	Kind   ArgKind
+	Access Access
+}
+
+// KernelInfo describes a kernel in a node's catalog.
+type KernelInfo struct {
+	Name   string
+	Doc    string
+	Params []Param
+}
+
+// KernelList is the catalog.
+type KernelList struct{ Kernels []KernelInfo }
+
+func (m *KernelList) Marshal(e *Encoder) {
+	e.U32(uint32(len(m.Kernels)))
+	for _, k := range m.Kernels {
+		e.String(k.Name)
+		e.String(k.Doc)
+		e.U32(uint32(len(k.Params)))
+		for _, p := range k.Params {
+			e.String(p.Name)
+			e.U8(uint8(p.Kind))
+			e.U8(uint8(p.Access))
+		}
+	}
+}
+
+func (m *KernelList) Unmarshal(d *Decoder) {
+	m.Kernels = make([]KernelInfo, d.Len(12))
+	for i := range m.Kernels {
+		k := &m.Kernels[i]
+		k.Name = d.String()
+		k.Doc = d.String()
+		k.Params = make([]Param, d.Len(6))
+		for j := range k.Params {
+			k.Params[j] = Param{Name: d.String(), Kind: ArgKind(d.U8()), Access: Access(d.U8())}
+		}
+	}
+}
+
+// Extent is a run of physical device memory.
+type Extent struct{ Addr, Len uint64 }
+
+func putExtents(e *Encoder, xs []Extent) {
+	e.U32(uint32(len(xs)))
+	for _, x := range xs {
+		e.U64(x.Addr)
+		e.U64(x.Len)
+	}
+}
+
+func getExtents(d *Decoder) []Extent {
+	xs := make([]Extent, d.Len(16))
+	for i := range xs {
+		xs[i] = Extent{Addr: d.U64(), Len: d.U64()}
+	}
+	return xs
+}
+
+// ExtentsLen sums the lengths of xs.
+func ExtentsLen(xs []Extent) uint64 {
+	var n uint64
+	for _, x := range xs {
+		n += x.Len
+	}
+	return n
+}
+
+// NodeAlloc asks a node for Count frames on Device for the connection's tenant.
+type NodeAlloc struct {
+	Device uint32
+	Count  uint32
+}
+
+func (m *NodeAlloc) Marshal(e *Encoder)   { e.U32(m.Device); e.U32(m.Count) }
+func (m *NodeAlloc) Unmarshal(d *Decoder) { m.Device = d.U32(); m.Count = d.U32() }
+
+// NodeFrames lists frames by physical address: granted, or to be freed.
+type NodeFrames struct {
+	Device uint32
+	Frames []uint64
+}
+
+func (m *NodeFrames) Marshal(e *Encoder) {
+	e.U32(m.Device)
+	e.U32(uint32(len(m.Frames)))
+	for _, f := range m.Frames {
+		e.U64(f)
+	}
+}
+
+func (m *NodeFrames) Unmarshal(d *Decoder) {
+	m.Device = d.U32()
+	m.Frames = make([]uint64, d.Len(8))
+	for i := range m.Frames {
+		m.Frames[i] = d.U64()
+	}
+}
+
+// NodeAccess names physical memory to write (payload follows), read or fill.
+type NodeAccess struct {
+	Device  uint32
+	Extents []Extent
+	Value   uint8  // fill only
+	Payload []byte // write only: the rest of the body
+}
+
+func (m *NodeAccess) Marshal(e *Encoder) {
+	e.U32(m.Device)
+	putExtents(e, m.Extents)
+	e.U8(m.Value)
+	e.B = append(e.B, m.Payload...)
+}
+
+func (m *NodeAccess) Unmarshal(d *Decoder) {
+	m.Device = d.U32()
+	m.Extents = getExtents(d)
+	m.Value = d.U8()
+	m.Payload = d.Rest()
+}
+
+// NodeCopy copies between physical runs of one device; totals must match.
+type NodeCopy struct {
+	Device   uint32
+	Dst, Src []Extent
+}
+
+func (m *NodeCopy) Marshal(e *Encoder) { e.U32(m.Device); putExtents(e, m.Dst); putExtents(e, m.Src) }
+func (m *NodeCopy) Unmarshal(d *Decoder) {
+	m.Device = d.U32()
+	m.Dst = getExtents(d)
+	m.Src = getExtents(d)
+}
+
+// NodeArg is a kernel argument as a node sees it: a scalar, or a buffer given
+// as the physical runs that back it, in order.
+type NodeArg struct {
+	Kind    ArgKind
+	Bits    uint64
+	Extents []Extent
+}
+
+// NodeLaunch runs a kernel on a device of the node.
+type NodeLaunch struct {
+	Device uint32
+	Kernel string
+	Args   []NodeArg
+}
+
+func (m *NodeLaunch) Marshal(e *Encoder) {
+	e.U32(m.Device)
+	e.String(m.Kernel)
+	e.U32(uint32(len(m.Args)))
+	for _, a := range m.Args {
+		e.U8(uint8(a.Kind))
+		if a.Kind == ArgBuffer {
+			putExtents(e, a.Extents)
+		} else {
+			e.U64(a.Bits)
+		}
+	}
+}
+
+func (m *NodeLaunch) Unmarshal(d *Decoder) {
+	m.Device = d.U32()
+	m.Kernel = d.String()
+	m.Args = make([]NodeArg, d.Len(5))
+	for i := range m.Args {
+		a := &m.Args[i]
+		a.Kind = ArgKind(d.U8())
+		if a.Kind == ArgBuffer {
+			a.Extents = getExtents(d)
+		} else {
+			a.Bits = d.U64()
+		}
+	}
+}

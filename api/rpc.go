@@ -1,0 +1,171 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+)
+
+// Call is one request in flight. Done is closed when the reply (or the
+// failure of the connection) has arrived; then Err and Body are set.
+type Call struct {
+	Op   Op
+	Body []byte // the reply body, unless into was given
+	Err  error
+	into []byte
+	done chan struct{}
+}
+
+// Done is closed once the call has completed.
+func (c *Call) Done() <-chan struct{} { return c.done }
+
+// Wait blocks until the call completes and returns its error.
+func (c *Call) Wait() error {
+	<-c.done
+	return c.Err
+}
+
+// RPC issues pipelined requests over one Conn and matches replies to them by
+// id. Replies may arrive in any order; the peer decides.
+type RPC struct {
+	conn *Conn
+	name string // the peer, for error messages
+
+	mu      sync.Mutex
+	next    uint64
+	pending map[uint64]*Call
+	err     error // set once the connection has failed
+	closed  chan struct{}
+}
+
+// NewRPC starts reading replies from conn. name identifies the peer in errors.
+func NewRPC(conn *Conn, name string) *RPC {
+	r := &RPC{conn: conn, name: name, pending: map[uint64]*Call{}, closed: make(chan struct{})}
+	go r.readLoop()
+	return r
+}
+
+// Go sends a request whose body is parts and returns without waiting. If into
+// is not nil the reply body is read straight into it and must fill it exactly.
+// The caller must not modify parts until the call is done.
+func (r *RPC) Go(op Op, into []byte, parts ...[]byte) *Call {
+	c := &Call{Op: op, into: into, done: make(chan struct{})}
+	r.mu.Lock()
+	if r.err != nil {
+		err := r.err
+		r.mu.Unlock()
+		c.Err = err
+		close(c.done)
+		return c
+	}
+	r.next++
+	id := r.next
+	r.pending[id] = c
+	r.mu.Unlock()
+	if err := r.conn.WriteFrame(op, 0, id, parts...); err != nil {
+		if errors.Is(err, ErrInvalidArgument) { // refused locally, connection intact
+			r.complete(id, err)
+		} else {
+			r.fail(fmt.Errorf("send %v to %s: %v: %w", op, r.name, err, ErrUnavailable))
+		}
+	}
+	return c
+}
+
+// Call sends a request and waits for its reply body.
+func (r *RPC) Call(op Op, into []byte, parts ...[]byte) ([]byte, error) {
+	c := r.Go(op, into, parts...)
+	err := c.Wait()
+	return c.Body, err
+}
+
+// Closed is closed when the connection has failed or been closed.
+func (r *RPC) Closed() <-chan struct{} { return r.closed }
+
+// Close closes the connection; calls in flight fail with ErrUnavailable.
+func (r *RPC) Close() error {
+	r.fail(fmt.Errorf("connection to %s closed: %w", r.name, ErrUnavailable))
+	return nil
+}
+
+func (r *RPC) complete(id uint64, err error) *Call {
+	r.mu.Lock()
+	c := r.pending[id]
+	delete(r.pending, id)
+	r.mu.Unlock()
+	if c != nil && err != nil {
+		c.Err = err
+		close(c.done)
+	}
+	return c
+}
+
+func (r *RPC) fail(err error) {
+	r.mu.Lock()
+	if r.err != nil {
+		r.mu.Unlock()
+		return
+	}
+	r.err = err
+	pending := r.pending
+	r.pending = map[uint64]*Call{}
+	r.mu.Unlock()
+	_ = r.conn.Close()
+	close(r.closed)
+	for _, c := range pending {
+		c.Err = err
+		close(c.done)
+	}
+}
+
+func (r *RPC) readLoop() {
+	for {
+		if err := r.readOne(); err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				err = fmt.Errorf("connection to %s lost: %v: %w", r.name, err, ErrUnavailable)
+			}
+			r.fail(err)
+			return
+		}
+	}
+}
+
+func (r *RPC) readOne() error {
+	h, err := r.conn.ReadHeader()
+	if err != nil {
+		return err
+	}
+	if h.Flags&FlagReply == 0 {
+		return fmt.Errorf("%s sent request %d (%v) where a reply was due: %w", r.name, h.ID, h.Op, ErrProtocol)
+	}
+	r.mu.Lock()
+	c := r.pending[h.ID]
+	delete(r.pending, h.ID)
+	r.mu.Unlock()
+	if c == nil {
+		return fmt.Errorf("%s replied to unknown request %d: %w", r.name, h.ID, ErrProtocol)
+	}
+	switch {
+	case h.Flags&FlagError != 0:
+		body := make([]byte, h.Len)
+		if err = r.conn.ReadBody(body); err == nil {
+			c.Err = DecodeError(body)
+		}
+	case c.into != nil:
+		if int(h.Len) != len(c.into) {
+			err = fmt.Errorf("%s replied %d bytes to %v, want %d: %w", r.name, h.Len, h.Op, len(c.into), ErrProtocol)
+		} else {
+			err = r.conn.ReadBody(c.into)
+		}
+	default:
+		c.Body = make([]byte, h.Len)
+		err = r.conn.ReadBody(c.Body)
+	}
+	if err != nil {
+		c.Err = err
+	}
+	close(c.done)
+	return err
+}

@@ -1,0 +1,41 @@
+package api
+
+// Status is what a mediator reports to operators (OpStatus, JSON body).
+type Status struct {
+	Socket  string         `json:"socket"`
+	Nodes   []NodeStatus   `json:"nodes"`
+	Tenants []TenantStatus `json:"tenants"`
+}
+
+// NodeStatus is what a node reports (OpNodeStatus, JSON body).
+type NodeStatus struct {
+	Addr        string         `json:"addr"`
+	Backend     string         `json:"backend"`
+	Devices     []DeviceStatus `json:"devices"`
+	Connections int            `json:"connections"`
+	Error       string         `json:"error,omitempty"` // set by a mediator that could not reach the node
+}
+
+// DeviceStatus is one physical device of a node.
+type DeviceStatus struct {
+	Index    uint32 `json:"index"`
+	Name     string `json:"name"`
+	Memory   uint64 `json:"memory"`
+	Used     uint64 `json:"used"`
+	Frames   int    `json:"frames"`
+	Free     int    `json:"free_frames"`
+	Launches uint64 `json:"launches"`
+}
+
+// TenantStatus is one tenant session of a mediator.
+type TenantStatus struct {
+	Tenant      string `json:"tenant"`
+	Session     uint64 `json:"session"`
+	Devices     int    `json:"devices"`
+	Allocations int    `json:"allocations"`
+	Allocated   uint64 `json:"allocated_bytes"` // sum of live allocation sizes
+	Mapped      uint64 `json:"mapped_bytes"`    // device memory held in frames
+	CopiedIn    uint64 `json:"copied_in_bytes"`
+	CopiedOut   uint64 `json:"copied_out_bytes"`
+	Launches    uint64 `json:"launches"`
+}

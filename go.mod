@@ -1,0 +1,3 @@
+module github.com/vgpu/vgpu
+
+go 1.26
