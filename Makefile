@@ -1,0 +1,43 @@
+# vgpu — see README.md. Every target works on a fresh machine with Go.
+GO        ?= go
+BIN       := $(CURDIR)/bin
+TOOLS     := $(BIN)/tools
+STATICCHECK_VERSION := v0.8.2
+
+.PHONY: build test demo bench e2e lint fuzz clean
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+# Unit, property and process-level end-to-end tests, with the race detector.
+test:
+	$(GO) test -race -timeout 20m ./...
+
+demo: build
+	scripts/with-cluster.sh demo
+
+bench: build
+	scripts/with-cluster.sh bench
+
+# End-to-end tests only: real vgpu-node, vgpu-mediator and tenant processes.
+e2e:
+	$(GO) test -race -count=1 -timeout 20m ./e2e/...
+
+# Each fuzz target for FUZZTIME (default 20s).
+FUZZTIME ?= 20s
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; done
+
+$(TOOLS)/staticcheck:
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+lint: $(TOOLS)/staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(TOOLS)/staticcheck ./...
+
+clean:
+	rm -rf $(BIN)

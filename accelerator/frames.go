@@ -1,0 +1,162 @@
+package accelerator
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// FrameSize is the unit in which a node hands out physical device memory.
+const FrameSize = 2 << 20
+
+// owner identifies who holds a frame: one mediator connection, which acts for
+// one tenant. Zero means free.
+type owner uint64
+
+// frameTable tracks which connection owns each frame of one device.
+//
+// Invariant: a frame has at most one owner; a frame is scrubbed between
+// owners (by the caller of release, before the frame is marked free).
+type frameTable struct {
+	mu     sync.RWMutex
+	owners []owner // by frame number
+	free   int
+	hint   int // where the next search for a run starts
+}
+
+func newFrameTable(memory uint64) *frameTable {
+	n := int(memory / FrameSize)
+	return &frameTable{owners: make([]owner, n), free: n}
+}
+
+// alloc grants n frames to o: one contiguous run, found first-fit from the
+// last allocation, if there is one; otherwise any free frames, ascending.
+func (t *frameTable) alloc(o owner, n int) ([]uint64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n <= 0 {
+		return nil, fmt.Errorf("allocate %d frames: %w", n, api.ErrInvalidArgument)
+	}
+	if n > t.free {
+		return nil, fmt.Errorf("allocate %d frames (%d MiB): %d of %d free: %w", n, n*FrameSize>>20, t.free, len(t.owners), api.ErrOutOfMemory)
+	}
+	frames := make([]uint64, 0, n)
+	if start, ok := t.findRun(n); ok {
+		for i := start; i < start+n; i++ {
+			frames = append(frames, uint64(i))
+		}
+		t.hint = (start + n) % len(t.owners)
+	} else {
+		for i := 0; i < len(t.owners) && len(frames) < n; i++ {
+			if t.owners[i] == 0 {
+				frames = append(frames, uint64(i))
+			}
+		}
+	}
+	for i, f := range frames {
+		t.owners[f] = o
+		frames[i] = f * FrameSize
+	}
+	t.free -= n
+	return frames, nil
+}
+
+// findRun looks for n free frames in a row, starting at the hint and wrapping.
+func (t *frameTable) findRun(n int) (int, bool) {
+	total := len(t.owners)
+	for _, span := range [][2]int{{t.hint, total}, {0, t.hint}} {
+		run := 0
+		for i := span[0]; i < span[1]; i++ {
+			if t.owners[i] != 0 {
+				run = 0
+				continue
+			}
+			if run++; run == n {
+				return i - n + 1, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// frameOf validates a frame address and returns its number.
+func (t *frameTable) frameOf(addr uint64) (int, error) {
+	if addr%FrameSize != 0 || addr/FrameSize >= uint64(len(t.owners)) {
+		return 0, fmt.Errorf("frame address %#x is not a frame of this device: %w", addr, api.ErrInvalidAddress)
+	}
+	return int(addr / FrameSize), nil
+}
+
+// checkOwned verifies that o owns every frame addrs names, without changing
+// anything, so that a release either happens whole or not at all.
+func (t *frameTable) checkOwned(o owner, addrs []uint64) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	seen := make(map[int]bool, len(addrs))
+	for _, a := range addrs {
+		f, err := t.frameOf(a)
+		if err != nil {
+			return err
+		}
+		if t.owners[f] != o {
+			return fmt.Errorf("frame %#x is not held by this connection: %w", a, api.ErrPermissionDenied)
+		}
+		if seen[f] {
+			return fmt.Errorf("frame %#x named twice: %w", a, api.ErrInvalidArgument)
+		}
+		seen[f] = true
+	}
+	return nil
+}
+
+// release marks frames free. The caller has checked ownership and scrubbed them.
+func (t *frameTable) release(addrs []uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, a := range addrs {
+		t.owners[a/FrameSize] = 0
+	}
+	t.free += len(addrs)
+}
+
+// ownedBy lists the frames o holds.
+func (t *frameTable) ownedBy(o owner) []uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	var out []uint64
+	for i, w := range t.owners {
+		if w == o {
+			out = append(out, uint64(i)*FrameSize)
+		}
+	}
+	return out
+}
+
+// checkAccess verifies that every byte of xs lies in frames o owns.
+func (t *frameTable) checkAccess(o owner, xs []api.Extent) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	limit := uint64(len(t.owners)) * FrameSize
+	for _, x := range xs {
+		if x.Len == 0 {
+			continue
+		}
+		if x.Addr >= limit || x.Len > limit-x.Addr {
+			return fmt.Errorf("extent [%#x, +%d) lies outside device memory of %d bytes: %w", x.Addr, x.Len, limit, api.ErrInvalidAddress)
+		}
+		for f := x.Addr / FrameSize; f <= (x.Addr+x.Len-1)/FrameSize; f++ {
+			if t.owners[f] != o {
+				return fmt.Errorf("extent [%#x, +%d) touches frame %#x not held by this connection: %w", x.Addr, x.Len, f*FrameSize, api.ErrPermissionDenied)
+			}
+		}
+	}
+	return nil
+}
+
+// usage reports total and free frames.
+func (t *frameTable) usage() (total, free int) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.owners), t.free
+}

@@ -1,0 +1,196 @@
+// Package sim is the simulated accelerator backend: device memory is real
+// bytes in host RAM and kernels run on CPU cores.
+//
+// Device memory is one private anonymous mapping reserved with
+// MAP_NORESERVE, so a 16 GiB device costs RAM only where it has been written.
+// Scrubbing a range hands its pages back to the kernel (MADV_DONTNEED), which
+// both zeroes it and frees the RAM.
+//
+// Invariants: every method takes extents the caller has already checked to
+// lie inside the device (the node server does that, against its frame table);
+// the device itself only re-checks bounds to turn a caller bug into an error
+// rather than memory corruption.
+package sim
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vgpu/vgpu/accelerator/kernels"
+	"github.com/vgpu/vgpu/api"
+)
+
+// Device is one simulated accelerator.
+type Device struct {
+	info api.DeviceInfo
+	mem  []byte
+}
+
+// New reserves size bytes of lazily committed device memory.
+func New(index uint32, size uint64) (*Device, error) {
+	if size == 0 || size > 1<<44 {
+		return nil, fmt.Errorf("sim device %d: memory size %d out of range (1 B … 16 TiB): %w", index, size, api.ErrInvalidArgument)
+	}
+	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("sim device %d: reserve %d bytes: %v: %w", index, size, err, api.ErrOutOfMemory)
+	}
+	return &Device{info: api.DeviceInfo{Index: index, Name: fmt.Sprintf("sim%d", index), Memory: size}, mem: mem}, nil
+}
+
+// Info describes the device.
+func (d *Device) Info() api.DeviceInfo { return d.info }
+
+// Close releases the device memory. No other method may run during or after it.
+func (d *Device) Close() error {
+	if d.mem == nil {
+		return nil
+	}
+	err := unix.Munmap(d.mem)
+	d.mem = nil
+	return err
+}
+
+func (d *Device) slice(x api.Extent) ([]byte, error) {
+	if x.Addr > uint64(len(d.mem)) || x.Len > uint64(len(d.mem))-x.Addr {
+		return nil, fmt.Errorf("%s: extent [%#x, +%d) outside %d bytes of memory: %w", d.info.Name, x.Addr, x.Len, len(d.mem), api.ErrInvalidAddress)
+	}
+	return d.mem[x.Addr : x.Addr+x.Len], nil
+}
+
+// Write scatters p over xs, whose lengths must add up to len(p).
+func (d *Device) Write(xs []api.Extent, p []byte) error {
+	if n := api.ExtentsLen(xs); n != uint64(len(p)) {
+		return fmt.Errorf("%s: write of %d bytes into extents of %d: %w", d.info.Name, len(p), n, api.ErrInvalidArgument)
+	}
+	for _, x := range xs {
+		s, err := d.slice(x)
+		if err != nil {
+			return err
+		}
+		p = p[copy(s, p):]
+	}
+	return nil
+}
+
+// Read hands the memory of xs, in order, to send, without copying it.
+func (d *Device) Read(xs []api.Extent, send func(parts ...[]byte) error) error {
+	parts := make([][]byte, len(xs))
+	for i, x := range xs {
+		s, err := d.slice(x)
+		if err != nil {
+			return err
+		}
+		parts[i] = s
+	}
+	return send(parts...)
+}
+
+// Fill sets every byte of xs to v.
+func (d *Device) Fill(xs []api.Extent, v byte) error {
+	for _, x := range xs {
+		s, err := d.slice(x)
+		if err != nil {
+			return err
+		}
+		if v == 0 {
+			clear(s)
+			continue
+		}
+		for i := range s {
+			s[i] = v
+		}
+	}
+	return nil
+}
+
+// Copy copies src to dst with memmove semantics, even when they overlap.
+func (d *Device) Copy(dst, src []api.Extent) error {
+	if a, b := api.ExtentsLen(dst), api.ExtentsLen(src); a != b {
+		return fmt.Errorf("%s: copy of %d bytes into %d: %w", d.info.Name, b, a, api.ErrInvalidArgument)
+	}
+	if len(dst) == 1 && len(src) == 1 {
+		ds, err := d.slice(dst[0])
+		if err != nil {
+			return err
+		}
+		ss, err := d.slice(src[0])
+		if err != nil {
+			return err
+		}
+		copy(ds, ss)
+		return nil
+	}
+	tmp, err := d.gather(src)
+	if err != nil {
+		return err
+	}
+	return d.Write(dst, tmp)
+}
+
+// gather returns the bytes of xs as one slice: the device memory itself when
+// xs is a single run, else a copy.
+func (d *Device) gather(xs []api.Extent) ([]byte, error) {
+	if len(xs) == 1 {
+		return d.slice(xs[0])
+	}
+	out := make([]byte, 0, api.ExtentsLen(xs))
+	for _, x := range xs {
+		s, err := d.slice(x)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s...)
+	}
+	return out, nil
+}
+
+// Launch runs k on the CPU. A buffer backed by one physical run is handed to
+// the kernel in place; one backed by several is gathered into a copy and,
+// if the kernel may write it, scattered back afterwards.
+func (d *Device) Launch(k *kernels.Kernel, args []api.NodeArg) error {
+	vals := make([]kernels.Value, len(args))
+	var scatter []int
+	for i, a := range args {
+		vals[i] = kernels.Value{Kind: a.Kind}
+		switch a.Kind {
+		case api.ArgI64:
+			vals[i].I64 = int64(a.Bits)
+		case api.ArgF32:
+			vals[i].F32 = api.F32FromBits(a.Bits)
+		case api.ArgBuffer:
+			buf, err := d.gather(a.Extents)
+			if err != nil {
+				return fmt.Errorf("%s: argument %d of %s: %w", d.info.Name, i, k.Info.Name, err)
+			}
+			vals[i].Buf = buf
+			if len(a.Extents) > 1 && i < len(k.Info.Params) && k.Info.Params[i].Access >= api.AccessWrite {
+				scatter = append(scatter, i)
+			}
+		}
+	}
+	if err := k.Run(vals); err != nil {
+		return err
+	}
+	for _, i := range scatter {
+		if err := d.Write(args[i].Extents, vals[i].Buf); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Scrub zeroes [addr, addr+n) and returns its RAM to the host. addr and n
+// must be page aligned.
+func (d *Device) Scrub(addr, n uint64) error {
+	s, err := d.slice(api.Extent{Addr: addr, Len: n})
+	if err != nil {
+		return err
+	}
+	if err := unix.Madvise(s, unix.MADV_DONTNEED); err != nil {
+		return fmt.Errorf("%s: scrub [%#x, +%d): %v: %w", d.info.Name, addr, n, err, api.ErrInternal)
+	}
+	return nil
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"text/tabwriter"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/bench"
+	"github.com/vgpu/vgpu/internal/workload"
+)
+
+func status(socket string, args []string) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	op, err := client.DialOperator(socket)
+	if err != nil {
+		return err
+	}
+	defer op.Close()
+	st, err := op.Status()
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tBACKEND\tDEVICE\tMEMORY\tUSED\tLAUNCHES")
+	for _, n := range st.Nodes {
+		if n.Error != "" {
+			fmt.Fprintf(w, "%s\t-\t-\t-\t-\t-\t(%s)\n", n.Addr, n.Error)
+		}
+		for _, d := range n.Devices {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\n", n.Addr, n.Backend, d.Name, api.FormatSize(d.Memory), api.FormatSize(d.Used), d.Launches)
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "TENANT\tSESSION\tDEVICES\tALLOCATIONS\tALLOCATED\tMAPPED\tIN\tOUT\tLAUNCHES")
+	for _, t := range st.Tenants {
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\n", t.Tenant, t.Session, t.Devices, t.Allocations,
+			api.FormatSize(t.Allocated), api.FormatSize(t.Mapped), api.FormatSize(t.CopiedIn), api.FormatSize(t.CopiedOut), t.Launches)
+	}
+	return w.Flush()
+}
+
+func kernelList(socket string, _ []string) error {
+	op, err := client.DialOperator(socket)
+	if err != nil {
+		return err
+	}
+	defer op.Close()
+	ks, err := op.Kernels()
+	if err != nil {
+		return err
+	}
+	for _, k := range ks {
+		params := make([]string, len(k.Params))
+		for i, p := range k.Params {
+			params[i] = p.Name + " " + p.Kind.String()
+		}
+		fmt.Printf("%s(%s)\n    %s\n", k.Name, strings.Join(params, ", "), k.Doc)
+	}
+	return nil
+}
+
+func demo(socket string, _ []string) error {
+	ws := workload.Demo()
+	results := make([]workload.Result, len(ws))
+	var wg sync.WaitGroup
+	for i, w := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = workload.Execute(socket, fmt.Sprintf("tenant-%c", 'a'+i), w)
+		}()
+	}
+	wg.Wait()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tWORKLOAD\tWORK\tBYTES MOVED\tTIME\tCHECK")
+	var errs []error
+	for _, r := range results {
+		check := "passed"
+		switch {
+		case r.Err != nil:
+			check = "error: " + r.Err.Error()
+			errs = append(errs, fmt.Errorf("%s: %s: %w", r.Tenant, r.Workload, r.Err))
+		case !r.Checked:
+			check = "FAILED: " + r.Detail
+			errs = append(errs, fmt.Errorf("%s: %s: result differs from the reference: %s", r.Tenant, r.Workload, r.Detail))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\n", r.Tenant, r.Workload, r.Work, api.FormatSize(r.Bytes), r.Elapsed.Round(1e6), check)
+	}
+	tw.Flush()
+	return errors.Join(errs...)
+}
+
+func benchCmd(socket string, args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print JSON")
+	size := fs.String("size", "256MiB", "bulk copy size")
+	rounds := fs.Int("rounds", 3, "bulk repetitions (the median counts)")
+	ops := fs.Int("ops", 2000, "small operations to time")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	n, err := api.ParseSize(*size)
+	if err != nil {
+		return fmt.Errorf("--size: %w", err)
+	}
+	r, err := bench.Run(bench.Options{Socket: socket, BulkBytes: int(n), Rounds: *rounds, SmallOps: *ops})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEASURE\tVGPU\tBASELINE\tRATIO")
+	fmt.Fprintf(tw, "host→device %s\t%.0f MB/s\t%.0f MB/s (raw TCP stream)\t%.2f×\n", api.FormatSize(uint64(r.BulkBytes)), r.H2DMBps, r.RawTCPMBps, r.H2DRatio)
+	fmt.Fprintf(tw, "device→host %s\t%.0f MB/s\t%.0f MB/s (raw TCP stream)\t%.2f×\n", api.FormatSize(uint64(r.BulkBytes)), r.D2HMBps, r.RawTCPMBps, r.D2HRatio)
+	fmt.Fprintf(tw, "4-byte device→host, synchronous\t%.1f µs\t%.1f µs (raw unix+TCP ping-pong)\t%.2f×\n", r.SmallOpUs, r.RawPingPongUs, r.SmallOpRatio)
+	return tw.Flush()
+}

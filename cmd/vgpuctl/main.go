@@ -1,0 +1,43 @@
+// Command vgpuctl is the operator's tool for a vgpu mediator: status, the
+// kernel catalog, a self-checking demo and the benchmark.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/vgpu/vgpu/client"
+)
+
+const usage = `usage: vgpuctl [--socket PATH] COMMAND [flags]
+
+commands:
+  status [--json]   nodes, devices, memory and tenants of the mediator
+  kernels           the kernel catalog
+  demo              three tenants compute at once; every result is checked
+  bench [--json]    data path against raw baselines, as ratios
+`
+
+func main() {
+	socket := flag.String("socket", client.DefaultSocket, "mediator socket")
+	flag.Usage = func() { fmt.Fprint(os.Stderr, usage); flag.PrintDefaults() }
+	flag.Parse()
+	if flag.NArg() < 1 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	cmds := map[string]func(socket string, args []string) error{
+		"status": status, "kernels": kernelList, "demo": demo, "bench": benchCmd,
+	}
+	run, ok := cmds[flag.Arg(0)]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "vgpuctl: unknown command %q\n", flag.Arg(0))
+		flag.Usage()
+		os.Exit(2)
+	}
+	if err := run(*socket, flag.Args()[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "vgpuctl:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,226 @@
+// Package e2e runs the real binaries as separate processes on loopback, in
+// a temporary directory: vgpu-node, vgpu-mediator, tenant programs and
+// vgpuctl, the way an operator and tenants use them.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "vgpu-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = dir
+	build := exec.Command("go", "build", "-o", dir+"/",
+		"github.com/vgpu/vgpu/cmd/...", "github.com/vgpu/vgpu/examples/tenant")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build binaries:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a daemon started for a test, stopped with SIGTERM at cleanup.
+type proc struct {
+	cmd *exec.Cmd
+	out *bytes.Buffer
+}
+
+func startProc(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(filepath.Join(bin, name), args...), out: &bytes.Buffer{}}
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan error, 1)
+			go func() { done <- p.cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("%s did not stop cleanly: %v\n%s", name, err, p.out)
+				}
+			case <-time.After(10 * time.Second):
+				p.cmd.Process.Kill()
+				t.Errorf("%s ignored SIGTERM for 10s\n%s", name, p.out)
+			}
+		}
+	})
+	return p
+}
+
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cluster starts a vgpu-node with two sim devices and a vgpu-mediator using it.
+func cluster(t *testing.T) (socket string) {
+	t.Helper()
+	addr := freePort(t)
+	startProc(t, "vgpu-node", "--listen", addr, "--devices", "2", "--memory", "1GiB", "--log-level", "warn")
+	waitFor(t, "vgpu-node to listen", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	socket = filepath.Join(t.TempDir(), "mediator.sock")
+	startProc(t, "vgpu-mediator", "--socket", socket, "--node", addr, "--log-level", "warn")
+	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	return socket
+}
+
+func run(t *testing.T, name string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, filepath.Join(bin, name), args...).CombinedOutput()
+	return string(out), err
+}
+
+func status(t *testing.T, socket string) api.Status {
+	t.Helper()
+	out, err := run(t, "vgpuctl", "--socket", socket, "status", "--json")
+	if err != nil {
+		t.Fatalf("vgpuctl status: %v\n%s", err, out)
+	}
+	var st api.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status JSON: %v\n%s", err, out)
+	}
+	return st
+}
+
+func idle(st api.Status) bool {
+	for _, n := range st.Nodes {
+		for _, d := range n.Devices {
+			if d.Used != 0 {
+				return false
+			}
+		}
+	}
+	return len(st.Tenants) == 0
+}
+
+func TestTwoTenantProcesses(t *testing.T) {
+	socket := cluster(t)
+	var wg sync.WaitGroup
+	for _, tenant := range []string{"alice", "bob"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := run(t, "tenant", "--socket", socket, "--tenant", tenant, "--n", "3000000")
+			if err != nil || strings.TrimSpace(out) != "ok" {
+				t.Errorf("tenant %s: %v\n%s", tenant, err, out)
+			}
+		}()
+	}
+	wg.Wait()
+	waitFor(t, "all memory released", func() bool { return idle(status(t, socket)) })
+	st := status(t, socket)
+	if len(st.Nodes) != 1 || len(st.Nodes[0].Devices) != 2 || st.Nodes[0].Devices[0].Memory != 1<<30 {
+		t.Fatalf("status nodes = %+v", st.Nodes)
+	}
+}
+
+func TestKilledTenantIsReleased(t *testing.T) {
+	socket := cluster(t)
+	cmd := exec.Command(filepath.Join(bin, "tenant"), "--socket", socket, "--tenant", "doomed", "--hold", "5m")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the tenant to hold memory", func() bool {
+		st := status(t, socket)
+		return len(st.Tenants) == 1 && st.Tenants[0].Mapped > 0 && st.Tenants[0].Launches == 3
+	})
+	cmd.Process.Kill()
+	cmd.Wait()
+	waitFor(t, "the killed tenant's memory to be released", func() bool { return idle(status(t, socket)) })
+}
+
+func TestDemoChecksEveryResult(t *testing.T) {
+	socket := cluster(t)
+	out, err := run(t, "vgpuctl", "--socket", socket, "demo")
+	if err != nil {
+		t.Fatalf("vgpuctl demo: %v\n%s", err, out)
+	}
+	if n := strings.Count(out, "passed"); n != 3 {
+		t.Fatalf("want 3 passed checks, got %d:\n%s", n, out)
+	}
+	waitFor(t, "all memory released", func() bool { return idle(status(t, socket)) })
+}
+
+func TestEmbeddedDefault(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "m.sock")
+	med := startProc(t, "vgpu-mediator", "--socket", socket, "--embedded-memory", "512MiB", "--log-level", "warn")
+	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	out, err := run(t, "tenant", "--socket", socket, "--tenant", "solo")
+	if err != nil {
+		t.Fatalf("tenant: %v\n%s", err, out)
+	}
+	// A clean stop removes the socket.
+	med.cmd.Process.Signal(syscall.SIGTERM)
+	if err := med.cmd.Wait(); err != nil {
+		t.Fatalf("mediator exit: %v\n%s", err, med.out)
+	}
+	if _, err := os.Stat(socket); !os.IsNotExist(err) {
+		t.Fatalf("socket left behind after stop: %v", err)
+	}
+}
+
+func TestBadFlagsNameTheValue(t *testing.T) {
+	out, err := run(t, "vgpu-node", "--memory", "12X")
+	if err == nil || !strings.Contains(out, `"12X"`) {
+		t.Fatalf("vgpu-node --memory 12X: err %v, output %q", err, out)
+	}
+	out, err = run(t, "vgpu-mediator", "--node", freePort(t), "--socket", filepath.Join(t.TempDir(), "s"))
+	if err == nil || !strings.Contains(out, "unavailable") {
+		t.Fatalf("mediator with unreachable node: err %v, output %q", err, out)
+	}
+	out, err = run(t, "tenant", "--socket", filepath.Join(t.TempDir(), "none.sock"))
+	if err == nil || !strings.Contains(out, "none.sock") {
+		t.Fatalf("tenant without mediator: err %v, output %q", err, out)
+	}
+}

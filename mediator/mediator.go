@@ -1,0 +1,230 @@
+// Package mediator is the per-host hypervisor of vgpu: it serves tenant
+// sessions on a Unix socket and carries their work to remote nodes.
+//
+// It owns sessions (one per tenant connection), their streams, and the
+// mapping of each session's virtual devices onto the nodes' physical
+// devices. It is the only package that puts memory (address spaces), the
+// wire protocol and the nodes together.
+//
+// Invariants:
+//   - Every tenant request is validated here before any node sees it: a
+//     tenant only ever names its own virtual addresses, which this package
+//     translates and bounds-checks; nodes re-check physical extents.
+//   - Commands of one stream take effect in order. A session's node
+//     connections execute in order, so a stream pipelines freely on one node
+//     and waits for its work in flight before it switches nodes.
+//   - When a session ends, cleanly or not, all of its device memory is
+//     released: its address space returns its frames and its node
+//     connections close, and nodes free whatever a connection held.
+//   - A bad request fails alone; the session and every other session go on.
+//
+// Lock order: Mediator.mu, then session.mu. Streams lock nothing of others.
+package mediator
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// Config says which nodes a mediator uses.
+type Config struct {
+	Nodes []string // node addresses (host:port)
+	// TenantMemory caps each session's allocations in bytes; 0 means only
+	// device memory limits them.
+	TenantMemory uint64
+	Log          logrus.FieldLogger
+}
+
+// device is a physical device of some node, as the mediator places work.
+type device struct {
+	node     int // index into Mediator.nodes
+	info     api.DeviceInfo
+	sessions atomic.Int64 // virtual devices currently placed here
+}
+
+// Mediator serves tenants.
+type Mediator struct {
+	cfg     Config
+	log     logrus.FieldLogger
+	nodes   []*node
+	devices []*device
+	catalog map[string]api.KernelInfo
+
+	nextSession atomic.Uint64
+	mu          sync.Mutex
+	sessions    map[uint64]*session
+	listeners   []net.Listener
+	conns       map[net.Conn]struct{}
+	closed      bool
+	wg          sync.WaitGroup
+}
+
+// New connects to every node of cfg and learns their devices and kernels.
+func New(cfg Config) (*Mediator, error) {
+	if len(cfg.Nodes) == 0 {
+		return nil, fmt.Errorf("mediator needs at least one node: %w", api.ErrInvalidArgument)
+	}
+	if cfg.Log == nil {
+		cfg.Log = logrus.StandardLogger()
+	}
+	m := &Mediator{cfg: cfg, log: cfg.Log, sessions: map[uint64]*session{}, conns: map[net.Conn]struct{}{}}
+	for i, addr := range cfg.Nodes {
+		n, catalog, err := connectNode(addr)
+		if err != nil {
+			m.closeNodes()
+			return nil, err
+		}
+		m.nodes = append(m.nodes, n)
+		if m.catalog == nil {
+			m.catalog = catalog
+		} else {
+			m.catalog = intersect(m.catalog, catalog)
+		}
+		for _, d := range n.devices {
+			m.devices = append(m.devices, &device{node: i, info: d})
+		}
+		m.log.WithFields(logrus.Fields{"node": addr, "devices": len(n.devices)}).Info("node connected")
+	}
+	if len(m.devices) == 0 {
+		m.closeNodes()
+		return nil, fmt.Errorf("nodes %v export no devices: %w", cfg.Nodes, api.ErrUnavailable)
+	}
+	return m, nil
+}
+
+// intersect keeps the kernels both catalogs offer with the same signature, so
+// a launch validated here runs on whichever node holds the buffers.
+func intersect(a, b map[string]api.KernelInfo) map[string]api.KernelInfo {
+	out := map[string]api.KernelInfo{}
+	for name, k := range a {
+		if o, ok := b[name]; ok && fmt.Sprint(o.Params) == fmt.Sprint(k.Params) {
+			out[name] = k
+		}
+	}
+	return out
+}
+
+func (m *Mediator) closeNodes() {
+	for _, n := range m.nodes {
+		n.ctl.Close()
+	}
+}
+
+// Serve accepts tenant and operator connections on l until Close.
+func (m *Mediator) Serve(l net.Listener) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return fmt.Errorf("mediator closed: %w", api.ErrUnavailable)
+	}
+	m.listeners = append(m.listeners, l)
+	m.mu.Unlock()
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			m.mu.Lock()
+			closed := m.closed
+			m.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("accept on %s: %w", l.Addr(), err)
+		}
+		m.mu.Lock()
+		if m.closed {
+			m.mu.Unlock()
+			nc.Close()
+			return nil
+		}
+		m.conns[nc] = struct{}{}
+		m.wg.Add(1)
+		m.mu.Unlock()
+		go func() {
+			defer m.wg.Done()
+			m.serveConn(nc)
+			m.mu.Lock()
+			delete(m.conns, nc)
+			m.mu.Unlock()
+		}()
+	}
+}
+
+// Close stops accepting, ends every session (releasing its memory) and
+// disconnects from the nodes.
+func (m *Mediator) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	for _, l := range m.listeners {
+		l.Close()
+	}
+	for c := range m.conns {
+		c.Close()
+	}
+	m.mu.Unlock()
+	m.wg.Wait()
+	m.closeNodes()
+	return nil
+}
+
+// Status reports nodes, devices and tenant sessions.
+func (m *Mediator) Status() api.Status {
+	var st api.Status
+	for _, n := range m.nodes {
+		st.Nodes = append(st.Nodes, n.status())
+	}
+	m.mu.Lock()
+	sessions := make([]*session, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		sessions = append(sessions, s)
+	}
+	m.mu.Unlock()
+	for _, s := range sessions {
+		st.Tenants = append(st.Tenants, s.status())
+	}
+	sort.Slice(st.Tenants, func(i, j int) bool { return st.Tenants[i].Session < st.Tenants[j].Session })
+	return st
+}
+
+func (m *Mediator) statusJSON() ([]byte, error) {
+	b, err := json.Marshal(m.Status())
+	if err != nil {
+		return nil, fmt.Errorf("encode status: %v: %w", err, api.ErrInternal)
+	}
+	return b, nil
+}
+
+// place chooses n distinct physical devices for a new session, least used
+// first, and counts them as used.
+func (m *Mediator) place(n int) ([]*device, error) {
+	if n > len(m.devices) {
+		return nil, fmt.Errorf("%d virtual devices asked, %d physical devices exist: %w", n, len(m.devices), api.ErrInvalidArgument)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	order := append([]*device(nil), m.devices...)
+	sort.SliceStable(order, func(i, j int) bool { return order[i].sessions.Load() < order[j].sessions.Load() })
+	order = order[:n]
+	for _, d := range order {
+		d.sessions.Add(1)
+	}
+	return order, nil
+}
+
+func (m *Mediator) unplace(devs []*device) {
+	for _, d := range devs {
+		d.sessions.Add(-1)
+	}
+}

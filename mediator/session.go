@@ -1,0 +1,432 @@
+package mediator
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/memory"
+)
+
+// HandshakeTimeout bounds how long a new connection may take to say Hello.
+const HandshakeTimeout = 10 * time.Second
+
+// Limits on what one session may hold.
+const (
+	MaxDevices = 16 // virtual devices per session
+	MaxStreams = 64 // streams per session, the default one included
+)
+
+var tenantName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// vdev is one of a session's virtual devices: a physical device and the
+// session's own connection to the node that has it.
+type vdev struct {
+	dev *device
+	rpc *api.RPC
+}
+
+// session is one tenant connection.
+type session struct {
+	m      *Mediator
+	id     uint64
+	tenant string
+	c      *api.Conn
+	log    logrus.FieldLogger
+	vdevs  []vdev
+	space  *memory.Space
+
+	mu         sync.Mutex
+	streams    map[uint32]*stream
+	nextStream uint32
+
+	copiedIn, copiedOut, launches atomic.Uint64
+}
+
+func (m *Mediator) serveConn(nc net.Conn) {
+	c := api.NewConn(nc)
+	defer c.Close()
+	log := m.log.WithField("conn", fmt.Sprintf("%p", nc))
+	h, hello, err := readHello(c)
+	if err != nil {
+		log.WithError(err).Info("handshake refused")
+		if h.Op != 0 {
+			_ = c.ReplyError(h, err)
+		}
+		return
+	}
+	switch hello.Role {
+	case api.RoleOperator:
+		m.serveOperator(c, h)
+	case api.RoleTenant:
+		s, err := m.newSession(c, hello)
+		if err != nil {
+			log.WithError(err).WithField("tenant", hello.Tenant).Info("session refused")
+			_ = c.ReplyError(h, err)
+			return
+		}
+		s.run(h)
+	default:
+		_ = c.ReplyError(h, fmt.Errorf("role %d may not connect to a mediator: %w", hello.Role, api.ErrPermissionDenied))
+	}
+}
+
+// readHello reads and checks the first frame of a connection.
+func readHello(c *api.Conn) (api.Header, *api.Hello, error) {
+	_ = c.NetConn().SetDeadline(time.Now().Add(HandshakeTimeout))
+	defer c.NetConn().SetDeadline(time.Time{})
+	h, err := c.ReadHeader()
+	if err != nil {
+		return api.Header{}, nil, err
+	}
+	body := make([]byte, h.Len)
+	if err := c.ReadBody(body); err != nil {
+		return api.Header{}, nil, err
+	}
+	if h.Op != api.OpHello {
+		return h, nil, fmt.Errorf("first request is %v, want hello: %w", h.Op, api.ErrProtocol)
+	}
+	var hello api.Hello
+	switch err := api.Decode(body, &hello); {
+	case err != nil:
+		return h, nil, fmt.Errorf("hello: %w", err)
+	case hello.Magic != api.Magic:
+		return h, nil, fmt.Errorf("hello magic %#x, want %#x: %w", hello.Magic, api.Magic, api.ErrProtocol)
+	case hello.Version != api.Version:
+		return h, nil, fmt.Errorf("protocol version %d, this mediator speaks %d: %w", hello.Version, api.Version, api.ErrProtocol)
+	}
+	return h, &hello, nil
+}
+
+// serveOperator answers status and catalog queries; tenants' operations are
+// refused.
+func (m *Mediator) serveOperator(c *api.Conn, hello api.Header) {
+	if err := c.Reply(hello, api.Encode(&api.HelloReply{Version: api.Version})); err != nil {
+		return
+	}
+	for {
+		h, err := c.ReadHeader()
+		if err != nil {
+			return
+		}
+		body := make([]byte, h.Len)
+		if err := c.ReadBody(body); err != nil {
+			return
+		}
+		switch h.Op {
+		case api.OpStatus:
+			b, err := m.statusJSON()
+			if err != nil {
+				err = c.ReplyError(h, err)
+			} else {
+				err = c.Reply(h, b)
+			}
+			if err != nil {
+				return
+			}
+		case api.OpKernels:
+			if c.Reply(h, m.catalogBody()) != nil {
+				return
+			}
+		default:
+			if c.ReplyError(h, fmt.Errorf("%v is not an operator operation: %w", h.Op, api.ErrPermissionDenied)) != nil {
+				return
+			}
+		}
+	}
+}
+
+func (m *Mediator) catalogBody() []byte {
+	list := api.KernelList{}
+	for _, k := range m.catalog {
+		list.Kernels = append(list.Kernels, k)
+	}
+	sortKernels(list.Kernels)
+	return api.Encode(&list)
+}
+
+func (m *Mediator) newSession(c *api.Conn, hello *api.Hello) (*session, error) {
+	if !tenantName.MatchString(hello.Tenant) {
+		return nil, fmt.Errorf("tenant name %q: want 1-63 letters, digits, '.', '_' or '-': %w", hello.Tenant, api.ErrInvalidArgument)
+	}
+	n := int(hello.Devices)
+	if n == 0 {
+		n = 1
+	}
+	if n > MaxDevices {
+		return nil, fmt.Errorf("%d virtual devices asked, at most %d: %w", hello.Devices, MaxDevices, api.ErrInvalidArgument)
+	}
+	devs, err := m.place(n)
+	if err != nil {
+		return nil, err
+	}
+	s := &session{
+		m: m, id: m.nextSession.Add(1), tenant: hello.Tenant, c: c,
+		streams: map[uint32]*stream{}, nextStream: 1,
+	}
+	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
+	rpcs := map[int]*api.RPC{}
+	for _, d := range devs {
+		rpc := rpcs[d.node]
+		if rpc == nil {
+			rpc, _, err = dialNode(m.nodes[d.node].addr, s.tenant)
+			if err != nil {
+				for _, r := range rpcs {
+					r.Close()
+				}
+				m.unplace(devs)
+				return nil, err
+			}
+			rpcs[d.node] = rpc
+		}
+		s.vdevs = append(s.vdevs, vdev{dev: d, rpc: rpc})
+	}
+	s.space = memory.NewSpace(frameSource{s}, m.cfg.TenantMemory)
+	s.streams[api.DefaultStream] = s.newStream(api.DefaultStream)
+	m.mu.Lock()
+	m.sessions[s.id] = s
+	m.mu.Unlock()
+	return s, nil
+}
+
+// frameSource leases frames from the node behind each virtual device, over
+// the session's own connection, so the node ties them to this tenant.
+type frameSource struct{ s *session }
+
+func (f frameSource) Grant(dev uint32, n int) ([]uint64, error) {
+	v := f.s.vdevs[dev]
+	body, err := v.rpc.Call(api.OpNodeAlloc, nil, api.Encode(&api.NodeAlloc{Device: v.dev.info.Index, Count: uint32(n)}))
+	if err != nil {
+		return nil, err
+	}
+	var frames api.NodeFrames
+	if err := api.Decode(body, &frames); err != nil {
+		return nil, fmt.Errorf("node %s: frames reply: %w", f.s.m.nodes[v.dev.node].addr, err)
+	}
+	if len(frames.Frames) != n {
+		return nil, fmt.Errorf("node %s granted %d frames, %d asked: %w", f.s.m.nodes[v.dev.node].addr, len(frames.Frames), n, api.ErrProtocol)
+	}
+	return frames.Frames, nil
+}
+
+func (f frameSource) Return(dev uint32, frames []uint64) error {
+	v := f.s.vdevs[dev]
+	_, err := v.rpc.Call(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames}))
+	return err
+}
+
+// run answers the hello, serves requests until the tenant goes, then
+// releases everything the session held.
+func (s *session) run(hello api.Header) {
+	reply := api.HelloReply{Version: api.Version, Session: s.id}
+	for i, v := range s.vdevs {
+		reply.Devices = append(reply.Devices, api.DeviceInfo{
+			Index: uint32(i), Name: v.dev.info.Name, Node: s.m.nodes[v.dev.node].addr, Memory: v.dev.info.Memory,
+		})
+	}
+	s.log.WithField("devices", len(s.vdevs)).Info("session opened")
+	err := s.c.Reply(hello, api.Encode(&reply))
+	if err == nil {
+		err = s.readLoop()
+	}
+	s.teardown()
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		s.log.WithError(err).Info("session dropped")
+	} else {
+		s.log.Info("session closed")
+	}
+}
+
+func (s *session) teardown() {
+	s.mu.Lock()
+	streams := s.streams
+	s.streams = map[uint32]*stream{}
+	s.mu.Unlock()
+	for _, st := range streams {
+		st.stop()
+	}
+	if err := s.space.Close(); err != nil {
+		s.log.WithError(err).Info("returning frames failed; the nodes free them when the connection closes")
+	}
+	closed := map[*api.RPC]bool{}
+	for _, v := range s.vdevs {
+		if !closed[v.rpc] {
+			v.rpc.Close()
+			closed[v.rpc] = true
+		}
+	}
+	devs := make([]*device, len(s.vdevs))
+	for i, v := range s.vdevs {
+		devs[i] = v.dev
+	}
+	s.m.unplace(devs)
+	s.m.mu.Lock()
+	delete(s.m.sessions, s.id)
+	s.m.mu.Unlock()
+}
+
+func (s *session) status() api.TenantStatus {
+	st := s.space.Stats()
+	return api.TenantStatus{
+		Tenant: s.tenant, Session: s.id, Devices: len(s.vdevs),
+		Allocations: st.Allocations, Allocated: st.Allocated, Mapped: st.Mapped,
+		CopiedIn: s.copiedIn.Load(), CopiedOut: s.copiedOut.Load(), Launches: s.launches.Load(),
+	}
+}
+
+// bodyPool recycles buffers for bulk bodies and replies.
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, api.MaxBody); return &b }}
+
+func (s *session) readLoop() error {
+	for {
+		h, err := s.c.ReadHeader()
+		if err != nil {
+			return err
+		}
+		if h.Flags&api.FlagReply != 0 {
+			return fmt.Errorf("tenant sent a reply (%v, id %d): %w", h.Op, h.ID, api.ErrProtocol)
+		}
+		var pool *[]byte
+		var body []byte
+		if h.Len > 4096 {
+			pool = bodyPool.Get().(*[]byte)
+			body = (*pool)[:h.Len]
+		} else {
+			body = make([]byte, h.Len)
+		}
+		if err := s.c.ReadBody(body); err != nil {
+			return err
+		}
+		queued, err := s.handle(h, body, pool)
+		if !queued && pool != nil {
+			bodyPool.Put(pool)
+		}
+		if err != nil {
+			if werr := s.c.ReplyError(h, err); werr != nil {
+				return werr
+			}
+			s.log.WithError(err).WithField("op", h.Op).Debug("request refused")
+		}
+	}
+}
+
+// handle executes a control request, or queues a stream command (then
+// queued is true and the stream owns pool). A returned error has not been
+// replied to.
+func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, err error) {
+	switch h.Op {
+	case api.OpKernels:
+		return false, s.c.Reply(h, s.m.catalogBody())
+	case api.OpMalloc:
+		var m api.Malloc
+		if err := api.Decode(body, &m); err != nil {
+			return false, err
+		}
+		if int(m.Device) >= len(s.vdevs) {
+			return false, fmt.Errorf("malloc on device %d: session has %d: %w", m.Device, len(s.vdevs), api.ErrInvalidArgument)
+		}
+		va, err := s.space.Alloc(m.Device, m.Size)
+		if err != nil {
+			return false, fmt.Errorf("malloc %d bytes on device %d: %w", m.Size, m.Device, err)
+		}
+		return false, s.c.Reply(h, api.Encode(&api.MallocReply{Addr: va}))
+	case api.OpFree:
+		var m api.Free
+		if err := api.Decode(body, &m); err != nil {
+			return false, err
+		}
+		s.drainAll() // like cudaFree: work already queued may still use the buffer
+		if err := s.space.Free(m.Addr); err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h)
+	case api.OpStreamCreate:
+		id, err := s.createStream()
+		if err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h, api.Encode(&api.StreamReq{Stream: id}))
+	case api.OpStreamDestroy:
+		var m api.StreamReq
+		if err := api.Decode(body, &m); err != nil {
+			return false, err
+		}
+		if err := s.destroyStream(m.Stream); err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h)
+	case api.OpCopyToDevice, api.OpCopyFromDevice, api.OpCopyDevice, api.OpMemset, api.OpLaunch, api.OpSynchronize:
+		cmd, err := decodeCommand(h, body)
+		if err != nil {
+			return false, err
+		}
+		st, err := s.stream(cmd.stream)
+		if err != nil {
+			return false, err
+		}
+		cmd.pool = pool
+		st.cmds <- cmd
+		return true, nil
+	case api.OpStatus:
+		return false, fmt.Errorf("status is for operators: %w", api.ErrPermissionDenied)
+	}
+	return false, fmt.Errorf("unknown operation %v: %w", h.Op, api.ErrProtocol)
+}
+
+func (s *session) stream(id uint32) (*stream, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.streams[id]
+	if st == nil {
+		return nil, fmt.Errorf("stream %d does not exist: %w", id, api.ErrInvalidArgument)
+	}
+	return st, nil
+}
+
+func (s *session) createStream() (uint32, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.streams) >= MaxStreams {
+		return 0, fmt.Errorf("session has %d streams, the limit: %w", len(s.streams), api.ErrInvalidArgument)
+	}
+	id := s.nextStream
+	s.nextStream++
+	s.streams[id] = s.newStream(id)
+	return id, nil
+}
+
+func (s *session) destroyStream(id uint32) error {
+	if id == api.DefaultStream {
+		return fmt.Errorf("the default stream cannot be destroyed: %w", api.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	st := s.streams[id]
+	delete(s.streams, id)
+	s.mu.Unlock()
+	if st == nil {
+		return fmt.Errorf("stream %d does not exist: %w", id, api.ErrInvalidArgument)
+	}
+	st.stop()
+	return nil
+}
+
+// drainAll waits until every stream has completed the work queued so far.
+func (s *session) drainAll() {
+	s.mu.Lock()
+	streams := make([]*stream, 0, len(s.streams))
+	for _, st := range s.streams {
+		streams = append(streams, st)
+	}
+	s.mu.Unlock()
+	for _, st := range streams {
+		st.drain()
+	}
+}

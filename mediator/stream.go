@@ -1,0 +1,316 @@
+package mediator
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// command is one queued stream operation, decoded and not yet translated.
+type command struct {
+	h       api.Header
+	stream  uint32
+	toDev   api.CopyToDevice
+	fromDev api.CopyFromDevice
+	devCopy api.CopyDevice
+	memset  api.Memset
+	launch  api.Launch
+	pool    *[]byte       // the request body's buffer, for the payload of toDev
+	barrier chan struct{} // set for an internal drain marker: no reply
+}
+
+func decodeCommand(h api.Header, body []byte) (command, error) {
+	c := command{h: h}
+	var err error
+	switch h.Op {
+	case api.OpCopyToDevice:
+		err = api.Decode(body, &c.toDev)
+		c.stream = c.toDev.Stream
+		if err == nil && len(c.toDev.Payload) == 0 {
+			err = fmt.Errorf("copy of 0 bytes to %#x: %w", c.toDev.Dst, api.ErrInvalidArgument)
+		}
+	case api.OpCopyFromDevice:
+		err = api.Decode(body, &c.fromDev)
+		c.stream = c.fromDev.Stream
+		if err == nil && (c.fromDev.Len == 0 || c.fromDev.Len > api.MaxChunk) {
+			err = fmt.Errorf("copy of %d bytes from %#x: want 1 to %d per request: %w", c.fromDev.Len, c.fromDev.Src, api.MaxChunk, api.ErrInvalidArgument)
+		}
+	case api.OpCopyDevice:
+		err = api.Decode(body, &c.devCopy)
+		c.stream = c.devCopy.Stream
+		if err == nil && c.devCopy.Len == 0 {
+			err = fmt.Errorf("device copy of 0 bytes from %#x to %#x: %w", c.devCopy.Src, c.devCopy.Dst, api.ErrInvalidArgument)
+		}
+	case api.OpMemset:
+		err = api.Decode(body, &c.memset)
+		c.stream = c.memset.Stream
+		if err == nil && c.memset.Len == 0 {
+			err = fmt.Errorf("memset of 0 bytes at %#x: %w", c.memset.Dst, api.ErrInvalidArgument)
+		}
+	case api.OpLaunch:
+		err = api.Decode(body, &c.launch)
+		c.stream = c.launch.Stream
+	case api.OpSynchronize:
+		var m api.StreamReq
+		err = api.Decode(body, &m)
+		c.stream = m.Stream
+	}
+	if err != nil {
+		return c, fmt.Errorf("%v: %w", h.Op, err)
+	}
+	return c, nil
+}
+
+// completion is a command whose node calls are in flight; the completer
+// answers the tenant once they are all done, in stream order.
+type completion struct {
+	h       api.Header
+	calls   []*api.Call
+	err     error
+	out     *[]byte // reply payload buffer (copy from device)
+	outLen  int
+	in      uint64 // bytes copied to the device, counted on success
+	launch  bool
+	barrier chan struct{}
+}
+
+// stream executes one tenant stream: an executor translates commands and
+// issues node calls without waiting for them; a completer waits for them in
+// order and replies. The node runs a connection's requests in order, so the
+// stream's order holds while the pipeline is full.
+type stream struct {
+	s        *session
+	id       uint32
+	cmds     chan command
+	pending  chan completion
+	done     chan struct{}
+	lastNode int // node of calls possibly still in flight; -1 none
+}
+
+const streamDepth = 256
+
+func (s *session) newStream(id uint32) *stream {
+	st := &stream{
+		s: s, id: id, lastNode: -1,
+		cmds:    make(chan command, streamDepth),
+		pending: make(chan completion, streamDepth),
+		done:    make(chan struct{}),
+	}
+	go st.execute()
+	go st.complete()
+	return st
+}
+
+// drain returns once every command queued before it has completed.
+func (st *stream) drain() {
+	ch := make(chan struct{})
+	st.cmds <- command{barrier: ch}
+	<-ch
+}
+
+// stop finishes the queued commands and ends the stream's goroutines.
+func (st *stream) stop() {
+	close(st.cmds)
+	<-st.done
+}
+
+func (st *stream) execute() {
+	defer close(st.pending)
+	for cmd := range st.cmds {
+		if cmd.barrier != nil {
+			st.pending <- completion{barrier: cmd.barrier}
+			continue
+		}
+		c := st.issue(&cmd)
+		if cmd.pool != nil {
+			bodyPool.Put(cmd.pool) // the payload is on the wire already
+		}
+		st.pending <- c
+	}
+}
+
+// waitIdle waits for every call in flight, so that work can move to another
+// node without overtaking it.
+func (st *stream) waitIdle() {
+	ch := make(chan struct{})
+	st.pending <- completion{barrier: ch}
+	<-ch
+	st.lastNode = -1
+}
+
+// on returns the connection for virtual device dev, first waiting for work in
+// flight on another node.
+func (st *stream) on(dev uint32) vdev {
+	v := st.s.vdevs[dev]
+	if st.lastNode != -1 && st.lastNode != v.dev.node {
+		st.waitIdle()
+	}
+	st.lastNode = v.dev.node
+	return v
+}
+
+func (st *stream) issue(cmd *command) completion {
+	c := completion{h: cmd.h}
+	space := st.s.space
+	switch cmd.h.Op {
+	case api.OpSynchronize:
+	case api.OpCopyToDevice:
+		m := &cmd.toDev
+		dev, xs, err := space.Translate(m.Dst, uint64(len(m.Payload)))
+		if err != nil {
+			c.err = fmt.Errorf("copy %d bytes to device: %w", len(m.Payload), err)
+			break
+		}
+		v := st.on(dev)
+		hdr := api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs})
+		c.calls = append(c.calls, v.rpc.Go(api.OpNodeWrite, nil, hdr, m.Payload))
+		c.in = uint64(len(m.Payload))
+	case api.OpCopyFromDevice:
+		m := &cmd.fromDev
+		dev, xs, err := space.Translate(m.Src, m.Len)
+		if err != nil {
+			c.err = fmt.Errorf("copy %d bytes from device: %w", m.Len, err)
+			break
+		}
+		v := st.on(dev)
+		c.out = bodyPool.Get().(*[]byte)
+		c.outLen = int(m.Len)
+		req := api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs})
+		c.calls = append(c.calls, v.rpc.Go(api.OpNodeRead, (*c.out)[:m.Len], req))
+	case api.OpMemset:
+		m := &cmd.memset
+		dev, xs, err := space.Translate(m.Dst, m.Len)
+		if err != nil {
+			c.err = fmt.Errorf("memset %d bytes: %w", m.Len, err)
+			break
+		}
+		v := st.on(dev)
+		c.calls = append(c.calls, v.rpc.Go(api.OpNodeFill, nil, api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs, Value: m.Value})))
+	case api.OpCopyDevice:
+		c.err = st.copyDevice(&cmd.devCopy, &c)
+	case api.OpLaunch:
+		c.err = st.launch(&cmd.launch, &c)
+		c.launch = c.err == nil
+	}
+	return c
+}
+
+func (st *stream) copyDevice(m *api.CopyDevice, c *completion) error {
+	space := st.s.space
+	sdev, sxs, err := space.Translate(m.Src, m.Len)
+	if err != nil {
+		return fmt.Errorf("device copy source: %w", err)
+	}
+	ddev, dxs, err := space.Translate(m.Dst, m.Len)
+	if err != nil {
+		return fmt.Errorf("device copy destination: %w", err)
+	}
+	if sdev == ddev {
+		v := st.on(sdev)
+		c.calls = append(c.calls, v.rpc.Go(api.OpNodeCopy, nil, api.Encode(&api.NodeCopy{Device: v.dev.info.Index, Dst: dxs, Src: sxs})))
+		return nil
+	}
+	// Between devices the bytes pass through here, a chunk at a time.
+	st.waitIdle()
+	buf := bodyPool.Get().(*[]byte)
+	defer bodyPool.Put(buf)
+	for off := uint64(0); off < m.Len; off += api.MaxChunk {
+		n := min(api.MaxChunk, m.Len-off)
+		_, sx, err := space.Translate(m.Src+off, n)
+		if err != nil {
+			return err
+		}
+		_, dx, err := space.Translate(m.Dst+off, n)
+		if err != nil {
+			return err
+		}
+		sv, dv := st.s.vdevs[sdev], st.s.vdevs[ddev]
+		if _, err := sv.rpc.Call(api.OpNodeRead, (*buf)[:n], api.Encode(&api.NodeAccess{Device: sv.dev.info.Index, Extents: sx})); err != nil {
+			return fmt.Errorf("device copy: read device %d: %w", sdev, err)
+		}
+		if _, err := dv.rpc.Call(api.OpNodeWrite, nil, api.Encode(&api.NodeAccess{Device: dv.dev.info.Index, Extents: dx}), (*buf)[:n]); err != nil {
+			return fmt.Errorf("device copy: write device %d: %w", ddev, err)
+		}
+	}
+	return nil
+}
+
+// launch checks a launch against the kernel's signature, translates each
+// buffer argument to the physical runs from its address to the end of its
+// allocation (all the kernel may touch), and sends it to the buffers' device.
+func (st *stream) launch(m *api.Launch, c *completion) error {
+	k, ok := st.s.m.catalog[m.Kernel]
+	if !ok {
+		return fmt.Errorf("kernel %q is not in the catalog: %w", m.Kernel, api.ErrUnknownKernel)
+	}
+	if len(m.Args) != len(k.Params) {
+		return fmt.Errorf("kernel %s takes %d arguments, %d given: %w", m.Kernel, len(k.Params), len(m.Args), api.ErrInvalidArgument)
+	}
+	args := make([]api.NodeArg, len(m.Args))
+	dev := -1
+	for i, a := range m.Args {
+		p := k.Params[i]
+		if a.Kind != p.Kind {
+			return fmt.Errorf("kernel %s argument %d (%s): %v given, %v wanted: %w", m.Kernel, i, p.Name, a.Kind, p.Kind, api.ErrInvalidArgument)
+		}
+		args[i] = api.NodeArg{Kind: a.Kind, Bits: a.Bits}
+		if a.Kind != api.ArgBuffer {
+			continue
+		}
+		d, end, err := st.s.space.Span(a.Bits)
+		if err != nil {
+			return fmt.Errorf("kernel %s argument %d (%s): %w", m.Kernel, i, p.Name, err)
+		}
+		if dev != -1 && int(d) != dev {
+			return fmt.Errorf("kernel %s argument %d (%s) at %#x is on device %d, earlier buffers on device %d: %w", m.Kernel, i, p.Name, a.Bits, d, dev, api.ErrInvalidArgument)
+		}
+		dev = int(d)
+		if _, args[i].Extents, err = st.s.space.Translate(a.Bits, end-a.Bits); err != nil {
+			return fmt.Errorf("kernel %s argument %d (%s): %w", m.Kernel, i, p.Name, err)
+		}
+	}
+	if dev == -1 {
+		dev = 0
+	}
+	v := st.on(uint32(dev))
+	c.calls = append(c.calls, v.rpc.Go(api.OpNodeLaunch, nil, api.Encode(&api.NodeLaunch{Device: v.dev.info.Index, Kernel: m.Kernel, Args: args})))
+	return nil
+}
+
+func (st *stream) complete() {
+	defer close(st.done)
+	for c := range st.pending {
+		if c.barrier != nil {
+			close(c.barrier)
+			continue
+		}
+		err := c.err
+		for _, call := range c.calls {
+			if cerr := call.Wait(); err == nil && cerr != nil {
+				err = cerr
+			}
+		}
+		s := st.s
+		switch {
+		case err != nil:
+			_ = s.c.ReplyError(c.h, err)
+		case c.out != nil:
+			s.copiedOut.Add(uint64(c.outLen))
+			_ = s.c.Reply(c.h, (*c.out)[:c.outLen])
+		default:
+			s.copiedIn.Add(c.in)
+			if c.launch {
+				s.launches.Add(1)
+			}
+			_ = s.c.Reply(c.h)
+		}
+		if c.out != nil {
+			bodyPool.Put(c.out)
+		}
+	}
+}
+
+func sortKernels(ks []api.KernelInfo) {
+	sort.Slice(ks, func(i, j int) bool { return ks[i].Name < ks[j].Name })
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs one vgpuctl command against a fresh local system: a vgpu-node with two
+# sim devices and a vgpu-mediator, both on loopback in a temporary directory.
+# Both are stopped cleanly afterwards; the exit status is vgpuctl's, or
+# non-zero if a daemon failed to start or to stop.
+# usage: scripts/with-cluster.sh vgpuctl-args...
+set -euo pipefail
+bin=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/bin}
+dir=$(mktemp -d -t vgpu-XXXXXX)
+port=${VGPU_NODE_PORT:-$((20000 + RANDOM % 20000))}
+sock=$dir/mediator.sock
+node_pid= med_pid=
+
+stop() {
+  local rc=0
+  for pid in $med_pid $node_pid; do
+    kill -TERM "$pid" 2>/dev/null || continue
+    wait "$pid" || rc=$?
+  done
+  return $rc
+}
+cleanup() { stop || true; rm -rf "$dir"; }
+trap cleanup EXIT
+
+"$bin/vgpu-node" --listen "127.0.0.1:$port" --devices 2 --memory "${VGPU_NODE_MEMORY:-4GiB}" \
+  --log-level "${VGPU_LOG_LEVEL:-warn}" 2>"$dir/node.log" &
+node_pid=$!
+for _ in $(seq 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+  kill -0 $node_pid 2>/dev/null || { cat "$dir/node.log" >&2; echo "vgpu-node failed to start" >&2; exit 1; }
+  sleep 0.05
+done
+"$bin/vgpu-mediator" --socket "$sock" --node "127.0.0.1:$port" \
+  --log-level "${VGPU_LOG_LEVEL:-warn}" 2>"$dir/mediator.log" &
+med_pid=$!
+for _ in $(seq 100); do
+  [ -S "$sock" ] && break
+  kill -0 $med_pid 2>/dev/null || { cat "$dir/mediator.log" >&2; echo "vgpu-mediator failed to start" >&2; exit 1; }
+  sleep 0.05
+done
+
+rc=0
+"$bin/vgpuctl" --socket "$sock" "$@" || rc=$?
+if ! stop; then
+  echo "a daemon did not stop cleanly; logs:" >&2
+  cat "$dir/node.log" "$dir/mediator.log" >&2
+  rc=1
+fi
+node_pid= med_pid=
+exit $rc
