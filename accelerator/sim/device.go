@@ -136,7 +136,9 @@ func (d *Device) gather(xs []api.Extent) ([]byte, error) {
 	if len(xs) == 1 {
 		return d.slice(xs[0])
 	}
-	out := make([]byte, 0, api.ExtentsLen(xs))
+	// A capacity that is a multiple of 8 makes Go's allocator align the copy
+	// to 8 bytes, as float and int32 views need.
+	out := make([]byte, 0, (api.ExtentsLen(xs)+7)&^7)
 	for _, x := range xs {
 		s, err := d.slice(x)
 		if err != nil {

@@ -1,0 +1,108 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+var embeddingBagSum = &Kernel{
+	Info: api.KernelInfo{
+		Name: "embedding_bag_sum",
+		Doc: "PyTorch EmbeddingBag(mode=sum), as in DLRM inference. table is rows x dim float32; indices " +
+			"(nidx int32) and offsets (nbags int32) split the indices into bags: bag b holds " +
+			"indices[offsets[b] : offsets[b+1]], the last bag indices[offsets[nbags-1] : nidx]. " +
+			"out (nbags x dim) row b = the sum of the table rows of bag b, in float32 from 0 in index " +
+			"order; an empty bag gives zeros. offsets[0] must be 0, offsets non-decreasing and at most " +
+			"nidx, indices in [0, rows); out must not overlap the other buffers.",
+		Params: []api.Param{
+			bufParam("table", api.AccessRead), i64Param("rows"), i64Param("dim"),
+			bufParam("indices", api.AccessRead), i64Param("nidx"),
+			bufParam("offsets", api.AccessRead), i64Param("nbags"),
+			bufParam("out", api.AccessWrite),
+		},
+	},
+	run: runEmbeddingBagSum,
+}
+
+func runEmbeddingBagSum(args []Value) error {
+	var c checker
+	rows := c.size("rows", args[1].I64, 0)
+	dim := c.size("dim", args[2].I64, 1)
+	nidx := c.size("nidx", args[4].I64, 0)
+	nbags := c.size("nbags", args[6].I64, 0)
+	if c.err == nil && nbags == 0 && nidx > 0 {
+		c.fail("nbags = 0 but nidx = %d: every index must belong to a bag", nidx)
+	}
+	table := view[float32](&c, "table", args[0].Buf, "rows*dim", rows, dim)
+	indices := view[int32](&c, "indices", args[3].Buf, "nidx", nidx)
+	offsets := view[int32](&c, "offsets", args[5].Buf, "nbags", nbags)
+	out := view[float32](&c, "out", args[7].Buf, "nbags*dim", nbags, dim)
+	// out must not feed the bags: a bag's row of out would change the table
+	// rows, indices or offsets that other bags, on other goroutines, read.
+	disjoint(&c, "out", out, "table", table)
+	disjoint(&c, "out", out, "indices", indices)
+	disjoint(&c, "out", out, "offsets", offsets)
+	if c.err != nil {
+		return c.err
+	}
+	if err := checkBags(indices, offsets, rows); err != nil {
+		return err
+	}
+	return parallelFor(nbags, satMul(nidx/max(nbags, 1)+1, dim), func(lo, hi int) error {
+		return sumBags(out, table, indices, offsets, dim, lo, hi)
+	})
+}
+
+// checkBags checks offsets and indices against the rules in Doc, so that a
+// launch that breaks them fails before anything is written.
+func checkBags(indices, offsets []int32, rows int) error {
+	for b, o := range offsets {
+		switch {
+		case b == 0 && o != 0:
+			return fmt.Errorf("offsets[0] = %d, want 0: %w", o, api.ErrInvalidArgument)
+		case b > 0 && o < offsets[b-1]:
+			return fmt.Errorf("offsets[%d] = %d is less than offsets[%d] = %d: %w", b, o, b-1, offsets[b-1], api.ErrInvalidArgument)
+		case int(o) > len(indices):
+			return fmt.Errorf("offsets[%d] = %d exceeds nidx = %d: %w", b, o, len(indices), api.ErrInvalidArgument)
+		}
+	}
+	for i, idx := range indices {
+		if idx < 0 || int(idx) >= rows {
+			return fmt.Errorf("indices[%d] = %d is outside [0, rows = %d): %w", i, idx, rows, api.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// sumBags writes rows [lo, hi) of out. It reads each offset and index once
+// and checks it again where it uses it: checkBags has passed, and out
+// overlaps none of the inputs, but a concurrent launch of the same tenant
+// could still rewrite them, and that must fail the launch, not panic.
+func sumBags(out, table []float32, indices, offsets []int32, dim, lo, hi int) error {
+	rows := len(table) / dim
+	for b := lo; b < hi; b++ {
+		start, end := int(offsets[b]), len(indices)
+		if b+1 < len(offsets) {
+			end = int(offsets[b+1])
+		}
+		if start < 0 || start > end || end > len(indices) {
+			return fmt.Errorf("bag %d: offsets changed during the launch to [%d, %d), nidx = %d: %w",
+				b, start, end, len(indices), api.ErrInvalidArgument)
+		}
+		acc := out[b*dim : b*dim+dim]
+		clear(acc)
+		for i := start; i < end; i++ {
+			r := int(indices[i])
+			if r < 0 || r >= rows {
+				return fmt.Errorf("bag %d: indices[%d] changed during the launch to %d, outside [0, rows = %d): %w",
+					b, i, r, rows, api.ErrInvalidArgument)
+			}
+			row := table[r*dim : r*dim+dim][:len(acc)]
+			for j, v := range row {
+				acc[j] += v
+			}
+		}
+	}
+	return nil
+}

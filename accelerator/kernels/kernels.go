@@ -1,0 +1,155 @@
+// Package kernels is the kernel catalog of the simulated accelerator: the
+// kernels a node can launch, their signatures, and CPU implementations that
+// run over the real bytes of device memory.
+//
+// A launch arrives as a kernel name and its materialised arguments (Value):
+// scalars, and for each buffer the bytes from the address the tenant passed
+// to the end of its allocation. Kernel.Run checks the arguments against the
+// signature, then runs the kernel.
+//
+// Invariants:
+//   - Every check happens before the first byte is written: argument count
+//     and kinds, sizes, overflow of the extents they imply, buffer lengths,
+//     alignment, overlap of outputs with inputs, and the contents of index
+//     buffers. A rejected launch leaves memory as it was and returns an error
+//     that wraps api.ErrInvalidArgument (Lookup: api.ErrUnknownKernel) and
+//     names the kernel, the parameter and the values.
+//   - A kernel touches only the prefix of each buffer that its size
+//     arguments imply; the rest of the allocation is neither read nor written.
+//   - Data is little-endian float32 (int32 for indices), 4-byte aligned, as
+//     on a GPU. Byte slices become typed views only in view_unsafe.go, the
+//     package's only unsafe code, and only after length and alignment checks.
+//   - Results are deterministic and independent of GOMAXPROCS and of the
+//     platform: each kernel's Doc states its summation order and rounding,
+//     with no fused multiply-add, so tenants can check results against a
+//     reference bit for bit.
+//   - Kernels that split work across goroutines (sgemm, embedding_bag_sum)
+//     reject outputs that overlap their inputs, since the result would then
+//     depend on scheduling. A panic in a worker goroutine becomes an error
+//     wrapping api.ErrInternal rather than taking down the node, which serves
+//     every tenant.
+//   - The catalog is built once at package initialisation and never changes;
+//     a *Kernel is shared and safe for concurrent use.
+//
+// Tenants race with themselves: if another launch writes a kernel's inputs
+// while it runs, the results are undefined, but the kernel still neither
+// panics nor touches memory outside its arguments.
+package kernels
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// Value is one materialised kernel argument.
+type Value struct {
+	Kind api.ArgKind // api.ArgBuffer, api.ArgI64 or api.ArgF32
+	I64  int64
+	F32  float32
+	// Buf, for api.ArgBuffer, holds the bytes the kernel may touch: from the
+	// address the tenant passed to the end of its allocation.
+	Buf []byte
+}
+
+// Kernel is an entry of the catalog: a signature and its implementation.
+// Kernels are shared by all callers and must not be modified.
+type Kernel struct {
+	Info api.KernelInfo
+	// run executes the kernel on arguments whose count and kinds match
+	// Info.Params; it does its own checks of sizes and buffers.
+	run func(args []Value) error
+}
+
+// all lists the catalog; catalog and sorted are indexes over it.
+var all = []*Kernel{embeddingBagSum, fillF32, reduceSumF32, saxpy, sgemm}
+
+var catalog = func() map[string]*Kernel {
+	m := make(map[string]*Kernel, len(all))
+	for _, k := range all {
+		m[k.Info.Name] = k
+	}
+	return m
+}()
+
+var sorted = func() []api.KernelInfo {
+	infos := make([]api.KernelInfo, len(all))
+	for i, k := range all {
+		infos[i] = k.Info
+	}
+	slices.SortFunc(infos, func(a, b api.KernelInfo) int { return strings.Compare(a.Name, b.Name) })
+	return infos
+}()
+
+// Lookup returns the kernel called name.
+func Lookup(name string) (*Kernel, error) {
+	if k, ok := catalog[name]; ok {
+		return k, nil
+	}
+	return nil, fmt.Errorf("kernel %q: %w", name, api.ErrUnknownKernel)
+}
+
+// Catalog describes every kernel, sorted by name. The result is the
+// caller's to keep or modify.
+func Catalog() []api.KernelInfo {
+	out := make([]api.KernelInfo, len(sorted))
+	for i, info := range sorted {
+		out[i] = info
+		out[i].Params = slices.Clone(info.Params)
+	}
+	return out
+}
+
+// CheckKinds checks the number and kinds of arguments against k's signature,
+// so a node can reject a launch before it materialises any buffer.
+func (k *Kernel) CheckKinds(kinds []api.ArgKind) error {
+	return k.checkKinds(len(kinds), func(i int) api.ArgKind { return kinds[i] })
+}
+
+// Run checks args against k's signature and the sizes they imply, then runs
+// the kernel. It writes nothing unless every check passes.
+func (k *Kernel) Run(args []Value) error {
+	if err := k.checkKinds(len(args), func(i int) api.ArgKind { return args[i].Kind }); err != nil {
+		return err
+	}
+	if err := k.run(args); err != nil {
+		return fmt.Errorf("%s: %w", k.Info.Name, err)
+	}
+	return nil
+}
+
+func (k *Kernel) checkKinds(n int, kind func(i int) api.ArgKind) error {
+	ps := k.Info.Params
+	if n != len(ps) {
+		names := make([]string, len(ps))
+		for i, p := range ps {
+			names[i] = p.Name
+		}
+		return fmt.Errorf("%s takes %d arguments (%s), got %d: %w",
+			k.Info.Name, len(ps), strings.Join(names, ", "), n, api.ErrInvalidArgument)
+	}
+	for i, p := range ps {
+		if got := kind(i); got != p.Kind {
+			return fmt.Errorf("%s: argument %d (%s) is %v, want %v: %w",
+				k.Info.Name, i, p.Name, got, p.Kind, api.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// Signature helpers, so each kernel's parameter list reads like its C
+// prototype.
+
+func bufParam(name string, access api.Access) api.Param {
+	return api.Param{Name: name, Kind: api.ArgBuffer, Access: access}
+}
+
+func i64Param(name string) api.Param {
+	return api.Param{Name: name, Kind: api.ArgI64, Access: api.AccessNone}
+}
+
+func f32Param(name string) api.Param {
+	return api.Param{Name: name, Kind: api.ArgF32, Access: api.AccessNone}
+}
