@@ -99,7 +99,8 @@ func (d *Decoder) Bool() bool {
 	}
 }
 
-func (d *Decoder) String() string {
+// Str reads a string. (Not String: that would make Decoder a fmt.Stringer.)
+func (d *Decoder) Str() string {
 	n := d.U32()
 	if n > MaxString {
 		d.fail("string of %d bytes exceeds the limit of %d", n, MaxString)

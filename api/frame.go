@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // HeaderSize is the size of a frame header on the wire.
@@ -23,8 +24,10 @@ const MaxChunk = 1 << 20
 const MaxBody = MaxChunk + 64<<10
 
 // BodyTimeout bounds how long a peer may take to deliver a body once its
-// header has arrived, so a connection that stalls mid-frame is dropped.
-const BodyTimeout = 30 * time.Second
+// header has arrived, so a connection that stalls mid-frame is dropped. It is
+// a variable only so tests can shorten it; set it before any Conn reads, and
+// never while one does (it is read without synchronisation).
+var BodyTimeout = 30 * time.Second
 
 // Frame flags.
 const (
@@ -96,6 +99,20 @@ func (c *Conn) ReadBody(p []byte) error {
 	return err
 }
 
+// skipBody discards the n-byte body of the frame whose header was just read,
+// under the same BodyTimeout as ReadBody, so the stream stays in step.
+func (c *Conn) skipBody(n int) error {
+	if c.r.Buffered() < n {
+		_ = c.nc.SetReadDeadline(time.Now().Add(BodyTimeout))
+		defer c.nc.SetReadDeadline(time.Time{})
+	}
+	_, err := c.r.Discard(n)
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
 // WriteFrame writes one frame whose body is the concatenation of parts.
 // Large parts go straight to the socket without being copied.
 func (c *Conn) WriteFrame(op Op, flags uint16, id uint64, parts ...[]byte) error {
@@ -129,11 +146,20 @@ func (c *Conn) Reply(h Header, parts ...[]byte) error {
 	return c.WriteFrame(h.Op, FlagReply, h.ID, parts...)
 }
 
-// ReplyError answers request h with err's code and message.
+// ReplyError answers request h with err's code and message. A message longer
+// than MaxString is cut, on a UTF-8 boundary. A nil err is answered as an
+// internal error rather than with a code the peer would reject.
 func (c *Conn) ReplyError(h Header, err error) error {
+	if err == nil {
+		err = fmt.Errorf("%v failed without an error: %w", h.Op, ErrInternal)
+	}
 	msg := err.Error()
 	if len(msg) > MaxString {
-		msg = msg[:MaxString]
+		cut := MaxString
+		for cut > MaxString-utf8.UTFMax && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut]
 	}
 	e := Encoder{}
 	e.U16(uint16(CodeOf(err)))
@@ -145,7 +171,7 @@ func (c *Conn) ReplyError(h Header, err error) error {
 func DecodeError(body []byte) error {
 	d := NewDecoder(body)
 	code := Code(d.U16())
-	msg := d.String()
+	msg := d.Str()
 	if err := d.Finish(); err != nil {
 		return fmt.Errorf("malformed error reply: %w", err)
 	}

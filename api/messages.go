@@ -1,6 +1,9 @@
 package api
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Op names a request. The numbers are part of the wire protocol.
 type Op uint16
@@ -111,7 +114,7 @@ func (m *Hello) Unmarshal(d *Decoder) {
 	m.Magic = d.U32()
 	m.Version = d.U16()
 	m.Role = Role(d.U8())
-	m.Tenant = d.String()
+	m.Tenant = d.Str()
 	m.Devices = d.U32()
 }
 
@@ -148,7 +151,7 @@ func (m *HelloReply) Unmarshal(d *Decoder) {
 	m.Session = d.U64()
 	m.Devices = make([]DeviceInfo, d.Len(20))
 	for i := range m.Devices {
-		m.Devices[i] = DeviceInfo{Index: d.U32(), Name: d.String(), Node: d.String(), Memory: d.U64()}
+		m.Devices[i] = DeviceInfo{Index: d.U32(), Name: d.Str(), Node: d.Str(), Memory: d.U64()}
 	}
 }
 
@@ -295,7 +298,7 @@ func (m *Launch) Marshal(e *Encoder) {
 
 func (m *Launch) Unmarshal(d *Decoder) {
 	m.Stream = d.U32()
-	m.Kernel = d.String()
+	m.Kernel = d.Str()
 	m.Args = make([]Arg, d.Len(9))
 	for i := range m.Args {
 		m.Args[i] = Arg{Kind: ArgKind(d.U8()), Bits: d.U64()}
@@ -348,11 +351,11 @@ func (m *KernelList) Unmarshal(d *Decoder) {
 	m.Kernels = make([]KernelInfo, d.Len(12))
 	for i := range m.Kernels {
 		k := &m.Kernels[i]
-		k.Name = d.String()
-		k.Doc = d.String()
+		k.Name = d.Str()
+		k.Doc = d.Str()
 		k.Params = make([]Param, d.Len(6))
 		for j := range k.Params {
-			k.Params[j] = Param{Name: d.String(), Kind: ArgKind(d.U8()), Access: Access(d.U8())}
+			k.Params[j] = Param{Name: d.Str(), Kind: ArgKind(d.U8()), Access: Access(d.U8())}
 		}
 	}
 }
@@ -482,7 +485,7 @@ func (m *NodeLaunch) Marshal(e *Encoder) {
 
 func (m *NodeLaunch) Unmarshal(d *Decoder) {
 	m.Device = d.U32()
-	m.Kernel = d.String()
+	m.Kernel = d.Str()
 	m.Args = make([]NodeArg, d.Len(5))
 	for i := range m.Args {
 		a := &m.Args[i]
@@ -494,3 +497,9 @@ func (m *NodeLaunch) Unmarshal(d *Decoder) {
 		}
 	}
 }
+
+// F32Bits packs a float32 argument into Arg.Bits.
+func F32Bits(v float32) uint64 { return uint64(math.Float32bits(v)) }
+
+// F32FromBits unpacks a float32 argument from Arg.Bits.
+func F32FromBits(b uint64) float32 { return math.Float32frombits(uint32(b)) }

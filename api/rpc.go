@@ -3,8 +3,6 @@ package api
 import (
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"sync"
 )
 
@@ -48,7 +46,10 @@ func NewRPC(conn *Conn, name string) *RPC {
 }
 
 // Go sends a request whose body is parts and returns without waiting. If into
-// is not nil the reply body is read straight into it and must fill it exactly.
+// is not nil the reply body is read straight into it and must fill it exactly;
+// a reply of another length fails the call with ErrProtocol (the connection
+// carries on). Once the connection has failed, calls fail at once with the
+// error that broke it, which wraps ErrUnavailable or ErrProtocol.
 // The caller must not modify parts until the call is done.
 func (r *RPC) Go(op Op, into []byte, parts ...[]byte) *Call {
 	c := &Call{Op: op, into: into, done: make(chan struct{})}
@@ -123,19 +124,26 @@ func (r *RPC) fail(err error) {
 func (r *RPC) readLoop() {
 	for {
 		if err := r.readOne(); err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
-				err = fmt.Errorf("connection to %s lost: %v: %w", r.name, err, ErrUnavailable)
-			}
 			r.fail(err)
 			return
 		}
 	}
 }
 
+// lost classifies a read failure: errors of ours (a protocol violation) keep
+// their code; anything else the connection reports (EOF, EOF mid-frame,
+// reset, a body that stalled past BodyTimeout) means the peer is unavailable.
+func (r *RPC) lost(err error) error {
+	if CodeOf(err) != CodeInternal {
+		return err
+	}
+	return fmt.Errorf("connection to %s lost: %v: %w", r.name, err, ErrUnavailable)
+}
+
 func (r *RPC) readOne() error {
 	h, err := r.conn.ReadHeader()
 	if err != nil {
-		return err
+		return r.lost(err)
 	}
 	if h.Flags&FlagReply == 0 {
 		return fmt.Errorf("%s sent request %d (%v) where a reply was due: %w", r.name, h.ID, h.Op, ErrProtocol)
@@ -155,7 +163,10 @@ func (r *RPC) readOne() error {
 		}
 	case c.into != nil:
 		if int(h.Len) != len(c.into) {
-			err = fmt.Errorf("%s replied %d bytes to %v, want %d: %w", r.name, h.Len, h.Op, len(c.into), ErrProtocol)
+			// The frame is well formed, so skip its body: this call fails,
+			// the connection and the other calls on it carry on.
+			c.Err = fmt.Errorf("%s replied %d bytes to %v, want %d: %w", r.name, h.Len, h.Op, len(c.into), ErrProtocol)
+			err = r.conn.skipBody(int(h.Len))
 		} else {
 			err = r.conn.ReadBody(c.into)
 		}
@@ -164,7 +175,11 @@ func (r *RPC) readOne() error {
 		err = r.conn.ReadBody(c.Body)
 	}
 	if err != nil {
-		c.Err = err
+		err = r.lost(err)
+		c.Body = nil
+		if c.Err == nil { // else keep the call's own failure
+			c.Err = err
+		}
 	}
 	close(c.done)
 	return err

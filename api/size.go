@@ -48,8 +48,9 @@ func FormatSize(n uint64) string {
 	if n < 1024 {
 		return fmt.Sprintf("%d B", n)
 	}
+	// Move up a unit while v would print as 1024.0 or more.
 	v, i := float64(n)/1024, 0
-	for v >= 1024 && i < len(units)-1 {
+	for v >= 1023.95 && i < len(units)-1 {
 		v /= 1024
 		i++
 	}

@@ -1,0 +1,630 @@
+package api
+
+import (
+	"bytes"
+	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"math"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"sort"
+	"strings"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// msgCase is one Message type: how to make a zero one and a random one, and,
+// for messages whose last field is a payload read with Rest, that payload.
+type msgCase struct {
+	new     func() Message
+	gen     *rapid.Generator[Message]
+	payload func(Message) []byte // nil unless the message ends in a payload
+}
+
+// Generators of wire fields.
+var (
+	genU8  = rapid.Uint8()
+	genU16 = rapid.Uint16()
+	genU32 = rapid.Uint32()
+	genU64 = rapid.Uint64()
+	// Wire strings are arbitrary bytes up to MaxString: mostly short, some
+	// long, some exactly at the limit.
+	genStr = rapid.OneOf(
+		rapid.StringN(0, 16, -1),
+		rapid.Map(rapid.SliceOfN(rapid.Byte(), 0, MaxString), func(b []byte) string { return string(b) }),
+		rapid.Map(rapid.Byte(), func(b byte) string { return strings.Repeat(string(rune(b%128)), MaxString) }),
+	)
+	genBytes = rapid.OneOf(
+		rapid.SliceOfN(rapid.Byte(), 0, 64),
+		rapid.Map(rapid.IntRange(0, 1<<17), func(n int) []byte {
+			b := make([]byte, n)
+			for i := range b {
+				b[i] = byte(i*7 + i>>8)
+			}
+			return b
+		}),
+	)
+	genExtents = rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Extent {
+		return Extent{Addr: genU64.Draw(t, "addr"), Len: genU64.Draw(t, "len")}
+	}), 0, 16)
+)
+
+func gen[M Message](fn func(t *rapid.T) M) *rapid.Generator[Message] {
+	return rapid.Custom(func(t *rapid.T) Message { return fn(t) })
+}
+
+// messages lists every Message type of the package, keyed by type name.
+// TestMessagesComplete fails when messages.go grows a type this lacks.
+var messages = map[string]msgCase{
+	"Hello": {new: func() Message { return new(Hello) }, gen: gen(func(t *rapid.T) *Hello {
+		return &Hello{
+			Magic: genU32.Draw(t, "magic"), Version: genU16.Draw(t, "version"), Role: Role(genU8.Draw(t, "role")),
+			Tenant: genStr.Draw(t, "tenant"), Devices: genU32.Draw(t, "devices"),
+		}
+	})},
+	"HelloReply": {new: func() Message { return new(HelloReply) }, gen: gen(func(t *rapid.T) *HelloReply {
+		return &HelloReply{
+			Version: genU16.Draw(t, "version"), Session: genU64.Draw(t, "session"),
+			Devices: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) DeviceInfo {
+				return DeviceInfo{Index: genU32.Draw(t, "index"), Name: genStr.Draw(t, "name"),
+					Node: genStr.Draw(t, "node"), Memory: genU64.Draw(t, "memory")}
+			}), 0, 8).Draw(t, "devices"),
+		}
+	})},
+	"Malloc": {new: func() Message { return new(Malloc) }, gen: gen(func(t *rapid.T) *Malloc {
+		return &Malloc{Device: genU32.Draw(t, "device"), Size: genU64.Draw(t, "size")}
+	})},
+	"MallocReply": {new: func() Message { return new(MallocReply) }, gen: gen(func(t *rapid.T) *MallocReply {
+		return &MallocReply{Addr: genU64.Draw(t, "addr")}
+	})},
+	"Free": {new: func() Message { return new(Free) }, gen: gen(func(t *rapid.T) *Free {
+		return &Free{Addr: genU64.Draw(t, "addr")}
+	})},
+	"StreamReq": {new: func() Message { return new(StreamReq) }, gen: gen(func(t *rapid.T) *StreamReq {
+		return &StreamReq{Stream: genU32.Draw(t, "stream")}
+	})},
+	"CopyToDevice": {
+		new: func() Message { return new(CopyToDevice) },
+		gen: gen(func(t *rapid.T) *CopyToDevice {
+			return &CopyToDevice{Stream: genU32.Draw(t, "stream"), Dst: genU64.Draw(t, "dst"), Payload: genBytes.Draw(t, "payload")}
+		}),
+		payload: func(m Message) []byte { return m.(*CopyToDevice).Payload },
+	},
+	"CopyFromDevice": {new: func() Message { return new(CopyFromDevice) }, gen: gen(func(t *rapid.T) *CopyFromDevice {
+		return &CopyFromDevice{Stream: genU32.Draw(t, "stream"), Src: genU64.Draw(t, "src"), Len: genU64.Draw(t, "len")}
+	})},
+	"CopyDevice": {new: func() Message { return new(CopyDevice) }, gen: gen(func(t *rapid.T) *CopyDevice {
+		return &CopyDevice{Stream: genU32.Draw(t, "stream"), Dst: genU64.Draw(t, "dst"), Src: genU64.Draw(t, "src"), Len: genU64.Draw(t, "len")}
+	})},
+	"Memset": {new: func() Message { return new(Memset) }, gen: gen(func(t *rapid.T) *Memset {
+		return &Memset{Stream: genU32.Draw(t, "stream"), Dst: genU64.Draw(t, "dst"), Value: genU8.Draw(t, "value"), Len: genU64.Draw(t, "len")}
+	})},
+	"Launch": {new: func() Message { return new(Launch) }, gen: gen(func(t *rapid.T) *Launch {
+		return &Launch{
+			Stream: genU32.Draw(t, "stream"), Kernel: genStr.Draw(t, "kernel"),
+			Args: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Arg {
+				return Arg{Kind: ArgKind(genU8.Draw(t, "kind")), Bits: genU64.Draw(t, "bits")}
+			}), 0, 32).Draw(t, "args"),
+		}
+	})},
+	"KernelList": {new: func() Message { return new(KernelList) }, gen: gen(func(t *rapid.T) *KernelList {
+		return &KernelList{Kernels: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) KernelInfo {
+			return KernelInfo{
+				Name: genStr.Draw(t, "name"), Doc: genStr.Draw(t, "doc"),
+				Params: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Param {
+					return Param{Name: genStr.Draw(t, "name"), Kind: ArgKind(genU8.Draw(t, "kind")), Access: Access(genU8.Draw(t, "access"))}
+				}), 0, 8).Draw(t, "params"),
+			}
+		}), 0, 6).Draw(t, "kernels")}
+	})},
+	"NodeAlloc": {new: func() Message { return new(NodeAlloc) }, gen: gen(func(t *rapid.T) *NodeAlloc {
+		return &NodeAlloc{Device: genU32.Draw(t, "device"), Count: genU32.Draw(t, "count")}
+	})},
+	"NodeFrames": {new: func() Message { return new(NodeFrames) }, gen: gen(func(t *rapid.T) *NodeFrames {
+		return &NodeFrames{Device: genU32.Draw(t, "device"), Frames: rapid.SliceOfN(genU64, 0, 64).Draw(t, "frames")}
+	})},
+	"NodeAccess": {
+		new: func() Message { return new(NodeAccess) },
+		gen: gen(func(t *rapid.T) *NodeAccess {
+			return &NodeAccess{Device: genU32.Draw(t, "device"), Extents: genExtents.Draw(t, "extents"),
+				Value: genU8.Draw(t, "value"), Payload: genBytes.Draw(t, "payload")}
+		}),
+		payload: func(m Message) []byte { return m.(*NodeAccess).Payload },
+	},
+	"NodeCopy": {new: func() Message { return new(NodeCopy) }, gen: gen(func(t *rapid.T) *NodeCopy {
+		return &NodeCopy{Device: genU32.Draw(t, "device"), Dst: genExtents.Draw(t, "dst"), Src: genExtents.Draw(t, "src")}
+	})},
+	"NodeLaunch": {new: func() Message { return new(NodeLaunch) }, gen: gen(func(t *rapid.T) *NodeLaunch {
+		return &NodeLaunch{
+			Device: genU32.Draw(t, "device"), Kernel: genStr.Draw(t, "kernel"),
+			Args: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) NodeArg {
+				// A buffer carries extents, anything else its bits: the
+				// wire form has room for one or the other.
+				a := NodeArg{Kind: ArgKind(rapid.OneOf(rapid.Just(uint8(ArgBuffer)), genU8).Draw(t, "kind"))}
+				if a.Kind == ArgBuffer {
+					a.Extents = genExtents.Draw(t, "extents")
+				} else {
+					a.Bits = genU64.Draw(t, "bits")
+				}
+				return a
+			}), 0, 16).Draw(t, "args"),
+		}
+	})},
+}
+
+// messageNames returns the names in messages, sorted, so tests run in a fixed order.
+func messageNames() []string {
+	var names []string
+	for n := range messages {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// TestMessagesComplete checks that messages covers every type of the
+// package that has both Marshal and Unmarshal methods.
+func TestMessagesComplete(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	methods := map[string]map[string]bool{}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Recv == nil || len(fd.Recv.List) != 1 {
+				continue
+			}
+			typ := fd.Recv.List[0].Type
+			if st, ok := typ.(*ast.StarExpr); ok {
+				typ = st.X
+			}
+			id, ok := typ.(*ast.Ident)
+			if !ok {
+				continue
+			}
+			if methods[id.Name] == nil {
+				methods[id.Name] = map[string]bool{}
+			}
+			methods[id.Name][fd.Name.Name] = true
+		}
+	}
+	found := 0
+	for typ, ms := range methods {
+		if !ms["Marshal"] || !ms["Unmarshal"] {
+			continue
+		}
+		found++
+		c, ok := messages[typ]
+		if !ok {
+			t.Errorf("message type %s has no case in messages (messages_test.go)", typ)
+			continue
+		}
+		if got := reflect.TypeOf(c.new()).Elem().Name(); got != typ {
+			t.Errorf("messages[%q] makes a %s", typ, got)
+		}
+	}
+	if found != len(messages) {
+		t.Errorf("the package has %d message types, the test %d", found, len(messages))
+	}
+}
+
+// normalize turns empty slices into nil, recursively, so that a nil list and
+// a decoded empty one compare equal.
+func normalize(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if !v.IsNil() {
+			normalize(v.Elem())
+		}
+	case reflect.Struct:
+		for i := 0; i < v.NumField(); i++ {
+			if v.Field(i).CanSet() {
+				normalize(v.Field(i))
+			}
+		}
+	case reflect.Slice:
+		if v.Len() == 0 {
+			if !v.IsNil() {
+				v.Set(reflect.Zero(v.Type()))
+			}
+			return
+		}
+		for i := 0; i < v.Len(); i++ {
+			normalize(v.Index(i))
+		}
+	}
+}
+
+func sameMessage(a, b Message) bool {
+	normalize(reflect.ValueOf(a))
+	normalize(reflect.ValueOf(b))
+	return reflect.DeepEqual(a, b)
+}
+
+// TestMessageRoundTrip: every message decodes from its encoding to an equal
+// value, and the encoding of that value is the same bytes.
+func TestMessageRoundTrip(t *testing.T) {
+	for _, name := range messageNames() {
+		c := messages[name]
+		t.Run(name, func(t *testing.T) {
+			rapid.Check(t, func(t *rapid.T) {
+				m := c.gen.Draw(t, "msg")
+				b := Encode(m)
+				got := c.new()
+				if err := Decode(b, got); err != nil {
+					t.Fatalf("Decode(Encode(%+v)): %v", m, err)
+				}
+				if again := Encode(got); !bytes.Equal(again, b) {
+					t.Fatalf("re-encoding differs:\n%x\n%x", b, again)
+				}
+				if !sameMessage(m, got) {
+					t.Fatalf("round trip:\n sent %+v\n got  %+v", m, got)
+				}
+			})
+		})
+	}
+}
+
+// TestMessageTruncated: every strict prefix of an encoding fails with
+// ErrProtocol, except that a payload may be cut (it is the rest of the
+// body), and never panics.
+func TestMessageTruncated(t *testing.T) {
+	for _, name := range messageNames() {
+		c := messages[name]
+		t.Run(name, func(t *testing.T) {
+			rapid.Check(t, func(t *rapid.T) {
+				m := c.gen.Draw(t, "msg")
+				b := Encode(m)
+				fixed := len(b) // bytes in front of the payload
+				if c.payload != nil {
+					fixed -= len(c.payload(m))
+				}
+				for _, n := range cuts(t, len(b)) {
+					got := c.new()
+					err := Decode(b[:n:n], got)
+					if n < fixed {
+						if !errors.Is(err, ErrProtocol) {
+							t.Fatalf("Decode of %d of %d bytes: %v, want ErrProtocol", n, len(b), err)
+						}
+						continue
+					}
+					if err != nil {
+						t.Fatalf("Decode of %d of %d bytes (payload cut): %v", n, len(b), err)
+					}
+					if p := c.payload(got); !bytes.Equal(p, b[fixed:n]) {
+						t.Fatalf("cut payload = %x, want %x", p, b[fixed:n])
+					}
+				}
+			})
+		})
+	}
+}
+
+// cuts returns the lengths to cut an encoding of size n at: all of them when
+// n is small; else both ends, a regular stride and random points, so that the
+// check stays linear in n rather than quadratic.
+func cuts(t *rapid.T, n int) []int {
+	if n <= 1024 {
+		out := make([]int, n)
+		for i := range out {
+			out[i] = i
+		}
+		return out
+	}
+	var out []int
+	for i := 0; i < 256; i++ {
+		out = append(out, i, n-1-i)
+	}
+	for i := 256; i < n-256; i += n / 128 {
+		out = append(out, i)
+	}
+	for i := 0; i < 64; i++ {
+		out = append(out, rapid.IntRange(0, n-1).Draw(t, "cut"))
+	}
+	return out
+}
+
+// TestMessageTrailing: a byte more fails with ErrProtocol naming the
+// trailing bytes, except where it lengthens a payload.
+func TestMessageTrailing(t *testing.T) {
+	for _, name := range messageNames() {
+		c := messages[name]
+		t.Run(name, func(t *testing.T) {
+			rapid.Check(t, func(t *rapid.T) {
+				m := c.gen.Draw(t, "msg")
+				extra := rapid.SliceOfN(rapid.Byte(), 1, 9).Draw(t, "extra")
+				b := append(Encode(m), extra...)
+				got := c.new()
+				err := Decode(b, got)
+				if c.payload != nil {
+					if err != nil {
+						t.Fatalf("Decode with %d payload bytes more: %v", len(extra), err)
+					}
+					if want := append(append([]byte(nil), c.payload(m)...), extra...); !bytes.Equal(c.payload(got), want) {
+						t.Fatalf("payload = %x, want %x", c.payload(got), want)
+					}
+					return
+				}
+				if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "trailing") {
+					t.Fatalf("Decode with %d bytes more: %v, want a trailing-bytes ErrProtocol", len(extra), err)
+				}
+			})
+		})
+	}
+}
+
+func TestMessageZeroValues(t *testing.T) {
+	for _, name := range messageNames() {
+		c := messages[name]
+		b := Encode(c.new())
+		got := c.new()
+		if err := Decode(b, got); err != nil || !sameMessage(c.new(), got) {
+			t.Errorf("%s: zero value round trip: %+v, %v", name, got, err)
+		}
+	}
+}
+
+// TestPayloadNotCopied: Rest hands out the body's own bytes.
+func TestPayloadNotCopied(t *testing.T) {
+	b := Encode(&CopyToDevice{Stream: 1, Dst: 2, Payload: []byte("abcdef")})
+	var m CopyToDevice
+	if err := Decode(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Payload) != 6 || &m.Payload[0] != &b[CopyToDeviceHeader] {
+		t.Fatalf("payload %q does not alias the body at offset %d", m.Payload, CopyToDeviceHeader)
+	}
+}
+
+// TestForgedListCounts: a short body that announces a huge list fails
+// without allocating for it.
+func TestForgedListCounts(t *testing.T) {
+	le32 := func(b []byte, v uint32) []byte { return append(b, byte(v), byte(v>>8), byte(v>>16), byte(v>>24)) }
+	pad := func(b []byte, n int) []byte { return append(b, make([]byte, n)...) }
+	for _, count := range []uint32{1e6, MaxList, MaxList + 1, math.MaxUint32} {
+		cases := map[string]struct {
+			body []byte
+			m    Message
+		}{
+			"NodeFrames": {pad(le32(le32(nil, 0), count), 12), new(NodeFrames)},
+			"HelloReply": {pad(le32(make([]byte, 10), count), 6), new(HelloReply)},
+			"Launch":     {pad(le32(le32(le32(nil, 0), 0), count), 8), new(Launch)},
+			"KernelList": {pad(le32(nil, count), 16), new(KernelList)},
+			"NodeAccess": {pad(le32(le32(nil, 0), count), 12), new(NodeAccess)},
+			"NodeCopy":   {pad(le32(le32(nil, 0), count), 12), new(NodeCopy)},
+			"NodeLaunch": {pad(le32(le32(le32(nil, 0), 0), count), 8), new(NodeLaunch)},
+		}
+		for name, tc := range cases {
+			if len(tc.body) != 20 {
+				t.Fatalf("%s: test body is %d bytes, want 20", name, len(tc.body))
+			}
+			err := Decode(tc.body, tc.m)
+			if !errors.Is(err, ErrProtocol) {
+				t.Errorf("%s announcing %d elements in 20 bytes: %v, want ErrProtocol", name, count, err)
+			}
+			if n := listElems(reflect.ValueOf(tc.m)); n != 0 {
+				t.Errorf("%s announcing %d elements: decoded %d", name, count, n)
+			}
+			allocs := bytesAllocated(func() { _ = Decode(tc.body, messages[name].new()) })
+			if allocs > 4<<10 {
+				t.Errorf("%s announcing %d elements in 20 bytes allocated %d bytes per decode", name, count, allocs)
+			}
+		}
+	}
+	// Over MaxList is refused even when the bytes are there.
+	b := le32(le32(nil, 0), MaxList+1)
+	b = pad(b, 8*(MaxList+1))
+	if err := Decode(b, new(NodeFrames)); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "limit") {
+		t.Errorf("NodeFrames of MaxList+1 frames: %v, want ErrProtocol over the limit", err)
+	}
+	b = pad(le32(le32(nil, 0), MaxList), 8*MaxList)
+	var m NodeFrames
+	if err := Decode(b, &m); err != nil || len(m.Frames) != MaxList {
+		t.Errorf("NodeFrames of MaxList frames: %d frames, %v", len(m.Frames), err)
+	}
+}
+
+// bytesAllocated returns the average heap bytes one call of fn allocates.
+func bytesAllocated(fn func()) uint64 {
+	const runs = 50
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := 0; i < runs; i++ {
+		fn()
+	}
+	runtime.ReadMemStats(&after)
+	return (after.TotalAlloc - before.TotalAlloc) / runs
+}
+
+// listElems counts the elements of every slice reachable from v, bytes of
+// []byte included: a bound on what a decoder allocated.
+func listElems(v reflect.Value) int {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			return 0
+		}
+		return listElems(v.Elem())
+	case reflect.Struct:
+		n := 0
+		for i := 0; i < v.NumField(); i++ {
+			n += listElems(v.Field(i))
+		}
+		return n
+	case reflect.Slice:
+		n := v.Len()
+		if v.Type().Elem().Kind() != reflect.Uint8 {
+			for i := 0; i < v.Len(); i++ {
+				n += listElems(v.Index(i))
+			}
+		}
+		return n
+	case reflect.String:
+		return v.Len()
+	}
+	return 0
+}
+
+func TestStringLimit(t *testing.T) {
+	for _, n := range []int{0, 1, MaxString} {
+		var m Hello
+		in := Hello{Tenant: strings.Repeat("t", n)}
+		if err := Decode(Encode(&in), &m); err != nil || m.Tenant != in.Tenant {
+			t.Errorf("tenant of %d bytes: %v", n, err)
+		}
+	}
+	b := Encode(&Hello{Tenant: strings.Repeat("t", MaxString+1)})
+	if err := Decode(b, new(Hello)); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "limit") {
+		t.Errorf("tenant of MaxString+1 bytes: %v, want ErrProtocol over the limit", err)
+	}
+}
+
+func TestDecoderPrimitives(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		u8, u16, u32, u64 := genU8.Draw(t, "u8"), genU16.Draw(t, "u16"), genU32.Draw(t, "u32"), genU64.Draw(t, "u64")
+		i64 := rapid.Int64().Draw(t, "i64")
+		f := math.Float32frombits(genU32.Draw(t, "f32"))
+		bl := rapid.Bool().Draw(t, "bool")
+		s := genStr.Draw(t, "str")
+		var e Encoder
+		e.U8(u8)
+		e.U16(u16)
+		e.U32(u32)
+		e.U64(u64)
+		e.I64(i64)
+		e.F32(f)
+		e.Bool(bl)
+		e.String(s)
+		if len(e.B) != 1+2+4+8+8+4+1+4+len(s) {
+			t.Fatalf("encoding is %d bytes", len(e.B))
+		}
+		d := NewDecoder(e.B)
+		g8, g16, g32, g64, gi, gf, gb, gs := d.U8(), d.U16(), d.U32(), d.U64(), d.I64(), d.F32(), d.Bool(), d.Str()
+		if err := d.Finish(); err != nil {
+			t.Fatal(err)
+		}
+		if g8 != u8 || g16 != u16 || g32 != u32 || g64 != u64 || gi != i64 ||
+			math.Float32bits(gf) != math.Float32bits(f) || gb != bl || gs != s {
+			t.Fatalf("primitives did not round-trip")
+		}
+	})
+}
+
+func TestDecoderStickyError(t *testing.T) {
+	d := NewDecoder([]byte{1, 2, 3, 4, 5})
+	if v := d.U64(); v != 0 {
+		t.Fatalf("U64 of 5 bytes = %d", v)
+	}
+	first := d.Finish()
+	if !errors.Is(first, ErrProtocol) {
+		t.Fatalf("short U64: %v", first)
+	}
+	// The bytes are still there, but a failed decoder reads nothing more.
+	if v := d.U8(); v != 0 {
+		t.Errorf("U8 after failure = %d", v)
+	}
+	if s := d.Str(); s != "" {
+		t.Errorf("String after failure = %q", s)
+	}
+	if n := d.Len(1); n != 0 {
+		t.Errorf("Len after failure = %d", n)
+	}
+	if r := d.Rest(); r != nil {
+		t.Errorf("Rest after failure = %x", r)
+	}
+	if err := d.Finish(); err != first {
+		t.Errorf("Finish changed from %v to %v", first, err)
+	}
+}
+
+func TestDecoderBool(t *testing.T) {
+	for b := 0; b < 256; b++ {
+		d := NewDecoder([]byte{byte(b)})
+		v := d.Bool()
+		err := d.Finish()
+		switch {
+		case b <= 1 && (err != nil || v != (b == 1)):
+			t.Errorf("Bool(%d) = %v, %v", b, v, err)
+		case b > 1 && !errors.Is(err, ErrProtocol):
+			t.Errorf("Bool(%d) = %v, %v; want ErrProtocol", b, v, err)
+		}
+	}
+}
+
+func TestDecoderLen(t *testing.T) {
+	enc := func(n uint32, rest int) []byte {
+		var e Encoder
+		e.U32(n)
+		e.B = append(e.B, make([]byte, rest)...)
+		return e.B
+	}
+	for _, tc := range []struct {
+		n       uint32
+		rest    int
+		minElem int
+		ok      bool
+	}{
+		{0, 0, 8, true},
+		{2, 16, 8, true},
+		{2, 15, 8, false},
+		{3, 0, 0, true}, // no minimum: only MaxList applies
+		{MaxList, 0, 0, true},
+		{MaxList + 1, 0, 0, false},
+		{math.MaxUint32, 1 << 10, 1, false},
+	} {
+		d := NewDecoder(enc(tc.n, tc.rest))
+		got := d.Len(tc.minElem)
+		err := d.err
+		if tc.ok && (err != nil || got != int(tc.n)) {
+			t.Errorf("Len(%d) of %d with %d bytes left = %d, %v", tc.minElem, tc.n, tc.rest, got, err)
+		}
+		if !tc.ok && (got != 0 || !errors.Is(err, ErrProtocol)) {
+			t.Errorf("Len(%d) of %d with %d bytes left = %d, %v; want ErrProtocol", tc.minElem, tc.n, tc.rest, got, err)
+		}
+	}
+}
+
+func TestStrings(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{OpHello.String(), "hello"},
+		{OpNodeLaunch.String(), "node-launch"},
+		{Op(999).String(), "op(999)"},
+		{ArgBuffer.String(), "buffer"},
+		{ArgI64.String(), "i64"},
+		{ArgF32.String(), "f32"},
+		{ArgKind(9).String(), "kind(9)"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+	for op, name := range opNames {
+		if op.String() != name || strings.HasPrefix(name, "op(") {
+			t.Errorf("Op %d: %q", op, op.String())
+		}
+	}
+}
+
+func TestExtentsLen(t *testing.T) {
+	if n := ExtentsLen(nil); n != 0 {
+		t.Errorf("ExtentsLen(nil) = %d", n)
+	}
+	if n := ExtentsLen([]Extent{{0, 4096}, {1 << 21, 2 << 20}, {7, 0}}); n != 4096+2<<20 {
+		t.Errorf("ExtentsLen = %d", n)
+	}
+}

@@ -1,0 +1,657 @@
+package api
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testBodyTimeout replaces BodyTimeout for the whole test binary. It is set
+// once, in TestMain, before any connection exists: BodyTimeout is read
+// without synchronisation, so setting it inside a test would race with the
+// reader goroutines of earlier tests.
+const testBodyTimeout = time.Second
+
+func TestMain(m *testing.M) {
+	BodyTimeout = testBodyTimeout
+	os.Exit(m.Run())
+}
+
+// serve listens on loopback TCP and runs handler on the first connection,
+// closing it when handler returns. The test's cleanup waits for handler.
+func serve(t *testing.T, handler func(c *Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		nc, err := ln.Accept()
+		ln.Close()
+		if err != nil {
+			t.Errorf("accept: %v", err)
+			return
+		}
+		c := NewConn(nc)
+		defer c.Close()
+		handler(c)
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Errorf("test server did not finish")
+		}
+	})
+	return ln.Addr().String()
+}
+
+// dial connects an RPC to addr; the test's cleanup closes it (before the
+// server's cleanup waits, since cleanups run last-in first-out).
+func dial(t *testing.T, addr string) *RPC {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewRPC(NewConn(nc), "test-server")
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// dialRaw connects a plain TCP connection to addr.
+func dialRaw(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	return nc
+}
+
+// readFrame reads one whole frame.
+func readFrame(c *Conn) (Header, []byte, error) {
+	h, err := c.ReadHeader()
+	if err != nil {
+		return h, nil, err
+	}
+	body := make([]byte, h.Len)
+	return h, body, c.ReadBody(body)
+}
+
+// rawHeader is a frame header as bytes, for peers that misbehave.
+func rawHeader(n uint32, op Op, flags uint16, id uint64) []byte {
+	b := make([]byte, HeaderSize)
+	binary.LittleEndian.PutUint32(b[0:], n)
+	binary.LittleEndian.PutUint16(b[4:], uint16(op))
+	binary.LittleEndian.PutUint16(b[6:], flags)
+	binary.LittleEndian.PutUint64(b[8:], id)
+	return b
+}
+
+// waitCall waits for c with a bound, so a lost reply fails the test rather
+// than hanging it.
+func waitCall(t *testing.T, c *Call) error {
+	t.Helper()
+	select {
+	case <-c.Done():
+		return c.Err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("call %v never completed", c.Op)
+		return nil
+	}
+}
+
+// echo answers every request with its own body until the connection ends.
+func echo(c *Conn) {
+	for {
+		h, body, err := readFrame(c)
+		if err != nil {
+			return
+		}
+		if err := c.Reply(h, body); err != nil {
+			return
+		}
+	}
+}
+
+// TestRPCPipelineReverse: 1000 requests go out before any reply; the server
+// reads them all, then answers last first; every call gets its own reply.
+func TestRPCPipelineReverse(t *testing.T) {
+	const n = 1000
+	addr := serve(t, func(c *Conn) {
+		type req struct {
+			h    Header
+			body []byte
+		}
+		var reqs []req
+		seen := map[uint64]bool{}
+		for len(reqs) < n {
+			h, body, err := readFrame(c)
+			if err != nil {
+				t.Errorf("server read request %d: %v", len(reqs), err)
+				return
+			}
+			if h.Flags != 0 || seen[h.ID] {
+				t.Errorf("request %d: flags %#x, id %d (seen: %v)", len(reqs), h.Flags, h.ID, seen[h.ID])
+			}
+			seen[h.ID] = true
+			reqs = append(reqs, req{h, body})
+		}
+		for i := n - 1; i >= 0; i-- {
+			if err := c.Reply(reqs[i].h, []byte("reply to "), reqs[i].body); err != nil {
+				t.Errorf("server reply %d: %v", i, err)
+				return
+			}
+		}
+		io.Copy(io.Discard, c.NetConn())
+	})
+	r := dial(t, addr)
+	calls := make([]*Call, n)
+	for i := range calls {
+		calls[i] = r.Go(OpMalloc, nil, []byte(fmt.Sprintf("request %d", i)))
+	}
+	for i, c := range calls {
+		if err := waitCall(t, c); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if want := fmt.Sprintf("reply to request %d", i); string(c.Body) != want {
+			t.Fatalf("call %d got %q, want %q", i, c.Body, want)
+		}
+		if c.Op != OpMalloc {
+			t.Fatalf("call %d: op %v", i, c.Op)
+		}
+	}
+}
+
+// TestRPCConcurrent: many goroutines share one RPC.
+func TestRPCConcurrent(t *testing.T) {
+	r := dial(t, serve(t, echo))
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100; i++ {
+				msg := []byte(fmt.Sprintf("g%d-%d", g, i))
+				body, err := r.Call(OpFree, nil, msg[:2], msg[2:])
+				if err != nil || !bytes.Equal(body, msg) {
+					t.Errorf("g%d call %d: %q, %v", g, i, body, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// TestRPCInto: a reply is read straight into the caller's buffer.
+func TestRPCInto(t *testing.T) {
+	r := dial(t, serve(t, echo))
+	for _, n := range []int{0, 1, 4096, MaxChunk, MaxBody} {
+		payload := make([]byte, n)
+		for i := range payload {
+			payload[i] = byte(i * 31)
+		}
+		into := make([]byte, n)
+		c := r.Go(OpCopyFromDevice, into, payload)
+		if err := waitCall(t, c); err != nil {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+		if !bytes.Equal(into, payload) {
+			t.Fatalf("%d bytes: into holds other bytes", n)
+		}
+		if c.Body != nil {
+			t.Fatalf("%d bytes: Body set (%d bytes) although into was given", n, len(c.Body))
+		}
+	}
+}
+
+// TestRPCIntoWrongLength: a reply longer or shorter than into fails that call
+// with ErrProtocol; the frame is skipped, so the connection carries on.
+func TestRPCIntoWrongLength(t *testing.T) {
+	// The server answers each request with as many bytes as its body says.
+	addr := serve(t, func(c *Conn) {
+		for {
+			h, body, err := readFrame(c)
+			if err != nil {
+				return
+			}
+			n := binary.LittleEndian.Uint32(body)
+			if err := c.Reply(h, bytes.Repeat([]byte{0xab}, int(n))); err != nil {
+				return
+			}
+		}
+	})
+	r := dial(t, addr)
+	ask := func(n uint32) []byte { return binary.LittleEndian.AppendUint32(nil, n) }
+	for _, tc := range []struct{ into, reply int }{{100, 101}, {100, 99}, {100, 0}, {0, 1}, {10, MaxBody}} {
+		into := make([]byte, tc.into)
+		err := waitCall(t, r.Go(OpCopyFromDevice, into, ask(uint32(tc.reply))))
+		if !errors.Is(err, ErrProtocol) {
+			t.Errorf("into %d, reply %d: %v, want ErrProtocol", tc.into, tc.reply, err)
+		} else if !strings.Contains(err.Error(), fmt.Sprint(tc.reply)) || !strings.Contains(err.Error(), "test-server") {
+			t.Errorf("into %d, reply %d: message %q names neither the length nor the peer", tc.into, tc.reply, err)
+		}
+		// The connection is still in step: a right-sized call works.
+		into = make([]byte, 7)
+		if err := waitCall(t, r.Go(OpCopyFromDevice, into, ask(7))); err != nil || !bytes.Equal(into, bytes.Repeat([]byte{0xab}, 7)) {
+			t.Fatalf("after a wrong-length reply: %x, %v", into, err)
+		}
+	}
+	select {
+	case <-r.Closed():
+		t.Fatal("RPC closed after wrong-length replies")
+	default:
+	}
+}
+
+// TestReadHeaderTooLarge: a header announcing more than MaxBody is refused.
+func TestReadHeaderTooLarge(t *testing.T) {
+	got := make(chan error, 1)
+	addr := serve(t, func(c *Conn) {
+		h, err := c.ReadHeader() // exactly MaxBody: fine
+		if err != nil || h.Len != MaxBody || h.ID != 1 {
+			t.Errorf("header of MaxBody: %+v, %v", h, err)
+		}
+		if err := c.ReadBody(make([]byte, h.Len)); err != nil {
+			t.Errorf("body of MaxBody: %v", err)
+		}
+		h, err = c.ReadHeader()
+		if h.Len != MaxBody+1 || h.ID != 2 || h.Op != OpNodeWrite {
+			t.Errorf("refused header reads as %+v", h)
+		}
+		got <- err
+	})
+	nc := dialRaw(t, addr)
+	frame := append(rawHeader(MaxBody, OpNodeWrite, 0, 1), make([]byte, MaxBody)...)
+	frame = append(frame, rawHeader(MaxBody+1, OpNodeWrite, 0, 2)...)
+	if _, err := nc.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	err := <-got
+	if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), fmt.Sprint(MaxBody+1)) {
+		t.Fatalf("ReadHeader of MaxBody+1: %v, want ErrProtocol naming the length", err)
+	}
+	for _, n := range []uint32{MaxBody + 1, 1 << 31, 0xffffffff} {
+		a, b := net.Pipe()
+		go func() { a.Write(rawHeader(n, OpHello, 0, 9)); a.Close() }()
+		if _, err := NewConn(b).ReadHeader(); !errors.Is(err, ErrProtocol) {
+			t.Errorf("header of %d bytes: %v, want ErrProtocol", n, err)
+		}
+		b.Close()
+	}
+}
+
+// TestRPCReplyTooLarge: a reply header over MaxBody fails the calls with
+// ErrProtocol and drops the connection, which cannot resync.
+func TestRPCReplyTooLarge(t *testing.T) {
+	addr := serve(t, func(c *Conn) {
+		h, _, err := readFrame(c)
+		if err != nil {
+			return
+		}
+		c.NetConn().Write(rawHeader(MaxBody+1, h.Op, FlagReply, h.ID))
+		io.Copy(io.Discard, c.NetConn())
+	})
+	r := dial(t, addr)
+	c1 := r.Go(OpNodeRead, nil, []byte("x"))
+	if err := waitCall(t, c1); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("call answered with an oversized header: %v, want ErrProtocol", err)
+	}
+	<-r.Closed()
+}
+
+// TestWriteFrameTooLarge: WriteFrame refuses a body over MaxBody without
+// writing anything, so the connection stays usable.
+func TestWriteFrameTooLarge(t *testing.T) {
+	frames := make(chan Header, 4)
+	addr := serve(t, func(c *Conn) {
+		for {
+			h, _, err := readFrame(c)
+			if err != nil {
+				close(frames)
+				return
+			}
+			frames <- h
+		}
+	})
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewConn(nc)
+	half := make([]byte, MaxBody/2+1)
+	err = c.WriteFrame(OpNodeWrite, 0, 1, half, half)
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), fmt.Sprint(2*len(half))) {
+		t.Fatalf("WriteFrame of %d bytes: %v, want ErrInvalidArgument naming the size", 2*len(half), err)
+	}
+	if err := c.WriteFrame(OpNodeWrite, 0, 2, make([]byte, MaxBody)); err != nil {
+		t.Fatalf("WriteFrame of MaxBody after a refusal: %v", err)
+	}
+	if err := c.WriteFrame(OpNodeFill, 0, 3); err != nil {
+		t.Fatalf("WriteFrame of no body: %v", err)
+	}
+	c.Close()
+	var got []Header
+	for h := range frames {
+		got = append(got, h)
+	}
+	want := []Header{{Len: MaxBody, Op: OpNodeWrite, ID: 2}, {Len: 0, Op: OpNodeFill, ID: 3}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("server saw %+v, want %+v", got, want)
+	}
+}
+
+// TestRPCRequestTooLarge: an oversized request fails alone, at once.
+func TestRPCRequestTooLarge(t *testing.T) {
+	r := dial(t, serve(t, echo))
+	c := r.Go(OpCopyToDevice, nil, make([]byte, MaxBody), []byte{1})
+	select {
+	case <-c.Done():
+	default:
+		t.Fatal("oversized request still pending after Go returned")
+	}
+	if !errors.Is(c.Err, ErrInvalidArgument) {
+		t.Fatalf("oversized request: %v, want ErrInvalidArgument", c.Err)
+	}
+	if body, err := r.Call(OpFree, nil, []byte("still here")); err != nil || string(body) != "still here" {
+		t.Fatalf("call after a refused one: %q, %v", body, err)
+	}
+}
+
+// TestRPCPeerGone: however the server goes away — a clean close, a reset,
+// mid-header or mid-body — every pending call fails with ErrUnavailable and
+// later calls fail at once.
+func TestRPCPeerGone(t *testing.T) {
+	const pending = 10
+	for name, leave := range map[string]func(c *Conn, last Header){
+		"close": func(c *Conn, _ Header) {},
+		"reset": func(c *Conn, _ Header) {
+			c.NetConn().(*net.TCPConn).SetLinger(0)
+		},
+		"mid-header": func(c *Conn, last Header) {
+			c.NetConn().Write(rawHeader(8, last.Op, FlagReply, last.ID)[:9])
+		},
+		"mid-body": func(c *Conn, last Header) {
+			c.NetConn().Write(append(rawHeader(8, last.Op, FlagReply, last.ID), 1, 2, 3))
+		},
+		"mid-error-body": func(c *Conn, last Header) {
+			c.NetConn().Write(append(rawHeader(8, last.Op, FlagReply|FlagError, last.ID), 1, 2, 3))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			addr := serve(t, func(c *Conn) {
+				var last Header
+				for i := 0; i < pending; i++ {
+					h, _, err := readFrame(c)
+					if err != nil {
+						t.Errorf("server read %d: %v", i, err)
+						return
+					}
+					last = h
+				}
+				leave(c, last)
+			})
+			r := dial(t, addr)
+			var calls []*Call
+			for i := 0; i < pending; i++ {
+				into := []byte(nil)
+				if i%2 == 1 {
+					into = make([]byte, 8)
+				}
+				calls = append(calls, r.Go(OpNodeRead, into, []byte{byte(i)}))
+			}
+			for i, c := range calls {
+				err := waitCall(t, c)
+				if !errors.Is(err, ErrUnavailable) || CodeOf(err) != CodeUnavailable {
+					t.Errorf("pending call %d: %v (code %v), want ErrUnavailable", i, err, CodeOf(err))
+				} else if !strings.Contains(err.Error(), "test-server") {
+					t.Errorf("pending call %d: %q does not name the peer", i, err)
+				}
+			}
+			select {
+			case <-r.Closed():
+			case <-time.After(5 * time.Second):
+				t.Fatal("Closed not closed after the peer left")
+			}
+			c := r.Go(OpFree, nil, []byte("late"))
+			select {
+			case <-c.Done():
+			default:
+				t.Fatal("a call after failure did not fail at once")
+			}
+			if !errors.Is(c.Err, ErrUnavailable) {
+				t.Fatalf("call after failure: %v, want ErrUnavailable", c.Err)
+			}
+		})
+	}
+}
+
+// TestRPCClose: closing the RPC fails what is pending and what comes later.
+func TestRPCClose(t *testing.T) {
+	addr := serve(t, func(c *Conn) { io.Copy(io.Discard, c.NetConn()) })
+	r := dial(t, addr)
+	c := r.Go(OpSynchronize, nil, Encode(&StreamReq{Stream: 3}))
+	r.Close()
+	if err := waitCall(t, c); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("pending call after Close: %v", err)
+	}
+	if _, err := r.Call(OpFree, nil); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("call after Close: %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestRPCErrorReply: an error reply carries its code and message to the
+// caller; the calls around it are unaffected.
+func TestRPCErrorReply(t *testing.T) {
+	failure := fmt.Errorf("malloc of %d bytes on device %d: %w", uint64(1)<<40, 3, ErrOutOfMemory)
+	addr := serve(t, func(c *Conn) {
+		for {
+			h, body, err := readFrame(c)
+			if err != nil {
+				return
+			}
+			if string(body) == "fail" {
+				err = c.ReplyError(h, failure)
+			} else {
+				err = c.Reply(h, body)
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	r := dial(t, addr)
+	before := r.Go(OpFree, nil, []byte("ok1"))
+	into := make([]byte, 4)
+	bad := r.Go(OpMalloc, into, []byte("fail"))
+	after := r.Go(OpFree, nil, []byte("ok2"))
+	err := waitCall(t, bad)
+	var re *RemoteError
+	if !errors.As(err, &re) || re.Code != CodeOutOfMemory || re.Msg != failure.Error() {
+		t.Fatalf("error reply: %#v, want RemoteError{OutOfMemory, %q}", err, failure)
+	}
+	if !errors.Is(fmt.Errorf("tenant: %w", err), ErrOutOfMemory) {
+		t.Fatal("error reply is not ErrOutOfMemory once wrapped")
+	}
+	if bad.Body != nil || !bytes.Equal(into, make([]byte, 4)) {
+		t.Fatalf("an error reply wrote a body: %q, into %x", bad.Body, into)
+	}
+	for _, c := range []*Call{before, after} {
+		if err := waitCall(t, c); err != nil {
+			t.Fatalf("call around the error: %v", err)
+		}
+	}
+}
+
+// TestRPCProtocolViolations: a request where a reply is due, or a reply to
+// no request, is a protocol error that drops the connection.
+func TestRPCProtocolViolations(t *testing.T) {
+	for name, answer := range map[string]func(c *Conn, h Header){
+		"request instead of reply": func(c *Conn, h Header) { c.WriteFrame(h.Op, 0, h.ID) },
+		"reply to unknown id":      func(c *Conn, h Header) { c.WriteFrame(h.Op, FlagReply, h.ID+1000) },
+		"bad error body":           func(c *Conn, h Header) { c.WriteFrame(h.Op, FlagReply|FlagError, h.ID, []byte{1}) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			addr := serve(t, func(c *Conn) {
+				h, _, err := readFrame(c)
+				if err != nil {
+					return
+				}
+				answer(c, h)
+				io.Copy(io.Discard, c.NetConn())
+			})
+			r := dial(t, addr)
+			c := r.Go(OpStatus, nil)
+			if err := waitCall(t, c); !errors.Is(err, ErrProtocol) {
+				t.Fatalf("%s: %v, want ErrProtocol", name, err)
+			}
+		})
+	}
+}
+
+// TestBodyTimeout: a peer that sends a header and half a body, then stalls,
+// is dropped once BodyTimeout has passed.
+func TestBodyTimeout(t *testing.T) {
+	type result struct {
+		err     error
+		elapsed time.Duration
+	}
+	got := make(chan result, 1)
+	addr := serve(t, func(c *Conn) {
+		h, err := c.ReadHeader()
+		if err != nil {
+			t.Errorf("ReadHeader: %v", err)
+			return
+		}
+		start := time.Now()
+		err = c.ReadBody(make([]byte, h.Len))
+		got <- result{err, time.Since(start)}
+		// Returning closes the connection: the peer is dropped.
+	})
+	nc := dialRaw(t, addr)
+	if _, err := nc.Write(append(rawHeader(1000, OpNodeWrite, 0, 1), make([]byte, 500)...)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res := <-got
+	if !errors.Is(res.err, os.ErrDeadlineExceeded) {
+		t.Fatalf("stalled body: %v, want a deadline error", res.err)
+	}
+	if res.elapsed < BodyTimeout*9/10 || res.elapsed > BodyTimeout+5*time.Second {
+		t.Fatalf("stalled body failed after %v, BodyTimeout %v", res.elapsed, BodyTimeout)
+	}
+	// The server dropped us: our read ends.
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := nc.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("stalled peer not dropped: read %d, %v after %v", n, err, time.Since(start))
+	}
+}
+
+// TestBodyTimeoutReset: the deadline covers one body only; an idle
+// connection between frames is not dropped.
+func TestBodyTimeoutReset(t *testing.T) {
+	got := make(chan error, 2)
+	addr := serve(t, func(c *Conn) {
+		for i := 0; i < 2; i++ {
+			_, body, err := readFrame(c)
+			if err == nil && len(body) != 100 {
+				err = fmt.Errorf("body of %d bytes", len(body))
+			}
+			got <- err
+		}
+	})
+	nc := dialRaw(t, addr)
+	frame := append(rawHeader(100, OpNodeWrite, 0, 1), make([]byte, 100)...)
+	nc.Write(frame[:HeaderSize+50]) // the body arrives in two parts, so ReadBody waits with a deadline
+	time.Sleep(BodyTimeout / 5)
+	nc.Write(frame[HeaderSize+50:])
+	if err := <-got; err != nil {
+		t.Fatalf("first frame: %v", err)
+	}
+	time.Sleep(BodyTimeout * 3 / 2)
+	nc.Write(frame)
+	if err := <-got; err != nil {
+		t.Fatalf("frame after an idle spell longer than BodyTimeout: %v", err)
+	}
+}
+
+// TestRPCBodyTimeout: a reply that stalls mid-body fails the calls with
+// ErrUnavailable within BodyTimeout and drops the connection.
+func TestRPCBodyTimeout(t *testing.T) {
+	for _, into := range []bool{false, true} {
+		t.Run(fmt.Sprintf("into=%v", into), func(t *testing.T) {
+			stop := make(chan struct{})
+			addr := serve(t, func(c *Conn) {
+				h, _, err := readFrame(c)
+				if err != nil {
+					return
+				}
+				c.NetConn().Write(append(rawHeader(64, h.Op, FlagReply, h.ID), make([]byte, 32)...))
+				<-stop
+			})
+			r := dial(t, addr)
+			defer close(stop)
+			var buf []byte
+			if into {
+				buf = make([]byte, 64)
+			}
+			start := time.Now()
+			c := r.Go(OpNodeRead, buf, []byte("read"))
+			other := r.Go(OpNodeRead, nil, []byte("other"))
+			err := waitCall(t, c)
+			elapsed := time.Since(start)
+			if !errors.Is(err, ErrUnavailable) || !errors.Is(err, os.ErrDeadlineExceeded) && !strings.Contains(err.Error(), "timeout") {
+				t.Fatalf("stalled reply: %v, want ErrUnavailable naming the timeout", err)
+			}
+			if elapsed > BodyTimeout+5*time.Second {
+				t.Fatalf("stalled reply failed after %v, BodyTimeout %v", elapsed, BodyTimeout)
+			}
+			if err := waitCall(t, other); !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("other pending call: %v", err)
+			}
+			<-r.Closed()
+		})
+	}
+}
+
+// TestRPCIntoSkipStalls: a wrong-length reply whose body then stalls fails
+// its call as a protocol error and drops the connection like any stalled body.
+func TestRPCIntoSkipStalls(t *testing.T) {
+	stop := make(chan struct{})
+	addr := serve(t, func(c *Conn) {
+		h, _, err := readFrame(c)
+		if err != nil {
+			return
+		}
+		c.NetConn().Write(append(rawHeader(64, h.Op, FlagReply, h.ID), make([]byte, 32)...))
+		<-stop
+	})
+	r := dial(t, addr)
+	defer close(stop)
+	c := r.Go(OpNodeRead, make([]byte, 8), []byte("read"))
+	other := r.Go(OpNodeRead, nil, []byte("other"))
+	if err := waitCall(t, c); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("stalled wrong-length reply: %v, want ErrProtocol", err)
+	}
+	if err := waitCall(t, other); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("call behind a stalled reply: %v, want ErrUnavailable", err)
+	}
+	<-r.Closed()
+}
