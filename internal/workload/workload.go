@@ -18,10 +18,10 @@ import (
 type Result struct {
 	Tenant   string
 	Workload string
-	Work     string // what was computed, in words and numbers
-	Bytes    uint64 // host↔device bytes moved
+	Work     string        // what was computed, in words and numbers
+	Bytes    uint64        // host↔device bytes moved
 	Elapsed  time.Duration // from the first allocation to the results back on the host
-	Checked  bool // the device result matched the reference
+	Checked  bool          // the device result matched the reference
 	Detail   string
 	Err      error
 }

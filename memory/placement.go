@@ -1,0 +1,126 @@
+package memory
+
+import (
+	"cmp"
+	"math/bits"
+	"slices"
+)
+
+// The virtual address space handed out. It starts above zero so that 0 (and
+// any small integer a buggy tenant passes) is never a valid address, and
+// ends at 2^48, the virtual address width of current GPUs.
+const (
+	vaBase = 1 << 32
+	vaTop  = 1 << 48
+)
+
+// vaRun is the half-open virtual range [start, end).
+type vaRun struct{ start, end uint64 }
+
+// vaFree is the unused virtual address space in whole chunks: sorted,
+// disjoint, never adjacent runs (adjacent ones are merged), so first fit
+// reuses low addresses and the page table's top level stays small.
+type vaFree struct{ runs []vaRun }
+
+func newVAFree() vaFree { return vaFree{runs: []vaRun{{vaBase, vaTop}}} }
+
+// take removes the first run of n bytes (a multiple of Page2M) and returns
+// its start.
+func (v *vaFree) take(n uint64) (uint64, bool) {
+	for i, r := range v.runs {
+		if r.end-r.start < n {
+			continue
+		}
+		if r.end-r.start == n {
+			v.runs = slices.Delete(v.runs, i, i+1)
+		} else {
+			v.runs[i].start += n
+		}
+		return r.start, true
+	}
+	return 0, false
+}
+
+// put gives back [start, start+n), which take handed out.
+func (v *vaFree) put(start, n uint64) {
+	end := start + n
+	i, _ := slices.BinarySearchFunc(v.runs, start, func(r vaRun, s uint64) int {
+		return cmp.Compare(r.start, s)
+	})
+	joinLeft := i > 0 && v.runs[i-1].end == start
+	joinRight := i < len(v.runs) && v.runs[i].start == end
+	switch {
+	case joinLeft && joinRight:
+		v.runs[i-1].end = v.runs[i].end
+		v.runs = slices.Delete(v.runs, i, i+1)
+	case joinLeft:
+		v.runs[i-1].end = end
+	case joinRight:
+		v.runs[i].start = start
+	default:
+		v.runs = slices.Insert(v.runs, i, vaRun{start, end})
+	}
+}
+
+// chunk is a 2 MiB-aligned stretch of virtual addresses of one device,
+// backed by one frame at the same offsets: page i of the chunk lives at
+// frame + i*Page4K. This identity placement is how the allocator conserves
+// contiguity (Mosaic's CoCoA): pages that are virtually contiguous inside a
+// chunk are physically contiguous and aligned alike, so any 64 KiB or 2 MiB
+// region that fills up, whichever allocations fill it, coalesces in place.
+type chunk struct {
+	va, frame uint64
+	dev       uint32
+	used      [pagesPer2M / 64]uint64 // bit i set when page i is allocated
+	n         int                     // pages allocated
+	partial   bool                    // listed in Space.partial
+}
+
+// findFree returns the first page index, a multiple of align, that starts
+// pages free pages.
+func (c *chunk) findFree(pages, align int) (int, bool) {
+	for start := 0; start+pages <= pagesPer2M; {
+		p := c.firstUsed(start, start+pages)
+		if p < 0 {
+			return start, true
+		}
+		start = (p/align + 1) * align
+	}
+	return 0, false
+}
+
+// firstUsed returns the index of the first allocated page in [from, to), or
+// -1 if there is none.
+func (c *chunk) firstUsed(from, to int) int {
+	for i := from; i < to; {
+		w := c.used[i/64] >> (i % 64)
+		if w != 0 {
+			if j := i + bits.TrailingZeros64(w); j < to {
+				return j
+			}
+			return -1
+		}
+		i = (i/64 + 1) * 64
+	}
+	return -1
+}
+
+// mark sets pages [first, first+pages) allocated or free; they are all in
+// the opposite state.
+func (c *chunk) mark(first, pages int, allocated bool) {
+	for i, end := first, first+pages; i < end; {
+		n := min(end-i, 64-i%64)
+		m := (^uint64(0) >> (64 - n)) << (i % 64)
+		if allocated {
+			c.used[i/64] |= m
+		} else {
+			c.used[i/64] &^= m
+		}
+		i += n
+	}
+	if allocated {
+		c.n += pages
+	} else {
+		c.n -= pages
+	}
+}

@@ -1,0 +1,505 @@
+// Package memory owns one tenant's device virtual address space in the
+// mediator: which virtual ranges are allocated, on which device each lives,
+// and the physical memory of that device they map to, through a radix page
+// table of 4 KiB, 64 KiB and 2 MiB leaves with a TLB in front of it.
+//
+// Physical memory is leased from a FrameSource in 2 MiB frames, so a frame
+// only ever holds this tenant's pages. Placement conserves contiguity, as in
+// Mosaic (Ausavarungnirun et al., MICRO'17): virtual space is handed out in
+// 2 MiB chunks, each backed by one frame at identical offsets. Allocations
+// of 2 MiB or more take fresh chunks whose frames are granted in one call,
+// so a contiguous grant makes the allocation physically contiguous. Smaller
+// ones are packed into chunks of their device that have room, 64 KiB
+// aligned when they are at least 64 KiB. Because offsets match, every
+// 64 KiB or 2 MiB region that becomes fully populated is also physically
+// contiguous and aligned, and the page table coalesces it into one large
+// leaf in place; freeing part of it splinters the leaf, again without
+// moving data.
+//
+// Invariants (between calls):
+//   - Live allocations are disjoint; each covers its size rounded up to
+//     Page4K, starts at an address aligned to 2 MiB, 64 KiB or 4 KiB by that
+//     size, and lies in chunks of its own device. Only the bytes asked for
+//     are addressable: Translate and Span refuse the rounded tail.
+//   - Exactly the pages of live allocations are mapped, each to the same
+//     offset in its chunk's frame, so no two live pages share physical memory.
+//   - A chunk, and its frame, is held exactly while a live allocation has a
+//     page in it: a frame goes back to the source when its last page is
+//     freed, and each frame is returned at most once.
+//   - Allocated is the sum of the live rounded sizes and never exceeds a
+//     non-zero limit.
+//   - The TLB holds no translation of an unmapped page.
+//
+// Lock order: allocMu, then mu. allocMu serialises the calls that change the
+// address space (Alloc, Free, Close) and is held across calls to the
+// FrameSource, which therefore must not call back into the Space. mu guards
+// what Translate, Span and Stats read and is never held across a source
+// call, so translations go on while a Grant waits on a remote node.
+package memory
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// Page sizes of the page table, and the unit in which physical memory is
+// leased.
+const (
+	Page4K    = 4 << 10
+	Page64K   = 64 << 10
+	Page2M    = 2 << 20
+	FrameSize = Page2M
+)
+
+// maxAlloc bounds one allocation, so sizes and address arithmetic stay far
+// from overflow and a single request cannot reserve the address space.
+const maxAlloc = 1 << 40
+
+// FrameSource leases 2 MiB frames of one device to this address space's
+// tenant.
+type FrameSource interface {
+	// Grant returns n frames of device dev as physical base addresses
+	// (multiples of FrameSize), ascending and contiguous when it can. It
+	// fails with api.ErrOutOfMemory when the device is full.
+	Grant(dev uint32, n int) ([]uint64, error)
+	// Return gives frames back; the node scrubs them before anyone else
+	// gets them.
+	Return(dev uint32, frames []uint64) error
+}
+
+// Stats is a consistent snapshot of a Space.
+type Stats struct {
+	Allocations int
+	Allocated   uint64 // sum of live allocation sizes as rounded
+	Mapped      uint64 // bytes of frames held (frames × FrameSize)
+	Frames      int
+	// Bytes mapped by leaves of each size; they sum to Allocated.
+	Mapped4K, Mapped64K, Mapped2M uint64
+	TLBHits, TLBMisses            uint64
+}
+
+// basePagesOnly is a test hook: while set, NewSpace builds page tables that
+// never coalesce, so benchmarks can measure what large leaves save.
+var basePagesOnly bool
+
+var errClosed = fmt.Errorf("address space closed: %w", api.ErrInvalidArgument)
+
+// Space is one tenant's device virtual address space. It is safe for
+// concurrent use.
+type Space struct {
+	src   FrameSource
+	limit uint64
+
+	allocMu sync.Mutex
+	// Guarded by allocMu.
+	vas     vaFree
+	chunks  map[uint64]*chunk   // by virtual address
+	partial map[uint32][]*chunk // per device, chunks with free pages, by address
+	held    map[devFrame]bool   // the frames of chunks
+
+	mu sync.Mutex
+	// Guarded by mu and allocMu together: writers hold both, so holding
+	// either is enough to read.
+	closed    bool
+	allocs    []*allocation // live, sorted by address
+	allocated uint64
+	frames    int
+	pt        pageTable
+	// Guarded by mu alone, since every translation updates it.
+	tlb tlb
+}
+
+type allocation struct {
+	va, size uint64 // size rounded to Page4K
+	want     uint64 // size as asked: the tenant may touch [va, va+want)
+	dev      uint32
+}
+
+func (a *allocation) end() uint64 { return a.va + a.size }
+
+// limit is the end of what the tenant may address: the rounded tail is
+// accounted and mapped, but touching it is a bug worth reporting.
+func (a *allocation) limit() uint64 { return a.va + a.want }
+
+type devFrame struct {
+	dev   uint32
+	frame uint64
+}
+
+// segment is the part of an allocation that lies in one chunk.
+type segment struct {
+	c            *chunk
+	first, pages int
+}
+
+// NewSpace returns an empty address space whose frames come from src.
+// limit caps Allocated; 0 means no cap.
+func NewSpace(src FrameSource, limit uint64) *Space {
+	return &Space{
+		src:     src,
+		limit:   limit,
+		vas:     newVAFree(),
+		chunks:  make(map[uint64]*chunk),
+		partial: make(map[uint32][]*chunk),
+		held:    make(map[devFrame]bool),
+		pt:      newPageTable(basePagesOnly),
+		tlb:     newTLB(),
+	}
+}
+
+// Alloc reserves size bytes on device dev, maps them and returns their
+// virtual address. The allocation takes size rounded up to Page4K, which
+// counts against the limit; only the size asked for may be addressed.
+func (s *Space) Alloc(dev uint32, size uint64) (va uint64, err error) {
+	if size == 0 || size > maxAlloc {
+		return 0, fmt.Errorf("alloc %d bytes on device %d: size must be 1 to %d: %w",
+			size, dev, uint64(maxAlloc), api.ErrInvalidArgument)
+	}
+	rounded := (size + Page4K - 1) &^ (Page4K - 1)
+	s.allocMu.Lock()
+	defer s.allocMu.Unlock()
+	if s.closed {
+		return 0, fmt.Errorf("alloc %d bytes on device %d: %w", size, dev, errClosed)
+	}
+	if s.limit != 0 && rounded > s.limit-s.allocated {
+		return 0, fmt.Errorf("alloc %d bytes (%d rounded to pages) on device %d: %d of %d bytes in use: %w",
+			size, rounded, dev, s.allocated, s.limit, api.ErrQuotaExceeded)
+	}
+	var a *allocation
+	if rounded >= Page2M {
+		a, err = s.allocChunks(dev, rounded, size)
+	} else {
+		a, err = s.allocPages(dev, rounded, size)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("alloc %d bytes on device %d: %w", size, dev, err)
+	}
+	return a.va, nil
+}
+
+// allocChunks places an allocation of at least Page2M in fresh chunks.
+func (s *Space) allocChunks(dev uint32, size, want uint64) (*allocation, error) {
+	cs, err := s.newChunks(dev, int((size+Page2M-1)/Page2M))
+	if err != nil {
+		return nil, err
+	}
+	segs := make([]segment, len(cs))
+	for i, c := range cs {
+		segs[i] = segment{c: c, pages: int(min(size-uint64(i)*Page2M, Page2M) / Page4K)}
+	}
+	return s.commit(dev, size, want, segs, cs), nil
+}
+
+// allocPages places an allocation smaller than Page2M in the first chunk of
+// dev with room at a suitably aligned offset, or in a fresh one. Packing
+// first fit keeps the number of frames held low.
+func (s *Space) allocPages(dev uint32, size, want uint64) (*allocation, error) {
+	pages, align := int(size/Page4K), 1
+	if size >= Page64K {
+		align = pagesPer64K
+	}
+	for _, c := range s.partial[dev] {
+		if first, ok := c.findFree(pages, align); ok {
+			return s.commit(dev, size, want, []segment{{c: c, first: first, pages: pages}}, nil), nil
+		}
+	}
+	cs, err := s.newChunks(dev, 1)
+	if err != nil {
+		return nil, err
+	}
+	return s.commit(dev, size, want, []segment{{c: cs[0], pages: pages}}, cs), nil
+}
+
+// newChunks reserves n adjacent chunks of virtual address space and backs
+// them with frames of dev. On failure nothing stays reserved.
+func (s *Space) newChunks(dev uint32, n int) ([]*chunk, error) {
+	bytes := uint64(n) * Page2M
+	va, ok := s.vas.take(bytes)
+	if !ok {
+		return nil, fmt.Errorf("no free run of %d bytes of virtual address space: %w", bytes, api.ErrOutOfMemory)
+	}
+	frames, err := s.grant(dev, n)
+	if err != nil {
+		s.vas.put(va, bytes)
+		return nil, err
+	}
+	cs := make([]*chunk, n)
+	for i, f := range frames {
+		cs[i] = &chunk{va: va + uint64(i)*Page2M, frame: f, dev: dev}
+	}
+	return cs, nil
+}
+
+// grant asks the source for n frames of dev and checks the answer: frames
+// that are misaligned, repeated or already held would alias memory, so a
+// grant with any of them is refused. What was certainly granted (aligned,
+// distinct, not held) is given back.
+func (s *Space) grant(dev uint32, n int) ([]uint64, error) {
+	frames, err := s.src.Grant(dev, n)
+	if err != nil {
+		return nil, fmt.Errorf("grant %d frames of device %d: %w", n, dev, err)
+	}
+	var bad error
+	seen := make(map[uint64]bool, len(frames))
+	var ours []uint64
+	for _, f := range frames {
+		switch {
+		case f%FrameSize != 0:
+			bad = fmt.Errorf("frame %#x is not a multiple of %#x", f, FrameSize)
+		case seen[f] || s.held[devFrame{dev, f}]:
+			bad = fmt.Errorf("frame %#x is granted twice", f)
+		default:
+			seen[f] = true
+			ours = append(ours, f)
+		}
+	}
+	if bad == nil && len(frames) != n {
+		bad = fmt.Errorf("got %d frames", len(frames))
+	}
+	if bad == nil {
+		return frames, nil
+	}
+	err = fmt.Errorf("grant %d frames of device %d: source broke its contract: %v: %w", n, dev, bad, api.ErrInternal)
+	if len(ours) > 0 {
+		if rerr := s.src.Return(dev, ours); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("return the %d frames of device %d from that grant: %w", len(ours), dev, rerr))
+		}
+	}
+	return nil, err
+}
+
+// commit records an allocation of size bytes made of segs, in address
+// order; fresh are the chunks newly created for it.
+func (s *Space) commit(dev uint32, size, want uint64, segs []segment, fresh []*chunk) *allocation {
+	for _, c := range fresh {
+		s.chunks[c.va] = c
+		s.held[devFrame{dev, c.frame}] = true
+	}
+	for _, g := range segs {
+		g.c.mark(g.first, g.pages, true)
+		s.updatePartial(g.c)
+	}
+	a := &allocation{va: segs[0].c.va + uint64(segs[0].first)*Page4K, size: size, want: want, dev: dev}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range segs {
+		off := uint64(g.first) * Page4K
+		s.pt.mapRange(g.c.va+off, g.c.frame+off, uint64(g.pages)*Page4K)
+	}
+	i := sort.Search(len(s.allocs), func(i int) bool { return s.allocs[i].va > a.va })
+	s.allocs = slices.Insert(s.allocs, i, a)
+	s.allocated += size
+	s.frames += len(fresh)
+	return a
+}
+
+// updatePartial lists c among its device's chunks with room exactly when it
+// has some room and some use (an unused chunk is about to be released).
+func (s *Space) updatePartial(c *chunk) {
+	want := c.n > 0 && c.n < pagesPer2M
+	if want == c.partial {
+		return
+	}
+	list := s.partial[c.dev]
+	i, _ := slices.BinarySearchFunc(list, c.va, func(x *chunk, va uint64) int { return cmp.Compare(x.va, va) })
+	if want {
+		list = slices.Insert(list, i, c)
+	} else {
+		list = slices.Delete(list, i, i+1)
+	}
+	if len(list) == 0 {
+		delete(s.partial, c.dev)
+	} else {
+		s.partial[c.dev] = list
+	}
+	c.partial = want
+}
+
+// Free releases the allocation that starts at va and returns the frames it
+// leaves unused. If the source fails to take them back, the allocation is
+// still freed and the frames are forgotten, not retried: the outcome of a
+// failed Return is unknown, and returning a frame twice could release one
+// the node has since leased to someone else. The error says so.
+func (s *Space) Free(va uint64) error {
+	s.allocMu.Lock()
+	defer s.allocMu.Unlock()
+	if s.closed {
+		return fmt.Errorf("free %#x: %w", va, errClosed)
+	}
+	i, ok := s.find(va)
+	if !ok {
+		return fmt.Errorf("free %#x: no live allocation there (never allocated, or already freed): %w", va, api.ErrInvalidAddress)
+	}
+	a := s.allocs[i]
+	if a.va != va {
+		return fmt.Errorf("free %#x: not the start of an allocation (it lies inside the one at %#x): %w", va, a.va, api.ErrInvalidAddress)
+	}
+	var unused []uint64
+	for cur := a.va; cur < a.end(); {
+		c := s.chunks[cur&^(Page2M-1)]
+		next := min(a.end(), c.va+Page2M)
+		c.mark(int((cur-c.va)/Page4K), int((next-cur)/Page4K), false)
+		s.updatePartial(c)
+		if c.n == 0 {
+			delete(s.chunks, c.va)
+			delete(s.held, devFrame{c.dev, c.frame})
+			s.vas.put(c.va, Page2M)
+			unused = append(unused, c.frame)
+		}
+		cur = next
+	}
+
+	s.mu.Lock()
+	s.allocs = slices.Delete(s.allocs, i, i+1)
+	s.pt.unmapRange(a.va, a.size)
+	s.tlb.invalidate(a.va, a.size)
+	s.allocated -= a.size
+	s.frames -= len(unused)
+	s.mu.Unlock()
+
+	if len(unused) == 0 {
+		return nil
+	}
+	if err := s.src.Return(a.dev, unused); err != nil {
+		return fmt.Errorf("free %#x: freed, but returning %d frames of device %d failed: %w", va, len(unused), a.dev, err)
+	}
+	return nil
+}
+
+// find returns the index of the live allocation whose addressable range
+// contains va.
+func (s *Space) find(va uint64) (int, bool) {
+	return s.findIn(va, (*allocation).limit)
+}
+
+// findIn returns the index of the live allocation a with va in [a.va, end(a)).
+func (s *Space) findIn(va uint64, end func(*allocation) uint64) (int, bool) {
+	i := sort.Search(len(s.allocs), func(i int) bool { return s.allocs[i].va > va }) - 1
+	if i < 0 || va >= end(s.allocs[i]) {
+		return 0, false
+	}
+	return i, true
+}
+
+// Translate returns the device and the physical runs that back [va, va+n),
+// in order, adjacent runs merged. The range must be non-empty and lie
+// inside one live allocation: a kernel or copy may never cross from one
+// buffer into another, even if both are the tenant's.
+func (s *Space) Translate(va, n uint64) (dev uint32, xs []api.Extent, err error) {
+	return s.translate(va, n, (*allocation).limit)
+}
+
+// translate is Translate with the end of each allocation given by end: its
+// addressable limit, or (for tests of whole pages) its rounded end.
+func (s *Space) translate(va, n uint64, end func(*allocation) uint64) (dev uint32, xs []api.Extent, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, nil, fmt.Errorf("translate %#x+%d: %w", va, n, errClosed)
+	}
+	if n == 0 {
+		return 0, nil, fmt.Errorf("translate %#x+0: empty range: %w", va, api.ErrInvalidAddress)
+	}
+	i, ok := s.findIn(va, end)
+	if !ok {
+		return 0, nil, fmt.Errorf("translate %#x+%d: no live allocation contains %#x: %w", va, n, va, api.ErrInvalidAddress)
+	}
+	a := s.allocs[i]
+	if n > end(a)-va {
+		return 0, nil, fmt.Errorf("translate %#x+%d: runs past %#x, the end of the %d-byte allocation at %#x: %w",
+			va, n, end(a), a.want, a.va, api.ErrInvalidAddress)
+	}
+	stop := va + n
+	for cur := va; cur < stop; {
+		l, ok := s.tlb.lookup(cur)
+		if !ok {
+			if l, ok = s.pt.walk(cur); !ok {
+				return 0, nil, fmt.Errorf("translate %#x+%d: page %#x of the allocation at %#x is not mapped: %w",
+					va, n, cur, a.va, api.ErrInternal)
+			}
+			s.tlb.fill(l)
+		}
+		next := min(stop, l.base+l.size())
+		pa := l.pa + (cur - l.base)
+		if k := len(xs) - 1; k >= 0 && xs[k].Addr+xs[k].Len == pa {
+			xs[k].Len += next - cur
+		} else {
+			xs = append(xs, api.Extent{Addr: pa, Len: next - cur})
+		}
+		cur = next
+	}
+	return a.dev, xs, nil
+}
+
+// Span returns the device and the end address of the live allocation that
+// contains va, the range a kernel given a pointer to va may touch.
+func (s *Space) Span(va uint64) (dev uint32, end uint64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, 0, fmt.Errorf("span %#x: %w", va, errClosed)
+	}
+	i, ok := s.find(va)
+	if !ok {
+		return 0, 0, fmt.Errorf("span %#x: no live allocation contains it: %w", va, api.ErrInvalidAddress)
+	}
+	return s.allocs[i].dev, s.allocs[i].limit(), nil
+}
+
+// Close frees every allocation and returns every frame, one Return per
+// device. The Space is unusable afterwards, even if a Return fails: the
+// frames are forgotten for the reason Free gives, and the errors reported.
+func (s *Space) Close() error {
+	s.allocMu.Lock()
+	defer s.allocMu.Unlock()
+	if s.closed {
+		return fmt.Errorf("close: %w", errClosed)
+	}
+	s.mu.Lock()
+	s.closed = true
+	s.allocs = nil
+	s.allocated, s.frames = 0, 0
+	s.pt = pageTable{}
+	s.tlb = tlb{hits: s.tlb.hits, misses: s.tlb.misses}
+	s.mu.Unlock()
+
+	byDev := make(map[uint32][]uint64)
+	for _, c := range s.chunks {
+		byDev[c.dev] = append(byDev[c.dev], c.frame)
+	}
+	s.chunks, s.partial, s.held = nil, nil, nil
+	var errs []error
+	for _, dev := range slices.Sorted(maps.Keys(byDev)) {
+		frames := byDev[dev]
+		slices.Sort(frames)
+		if err := s.src.Return(dev, frames); err != nil {
+			errs = append(errs, fmt.Errorf("close: return %d frames of device %d: %w", len(frames), dev, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stats returns a snapshot of the space's accounting.
+func (s *Space) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Stats{
+		Allocations: len(s.allocs),
+		Allocated:   s.allocated,
+		Mapped:      uint64(s.frames) * FrameSize,
+		Frames:      s.frames,
+		Mapped4K:    s.pt.mapped[class4K],
+		Mapped64K:   s.pt.mapped[class64K],
+		Mapped2M:    s.pt.mapped[class2M],
+		TLBHits:     s.tlb.hits,
+		TLBMisses:   s.tlb.misses,
+	}
+}
