@@ -63,9 +63,11 @@ func (t *frameTable) alloc(o owner, n int) ([]uint64, error) {
 }
 
 // findRun looks for n free frames in a row, starting at the hint and wrapping.
+// The second pass runs n-1 frames past the hint, so that a run which starts
+// before the hint and ends after it is found too.
 func (t *frameTable) findRun(n int) (int, bool) {
 	total := len(t.owners)
-	for _, span := range [][2]int{{t.hint, total}, {0, t.hint}} {
+	for _, span := range [][2]int{{t.hint, total}, {0, min(t.hint+n-1, total)}} {
 		run := 0
 		for i := span[0]; i < span[1]; i++ {
 			if t.owners[i] != 0 {

@@ -209,10 +209,10 @@ func (n *Node) serveConn(nc net.Conn) {
 	close(queue)
 	<-done
 	c.releaseAll()
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-		c.log.WithError(err).Info("connection dropped")
-	} else {
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 		c.log.Info("mediator disconnected")
+	} else {
+		c.log.WithError(err).Info("connection dropped")
 	}
 }
 
@@ -317,7 +317,7 @@ func (c *conn) do(r request) error {
 	case api.OpNodeAlloc:
 		var m api.NodeAlloc
 		if err := api.Decode(r.body, &m); err != nil {
-			return err
+			return fmt.Errorf("%v: %w", r.h.Op, err)
 		}
 		d, err := c.device(m.Device)
 		if err != nil {
@@ -331,7 +331,7 @@ func (c *conn) do(r request) error {
 	case api.OpNodeFree:
 		var m api.NodeFrames
 		if err := api.Decode(r.body, &m); err != nil {
-			return err
+			return fmt.Errorf("%v: %w", r.h.Op, err)
 		}
 		d, err := c.device(m.Device)
 		if err != nil {

@@ -114,14 +114,6 @@ func (n *fakeNode) held(id int) map[devFrame]bool {
 	return m
 }
 
-// ownerOf reports the lessee holding a frame.
-func (n *fakeNode) ownerOf(dev uint32, frame uint64) (int, bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	o, ok := n.owner[devFrame{dev, frame}]
-	return o, ok
-}
-
 // bytes returns the model memory of the frame at pa, which must be leased.
 func (n *fakeNode) bytes(dev uint32, pa uint64) []byte {
 	n.mu.Lock()

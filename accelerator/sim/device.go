@@ -13,6 +13,7 @@
 package sim
 
 import (
+	"bytes"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -127,6 +128,12 @@ func (d *Device) Copy(dst, src []api.Extent) error {
 	if err != nil {
 		return err
 	}
+	if len(src) == 1 {
+		// gather returned device memory itself, which dst may overlap:
+		// scattering from it piece by piece would read bytes already
+		// overwritten.
+		tmp = bytes.Clone(tmp)
+	}
 	return d.Write(dst, tmp)
 }
 
@@ -136,14 +143,24 @@ func (d *Device) gather(xs []api.Extent) ([]byte, error) {
 	if len(xs) == 1 {
 		return d.slice(xs[0])
 	}
-	// A capacity that is a multiple of 8 makes Go's allocator align the copy
-	// to 8 bytes, as float and int32 views need.
-	out := make([]byte, 0, (api.ExtentsLen(xs)+7)&^7)
+	// Check every extent, and the total against the device's size, before
+	// allocating: extents may repeat, and a forged list of them would
+	// otherwise make the node allocate without bound.
+	var n uint64
 	for _, x := range xs {
-		s, err := d.slice(x)
-		if err != nil {
+		if _, err := d.slice(x); err != nil {
 			return nil, err
 		}
+		if n += x.Len; n > uint64(len(d.mem)) {
+			return nil, fmt.Errorf("%s: %d extents hold more than the %d bytes of device memory: %w",
+				d.info.Name, len(xs), len(d.mem), api.ErrInvalidArgument)
+		}
+	}
+	// A capacity that is a multiple of 8 makes Go's allocator align the copy
+	// to 8 bytes, as float and int32 views need.
+	out := make([]byte, 0, (n+7)&^7)
+	for _, x := range xs {
+		s, _ := d.slice(x)
 		out = append(out, s...)
 	}
 	return out, nil
@@ -185,11 +202,19 @@ func (d *Device) Launch(k *kernels.Kernel, args []api.NodeArg) error {
 }
 
 // Scrub zeroes [addr, addr+n) and returns its RAM to the host. addr and n
-// must be page aligned.
+// must be page aligned (n may also run to the end of memory).
 func (d *Device) Scrub(addr, n uint64) error {
 	s, err := d.slice(api.Extent{Addr: addr, Len: n})
 	if err != nil {
 		return err
+	}
+	// The kernel drops whole pages: an unaligned end would zero bytes past
+	// the range, an unaligned start fails.
+	if ps := uint64(unix.Getpagesize()); addr%ps != 0 || n%ps != 0 && addr+n != uint64(len(d.mem)) {
+		return fmt.Errorf("%s: scrub [%#x, +%d): not aligned to %d-byte pages: %w", d.info.Name, addr, n, ps, api.ErrInvalidArgument)
+	}
+	if n == 0 {
+		return nil
 	}
 	if err := unix.Madvise(s, unix.MADV_DONTNEED); err != nil {
 		return fmt.Errorf("%s: scrub [%#x, +%d): %v: %w", d.info.Name, addr, n, err, api.ErrInternal)

@@ -1,0 +1,293 @@
+package accelerator
+
+// Shared test code: a sim node on loopback, a mediator-side client that
+// speaks the node protocol over real TCP, and checks of typed errors.
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+const (
+	testDevices = 2
+	testMemory  = 64 << 20 // per device
+	testFrames  = testMemory / FrameSize
+)
+
+func quietLog() logrus.FieldLogger {
+	l := logrus.New()
+	l.SetLevel(logrus.WarnLevel)
+	return l
+}
+
+// testNode is a sim node serving on loopback for one test.
+type testNode struct {
+	node *Node
+	addr string
+}
+
+func startNode(t *testing.T) *testNode {
+	t.Helper()
+	n, addr, err := StartSim("127.0.0.1:0", testDevices, testMemory, quietLog())
+	if err != nil {
+		t.Fatalf("StartSim: %v", err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return &testNode{node: n, addr: addr.String()}
+}
+
+// dialRaw opens a TCP connection to the node without saying anything.
+func (tn *testNode) dialRaw(t *testing.T) *api.Conn {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", tn.addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s: %v", tn.addr, err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	return api.NewConn(nc)
+}
+
+func mediatorHello(tenant string) *api.Hello {
+	return &api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator, Tenant: tenant}
+}
+
+// client is one mediator connection to the node.
+type client struct {
+	t     *testing.T
+	conn  *api.Conn
+	rpc   *api.RPC
+	hello api.HelloReply
+}
+
+// connect dials the node and says Hello as a mediator acting for tenant.
+func (tn *testNode) connect(t *testing.T, tenant string) *client {
+	t.Helper()
+	conn := tn.dialRaw(t)
+	rpc := api.NewRPC(conn, "node "+tn.addr)
+	t.Cleanup(func() { rpc.Close() })
+	c := &client{t: t, conn: conn, rpc: rpc}
+	body, err := rpc.Call(api.OpHello, nil, api.Encode(mediatorHello(tenant)))
+	if err != nil {
+		t.Fatalf("hello as %q: %v", tenant, err)
+	}
+	if err := api.Decode(body, &c.hello); err != nil {
+		t.Fatalf("hello reply: %v", err)
+	}
+	return c
+}
+
+// call sends a request whose body is m (nil: empty) and returns the reply body.
+func (c *client) call(op api.Op, m api.Message) ([]byte, error) {
+	if m == nil {
+		return c.rpc.Call(op, nil)
+	}
+	return c.rpc.Call(op, nil, api.Encode(m))
+}
+
+func (c *client) tryAlloc(dev, n uint32) ([]uint64, error) {
+	body, err := c.call(api.OpNodeAlloc, &api.NodeAlloc{Device: dev, Count: n})
+	if err != nil {
+		return nil, err
+	}
+	var r api.NodeFrames
+	if err := api.Decode(body, &r); err != nil {
+		return nil, err
+	}
+	if r.Device != dev || len(r.Frames) != int(n) {
+		return nil, fmt.Errorf("alloc %d frames on device %d: got %d on device %d", n, dev, len(r.Frames), r.Device)
+	}
+	return r.Frames, nil
+}
+
+func (c *client) alloc(dev, n uint32) []uint64 {
+	c.t.Helper()
+	frames, err := c.tryAlloc(dev, n)
+	if err != nil {
+		c.t.Fatalf("alloc %d frames on device %d: %v", n, dev, err)
+	}
+	return frames
+}
+
+func (c *client) free(dev uint32, frames ...uint64) error {
+	_, err := c.call(api.OpNodeFree, &api.NodeFrames{Device: dev, Frames: frames})
+	return err
+}
+
+func (c *client) write(dev uint32, xs []api.Extent, p []byte) error {
+	_, err := c.call(api.OpNodeWrite, &api.NodeAccess{Device: dev, Extents: xs, Payload: p})
+	return err
+}
+
+func (c *client) read(dev uint32, xs ...api.Extent) ([]byte, error) {
+	return c.call(api.OpNodeRead, &api.NodeAccess{Device: dev, Extents: xs})
+}
+
+func (c *client) fill(dev uint32, v byte, xs ...api.Extent) error {
+	_, err := c.call(api.OpNodeFill, &api.NodeAccess{Device: dev, Extents: xs, Value: v})
+	return err
+}
+
+func (c *client) copy(dev uint32, dst, src []api.Extent) error {
+	_, err := c.call(api.OpNodeCopy, &api.NodeCopy{Device: dev, Dst: dst, Src: src})
+	return err
+}
+
+func (c *client) launch(dev uint32, kernel string, args ...api.NodeArg) error {
+	_, err := c.call(api.OpNodeLaunch, &api.NodeLaunch{Device: dev, Kernel: kernel, Args: args})
+	return err
+}
+
+// mustWrite writes p at xs and reads it back.
+func (c *client) mustWrite(dev uint32, xs []api.Extent, p []byte) {
+	c.t.Helper()
+	if err := c.write(dev, xs, p); err != nil {
+		c.t.Fatalf("write %d bytes at %v: %v", len(p), xs, err)
+	}
+}
+
+func (c *client) mustRead(dev uint32, xs ...api.Extent) []byte {
+	c.t.Helper()
+	b, err := c.read(dev, xs...)
+	if err != nil {
+		c.t.Fatalf("read %v: %v", xs, err)
+	}
+	if uint64(len(b)) != api.ExtentsLen(xs) {
+		c.t.Fatalf("read %v: %d bytes, want %d", xs, len(b), api.ExtentsLen(xs))
+	}
+	return b
+}
+
+func (c *client) status() api.NodeStatus {
+	c.t.Helper()
+	body, err := c.call(api.OpNodeStatus, nil)
+	if err != nil {
+		c.t.Fatalf("status: %v", err)
+	}
+	var st api.NodeStatus
+	if err := json.Unmarshal(body, &st); err != nil {
+		c.t.Fatalf("status JSON %q: %v", body, err)
+	}
+	return st
+}
+
+// roundTrip proves the connection still works and is in step: a write and
+// a read of the given frame, then a status call.
+func (c *client) roundTrip(dev uint32, frame uint64) {
+	c.t.Helper()
+	p := []byte("still serving " + c.t.Name())
+	x := []api.Extent{{Addr: frame + 100, Len: uint64(len(p))}}
+	c.mustWrite(dev, x, p)
+	if got := c.mustRead(dev, x...); string(got) != string(p) {
+		c.t.Fatalf("read back %q, want %q", got, p)
+	}
+	c.status()
+}
+
+// used reports the bytes in use on each device, as the node itself sees it.
+func (tn *testNode) used() [testDevices]uint64 {
+	var u [testDevices]uint64
+	for i, d := range tn.node.Status().Devices {
+		u[i] = d.Used
+	}
+	return u
+}
+
+// waitUsed waits until the node's used bytes per device are want.
+func (tn *testNode) waitUsed(t *testing.T, want [testDevices]uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for tn.used() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("used memory %v, want %v", tn.used(), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// wantErr checks that err is a remote error of class sentinel whose message
+// contains every part.
+func wantErr(t *testing.T, err, sentinel error, parts ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error, want %v", sentinel)
+	}
+	if !errors.Is(err, sentinel) {
+		t.Fatalf("error %q (code %v), want %v", err, api.CodeOf(err), sentinel)
+	}
+	var re *api.RemoteError
+	if !errors.As(err, &re) {
+		t.Fatalf("error %#v is not a *api.RemoteError", err)
+	}
+	for _, p := range parts {
+		if !strings.Contains(re.Msg, p) {
+			t.Errorf("error %q does not name %q", re.Msg, p)
+		}
+	}
+}
+
+// wantClosed checks that the node has closed conn, after at most one more
+// frame (an error reply), which it returns decoded.
+func wantClosed(t *testing.T, conn *api.Conn) error {
+	t.Helper()
+	_ = conn.NetConn().SetReadDeadline(time.Now().Add(5 * time.Second))
+	var replyErr error
+	h, err := conn.ReadHeader()
+	if err == nil {
+		body := make([]byte, h.Len)
+		if err := conn.ReadBody(body); err != nil {
+			t.Fatalf("reading reply body: %v", err)
+		}
+		if h.Flags != api.FlagReply|api.FlagError {
+			t.Fatalf("got a %v reply with flags %#x, want an error", h.Op, h.Flags)
+		}
+		replyErr = api.DecodeError(body)
+		_, err = conn.ReadHeader()
+	}
+	var ne net.Error
+	if err == nil || errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("connection still open: %v", err)
+	}
+	return replyErr
+}
+
+// ext is n bytes at offset off of frame.
+func ext(frame, off, n uint64) api.Extent { return api.Extent{Addr: frame + off, Len: n} }
+
+func bufArg(xs ...api.Extent) api.NodeArg { return api.NodeArg{Kind: api.ArgBuffer, Extents: xs} }
+func i64Arg(v int64) api.NodeArg          { return api.NodeArg{Kind: api.ArgI64, Bits: uint64(v)} }
+func f32Arg(v float32) api.NodeArg        { return api.NodeArg{Kind: api.ArgF32, Bits: api.F32Bits(v)} }
+
+func f32Bytes(vs ...float32) []byte {
+	b, err := binary.Append(nil, binary.LittleEndian, vs)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func bytesF32(b []byte) []float32 {
+	vs := make([]float32, len(b)/4)
+	if _, err := binary.Decode(b, binary.LittleEndian, vs); err != nil {
+		panic(err)
+	}
+	return vs
+}
+
+// pattern returns n bytes that depend on seed and position.
+func pattern(seed byte, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed ^ byte(i*7+i>>8)
+	}
+	return b
+}
