@@ -29,6 +29,15 @@ const (
 	OpStatus                        // → JSON Status
 )
 
+// Operator operations: vgpuctl and vgpu-hook → mediator. Those that change
+// state need a peer running as root (or as the mediator's own user).
+const (
+	OpRegister Op = 48 + iota // Register → RegisterReply; admission of a starting container
+	OpRelease                 // Release; a stopped container's memory and socket are freed
+	OpTenants                 // → JSON []TenantInfo
+	OpReload                  // re-read the quota file; the old one stays if the new one is invalid
+)
+
 // Node operations: mediator → node. Addresses are physical device addresses.
 const (
 	OpNodeAlloc  Op = 64 + iota // NodeAlloc → NodeFrames
@@ -46,6 +55,7 @@ var opNames = map[Op]string{
 	OpMalloc: "malloc", OpFree: "free", OpStreamCreate: "stream-create", OpStreamDestroy: "stream-destroy",
 	OpCopyToDevice: "copy-to-device", OpCopyFromDevice: "copy-from-device", OpCopyDevice: "copy-device",
 	OpMemset: "memset", OpLaunch: "launch", OpSynchronize: "synchronize", OpStatus: "status",
+	OpRegister: "register", OpRelease: "release", OpTenants: "tenants", OpReload: "reload",
 	OpNodeAlloc: "node-alloc", OpNodeFree: "node-free", OpNodeWrite: "node-write", OpNodeRead: "node-read",
 	OpNodeFill: "node-fill", OpNodeCopy: "node-copy", OpNodeLaunch: "node-launch", OpNodeStatus: "node-status",
 }
@@ -503,3 +513,61 @@ func F32Bits(v float32) uint64 { return uint64(math.Float32bits(v)) }
 
 // F32FromBits unpacks a float32 argument from Arg.Bits.
 func F32FromBits(b uint64) float32 { return math.Float32frombits(uint32(b)) }
+
+// Register admits a container that is being created. The hook sends it from
+// the createRuntime hook; the mediator decides the tenant (from Tenant, set
+// only by the operator's runtime configuration, else from the quota file's
+// mapping of Namespace), checks the tenant's quota, and creates the
+// container's own socket in SocketDir.
+type Register struct {
+	Container string // container id
+	Namespace string // containerd namespace ("moby" for Docker)
+	Tenant    string // from the runtime's own arguments; empty if the operator set none
+	Memory    uint64 // bytes requested; 0: the tenant's default
+	Compute   uint32 // weight requested; 0: the tenant's default
+	Devices   uint32 // virtual devices; 0: 1
+	Pid       uint32 // the container's init process, to notice it vanish
+	SocketDir string // host directory, bind-mounted into the container, for its socket
+}
+
+func (m *Register) Marshal(e *Encoder) {
+	e.String(m.Container)
+	e.String(m.Namespace)
+	e.String(m.Tenant)
+	e.U64(m.Memory)
+	e.U32(m.Compute)
+	e.U32(m.Devices)
+	e.U32(m.Pid)
+	e.String(m.SocketDir)
+}
+
+func (m *Register) Unmarshal(d *Decoder) {
+	m.Container = d.Str()
+	m.Namespace = d.Str()
+	m.Tenant = d.Str()
+	m.Memory = d.U64()
+	m.Compute = d.U32()
+	m.Devices = d.U32()
+	m.Pid = d.U32()
+	m.SocketDir = d.Str()
+}
+
+// RegisterReply says what was granted.
+type RegisterReply struct {
+	Tenant string
+	Memory uint64
+	Socket string // host path of the container's socket
+}
+
+func (m *RegisterReply) Marshal(e *Encoder) { e.String(m.Tenant); e.U64(m.Memory); e.String(m.Socket) }
+func (m *RegisterReply) Unmarshal(d *Decoder) {
+	m.Tenant = d.Str()
+	m.Memory = d.U64()
+	m.Socket = d.Str()
+}
+
+// Release ends a container's registration.
+type Release struct{ Container string }
+
+func (m *Release) Marshal(e *Encoder)   { e.String(m.Container) }
+func (m *Release) Unmarshal(d *Decoder) { m.Container = d.Str() }

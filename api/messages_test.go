@@ -121,6 +121,17 @@ var messages = map[string]msgCase{
 			}
 		}), 0, 6).Draw(t, "kernels")}
 	})},
+	"Register": {new: func() Message { return new(Register) }, gen: gen(func(t *rapid.T) *Register {
+		return &Register{Container: genStr.Draw(t, "container"), Namespace: genStr.Draw(t, "namespace"),
+			Tenant: genStr.Draw(t, "tenant"), Memory: genU64.Draw(t, "memory"), Compute: genU32.Draw(t, "compute"),
+			Devices: genU32.Draw(t, "devices"), Pid: genU32.Draw(t, "pid"), SocketDir: genStr.Draw(t, "dir")}
+	})},
+	"RegisterReply": {new: func() Message { return new(RegisterReply) }, gen: gen(func(t *rapid.T) *RegisterReply {
+		return &RegisterReply{Tenant: genStr.Draw(t, "tenant"), Memory: genU64.Draw(t, "memory"), Socket: genStr.Draw(t, "socket")}
+	})},
+	"Release": {new: func() Message { return new(Release) }, gen: gen(func(t *rapid.T) *Release {
+		return &Release{Container: genStr.Draw(t, "container")}
+	})},
 	"NodeAlloc": {new: func() Message { return new(NodeAlloc) }, gen: gen(func(t *rapid.T) *NodeAlloc {
 		return &NodeAlloc{Device: genU32.Draw(t, "device"), Count: genU32.Draw(t, "count")}
 	})},

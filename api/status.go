@@ -39,3 +39,19 @@ type TenantStatus struct {
 	CopiedOut   uint64 `json:"copied_out_bytes"`
 	Launches    uint64 `json:"launches"`
 }
+
+// TenantInfo is a tenant's limits from the quota file and its current use
+// (OpTenants, JSON body).
+type TenantInfo struct {
+	Name          string  `json:"name"`
+	Memory        uint64  `json:"memory"`         // cap summed over its containers; 0: none
+	Compute       uint32  `json:"compute"`        // fair-share weight
+	ComputeMax    float64 `json:"compute_max"`    // share of a device it may use, 0: no cap
+	Bandwidth     uint64  `json:"bandwidth"`      // bytes per second copied; 0: no cap
+	MaxContainers int     `json:"max_containers"` // 0: no cap
+	DefaultMemory uint64  `json:"default_memory"` // request of a container that names none
+	Oversubscribe float64 `json:"oversubscribe"`
+	Containers    int     `json:"containers"`      // registered now
+	Reserved      uint64  `json:"reserved_bytes"`  // memory granted to its containers
+	Allocated     uint64  `json:"allocated_bytes"` // memory its sessions hold
+}
