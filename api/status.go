@@ -30,6 +30,7 @@ type DeviceStatus struct {
 // TenantStatus is one tenant session of a mediator.
 type TenantStatus struct {
 	Tenant      string `json:"tenant"`
+	Container   string `json:"container,omitempty"` // set when the session came through a container's socket
 	Session     uint64 `json:"session"`
 	Devices     int    `json:"devices"`
 	Allocations int    `json:"allocations"`

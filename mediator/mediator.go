@@ -29,19 +29,30 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/isolation"
 )
 
-// Config says which nodes a mediator uses.
+// Config says which nodes a mediator uses and how it admits containers.
 type Config struct {
 	Nodes []string // node addresses (host:port)
-	// TenantMemory caps each session's allocations in bytes; 0 means only
-	// device memory limits them.
+	// TenantMemory caps each session on the host socket, in bytes; 0 means
+	// only device memory limits them. Container sessions have their grant.
 	TenantMemory uint64
-	Log          logrus.FieldLogger
+	// Quota is the tenants file; "" or a missing file means one tenant,
+	// "default", with no caps.
+	Quota string
+	// ContainerDir holds one directory per registered container, where its
+	// socket is created; default /run/vgpu/containers.
+	ContainerDir string
+	// ReclaimInterval is how often registered containers' processes are
+	// checked for having vanished without a poststop; default 1s.
+	ReclaimInterval time.Duration
+	Log             logrus.FieldLogger
 }
 
 // device is a physical device of some node, as the mediator places work.
@@ -59,12 +70,16 @@ type Mediator struct {
 	devices []*device
 	catalog map[string]api.KernelInfo
 
+	admission *isolation.Admission
+
 	nextSession atomic.Uint64
 	mu          sync.Mutex
 	sessions    map[uint64]*session
+	containers  map[string]*container
 	listeners   []net.Listener
 	conns       map[net.Conn]struct{}
 	closed      bool
+	stop        chan struct{} // closed by Close
 	wg          sync.WaitGroup
 }
 
@@ -76,7 +91,21 @@ func New(cfg Config) (*Mediator, error) {
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
 	}
-	m := &Mediator{cfg: cfg, log: cfg.Log, sessions: map[uint64]*session{}, conns: map[net.Conn]struct{}{}}
+	if cfg.ContainerDir == "" {
+		cfg.ContainerDir = DefaultContainerDir
+	}
+	if cfg.ReclaimInterval == 0 {
+		cfg.ReclaimInterval = time.Second
+	}
+	quota, err := loadQuota(cfg.Quota)
+	if err != nil {
+		return nil, err
+	}
+	m := &Mediator{
+		cfg: cfg, log: cfg.Log, admission: isolation.NewAdmission(quota),
+		sessions: map[uint64]*session{}, containers: map[string]*container{},
+		conns: map[net.Conn]struct{}{}, stop: make(chan struct{}),
+	}
 	for i, addr := range cfg.Nodes {
 		n, catalog, err := connectNode(addr)
 		if err != nil {
@@ -98,6 +127,11 @@ func New(cfg Config) (*Mediator, error) {
 		m.closeNodes()
 		return nil, fmt.Errorf("nodes %v export no devices: %w", cfg.Nodes, api.ErrUnavailable)
 	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.reclaimLoop()
+	}()
 	return m, nil
 }
 
@@ -120,13 +154,19 @@ func (m *Mediator) closeNodes() {
 }
 
 // Serve accepts tenant and operator connections on l until Close.
-func (m *Mediator) Serve(l net.Listener) error {
+func (m *Mediator) Serve(l net.Listener) error { return m.serve(l, nil) }
+
+// serve accepts connections on l; through a container's socket (ctr set)
+// only that container's tenant sessions.
+func (m *Mediator) serve(l net.Listener, ctr *container) error {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return fmt.Errorf("mediator closed: %w", api.ErrUnavailable)
 	}
-	m.listeners = append(m.listeners, l)
+	if ctr == nil { // a container's listener is closed by its release
+		m.listeners = append(m.listeners, l)
+	}
 	m.mu.Unlock()
 	for {
 		nc, err := l.Accept()
@@ -134,7 +174,7 @@ func (m *Mediator) Serve(l net.Listener) error {
 			m.mu.Lock()
 			closed := m.closed
 			m.mu.Unlock()
-			if closed {
+			if closed || (ctr != nil && errors.Is(err, net.ErrClosed)) {
 				return nil
 			}
 			var ne net.Error
@@ -152,9 +192,15 @@ func (m *Mediator) Serve(l net.Listener) error {
 		m.conns[nc] = struct{}{}
 		m.wg.Add(1)
 		m.mu.Unlock()
+		if ctr != nil && !ctr.track(nc) {
+			nc.Close() // released while this connection was being accepted
+		}
 		go func() {
 			defer m.wg.Done()
-			m.serveConn(nc)
+			m.serveConn(nc, ctr)
+			if ctr != nil {
+				ctr.untrack(nc)
+			}
 			m.mu.Lock()
 			delete(m.conns, nc)
 			m.mu.Unlock()
@@ -166,9 +212,17 @@ func (m *Mediator) Serve(l net.Listener) error {
 // disconnects from the nodes.
 func (m *Mediator) Close() error {
 	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
 	m.closed = true
+	close(m.stop)
 	for _, l := range m.listeners {
 		l.Close()
+	}
+	for _, c := range m.containers {
+		c.listener.Close()
 	}
 	for c := range m.conns {
 		c.Close()

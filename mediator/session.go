@@ -43,6 +43,8 @@ type session struct {
 	log    logrus.FieldLogger
 	vdevs  []vdev
 	space  *memory.Space
+	ctr    *container // the container whose socket the session came through; nil on the host socket
+	budget *budget    // the container's, shared by its sessions, or the session's own
 
 	mu         sync.Mutex
 	streams    map[uint32]*stream
@@ -51,7 +53,7 @@ type session struct {
 	copiedIn, copiedOut, launches atomic.Uint64
 }
 
-func (m *Mediator) serveConn(nc net.Conn) {
+func (m *Mediator) serveConn(nc net.Conn, ctr *container) {
 	c := api.NewConn(nc)
 	defer c.Close()
 	log := m.log.WithField("conn", fmt.Sprintf("%p", nc))
@@ -63,11 +65,11 @@ func (m *Mediator) serveConn(nc net.Conn) {
 		}
 		return
 	}
-	switch hello.Role {
-	case api.RoleOperator:
-		m.serveOperator(c, h)
-	case api.RoleTenant:
-		s, err := m.newSession(c, hello)
+	switch {
+	case hello.Role == api.RoleOperator && ctr == nil:
+		m.serveOperator(c, h, privileged(nc))
+	case hello.Role == api.RoleTenant:
+		s, err := m.newSession(c, hello, ctr)
 		if err != nil {
 			log.WithError(err).WithField("tenant", hello.Tenant).Info("session refused")
 			_ = c.ReplyError(h, err)
@@ -75,7 +77,7 @@ func (m *Mediator) serveConn(nc net.Conn) {
 		}
 		s.run(h)
 	default:
-		_ = c.ReplyError(h, fmt.Errorf("role %d may not connect to a mediator: %w", hello.Role, api.ErrPermissionDenied))
+		_ = c.ReplyError(h, fmt.Errorf("role %d may not connect to this socket: %w", hello.Role, api.ErrPermissionDenied))
 	}
 }
 
@@ -106,9 +108,9 @@ func readHello(c *api.Conn) (api.Header, *api.Hello, error) {
 	return h, &hello, nil
 }
 
-// serveOperator answers status and catalog queries; tenants' operations are
-// refused.
-func (m *Mediator) serveOperator(c *api.Conn, hello api.Header) {
+// serveOperator answers operator requests. Those that change state
+// (register, release, reload) need a privileged peer.
+func (m *Mediator) serveOperator(c *api.Conn, hello api.Header, priv bool) {
 	if err := c.Reply(hello, api.Encode(&api.HelloReply{Version: api.Version})); err != nil {
 		return
 	}
@@ -121,26 +123,52 @@ func (m *Mediator) serveOperator(c *api.Conn, hello api.Header) {
 		if err := c.ReadBody(body); err != nil {
 			return
 		}
-		switch h.Op {
-		case api.OpStatus:
-			b, err := m.statusJSON()
-			if err != nil {
-				err = c.ReplyError(h, err)
-			} else {
-				err = c.Reply(h, b)
-			}
-			if err != nil {
-				return
-			}
-		case api.OpKernels:
-			if c.Reply(h, m.catalogBody()) != nil {
-				return
-			}
-		default:
-			if c.ReplyError(h, fmt.Errorf("%v is not an operator operation: %w", h.Op, api.ErrPermissionDenied)) != nil {
-				return
-			}
+		reply, err := m.operate(h.Op, body, priv)
+		if err != nil {
+			err = c.ReplyError(h, err)
+		} else {
+			err = c.Reply(h, reply)
 		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (m *Mediator) operate(op api.Op, body []byte, priv bool) ([]byte, error) {
+	switch op {
+	case api.OpStatus:
+		return m.statusJSON()
+	case api.OpKernels:
+		return m.catalogBody(), nil
+	case api.OpTenants:
+		return m.tenantsJSON()
+	case api.OpRegister, api.OpRelease, api.OpReload:
+		if !priv {
+			return nil, fmt.Errorf("%v needs a peer running as root or as the mediator's user: %w", op, api.ErrPermissionDenied)
+		}
+	default:
+		return nil, fmt.Errorf("%v is not an operator operation: %w", op, api.ErrPermissionDenied)
+	}
+	switch op {
+	case api.OpRegister:
+		var r api.Register
+		if err := api.Decode(body, &r); err != nil {
+			return nil, fmt.Errorf("register: %w", err)
+		}
+		reply, err := m.Register(r)
+		if err != nil {
+			return nil, err
+		}
+		return api.Encode(reply), nil
+	case api.OpRelease:
+		var r api.Release
+		if err := api.Decode(body, &r); err != nil {
+			return nil, fmt.Errorf("release: %w", err)
+		}
+		return nil, m.Release(r.Container)
+	default: // OpReload
+		return nil, m.Reload()
 	}
 }
 
@@ -153,23 +181,40 @@ func (m *Mediator) catalogBody() []byte {
 	return api.Encode(&list)
 }
 
-func (m *Mediator) newSession(c *api.Conn, hello *api.Hello) (*session, error) {
-	if !tenantName.MatchString(hello.Tenant) {
-		return nil, fmt.Errorf("tenant name %q: want 1-63 letters, digits, '.', '_' or '-': %w", hello.Tenant, api.ErrInvalidArgument)
+// newSession admits a tenant connection. Through a container's socket the
+// tenant is the one the operator gave the container, whatever the hello
+// says; a hello naming another is refused.
+func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*session, error) {
+	tenant, n := hello.Tenant, int(hello.Devices)
+	if ctr != nil {
+		if tenant != "" && tenant != ctr.grant.Tenant {
+			return nil, fmt.Errorf("container %s belongs to tenant %q and may not act as %q: %w",
+				ctr.grant.Container, ctr.grant.Tenant, tenant, api.ErrPermissionDenied)
+		}
+		tenant = ctr.grant.Tenant
+		if n == 0 {
+			n = int(ctr.grant.Devices)
+		}
+		if n > int(ctr.grant.Devices) {
+			return nil, fmt.Errorf("%d virtual devices asked, container %s was granted %d: %w",
+				n, ctr.grant.Container, ctr.grant.Devices, api.ErrPermissionDenied)
+		}
 	}
-	n := int(hello.Devices)
+	if !tenantName.MatchString(tenant) {
+		return nil, fmt.Errorf("tenant name %q: want 1-63 letters, digits, '.', '_' or '-': %w", tenant, api.ErrInvalidArgument)
+	}
 	if n == 0 {
 		n = 1
 	}
 	if n > MaxDevices {
-		return nil, fmt.Errorf("%d virtual devices asked, at most %d: %w", hello.Devices, MaxDevices, api.ErrInvalidArgument)
+		return nil, fmt.Errorf("%d virtual devices asked, at most %d: %w", n, MaxDevices, api.ErrInvalidArgument)
 	}
 	devs, err := m.place(n)
 	if err != nil {
 		return nil, err
 	}
 	s := &session{
-		m: m, id: m.nextSession.Add(1), tenant: hello.Tenant, c: c,
+		m: m, id: m.nextSession.Add(1), tenant: tenant, c: c,
 		streams: map[uint32]*stream{}, nextStream: 1,
 	}
 	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
@@ -189,7 +234,11 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello) (*session, error) {
 		}
 		s.vdevs = append(s.vdevs, vdev{dev: d, rpc: rpc})
 	}
-	s.space = memory.NewSpace(frameSource{s}, m.cfg.TenantMemory)
+	s.space = memory.NewSpace(frameSource{s}, 0)
+	s.budget = &budget{owner: fmt.Sprintf("session %d of tenant %q", s.id, s.tenant), limit: m.cfg.TenantMemory}
+	if ctr != nil {
+		s.ctr, s.budget = ctr, ctr.budget
+	}
 	s.streams[api.DefaultStream] = s.newStream(api.DefaultStream)
 	m.mu.Lock()
 	m.sessions[s.id] = s
@@ -253,6 +302,7 @@ func (s *session) teardown() {
 	for _, st := range streams {
 		st.stop()
 	}
+	s.budget.release(s.space.Stats().Allocated)
 	if err := s.space.Close(); err != nil {
 		s.log.WithError(err).Info("returning frames failed; the nodes free them when the connection closes")
 	}
@@ -275,11 +325,41 @@ func (s *session) teardown() {
 
 func (s *session) status() api.TenantStatus {
 	st := s.space.Stats()
+	var ctr string
+	if s.ctr != nil {
+		ctr = s.ctr.grant.Container
+	}
 	return api.TenantStatus{
-		Tenant: s.tenant, Session: s.id, Devices: len(s.vdevs),
+		Tenant: s.tenant, Container: ctr, Session: s.id, Devices: len(s.vdevs),
 		Allocations: st.Allocations, Allocated: st.Allocated, Mapped: st.Mapped,
 		CopiedIn: s.copiedIn.Load(), CopiedOut: s.copiedOut.Load(), Launches: s.launches.Load(),
 	}
+}
+
+// alloc reserves the allocation's footprint in the session's budget first,
+// so a tenant over its limit never holds device memory, even briefly.
+func (s *session) alloc(dev uint32, size uint64) (uint64, error) {
+	foot, err := memory.Footprint(size)
+	if err != nil {
+		return 0, err
+	}
+	if err := s.budget.reserve(foot); err != nil {
+		return 0, err
+	}
+	va, err := s.space.Alloc(dev, size)
+	if err != nil {
+		s.budget.release(foot)
+	}
+	return va, err
+}
+
+// free releases what the space stops accounting for. Only this session's
+// reader allocates and frees in its space, so the difference is exact.
+func (s *session) free(va uint64) error {
+	before := s.space.Stats().Allocated
+	err := s.space.Free(va)
+	s.budget.release(before - s.space.Stats().Allocated)
+	return err
 }
 
 // bodyPool recycles buffers for bulk bodies and replies.
@@ -333,7 +413,7 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 		if int(m.Device) >= len(s.vdevs) {
 			return false, fmt.Errorf("malloc on device %d: session has %d: %w", m.Device, len(s.vdevs), api.ErrInvalidArgument)
 		}
-		va, err := s.space.Alloc(m.Device, m.Size)
+		va, err := s.alloc(m.Device, m.Size)
 		if err != nil {
 			return false, fmt.Errorf("malloc %d bytes on device %d: %w", m.Size, m.Device, err)
 		}
@@ -344,7 +424,7 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 			return false, err
 		}
 		s.drainAll() // like cudaFree: work already queued may still use the buffer
-		if err := s.space.Free(m.Addr); err != nil {
+		if err := s.free(m.Addr); err != nil {
 			return false, err
 		}
 		return false, s.c.Reply(h)

@@ -154,15 +154,23 @@ func NewSpace(src FrameSource, limit uint64) *Space {
 	}
 }
 
+// Footprint is the memory an allocation of size bytes takes (size rounded
+// up to Page4K), or an error if no allocation may have that size.
+func Footprint(size uint64) (uint64, error) {
+	if size == 0 || size > maxAlloc {
+		return 0, fmt.Errorf("size %d: must be 1 to %d bytes: %w", size, uint64(maxAlloc), api.ErrInvalidArgument)
+	}
+	return (size + Page4K - 1) &^ (Page4K - 1), nil
+}
+
 // Alloc reserves size bytes on device dev, maps them and returns their
 // virtual address. The allocation takes size rounded up to Page4K, which
 // counts against the limit; only the size asked for may be addressed.
 func (s *Space) Alloc(dev uint32, size uint64) (va uint64, err error) {
-	if size == 0 || size > maxAlloc {
-		return 0, fmt.Errorf("alloc %d bytes on device %d: size must be 1 to %d: %w",
-			size, dev, uint64(maxAlloc), api.ErrInvalidArgument)
+	rounded, err := Footprint(size)
+	if err != nil {
+		return 0, fmt.Errorf("alloc on device %d: %w", dev, err)
 	}
-	rounded := (size + Page4K - 1) &^ (Page4K - 1)
 	s.allocMu.Lock()
 	defer s.allocMu.Unlock()
 	if s.closed {

@@ -41,7 +41,6 @@ func run(listen, backend string, devices int, memory, level string) error {
 		return err
 	}
 	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size)}).Info("serving")
-	sig := daemon.WaitSignal()
-	log.WithField("signal", sig.String()).Info("stopping")
+	daemon.RunUntilStopped(log, func() error { return nil }) // a node has nothing to reload
 	return node.Close()
 }

@@ -59,10 +59,19 @@ func ListenUnix(path string, mode os.FileMode) (net.Listener, error) {
 	return l, nil
 }
 
-// WaitSignal blocks until SIGINT or SIGTERM and returns it.
-func WaitSignal() os.Signal {
+// RunUntilStopped blocks until SIGINT or SIGTERM, calling reload on each
+// SIGHUP (a failed reload is logged; the daemon keeps its old settings).
+func RunUntilStopped(log logrus.FieldLogger, reload func() error) {
 	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(ch)
-	return <-ch
+	for sig := range ch {
+		if sig != syscall.SIGHUP {
+			log.WithField("signal", sig.String()).Info("stopping")
+			return
+		}
+		if err := reload(); err != nil {
+			log.WithError(err).Error("SIGHUP: reload failed")
+		}
+	}
 }

@@ -1,0 +1,183 @@
+package isolation
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// Request asks to admit a container. Tenant is a name Config.Resolve gave;
+// Memory 0 is the tenant's DefaultMemory and Compute 0 its weight.
+type Request struct {
+	Container, Tenant string
+	Memory            uint64
+	Compute           uint32
+	Devices           uint32
+}
+
+// Grant is what an admitted container holds: its memory reservation counts
+// against its tenant's cap until Release.
+type Grant struct {
+	Container, Tenant string
+	Memory            uint64
+	Compute           uint32
+	Devices           uint32
+}
+
+// Admission admits containers against their tenants' limits and keeps
+// their grants. It is safe for concurrent use.
+type Admission struct {
+	mu     sync.Mutex
+	cfg    *Config
+	grants map[string]Grant  // by container
+	use    map[string]*usage // by tenant; an entry exists iff the tenant has a grant
+}
+
+// usage is the sum of one tenant's grants.
+type usage struct {
+	containers int
+	reserved   uint64
+}
+
+// NewAdmission starts with no grants under cfg, which must not be nil.
+func NewAdmission(cfg *Config) *Admission {
+	return &Admission{cfg: cfg, grants: map[string]Grant{}, use: map[string]*usage{}}
+}
+
+// Config is the configuration admissions see now.
+func (a *Admission) Config() *Config {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cfg
+}
+
+// SetConfig replaces the configuration (a reload); cfg must not be nil.
+// Existing grants stay, even those of a tenant that is now over its cap or
+// gone; admissions from now on see the new limits.
+func (a *Admission) SetConfig(cfg *Config) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.cfg = cfg
+}
+
+// Admit reserves memory for a container against its tenant's cap. It fails
+// with api.ErrQuotaExceeded where the tenant's reservations would pass its
+// memory cap or its containers its max_containers, and with
+// api.ErrInvalidArgument for an empty or duplicate container id, a tenant
+// the configuration does not define, or a request for no memory where the
+// tenant has no default_memory.
+func (a *Admission) Admit(r Request) (Grant, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r.Container == "" {
+		return Grant{}, fmt.Errorf("admit: empty container id: %w", api.ErrInvalidArgument)
+	}
+	t, ok := a.cfg.Tenants[r.Tenant]
+	if !ok {
+		return Grant{}, fmt.Errorf("admit container %q: unknown tenant %q: %w", r.Container, r.Tenant, api.ErrInvalidArgument)
+	}
+	if g, dup := a.grants[r.Container]; dup {
+		return Grant{}, fmt.Errorf("admit container %q: already admitted for tenant %q: %w", r.Container, g.Tenant, api.ErrInvalidArgument)
+	}
+	g := Grant{Container: r.Container, Tenant: r.Tenant, Memory: r.Memory, Compute: r.Compute, Devices: r.Devices}
+	if g.Memory == 0 {
+		g.Memory = t.DefaultMemory
+	}
+	if g.Memory == 0 {
+		return Grant{}, fmt.Errorf("admit container %q: container asks for no memory and tenant %q has no default_memory: %w", r.Container, r.Tenant, api.ErrInvalidArgument)
+	}
+	if g.Compute == 0 {
+		g.Compute = t.Compute
+	}
+	u := a.use[r.Tenant]
+	if u == nil {
+		u = &usage{}
+	}
+	if t.MaxContainers > 0 && u.containers >= t.MaxContainers {
+		return Grant{}, fmt.Errorf("admit container %q: tenant %q has %d containers, max_containers is %d: %w",
+			r.Container, r.Tenant, u.containers, t.MaxContainers, api.ErrQuotaExceeded)
+	}
+	// reserved+memory <= cap, written so that it cannot overflow; reserved
+	// may already be over a cap that a reload lowered.
+	if t.Memory > 0 && (u.reserved > t.Memory || g.Memory > t.Memory-u.reserved) {
+		return Grant{}, fmt.Errorf("admit container %q: tenant %q: requested %d bytes (%s), reserved %d bytes, cap %d bytes (%s): %w",
+			r.Container, r.Tenant, g.Memory, api.FormatSize(g.Memory), u.reserved, t.Memory, api.FormatSize(t.Memory), api.ErrQuotaExceeded)
+	}
+	u.containers++
+	u.reserved += g.Memory
+	a.use[r.Tenant] = u
+	a.grants[r.Container] = g
+	return g, nil
+}
+
+// Release returns a container's reservation. It reports false, changing
+// nothing, for a container that holds no grant.
+func (a *Admission) Release(container string) (Grant, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	g, ok := a.grants[container]
+	if !ok {
+		return Grant{}, false
+	}
+	delete(a.grants, container)
+	u := a.use[g.Tenant]
+	u.containers--
+	u.reserved -= g.Memory
+	if u.containers == 0 {
+		delete(a.use, g.Tenant)
+	}
+	return g, true
+}
+
+// Lookup returns a container's grant.
+func (a *Admission) Lookup(container string) (Grant, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	g, ok := a.grants[container]
+	return g, ok
+}
+
+// Grants returns every grant, sorted by container.
+func (a *Admission) Grants() []Grant {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Grant, 0, len(a.grants))
+	for _, c := range slices.Sorted(maps.Keys(a.grants)) {
+		out = append(out, a.grants[c])
+	}
+	return out
+}
+
+// Tenants returns every configured tenant, and every tenant that a reload
+// removed but that still holds grants, sorted by name: limits (none for a
+// removed tenant), containers and reserved memory. Allocated is left 0 for
+// the mediator to fill.
+func (a *Admission) Tenants() []api.TenantInfo {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	names := slices.Collect(maps.Keys(a.cfg.Tenants))
+	for name := range a.use {
+		if _, ok := a.cfg.Tenants[name]; !ok {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	out := make([]api.TenantInfo, len(names))
+	for i, name := range names {
+		info := api.TenantInfo{Name: name}
+		if t, ok := a.cfg.Tenants[name]; ok {
+			info = api.TenantInfo{
+				Name: name, Memory: t.Memory, Compute: t.Compute, ComputeMax: t.ComputeMax, Bandwidth: t.Bandwidth,
+				MaxContainers: t.MaxContainers, DefaultMemory: t.DefaultMemory, Oversubscribe: t.Oversubscribe,
+			}
+		}
+		if u, ok := a.use[name]; ok {
+			info.Containers, info.Reserved = u.containers, u.reserved
+		}
+		out[i] = info
+	}
+	return out
+}

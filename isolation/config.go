@@ -1,0 +1,389 @@
+package isolation
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	toml "github.com/pelletier/go-toml/v2"
+	"github.com/pelletier/go-toml/v2/unstable"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// Limits of the quota file's values.
+const (
+	maxCompute       = 10000
+	maxOversubscribe = 16
+)
+
+var tenantName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// The file's schema: keys at the top level and in a tenant's table. Any
+// namespace name is a key of [namespaces], any tenant name one of [tenants].
+var (
+	rootKeys   = []string{"default_tenant", "namespaces", "tenants"}
+	tenantKeys = []string{"memory", "compute", "compute_max", "bandwidth", "max_containers", "default_memory", "oversubscribe"}
+)
+
+// fileDoc and fileTenant are what the decoder fills. Leaves are untyped so
+// that parse checks their types itself and names key, line and value in
+// its messages; the decoder still rejects unknown keys and syntax errors.
+type fileDoc struct {
+	DefaultTenant any                   `toml:"default_tenant"`
+	Namespaces    map[string]any        `toml:"namespaces"`
+	Tenants       map[string]fileTenant `toml:"tenants"`
+}
+
+type fileTenant struct {
+	Memory        any `toml:"memory"`
+	Compute       any `toml:"compute"`
+	ComputeMax    any `toml:"compute_max"`
+	Bandwidth     any `toml:"bandwidth"`
+	MaxContainers any `toml:"max_containers"`
+	DefaultMemory any `toml:"default_memory"`
+	Oversubscribe any `toml:"oversubscribe"`
+}
+
+// Load reads and parses the quota file at path. An unreadable file is an
+// error that wraps the os error (errors.Is(err, fs.ErrNotExist) tells a
+// missing file) and api.ErrUnavailable.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read quota file: %w: %w", err, api.ErrUnavailable)
+	}
+	return Parse(path, data)
+}
+
+// Parse parses a quota file; path is only used in messages. Errors wrap
+// api.ErrInvalidArgument and start with path:line. Where a file has several
+// problems of its values, the error lists them all, in the file's order.
+func Parse(path string, data []byte) (*Config, error) {
+	var doc fileDoc
+	dec := toml.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&doc)
+	var strict *toml.StrictMissingError
+	if err != nil && !errors.As(err, &strict) {
+		return nil, decodeError(path, err)
+	}
+	// The document is valid TOML. The schema check in index finds the keys
+	// that strict decoding rejected, and names them better: the decoder
+	// drops the key of an inline table from their paths.
+	p := &parser{file: path, lines: map[string]int{}}
+	p.index(data)
+	if len(p.errs) > 0 {
+		return nil, p.err()
+	}
+	if err != nil {
+		return nil, decodeError(path, err)
+	}
+	cfg := &Config{Path: path, Tenants: map[string]*Tenant{}, Namespaces: map[string]string{}}
+	for _, name := range slices.Sorted(maps.Keys(doc.Tenants)) {
+		if t, ok := p.tenant(name, doc.Tenants[name]); ok {
+			cfg.Tenants[name] = t
+		}
+	}
+	for _, ns := range slices.Sorted(maps.Keys(doc.Namespaces)) {
+		key := []string{"namespaces", ns}
+		if ns == "" {
+			p.fail(key, fmt.Errorf("namespace names must not be empty: %w", api.ErrInvalidArgument))
+			continue
+		}
+		if name, ok := p.tenantRef(key, doc.Namespaces[ns], doc.Tenants); ok {
+			cfg.Namespaces[ns] = name
+		}
+	}
+	if doc.DefaultTenant != nil {
+		cfg.DefaultTenant, _ = p.tenantRef([]string{"default_tenant"}, doc.DefaultTenant, doc.Tenants)
+	}
+	if len(p.errs) > 0 {
+		return nil, p.err()
+	}
+	return cfg, nil
+}
+
+// decodeError turns the decoder's error into one that names file and line.
+// A StrictMissingError unwraps to its DecodeErrors, the first of which is
+// reported.
+func decodeError(path string, err error) error {
+	var de *toml.DecodeError
+	if errors.As(err, &de) {
+		line, _ := de.Position()
+		where := fmt.Sprintf("%s:%d", path, line)
+		if len(de.Key()) > 0 {
+			where += ": " + keyString(de.Key())
+		}
+		return fmt.Errorf("%s: %s: %w", where, strings.TrimPrefix(de.Error(), "toml: "), api.ErrInvalidArgument)
+	}
+	return fmt.Errorf("%s: %w: %w", path, err, api.ErrInvalidArgument)
+}
+
+// parser checks a decoded document's values and collects the errors, each
+// located at the line where its key first appears.
+type parser struct {
+	file   string
+	starts []int          // offsets where the document's lines start
+	lines  map[string]int // pathID(key path) -> line of its first appearance
+	errs   []located
+}
+
+type located struct {
+	line int
+	err  error
+}
+
+func (p *parser) fail(key []string, err error) {
+	line := p.lines[pathID(key)]
+	p.errs = append(p.errs, located{line, fmt.Errorf("%s:%d: %s: %w", p.file, line, keyString(key), err)})
+}
+
+// err is the collected errors, in the file's order.
+func (p *parser) err() error {
+	sort.SliceStable(p.errs, func(i, j int) bool { return p.errs[i].line < p.errs[j].line })
+	if len(p.errs) == 1 {
+		return p.errs[0].err
+	}
+	errs := make([]error, len(p.errs))
+	for i, e := range p.errs {
+		errs[i] = e.err
+	}
+	return errors.Join(errs...)
+}
+
+// index records the line of every key path of data, which the decoder has
+// accepted, and checks the keys against the schema exactly: the decoder
+// matches struct fields regardless of case, so that "Memory" and "memory"
+// would otherwise both be taken, the last silently winning.
+func (p *parser) index(data []byte) {
+	p.starts = []int{0}
+	for i, b := range data {
+		if b == '\n' {
+			p.starts = append(p.starts, i+1)
+		}
+	}
+	var ps unstable.Parser
+	ps.Reset(data)
+	var table []string
+	for ps.NextExpression() {
+		e := ps.Expression()
+		switch e.Kind {
+		case unstable.Table, unstable.ArrayTable:
+			table = p.key(nil, e.Key())
+		case unstable.KeyValue:
+			p.keyValue(table, e)
+		}
+	}
+}
+
+func (p *parser) keyValue(table []string, kv *unstable.Node) {
+	path := p.key(table, kv.Key())
+	if v := kv.Value(); v.Kind == unstable.InlineTable {
+		it := v.Children()
+		for it.Next() {
+			p.keyValue(path, it.Node())
+		}
+	}
+}
+
+// key walks a dotted key under prefix, records the line of each path it
+// reaches for the first time, and returns the full path.
+func (p *parser) key(prefix []string, it unstable.Iterator) []string {
+	path := slices.Clone(prefix)
+	for it.Next() {
+		k := it.Node()
+		path = append(path, string(k.Data))
+		id := pathID(path)
+		if _, seen := p.lines[id]; seen {
+			continue
+		}
+		// The line is the number of lines that start at or before the key.
+		off := int(k.Raw.Offset)
+		p.lines[id] = sort.Search(len(p.starts), func(i int) bool { return p.starts[i] > off })
+		p.checkSchema(path)
+	}
+	return path
+}
+
+func (p *parser) checkSchema(path []string) {
+	var allowed []string
+	switch {
+	case len(path) == 1:
+		allowed = rootKeys
+	case len(path) == 3 && path[0] == "tenants":
+		allowed = tenantKeys
+	default:
+		return
+	}
+	k := path[len(path)-1]
+	if slices.Contains(allowed, k) {
+		return
+	}
+	for _, a := range allowed {
+		if strings.EqualFold(a, k) {
+			p.fail(path, fmt.Errorf("unknown key (keys are case-sensitive: did you mean %s?): %w", a, api.ErrInvalidArgument))
+			return
+		}
+	}
+	p.fail(path, fmt.Errorf("unknown key: %w", api.ErrInvalidArgument))
+}
+
+// tenant checks one tenant's table; ok is false if any value is bad.
+func (p *parser) tenant(name string, f fileTenant) (*Tenant, bool) {
+	n := len(p.errs)
+	key := func(k string) []string { return []string{"tenants", name, k} }
+	if !tenantName.MatchString(name) {
+		p.fail([]string{"tenants", name}, fmt.Errorf("tenant name %q: want 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit: %w", name, api.ErrInvalidArgument))
+	}
+	t := &Tenant{Name: name, Compute: 1, Oversubscribe: 1}
+	t.Memory = p.size(key("memory"), f.Memory)
+	t.Bandwidth = p.size(key("bandwidth"), f.Bandwidth)
+	t.DefaultMemory = p.size(key("default_memory"), f.DefaultMemory)
+	if t.Memory > 0 && t.DefaultMemory > t.Memory {
+		p.fail(key("default_memory"), fmt.Errorf("%d bytes is more than memory, %d bytes: %w", t.DefaultMemory, t.Memory, api.ErrInvalidArgument))
+	}
+	if f.Compute != nil {
+		c := p.integer(key("compute"), f.Compute, 1, maxCompute)
+		t.Compute = uint32(c)
+	}
+	t.MaxContainers = int(p.integer(key("max_containers"), f.MaxContainers, 0, math.MaxInt32))
+	if f.ComputeMax != nil {
+		t.ComputeMax = p.float(key("compute_max"), f.ComputeMax, func(v float64) bool { return v > 0 && v <= 1 }, "in (0, 1]")
+	}
+	if f.Oversubscribe != nil {
+		t.Oversubscribe = p.float(key("oversubscribe"), f.Oversubscribe, func(v float64) bool { return v >= 1 && v <= maxOversubscribe }, "from 1 to 16")
+	}
+	return t, len(p.errs) == n
+}
+
+// size reads a size: a string for api.ParseSize or an integer of bytes.
+// Absent is 0.
+func (p *parser) size(key []string, v any) uint64 {
+	switch v := v.(type) {
+	case nil:
+		return 0
+	case string:
+		n, err := api.ParseSize(v)
+		if err != nil {
+			p.fail(key, err)
+		}
+		return n
+	case int64:
+		if v < 0 {
+			p.fail(key, fmt.Errorf("size %d: must not be negative: %w", v, api.ErrInvalidArgument))
+			return 0
+		}
+		return uint64(v)
+	default:
+		p.fail(key, fmt.Errorf(`want a size such as "8GiB" or an integer of bytes, got %s: %w`, describe(v), api.ErrInvalidArgument))
+		return 0
+	}
+}
+
+// integer reads an integer in [lo, hi]. Absent is 0.
+func (p *parser) integer(key []string, v any, lo, hi int64) int64 {
+	switch v := v.(type) {
+	case nil:
+		return 0
+	case int64:
+		if v < lo || v > hi {
+			p.fail(key, fmt.Errorf("%d: want %d to %d: %w", v, lo, hi, api.ErrInvalidArgument))
+			return 0
+		}
+		return v
+	default:
+		p.fail(key, fmt.Errorf("want an integer, got %s: %w", describe(v), api.ErrInvalidArgument))
+		return 0
+	}
+}
+
+// float reads a number for which ok holds; want says which those are.
+func (p *parser) float(key []string, v any, ok func(float64) bool, want string) float64 {
+	var f float64
+	switch v := v.(type) {
+	case float64:
+		f = v
+	case int64:
+		f = float64(v)
+	default:
+		p.fail(key, fmt.Errorf("want a number %s, got %s: %w", want, describe(v), api.ErrInvalidArgument))
+		return 0
+	}
+	if !ok(f) {
+		p.fail(key, fmt.Errorf("%v: want a number %s: %w", v, want, api.ErrInvalidArgument))
+		return 0
+	}
+	return f
+}
+
+// tenantRef reads a tenant name that must be defined in the file.
+func (p *parser) tenantRef(key []string, v any, tenants map[string]fileTenant) (string, bool) {
+	name, isString := v.(string)
+	switch {
+	case !isString:
+		hint := ""
+		if _, isTable := v.(map[string]any); isTable && key[0] == "namespaces" {
+			hint = ` (quote namespace names that contain dots: "k8s.io" = "team-a")`
+		}
+		p.fail(key, fmt.Errorf("want a tenant name, got %s%s: %w", describe(v), hint, api.ErrInvalidArgument))
+		return "", false
+	case name == "" && key[0] == "default_tenant":
+		return "", true // explicitly none
+	}
+	if _, defined := tenants[name]; !defined {
+		p.fail(key, fmt.Errorf("tenant %q is not defined (no [tenants.%s] table): %w", name, keyPart(name), api.ErrInvalidArgument))
+		return "", false
+	}
+	return name, true
+}
+
+// describe names a decoded TOML value's type and value for messages.
+func describe(v any) string {
+	switch v := v.(type) {
+	case string:
+		return fmt.Sprintf("string %q", v)
+	case int64:
+		return fmt.Sprintf("integer %d", v)
+	case float64:
+		return fmt.Sprintf("float %v", v)
+	case bool:
+		return fmt.Sprintf("boolean %t", v)
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "a table"
+	default:
+		return fmt.Sprintf("date/time %v", v)
+	}
+}
+
+// pathID is an unambiguous map key for a key path.
+func pathID(path []string) string { return fmt.Sprintf("%q", path) }
+
+// keyString writes a key path as TOML would, quoting parts that are not
+// bare keys.
+func keyString(path []string) string {
+	parts := make([]string, len(path))
+	for i, k := range path {
+		parts[i] = keyPart(k)
+	}
+	return strings.Join(parts, ".")
+}
+
+func keyPart(k string) string {
+	if k == "" || strings.IndexFunc(k, func(r rune) bool {
+		return !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_')
+	}) >= 0 {
+		return strconv.Quote(k)
+	}
+	return k
+}

@@ -1,0 +1,287 @@
+package isolation
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+const fullFile = `# quotas
+default_tenant = "shared"
+
+[namespaces]
+"k8s.io" = "team-a"
+moby = "shared"
+
+[tenants.team-a]
+memory = "8GiB"
+compute = 2
+compute_max = 0.5
+bandwidth = "2GiB"
+max_containers = 10
+default_memory = "512MiB"
+oversubscribe = 1.5
+
+[tenants.shared]
+
+[tenants]
+team-b = { memory = 1048576, compute_max = 1, oversubscribe = 2 }
+`
+
+func TestParseFull(t *testing.T) {
+	cfg, err := Parse("tenants.toml", []byte(fullFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Config{
+		Path: "tenants.toml",
+		Tenants: map[string]*Tenant{
+			"team-a": {Name: "team-a", Memory: 8 << 30, Compute: 2, ComputeMax: 0.5, Bandwidth: 2 << 30,
+				MaxContainers: 10, DefaultMemory: 512 << 20, Oversubscribe: 1.5},
+			"shared": {Name: "shared", Compute: 1, Oversubscribe: 1},
+			"team-b": {Name: "team-b", Memory: 1 << 20, Compute: 1, ComputeMax: 1, Oversubscribe: 2},
+		},
+		Namespaces:    map[string]string{"k8s.io": "team-a", "moby": "shared"},
+		DefaultTenant: "shared",
+	}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("got %+v\nwant %+v", cfg, want)
+		for n, tn := range cfg.Tenants {
+			t.Errorf("  %s: %+v", n, *tn)
+		}
+	}
+}
+
+func TestParseForms(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc string
+		check     func(*Config) bool
+	}{
+		{"empty file", "", func(c *Config) bool { return len(c.Tenants) == 0 && c.DefaultTenant == "" && len(c.Namespaces) == 0 }},
+		{"dotted keys", "tenants.a.memory = \"1Ki\"\n", func(c *Config) bool { return c.Tenants["a"].Memory == 1024 }},
+		{"decimal units", "[tenants.a]\nmemory = \"2G\"\n", func(c *Config) bool { return c.Tenants["a"].Memory == 2e9 }},
+		{"zero memory is no cap", "[tenants.a]\nmemory = 0\n", func(c *Config) bool { return c.Tenants["a"].Memory == 0 }},
+		{"default_memory without memory", "[tenants.a]\ndefault_memory = \"1TiB\"\n", func(c *Config) bool { return c.Tenants["a"].DefaultMemory == 1<<40 }},
+		{"default_memory equal to memory", "[tenants.a]\nmemory = 100\ndefault_memory = 100\n", func(c *Config) bool { return c.Tenants["a"].DefaultMemory == 100 }},
+		{"bounds", "[tenants.a]\ncompute = 10000\noversubscribe = 16\ncompute_max = 1.0\n", func(c *Config) bool {
+			a := c.Tenants["a"]
+			return a.Compute == 10000 && a.Oversubscribe == 16 && a.ComputeMax == 1
+		}},
+		{"empty default_tenant is none", "default_tenant = \"\"\n[tenants.a]\n", func(c *Config) bool { return c.DefaultTenant == "" }},
+		{"quoted tenant name with a dot", "[tenants.\"a.b\"]\n", func(c *Config) bool { return c.Tenants["a.b"] != nil }},
+		{"CRLF", "[tenants.a]\r\nmemory = 5\r\n", func(c *Config) bool { return c.Tenants["a"].Memory == 5 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse("f.toml", []byte(tc.doc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.check(cfg) {
+				t.Errorf("unexpected config %+v", cfg)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc string
+		want      string // the whole message, which must wrap api.ErrInvalidArgument
+	}{
+		{"syntax", "[tenants.a]\nmemory = \n",
+			`tenants.toml:2: unexpected character U+000A at start of value: invalid argument`},
+		{"unterminated table", "[tenants.a\n",
+			`tenants.toml:1: expected ']' to close table name: invalid argument`},
+		{"duplicate key", "[tenants.a]\nmemory = 1\nmemory = 2\n",
+			`tenants.toml:3: memory: key memory is already defined: invalid argument`},
+		{"unknown root key", "tenant = 1\n",
+			`tenants.toml:1: tenant: unknown key: invalid argument`},
+		{"unknown tenant key", "[tenants.a]\nmemory = 1\n\nmemroy = 2\n",
+			`tenants.toml:4: tenants.a.memroy: unknown key: invalid argument`},
+		{"several unknown keys", "[tenants.a]\nx = 1\ny = 2\n",
+			"tenants.toml:2: tenants.a.x: unknown key: invalid argument\n" +
+				"tenants.toml:3: tenants.a.y: unknown key: invalid argument"},
+		{"unknown key in inline table", "[tenants]\na = { memory = 1, cpu = 2 }\n",
+			`tenants.toml:2: tenants.a.cpu: unknown key: invalid argument`},
+		{"wrong case", "[tenants.a]\n\nMemory = \"1Gi\"\n",
+			`tenants.toml:3: tenants.a.Memory: unknown key (keys are case-sensitive: did you mean memory?): invalid argument`},
+		{"wrong case root", "\nTenants.a.memory = 1\n",
+			`tenants.toml:2: Tenants: unknown key (keys are case-sensitive: did you mean tenants?): invalid argument`},
+		{"namespaces not a table", "namespaces = 5\n",
+			`tenants.toml:1: namespaces: cannot decode TOML integer into struct field isolation.fileDoc.Namespaces of type map[string]interface {}: invalid argument`},
+		{"tenant not a table", "[tenants]\na = 5\n",
+			`tenants.toml:2: tenants.a: cannot decode TOML integer into isolation.fileTenant: invalid argument`},
+		{"bad size", "\n\n[tenants.team-a]\nmemory = \"12X\"\n",
+			`tenants.toml:4: tenants.team-a.memory: size "12X": want a whole number with an optional unit (Ki, Mi, Gi, K, M, G): invalid argument`},
+		{"size too large", "[tenants.a]\nbandwidth = \"99999999Ti\"\n",
+			`tenants.toml:2: tenants.a.bandwidth: size "99999999Ti": too large: invalid argument`},
+		{"negative size", "[tenants.a]\nmemory = -1\n",
+			`tenants.toml:2: tenants.a.memory: size -1: must not be negative: invalid argument`},
+		{"size of wrong type", "[tenants.a]\ndefault_memory = 1.5\n",
+			`tenants.toml:2: tenants.a.default_memory: want a size such as "8GiB" or an integer of bytes, got float 1.5: invalid argument`},
+		{"size as a table", "[tenants.a.memory]\n",
+			`tenants.toml:1: tenants.a.memory: want a size such as "8GiB" or an integer of bytes, got a table: invalid argument`},
+		{"size as a date", "[tenants.a]\nmemory = 1979-05-27\n",
+			`tenants.toml:2: tenants.a.memory: want a size such as "8GiB" or an integer of bytes, got date/time 1979-05-27: invalid argument`},
+		{"compute 0", "[tenants.a]\ncompute = 0\n",
+			`tenants.toml:2: tenants.a.compute: 0: want 1 to 10000: invalid argument`},
+		{"compute too big", "[tenants.a]\ncompute = 10001\n",
+			`tenants.toml:2: tenants.a.compute: 10001: want 1 to 10000: invalid argument`},
+		{"compute a string", "[tenants.a]\ncompute = \"2\"\n",
+			`tenants.toml:2: tenants.a.compute: want an integer, got string "2": invalid argument`},
+		{"compute_max 0", "[tenants.a]\ncompute_max = 0\n",
+			`tenants.toml:2: tenants.a.compute_max: 0: want a number in (0, 1]: invalid argument`},
+		{"compute_max above 1", "[tenants.a]\ncompute_max = 1.01\n",
+			`tenants.toml:2: tenants.a.compute_max: 1.01: want a number in (0, 1]: invalid argument`},
+		{"compute_max nan", "[tenants.a]\ncompute_max = nan\n",
+			`tenants.toml:2: tenants.a.compute_max: NaN: want a number in (0, 1]: invalid argument`},
+		{"compute_max a bool", "[tenants.a]\ncompute_max = true\n",
+			`tenants.toml:2: tenants.a.compute_max: want a number in (0, 1], got boolean true: invalid argument`},
+		{"oversubscribe below 1", "[tenants.a]\noversubscribe = 0.9\n",
+			`tenants.toml:2: tenants.a.oversubscribe: 0.9: want a number from 1 to 16: invalid argument`},
+		{"oversubscribe above 16", "[tenants.a]\noversubscribe = 17\n",
+			`tenants.toml:2: tenants.a.oversubscribe: 17: want a number from 1 to 16: invalid argument`},
+		{"oversubscribe inf", "[tenants.a]\noversubscribe = inf\n",
+			`tenants.toml:2: tenants.a.oversubscribe: +Inf: want a number from 1 to 16: invalid argument`},
+		{"max_containers negative", "[tenants.a]\nmax_containers = -1\n",
+			`tenants.toml:2: tenants.a.max_containers: -1: want 0 to 2147483647: invalid argument`},
+		{"max_containers an array", "[tenants.a]\nmax_containers = [1]\n",
+			`tenants.toml:2: tenants.a.max_containers: want an integer, got an array: invalid argument`},
+		{"default_memory above memory", "[tenants.a]\nmemory = \"1GiB\"\ndefault_memory = \"2GiB\"\n",
+			`tenants.toml:3: tenants.a.default_memory: 2147483648 bytes is more than memory, 1073741824 bytes: invalid argument`},
+		{"bad tenant name", "[tenants.ok]\n[tenants.\"-bad\"]\n",
+			`tenants.toml:2: tenants.-bad: tenant name "-bad": want 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit: invalid argument`},
+		{"tenant name too long", "[tenants." + strings.Repeat("a", 64) + "]\n",
+			`tenants.toml:1: tenants.` + strings.Repeat("a", 64) + `: tenant name "` + strings.Repeat("a", 64) + `": want 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit: invalid argument`},
+		{"namespace to undefined tenant", "[namespaces]\nmoby = \"nobody\"\n[tenants.a]\n",
+			`tenants.toml:2: namespaces.moby: tenant "nobody" is not defined (no [tenants.nobody] table): invalid argument`},
+		{"namespace dotted", "[namespaces]\nk8s.io = \"a\"\n[tenants.a]\n",
+			`tenants.toml:2: namespaces.k8s: want a tenant name, got a table (quote namespace names that contain dots: "k8s.io" = "team-a"): invalid argument`},
+		{"namespace to integer", "[namespaces]\nmoby = 1\n",
+			`tenants.toml:2: namespaces.moby: want a tenant name, got integer 1: invalid argument`},
+		{"empty namespace", "[namespaces]\n\"\" = \"a\"\n[tenants.a]\n",
+			`tenants.toml:2: namespaces."": namespace names must not be empty: invalid argument`},
+		{"default_tenant undefined", "[tenants.a]\n\ndefault_tenant = \"b\"\n",
+			`tenants.toml:3: tenants.a.default_tenant: unknown key: invalid argument`},
+		{"default_tenant undefined at root", "default_tenant = \"b\"\n[tenants.a]\n",
+			`tenants.toml:1: default_tenant: tenant "b" is not defined (no [tenants.b] table): invalid argument`},
+		{"default_tenant not a string", "default_tenant = 7\n",
+			`tenants.toml:1: default_tenant: want a tenant name, got integer 7: invalid argument`},
+		{"several errors in file order", "[tenants.b]\ncompute = 0\n[tenants.a]\nmemory = \"x\"\n",
+			"tenants.toml:2: tenants.b.compute: 0: want 1 to 10000: invalid argument\n" +
+				`tenants.toml:4: tenants.a.memory: size "x": want a whole number with an optional unit (Ki, Mi, Gi, K, M, G): invalid argument`},
+		{"line of a key in a multi-line inline table", "[tenants]\na = {\n  memory = 1,\n  compute = 0 }\n",
+			`tenants.toml:4: tenants.a.compute: 0: want 1 to 10000: invalid argument`},
+		{"line after a multi-line string", "[tenants.a]\n# \"\"\"\nx = \"\"\"\n\n\"\"\"\n",
+			`tenants.toml:3: tenants.a.x: unknown key: invalid argument`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse("tenants.toml", []byte(tc.doc))
+			if err == nil {
+				t.Fatalf("accepted: %+v", cfg)
+			}
+			if !errors.Is(err, api.ErrInvalidArgument) {
+				t.Errorf("error does not wrap ErrInvalidArgument: %v", err)
+			}
+			if err.Error() != tc.want {
+				t.Errorf("got  %s\nwant %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tenants.toml")
+	if err := os.WriteFile(path, []byte(fullFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Path != path || cfg.Tenants["team-a"] == nil {
+		t.Errorf("got %+v", cfg)
+	}
+
+	if err := os.WriteFile(path, []byte("[tenants.a]\ncompute = 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(path)
+	if !errors.Is(err, api.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), path+":2: ") {
+		t.Errorf("invalid file: got %v", err)
+	}
+
+	_, err = Load(filepath.Join(dir, "missing.toml"))
+	if !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, api.ErrUnavailable) {
+		t.Errorf("missing file: got %v", err)
+	}
+}
+
+func TestResolve(t *testing.T) {
+	cfg, err := Parse("tenants.toml", []byte(fullFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	noDefault, err := Parse("nodefault.toml", []byte("[namespaces]\nmoby = \"a\"\n[tenants.a]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name               string
+		cfg                *Config
+		runtime, namespace string
+		want               string // tenant, or the error message
+	}{
+		{"runtime tenant wins over namespace", cfg, "team-b", "k8s.io", "team-b"},
+		{"runtime tenant wins over default", cfg, "team-a", "other", "team-a"},
+		{"undefined runtime tenant", cfg, "team-z", "k8s.io",
+			`tenant "team-z" (named by the runtime's --tenant) is not defined in tenants.toml: permission denied`},
+		{"namespace mapping", cfg, "", "k8s.io", "team-a"},
+		{"docker", cfg, "", "moby", "shared"},
+		{"default tenant", cfg, "", "other", "shared"},
+		{"empty namespace gets the default", cfg, "", "", "shared"},
+		{"no default", noDefault, "", "k8s.io",
+			`namespace "k8s.io" has no tenant in nodefault.toml and there is no default_tenant: permission denied`},
+		{"no default, mapped", noDefault, "", "moby", "a"},
+		{"built-in default", Default(), "", "anything", "default"},
+		{"built-in default, runtime tenant", Default(), "team-a", "",
+			`tenant "team-a" (named by the runtime's --tenant) is not defined in the built-in default quotas: permission denied`},
+		{"hand-made config mapping to nothing", &Config{Path: "x", Namespaces: map[string]string{"n": "gone"}}, "", "n",
+			`tenant "gone" (mapped from namespace "n") is not defined in x: permission denied`},
+		{"hand-made config defaulting to nothing", &Config{Path: "x", DefaultTenant: "gone"}, "", "n",
+			`tenant "gone" (default_tenant, for namespace "n") is not defined in x: permission denied`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tn, err := tc.cfg.Resolve(tc.runtime, tc.namespace)
+			switch {
+			case err != nil:
+				if !errors.Is(err, api.ErrPermissionDenied) {
+					t.Errorf("error does not wrap ErrPermissionDenied: %v", err)
+				}
+				if err.Error() != tc.want {
+					t.Errorf("got error %q, want %q", err, tc.want)
+				}
+			case tn.Name != tc.want:
+				t.Errorf("got tenant %q, want %q", tn.Name, tc.want)
+			}
+		})
+	}
+}
+
+func TestDefault(t *testing.T) {
+	cfg := Default()
+	want := &Tenant{Name: "default", Compute: 1, Oversubscribe: 1}
+	if len(cfg.Tenants) != 1 || !reflect.DeepEqual(cfg.Tenants["default"], want) || cfg.DefaultTenant != "default" {
+		t.Errorf("got %+v", cfg)
+	}
+	if Default().Tenants["default"] == cfg.Tenants["default"] {
+		t.Error("Default shares its tenants between calls")
+	}
+}

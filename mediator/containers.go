@@ -1,0 +1,265 @@
+package mediator
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/internal/daemon"
+	"github.com/vgpu/vgpu/isolation"
+)
+
+// DefaultContainerDir is where containers' socket directories live.
+const DefaultContainerDir = "/run/vgpu/containers"
+
+// SocketName is the name of a container's socket in its directory, which
+// the runtime mounts at /run/vgpu in the container.
+const SocketName = "mediator.sock"
+
+var containerID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// container is a registered container: its grant, its own socket, and the
+// connections that came through it.
+type container struct {
+	grant    isolation.Grant
+	pid      int
+	socket   string
+	listener net.Listener
+	budget   *budget
+
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	released bool
+}
+
+func (c *container) track(nc net.Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.released {
+		return false
+	}
+	c.conns[nc] = struct{}{}
+	return true
+}
+
+func (c *container) untrack(nc net.Conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.conns, nc)
+}
+
+// close stops the socket and ends every session of the container; their
+// teardown frees the memory.
+func (c *container) close() {
+	c.mu.Lock()
+	c.released = true
+	conns := c.conns
+	c.conns = map[net.Conn]struct{}{}
+	c.mu.Unlock()
+	c.listener.Close() // also unlinks the socket
+	for nc := range conns {
+		nc.Close()
+	}
+}
+
+func loadQuota(path string) (*isolation.Config, error) {
+	if path == "" {
+		return isolation.Default(), nil
+	}
+	cfg, err := isolation.Load(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return isolation.Default(), nil
+	}
+	return cfg, err
+}
+
+// Reload re-reads the quota file. An invalid file changes nothing; grants
+// already made stay, new admissions see the new limits.
+func (m *Mediator) Reload() error {
+	cfg, err := loadQuota(m.cfg.Quota)
+	if err != nil {
+		return fmt.Errorf("reload: keeping the current quotas: %w", err)
+	}
+	m.admission.SetConfig(cfg)
+	m.log.WithField("file", m.cfg.Quota).Info("quotas reloaded")
+	return nil
+}
+
+// Register admits a container being created: it decides its tenant, checks
+// the tenant's quota and opens the container's own socket.
+func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
+	if !containerID.MatchString(r.Container) {
+		return nil, fmt.Errorf("register: container id %q: want 1-128 letters, digits, '_', '.' or '-': %w", r.Container, api.ErrInvalidArgument)
+	}
+	dir := filepath.Join(m.cfg.ContainerDir, r.Container)
+	if r.SocketDir != "" && filepath.Clean(r.SocketDir) != dir {
+		return nil, fmt.Errorf("register %s: socket directory %q: containers' sockets live in %s: %w", r.Container, r.SocketDir, dir, api.ErrInvalidArgument)
+	}
+	if int(r.Devices) > len(m.devices) {
+		return nil, fmt.Errorf("register %s: %d devices asked, %d exist: %w", r.Container, r.Devices, len(m.devices), api.ErrInvalidArgument)
+	}
+	tenant, err := m.admission.Config().Resolve(r.Tenant, r.Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("register %s: %w", r.Container, err)
+	}
+	grant, err := m.admission.Admit(isolation.Request{
+		Container: r.Container, Tenant: tenant.Name, Memory: r.Memory, Compute: r.Compute, Devices: max(r.Devices, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("register %s: %w", r.Container, err)
+	}
+	ctr, err := m.openContainer(grant, dir, int(r.Pid))
+	if err != nil {
+		m.admission.Release(r.Container)
+		return nil, fmt.Errorf("register %s: %w", r.Container, err)
+	}
+	m.log.WithFields(map[string]any{"container": r.Container, "tenant": grant.Tenant, "memory": grant.Memory}).Info("container registered")
+	return &api.RegisterReply{Tenant: grant.Tenant, Memory: grant.Memory, Socket: ctr.socket}, nil
+}
+
+func (m *Mediator) openContainer(g isolation.Grant, dir string, pid int) (*container, error) {
+	if err := os.MkdirAll(m.cfg.ContainerDir, 0o755); err != nil {
+		return nil, fmt.Errorf("container directory: %v: %w", err, api.ErrInternal)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
+	}
+	// The runtime made the directory; it must still be a plain directory, so
+	// the socket cannot be steered elsewhere through a symlink.
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("socket directory %s is not a directory: %w", dir, api.ErrInvalidArgument)
+	}
+	sock := filepath.Join(dir, SocketName)
+	l, err := daemon.ListenUnix(sock, 0o666) // container processes may run as any user
+	if err != nil {
+		return nil, fmt.Errorf("container socket: %v: %w", err, api.ErrInternal)
+	}
+	ctr := &container{
+		grant: g, pid: pid, socket: sock, listener: l, conns: map[net.Conn]struct{}{},
+		budget: &budget{owner: fmt.Sprintf("container %s of tenant %q", g.Container, g.Tenant), limit: g.Memory},
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		l.Close()
+		return nil, fmt.Errorf("mediator closing: %w", api.ErrUnavailable)
+	}
+	m.containers[g.Container] = ctr
+	m.wg.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer m.wg.Done()
+		if err := m.serve(l, ctr); err != nil {
+			m.log.WithError(err).WithField("container", g.Container).Error("container socket stopped")
+		}
+	}()
+	return ctr, nil
+}
+
+// Release ends a container's registration: its socket goes, its sessions
+// end and free their memory, its quota reservation is returned.
+func (m *Mediator) Release(id string) error {
+	m.mu.Lock()
+	ctr := m.containers[id]
+	delete(m.containers, id)
+	m.mu.Unlock()
+	if ctr == nil {
+		return fmt.Errorf("release: container %q is not registered: %w", id, api.ErrInvalidArgument)
+	}
+	ctr.close()
+	m.admission.Release(id)
+	os.Remove(filepath.Dir(ctr.socket)) // the runtime's directory, if empty now; the runtime removes it too
+	m.log.WithField("container", id).Info("container released")
+	return nil
+}
+
+// reclaimLoop releases containers whose init process has vanished without
+// a poststop hook (a killed shim, a crashed runtime).
+func (m *Mediator) reclaimLoop() {
+	tick := time.NewTicker(m.cfg.ReclaimInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-tick.C:
+		}
+		m.mu.Lock()
+		var gone []string
+		for id, c := range m.containers {
+			if c.pid > 0 && !alive(c.pid) {
+				gone = append(gone, id)
+			}
+		}
+		m.mu.Unlock()
+		for _, id := range gone {
+			if m.Release(id) == nil {
+				m.log.WithField("container", id).Info("reclaimed a container that vanished without poststop")
+			}
+		}
+	}
+}
+
+// alive reports whether a process exists; EPERM means it does, under
+// another user.
+func alive(pid int) bool {
+	err := unix.Kill(pid, 0)
+	return err == nil || errors.Is(err, unix.EPERM)
+}
+
+// privileged reports whether the peer of a Unix connection runs as root or
+// as the mediator's own user.
+func privileged(nc net.Conn) bool {
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		return false
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
+		return false
+	}
+	return cred.Uid == 0 || int(cred.Uid) == os.Getuid()
+}
+
+// tenantsJSON lists tenants with limits, containers, reservations and the
+// memory their sessions hold.
+func (m *Mediator) tenantsJSON() ([]byte, error) {
+	infos := m.admission.Tenants()
+	held := map[string]uint64{}
+	m.mu.Lock()
+	for _, s := range m.sessions {
+		held[s.tenant] += s.space.Stats().Allocated
+	}
+	m.mu.Unlock()
+	seen := map[string]bool{}
+	for i := range infos {
+		infos[i].Allocated = held[infos[i].Name]
+		seen[infos[i].Name] = true
+	}
+	for name, n := range held { // host-socket tenants outside the quota file
+		if !seen[name] {
+			infos = append(infos, api.TenantInfo{Name: name, Allocated: n})
+		}
+	}
+	sort.Slice(infos, func(i, j int) bool { return infos[i].Name < infos[j].Name })
+	b, err := json.Marshal(infos)
+	if err != nil {
+		return nil, fmt.Errorf("encode tenants: %v: %w", err, api.ErrInternal)
+	}
+	return b, nil
+}

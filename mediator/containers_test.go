@@ -1,0 +1,231 @@
+package mediator_test
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/accelerator"
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/mediator"
+)
+
+const quotaFile = `
+default_tenant = "shared"
+
+[namespaces]
+moby = "team-a"
+
+[tenants.team-a]
+memory = "64MiB"
+max_containers = 2
+default_memory = "16MiB"
+
+[tenants.shared]
+`
+
+// containerSystem is a mediator with a quota file and a container directory.
+type containerSystem struct {
+	*system
+	dir   string
+	quota string
+}
+
+func startContainers(t *testing.T) *containerSystem {
+	t.Helper()
+	tmp, err := os.MkdirTemp("", "vgpu") // short: socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	cs := &containerSystem{system: &system{socket: filepath.Join(tmp, "m.sock")}, dir: filepath.Join(tmp, "c"), quota: filepath.Join(tmp, "q.toml")}
+	if err := os.WriteFile(cs.quota, []byte(quotaFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n, addr, err := accelerator.StartSim("127.0.0.1:0", 1, 256<<20, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	m, err := mediator.New(mediator.Config{Nodes: []string{addr.String()}, Quota: cs.quota, ContainerDir: cs.dir,
+		ReclaimInterval: 50 * time.Millisecond, Log: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", cs.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go m.Serve(l)
+	t.Cleanup(func() { m.Close() })
+	cs.med = m
+	return cs
+}
+
+func (cs *containerSystem) operator(t *testing.T) *client.Operator {
+	t.Helper()
+	op, err := client.DialOperator(cs.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { op.Close() })
+	return op
+}
+
+func tenantInfo(t *testing.T, op *client.Operator, name string) api.TenantInfo {
+	t.Helper()
+	ts, err := op.Tenants()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ti := range ts {
+		if ti.Name == name {
+			return ti
+		}
+	}
+	t.Fatalf("tenant %s not listed in %+v", name, ts)
+	return api.TenantInfo{}
+}
+
+func TestContainerLifecycle(t *testing.T) {
+	cs := startContainers(t)
+	op := cs.operator(t)
+	reply, err := op.Register(api.Register{Container: "c1", Namespace: "moby", Memory: 32 << 20, Pid: uint32(os.Getpid())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply.Tenant != "team-a" || reply.Memory != 32<<20 || reply.Socket != filepath.Join(cs.dir, "c1", mediator.SocketName) {
+		t.Fatalf("register reply %+v", reply)
+	}
+	// The container's tenant is the operator's decision; a claim is refused.
+	if _, err := client.Dial(client.Options{Socket: reply.Socket, Tenant: "shared"}); err == nil {
+		t.Fatal("a container claimed another tenant and was served")
+	} else {
+		wantErr(t, err, api.ErrPermissionDenied, "team-a", "shared")
+	}
+	c, err := client.Dial(client.Options{Socket: reply.Socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The grant is exact: all of it can be allocated, one byte more cannot.
+	if _, err := c.Malloc(0, 32<<20); err != nil {
+		t.Fatalf("allocate the whole grant: %v", err)
+	}
+	_, err = c.Malloc(0, 1)
+	wantErr(t, err, api.ErrQuotaExceeded, "c1", "team-a")
+	bystander := cs.dial(t, "bystander", 1)
+	victim(t, bystander) // host sessions are unaffected
+
+	ti := tenantInfo(t, op, "team-a")
+	if ti.Containers != 1 || ti.Reserved != 32<<20 || ti.Allocated != 32<<20 || ti.Memory != 64<<20 {
+		t.Fatalf("tenant team-a: %+v", ti)
+	}
+	inC1 := 0
+	for _, ts := range cs.med.Status().Tenants {
+		if ts.Container == "c1" && ts.Tenant == "team-a" {
+			inC1++
+		}
+	}
+	if inC1 != 1 {
+		t.Fatalf("status shows %d sessions of container c1, want 1", inC1)
+	}
+	// Release ends the sessions and frees everything.
+	bystander.Close()
+	if err := op.Release("c1"); err != nil {
+		t.Fatal(err)
+	}
+	cs.waitIdle(t)
+	if _, err := os.Stat(reply.Socket); !os.IsNotExist(err) {
+		t.Fatalf("socket still there after release: %v", err)
+	}
+	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 0 || ti.Reserved != 0 {
+		t.Fatalf("after release: %+v", ti)
+	}
+	wantErr(t, op.Release("c1"), api.ErrInvalidArgument, "c1")
+}
+
+func TestAdmission(t *testing.T) {
+	cs := startContainers(t)
+	op := cs.operator(t)
+	_, err := op.Register(api.Register{Container: "big", Namespace: "moby", Memory: 64<<20 + 1})
+	wantErr(t, err, api.ErrQuotaExceeded, "team-a")
+	if _, err := op.Register(api.Register{Container: "a", Namespace: "moby", Memory: 48 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := op.Register(api.Register{Container: "b", Namespace: "moby"}) // the default request
+	if err != nil || r.Memory != 16<<20 {
+		t.Fatalf("default request: %+v, %v", r, err)
+	}
+	_, err = op.Register(api.Register{Container: "c", Namespace: "moby", Memory: 4096})
+	wantErr(t, err, api.ErrQuotaExceeded) // max_containers = 2, and the cap is reached
+	_, err = op.Register(api.Register{Container: "a", Namespace: "moby", Memory: 4096})
+	wantErr(t, err, api.ErrInvalidArgument, "a")
+	// Namespaces without a mapping go to the default tenant; the runtime's
+	// tenant wins over the namespace; unknown tenants are refused.
+	if r, err := op.Register(api.Register{Container: "d", Namespace: "k8s.io", Memory: 1 << 20}); err != nil || r.Tenant != "shared" {
+		t.Fatalf("default tenant: %+v, %v", r, err)
+	}
+	if r, err := op.Register(api.Register{Container: "e", Namespace: "moby", Tenant: "shared", Memory: 1 << 20}); err != nil || r.Tenant != "shared" {
+		t.Fatalf("runtime tenant: %+v, %v", r, err)
+	}
+	_, err = op.Register(api.Register{Container: "f", Tenant: "nobody", Memory: 1 << 20})
+	wantErr(t, err, api.ErrPermissionDenied, "nobody")
+	// Bad ids and socket directories outside the container directory.
+	_, err = op.Register(api.Register{Container: "../x", Memory: 1 << 20})
+	wantErr(t, err, api.ErrInvalidArgument, "../x")
+	_, err = op.Register(api.Register{Container: "g", Memory: 1 << 20, SocketDir: "/etc"})
+	wantErr(t, err, api.ErrInvalidArgument, "/etc")
+}
+
+func TestVanishedContainerIsReclaimed(t *testing.T) {
+	cs := startContainers(t)
+	op := cs.operator(t)
+	proc := exec.Command("sleep", "60")
+	if err := proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := op.Register(api.Register{Container: "doomed", Namespace: "moby", Memory: 8 << 20, Pid: uint32(proc.Process.Pid)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(client.Options{Socket: r.Socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Malloc(0, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	proc.Process.Kill()
+	proc.Wait()
+	cs.waitIdle(t)
+	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 0 || ti.Reserved != 0 {
+		t.Fatalf("after the process vanished: %+v", ti)
+	}
+}
+
+func TestQuotaReload(t *testing.T) {
+	cs := startContainers(t)
+	op := cs.operator(t)
+	if err := os.WriteFile(cs.quota, []byte("[tenants.team-a]\nmemory = \"12X\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, op.Reload(), api.ErrInvalidArgument, "q.toml:2", "12X")
+	if ti := tenantInfo(t, op, "team-a"); ti.Memory != 64<<20 {
+		t.Fatalf("an invalid file replaced the quotas: %+v", ti)
+	}
+	if err := os.WriteFile(cs.quota, []byte("default_tenant = \"team-a\"\n[tenants.team-a]\nmemory = \"1GiB\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := op.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if ti := tenantInfo(t, op, "team-a"); ti.Memory != 1<<30 {
+		t.Fatalf("after reload: %+v", ti)
+	}
+}
