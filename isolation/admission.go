@@ -82,7 +82,7 @@ func (a *Admission) Admit(r Request) (Grant, error) {
 	if g, dup := a.grants[r.Container]; dup {
 		return Grant{}, fmt.Errorf("admit container %q: already admitted for tenant %q: %w", r.Container, g.Tenant, api.ErrInvalidArgument)
 	}
-	g := Grant{Container: r.Container, Tenant: r.Tenant, Memory: r.Memory, Compute: r.Compute, Devices: r.Devices}
+	g := Grant(r)
 	if g.Memory == 0 {
 		g.Memory = t.DefaultMemory
 	}

@@ -69,7 +69,7 @@ func TestAdmissionModel(t *testing.T) {
 					Devices: rapid.Uint32Range(0, 2).Draw(t, "devices"),
 				}
 				var want error
-				expect := Grant{Container: r.Container, Tenant: r.Tenant, Memory: r.Memory, Compute: r.Compute, Devices: r.Devices}
+				expect := Grant(r)
 				tn, known := cfg.Tenants[r.Tenant]
 				_, dup := model[r.Container]
 				n, reserved := used(r.Tenant)

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/integration"
 	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/mediator"
 )
@@ -27,25 +29,29 @@ func main() {
 	flag.Var(&nodes, "node", "vgpu-node address (host:port); repeat for several; none: run an embedded sim node")
 	embMem := flag.String("embedded-memory", "8GiB", "memory per device of the embedded sim node")
 	embDevs := flag.Int("embedded-devices", 1, "devices of the embedded sim node")
-	tenantMem := flag.String("tenant-memory", "0", "cap on each session's device memory (0: none)")
+	tenantMem := flag.String("tenant-memory", "0", "cap on each host-socket session's device memory (0: none)")
+	quota := flag.String("quota", "/etc/vgpu/tenants.toml", "tenant quota file (missing: one tenant \"default\" without caps); reloaded on SIGHUP")
+	ctrDir := flag.String("container-dir", mediator.DefaultContainerDir, "directory of the containers' socket directories")
+	containerd := flag.String("containerd", "/run/containerd/containerd.sock", "containerd socket to watch for vanished containers (\"\": don't)")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	flag.Parse()
-	if err := run(*socket, nodes, *embMem, *embDevs, *tenantMem, *level); err != nil {
+	cfg := mediator.Config{Nodes: nodes, Quota: *quota, ContainerDir: *ctrDir}
+	if err := run(cfg, *socket, *embMem, *embDevs, *tenantMem, *containerd, *level); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(1)
 	}
 }
 
-func run(socket string, nodes []string, embMem string, embDevs int, tenantMem, level string) error {
+func run(cfg mediator.Config, socket, embMem string, embDevs int, tenantMem, containerd, level string) error {
 	log, err := daemon.Logger("vgpu-mediator", level)
 	if err != nil {
 		return err
 	}
-	limit, err := api.ParseSize(tenantMem)
-	if err != nil {
+	cfg.Log = log
+	if cfg.TenantMemory, err = api.ParseSize(tenantMem); err != nil {
 		return fmt.Errorf("--tenant-memory: %w", err)
 	}
-	if len(nodes) == 0 {
+	if len(cfg.Nodes) == 0 {
 		size, err := api.ParseSize(embMem)
 		if err != nil {
 			return fmt.Errorf("--embedded-memory: %w", err)
@@ -55,9 +61,9 @@ func run(socket string, nodes []string, embMem string, embDevs int, tenantMem, l
 			return err
 		}
 		defer node.Close()
-		nodes = []string{addr.String()}
+		cfg.Nodes = []string{addr.String()}
 	}
-	m, err := mediator.New(mediator.Config{Nodes: nodes, TenantMemory: limit, Log: log})
+	m, err := mediator.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -71,8 +77,16 @@ func run(socket string, nodes []string, embMem string, embDevs int, tenantMem, l
 			log.WithError(err).Error("stopped serving")
 		}
 	}()
-	log.WithFields(map[string]any{"socket": socket, "nodes": nodes}).Info("serving")
-	sig := daemon.WaitSignal()
-	log.WithField("signal", sig.String()).Info("stopping")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if containerd != "" {
+		go integration.WatchContainerd(ctx, containerd, log.WithField("component", "containerd-watch"), func(_, id string) {
+			if m.Release(id) == nil {
+				log.WithField("container", id).Info("reclaimed a container containerd reports gone")
+			}
+		})
+	}
+	log.WithFields(map[string]any{"socket": socket, "nodes": cfg.Nodes}).Info("serving")
+	daemon.RunUntilStopped(log, m.Reload)
 	return nil
 }

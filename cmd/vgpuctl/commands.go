@@ -135,3 +135,53 @@ func benchCmd(socket string, args []string) error {
 	fmt.Fprintf(tw, "4-byte device→host, synchronous\t%.1f µs\t%.1f µs (raw unix+TCP ping-pong)\t%.2f×\n", r.SmallOpUs, r.RawPingPongUs, r.SmallOpRatio)
 	return tw.Flush()
 }
+
+func tenants(socket string, args []string) error {
+	fs := flag.NewFlagSet("tenants", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	op, err := client.DialOperator(socket)
+	if err != nil {
+		return err
+	}
+	defer op.Close()
+	switch fs.Arg(0) {
+	case "reload":
+		if err := op.Reload(); err != nil {
+			return err
+		}
+		fmt.Println("quotas reloaded")
+		return nil
+	case "":
+	default:
+		return fmt.Errorf("tenants: unknown subcommand %q (want: reload)", fs.Arg(0))
+	}
+	ts, err := op.Tenants()
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(ts)
+	}
+	limit := func(n uint64) string {
+		if n == 0 {
+			return "-"
+		}
+		return api.FormatSize(n)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "TENANT\tMEMORY CAP\tCOMPUTE\tBANDWIDTH/s\tCONTAINERS\tRESERVED\tALLOCATED")
+	for _, t := range ts {
+		maxc := "-"
+		if t.MaxContainers > 0 {
+			maxc = fmt.Sprint(t.MaxContainers)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d/%s\t%s\t%s\n", t.Name, limit(t.Memory), t.Compute, limit(t.Bandwidth),
+			t.Containers, maxc, api.FormatSize(t.Reserved), api.FormatSize(t.Allocated))
+	}
+	return w.Flush()
+}

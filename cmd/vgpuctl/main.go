@@ -13,8 +13,12 @@ import (
 const usage = `usage: vgpuctl [--socket PATH] COMMAND [flags]
 
 commands:
-  status [--json]   nodes, devices, memory and tenants of the mediator
+  status [--json]   nodes, devices, memory and tenant sessions of the mediator
+  tenants [--json]  tenants: limits from the quota file and current use
+  tenants reload    re-read the quota file (the old one stays if the new one is invalid)
   kernels           the kernel catalog
+  install docker|containerd [--config PATH] [--runtime-path PATH] [--tenant NAME]... [--dry-run]
+                    add the vgpu runtimes to Docker or containerd; prints what to restart
   demo              three tenants compute at once; every result is checked
   bench [--json]    data path against raw baselines, as ratios
 `
@@ -28,7 +32,7 @@ func main() {
 		os.Exit(2)
 	}
 	cmds := map[string]func(socket string, args []string) error{
-		"status": status, "kernels": kernelList, "demo": demo, "bench": benchCmd,
+		"status": status, "tenants": tenants, "kernels": kernelList, "install": installCmd, "demo": demo, "bench": benchCmd,
 	}
 	run, ok := cmds[flag.Arg(0)]
 	if !ok {

@@ -1,0 +1,375 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// DockerRestart is how dockerd picks up a changed "runtimes": it re-reads
+// daemon.json on SIGHUP, which systemd's docker.service sends on reload.
+const DockerRestart = "systemctl reload docker   # sends SIGHUP: dockerd re-reads daemon.json, running containers are not touched (or: systemctl restart docker)"
+
+// InstallDocker adds the vgpu runtimes to Docker's daemon.json:
+//
+//	"runtimes": {
+//	  "vgpu":       {"path": "/usr/local/bin/vgpu-runtime"},
+//	  "vgpu-alice": {"path": "/usr/local/bin/vgpu-runtime", "runtimeArgs": ["--vgpu-tenant", "alice"]}
+//	}
+//
+// It creates the file when missing and keeps every other key and runtime,
+// in their order. Members of a vgpu runtime other than "path" and
+// "runtimeArgs" are kept too. The file is pretty-printed with the
+// indentation it had (two spaces for a new file).
+func InstallDocker(opts InstallOptions) (*Result, error) {
+	rts, err := Runtimes(opts.RuntimePath, opts.Tenants)
+	if err != nil {
+		return nil, err
+	}
+	path := opts.ConfigPath
+	if path == "" {
+		path = DefaultDockerConfig
+	}
+	real, before, existed, err := readConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	after, actions, err := editDaemonJSON(real, before, rts)
+	if err != nil {
+		return nil, err
+	}
+	r := &Result{
+		Path:    real,
+		Existed: existed,
+		Before:  before,
+		After:   after,
+		Changed: !existed || !bytes.Equal(before, after),
+		Actions: actions,
+	}
+	if missingBinary(rts[0].Path) {
+		r.Notes = append(r.Notes, fmt.Sprintf("%s does not exist yet: install vgpu-runtime there before running containers with --runtime %s", rts[0].Path, RuntimeName))
+	}
+	if !r.Changed {
+		return r, nil
+	}
+	r.Restart = DockerRestart
+	if !opts.DryRun {
+		if err := writeFileAtomic(real, after, 0o644); err != nil {
+			return nil, err
+		}
+		r.Written = true
+	}
+	return r, nil
+}
+
+// member is one "key": value of a JSON object, in file order; the value is
+// kept as its raw text.
+type member struct {
+	key   string
+	value json.RawMessage
+}
+
+// editDaemonJSON returns data with the runtimes rts in "runtimes", and one
+// action line per runtime. When every runtime is in place it returns data
+// itself.
+func editDaemonJSON(path string, data []byte, rts []Runtime) ([]byte, []string, error) {
+	var top []member
+	if len(bytes.TrimSpace(data)) > 0 {
+		var err error
+		if top, err = parseObject(path, data, ""); err != nil {
+			return nil, nil, err
+		}
+	}
+	ri, err := findMember(path, top, "runtimes", "")
+	if err != nil {
+		return nil, nil, err
+	}
+	var runtimes []member
+	if ri >= 0 {
+		if runtimes, err = parseObject(path, top[ri].value, "runtimes"); err != nil {
+			return nil, nil, err
+		}
+	}
+	var actions []string
+	changed := false
+	for _, rt := range rts {
+		i, err := findMember(path, runtimes, rt.Name, "runtimes")
+		if err != nil {
+			return nil, nil, err
+		}
+		if i < 0 {
+			v, err := marshalRuntime(nil, rt)
+			if err != nil {
+				return nil, nil, err
+			}
+			runtimes = append(runtimes, member{rt.Name, v})
+			actions = append(actions, fmt.Sprintf("added runtime %q: %s", rt.Name, describeDocker(rt)))
+			changed = true
+			continue
+		}
+		where := "runtimes." + rt.Name
+		old, err := parseObject(path, runtimes[i].value, where)
+		if err != nil {
+			return nil, nil, err
+		}
+		var cur struct {
+			Path        any `json:"path"`
+			RuntimeArgs any `json:"runtimeArgs"`
+		}
+		if err := json.Unmarshal(runtimes[i].value, &cur); err != nil {
+			return nil, nil, &ConfigError{Path: path, Msg: fmt.Sprintf("%s: %v", where, err)}
+		}
+		if equalJSON(cur.Path, rt.Path) && equalArgs(cur.RuntimeArgs, rt.Args) {
+			actions = append(actions, fmt.Sprintf("runtime %q already in place: %s", rt.Name, describeDocker(rt)))
+			continue
+		}
+		v, err := marshalRuntime(old, rt)
+		if err != nil {
+			return nil, nil, err
+		}
+		runtimes[i].value = v
+		actions = append(actions, fmt.Sprintf("updated runtime %q: was %s, now %s", rt.Name, describeOld(cur.Path, cur.RuntimeArgs), describeDocker(rt)))
+		changed = true
+	}
+	if !changed {
+		return data, actions, nil
+	}
+	rv, err := marshalObject(runtimes)
+	if err != nil {
+		return nil, nil, err
+	}
+	if ri >= 0 {
+		top[ri].value = rv
+	} else {
+		top = append(top, member{"runtimes", rv})
+	}
+	compact, err := marshalObject(top)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, compact, "", detectIndent(data)); err != nil {
+		return nil, nil, fmt.Errorf("%s: indent the new file: %w", path, err)
+	}
+	out.WriteByte('\n')
+	return out.Bytes(), actions, nil
+}
+
+// parseObject parses data as a JSON object into its members in order. where
+// names the object in errors ("" for the top level). Duplicate keys are
+// kept; findMember refuses them where it matters.
+func parseObject(path string, data []byte, where string) ([]member, error) {
+	// json.Unmarshal first: it validates the whole text and gives the offset
+	// of a syntax error.
+	var v any
+	if err := json.Unmarshal(data, &v); err != nil {
+		ce := &ConfigError{Path: path, Msg: err.Error()}
+		if where != "" {
+			ce.Msg = where + ": " + ce.Msg
+		}
+		var se *json.SyntaxError
+		if errors.As(err, &se) && where == "" {
+			ce.Line, ce.Column = lineColumn(data, se.Offset)
+		}
+		return nil, ce
+	}
+	if _, ok := v.(map[string]any); !ok {
+		name := where
+		if name == "" {
+			name = "the top level"
+		}
+		return nil, &ConfigError{Path: path, Msg: fmt.Sprintf("%s is %s, want a JSON object", name, jsonKind(v))}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if _, err := dec.Token(); err != nil { // '{'
+		return nil, &ConfigError{Path: path, Msg: err.Error()}
+	}
+	var ms []member
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, &ConfigError{Path: path, Msg: err.Error()}
+		}
+		key, _ := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, &ConfigError{Path: path, Msg: err.Error()}
+		}
+		ms = append(ms, member{key, raw})
+	}
+	if _, err := dec.Token(); err != nil && err != io.EOF { // '}'
+		return nil, &ConfigError{Path: path, Msg: err.Error()}
+	}
+	return ms, nil
+}
+
+// findMember returns the index of key in ms, -1 when absent. A key given
+// twice is an error: which one Docker uses is not something to guess.
+func findMember(path string, ms []member, key, where string) (int, error) {
+	at := -1
+	for i, m := range ms {
+		if m.key != key {
+			continue
+		}
+		if at >= 0 {
+			name := key
+			if where != "" {
+				name = where + "." + key
+			}
+			return 0, &ConfigError{Path: path, Msg: fmt.Sprintf("key %q is given twice; remove one", name)}
+		}
+		at = i
+	}
+	return at, nil
+}
+
+// marshalRuntime returns the runtime's JSON object: old's members in their
+// order with "path" and "runtimeArgs" set (runtimeArgs dropped when rt has
+// none), and the ones old lacks appended.
+func marshalRuntime(old []member, rt Runtime) (json.RawMessage, error) {
+	p, err := marshalValue(rt.Path)
+	if err != nil {
+		return nil, err
+	}
+	var args json.RawMessage
+	if len(rt.Args) > 0 {
+		if args, err = marshalValue(rt.Args); err != nil {
+			return nil, err
+		}
+	}
+	ms := slices.Clone(old)
+	set := func(key string, v json.RawMessage) {
+		i := slices.IndexFunc(ms, func(m member) bool { return m.key == key })
+		switch {
+		case i >= 0 && v == nil:
+			ms = slices.Delete(ms, i, i+1)
+		case i >= 0:
+			ms[i].value = v
+		case v != nil:
+			ms = append(ms, member{key, v})
+		}
+	}
+	set("path", p)
+	set("runtimeArgs", args)
+	return marshalObject(ms)
+}
+
+// marshalObject writes members as a compact JSON object.
+func marshalObject(ms []member) (json.RawMessage, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, m := range ms {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		k, err := marshalValue(m.key)
+		if err != nil {
+			return nil, err
+		}
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(m.value)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// marshalValue is json.Marshal without HTML escaping and newline.
+func marshalValue(v any) (json.RawMessage, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(b.Bytes(), "\n"), nil
+}
+
+func equalJSON(v any, s string) bool {
+	got, ok := v.(string)
+	return ok && got == s
+}
+
+// equalArgs compares runtimeArgs as decoded (absent, null and [] are equal).
+func equalArgs(v any, want []string) bool {
+	if v == nil {
+		return len(want) == 0
+	}
+	got, ok := v.([]any)
+	if !ok || len(got) != len(want) {
+		return false
+	}
+	for i := range got {
+		if s, ok := got[i].(string); !ok || s != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func describeDocker(rt Runtime) string {
+	if len(rt.Args) == 0 {
+		return "path " + rt.Path
+	}
+	args, _ := marshalValue(rt.Args)
+	return fmt.Sprintf("path %s, runtimeArgs %s", rt.Path, args)
+}
+
+// describeOld shows a runtime's path and runtimeArgs as found in the file.
+func describeOld(p, args any) string {
+	ps, _ := marshalValue(p)
+	if args == nil {
+		return "path " + string(ps)
+	}
+	as, _ := marshalValue(args)
+	return fmt.Sprintf("path %s, runtimeArgs %s", ps, as)
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	case float64, json.Number:
+		return "a number"
+	case string:
+		return "a string"
+	case []any:
+		return "an array"
+	}
+	return "an object"
+}
+
+// detectIndent returns the indentation of the first indented line of data,
+// two spaces when there is none.
+func detectIndent(data []byte) string {
+	for l := range strings.Lines(string(data)) {
+		t := strings.TrimLeft(l, " \t")
+		if t == "" || t == "\n" || len(t) == len(l) {
+			continue
+		}
+		return l[:len(l)-len(t)]
+	}
+	return "  "
+}
+
+// lineColumn turns a byte offset (as json.SyntaxError gives it: the number
+// of bytes read when the error was found) into a 1-based line and column.
+func lineColumn(data []byte, offset int64) (int, int) {
+	if offset > int64(len(data)) {
+		offset = int64(len(data))
+	}
+	if offset > 0 {
+		offset-- // the offending byte itself
+	}
+	before := data[:offset]
+	line := bytes.Count(before, []byte("\n")) + 1
+	col := int(offset) - bytes.LastIndexByte(before, '\n')
+	return line, col
+}

@@ -1,0 +1,48 @@
+// Package runtimehook attaches containers to the vGPU mediator through the
+// OCI runtime: the logic of vgpu-runtime, the runtime-class wrapper around
+// runc, and of vgpu-hook, the OCI hook it installs.
+//
+// It owns:
+//   - the request interface: VGPU_MEMORY / VGPU_COMPUTE / VGPU_DEVICES in the
+//     container's environment, or the annotations vgpu.io/memory,
+//     vgpu.io/compute, vgpu.io/devices, which win (ParseRequest);
+//   - the wrapper's command line: its own --vgpu-* flags are taken out, runc's
+//     are passed on unchanged and in order (ParseArgs);
+//   - the edits of config.json on create, each a small Modifier composed in a
+//     Chain (SocketMount, SetEnv, AddHook), and the bundle rewrite (EditBundle);
+//   - the hook's typed command line (HookConfig) and its work on createRuntime
+//     (register with the mediator) and poststop (release) (RunHook).
+//
+// The OCI spec is translated once, at the edge, into our types (Request,
+// HookConfig); everything past that works on those.
+//
+// Invariants:
+//   - A container that asks for no vGPU is not touched: its config.json is
+//     not rewritten, not even re-encoded (it stays byte-identical).
+//   - The tenant comes from the operator only: the wrapper's --vgpu-tenant
+//     or its name (vgpu-runtime-<tenant>), else the mediator's mapping of
+//     the containerd namespace. A container
+//     may restate the operator's tenant but never name another
+//     (ErrPermissionDenied).
+//   - A malformed request stops the container from starting, with an error
+//     that names the key and the value (ErrInvalidArgument).
+//   - config.json is replaced atomically (temporary file in the bundle,
+//     rename), keeping its mode.
+//
+// Threat model. The container, its image and its annotations are hostile;
+// the operator (runtime flags, the bundle's location, the state directory)
+// and the runtime that calls us (runc, its state JSON on the hook's stdin)
+// are trusted. The hook runs as root on the host, so, unlike the hooks
+// behind CVE-2024-0132 and CVE-2025-23266, it:
+//   - is a static Go binary (build it with CGO_ENABLED=0), so the dynamic
+//     loader and LD_PRELOAD never come into play;
+//   - runs with a fixed environment (HookEnv, set in the spec; runc would
+//     otherwise pass its own), clears even that, and reads nothing
+//     security-relevant from the environment;
+//   - never executes anything from the container's root filesystem, and
+//     resolves paths inside it without following symlinks out of it
+//     (filepath-securejoin); a /run/vgpu in the image that is a symlink is
+//     refused;
+//   - always ends: runc kills it after HookTimeout seconds, and it gives up
+//     on its own a little earlier, with a message.
+package runtimehook

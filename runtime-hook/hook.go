@@ -1,0 +1,351 @@
+package runtimehook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	securejoin "github.com/cyphar/filepath-securejoin"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// HookEnv is the whole environment vgpu-hook runs with. It is set in the
+// spec because runc would otherwise give the hook its own environment.
+var HookEnv = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+
+// HookTimeout is the hook's timeout in the spec, in seconds: runc kills it
+// then. HookDeadline is when the hook gives up by itself, a little earlier,
+// so that it can say why.
+const (
+	HookTimeout  = 10
+	HookDeadline = 8 * time.Second
+)
+
+// maxStateJSON bounds the OCI state read from the hook's stdin, and
+// maxConfigJSON a bundle's config.json.
+const (
+	maxStateJSON  = 1 << 20
+	maxConfigJSON = 64 << 20
+)
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// ValidID checks that a container id is a plain name, fit to be a
+// directory name under the state directory.
+func ValidID(id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("container id %q: want 1 to 128 of A-Z a-z 0-9 _ . -, starting with a letter or digit: %w",
+			id, api.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// HookConfig is vgpu-hook's command line, typed: what the wrapper tells the
+// hook when it installs it. Args and ParseHookArgs are inverses.
+type HookConfig struct {
+	Stage     HookStage
+	Socket    string // the mediator's operator socket
+	Namespace string // createRuntime only
+	Tenant    string // createRuntime only; "": the mediator decides
+	Memory    uint64 // createRuntime only
+	Compute   uint32 // createRuntime only
+	Devices   uint32 // createRuntime only
+	SocketDir string // the container's socket directory on the host
+	StateDir  string // the directory that holds all of them
+}
+
+// Args returns the hook's argv, program name first.
+func (c HookConfig) Args() []string {
+	args := []string{"vgpu-hook", string(c.Stage), "--socket", c.Socket}
+	if c.Stage == StageCreateRuntime {
+		args = append(args,
+			"--namespace", c.Namespace,
+			"--tenant", c.Tenant,
+			"--memory", strconv.FormatUint(c.Memory, 10),
+			"--compute", strconv.FormatUint(uint64(c.Compute), 10),
+			"--devices", strconv.FormatUint(uint64(c.Devices), 10))
+	}
+	return append(args, "--socket-dir", c.SocketDir, "--state-dir", c.StateDir)
+}
+
+// Spec returns the OCI hook that runs vgpu-hook, at hookPath, with c: a
+// fixed environment and a timeout.
+func (c HookConfig) Spec(hookPath string) specs.Hook {
+	t := HookTimeout
+	return specs.Hook{Path: hookPath, Args: c.Args(), Env: append([]string(nil), HookEnv...), Timeout: &t}
+}
+
+// ParseHookArgs reads the hook's argv (program name first) and checks it.
+func ParseHookArgs(argv []string) (*HookConfig, error) {
+	if len(argv) < 2 {
+		return nil, fmt.Errorf("usage: vgpu-hook %s|%s --socket PATH --socket-dir DIR --state-dir DIR ...: %w",
+			StageCreateRuntime, StagePoststop, api.ErrInvalidArgument)
+	}
+	c := &HookConfig{Stage: HookStage(argv[1])}
+	fs := flag.NewFlagSet("vgpu-hook "+argv[1], flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&c.Socket, "socket", "", "the mediator's operator socket")
+	fs.StringVar(&c.SocketDir, "socket-dir", "", "the container's socket directory")
+	fs.StringVar(&c.StateDir, "state-dir", "", "the directory of socket directories")
+	var devices, compute uint64
+	switch c.Stage {
+	case StageCreateRuntime:
+		fs.StringVar(&c.Namespace, "namespace", "", "containerd namespace")
+		fs.StringVar(&c.Tenant, "tenant", "", "the operator's tenant")
+		fs.Uint64Var(&c.Memory, "memory", 0, "bytes")
+		fs.Uint64Var(&compute, "compute", 0, "weight")
+		fs.Uint64Var(&devices, "devices", 1, "virtual devices")
+	case StagePoststop:
+	default:
+		return nil, fmt.Errorf("hook stage %q: want %s or %s: %w", argv[1], StageCreateRuntime, StagePoststop, api.ErrInvalidArgument)
+	}
+	if err := fs.Parse(argv[2:]); err != nil {
+		return nil, fmt.Errorf("vgpu-hook %s: %v: %w", c.Stage, err, api.ErrInvalidArgument)
+	}
+	if fs.NArg() != 0 {
+		return nil, fmt.Errorf("vgpu-hook %s: unexpected argument %q: %w", c.Stage, fs.Arg(0), api.ErrInvalidArgument)
+	}
+	if compute > 1<<32-1 || devices > 1<<32-1 {
+		return nil, fmt.Errorf("vgpu-hook: --compute %d or --devices %d out of range: %w", compute, devices, api.ErrInvalidArgument)
+	}
+	c.Compute, c.Devices = uint32(compute), uint32(devices)
+	for _, p := range []struct{ name, v string }{{"--socket", c.Socket}, {"--socket-dir", c.SocketDir}, {"--state-dir", c.StateDir}} {
+		if !path.IsAbs(p.v) || path.Clean(p.v) != p.v {
+			return nil, fmt.Errorf("vgpu-hook %s: %s %q: want a clean absolute path: %w", c.Stage, p.name, p.v, api.ErrInvalidArgument)
+		}
+	}
+	if path.Dir(c.SocketDir) != c.StateDir {
+		return nil, fmt.Errorf("vgpu-hook %s: --socket-dir %q is not directly inside --state-dir %q: %w",
+			c.Stage, c.SocketDir, c.StateDir, api.ErrInvalidArgument)
+	}
+	return c, nil
+}
+
+// ReadState reads the OCI state runc writes to a hook's stdin and checks
+// the container id.
+func ReadState(r io.Reader) (*specs.State, error) {
+	b, err := io.ReadAll(io.LimitReader(r, maxStateJSON+1))
+	if err != nil {
+		return nil, fmt.Errorf("read container state from stdin: %v: %w", err, api.ErrInvalidArgument)
+	}
+	if len(b) > maxStateJSON {
+		return nil, fmt.Errorf("container state on stdin exceeds %d bytes: %w", maxStateJSON, api.ErrInvalidArgument)
+	}
+	var st specs.State
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("container state on stdin: %v: %w", err, api.ErrInvalidArgument)
+	}
+	if err := ValidID(st.ID); err != nil {
+		return nil, fmt.Errorf("container state on stdin: %w", err)
+	}
+	if st.Pid < 0 || st.Pid > 1<<32-1 {
+		return nil, fmt.Errorf("container state on stdin: pid %d: %w", st.Pid, api.ErrInvalidArgument)
+	}
+	return &st, nil
+}
+
+// Rootfs returns the root filesystem of the bundle: root.path of its
+// config.json, relative to the bundle unless absolute.
+func Rootfs(bundle string) (string, error) {
+	f, err := os.Open(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return "", fmt.Errorf("bundle %s: %v: %w", bundle, err, api.ErrInvalidArgument)
+	}
+	defer f.Close()
+	var cfg struct {
+		Root *specs.Root `json:"root"`
+	}
+	if err := json.NewDecoder(io.LimitReader(f, maxConfigJSON)).Decode(&cfg); err != nil {
+		return "", fmt.Errorf("bundle %s: config.json: %v: %w", bundle, err, api.ErrInvalidArgument)
+	}
+	if cfg.Root == nil || cfg.Root.Path == "" {
+		return "", fmt.Errorf("bundle %s: config.json has no root.path: %w", bundle, api.ErrInvalidArgument)
+	}
+	if filepath.IsAbs(cfg.Root.Path) {
+		return filepath.Clean(cfg.Root.Path), nil
+	}
+	return filepath.Join(bundle, cfg.Root.Path), nil
+}
+
+// CheckMountPoint checks that ContainerSocketDir inside rootfs resolves,
+// without leaving rootfs, to the plain path below it: no component the image
+// put there is a symlink, so the socket directory is mounted where the
+// container's VGPU_SOCKET says. Components that do not exist yet are fine:
+// the runtime makes them.
+func CheckMountPoint(rootfs string) error {
+	want := filepath.Join(rootfs, ContainerSocketDir)
+	got, err := securejoin.SecureJoin(rootfs, ContainerSocketDir)
+	if err != nil {
+		return fmt.Errorf("resolve %s in root filesystem %s: %v: %w", ContainerSocketDir, rootfs, err, api.ErrPermissionDenied)
+	}
+	if got != want {
+		return fmt.Errorf("%s in root filesystem %s resolves through a symlink to %s; refusing to mount the vGPU socket there: %w",
+			ContainerSocketDir, rootfs, got, api.ErrPermissionDenied)
+	}
+	return nil
+}
+
+// Mediator is the mediator as the hook sees it; *client.Operator is one.
+type Mediator interface {
+	Register(api.Register) (*api.RegisterReply, error)
+	Release(container string) error
+	Close() error
+}
+
+// Dialer connects to the mediator's operator socket.
+type Dialer func(socket string) (Mediator, error)
+
+// RunHook does the hook's work for cfg.Stage on the container in st, and
+// writes what it did to log. It gives up when ctx ends, even while the
+// mediator does not answer.
+//
+// createRuntime checks the mount point in the container's root filesystem
+// and registers the container: an admission the mediator refuses is an
+// error, so the container does not start. poststop releases the container
+// and removes its socket directory; a container the mediator does not know
+// (it restarted, or admission failed) or a mediator that is down is logged
+// and is not an error: the container is gone either way.
+func RunHook(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer, log io.Writer) error {
+	if path.Base(cfg.SocketDir) != st.ID {
+		return fmt.Errorf("container %s: socket directory %s is another container's: %w", st.ID, cfg.SocketDir, api.ErrInvalidArgument)
+	}
+	switch cfg.Stage {
+	case StageCreateRuntime:
+		return register(ctx, cfg, st, dial, log)
+	case StagePoststop:
+		return release(ctx, cfg, st, dial, log)
+	}
+	return fmt.Errorf("hook stage %q: %w", cfg.Stage, api.ErrInvalidArgument)
+}
+
+func register(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer, log io.Writer) error {
+	rootfs, err := Rootfs(st.Bundle)
+	if err != nil {
+		return fmt.Errorf("container %s: %w", st.ID, err)
+	}
+	if err := CheckMountPoint(rootfs); err != nil {
+		return fmt.Errorf("container %s: %w", st.ID, err)
+	}
+	req := api.Register{
+		Container: st.ID,
+		Namespace: cfg.Namespace,
+		Tenant:    cfg.Tenant,
+		Memory:    cfg.Memory,
+		Compute:   cfg.Compute,
+		Devices:   cfg.Devices,
+		Pid:       uint32(st.Pid),
+		SocketDir: cfg.SocketDir,
+	}
+	var reply *api.RegisterReply
+	err = withMediator(ctx, cfg.Socket, dial, func(m Mediator) error {
+		var err error
+		reply, err = m.Register(req)
+		return err
+	})
+	if err != nil {
+		if rerr := RemoveSocketDir(cfg.StateDir, cfg.SocketDir); rerr != nil {
+			fmt.Fprintf(log, "vgpu-hook: container %s: %v\n", st.ID, rerr)
+		}
+		return fmt.Errorf("register container %s (namespace %q, tenant %q, memory %d, compute %d, devices %d): %w",
+			st.ID, cfg.Namespace, cfg.Tenant, cfg.Memory, cfg.Compute, cfg.Devices, err)
+	}
+	fmt.Fprintf(log, "vgpu-hook: container %s registered: tenant %q, memory %s, socket %s\n",
+		st.ID, reply.Tenant, api.FormatSize(reply.Memory), reply.Socket)
+	return nil
+}
+
+func release(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer, log io.Writer) error {
+	err := withMediator(ctx, cfg.Socket, dial, func(m Mediator) error { return m.Release(st.ID) })
+	rerr := RemoveSocketDir(cfg.StateDir, cfg.SocketDir)
+	switch {
+	case err == nil:
+		fmt.Fprintf(log, "vgpu-hook: container %s released\n", st.ID)
+	case errors.Is(err, api.ErrInvalidArgument), errors.Is(err, api.ErrUnavailable):
+		// Unknown to the mediator, or the mediator is not there: nothing is held.
+		fmt.Fprintf(log, "vgpu-hook: container %s: release: %v (ignored)\n", st.ID, err)
+		err = nil
+	default:
+		err = fmt.Errorf("release container %s: %w", st.ID, err)
+	}
+	if rerr != nil {
+		return errors.Join(err, fmt.Errorf("container %s: %w", st.ID, rerr))
+	}
+	return err
+}
+
+// withMediator dials the mediator and runs fn on the connection, giving up
+// when ctx ends: the connection is then closed, which fails fn's call.
+func withMediator(ctx context.Context, socket string, dial Dialer, fn func(Mediator) error) error {
+	var (
+		mu        sync.Mutex
+		conn      Mediator
+		abandoned bool
+	)
+	done := make(chan error, 1)
+	go func() {
+		m, err := dial(socket)
+		if err != nil {
+			done <- err
+			return
+		}
+		mu.Lock()
+		if abandoned {
+			mu.Unlock()
+			m.Close()
+			done <- ctx.Err()
+			return
+		}
+		conn = m
+		mu.Unlock()
+		done <- fn(m)
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("mediator at %s did not answer in time: %v: %w", socket, ctx.Err(), api.ErrUnavailable)
+	}
+	mu.Lock()
+	abandoned = true
+	if conn != nil {
+		conn.Close()
+	}
+	mu.Unlock()
+	return err
+}
+
+// RemoveSocketDir removes a container's socket directory: only a directory
+// directly inside stateDir, with a plain container id for a name, and not a
+// symlink. One that is gone already is fine.
+func RemoveSocketDir(stateDir, dir string) error {
+	if filepath.Dir(dir) != filepath.Clean(stateDir) || ValidID(filepath.Base(dir)) != nil {
+		return fmt.Errorf("socket directory %s is not a container's directory in %s; not removing it: %w",
+			dir, stateDir, api.ErrPermissionDenied)
+	}
+	fi, err := os.Lstat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("socket directory %s: %v: %w", dir, err, api.ErrInternal)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("socket directory %s is not a directory (%v); not removing it: %w", dir, fi.Mode().Type(), api.ErrPermissionDenied)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove socket directory: %v: %w", err, api.ErrInternal)
+	}
+	return nil
+}
