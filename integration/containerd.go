@@ -47,15 +47,7 @@ const RuncV2 = "io.containerd.runc.v2"
 // file (settings kept, comments and layout lost; the old file is kept next
 // to it as <file>.before-vgpu), which Result.Rewritten says.
 func InstallContainerd(opts InstallOptions) (*Result, error) {
-	rts, err := Runtimes(opts.RuntimePath, opts.Tenants)
-	if err != nil {
-		return nil, err
-	}
-	path := opts.ConfigPath
-	if path == "" {
-		path = DefaultContainerdConfig
-	}
-	real, before, existed, err := readConfig(path)
+	rts, real, before, existed, err := loadInstall(opts, DefaultContainerdConfig)
 	if err != nil {
 		return nil, err
 	}

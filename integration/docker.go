@@ -26,15 +26,7 @@ const DockerRestart = "systemctl reload docker   # sends SIGHUP: dockerd re-read
 // "runtimeArgs" are kept too. The file is pretty-printed with the
 // indentation it had (two spaces for a new file).
 func InstallDocker(opts InstallOptions) (*Result, error) {
-	rts, err := Runtimes(opts.RuntimePath, opts.Tenants)
-	if err != nil {
-		return nil, err
-	}
-	path := opts.ConfigPath
-	if path == "" {
-		path = DefaultDockerConfig
-	}
-	real, before, existed, err := readConfig(path)
+	rts, real, before, existed, err := loadInstall(opts, DefaultDockerConfig)
 	if err != nil {
 		return nil, err
 	}

@@ -195,6 +195,20 @@ func fileError(op, path string, err error) error {
 
 // readConfig resolves symlinks in path and reads the file; a missing file
 // reads as empty with existed == false.
+// loadInstall resolves the runtimes to install and reads the configuration
+// file they go into (defaultPath unless opts names one).
+func loadInstall(opts InstallOptions, defaultPath string) (rts []Runtime, real string, before []byte, existed bool, err error) {
+	if rts, err = Runtimes(opts.RuntimePath, opts.Tenants); err != nil {
+		return nil, "", nil, false, err
+	}
+	path := opts.ConfigPath
+	if path == "" {
+		path = defaultPath
+	}
+	real, before, existed, err = readConfig(path)
+	return rts, real, before, existed, err
+}
+
 func readConfig(path string) (real string, data []byte, existed bool, err error) {
 	real = path
 	if r, err := filepath.EvalSymlinks(path); err == nil {

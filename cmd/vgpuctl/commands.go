@@ -16,13 +16,25 @@ import (
 	"github.com/vgpu/vgpu/internal/workload"
 )
 
-func status(socket string, args []string) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "print JSON")
+// operatorCmd parses a command's --json flag and connects as an operator.
+func operatorCmd(name, socket string, args []string) (op *client.Operator, fs *flag.FlagSet, asJSON bool, err error) {
+	fs = flag.NewFlagSet(name, flag.ContinueOnError)
+	j := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, nil, false, err
 	}
-	op, err := client.DialOperator(socket)
+	op, err = client.DialOperator(socket)
+	return op, fs, *j, err
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func status(socket string, args []string) error {
+	op, _, asJSON, err := operatorCmd("status", socket, args)
 	if err != nil {
 		return err
 	}
@@ -31,10 +43,8 @@ func status(socket string, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+	if asJSON {
+		return printJSON(st)
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tBACKEND\tDEVICE\tMEMORY\tUSED\tLAUNCHES")
@@ -124,9 +134,7 @@ func benchCmd(socket string, args []string) error {
 		return err
 	}
 	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
+		return printJSON(r)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MEASURE\tVGPU\tBASELINE\tRATIO")
@@ -137,12 +145,7 @@ func benchCmd(socket string, args []string) error {
 }
 
 func tenants(socket string, args []string) error {
-	fs := flag.NewFlagSet("tenants", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	op, err := client.DialOperator(socket)
+	op, fs, asJSON, err := operatorCmd("tenants", socket, args)
 	if err != nil {
 		return err
 	}
@@ -162,10 +165,8 @@ func tenants(socket string, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(ts)
+	if asJSON {
+		return printJSON(ts)
 	}
 	limit := func(n uint64) string {
 		if n == 0 {
