@@ -4,7 +4,7 @@ BIN       := $(CURDIR)/bin
 TOOLS     := $(BIN)/tools
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: build test demo bench e2e lint fuzz clean
+.PHONY: build test demo bench bench-root e2e lint fuzz clean
 
 # Static binaries: the hook runs in a container's runtime context and must not load
 # the host's libc through a path the container could influence.
@@ -21,7 +21,13 @@ demo: build
 bench: build
 	scripts/with-cluster.sh bench
 
-# End-to-end tests only: real vgpu-node, vgpu-mediator and tenant processes.
+# Start-to-exit time of docker run --runtime=vgpu against --runtime=runc (root,
+# Docker, containerd and runc installed; see e2e/root).
+bench-root:
+	$(GO) test -count=1 -run '^$$' -bench DockerRun -benchtime 1x ./e2e/root/
+
+# End-to-end tests only: real processes (e2e/), and as root real Docker and
+# containerd (e2e/root/, skipped when not root unless VGPU_E2E_REQUIRE_ROOT=1).
 e2e:
 	$(GO) test -race -count=1 -timeout 20m ./e2e/...
 

@@ -266,6 +266,48 @@ func (f frameSource) Grant(dev uint32, n int) ([]uint64, error) {
 	return frames.Frames, nil
 }
 
+// Read copies a frame's contents out, for eviction to host memory.
+func (f frameSource) Read(dev uint32, frame uint64, p []byte) error {
+	v := f.s.vdevs[dev]
+	calls := make([]*api.Call, 0, memory.FrameSize/api.MaxChunk)
+	for off := 0; off < len(p); off += api.MaxChunk {
+		n := min(api.MaxChunk, len(p)-off)
+		req := api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: []api.Extent{{Addr: frame + uint64(off), Len: uint64(n)}}})
+		calls = append(calls, v.rpc.Go(api.OpNodeRead, p[off:off+n], req))
+	}
+	return waitAll(calls)
+}
+
+// Write fills a frame with p, for fault-in from host memory.
+func (f frameSource) Write(dev uint32, frame uint64, p []byte) error {
+	v := f.s.vdevs[dev]
+	calls := make([]*api.Call, 0, memory.FrameSize/api.MaxChunk)
+	for off := 0; off < len(p); off += api.MaxChunk {
+		n := min(api.MaxChunk, len(p)-off)
+		hdr := api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: []api.Extent{{Addr: frame + uint64(off), Len: uint64(n)}}})
+		calls = append(calls, v.rpc.Go(api.OpNodeWrite, nil, hdr, p[off:off+n]))
+	}
+	return waitAll(calls)
+}
+
+// Zero clears a frame that is reused for a chunk never written.
+func (f frameSource) Zero(dev uint32, frame uint64) error {
+	v := f.s.vdevs[dev]
+	_, err := v.rpc.Call(api.OpNodeFill, nil, api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: []api.Extent{{Addr: frame, Len: memory.FrameSize}}}))
+	return err
+}
+
+// waitAll waits for every call and returns the first error.
+func waitAll(calls []*api.Call) error {
+	var first error
+	for _, c := range calls {
+		if err := c.Wait(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
 func (f frameSource) Return(dev uint32, frames []uint64) error {
 	v := f.s.vdevs[dev]
 	_, err := v.rpc.Call(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames}))
