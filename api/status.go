@@ -29,16 +29,22 @@ type DeviceStatus struct {
 
 // TenantStatus is one tenant session of a mediator.
 type TenantStatus struct {
-	Tenant      string `json:"tenant"`
-	Container   string `json:"container,omitempty"` // set when the session came through a container's socket
-	Session     uint64 `json:"session"`
-	Devices     int    `json:"devices"`
-	Allocations int    `json:"allocations"`
-	Allocated   uint64 `json:"allocated_bytes"` // sum of live allocation sizes
-	Mapped      uint64 `json:"mapped_bytes"`    // device memory held in frames
-	CopiedIn    uint64 `json:"copied_in_bytes"`
-	CopiedOut   uint64 `json:"copied_out_bytes"`
-	Launches    uint64 `json:"launches"`
+	Tenant      string  `json:"tenant"`
+	Container   string  `json:"container,omitempty"` // set when the session came through a container's socket
+	Session     uint64  `json:"session"`
+	Devices     int     `json:"devices"`
+	Allocations int     `json:"allocations"`
+	Allocated   uint64  `json:"allocated_bytes"` // sum of live allocation sizes
+	Mapped      uint64  `json:"mapped_bytes"`    // device memory held in frames
+	Mapped4K    uint64  `json:"mapped_4k_bytes"` // allocated bytes mapped by 4 KiB pages
+	Mapped64K   uint64  `json:"mapped_64k_bytes"`
+	Mapped2M    uint64  `json:"mapped_2m_bytes"`
+	Resident    uint64  `json:"resident_bytes"` // chunks on the device
+	Evicted     uint64  `json:"evicted_bytes"`  // chunks in host memory or the spill file
+	TLBHitRate  float64 `json:"tlb_hit_rate"`
+	CopiedIn    uint64  `json:"copied_in_bytes"`
+	CopiedOut   uint64  `json:"copied_out_bytes"`
+	Launches    uint64  `json:"launches"`
 }
 
 // TenantInfo is a tenant's limits from the quota file and its current use

@@ -224,3 +224,21 @@ func TestBadFlagsNameTheValue(t *testing.T) {
 		t.Fatalf("tenant without mediator: err %v, output %q", err, out)
 	}
 }
+
+func TestBenchReportsRatios(t *testing.T) {
+	socket := cluster(t)
+	out, err := run(t, "vgpuctl", "--socket", socket, "bench", "--json", "--size", "8MiB", "--rounds", "1", "--ops", "50")
+	if err != nil {
+		t.Fatalf("vgpuctl bench: %v\n%s", err, out)
+	}
+	var r map[string]float64
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("bench JSON: %v\n%s", err, out)
+	}
+	for _, k := range []string{"h2d_ratio", "d2h_ratio", "small_op_ratio", "raw_tcp_mb_per_s", "raw_ping_pong_us"} {
+		if !(r[k] > 0) {
+			t.Errorf("%s = %v, want a positive measurement", k, r[k])
+		}
+	}
+	waitFor(t, "all memory released", func() bool { return idle(status(t, socket)) })
+}

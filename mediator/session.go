@@ -374,6 +374,8 @@ func (s *session) status() api.TenantStatus {
 	return api.TenantStatus{
 		Tenant: s.tenant, Container: ctr, Session: s.id, Devices: len(s.vdevs),
 		Allocations: st.Allocations, Allocated: st.Allocated, Mapped: st.Mapped,
+		Mapped4K: st.Mapped4K, Mapped64K: st.Mapped64K, Mapped2M: st.Mapped2M,
+		TLBHitRate: hitRate(st.TLBHits, st.TLBMisses),
 		CopiedIn: s.copiedIn.Load(), CopiedOut: s.copiedOut.Load(), Launches: s.launches.Load(),
 	}
 }
@@ -402,6 +404,13 @@ func (s *session) free(va uint64) error {
 	err := s.space.Free(va)
 	s.budget.release(before - s.space.Stats().Allocated)
 	return err
+}
+
+func hitRate(hits, misses uint64) float64 {
+	if hits+misses == 0 {
+		return 0
+	}
+	return float64(hits) / float64(hits+misses)
 }
 
 // bodyPool recycles buffers for bulk bodies and replies.

@@ -57,10 +57,18 @@ func status(socket string, args []string) error {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "TENANT\tSESSION\tDEVICES\tALLOCATIONS\tALLOCATED\tMAPPED\tIN\tOUT\tLAUNCHES")
+	fmt.Fprintln(w, "TENANT\tCONTAINER\tSESSION\tALLOCATIONS\tALLOCATED\tIN 4K/64K/2M PAGES\tRESIDENT\tEVICTED\tTLB HITS\tIN\tOUT\tLAUNCHES")
 	for _, t := range st.Tenants {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\n", t.Tenant, t.Session, t.Devices, t.Allocations,
-			api.FormatSize(t.Allocated), api.FormatSize(t.Mapped), api.FormatSize(t.CopiedIn), api.FormatSize(t.CopiedOut), t.Launches)
+		ctr := t.Container
+		if ctr == "" {
+			ctr = "-"
+		} else if len(ctr) > 12 {
+			ctr = ctr[:12]
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s / %s / %s\t%s\t%s\t%.1f%%\t%s\t%s\t%d\n", t.Tenant, ctr, t.Session, t.Allocations,
+			api.FormatSize(t.Allocated), api.FormatSize(t.Mapped4K), api.FormatSize(t.Mapped64K), api.FormatSize(t.Mapped2M),
+			api.FormatSize(t.Resident), api.FormatSize(t.Evicted), 100*t.TLBHitRate,
+			api.FormatSize(t.CopiedIn), api.FormatSize(t.CopiedOut), t.Launches)
 	}
 	return w.Flush()
 }
