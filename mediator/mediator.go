@@ -149,7 +149,7 @@ func intersect(a, b map[string]api.KernelInfo) map[string]api.KernelInfo {
 
 func (m *Mediator) closeNodes() {
 	for _, n := range m.nodes {
-		n.ctl.Close()
+		n.close()
 	}
 }
 

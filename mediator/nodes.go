@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/vgpu/vgpu/api"
@@ -51,7 +52,9 @@ func dialNode(addr, tenant string) (*api.RPC, *api.HelloReply, error) {
 type node struct {
 	addr    string
 	devices []api.DeviceInfo
-	ctl     *api.RPC
+
+	mu  sync.Mutex
+	ctl *api.RPC // redialled when it breaks, so status recovers with the node
 }
 
 func connectNode(addr string) (*node, map[string]api.KernelInfo, error) {
@@ -75,9 +78,37 @@ func connectNode(addr string) (*node, map[string]api.KernelInfo, error) {
 	return &node{addr: addr, devices: hello.Devices, ctl: rpc}, catalog, nil
 }
 
+// control returns the mediator's own connection to the node, dialling a
+// new one if the old one broke.
+func (n *node) control() (*api.RPC, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	select {
+	case <-n.ctl.Closed():
+		rpc, _, err := dialNode(n.addr, "")
+		if err != nil {
+			return nil, err
+		}
+		n.ctl = rpc
+	default:
+	}
+	return n.ctl, nil
+}
+
+func (n *node) close() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.ctl.Close()
+}
+
 func (n *node) status() api.NodeStatus {
 	st := api.NodeStatus{Addr: n.addr}
-	call := n.ctl.Go(api.OpNodeStatus, nil)
+	ctl, err := n.control()
+	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
+	call := ctl.Go(api.OpNodeStatus, nil)
 	select {
 	case <-call.Done():
 	case <-time.After(statusTimeout):
