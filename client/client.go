@@ -243,9 +243,10 @@ func (s *Stream) Launch(kernel string, args ...Arg) {
 }
 
 // Synchronize waits for everything queued on the stream and returns the
-// first error any of it met since the last Synchronize.
+// first error any of it met since the last Synchronize. The mediator
+// answers each command once it has completed, in stream order, so waiting
+// for those answers is enough: synchronizing sends nothing.
 func (s *Stream) Synchronize() error {
-	call := s.c.rpc.Go(api.OpSynchronize, nil, api.Encode(&api.StreamReq{Stream: s.id}))
 	s.mu.Lock()
 	pending, err := s.pending, s.err
 	s.pending, s.err = nil, nil
@@ -254,9 +255,6 @@ func (s *Stream) Synchronize() error {
 		if perr := p.Wait(); err == nil && perr != nil {
 			err = fmt.Errorf("%v: %w", p.Op, perr)
 		}
-	}
-	if serr := call.Wait(); err == nil && serr != nil {
-		err = serr
 	}
 	return err
 }
