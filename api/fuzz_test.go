@@ -32,7 +32,10 @@ func samples() []Message {
 		&Memset{Stream: 0, Dst: 0x3000, Value: 0xff, Len: 1 << 20},
 		&Launch{Stream: 1, Kernel: "saxpy", Args: []Arg{{ArgBuffer, 0x1000}, {ArgBuffer, 0x2000}, {ArgF32, 0x40000000}, {ArgI64, 1024}}},
 		&KernelList{Kernels: []KernelInfo{
-			{Name: "saxpy", Doc: "y = a*x + y", Params: []Param{{"x", ArgBuffer, AccessRead}, {"y", ArgBuffer, AccessReadWrite}, {"a", ArgF32, AccessNone}, {"n", ArgI64, AccessNone}}},
+			{Name: "saxpy", Doc: "y = a*x + y", Params: []Param{
+				{Name: "x", Kind: ArgBuffer, Access: AccessRead, Elem: 4, Dims: []string{"n"}},
+				{Name: "y", Kind: ArgBuffer, Access: AccessReadWrite, Elem: 4, Dims: []string{"n"}},
+				{Name: "a", Kind: ArgF32}, {Name: "n", Kind: ArgI64}}},
 			{Name: "fill", Doc: "", Params: nil},
 		}},
 		&NodeAlloc{Device: 0, Count: 8},

@@ -3,6 +3,8 @@ package api
 import (
 	"fmt"
 	"math"
+	"math/bits"
+	"slices"
 )
 
 // Op names a request. The numbers are part of the wire protocol.
@@ -326,11 +328,39 @@ const (
 	AccessReadWrite
 )
 
-// Param is one parameter of a kernel's signature.
+// Param is one parameter of a kernel's signature. A buffer parameter says
+// how many bytes the kernel touches: Elem times the product of the scalar
+// parameters named in Dims (Elem alone when Dims is empty), so a mediator
+// can make resident just that, not the whole allocation behind a pointer.
 type Param struct {
 	Name   string
 	Kind   ArgKind
 	Access Access
+	Elem   uint8
+	Dims   []string
+}
+
+// Extent is the number of bytes the kernel touches through buffer
+// parameter i given args, or false when args do not determine it (a
+// missing or negative dimension, an overflow): then all of the buffer
+// may be touched.
+func (k *KernelInfo) Extent(i int, args []Arg) (uint64, bool) {
+	if i >= len(k.Params) || k.Params[i].Kind != ArgBuffer || k.Params[i].Elem == 0 {
+		return 0, false
+	}
+	n := uint64(k.Params[i].Elem)
+	for _, dim := range k.Params[i].Dims {
+		j := slices.IndexFunc(k.Params, func(p Param) bool { return p.Name == dim && p.Kind == ArgI64 })
+		if j < 0 || j >= len(args) || args[j].Kind != ArgI64 || int64(args[j].Bits) < 0 {
+			return 0, false
+		}
+		hi, lo := bits.Mul64(n, args[j].Bits)
+		if hi != 0 {
+			return 0, false
+		}
+		n = lo
+	}
+	return n, true
 }
 
 // KernelInfo describes a kernel in a node's catalog.
@@ -353,6 +383,11 @@ func (m *KernelList) Marshal(e *Encoder) {
 			e.String(p.Name)
 			e.U8(uint8(p.Kind))
 			e.U8(uint8(p.Access))
+			e.U8(p.Elem)
+			e.U32(uint32(len(p.Dims)))
+			for _, d := range p.Dims {
+				e.String(d)
+			}
 		}
 	}
 }
@@ -363,9 +398,16 @@ func (m *KernelList) Unmarshal(d *Decoder) {
 		k := &m.Kernels[i]
 		k.Name = d.Str()
 		k.Doc = d.Str()
-		k.Params = make([]Param, d.Len(6))
+		k.Params = make([]Param, d.Len(11))
 		for j := range k.Params {
-			k.Params[j] = Param{Name: d.Str(), Kind: ArgKind(d.U8()), Access: Access(d.U8())}
+			p := Param{Name: d.Str(), Kind: ArgKind(d.U8()), Access: Access(d.U8()), Elem: d.U8()}
+			if n := d.Len(4); n > 0 {
+				p.Dims = make([]string, n)
+				for x := range p.Dims {
+					p.Dims[x] = d.Str()
+				}
+			}
+			k.Params[j] = p
 		}
 	}
 }

@@ -116,7 +116,12 @@ var messages = map[string]msgCase{
 			return KernelInfo{
 				Name: genStr.Draw(t, "name"), Doc: genStr.Draw(t, "doc"),
 				Params: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Param {
-					return Param{Name: genStr.Draw(t, "name"), Kind: ArgKind(genU8.Draw(t, "kind")), Access: Access(genU8.Draw(t, "access"))}
+					p := Param{Name: genStr.Draw(t, "name"), Kind: ArgKind(genU8.Draw(t, "kind")), Access: Access(genU8.Draw(t, "access")),
+						Elem: genU8.Draw(t, "elem")}
+					if dims := rapid.SliceOfN(rapid.StringN(0, 8, -1), 0, 3).Draw(t, "dims"); len(dims) > 0 {
+						p.Dims = dims
+					}
+					return p
 				}), 0, 8).Draw(t, "params"),
 			}
 		}), 0, 6).Draw(t, "kernels")}
@@ -637,5 +642,37 @@ func TestExtentsLen(t *testing.T) {
 	}
 	if n := ExtentsLen([]Extent{{0, 4096}, {1 << 21, 2 << 20}, {7, 0}}); n != 4096+2<<20 {
 		t.Errorf("ExtentsLen = %d", n)
+	}
+}
+
+func TestKernelExtent(t *testing.T) {
+	k := KernelInfo{Name: "sgemm", Params: []Param{
+		{Name: "m", Kind: ArgI64}, {Name: "k", Kind: ArgI64},
+		{Name: "a", Kind: ArgBuffer, Elem: 4, Dims: []string{"m", "k"}},
+		{Name: "out", Kind: ArgBuffer, Elem: 4},
+		{Name: "any", Kind: ArgBuffer},
+		{Name: "bad", Kind: ArgBuffer, Elem: 4, Dims: []string{"nosuch"}},
+	}}
+	i64 := func(v int64) Arg { return Arg{Kind: ArgI64, Bits: uint64(v)} }
+	args := []Arg{i64(3), i64(5), {Kind: ArgBuffer}, {Kind: ArgBuffer}, {Kind: ArgBuffer}, {Kind: ArgBuffer}}
+	for _, tc := range []struct {
+		i    int
+		args []Arg
+		want uint64
+		ok   bool
+	}{
+		{2, args, 60, true},
+		{3, args, 4, true},
+		{4, args, 0, false},     // no element size: the whole buffer
+		{5, args, 0, false},     // names no scalar
+		{0, args, 0, false},     // not a buffer
+		{2, args[:1], 0, false}, // k missing
+		{2, append([]Arg{i64(-1)}, args[1:]...), 0, false},
+		{2, append([]Arg{i64(1 << 62)}, args[1:]...), 0, false}, // overflow
+	} {
+		got, ok := k.Extent(tc.i, tc.args)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("Extent(%d) = %d, %v; want %d, %v", tc.i, got, ok, tc.want, tc.ok)
+		}
 	}
 }

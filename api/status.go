@@ -5,6 +5,10 @@ type Status struct {
 	Socket  string         `json:"socket"`
 	Nodes   []NodeStatus   `json:"nodes"`
 	Tenants []TenantStatus `json:"tenants"`
+	// Evicted device memory held for all sessions: in host RAM, in the
+	// spill file.
+	HostRAM     uint64 `json:"host_ram_bytes"`
+	HostSpilled uint64 `json:"host_spilled_bytes"`
 }
 
 // NodeStatus is what a node reports (OpNodeStatus, JSON body).

@@ -106,8 +106,9 @@ func cluster(t *testing.T) (socket string) {
 		}
 		return err == nil
 	})
-	socket = filepath.Join(t.TempDir(), "mediator.sock")
-	startProc(t, "vgpu-mediator", "--socket", socket, "--node", addr, "--log-level", "warn")
+	dir := t.TempDir()
+	socket = filepath.Join(dir, "mediator.sock")
+	startProc(t, "vgpu-mediator", "--socket", socket, "--node", addr, "--state-dir", dir, "--quota", "", "--containerd", "", "--log-level", "warn")
 	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
 	return socket
 }
@@ -194,7 +195,8 @@ func TestDemoChecksEveryResult(t *testing.T) {
 
 func TestEmbeddedDefault(t *testing.T) {
 	socket := filepath.Join(t.TempDir(), "m.sock")
-	med := startProc(t, "vgpu-mediator", "--socket", socket, "--embedded-memory", "512MiB", "--log-level", "warn")
+	med := startProc(t, "vgpu-mediator", "--socket", socket, "--embedded-memory", "512MiB", "--state-dir", "",
+		"--quota", "", "--containerd", "", "--log-level", "warn")
 	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
 	out, err := run(t, "tenant", "--socket", socket, "--tenant", "solo")
 	if err != nil {
@@ -215,7 +217,7 @@ func TestBadFlagsNameTheValue(t *testing.T) {
 	if err == nil || !strings.Contains(out, `"12X"`) {
 		t.Fatalf("vgpu-node --memory 12X: err %v, output %q", err, out)
 	}
-	out, err = run(t, "vgpu-mediator", "--node", freePort(t), "--socket", filepath.Join(t.TempDir(), "s"))
+	out, err = run(t, "vgpu-mediator", "--node", freePort(t), "--socket", filepath.Join(t.TempDir(), "s"), "--state-dir", "")
 	if err == nil || !strings.Contains(out, "unavailable") {
 		t.Fatalf("mediator with unreachable node: err %v, output %q", err, out)
 	}

@@ -35,7 +35,10 @@ type container struct {
 	pid      int
 	socket   string
 	listener net.Listener
-	budget   *budget
+	budget   *budget // grant.Memory × oversubscribe, shared by its sessions
+	// oversubscribe is the tenant's factor when the container registered;
+	// each session keeps at most grant.Memory resident.
+	oversubscribe float64
 
 	mu       sync.Mutex
 	conns    map[net.Conn]struct{}
@@ -118,7 +121,7 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register %s: %w", r.Container, err)
 	}
-	ctr, err := m.openContainer(grant, dir, int(r.Pid))
+	ctr, err := m.openContainer(grant, tenant.Oversubscribe, dir, int(r.Pid))
 	if err != nil {
 		m.admission.Release(r.Container)
 		return nil, fmt.Errorf("register %s: %w", r.Container, err)
@@ -127,7 +130,7 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	return &api.RegisterReply{Tenant: grant.Tenant, Memory: grant.Memory, Socket: ctr.socket}, nil
 }
 
-func (m *Mediator) openContainer(g isolation.Grant, dir string, pid int) (*container, error) {
+func (m *Mediator) openContainer(g isolation.Grant, factor float64, dir string, pid int) (*container, error) {
 	if err := os.MkdirAll(m.cfg.ContainerDir, 0o755); err != nil {
 		return nil, fmt.Errorf("container directory: %v: %w", err, api.ErrInternal)
 	}
@@ -145,8 +148,8 @@ func (m *Mediator) openContainer(g isolation.Grant, dir string, pid int) (*conta
 		return nil, fmt.Errorf("container socket: %v: %w", err, api.ErrInternal)
 	}
 	ctr := &container{
-		grant: g, pid: pid, socket: sock, listener: l, conns: map[net.Conn]struct{}{},
-		budget: &budget{owner: fmt.Sprintf("container %s of tenant %q", g.Container, g.Tenant), limit: g.Memory},
+		grant: g, pid: pid, socket: sock, listener: l, conns: map[net.Conn]struct{}{}, oversubscribe: factor,
+		budget: &budget{owner: fmt.Sprintf("container %s of tenant %q", g.Container, g.Tenant), limit: virtual(g.Memory, factor)},
 	}
 	m.mu.Lock()
 	if m.closed {

@@ -13,6 +13,13 @@
 //   - Commands of one stream take effect in order. A session's node
 //     connections execute in order, so a stream pipelines freely on one node
 //     and waits for its work in flight before it switches nodes.
+//   - Oversubscription moves a session's memory only through the same node
+//     connection its commands use: an eviction's read of a frame executes
+//     after every command already sent that touches the frame, and the
+//     frame's next contents are written after that read. So commands in
+//     flight need no draining before a translation evicts; what must not
+//     happen is a translation between another command's translation and its
+//     send, which session.issueMu prevents.
 //   - When a session ends, cleanly or not, all of its device memory is
 //     released: its address space returns its frames and its node
 //     connections close, and nodes free whatever a connection held.
@@ -26,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -35,6 +43,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/isolation"
+	"github.com/vgpu/vgpu/memory"
 )
 
 // Config says which nodes a mediator uses and how it admits containers.
@@ -49,6 +58,15 @@ type Config struct {
 	// ContainerDir holds one directory per registered container, where its
 	// socket is created; default /run/vgpu/containers.
 	ContainerDir string
+	// Oversubscribe lets each host-socket session allocate this many times
+	// TenantMemory, evicting cold memory to the host (1 or 0: off). A
+	// container's factor comes from its tenant in the quota file.
+	Oversubscribe float64
+	// HostMemory is the RAM that evicted device memory may use, shared by
+	// all sessions; past it, evicted memory goes to a spill file in
+	// StateDir ("" : no spill file).
+	HostMemory uint64
+	StateDir   string
 	// ReclaimInterval is how often registered containers' processes are
 	// checked for having vanished without a poststop; default 1s.
 	ReclaimInterval time.Duration
@@ -71,6 +89,7 @@ type Mediator struct {
 	catalog map[string]api.KernelInfo
 
 	admission *isolation.Admission
+	store     *memory.HostStore // evicted device memory of every session
 
 	nextSession atomic.Uint64
 	mu          sync.Mutex
@@ -101,8 +120,17 @@ func New(cfg Config) (*Mediator, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.StateDir != "" {
+		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+			return nil, fmt.Errorf("state directory: %v: %w", err, api.ErrInvalidArgument)
+		}
+	}
+	store, err := memory.NewHostStore(cfg.HostMemory, cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
 	m := &Mediator{
-		cfg: cfg, log: cfg.Log, admission: isolation.NewAdmission(quota),
+		cfg: cfg, log: cfg.Log, admission: isolation.NewAdmission(quota), store: store,
 		sessions: map[uint64]*session{}, containers: map[string]*container{},
 		conns: map[net.Conn]struct{}{}, stop: make(chan struct{}),
 	}
@@ -230,12 +258,13 @@ func (m *Mediator) Close() error {
 	m.mu.Unlock()
 	m.wg.Wait()
 	m.closeNodes()
-	return nil
+	return m.store.Close()
 }
 
 // Status reports nodes, devices and tenant sessions.
 func (m *Mediator) Status() api.Status {
-	var st api.Status
+	hs := m.store.Stats()
+	st := api.Status{HostRAM: hs.RAM, HostSpilled: hs.Spilled}
 	for _, n := range m.nodes {
 		st.Nodes = append(st.Nodes, n.status())
 	}

@@ -46,6 +46,11 @@ type session struct {
 	ctr    *container // the container whose socket the session came through; nil on the host socket
 	budget *budget    // the container's, shared by its sessions, or the session's own
 
+	// issueMu serialises what changes where the session's memory lives —
+	// translation (which may fault in and evict), allocation and free —
+	// with issuing the node calls that use the translation.
+	issueMu sync.Mutex
+
 	mu         sync.Mutex
 	streams    map[uint32]*stream
 	nextStream uint32
@@ -235,15 +240,28 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 		s.vdevs = append(s.vdevs, vdev{dev: d, rpc: rpc})
 	}
 	s.space = memory.NewSpace(frameSource{s}, 0)
-	s.budget = &budget{owner: fmt.Sprintf("session %d of tenant %q", s.id, s.tenant), limit: m.cfg.TenantMemory}
+	resident, factor := m.cfg.TenantMemory, m.cfg.Oversubscribe
+	s.budget = &budget{owner: fmt.Sprintf("session %d of tenant %q", s.id, s.tenant), limit: virtual(resident, factor)}
 	if ctr != nil {
-		s.ctr, s.budget = ctr, ctr.budget
+		s.ctr, s.budget, resident, factor = ctr, ctr.budget, ctr.grant.Memory, ctr.oversubscribe
+	}
+	if factor > 1 {
+		s.space.Oversubscribe(m.store, resident)
 	}
 	s.streams[api.DefaultStream] = s.newStream(api.DefaultStream)
 	m.mu.Lock()
 	m.sessions[s.id] = s
 	m.mu.Unlock()
 	return s, nil
+}
+
+// virtual is the memory a session may allocate when it may keep resident
+// bytes on devices and oversubscribe by factor (0: no limit).
+func virtual(resident uint64, factor float64) uint64 {
+	if factor <= 1 || resident == 0 {
+		return resident
+	}
+	return uint64(float64(resident) * factor)
 }
 
 // frameSource leases frames from the node behind each virtual device, over
@@ -375,8 +393,9 @@ func (s *session) status() api.TenantStatus {
 		Tenant: s.tenant, Container: ctr, Session: s.id, Devices: len(s.vdevs),
 		Allocations: st.Allocations, Allocated: st.Allocated, Mapped: st.Mapped,
 		Mapped4K: st.Mapped4K, Mapped64K: st.Mapped64K, Mapped2M: st.Mapped2M,
+		Resident: st.Resident, Evicted: st.Evicted,
 		TLBHitRate: hitRate(st.TLBHits, st.TLBMisses),
-		CopiedIn: s.copiedIn.Load(), CopiedOut: s.copiedOut.Load(), Launches: s.launches.Load(),
+		CopiedIn:   s.copiedIn.Load(), CopiedOut: s.copiedOut.Load(), Launches: s.launches.Load(),
 	}
 }
 
@@ -390,6 +409,8 @@ func (s *session) alloc(dev uint32, size uint64) (uint64, error) {
 	if err := s.budget.reserve(foot); err != nil {
 		return 0, err
 	}
+	s.issueMu.Lock()
+	defer s.issueMu.Unlock()
 	va, err := s.space.Alloc(dev, size)
 	if err != nil {
 		s.budget.release(foot)
@@ -400,6 +421,8 @@ func (s *session) alloc(dev uint32, size uint64) (uint64, error) {
 // free releases what the space stops accounting for. Only this session's
 // reader allocates and frees in its space, so the difference is exact.
 func (s *session) free(va uint64) error {
+	s.issueMu.Lock()
+	defer s.issueMu.Unlock()
 	before := s.space.Stats().Allocated
 	err := s.space.Free(va)
 	s.budget.release(before - s.space.Stats().Allocated)

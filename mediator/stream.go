@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/memory"
 )
 
 // command is one queued stream operation, decoded and not yet translated.
@@ -122,7 +123,12 @@ func (st *stream) execute() {
 			st.pending <- completion{barrier: cmd.barrier}
 			continue
 		}
+		// Translation may evict and fault in the session's memory; issuing
+		// under the session's lock keeps another stream from moving a
+		// chunk between this command's translation and its node calls.
+		st.s.issueMu.Lock()
 		c := st.issue(&cmd)
+		st.s.issueMu.Unlock()
 		if cmd.pool != nil {
 			bodyPool.Put(cmd.pool) // the payload is on the wire already
 		}
@@ -198,14 +204,11 @@ func (st *stream) issue(cmd *command) completion {
 
 func (st *stream) copyDevice(m *api.CopyDevice, c *completion) error {
 	space := st.s.space
-	sdev, sxs, err := space.Translate(m.Src, m.Len)
+	ts, err := space.TranslateAll([]memory.Range{{VA: m.Src, Len: m.Len}, {VA: m.Dst, Len: m.Len}})
 	if err != nil {
-		return fmt.Errorf("device copy source: %w", err)
+		return fmt.Errorf("device copy of %d bytes from %#x to %#x: %w", m.Len, m.Src, m.Dst, err)
 	}
-	ddev, dxs, err := space.Translate(m.Dst, m.Len)
-	if err != nil {
-		return fmt.Errorf("device copy destination: %w", err)
-	}
+	sdev, sxs, ddev, dxs := ts[0].Dev, ts[0].Extents, ts[1].Dev, ts[1].Extents
 	if sdev == ddev {
 		v := st.on(sdev)
 		c.calls = append(c.calls, v.rpc.Go(api.OpNodeCopy, nil, api.Encode(&api.NodeCopy{Device: v.dev.info.Index, Dst: dxs, Src: sxs})))
@@ -217,14 +220,11 @@ func (st *stream) copyDevice(m *api.CopyDevice, c *completion) error {
 	defer bodyPool.Put(buf)
 	for off := uint64(0); off < m.Len; off += api.MaxChunk {
 		n := min(api.MaxChunk, m.Len-off)
-		_, sx, err := space.Translate(m.Src+off, n)
+		ts, err := space.TranslateAll([]memory.Range{{VA: m.Src + off, Len: n}, {VA: m.Dst + off, Len: n}})
 		if err != nil {
 			return err
 		}
-		_, dx, err := space.Translate(m.Dst+off, n)
-		if err != nil {
-			return err
-		}
+		sx, dx := ts[0].Extents, ts[1].Extents
 		sv, dv := st.s.vdevs[sdev], st.s.vdevs[ddev]
 		if _, err := sv.rpc.Call(api.OpNodeRead, (*buf)[:n], api.Encode(&api.NodeAccess{Device: sv.dev.info.Index, Extents: sx})); err != nil {
 			return fmt.Errorf("device copy: read device %d: %w", sdev, err)
@@ -248,6 +248,8 @@ func (st *stream) launch(m *api.Launch, c *completion) error {
 		return fmt.Errorf("kernel %s takes %d arguments, %d given: %w", m.Kernel, len(k.Params), len(m.Args), api.ErrInvalidArgument)
 	}
 	args := make([]api.NodeArg, len(m.Args))
+	var ranges []memory.Range
+	var bufs []int // the arguments ranges belong to
 	dev := -1
 	for i, a := range m.Args {
 		p := k.Params[i]
@@ -266,12 +268,32 @@ func (st *stream) launch(m *api.Launch, c *completion) error {
 			return fmt.Errorf("kernel %s argument %d (%s) at %#x is on device %d, earlier buffers on device %d: %w", m.Kernel, i, p.Name, a.Bits, d, dev, api.ErrInvalidArgument)
 		}
 		dev = int(d)
-		if _, args[i].Extents, err = st.s.space.Translate(a.Bits, end-a.Bits); err != nil {
-			return fmt.Errorf("kernel %s argument %d (%s): %w", m.Kernel, i, p.Name, err)
+		// The signature says how much the kernel touches; only that needs
+		// to be resident. Past the allocation the node's check refuses it.
+		n := end - a.Bits
+		if need, ok := k.Extent(i, m.Args); ok && need < n {
+			n = need
 		}
+		if n == 0 {
+			continue // touches nothing: no extents
+		}
+		ranges = append(ranges, memory.Range{VA: a.Bits, Len: n})
+		bufs = append(bufs, i)
 	}
 	if dev == -1 {
 		dev = 0
+	}
+	// All buffers are made resident together, so that faulting one in
+	// cannot evict another.
+	var ts []memory.Translation
+	if len(ranges) > 0 {
+		var err error
+		if ts, err = st.s.space.TranslateAll(ranges); err != nil {
+			return fmt.Errorf("kernel %s: buffers: %w", m.Kernel, err)
+		}
+	}
+	for j, i := range bufs {
+		args[i].Extents = ts[j].Extents
 	}
 	v := st.on(uint32(dev))
 	c.calls = append(c.calls, v.rpc.Go(api.OpNodeLaunch, nil, api.Encode(&api.NodeLaunch{Device: v.dev.info.Index, Kernel: m.Kernel, Args: args})))

@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"encoding/binary"
 	"fmt"
 	"sync"
 
@@ -10,9 +9,10 @@ import (
 
 // fakeNode is a test double of a node's frame allocator, shared by several
 // spaces through leases. It hands each frame to at most one lessee, records
-// any Return of a frame the caller does not hold (a double return, or one
-// that would free another tenant's memory), and keeps the bytes of written
-// frames so data can be checked through translations; Return scrubs them.
+// any Return, Read, Write or Zero of a frame the caller does not hold (a
+// double return, or one that would touch another tenant's memory), and
+// keeps the bytes of written frames so data can be checked through
+// translations; Return scrubs them.
 type fakeNode struct {
 	mu       sync.Mutex
 	capacity int  // frames per device
@@ -22,10 +22,14 @@ type fakeNode struct {
 	// failReturn, when set, makes every Return fail with it after taking
 	// the frames (the reply was lost, not the request).
 	failReturn error
-	owner      map[devFrame]int
-	data       map[devFrame][]byte
-	returns    map[int][]devFrame // every frame each lessee returned, in order
-	violations []string
+	// failIO, when set, makes the next Read, Write or Zero fail with it.
+	failIO error
+	// Frames copied by Read and by Write, and cleared by Zero.
+	reads, writes, zeros int
+	owner                map[devFrame]int
+	data                 map[devFrame][]byte
+	returns              map[int][]devFrame // every frame each lessee returned, in order
+	violations           []string
 }
 
 func newFakeNode(capacity int) *fakeNode {
@@ -56,15 +60,17 @@ func (l lease) Grant(dev uint32, count int) ([]uint64, error) {
 	free := func(i int) bool { _, used := n.owner[devFrame{dev, uint64(i) * FrameSize}]; return !used }
 	var got []int
 	if !n.scatter {
-		for start := 0; start+count <= n.capacity && got == nil; start++ {
+		for start := 0; start+count <= n.capacity && got == nil; {
 			run := 0
 			for run < count && free(start+run) {
 				run++
 			}
-			if run == count {
-				for i := range count {
-					got = append(got, start+i)
-				}
+			if run < count {
+				start += run + 1 // no run of count starts before the used frame
+				continue
+			}
+			for i := range count {
+				got = append(got, start+i)
 			}
 		}
 	}
@@ -101,6 +107,84 @@ func (l lease) Return(dev uint32, frames []uint64) error {
 	return n.failReturn
 }
 
+// access checks that lessee l holds frame and consumes failIO. The caller
+// holds n.mu.
+func (l lease) access(op string, dev uint32, frame uint64, p []byte) error {
+	n := l.n
+	if err := n.failIO; err != nil {
+		n.failIO = nil
+		return err
+	}
+	if o, ok := n.owner[devFrame{dev, frame}]; !ok || o != l.id || frame%FrameSize != 0 {
+		n.violations = append(n.violations, fmt.Sprintf("lessee %d: %s of frame %#x of device %d, which it does not hold", l.id, op, frame, dev))
+		return fmt.Errorf("%s frame %#x of device %d: not held: %w", op, frame, dev, api.ErrInvalidAddress)
+	}
+	if p != nil && len(p) != FrameSize {
+		n.violations = append(n.violations, fmt.Sprintf("lessee %d: %s of %d bytes", l.id, op, len(p)))
+		return fmt.Errorf("%s of %d bytes: %w", op, len(p), api.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (l lease) Read(dev uint32, frame uint64, p []byte) error {
+	n := l.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := l.access("read", dev, frame, p); err != nil {
+		return err
+	}
+	n.reads++
+	if b := n.data[devFrame{dev, frame}]; b != nil {
+		copy(p, b)
+	} else {
+		clear(p)
+	}
+	return nil
+}
+
+func (l lease) Write(dev uint32, frame uint64, p []byte) error {
+	n := l.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := l.access("write", dev, frame, p); err != nil {
+		return err
+	}
+	n.writes++
+	k := devFrame{dev, frame}
+	b := n.data[k]
+	if b == nil {
+		b = make([]byte, FrameSize)
+		n.data[k] = b
+	}
+	copy(b, p)
+	return nil
+}
+
+func (l lease) Zero(dev uint32, frame uint64) error {
+	n := l.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := l.access("zero", dev, frame, nil); err != nil {
+		return err
+	}
+	n.zeros++
+	clear(n.data[devFrame{dev, frame}])
+	return nil
+}
+
+// free returns the number of frames of dev no lessee holds.
+func (n *fakeNode) free(dev uint32) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	used := 0
+	for k := range n.owner {
+		if k.dev == dev {
+			used++
+		}
+	}
+	return n.capacity - used
+}
+
 // held returns the frames lessee id holds.
 func (n *fakeNode) held(id int) map[devFrame]bool {
 	n.mu.Lock()
@@ -125,38 +209,4 @@ func (n *fakeNode) bytes(dev uint32, pa uint64) []byte {
 		n.data[k] = b
 	}
 	return b
-}
-
-// stampPages writes, at the start of every 4 KiB physical page of xs, a
-// word naming the allocation (tag) and the page's offset in it. Placement
-// works in whole pages, so this catches any misplacement or overlap.
-func (n *fakeNode) stampPages(dev uint32, xs []api.Extent, tag uint64) {
-	var off uint64
-	for _, x := range xs {
-		for p := x.Addr; p < x.Addr+x.Len; p += Page4K {
-			b := n.bytes(dev, p)
-			binary.LittleEndian.PutUint64(b[p%FrameSize:], tag<<32|off/Page4K)
-			binary.LittleEndian.PutUint64(b[p%FrameSize+Page4K-8:], ^(tag<<32 | off/Page4K))
-			off += Page4K
-		}
-	}
-}
-
-// checkStamps verifies what stampPages wrote; it returns a description of
-// the first mismatch.
-func (n *fakeNode) checkStamps(dev uint32, xs []api.Extent, tag uint64) error {
-	var off uint64
-	for _, x := range xs {
-		for p := x.Addr; p < x.Addr+x.Len; p += Page4K {
-			b := n.bytes(dev, p)
-			want := tag<<32 | off/Page4K
-			got := binary.LittleEndian.Uint64(b[p%FrameSize:])
-			got2 := ^binary.LittleEndian.Uint64(b[p%FrameSize+Page4K-8:])
-			if got != want || got2 != want {
-				return fmt.Errorf("page at physical %#x (offset %#x of allocation %d): stamps %#x/%#x, want %#x", p, off, tag, got, got2, want)
-			}
-			off += Page4K
-		}
-	}
-	return nil
 }

@@ -68,12 +68,21 @@ func (v *vaFree) put(start, n uint64) {
 // contiguity (Mosaic's CoCoA): pages that are virtually contiguous inside a
 // chunk are physically contiguous and aligned alike, so any 64 KiB or 2 MiB
 // region that fills up, whichever allocations fill it, coalesces in place.
+//
+// An oversubscribing space may evict a chunk: it then has no frame, and its
+// contents are in the space's Store under key (stored), or all zero.
 type chunk struct {
-	va, frame uint64
+	va, frame uint64 // frame is meaningful while resident
 	dev       uint32
 	used      [pagesPer2M / 64]uint64 // bit i set when page i is allocated
 	n         int                     // pages allocated
 	partial   bool                    // listed in Space.partial
+	resident  bool                    // holds frame, its pages mapped
+	stored    bool                    // evicted with its contents under key
+	key       uint64
+	ri        int    // index in Space.resident while resident
+	lru       uint64 // Space.tick when last translated
+	pin       uint64 // Space.pinEpoch while a fault-in must not evict it
 }
 
 // findFree returns the first page index, a multiple of align, that starts
@@ -122,5 +131,30 @@ func (c *chunk) mark(first, pages int, allocated bool) {
 		c.n += pages
 	} else {
 		c.n -= pages
+	}
+}
+
+// runs calls f for each maximal run of allocated pages, in order.
+func (c *chunk) runs(f func(first, pages int)) {
+	for i := 0; i < pagesPer2M; {
+		w := c.used[i/64] >> (i % 64)
+		if w == 0 {
+			i = (i/64 + 1) * 64
+			continue
+		}
+		i += bits.TrailingZeros64(w)
+		j := i
+		for j < pagesPer2M {
+			free := ^c.used[j/64] >> (j % 64)
+			if free == 0 {
+				j = (j/64 + 1) * 64
+				continue
+			}
+			j += bits.TrailingZeros64(free)
+			break
+		}
+		j = min(j, pagesPer2M)
+		f(i, j-i)
+		i = j
 	}
 }

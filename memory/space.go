@@ -16,25 +16,40 @@
 // leaf in place; freeing part of it splinters the leaf, again without
 // moving data.
 //
+// Oversubscription (see Oversubscribe) lets a space hold more memory than
+// its device does: a chunk is then either resident (it has a frame and its
+// pages are mapped) or evicted (no frame; its contents are in a Store, or
+// all zero if it was never resident). Translate faults evicted chunks back
+// in, evicting the least recently translated ones to make room. The chunk,
+// one frame, is the unit of residency, so a full resident chunk is still a
+// single 2 MiB leaf and an eviction frees a whole frame.
+//
 // Invariants (between calls):
 //   - Live allocations are disjoint; each covers its size rounded up to
 //     Page4K, starts at an address aligned to 2 MiB, 64 KiB or 4 KiB by that
 //     size, and lies in chunks of its own device. Only the bytes asked for
 //     are addressable: Translate and Span refuse the rounded tail.
-//   - Exactly the pages of live allocations are mapped, each to the same
-//     offset in its chunk's frame, so no two live pages share physical memory.
-//   - A chunk, and its frame, is held exactly while a live allocation has a
-//     page in it: a frame goes back to the source when its last page is
-//     freed, and each frame is returned at most once.
+//   - Exactly the pages of live allocations in resident chunks are mapped,
+//     each to the same offset in its chunk's frame, so no two live pages
+//     share physical memory.
+//   - A chunk is held exactly while a live allocation has a page in it. A
+//     frame is held exactly while it backs a resident chunk: it goes back to
+//     the source when its chunk's last page is freed or the chunk is evicted
+//     (unless a fault-in reuses it at once), and each frame is returned at
+//     most once.
+//   - An evicted chunk holds exactly one Store key if it was ever resident,
+//     none otherwise; a key is dropped when its chunk is faulted in, freed or
+//     closed, and never twice.
 //   - Allocated is the sum of the live rounded sizes and never exceeds a
 //     non-zero limit.
 //   - The TLB holds no translation of an unmapped page.
 //
 // Lock order: allocMu, then mu. allocMu serialises the calls that change the
-// address space (Alloc, Free, Close) and is held across calls to the
-// FrameSource, which therefore must not call back into the Space. mu guards
-// what Translate, Span and Stats read and is never held across a source
-// call, so translations go on while a Grant waits on a remote node.
+// address space (Alloc, Free, Close, and a Translate that faults) and is
+// held across calls to the FrameSource and the Store, which therefore must
+// not call back into the Space. mu guards what Translate, Span and Stats read
+// and is never held across a source or store call, so translations of
+// resident memory go on while a Grant or an eviction waits on a remote node.
 package memory
 
 import (
@@ -63,15 +78,22 @@ const (
 const maxAlloc = 1 << 40
 
 // FrameSource leases 2 MiB frames of one device to this address space's
-// tenant.
+// tenant. Spaces that do not oversubscribe never call Read, Write or Zero.
 type FrameSource interface {
 	// Grant returns n frames of device dev as physical base addresses
 	// (multiples of FrameSize), ascending and contiguous when it can. It
-	// fails with api.ErrOutOfMemory when the device is full.
+	// fails with api.ErrOutOfMemory when the device is full. Granted frames
+	// read as zero (the node scrubs every frame it takes back).
 	Grant(dev uint32, n int) ([]uint64, error)
 	// Return gives frames back; the node scrubs them before anyone else
 	// gets them.
 	Return(dev uint32, frames []uint64) error
+	// Read copies the contents of a held frame into p (FrameSize bytes).
+	Read(dev uint32, frame uint64, p []byte) error
+	// Write copies p (FrameSize bytes) into a held frame.
+	Write(dev uint32, frame uint64, p []byte) error
+	// Zero clears a held frame.
+	Zero(dev uint32, frame uint64) error
 }
 
 // Stats is a consistent snapshot of a Space.
@@ -80,9 +102,14 @@ type Stats struct {
 	Allocated   uint64 // sum of live allocation sizes as rounded
 	Mapped      uint64 // bytes of frames held (frames × FrameSize)
 	Frames      int
-	// Bytes mapped by leaves of each size; they sum to Allocated.
+	// Bytes mapped by leaves of each size; they sum to the bytes of live
+	// allocations in resident chunks (Allocated, unless chunks are evicted).
 	Mapped4K, Mapped64K, Mapped2M uint64
 	TLBHits, TLBMisses            uint64
+	// Bytes of resident chunks (equal to Mapped) and of evicted ones.
+	Resident, Evicted uint64
+	// Chunks faulted in and chunks evicted, since the space was made.
+	Faults, Evictions uint64
 }
 
 // basePagesOnly is a test hook: while set, NewSpace builds page tables that
@@ -99,21 +126,30 @@ type Space struct {
 
 	allocMu sync.Mutex
 	// Guarded by allocMu.
-	vas     vaFree
-	chunks  map[uint64]*chunk   // by virtual address
-	partial map[uint32][]*chunk // per device, chunks with free pages, by address
-	held    map[devFrame]bool   // the frames of chunks
+	vas      vaFree
+	partial  map[uint32][]*chunk // per device, chunks with free pages, by address
+	held     map[devFrame]bool   // the frames of resident chunks
+	resident map[uint32][]*chunk // per device, the resident chunks, unordered
+	pinEpoch uint64              // marks the chunks a fault-in pins (chunk.pin)
 
 	mu sync.Mutex
 	// Guarded by mu and allocMu together: writers hold both, so holding
 	// either is enough to read.
 	closed    bool
-	allocs    []*allocation // live, sorted by address
+	chunks    map[uint64]*chunk // by virtual address
+	allocs    []*allocation     // live, sorted by address
 	allocated uint64
-	frames    int
+	frames    int // resident chunks, each holding one frame
+	evicted   int // evicted chunks
 	pt        pageTable
-	// Guarded by mu alone, since every translation updates it.
-	tlb tlb
+	// Oversubscription, off while store is nil.
+	store             Store
+	lend              frameStore // store, if it lends its buffers
+	maxFrames         int        // cap on frames; 0 means none
+	faults, evictions uint64
+	// Guarded by mu alone, since every translation updates them.
+	tlb  tlb
+	tick uint64 // stamps chunk.lru
 }
 
 type allocation struct {
@@ -143,14 +179,15 @@ type segment struct {
 // limit caps Allocated; 0 means no cap.
 func NewSpace(src FrameSource, limit uint64) *Space {
 	return &Space{
-		src:     src,
-		limit:   limit,
-		vas:     newVAFree(),
-		chunks:  make(map[uint64]*chunk),
-		partial: make(map[uint32][]*chunk),
-		held:    make(map[devFrame]bool),
-		pt:      newPageTable(basePagesOnly),
-		tlb:     newTLB(),
+		src:      src,
+		limit:    limit,
+		vas:      newVAFree(),
+		chunks:   make(map[uint64]*chunk),
+		partial:  make(map[uint32][]*chunk),
+		held:     make(map[devFrame]bool),
+		resident: make(map[uint32][]*chunk),
+		pt:       newPageTable(basePagesOnly),
+		tlb:      newTLB(),
 	}
 }
 
@@ -226,21 +263,35 @@ func (s *Space) allocPages(dev uint32, size, want uint64) (*allocation, error) {
 }
 
 // newChunks reserves n adjacent chunks of virtual address space and backs
-// them with frames of dev. On failure nothing stays reserved.
+// them with frames of dev. An oversubscribing space backs only as many as
+// its cap allows, and none if the device is full; the others start evicted,
+// all zero, and are faulted in when first translated. On failure nothing
+// stays reserved.
 func (s *Space) newChunks(dev uint32, n int) ([]*chunk, error) {
 	bytes := uint64(n) * Page2M
 	va, ok := s.vas.take(bytes)
 	if !ok {
 		return nil, fmt.Errorf("no free run of %d bytes of virtual address space: %w", bytes, api.ErrOutOfMemory)
 	}
-	frames, err := s.grant(dev, n)
-	if err != nil {
-		s.vas.put(va, bytes)
-		return nil, err
+	k := n
+	if s.maxFrames != 0 {
+		k = max(0, min(n, s.maxFrames-s.frames))
+	}
+	var frames []uint64
+	if k > 0 {
+		var err error
+		frames, err = s.grant(dev, k)
+		if err != nil && (s.store == nil || !errors.Is(err, api.ErrOutOfMemory)) {
+			s.vas.put(va, bytes)
+			return nil, err
+		}
 	}
 	cs := make([]*chunk, n)
-	for i, f := range frames {
-		cs[i] = &chunk{va: va + uint64(i)*Page2M, frame: f, dev: dev}
+	for i := range cs {
+		cs[i] = &chunk{va: va + uint64(i)*Page2M, dev: dev}
+		if i < len(frames) {
+			cs[i].frame, cs[i].resident = frames[i], true
+		}
 	}
 	return cs, nil
 }
@@ -286,10 +337,6 @@ func (s *Space) grant(dev uint32, n int) ([]uint64, error) {
 // commit records an allocation of size bytes made of segs, in address
 // order; fresh are the chunks newly created for it.
 func (s *Space) commit(dev uint32, size, want uint64, segs []segment, fresh []*chunk) *allocation {
-	for _, c := range fresh {
-		s.chunks[c.va] = c
-		s.held[devFrame{dev, c.frame}] = true
-	}
 	for _, g := range segs {
 		g.c.mark(g.first, g.pages, true)
 		s.updatePartial(g.c)
@@ -298,15 +345,49 @@ func (s *Space) commit(dev uint32, size, want uint64, segs []segment, fresh []*c
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, c := range fresh {
+		s.chunks[c.va] = c
+		if c.resident {
+			s.addResident(c)
+			c.lru = s.tick
+		} else {
+			s.evicted++
+		}
+	}
 	for _, g := range segs {
-		off := uint64(g.first) * Page4K
-		s.pt.mapRange(g.c.va+off, g.c.frame+off, uint64(g.pages)*Page4K)
+		if g.c.resident {
+			off := uint64(g.first) * Page4K
+			s.pt.mapRange(g.c.va+off, g.c.frame+off, uint64(g.pages)*Page4K)
+		}
 	}
 	i := sort.Search(len(s.allocs), func(i int) bool { return s.allocs[i].va > a.va })
 	s.allocs = slices.Insert(s.allocs, i, a)
 	s.allocated += size
-	s.frames += len(fresh)
 	return a
+}
+
+// addResident records that c holds its frame. The caller holds both locks.
+func (s *Space) addResident(c *chunk) {
+	s.held[devFrame{c.dev, c.frame}] = true
+	c.ri = len(s.resident[c.dev])
+	s.resident[c.dev] = append(s.resident[c.dev], c)
+	s.frames++
+}
+
+// dropResident records that c no longer holds its frame. The caller holds
+// both locks.
+func (s *Space) dropResident(c *chunk) {
+	delete(s.held, devFrame{c.dev, c.frame})
+	list := s.resident[c.dev]
+	last := list[len(list)-1]
+	list[c.ri], last.ri = last, c.ri
+	list[len(list)-1] = nil
+	if list = list[:len(list)-1]; len(list) == 0 {
+		delete(s.resident, c.dev)
+	} else {
+		s.resident[c.dev] = list
+	}
+	s.frames--
 }
 
 // updatePartial lists c among its device's chunks with room exactly when it
@@ -350,29 +431,40 @@ func (s *Space) Free(va uint64) error {
 	if a.va != va {
 		return fmt.Errorf("free %#x: not the start of an allocation (it lies inside the one at %#x): %w", va, a.va, api.ErrInvalidAddress)
 	}
-	var unused []uint64
+	var unused, keys []uint64
+	s.mu.Lock()
+	s.allocs = slices.Delete(s.allocs, i, i+1)
 	for cur := a.va; cur < a.end(); {
 		c := s.chunks[cur&^(Page2M-1)]
 		next := min(a.end(), c.va+Page2M)
 		c.mark(int((cur-c.va)/Page4K), int((next-cur)/Page4K), false)
 		s.updatePartial(c)
+		if c.resident {
+			s.pt.unmapRange(cur, next-cur)
+		}
 		if c.n == 0 {
 			delete(s.chunks, c.va)
-			delete(s.held, devFrame{c.dev, c.frame})
 			s.vas.put(c.va, Page2M)
-			unused = append(unused, c.frame)
+			switch {
+			case c.resident:
+				s.dropResident(c)
+				unused = append(unused, c.frame)
+			case c.stored:
+				s.evicted--
+				keys = append(keys, c.key)
+			default:
+				s.evicted--
+			}
 		}
 		cur = next
 	}
-
-	s.mu.Lock()
-	s.allocs = slices.Delete(s.allocs, i, i+1)
-	s.pt.unmapRange(a.va, a.size)
 	s.tlb.invalidate(a.va, a.size)
 	s.allocated -= a.size
-	s.frames -= len(unused)
 	s.mu.Unlock()
 
+	for _, k := range keys {
+		s.store.Drop(k)
+	}
 	if len(unused) == 0 {
 		return nil
 	}
@@ -401,50 +493,192 @@ func (s *Space) findIn(va uint64, end func(*allocation) uint64) (int, bool) {
 // in order, adjacent runs merged. The range must be non-empty and lie
 // inside one live allocation: a kernel or copy may never cross from one
 // buffer into another, even if both are the tenant's.
+//
+// In an oversubscribing space, Translate first faults in every evicted chunk
+// of the range, which may evict other chunks: runs returned by an earlier
+// Translate are valid only until the next one (see Resident). If the range
+// spans more chunks than the space may keep resident, or no frame can be
+// found or freed for it, it fails with api.ErrOutOfMemory.
 func (s *Space) Translate(va, n uint64) (dev uint32, xs []api.Extent, err error) {
-	return s.translate(va, n, (*allocation).limit)
+	rs := [1]Range{{VA: va, Len: n}}
+	var ts [1]Translation
+	if err := s.translate(rs[:], ts[:], (*allocation).limit); err != nil {
+		return 0, nil, err
+	}
+	return ts[0].Dev, ts[0].Extents, nil
 }
 
-// translate is Translate with the end of each allocation given by end: its
-// addressable limit, or (for tests of whole pages) its rounded end.
-func (s *Space) translate(va, n uint64, end func(*allocation) uint64) (dev uint32, xs []api.Extent, err error) {
+// Range is the virtual range [VA, VA+Len) of one operand of a command.
+type Range struct{ VA, Len uint64 }
+
+// Translation is where a Range lives: its device and physical runs.
+type Translation struct {
+	Dev     uint32
+	Extents []api.Extent
+}
+
+// TranslateAll translates the ranges of one command, each as Translate
+// does. In an oversubscribing space it makes them resident together, so
+// that faulting one in never evicts another: a command whose operands are
+// translated one by one could find the first evicted by the second.
+func (s *Space) TranslateAll(rs []Range) ([]Translation, error) {
+	ts := make([]Translation, len(rs))
+	if err := s.translate(rs, ts, (*allocation).limit); err != nil {
+		return nil, err
+	}
+	return ts, nil
+}
+
+// Resident reports whether every chunk of the ranges is resident, that is
+// whether translating them would neither fault nor evict. The ranges must
+// be valid, as for Translate; invalid ones report true (translating them
+// fails without side effects). A caller that pipelines commands on
+// translated runs must let the commands in flight finish before a
+// translation that is not resident, since it may evict their memory.
+func (s *Space) Resident(rs ...Range) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.store == nil || s.closed {
+		return true
+	}
+	for _, r := range rs {
+		if _, err := s.resolve(r, (*allocation).limit); err != nil {
+			continue
+		}
+		for cva := r.VA &^ (Page2M - 1); cva < r.VA+r.Len; cva += Page2M {
+			if !s.chunks[cva].resident {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// translate is TranslateAll with the end of each allocation given by end:
+// its addressable limit, or (for tests of whole pages) its rounded end. It
+// fills ts, one Translation per range.
+func (s *Space) translate(rs []Range, ts []Translation, end func(*allocation) uint64) error {
+	s.mu.Lock()
+	if s.store != nil {
+		// Check every range first, so an invalid one neither faults nor
+		// stamps anything.
+		for _, r := range rs {
+			if _, err := s.resolve(r, end); err != nil {
+				s.mu.Unlock()
+				return err
+			}
+		}
+		if !s.touch(rs) {
+			s.mu.Unlock()
+			return s.translateFaulting(rs, ts, end)
+		}
+	}
+	defer s.mu.Unlock()
+	return s.extents(rs, ts, end)
+}
+
+// translateFaulting makes the ranges resident and translates them, holding
+// allocMu throughout so that nothing is evicted in between.
+func (s *Space) translateFaulting(rs []Range, ts []Translation, end func(*allocation) uint64) error {
+	s.allocMu.Lock()
+	defer s.allocMu.Unlock()
+	for _, r := range rs { // again: a Free or Close may have come between
+		if _, err := s.resolve(r, end); err != nil {
+			return err
+		}
+	}
+	if err := s.faultIn(rs); err != nil {
+		what := fmt.Sprintf("%#x+%d", rs[0].VA, rs[0].Len)
+		if len(rs) > 1 {
+			what = fmt.Sprintf("%d ranges from %#x+%d", len(rs), rs[0].VA, rs[0].Len)
+		}
+		return fmt.Errorf("translate %s: %w", what, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.touch(rs)
+	return s.extents(rs, ts, end)
+}
+
+// resolve checks that r is a valid range and returns its allocation. The
+// caller holds mu or allocMu.
+func (s *Space) resolve(r Range, end func(*allocation) uint64) (*allocation, error) {
+	va, n := r.VA, r.Len
 	if s.closed {
-		return 0, nil, fmt.Errorf("translate %#x+%d: %w", va, n, errClosed)
+		return nil, fmt.Errorf("translate %#x+%d: %w", va, n, errClosed)
 	}
 	if n == 0 {
-		return 0, nil, fmt.Errorf("translate %#x+0: empty range: %w", va, api.ErrInvalidAddress)
+		return nil, fmt.Errorf("translate %#x+0: empty range: %w", va, api.ErrInvalidAddress)
 	}
 	i, ok := s.findIn(va, end)
 	if !ok {
-		return 0, nil, fmt.Errorf("translate %#x+%d: no live allocation contains %#x: %w", va, n, va, api.ErrInvalidAddress)
+		return nil, fmt.Errorf("translate %#x+%d: no live allocation contains %#x: %w", va, n, va, api.ErrInvalidAddress)
 	}
 	a := s.allocs[i]
 	if n > end(a)-va {
-		return 0, nil, fmt.Errorf("translate %#x+%d: runs past %#x, the end of the %d-byte allocation at %#x: %w",
+		return nil, fmt.Errorf("translate %#x+%d: runs past %#x, the end of the %d-byte allocation at %#x: %w",
 			va, n, end(a), a.want, a.va, api.ErrInvalidAddress)
 	}
-	stop := va + n
-	for cur := va; cur < stop; {
-		l, ok := s.tlb.lookup(cur)
-		if !ok {
-			if l, ok = s.pt.walk(cur); !ok {
-				return 0, nil, fmt.Errorf("translate %#x+%d: page %#x of the allocation at %#x is not mapped: %w",
+	return a, nil
+}
+
+// touch stamps every chunk of the valid ranges rs as just used and reports
+// whether all of them are resident. The caller holds mu.
+func (s *Space) touch(rs []Range) bool {
+	s.tick++
+	all := true
+	for _, r := range rs {
+		for cva := r.VA &^ (Page2M - 1); cva < r.VA+r.Len; cva += Page2M {
+			c := s.chunks[cva]
+			c.lru = s.tick
+			all = all && c.resident
+		}
+	}
+	return all
+}
+
+// extents translates each range into ts. The caller holds mu.
+func (s *Space) extents(rs []Range, ts []Translation, end func(*allocation) uint64) error {
+	for k, r := range rs {
+		a, err := s.resolve(r, end)
+		if err != nil {
+			return err
+		}
+		va, n := r.VA, r.Len
+		var xs []api.Extent
+		stop := va + n
+		for cur := va; cur < stop; {
+			l, ok := s.lookup(cur)
+			if !ok {
+				return fmt.Errorf("translate %#x+%d: page %#x of the allocation at %#x is not mapped: %w",
 					va, n, cur, a.va, api.ErrInternal)
 			}
-			s.tlb.fill(l)
+			next := min(stop, l.base+l.size())
+			pa := l.pa + (cur - l.base)
+			if k := len(xs) - 1; k >= 0 && xs[k].Addr+xs[k].Len == pa {
+				xs[k].Len += next - cur
+			} else {
+				xs = append(xs, api.Extent{Addr: pa, Len: next - cur})
+			}
+			cur = next
 		}
-		next := min(stop, l.base+l.size())
-		pa := l.pa + (cur - l.base)
-		if k := len(xs) - 1; k >= 0 && xs[k].Addr+xs[k].Len == pa {
-			xs[k].Len += next - cur
-		} else {
-			xs = append(xs, api.Extent{Addr: pa, Len: next - cur})
-		}
-		cur = next
+		ts[k] = Translation{Dev: a.dev, Extents: xs}
 	}
-	return a.dev, xs, nil
+	return nil
+}
+
+// lookup returns the leaf that maps va: from the TLB, or else from a walk
+// of the page table, which then fills the TLB. This is the per-address path
+// of every translation. The caller holds mu.
+func (s *Space) lookup(va uint64) (leaf, bool) {
+	if l, ok := s.tlb.lookup(va); ok {
+		return l, true
+	}
+	l, ok := s.pt.walk(va)
+	if ok {
+		s.tlb.fill(l)
+	}
+	return l, ok
 }
 
 // Span returns the device and the end address of the live allocation that
@@ -473,17 +707,23 @@ func (s *Space) Close() error {
 	}
 	s.mu.Lock()
 	s.closed = true
-	s.allocs = nil
-	s.allocated, s.frames = 0, 0
+	chunks := s.chunks
+	s.chunks, s.allocs = nil, nil
+	s.allocated, s.frames, s.evicted = 0, 0, 0
 	s.pt = pageTable{}
 	s.tlb = tlb{hits: s.tlb.hits, misses: s.tlb.misses}
 	s.mu.Unlock()
 
 	byDev := make(map[uint32][]uint64)
-	for _, c := range s.chunks {
-		byDev[c.dev] = append(byDev[c.dev], c.frame)
+	for _, c := range chunks {
+		switch {
+		case c.resident:
+			byDev[c.dev] = append(byDev[c.dev], c.frame)
+		case c.stored:
+			s.store.Drop(c.key)
+		}
 	}
-	s.chunks, s.partial, s.held = nil, nil, nil
+	s.partial, s.held, s.resident = nil, nil, nil
 	var errs []error
 	for _, dev := range slices.Sorted(maps.Keys(byDev)) {
 		frames := byDev[dev]
@@ -509,5 +749,9 @@ func (s *Space) Stats() Stats {
 		Mapped2M:    s.pt.mapped[class2M],
 		TLBHits:     s.tlb.hits,
 		TLBMisses:   s.tlb.misses,
+		Resident:    uint64(s.frames) * Page2M,
+		Evicted:     uint64(s.evicted) * Page2M,
+		Faults:      s.faults,
+		Evictions:   s.evictions,
 	}
 }

@@ -281,6 +281,9 @@ type badSource struct {
 }
 
 func (b *badSource) Grant(uint32, int) ([]uint64, error) { return b.grant, nil }
+func (b *badSource) Read(uint32, uint64, []byte) error   { return nil }
+func (b *badSource) Write(uint32, uint64, []byte) error  { return nil }
+func (b *badSource) Zero(uint32, uint64) error           { return nil }
 func (b *badSource) Return(_ uint32, frames []uint64) error {
 	b.returned = append(b.returned, frames...)
 	return nil

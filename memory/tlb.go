@@ -1,9 +1,10 @@
 package memory
 
-// TLB sizes per leaf class, powers of two. Like a GPU's L1 TLBs, each leaf
-// size has its own direct-mapped array, so a large leaf takes one entry
-// however much of it is touched: that reach is what coalescing buys.
-var tlbEntries = [numClasses]int{class4K: 256, class64K: 64, class2M: 32}
+// TLB sizes per leaf class, powers of two, about those of a GPU's shared L2
+// TLB. Each leaf size has its own direct-mapped array, so a large leaf takes
+// one entry however much of it is touched: that reach is what coalescing
+// buys. 2 MiB leaves reach 1 GiB (512 entries); 4 KiB leaves only 4 MiB.
+var tlbEntries = [numClasses]int{class4K: 1024, class64K: 256, class2M: 512}
 
 // tlbEntry caches one leaf. vpn is the leaf's virtual address shifted by
 // its size; 0 marks an empty entry, which no real leaf can have because
@@ -49,11 +50,21 @@ func (t *tlb) fill(l leaf) {
 	w[vpn&uint64(len(w)-1)] = tlbEntry{vpn: vpn, pa: l.pa}
 }
 
-// invalidate drops every entry whose leaf overlaps [va, va+n). A scan of
-// all entries costs the same for any n, which suits frees of any size.
+// invalidate drops every entry whose leaf overlaps [va, va+n). Per class,
+// it probes the slots of the leaves the range covers, or scans the whole
+// array when that is fewer.
 func (t *tlb) invalidate(va, n uint64) {
 	for c, w := range t.ways {
 		s := classShift[c]
+		first, last := va>>s, (va+n-1)>>s
+		if last-first < uint64(len(w)) {
+			for vpn := first; vpn <= last; vpn++ {
+				if e := &w[vpn&uint64(len(w)-1)]; e.vpn == vpn {
+					*e = tlbEntry{}
+				}
+			}
+			continue
+		}
 		for i, e := range w {
 			if e.vpn != 0 && e.vpn<<s < va+n && (e.vpn+1)<<s > va {
 				w[i] = tlbEntry{}

@@ -30,7 +30,7 @@ for _ in $(seq 100); do
   kill -0 $node_pid 2>/dev/null || { cat "$dir/node.log" >&2; echo "vgpu-node failed to start" >&2; exit 1; }
   sleep 0.05
 done
-"$bin/vgpu-mediator" --socket "$sock" --node "127.0.0.1:$port" \
+"$bin/vgpu-mediator" --socket "$sock" --node "127.0.0.1:$port" --state-dir "$dir" --quota "" --containerd "" \
   --log-level "${VGPU_LOG_LEVEL:-warn}" 2>"$dir/mediator.log" &
 med_pid=$!
 for _ in $(seq 100); do

@@ -10,7 +10,7 @@ var fillF32 = &Kernel{
 	Info: api.KernelInfo{
 		Name:   "fill_f32",
 		Doc:    "x[i] = value for 0 <= i < n.",
-		Params: []api.Param{bufParam("x", api.AccessWrite), i64Param("n"), f32Param("value")},
+		Params: []api.Param{bufParam("x", api.AccessWrite, 4, "n"), i64Param("n"), f32Param("value")},
 	},
 	run: runFillF32,
 }
@@ -34,7 +34,7 @@ var saxpy = &Kernel{
 		Name: "saxpy",
 		Doc: "y[i] = a*x[i] + y[i] for 0 <= i < n, in index order; the product is rounded to float32 " +
 			"before the sum (no fused multiply-add). x and y may overlap.",
-		Params: []api.Param{i64Param("n"), f32Param("a"), bufParam("x", api.AccessRead), bufParam("y", api.AccessReadWrite)},
+		Params: []api.Param{i64Param("n"), f32Param("a"), bufParam("x", api.AccessRead, 4, "n"), bufParam("y", api.AccessReadWrite, 4, "n")},
 	},
 	run: runSaxpy,
 }
@@ -62,7 +62,7 @@ var reduceSumF32 = &Kernel{
 		Name: "reduce_sum_f32",
 		Doc: "out[0] = x[0] + ... + x[n-1], accumulated in float64 in index order and rounded to float32 once " +
 			"at the end; n = 0 gives 0.",
-		Params: []api.Param{i64Param("n"), bufParam("x", api.AccessRead), bufParam("out", api.AccessWrite)},
+		Params: []api.Param{i64Param("n"), bufParam("x", api.AccessRead, 4, "n"), bufParam("out", api.AccessWrite, 4)},
 	},
 	run: runReduceSumF32,
 }

@@ -16,10 +16,10 @@ var embeddingBagSum = &Kernel{
 			"order; an empty bag gives zeros. offsets[0] must be 0, offsets non-decreasing and at most " +
 			"nidx, indices in [0, rows); out must not overlap the other buffers.",
 		Params: []api.Param{
-			bufParam("table", api.AccessRead), i64Param("rows"), i64Param("dim"),
-			bufParam("indices", api.AccessRead), i64Param("nidx"),
-			bufParam("offsets", api.AccessRead), i64Param("nbags"),
-			bufParam("out", api.AccessWrite),
+			bufParam("table", api.AccessRead, 4, "rows", "dim"), i64Param("rows"), i64Param("dim"),
+			bufParam("indices", api.AccessRead, 4, "nidx"), i64Param("nidx"),
+			bufParam("offsets", api.AccessRead, 4, "nbags"), i64Param("nbags"),
+			bufParam("out", api.AccessWrite, 4, "nbags", "dim"),
 		},
 	},
 	run: runEmbeddingBagSum,

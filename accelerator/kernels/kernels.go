@@ -142,8 +142,10 @@ func (k *Kernel) checkKinds(n int, kind func(i int) api.ArgKind) error {
 // Signature helpers, so each kernel's parameter list reads like its C
 // prototype.
 
-func bufParam(name string, access api.Access) api.Param {
-	return api.Param{Name: name, Kind: api.ArgBuffer, Access: access}
+// bufParam is a buffer of which the kernel touches elem bytes times the
+// product of the scalar parameters dims: the extent a mediator needs resident.
+func bufParam(name string, access api.Access, elem uint8, dims ...string) api.Param {
+	return api.Param{Name: name, Kind: api.ArgBuffer, Access: access, Elem: elem, Dims: dims}
 }
 
 func i64Param(name string) api.Param {

@@ -311,3 +311,29 @@ func TestEmbeddingChecksAllIndicesBeforeWriting(t *testing.T) {
 	}
 	sameBits(t, "out", floatsOf(out), []float32{7, 7, 7, 7})
 }
+
+// Every buffer parameter declares its extent in terms of the kernel's own
+// integer parameters, so a mediator can make just that much resident.
+func TestCatalogExtentsNameIntegerParameters(t *testing.T) {
+	for _, k := range Catalog() {
+		ints := map[string]bool{}
+		for _, p := range k.Params {
+			if p.Kind == api.ArgI64 {
+				ints[p.Name] = true
+			}
+		}
+		for _, p := range k.Params {
+			if p.Kind != api.ArgBuffer {
+				continue
+			}
+			if p.Elem == 0 {
+				t.Errorf("%s.%s: no element size", k.Name, p.Name)
+			}
+			for _, d := range p.Dims {
+				if !ints[d] {
+					t.Errorf("%s.%s: dimension %q is not an integer parameter", k.Name, p.Name, d)
+				}
+			}
+		}
+	}
+}

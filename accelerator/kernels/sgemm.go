@@ -11,8 +11,8 @@ var sgemm = &Kernel{
 			"(no fused multiply-add); alpha = 0 leaves out A and B. c must not overlap a or b.",
 		Params: []api.Param{
 			i64Param("m"), i64Param("n"), i64Param("k"), f32Param("alpha"),
-			bufParam("a", api.AccessRead), bufParam("b", api.AccessRead),
-			f32Param("beta"), bufParam("c", api.AccessReadWrite),
+			bufParam("a", api.AccessRead, 4, "m", "k"), bufParam("b", api.AccessRead, 4, "k", "n"),
+			f32Param("beta"), bufParam("c", api.AccessReadWrite, 4, "m", "n"),
 		},
 	},
 	run: runSgemm,

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/vgpu/vgpu/accelerator"
@@ -33,13 +34,31 @@ func main() {
 	quota := flag.String("quota", "/etc/vgpu/tenants.toml", "tenant quota file (missing: one tenant \"default\" without caps); reloaded on SIGHUP")
 	ctrDir := flag.String("container-dir", mediator.DefaultContainerDir, "directory of the containers' socket directories")
 	containerd := flag.String("containerd", "/run/containerd/containerd.sock", "containerd socket to watch for vanished containers (\"\": don't)")
+	oversub := flag.Float64("oversubscribe", 1, "host-socket sessions may allocate this many times --tenant-memory, evicting cold memory to the host (1: off)")
+	hostMem := flag.String("host-memory", "2GiB", "host RAM for evicted device memory, shared by all sessions")
+	stateDir := flag.String("state-dir", defaultStateDir(), "where evicted memory spills past --host-memory (\"\": no spill file)")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	flag.Parse()
-	cfg := mediator.Config{Nodes: nodes, Quota: *quota, ContainerDir: *ctrDir}
+	cfg := mediator.Config{Nodes: nodes, Quota: *quota, ContainerDir: *ctrDir, Oversubscribe: *oversub, StateDir: *stateDir}
+	if n, err := api.ParseSize(*hostMem); err != nil {
+		fmt.Fprintln(os.Stderr, "vgpu-mediator: --host-memory:", err)
+		os.Exit(2)
+	} else {
+		cfg.HostMemory = n
+	}
 	if err := run(cfg, *socket, *embMem, *embDevs, *tenantMem, *containerd, *level); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(1)
 	}
+}
+
+// defaultStateDir is /var/lib/vgpu for root, a directory of the user's
+// in the temporary directory for anyone else.
+func defaultStateDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/vgpu"
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("vgpu-%d", os.Geteuid()))
 }
 
 func run(cfg mediator.Config, socket, embMem string, embDevs int, tenantMem, containerd, level string) error {

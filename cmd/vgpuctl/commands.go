@@ -56,7 +56,7 @@ func status(socket string, args []string) error {
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\n", n.Addr, n.Backend, d.Name, api.FormatSize(d.Memory), api.FormatSize(d.Used), d.Launches)
 		}
 	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "\nevicted device memory on this host: %s in RAM, %s in the spill file\n\n", api.FormatSize(st.HostRAM), api.FormatSize(st.HostSpilled))
 	fmt.Fprintln(w, "TENANT\tCONTAINER\tSESSION\tALLOCATIONS\tALLOCATED\tIN 4K/64K/2M PAGES\tRESIDENT\tEVICTED\tTLB HITS\tIN\tOUT\tLAUNCHES")
 	for _, t := range st.Tenants {
 		ctr := t.Container

@@ -398,7 +398,7 @@ func (h *harness) startMediator() error {
 	}
 	med, err := h.startDaemon("vgpu-mediator", nil, h.binPath("vgpu-mediator"),
 		"--socket", h.medSock, "--node", addr, "--quota", quota,
-		"--container-dir", h.ctrDir, "--containerd", h.ctdSock, "--log-level", "info")
+		"--container-dir", h.ctrDir, "--containerd", h.ctdSock, "--state-dir", filepath.Join(h.dir, "state"), "--log-level", "info")
 	if err != nil {
 		return err
 	}

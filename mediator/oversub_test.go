@@ -1,0 +1,134 @@
+package mediator_test
+
+import (
+	"bytes"
+	"net"
+	"testing"
+
+	"github.com/vgpu/vgpu/accelerator"
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/mediator"
+)
+
+// startOversubscribed runs a node with one device of devMem bytes and a
+// mediator whose host sessions may keep resident bytes on it and allocate
+// factor times that.
+func startOversubscribed(t *testing.T, devMem, resident uint64, factor float64, host uint64) *system {
+	t.Helper()
+	n, addr, err := accelerator.StartSim("127.0.0.1:0", 1, devMem, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	dir := t.TempDir()
+	m, err := mediator.New(mediator.Config{Nodes: []string{addr.String()}, TenantMemory: resident,
+		Oversubscribe: factor, HostMemory: host, StateDir: dir, Log: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &system{socket: dir + "/m.sock", med: m}
+	l, err := net.Listen("unix", s.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go m.Serve(l)
+	t.Cleanup(func() { m.Close() })
+	return s
+}
+
+// A tenant works on a buffer 1.5 times the device's memory: copies, memsets,
+// device copies and kernels over windows of it all give exact results.
+func TestBufferLargerThanTheDevice(t *testing.T) {
+	const dev = 32 << 20
+	s := startOversubscribed(t, dev, 0, 2, 8<<20) // evicts when the node is full; host RAM, then the spill file
+	c := s.dial(t, "big", 1)
+	const size = dev * 3 / 2
+	big, err := c.Malloc(0, size)
+	if err != nil {
+		t.Fatalf("allocate 1.5x the device: %v", err)
+	}
+	data := randomBytes(5, size)
+	st := c.Stream()
+	st.CopyToDevice(big, data)
+	if err := st.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	// Kernels over windows: y[i] = 2*x[i] + y[i], with x the first window.
+	const window = 4 << 20
+	n := int64(window / 4)
+	want := bytes.Clone(data)
+	x := client.BytesFloat32(data[:window])
+	for off := uint64(window); off+window <= size; off += 5 * window {
+		st.Launch("saxpy", client.I64(n), client.F32(2), client.Buf(big), client.Buf(big.Add(off)))
+		y := client.BytesFloat32(want[off : off+window])
+		for i := range y {
+			y[i] = 2*x[i] + y[i]
+		}
+		copy(want[off:], client.Float32Bytes(y))
+	}
+	st.Memset(big.Add(size-100), 7, 100)
+	copy(want[size-100:], bytes.Repeat([]byte{7}, 100))
+	st.CopyDevice(big.Add(window), big.Add(size-2*window), window)
+	copy(want[window:2*window], want[size-2*window:size-window])
+	got := make([]byte, size)
+	st.CopyFromDevice(got, big)
+	if err := st.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(got, want); i >= 0 {
+		t.Fatalf("byte %d differs: got %d, want %d", i, got[i], want[i])
+	}
+	status := s.med.Status()
+	ts := status.Tenants[0]
+	if status.HostSpilled == 0 {
+		t.Fatalf("host RAM of 8 MiB held %d bytes and nothing spilled", status.HostRAM)
+	}
+	if ts.Evicted == 0 || ts.Resident > dev || ts.Resident+ts.Evicted < size {
+		t.Fatalf("status: resident %d, evicted %d for a %d-byte buffer on a %d-byte device", ts.Resident, ts.Evicted, size, dev)
+	}
+	c.Close()
+	s.waitIdle(t) // every frame and every evicted chunk released
+	if st := s.med.Status(); st.HostRAM != 0 || st.HostSpilled != 0 {
+		t.Fatalf("evicted memory left behind: %d bytes in RAM, %d spilled", st.HostRAM, st.HostSpilled)
+	}
+	victim(t, s.dial(t, "next", 1))
+}
+
+// With a resident cap, the virtual limit is cap × factor, exactly; a command
+// whose buffers cannot all be resident at once fails alone.
+func TestOversubscriptionLimits(t *testing.T) {
+	s := startOversubscribed(t, 256<<20, 16<<20, 1.5, 64<<20)
+	c := s.dial(t, "t", 1)
+	a, err := c.Malloc(0, 16<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Malloc(0, 8<<20)
+	if err != nil {
+		t.Fatalf("allocation within 1.5x: %v", err)
+	}
+	_, err = c.Malloc(0, 4096)
+	wantErr(t, err, api.ErrQuotaExceeded)
+	st := c.Stream()
+	st.CopyDevice(b, a, 8<<20) // a's first half and b fit: 16 MiB
+	if err := st.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	st.Launch("saxpy", client.I64(4<<20), client.F32(1), client.Buf(a), client.Buf(b)) // 16 + 16 MiB resident at once
+	wantErr(t, st.Synchronize(), api.ErrOutOfMemory)
+	st.Memset(a, 1, 16<<20) // the session goes on
+	if err := st.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	victim(t, s.dial(t, "other", 1))
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,0 +1,421 @@
+package memory
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// Oversubscribe makes the space oversubscribe: its allocations may exceed
+// the device memory it holds, up to its limit, with the contents of evicted
+// chunks kept in store. resident caps the bytes of frames the space holds
+// (rounded down to whole frames, at least one); 0 leaves only the devices'
+// own out-of-memory to limit them. The space's limit still caps its
+// allocations, and should be set: without one, only the address space
+// bounds what a tenant may allocate (and what the store may have to hold).
+// Call it once, before the first Alloc; without it the space never evicts
+// and never calls Read, Write or Zero of its source. It panics if store is
+// nil or the space is already in use.
+func (s *Space) Oversubscribe(store Store, resident uint64) {
+	if store == nil {
+		panic("memory: Oversubscribe with a nil store")
+	}
+	s.allocMu.Lock()
+	defer s.allocMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.store != nil || len(s.chunks) > 0 || s.closed {
+		panic("memory: Oversubscribe on a space already in use")
+	}
+	s.store = store
+	s.lend, _ = store.(frameStore)
+	if resident != 0 {
+		s.maxFrames = int(max(1, resident/FrameSize))
+	}
+}
+
+// planFrame is the frame a fault-in puts a chunk in: one granted for it,
+// which reads as zero, or one reused from a victim, which does not.
+type planFrame struct {
+	frame  uint64
+	reused bool
+}
+
+// faultPlan is what faultIn does, worked out before it changes anything.
+type faultPlan struct {
+	need    []*chunk    // evicted chunks to fault in, by device, then address
+	frames  []planFrame // need[i] goes to frames[i]
+	victims []*chunk    // resident chunks to evict
+	keys    []uint64    // the store keys of victims saved so far
+	spare   []devFrame  // victims' frames that no fault-in reuses
+	granted []devFrame  // frames granted for the fault-in
+}
+
+// faultIn makes every chunk of the valid ranges rs resident. The caller
+// holds allocMu.
+//
+// It first plans: which frames the evicted chunks go to (victims' frames
+// of the same device, then fresh grants), and which resident chunks outside
+// the ranges to evict, least recently translated first, to stay within the
+// cap or because the device is full. It saves the victims' contents to the
+// store. Up to here a failure undoes everything: grants are returned, saved
+// entries dropped, and the space is as it was. Then it commits: unmaps the
+// victims, fills each frame (the stored contents, or zeros for a reused
+// frame) and maps the chunk. A source or store failure while filling leaves
+// the victims evicted and the chunks not yet filled evicted, with their
+// contents intact, returns the frames left over and reports the error.
+func (s *Space) faultIn(rs []Range) error {
+	s.pinEpoch++
+	p := &faultPlan{}
+	chunks := 0 // distinct chunks in rs
+	var total uint64
+	for _, r := range rs {
+		total += r.Len
+		for cva := r.VA &^ (Page2M - 1); cva < r.VA+r.Len; cva += Page2M {
+			c := s.chunks[cva]
+			if c.pin == s.pinEpoch {
+				continue
+			}
+			c.pin = s.pinEpoch
+			chunks++
+			if !c.resident {
+				p.need = append(p.need, c)
+			}
+		}
+	}
+	if len(p.need) == 0 {
+		return nil
+	}
+	if s.maxFrames != 0 && chunks > s.maxFrames {
+		return fmt.Errorf("%d bytes span %d chunks of %d bytes, but the space may keep only %d bytes resident: %w",
+			total, chunks, Page2M, uint64(s.maxFrames)*FrameSize, api.ErrOutOfMemory)
+	}
+	slices.SortFunc(p.need, func(a, b *chunk) int { return cmp.Or(cmp.Compare(a.dev, b.dev), cmp.Compare(a.va, b.va)) })
+	if err := s.plan(p); err != nil {
+		return s.undo(p, err)
+	}
+	for _, v := range p.victims {
+		key, err := s.save(v)
+		if err != nil {
+			return s.undo(p, err)
+		}
+		p.keys = append(p.keys, key)
+	}
+
+	s.mu.Lock()
+	for i, v := range p.victims {
+		s.evictLocked(v, p.keys[i])
+	}
+	s.mu.Unlock()
+	for i, c := range p.need {
+		f := p.frames[i]
+		if err := s.load(c, f); err != nil {
+			var left []devFrame
+			for j, f := range p.frames[i:] {
+				left = append(left, devFrame{p.need[i+j].dev, f.frame})
+			}
+			left = append(left, p.spare...)
+			for _, f := range left {
+				delete(s.held, f) // granted frames were recorded as held
+			}
+			return errors.Join(err, s.returnFrames("after a failed fault-in", left))
+		}
+		s.mu.Lock()
+		c.frame, c.resident = f.frame, true
+		s.evicted--
+		s.addResident(c)
+		s.mapChunk(c)
+		c.lru = s.tick
+		s.faults++
+		s.mu.Unlock()
+		if c.stored {
+			s.store.Drop(c.key)
+			c.stored, c.key = false, 0
+		}
+	}
+	return s.returnFrames("of evicted chunks", p.spare)
+}
+
+// plan chooses the frames for p.need and the victims that free them.
+func (s *Space) plan(p *faultPlan) error {
+	s.mu.Lock() // for chunk.lru
+	defer s.mu.Unlock()
+	want := make(map[uint32]int) // chunks to fault in, per device
+	var devs []uint32
+	for _, c := range p.need {
+		if want[c.dev] == 0 {
+			devs = append(devs, c.dev)
+		}
+		want[c.dev]++
+	}
+	// Stay within the cap, evicting chunks of the devices that need frames
+	// first, since their frames can be reused as they are.
+	if s.maxFrames != 0 {
+		excess := s.frames + len(p.need) - s.maxFrames
+		for _, dev := range devs {
+			if k := min(excess-len(p.victims), want[dev]); k > 0 {
+				p.victims = append(p.victims, s.coldest(s.resident[dev], k)...)
+			}
+		}
+		if k := excess - len(p.victims); k > 0 {
+			var all []*chunk
+			for _, dev := range slices.Sorted(maps.Keys(s.resident)) {
+				all = append(all, s.resident[dev]...)
+			}
+			p.victims = append(p.victims, s.coldest(all, k)...)
+		}
+		if len(p.victims) < excess { // cannot happen: the ranges fit the cap
+			return fmt.Errorf("%d chunks to fault in, only %d of %d resident chunks may be evicted: %w",
+				len(p.need), len(p.victims), s.frames, api.ErrOutOfMemory)
+		}
+	}
+	reuse := make(map[uint32][]uint64)
+	for _, v := range p.victims {
+		reuse[v.dev] = append(reuse[v.dev], v.frame)
+	}
+	p.frames = make([]planFrame, len(p.need))
+	for first := 0; first < len(p.need); {
+		dev := p.need[first].dev
+		last := first + want[dev]
+		i := first
+		for ; i < last && len(reuse[dev]) > 0; i++ {
+			p.frames[i] = planFrame{frame: reuse[dev][0], reused: true}
+			reuse[dev] = reuse[dev][1:]
+		}
+		reused, granted := i-first, 0
+		if i < last {
+			s.mu.Unlock() // never across a source call
+			frames, err := s.grantSome(dev, last-i)
+			s.mu.Lock()
+			for _, f := range frames {
+				p.granted = append(p.granted, devFrame{dev, f})
+				p.frames[i] = planFrame{frame: f}
+				i++
+			}
+			if err != nil {
+				return err
+			}
+			granted = len(frames)
+		}
+		if i < last { // the device is full: evict to make room
+			more := s.coldest(s.resident[dev], last-i)
+			if len(more) < last-i {
+				return fmt.Errorf("device %d is full: %d frames wanted for chunks to fault in, %d granted, and only %d resident chunks of the device outside the range may be evicted: %w",
+					dev, want[dev], granted, reused+len(more), api.ErrOutOfMemory)
+			}
+			for _, v := range more {
+				p.victims = append(p.victims, v)
+				p.frames[i] = planFrame{frame: v.frame, reused: true}
+				i++
+			}
+		}
+		first = last
+	}
+	for dev, frames := range reuse {
+		for _, f := range frames {
+			p.spare = append(p.spare, devFrame{dev, f})
+		}
+	}
+	return nil
+}
+
+// coldest picks up to k chunks of list, least recently translated first,
+// that are neither pinned by the current fault-in nor picked already, and
+// marks them picked. The caller holds mu and allocMu.
+func (s *Space) coldest(list []*chunk, k int) []*chunk {
+	var cand []*chunk
+	for _, c := range list {
+		if c.pin != s.pinEpoch {
+			cand = append(cand, c)
+		}
+	}
+	switch {
+	case k <= 0:
+		cand = nil
+	case k == 1 && len(cand) > 1:
+		best := cand[0]
+		for _, c := range cand[1:] {
+			if c.lru < best.lru || c.lru == best.lru && c.va < best.va {
+				best = c
+			}
+		}
+		cand = []*chunk{best}
+	case k < len(cand):
+		slices.SortFunc(cand, func(a, b *chunk) int { return cmp.Or(cmp.Compare(a.lru, b.lru), cmp.Compare(a.va, b.va)) })
+		cand = cand[:k]
+	}
+	for _, c := range cand {
+		c.pin = s.pinEpoch
+	}
+	return cand
+}
+
+// grantSome grants up to n frames of dev, recording them as held: all at
+// once if it can, else one at a time until the device is full. It fails
+// only for errors other than out-of-memory, returning what it got so far.
+func (s *Space) grantSome(dev uint32, n int) ([]uint64, error) {
+	frames, err := s.grant(dev, n)
+	if errors.Is(err, api.ErrOutOfMemory) && n > 1 {
+		frames, err = nil, nil
+		for len(frames) < n {
+			f, ferr := s.grant(dev, 1)
+			if ferr != nil {
+				err = ferr
+				break
+			}
+			frames = append(frames, f[0])
+			s.held[devFrame{dev, f[0]}] = true // so that a repeat is refused
+		}
+	}
+	for _, f := range frames {
+		s.held[devFrame{dev, f}] = true
+	}
+	if errors.Is(err, api.ErrOutOfMemory) {
+		err = nil
+	}
+	return frames, err
+}
+
+// undo reverses a fault-in plan that has not committed: it drops the saved
+// victims' entries and returns the granted frames. It returns err, with
+// any failure to return frames.
+func (s *Space) undo(p *faultPlan, err error) error {
+	for _, k := range p.keys {
+		s.store.Drop(k)
+	}
+	for _, f := range p.granted {
+		delete(s.held, f)
+	}
+	return errors.Join(err, s.returnFrames("granted for a failed fault-in", p.granted))
+}
+
+// returnFrames gives frames back to the source, one call per device. As in
+// Free, frames whose Return fails are forgotten.
+func (s *Space) returnFrames(what string, fs []devFrame) error {
+	byDev := make(map[uint32][]uint64)
+	for _, f := range fs {
+		byDev[f.dev] = append(byDev[f.dev], f.frame)
+	}
+	var errs []error
+	for _, dev := range slices.Sorted(maps.Keys(byDev)) {
+		frames := byDev[dev]
+		slices.Sort(frames)
+		if err := s.src.Return(dev, frames); err != nil {
+			errs = append(errs, fmt.Errorf("return %d frames of device %d %s: %w", len(frames), dev, what, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// save copies a resident chunk's frame into the store and returns its key.
+// The caller holds allocMu.
+func (s *Space) save(c *chunk) (uint64, error) {
+	read := func(b []byte) error { return s.src.Read(c.dev, c.frame, b) }
+	var key uint64
+	var err error
+	if s.lend != nil {
+		key, err = s.lend.putFrom(read)
+	} else {
+		buf := framePool.Get().(*[FrameSize]byte)
+		if err = read(buf[:]); err == nil {
+			key, err = s.store.Put(buf[:])
+		}
+		framePool.Put(buf)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("evict chunk %#x of device %d (frame %#x): %w", c.va, c.dev, c.frame, err)
+	}
+	return key, nil
+}
+
+// load fills frame f with the contents of the evicted chunk c. The caller
+// holds allocMu.
+func (s *Space) load(c *chunk, f planFrame) error {
+	var err error
+	switch {
+	case c.stored:
+		write := func(b []byte) error { return s.src.Write(c.dev, f.frame, b) }
+		if s.lend != nil {
+			err = s.lend.view(c.key, write)
+		} else {
+			buf := framePool.Get().(*[FrameSize]byte)
+			if err = s.store.Get(c.key, buf[:]); err == nil {
+				err = write(buf[:])
+			}
+			framePool.Put(buf)
+		}
+	case f.reused: // a fresh frame reads as zero already
+		err = s.src.Zero(c.dev, f.frame)
+	}
+	if err != nil {
+		return fmt.Errorf("fault in chunk %#x of device %d (frame %#x): %w", c.va, c.dev, f.frame, err)
+	}
+	return nil
+}
+
+// evictLocked unmaps the resident chunk c, whose contents the store holds
+// under key. The caller holds both locks and disposes of c's frame.
+func (s *Space) evictLocked(c *chunk, key uint64) {
+	c.runs(func(first, pages int) {
+		s.pt.unmapRange(c.va+uint64(first)*Page4K, uint64(pages)*Page4K)
+	})
+	s.tlb.invalidate(c.va, Page2M)
+	s.dropResident(c)
+	c.resident, c.stored, c.key = false, true, key
+	s.evicted++
+	s.evictions++
+}
+
+// mapChunk maps the allocated pages of the resident chunk c. The caller
+// holds both locks.
+func (s *Space) mapChunk(c *chunk) {
+	c.runs(func(first, pages int) {
+		off := uint64(first) * Page4K
+		s.pt.mapRange(c.va+off, c.frame+off, uint64(pages)*Page4K)
+	})
+}
+
+// evict evicts the resident chunk that contains va or, with va 0, the least
+// recently translated resident chunk, and returns its frame. It reports
+// whether it evicted one; on failure nothing changes. Tests use it to
+// interleave evictions with everything else.
+func (s *Space) evict(va uint64) (bool, error) {
+	s.allocMu.Lock()
+	defer s.allocMu.Unlock()
+	switch {
+	case s.closed:
+		return false, fmt.Errorf("evict %#x: %w", va, errClosed)
+	case s.store == nil:
+		return false, fmt.Errorf("evict %#x: the space does not oversubscribe: %w", va, api.ErrInvalidArgument)
+	}
+	var c *chunk
+	if va == 0 {
+		s.pinEpoch++
+		var all []*chunk
+		for _, dev := range slices.Sorted(maps.Keys(s.resident)) {
+			all = append(all, s.resident[dev]...)
+		}
+		s.mu.Lock()
+		if cs := s.coldest(all, 1); len(cs) == 1 {
+			c = cs[0]
+		}
+		s.mu.Unlock()
+	} else {
+		c = s.chunks[va&^(Page2M-1)]
+	}
+	if c == nil || !c.resident {
+		return false, nil
+	}
+	key, err := s.save(c)
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	s.evictLocked(c, key)
+	s.mu.Unlock()
+	return true, s.returnFrames("of an evicted chunk", []devFrame{{c.dev, c.frame}})
+}

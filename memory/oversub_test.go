@@ -1,0 +1,493 @@
+package memory
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// writeVA writes p at va through the space's translation into the fake
+// node's frames, as a copy to the device would.
+func writeVA(t testing.TB, node *fakeNode, s *Space, va uint64, p []byte) {
+	t.Helper()
+	dev, xs, err := s.Translate(va, uint64(len(p)))
+	if err != nil {
+		t.Fatalf("translate %#x+%d: %v", va, len(p), err)
+	}
+	copyExtents(node, dev, xs, p, true)
+}
+
+// readVA reads n bytes at va as a copy from the device would.
+func readVA(t testing.TB, node *fakeNode, s *Space, va, n uint64) []byte {
+	t.Helper()
+	dev, xs, err := s.Translate(va, n)
+	if err != nil {
+		t.Fatalf("translate %#x+%d: %v", va, n, err)
+	}
+	p := make([]byte, n)
+	copyExtents(node, dev, xs, p, false)
+	return p
+}
+
+// copyExtents copies p into (write) or out of the node memory of xs.
+func copyExtents(node *fakeNode, dev uint32, xs []api.Extent, p []byte, write bool) {
+	for _, x := range xs {
+		for pa, end := x.Addr, x.Addr+x.Len; pa < end; {
+			n := min(end, (pa|(FrameSize-1))+1) - pa
+			b := node.bytes(dev, pa)[pa%FrameSize:][:n]
+			if write {
+				copy(b, p)
+			} else {
+				copy(p, b)
+			}
+			p, pa = p[n:], pa+n
+		}
+	}
+}
+
+// pattern returns n bytes that differ with seed and with the 4 KiB page:
+// each page is one random block of the seed, with the seed and the page
+// number written at both ends.
+func pattern(seed uint64, n int) []byte {
+	block := make([]byte, Page4K)
+	r := rand.New(rand.NewPCG(seed, seed))
+	for i := 0; i < len(block); i += 8 {
+		binary.LittleEndian.PutUint64(block[i:], r.Uint64())
+	}
+	p := make([]byte, n)
+	for off := 0; off < n; off += Page4K {
+		page := p[off:min(n, off+Page4K)]
+		copy(page, block)
+		var tag [16]byte
+		binary.LittleEndian.PutUint64(tag[:], seed)
+		binary.LittleEndian.PutUint64(tag[8:], uint64(off/Page4K))
+		copy(page, tag[:])
+		if len(page) >= 32 {
+			copy(page[len(page)-16:], tag[:])
+		}
+	}
+	return p
+}
+
+func newStore(t testing.TB, ramFrames uint64, spill bool) *HostStore {
+	t.Helper()
+	dir := ""
+	if spill {
+		dir = t.TempDir()
+	}
+	h, err := NewHostStore(ramFrames*FrameSize, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// TestOversubscribeRoundTrip keeps twice as much memory as the device has
+// and cycles through it: every byte comes back, chunks fault in and out,
+// and full chunks are single 2 MiB leaves whenever they are resident.
+func TestOversubscribeRoundTrip(t *testing.T) {
+	for _, lend := range []bool{true, false} {
+		t.Run(fmt.Sprintf("lend=%v", lend), func(t *testing.T) {
+			node := newFakeNode(2)
+			hs := newStore(t, 1, true) // one frame of RAM, then the spill file
+			var store Store = hs
+			if !lend {
+				store = newCheckedStore(hs, false)
+			}
+			s := NewSpace(node.lease(0), 0)
+			s.Oversubscribe(store, 0)
+			big := mustAlloc(t, s, 0, 3*Page2M)
+			small := mustAlloc(t, s, 0, 5*Page4K)
+			// The device cannot back the 3 chunks of big, which start
+			// evicted; small gets a frame.
+			st := s.Stats()
+			if st.Resident != Page2M || st.Evicted != 3*Page2M || st.Frames != 1 || st.Allocated != 3*Page2M+5*Page4K {
+				t.Fatalf("after allocating twice the device: %+v", st)
+			}
+			data := map[uint64][]byte{
+				big: pattern(1, Page2M), big + Page2M: pattern(2, Page2M), big + 2*Page2M: pattern(3, Page2M),
+				small: pattern(4, 5*Page4K),
+			}
+			for round := range 3 {
+				for _, va := range []uint64{big, big + Page2M, big + 2*Page2M, small} {
+					if round == 0 {
+						writeVA(t, node, s, va, data[va])
+						continue
+					}
+					if got := readVA(t, node, s, va, uint64(len(data[va]))); !bytes.Equal(got, data[va]) {
+						t.Fatalf("round %d: %#x lost its data", round, va)
+					}
+				}
+			}
+			st = s.Stats()
+			if st.Frames != 2 || st.Faults == 0 || st.Evictions == 0 || st.Resident+st.Evicted != 4*Page2M {
+				t.Errorf("after cycling: %+v", st)
+			}
+			if hst := hs.Stats(); hst.RAM != FrameSize || hst.Spilled != FrameSize {
+				t.Errorf("store: %+v, want one entry in RAM and one spilled", hst)
+			}
+			// A full resident chunk is one 2 MiB leaf.
+			mustTranslate(t, s, big, Page2M)
+			s.mu.Lock()
+			l, ok := s.pt.walk(big)
+			s.mu.Unlock()
+			if !ok || l.class != class2M {
+				t.Errorf("faulted-in full chunk: leaf %+v, %v; want a 2 MiB leaf", l, ok)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if hst := hs.Stats(); hst.RAM != 0 || hst.Spilled != 0 || len(node.owner) != 0 || len(node.violations) != 0 {
+				t.Errorf("after close: store %+v, %d frames leased, violations %v", hst, len(node.owner), node.violations)
+			}
+		})
+	}
+}
+
+// TestOversubscribeZeroChunks: a chunk created evicted reads as zero, also
+// when it is faulted into a frame reused from another chunk.
+func TestOversubscribeZeroChunks(t *testing.T) {
+	node := newFakeNode(1)
+	s := NewSpace(node.lease(0), 0)
+	s.Oversubscribe(newStore(t, 4, false), 0)
+	a := mustAlloc(t, s, 0, Page2M)
+	b := mustAlloc(t, s, 0, Page2M) // the device is full: b starts evicted
+	writeVA(t, node, s, a, bytes.Repeat([]byte{0xaa}, Page2M))
+	if got := readVA(t, node, s, b, Page2M); !bytes.Equal(got, make([]byte, Page2M)) {
+		t.Fatal("a never-written chunk faulted into a reused frame is not zero")
+	}
+	if node.zeros != 1 || node.writes != 0 || node.reads != 1 {
+		t.Errorf("node saw %d reads, %d writes, %d zeros; want 1, 0, 1", node.reads, node.writes, node.zeros)
+	}
+	if got := readVA(t, node, s, a, Page2M); !bytes.Equal(got, bytes.Repeat([]byte{0xaa}, Page2M)) {
+		t.Fatal("evicted chunk lost its data")
+	}
+}
+
+// TestOversubscribeCap: the resident cap holds, a range larger than it
+// fails with out-of-memory naming both sizes, and nothing changes.
+func TestOversubscribeCap(t *testing.T) {
+	node := newFakeNode(8)
+	store := newStore(t, 8, false)
+	s := NewSpace(node.lease(0), 0)
+	s.Oversubscribe(store, 2*FrameSize)
+	va := mustAlloc(t, s, 0, 3*Page2M)
+	if st := s.Stats(); st.Frames != 2 || st.Evicted != Page2M {
+		t.Fatalf("3 chunks under a cap of 2: %+v", st)
+	}
+	before := s.Stats()
+	_, _, err := s.Translate(va, 2*Page2M+1)
+	wantErr(t, "range over the cap", err, api.ErrOutOfMemory, fmt.Sprint(2*Page2M+1), fmt.Sprint(2*FrameSize))
+	if st := s.Stats(); st != before {
+		t.Errorf("failed translate changed stats: %+v, was %+v", st, before)
+	}
+	for off := uint64(0); off < 3*Page2M; off += Page2M / 2 {
+		mustTranslate(t, s, va+off, Page2M/2)
+		if st := s.Stats(); st.Frames > 2 {
+			t.Fatalf("%d frames over the cap of 2", st.Frames)
+		}
+	}
+	if len(node.held(0)) != 2 {
+		t.Errorf("space holds %d frames, cap 2", len(node.held(0)))
+	}
+}
+
+// TestOversubscribeFull: when neither the device nor the host store can
+// take more, a fault fails with out-of-memory that names both budgets, and
+// nothing changes; an allocation still succeeds (the quota allows it).
+func TestOversubscribeFull(t *testing.T) {
+	node := newFakeNode(1)
+	store := newStore(t, 0, false)
+	s := NewSpace(node.lease(0), 0)
+	s.Oversubscribe(store, 0)
+	a := mustAlloc(t, s, 0, Page2M)
+	b := mustAlloc(t, s, 0, Page2M)
+	data := pattern(7, Page2M)
+	writeVA(t, node, s, a, data)
+	before := s.Stats()
+	_, _, err := s.Translate(b, 1)
+	wantErr(t, "both full", err, api.ErrOutOfMemory, "host store full", "0 of 0 bytes of host memory", "no spill file")
+	if st := s.Stats(); !sameStats(st, before) {
+		t.Errorf("stats %+v, were %+v", st, before)
+	}
+	if got := readVA(t, node, s, a, Page2M); !bytes.Equal(got, data) {
+		t.Error("resident chunk changed by a failed fault")
+	}
+	// Device full and nothing else to evict: the other chunk is in the range.
+	_, err = s.TranslateAll([]Range{{a, 1}, {b, 1}})
+	wantErr(t, "device full", err, api.ErrOutOfMemory, "device 0 is full")
+
+	// The same with a quota: over it is quota exceeded, not out of memory.
+	q := NewSpace(newFakeNode(1).lease(0), 2*Page2M)
+	q.Oversubscribe(newStore(t, 0, false), 0)
+	mustAlloc(t, q, 0, 2*Page2M)
+	_, err = q.Alloc(0, 1)
+	wantErr(t, "over the quota", err, api.ErrQuotaExceeded)
+}
+
+// TestTranslateAllKeepsOperands: translating a command's operands together
+// never evicts one for another, where one by one it would.
+func TestTranslateAllKeepsOperands(t *testing.T) {
+	node := newFakeNode(2)
+	s := NewSpace(node.lease(0), 0)
+	s.Oversubscribe(newStore(t, 8, false), 0)
+	src := mustAlloc(t, s, 0, Page2M)
+	dst := mustAlloc(t, s, 0, Page2M)
+	other := mustAlloc(t, s, 0, Page2M) // evicted: the device holds two
+	mustTranslate(t, s, dst, 1)         // src is now the coldest
+	if s.Resident((Range{other, 1})) || !s.Resident((Range{src, 1}), (Range{dst, 1})) {
+		t.Fatal("Resident disagrees with the placement")
+	}
+	ts, err := s.TranslateAll([]Range{{src, Page2M}, {other, Page2M}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Resident((Range{src, 1}), (Range{other, 1})) || s.Resident((Range{dst, 1})) {
+		t.Fatal("TranslateAll evicted an operand, or kept the unrelated chunk")
+	}
+	if ts[0].Extents[0].Addr == ts[1].Extents[0].Addr {
+		t.Fatalf("two operands share a frame: %v", ts)
+	}
+	_, err = s.TranslateAll([]Range{{src, 1}, {dst, 1}, {other, 1}})
+	wantErr(t, "three operands, two frames", err, api.ErrOutOfMemory)
+	_, err = s.TranslateAll([]Range{{src, 1}, {0, 1}})
+	wantErr(t, "an invalid operand", err, api.ErrInvalidAddress)
+}
+
+// TestFaultAcrossDevices: under a cap, a fault on one device may evict a
+// chunk of another, whose frame goes back to its node.
+func TestFaultAcrossDevices(t *testing.T) {
+	node := newFakeNode(4)
+	s := NewSpace(node.lease(0), 0)
+	s.Oversubscribe(newStore(t, 8, false), FrameSize)
+	a := mustAlloc(t, s, 0, Page2M)
+	b := mustAlloc(t, s, 1, Page2M)
+	writeVA(t, node, s, a, pattern(1, Page2M))
+	writeVA(t, node, s, b, pattern(2, Page2M))
+	if got := readVA(t, node, s, a, Page2M); !bytes.Equal(got, pattern(1, Page2M)) {
+		t.Fatal("device 0 chunk lost its data")
+	}
+	held := node.held(0)
+	if len(held) != 1 || !held[devFrame{0, mustTranslate(t, s, a, 1)[0].Addr &^ (FrameSize - 1)}] {
+		t.Fatalf("space holds %v; want only device 0's frame", held)
+	}
+}
+
+// TestFaultGrantsOneByOne: a fault-in that needs more frames than the node
+// can grant in one run takes what it can, then evicts for the rest.
+func TestFaultGrantsOneByOne(t *testing.T) {
+	node := newFakeNode(4)
+	s := NewSpace(node.lease(0), 0)
+	s.Oversubscribe(newStore(t, 8, false), 0)
+	va := mustAlloc(t, s, 0, 3*Page2M) // frames 0-2
+	for i := range uint64(3) {
+		writeVA(t, node, s, va+i*Page2M, pattern(i, Page2M))
+	}
+	other := NewSpace(node.lease(1), 0)
+	mustAlloc(t, other, 0, Page2M) // frame 3
+	for _, off := range []uint64{0, Page2M} {
+		if ok, err := s.evict(va + off); !ok || err != nil {
+			t.Fatalf("evict: %v, %v", ok, err)
+		}
+	}
+	mustAlloc(t, other, 0, Page2M) // one of the two frames just returned
+	// A grant of 2 fails, one of 1 succeeds, and the third chunk is evicted
+	// for the other frame.
+	for i := range uint64(2) {
+		if got := readVA(t, node, s, va+i*Page2M, Page2M); i == 0 && !bytes.Equal(got, pattern(i, Page2M)) {
+			t.Fatalf("chunk %d lost its data", i)
+		}
+	}
+	mustTranslate(t, s, va, 2*Page2M)
+	if st := s.Stats(); st.Frames != 2 || st.Evicted != Page2M || st.Faults != 2 || st.Evictions != 3 {
+		t.Errorf("after the fault: %+v", st)
+	}
+	for i := range uint64(3) {
+		if got := readVA(t, node, s, va+i*Page2M, Page2M); !bytes.Equal(got, pattern(i, Page2M)) {
+			t.Fatalf("chunk %d lost its data", i)
+		}
+	}
+	if len(node.violations) != 0 {
+		t.Error(node.violations)
+	}
+}
+
+// TestFaultIOFailure: a node that fails mid fault-in loses no data; the
+// next try succeeds.
+func TestFaultIOFailure(t *testing.T) {
+	for _, op := range []string{"read", "write"} {
+		t.Run(op, func(t *testing.T) {
+			node := newFakeNode(1)
+			store := newStore(t, 4, false)
+			s := NewSpace(node.lease(0), 0)
+			s.Oversubscribe(store, 0)
+			a := mustAlloc(t, s, 0, Page2M)
+			b := mustAlloc(t, s, 0, Page2M)
+			writeVA(t, node, s, a, pattern(1, Page2M))
+			writeVA(t, node, s, b, pattern(2, Page2M)) // a evicted
+			before := s.Stats()
+			if op == "write" {
+				// Read of b succeeds, the write of a's contents fails.
+				s.src = failOnWrite{node.lease(0)}
+			} else {
+				node.failIO = fmt.Errorf("link down: %w", api.ErrUnavailable)
+			}
+			_, _, err := s.Translate(a, 1)
+			wantErr(t, "fault with failing "+op, err, api.ErrUnavailable, "link down")
+			s.src = node.lease(0)
+			if op == "read" {
+				// Nothing committed: as it was.
+				if st := s.Stats(); !sameStats(st, before) {
+					t.Errorf("stats %+v, were %+v", st, before)
+				}
+			} else if st := s.Stats(); st.Frames != 0 || st.Evicted != 2*Page2M || len(node.held(0)) != 0 {
+				// Both evicted, the frame returned.
+				t.Errorf("after a failed write: %+v, %d frames held", st, len(node.held(0)))
+			}
+			for _, x := range []struct {
+				va   uint64
+				seed uint64
+			}{{a, 1}, {b, 2}, {a, 1}} {
+				if got := readVA(t, node, s, x.va, Page2M); !bytes.Equal(got, pattern(x.seed, Page2M)) {
+					t.Fatalf("%#x lost its data", x.va)
+				}
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if st := store.Stats(); st.RAM != 0 || len(node.violations) != 0 {
+				t.Errorf("after close: %+v, %v", st, node.violations)
+			}
+		})
+	}
+}
+
+type failOnWrite struct{ lease }
+
+func (f failOnWrite) Write(uint32, uint64, []byte) error {
+	return fmt.Errorf("link down: %w", api.ErrUnavailable)
+}
+
+// TestFreeAndCloseDropEntries: freeing an evicted chunk's last page and
+// closing the space drop its store entries, exactly once.
+func TestFreeAndCloseDropEntries(t *testing.T) {
+	hs := newStore(t, 8, false)
+	store := newCheckedStore(hs, false)
+	node := newFakeNode(8)
+	s := NewSpace(node.lease(0), 0)
+	s.Oversubscribe(store, 0)
+	a := mustAlloc(t, s, 0, 2*Page2M)
+	b := mustAlloc(t, s, 0, Page4K)
+	c := mustAlloc(t, s, 0, Page4K) // shares b's chunk
+	for _, va := range []uint64{a, a + Page2M, b} {
+		if ok, err := s.evict(va); !ok || err != nil {
+			t.Fatalf("evict %#x: %v, %v", va, ok, err)
+		}
+	}
+	if store.count() != 3 || s.Stats().Frames != 0 {
+		t.Fatalf("%d entries, %+v", store.count(), s.Stats())
+	}
+	if err := s.Free(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Free(b); err != nil { // c keeps the chunk
+		t.Fatal(err)
+	}
+	if store.count() != 1 {
+		t.Fatalf("%d entries after freeing, want c's chunk only", store.count())
+	}
+	if ok, err := s.evict(c); ok || err != nil {
+		t.Fatalf("evict of an evicted chunk: %v, %v", ok, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if store.count() != 0 || len(store.problems()) != 0 || hs.Stats().RAM != 0 {
+		t.Errorf("after close: %d entries, %v, %+v", store.count(), store.problems(), hs.Stats())
+	}
+	if _, err := s.evict(0); !errors.Is(err, api.ErrInvalidArgument) {
+		t.Errorf("evict after close: %v", err)
+	}
+}
+
+func TestOversubscribeMisuse(t *testing.T) {
+	s := NewSpace(newFakeNode(1).lease(0), 0)
+	if _, err := s.evict(0); !errors.Is(err, api.ErrInvalidArgument) {
+		t.Errorf("evict without oversubscription: %v", err)
+	}
+	if !s.Resident((Range{vaBase, 1})) {
+		t.Error("a space that does not oversubscribe is always resident")
+	}
+	mustPanic(t, "nil store", func() { s.Oversubscribe(nil, 0) })
+	mustAlloc(t, s, 0, 1)
+	mustPanic(t, "in use", func() { s.Oversubscribe(newStore(t, 1, false), 0) })
+}
+
+func mustPanic(t *testing.T, what string, f func()) {
+	t.Helper()
+	defer func() {
+		if recover() == nil {
+			t.Errorf("%s: no panic", what)
+		}
+	}()
+	f()
+}
+
+// TestOversubscribeConcurrent runs allocations, frees and stats from many
+// goroutines on one oversubscribed space, with translate-and-access
+// serialised as the mediator does, and checks every byte.
+func TestOversubscribeConcurrent(t *testing.T) {
+	node := newFakeNode(6)
+	hs := newStore(t, 4, true)
+	s := NewSpace(node.lease(0), 0)
+	s.Oversubscribe(hs, 4*FrameSize)
+	var issue sync.Mutex // translate and access, as one session's pipeline
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			sizes := []uint64{Page4K, 100 << 10, Page2M, 3 << 20}
+			for i := range 20 {
+				size := sizes[(g+i)%len(sizes)]
+				va, err := s.Alloc(uint32(g%2), size)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				data := pattern(uint64(g*100+i), int(size))
+				issue.Lock()
+				writeVA(t, node, s, va, data)
+				issue.Unlock()
+				s.Stats()
+				issue.Lock()
+				got := readVA(t, node, s, va, size)
+				issue.Unlock()
+				if !bytes.Equal(got, data) {
+					t.Errorf("goroutine %d: allocation %#x lost its data", g, va)
+				}
+				if err := s.Free(va); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if st := s.Stats(); st.Allocations != 0 || st.Frames != 0 || st.Evicted != 0 || len(node.held(0)) != 0 {
+		t.Errorf("after balanced allocs and frees: %+v", st)
+	}
+	if st := hs.Stats(); st.RAM != 0 || st.Spilled != 0 {
+		t.Errorf("store keeps %+v", st)
+	}
+}
+
+// sameStats compares stats but for the TLB counters.
+func sameStats(a, b Stats) bool {
+	a.TLBHits, a.TLBMisses, b.TLBHits, b.TLBMisses = 0, 0, 0, 0
+	return a == b
+}
