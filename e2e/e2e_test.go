@@ -244,3 +244,31 @@ func TestBenchReportsRatios(t *testing.T) {
 	}
 	waitFor(t, "all memory released", func() bool { return idle(status(t, socket)) })
 }
+
+// A tenant process works on a buffer 1.5 times its device's memory through
+// real vgpu-node and vgpu-mediator processes and gets exact results.
+func TestOversubscribedBuffer(t *testing.T) {
+	addr := freePort(t)
+	startProc(t, "vgpu-node", "--listen", addr, "--devices", "1", "--memory", "32MiB", "--log-level", "warn")
+	waitFor(t, "vgpu-node to listen", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "m.sock")
+	startProc(t, "vgpu-mediator", "--socket", socket, "--node", addr, "--oversubscribe", "2", "--host-memory", "8MiB",
+		"--state-dir", dir, "--quota", "", "--containerd", "", "--log-level", "warn")
+	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	// Two 24 MiB vectors; each launch works on a 2 MiB window of them.
+	out, err := run(t, "tenant", "--socket", socket, "--tenant", "big", "--n", fmt.Sprint(6<<20), "--window", fmt.Sprint(512<<10))
+	if err != nil || strings.TrimSpace(out) != "ok" {
+		t.Fatalf("tenant over 48 MiB on a 32 MiB device: %v\n%s", err, out)
+	}
+	waitFor(t, "all memory released", func() bool {
+		st := status(t, socket)
+		return idle(st) && st.HostRAM == 0 && st.HostSpilled == 0
+	})
+}
