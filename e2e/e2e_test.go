@@ -96,9 +96,15 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 
 // cluster starts a vgpu-node with two sim devices and a vgpu-mediator using it.
 func cluster(t *testing.T) (socket string) {
+	return startSystem(t, []string{"--devices", "2", "--memory", "1GiB"}, nil)
+}
+
+// startSystem starts a vgpu-node and a vgpu-mediator using it, each with
+// extra flags, and returns the mediator's socket.
+func startSystem(t *testing.T, nodeFlags, mediatorFlags []string) (socket string) {
 	t.Helper()
 	addr := freePort(t)
-	startProc(t, "vgpu-node", "--listen", addr, "--devices", "2", "--memory", "1GiB", "--log-level", "warn")
+	startProc(t, "vgpu-node", append([]string{"--listen", addr, "--log-level", "warn"}, nodeFlags...)...)
 	waitFor(t, "vgpu-node to listen", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
@@ -108,7 +114,8 @@ func cluster(t *testing.T) (socket string) {
 	})
 	dir := t.TempDir()
 	socket = filepath.Join(dir, "mediator.sock")
-	startProc(t, "vgpu-mediator", "--socket", socket, "--node", addr, "--state-dir", dir, "--quota", "", "--containerd", "", "--log-level", "warn")
+	startProc(t, "vgpu-mediator", append([]string{"--socket", socket, "--node", addr, "--state-dir", dir,
+		"--quota", "", "--containerd", "", "--log-level", "warn"}, mediatorFlags...)...)
 	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
 	return socket
 }
@@ -248,20 +255,8 @@ func TestBenchReportsRatios(t *testing.T) {
 // A tenant process works on a buffer 1.5 times its device's memory through
 // real vgpu-node and vgpu-mediator processes and gets exact results.
 func TestOversubscribedBuffer(t *testing.T) {
-	addr := freePort(t)
-	startProc(t, "vgpu-node", "--listen", addr, "--devices", "1", "--memory", "32MiB", "--log-level", "warn")
-	waitFor(t, "vgpu-node to listen", func() bool {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
-	dir := t.TempDir()
-	socket := filepath.Join(dir, "m.sock")
-	startProc(t, "vgpu-mediator", "--socket", socket, "--node", addr, "--oversubscribe", "2", "--host-memory", "8MiB",
-		"--state-dir", dir, "--quota", "", "--containerd", "", "--log-level", "warn")
-	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	socket := startSystem(t, []string{"--devices", "1", "--memory", "32MiB"},
+		[]string{"--oversubscribe", "2", "--host-memory", "8MiB"})
 	// Two 24 MiB vectors; each launch works on a 2 MiB window of them.
 	out, err := run(t, "tenant", "--socket", socket, "--tenant", "big", "--n", fmt.Sprint(6<<20), "--window", fmt.Sprint(512<<10))
 	if err != nil || strings.TrimSpace(out) != "ok" {
