@@ -174,11 +174,12 @@ func (n *Node) Status() api.NodeStatus {
 
 // conn is one mediator connection: one tenant's view of the node.
 type conn struct {
-	node   *Node
-	c      *api.Conn
-	owner  owner
-	tenant string
-	log    logrus.FieldLogger
+	node    *Node
+	c       *api.Conn
+	owner   owner
+	tenant  string
+	log     logrus.FieldLogger
+	pending atomic.Int64 // requests queued for or running in the executor
 }
 
 type request struct {
@@ -273,26 +274,51 @@ func (c *conn) readLoop(queue chan<- request) error {
 		if err := c.c.ReadBody(r.body); err != nil {
 			return err
 		}
+		// A small request that finds nothing queued or running is executed
+		// here: handing it to the executor would only add a goroutine
+		// switch to its latency. Order holds because only this goroutine
+		// queues, so pending == 0 means every earlier request is done.
+		if r.pool == nil && c.pending.Load() == 0 {
+			if !c.run(r) {
+				return fmt.Errorf("reply to %v: connection broken: %w", h.Op, net.ErrClosed)
+			}
+			continue
+		}
+		c.pending.Add(1)
 		queue <- r
 	}
 }
 
 func (c *conn) execute(queue <-chan request) {
-	failed := false
+	ok := true
 	for r := range queue {
-		if !failed {
-			if err := c.do(r); err != nil {
-				if werr := c.c.ReplyError(r.h, err); werr != nil {
-					failed = true // the reader will see the broken connection too
-					c.c.Close()
-				}
-				c.log.WithError(err).WithField("op", r.h.Op).Debug("request failed")
-			}
+		if ok {
+			ok = c.run(r)
+		} else if r.pool != nil {
+			bodyPool.Put(r.pool)
 		}
+		c.pending.Add(-1)
+	}
+}
+
+// run executes one request and answers it; false means the reply could not
+// be sent and the connection is broken (it is closed, so the reader stops).
+func (c *conn) run(r request) bool {
+	defer func() {
 		if r.pool != nil {
 			bodyPool.Put(r.pool)
 		}
+	}()
+	err := c.do(r)
+	if err == nil {
+		return true
 	}
+	c.log.WithError(err).WithField("op", r.h.Op).Debug("request failed")
+	if werr := c.c.ReplyError(r.h, err); werr != nil {
+		c.c.Close()
+		return false
+	}
+	return true
 }
 
 func (c *conn) device(i uint32) (*device, error) {
