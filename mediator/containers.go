@@ -87,9 +87,15 @@ func loadQuota(path string) (*isolation.Config, error) {
 }
 
 // Reload re-reads the quota file. An invalid file changes nothing; grants
-// already made stay, new admissions see the new limits.
+// already made stay, new admissions see the new limits. A missing file is
+// an error too, not the built-in default (one tenant without caps, which
+// every namespace maps to): a file caught mid-replacement, or deleted by
+// mistake, must not lift every limit.
 func (m *Mediator) Reload() error {
-	cfg, err := loadQuota(m.cfg.Quota)
+	cfg, err := isolation.Default(), error(nil)
+	if m.cfg.Quota != "" {
+		cfg, err = isolation.Load(m.cfg.Quota)
+	}
 	if err != nil {
 		return fmt.Errorf("reload: keeping the current quotas: %w", err)
 	}
@@ -172,13 +178,44 @@ func (m *Mediator) openContainer(g isolation.Grant, factor float64, dir string, 
 // Release ends a container's registration: its socket goes, its sessions
 // end and free their memory, its quota reservation is returned.
 func (m *Mediator) Release(id string) error {
+	return m.releaseIf(id, nil)
+}
+
+// ContainerGone is what a container engine's report that container id
+// ended (the containerd watcher's /tasks/exit, /tasks/delete,
+// /containers/delete) does: it releases the registration only if its init
+// process is gone too. Such a report arrives late and names an id only: by
+// then the id may have been registered again (a restarted Docker container
+// keeps its id) or may be a live container's of another namespace, and
+// neither must lose its grant and sessions. A registration without a pid is
+// released.
+func (m *Mediator) ContainerGone(id string) error {
+	return m.releaseIf(id, func(c *container) error {
+		if c.pid > 0 && alive(c.pid) {
+			return fmt.Errorf("release: container %q: its process %d is still running: %w", id, c.pid, api.ErrInvalidArgument)
+		}
+		return nil
+	})
+}
+
+// releaseIf releases container id if check (nil: always) approves of its
+// registration, deciding and unregistering in one critical section, so that
+// a registration made after the decision is never the one released.
+func (m *Mediator) releaseIf(id string, check func(*container) error) error {
 	m.mu.Lock()
 	ctr := m.containers[id]
-	delete(m.containers, id)
-	m.mu.Unlock()
 	if ctr == nil {
+		m.mu.Unlock()
 		return fmt.Errorf("release: container %q is not registered: %w", id, api.ErrInvalidArgument)
 	}
+	if check != nil {
+		if err := check(ctr); err != nil {
+			m.mu.Unlock()
+			return err
+		}
+	}
+	delete(m.containers, id)
+	m.mu.Unlock()
 	ctr.close()
 	m.admission.Release(id)
 	os.Remove(filepath.Dir(ctr.socket)) // the runtime's directory, if empty now; the runtime removes it too
@@ -206,7 +243,15 @@ func (m *Mediator) reclaimLoop() {
 		}
 		m.mu.Unlock()
 		for _, id := range gone {
-			if m.Release(id) == nil {
+			// Checked again: id may have been released and registered
+			// again, by a live process, since the scan.
+			err := m.releaseIf(id, func(c *container) error {
+				if c.pid > 0 && !alive(c.pid) {
+					return nil
+				}
+				return fmt.Errorf("container %q was registered again: %w", id, api.ErrInvalidArgument)
+			})
+			if err == nil {
 				m.log.WithField("container", id).Info("reclaimed a container that vanished without poststop")
 			}
 		}

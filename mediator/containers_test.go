@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -228,4 +229,52 @@ func TestQuotaReload(t *testing.T) {
 	if ti := tenantInfo(t, op, "team-a"); ti.Memory != 1<<30 {
 		t.Fatalf("after reload: %+v", ti)
 	}
+}
+
+// A containerd report that a container ended arrives late and names only an
+// id: it must not release a registration of that id whose process still
+// runs (the id registered again by a restarted container, or another
+// namespace's container), and releases one whose process is gone.
+func TestContainerGoneSparesALiveRegistration(t *testing.T) {
+	cs := startContainers(t)
+	op := cs.operator(t)
+	if _, err := op.Register(api.Register{Container: "again", Namespace: "moby", Memory: 8 << 20, Pid: uint32(os.Getpid())}); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, cs.med.ContainerGone("again"), api.ErrInvalidArgument, "still running")
+	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 1 || ti.Reserved != 8<<20 {
+		t.Fatalf("a report of a live container's end released it: %+v", ti)
+	}
+	proc := exec.Command("true")
+	if err := proc.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.Register(api.Register{Container: "ended", Namespace: "moby", Memory: 8 << 20, Pid: uint32(proc.Process.Pid)}); err != nil {
+		t.Fatal(err)
+	}
+	// The reclaim loop may have released it first: either way it goes.
+	if err := cs.med.ContainerGone("ended"); err != nil && !strings.Contains(err.Error(), "not registered") {
+		t.Fatal(err)
+	}
+	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 1 || ti.Reserved != 8<<20 {
+		t.Fatalf("after the ended container's report: %+v", ti)
+	}
+	wantErr(t, cs.med.ContainerGone("ended"), api.ErrInvalidArgument, "not registered")
+}
+
+// A reload that finds the quota file missing (deleted by mistake, or caught
+// while being replaced) keeps the current quotas: falling back to the
+// built-in default would map every namespace to one tenant without caps.
+func TestQuotaReloadOfMissingFileKeepsQuotas(t *testing.T) {
+	cs := startContainers(t)
+	op := cs.operator(t)
+	if err := os.Remove(cs.quota); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, op.Reload(), api.ErrUnavailable, "q.toml")
+	if ti := tenantInfo(t, op, "team-a"); ti.Memory != 64<<20 {
+		t.Fatalf("a missing file replaced the quotas: %+v", ti)
+	}
+	_, err := op.Register(api.Register{Container: "big", Namespace: "moby", Memory: 64<<20 + 1})
+	wantErr(t, err, api.ErrQuotaExceeded, "team-a")
 }

@@ -100,7 +100,7 @@ func run(cfg mediator.Config, socket, embMem string, embDevs int, tenantMem, con
 	defer cancel()
 	if containerd != "" {
 		go integration.WatchContainerd(ctx, containerd, log.WithField("component", "containerd-watch"), func(_, id string) {
-			if m.Release(id) == nil {
+			if m.ContainerGone(id) == nil {
 				log.WithField("container", id).Info("reclaimed a container containerd reports gone")
 			}
 		})
