@@ -138,6 +138,7 @@ func New(cfg Config) (*Mediator, error) {
 		n, catalog, err := connectNode(addr)
 		if err != nil {
 			m.closeNodes()
+			store.Close()
 			return nil, err
 		}
 		m.nodes = append(m.nodes, n)
@@ -153,6 +154,7 @@ func New(cfg Config) (*Mediator, error) {
 	}
 	if len(m.devices) == 0 {
 		m.closeNodes()
+		store.Close()
 		return nil, fmt.Errorf("nodes %v export no devices: %w", cfg.Nodes, api.ErrUnavailable)
 	}
 	m.wg.Add(1)

@@ -414,8 +414,31 @@ func (s *session) alloc(dev uint32, size uint64) (uint64, error) {
 	va, err := s.space.Alloc(dev, size)
 	if err != nil {
 		s.budget.release(foot)
+		return 0, err
 	}
-	return va, err
+	// A small allocation may be packed into pages a freed buffer of this
+	// session used; only a chunk's last free returns (and scrubs) its frame.
+	// Clear them, so new memory reads as zeros.
+	if foot < memory.Page2M {
+		if err := s.zero(va, size); err != nil {
+			before := s.space.Stats().Allocated
+			ferr := s.space.Free(va)
+			s.budget.release(before - s.space.Stats().Allocated)
+			return 0, errors.Join(fmt.Errorf("clear new allocation %#x: %w", va, err), ferr)
+		}
+	}
+	return va, nil
+}
+
+// zero fills [va, va+n) with zeros and waits. The caller holds issueMu.
+func (s *session) zero(va, n uint64) error {
+	dev, xs, err := s.space.Translate(va, n)
+	if err != nil {
+		return err
+	}
+	v := s.vdevs[dev]
+	_, err = v.rpc.Call(api.OpNodeFill, nil, api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs}))
+	return err
 }
 
 // free releases what the space stops accounting for. Only this session's
@@ -552,7 +575,10 @@ func (s *session) createStream() (uint32, error) {
 		return 0, fmt.Errorf("session has %d streams, the limit: %w", len(s.streams), api.ErrInvalidArgument)
 	}
 	id := s.nextStream
-	s.nextStream++
+	for s.streams[id] != nil { // ids wrap; never replace a live stream
+		id++
+	}
+	s.nextStream = id + 1
 	s.streams[id] = s.newStream(id)
 	return id, nil
 }
