@@ -42,6 +42,7 @@ type container struct {
 
 	mu       sync.Mutex
 	conns    map[net.Conn]struct{}
+	live     sync.WaitGroup // connections tracked and not yet torn down
 	released bool
 }
 
@@ -52,26 +53,49 @@ func (c *container) track(nc net.Conn) bool {
 		return false
 	}
 	c.conns[nc] = struct{}{}
+	c.live.Add(1)
 	return true
 }
 
+// untrack is called once a connection's session has been torn down.
 func (c *container) untrack(nc net.Conn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.conns, nc)
+	if _, ok := c.conns[nc]; ok {
+		delete(c.conns, nc)
+		c.live.Done()
+	}
 }
 
-// close stops the socket and ends every session of the container; their
-// teardown frees the memory.
-func (c *container) close() {
+// releaseWait bounds how long a release waits for the container's sessions
+// to free their memory before it returns the container's quota anyway.
+const releaseWait = 10 * time.Second
+
+// close stops the socket, ends every session of the container and waits
+// (up to releaseWait) until their teardown has freed their memory, so the
+// quota returned afterwards is really free.
+func (c *container) close() bool {
 	c.mu.Lock()
 	c.released = true
-	conns := c.conns
-	c.conns = map[net.Conn]struct{}{}
+	conns := make([]net.Conn, 0, len(c.conns))
+	for nc := range c.conns {
+		conns = append(conns, nc)
+	}
 	c.mu.Unlock()
 	c.listener.Close() // also unlinks the socket
-	for nc := range conns {
+	for _, nc := range conns {
 		nc.Close()
+	}
+	done := make(chan struct{})
+	go func() {
+		c.live.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(releaseWait):
+		return false
 	}
 }
 
@@ -216,7 +240,9 @@ func (m *Mediator) releaseIf(id string, check func(*container) error) error {
 	}
 	delete(m.containers, id)
 	m.mu.Unlock()
-	ctr.close()
+	if !ctr.close() {
+		m.log.WithField("container", id).Warn("sessions still tearing down after 10s; returning the quota anyway")
+	}
 	m.admission.Release(id)
 	os.Remove(filepath.Dir(ctr.socket)) // the runtime's directory, if empty now; the runtime removes it too
 	m.log.WithField("container", id).Info("container released")

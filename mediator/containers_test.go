@@ -140,6 +140,10 @@ func TestContainerLifecycle(t *testing.T) {
 	if err := op.Release("c1"); err != nil {
 		t.Fatal(err)
 	}
+	// Release returns once the container's sessions have freed their memory.
+	if ti := tenantInfo(t, op, "team-a"); ti.Allocated != 0 {
+		t.Fatalf("right after release team-a still holds %d bytes", ti.Allocated)
+	}
 	cs.waitIdle(t)
 	if _, err := os.Stat(reply.Socket); !os.IsNotExist(err) {
 		t.Fatalf("socket still there after release: %v", err)
