@@ -93,7 +93,7 @@ func Decode(b []byte, m Message) error {
 const Magic = 0x55504756 // "VGPU"
 
 // Version is the protocol version this build speaks. Peers must match.
-const Version = 1
+const Version = 2
 
 // Role says who is connecting.
 type Role uint8
@@ -112,6 +112,11 @@ type Hello struct {
 	Role    Role
 	Tenant  string // the tenant this connection acts for; empty for operators
 	Devices uint32 // virtual devices wanted (tenants); 0 means 1
+	// Mediator → node only: the tenant's fair-share weight (0 means 1) and
+	// the cap on its share of a device's time (0 means none), from the
+	// mediator's quota file.
+	Weight     uint32
+	ComputeMax float32
 }
 
 func (m *Hello) Marshal(e *Encoder) {
@@ -120,6 +125,8 @@ func (m *Hello) Marshal(e *Encoder) {
 	e.U8(uint8(m.Role))
 	e.String(m.Tenant)
 	e.U32(m.Devices)
+	e.U32(m.Weight)
+	e.F32(m.ComputeMax)
 }
 
 func (m *Hello) Unmarshal(d *Decoder) {
@@ -128,6 +135,8 @@ func (m *Hello) Unmarshal(d *Decoder) {
 	m.Role = Role(d.U8())
 	m.Tenant = d.Str()
 	m.Devices = d.U32()
+	m.Weight = d.U32()
+	m.ComputeMax = d.F32()
 }
 
 // DeviceInfo describes a device: to a tenant its virtual device, to a

@@ -64,6 +64,7 @@ var messages = map[string]msgCase{
 		return &Hello{
 			Magic: genU32.Draw(t, "magic"), Version: genU16.Draw(t, "version"), Role: Role(genU8.Draw(t, "role")),
 			Tenant: genStr.Draw(t, "tenant"), Devices: genU32.Draw(t, "devices"),
+			Weight: genU32.Draw(t, "weight"), ComputeMax: float32(genU16.Draw(t, "compute-max")) / 65535,
 		}
 	})},
 	"HelloReply": {new: func() Message { return new(HelloReply) }, gen: gen(func(t *rapid.T) *HelloReply {

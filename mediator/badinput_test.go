@@ -172,7 +172,7 @@ func TestBadHandshakes(t *testing.T) {
 		sentinel error
 		names    []string
 	}{
-		{"wrong version", api.OpHello, hello("x", api.Version+7), api.ErrProtocol, []string{"8"}},
+		{"wrong version", api.OpHello, hello("x", api.Version+7), api.ErrProtocol, []string{fmt.Sprint(api.Version + 7)}},
 		{"not hello first", api.OpMalloc, api.Encode(&api.Malloc{Size: 4096}), api.ErrProtocol, []string{"malloc"}},
 		{"bad magic", api.OpHello, api.Encode(&api.Hello{Magic: 1, Version: api.Version, Role: api.RoleTenant, Tenant: "x"}), api.ErrProtocol, []string{"0x1"}},
 		{"truncated hello", api.OpHello, hello("x", api.Version)[:5], api.ErrProtocol, nil},

@@ -29,6 +29,7 @@
 package mediator
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -67,6 +68,9 @@ type Config struct {
 	// StateDir ("" : no spill file).
 	HostMemory uint64
 	StateDir   string
+	// NodeTLS, when set, is the client configuration for connections to
+	// nodes (mutual TLS under the cluster CA); nil means plain TCP.
+	NodeTLS *tls.Config
 	// ReclaimInterval is how often registered containers' processes are
 	// checked for having vanished without a poststop; default 1s.
 	ReclaimInterval time.Duration
@@ -135,7 +139,7 @@ func New(cfg Config) (*Mediator, error) {
 		conns: map[net.Conn]struct{}{}, stop: make(chan struct{}),
 	}
 	for i, addr := range cfg.Nodes {
-		n, catalog, err := connectNode(addr)
+		n, catalog, err := connectNode(addr, cfg.NodeTLS)
 		if err != nil {
 			m.closeNodes()
 			store.Close()

@@ -1,6 +1,7 @@
 package mediator
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -16,10 +17,25 @@ const DialTimeout = 10 * time.Second
 // statusTimeout bounds a node's answer to a status query.
 const statusTimeout = 5 * time.Second
 
-// dialNode connects to a node for tenant and says hello. The returned RPC is
+// nodeTenant is who a node connection acts for, as the node schedules it.
+type nodeTenant struct {
+	name       string
+	weight     uint32  // fair-share weight; 0 means 1
+	computeMax float32 // cap on its share of a device; 0 means none
+}
+
+// dialNode connects to a node for tenant and says hello, over TLS when
+// tlsCfg is set. The returned RPC is
 // the tenant's own connection: the node ties frames to it.
-func dialNode(addr, tenant string) (*api.RPC, *api.HelloReply, error) {
-	nc, err := net.DialTimeout("tcp", addr, DialTimeout)
+func dialNode(addr string, t nodeTenant, tlsCfg *tls.Config) (*api.RPC, *api.HelloReply, error) {
+	d := &net.Dialer{Timeout: DialTimeout}
+	var nc net.Conn
+	var err error
+	if tlsCfg != nil {
+		nc, err = tls.DialWithDialer(d, "tcp", addr, tlsCfg)
+	} else {
+		nc, err = d.Dial("tcp", addr)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("dial node %s: %v: %w", addr, err, api.ErrUnavailable)
 	}
@@ -27,7 +43,8 @@ func dialNode(addr, tenant string) (*api.RPC, *api.HelloReply, error) {
 		_ = tc.SetNoDelay(true)
 	}
 	rpc := api.NewRPC(api.NewConn(nc), "node "+addr)
-	hello := api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator, Tenant: tenant}
+	hello := api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator,
+		Tenant: t.name, Weight: t.weight, ComputeMax: t.computeMax}
 	call := rpc.Go(api.OpHello, nil, api.Encode(&hello))
 	select {
 	case <-call.Done():
@@ -52,13 +69,14 @@ func dialNode(addr, tenant string) (*api.RPC, *api.HelloReply, error) {
 type node struct {
 	addr    string
 	devices []api.DeviceInfo
+	tls     *tls.Config // nil: plain TCP
 
 	mu  sync.Mutex
 	ctl *api.RPC // redialled when it breaks, so status recovers with the node
 }
 
-func connectNode(addr string) (*node, map[string]api.KernelInfo, error) {
-	rpc, hello, err := dialNode(addr, "")
+func connectNode(addr string, tlsCfg *tls.Config) (*node, map[string]api.KernelInfo, error) {
+	rpc, hello, err := dialNode(addr, nodeTenant{}, tlsCfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -75,7 +93,7 @@ func connectNode(addr string) (*node, map[string]api.KernelInfo, error) {
 	for _, k := range list.Kernels {
 		catalog[k.Name] = k
 	}
-	return &node{addr: addr, devices: hello.Devices, ctl: rpc}, catalog, nil
+	return &node{addr: addr, devices: hello.Devices, tls: tlsCfg, ctl: rpc}, catalog, nil
 }
 
 // control returns the mediator's own connection to the node, dialling a
@@ -85,7 +103,7 @@ func (n *node) control() (*api.RPC, error) {
 	defer n.mu.Unlock()
 	select {
 	case <-n.ctl.Closed():
-		rpc, _, err := dialNode(n.addr, "")
+		rpc, _, err := dialNode(n.addr, nodeTenant{}, n.tls)
 		if err != nil {
 			return nil, err
 		}

@@ -227,7 +227,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	for _, d := range devs {
 		rpc := rpcs[d.node]
 		if rpc == nil {
-			rpc, _, err = dialNode(m.nodes[d.node].addr, s.tenant)
+			rpc, _, err = dialNode(m.nodes[d.node].addr, m.nodeTenant(s.tenant, ctr), m.cfg.NodeTLS)
 			if err != nil {
 				for _, r := range rpcs {
 					r.Close()
@@ -262,6 +262,19 @@ func virtual(resident uint64, factor float64) uint64 {
 		return resident
 	}
 	return uint64(float64(resident) * factor)
+}
+
+// nodeTenant is how a session's node connections present its tenant: the
+// container's granted weight, else the quota file's, and its compute cap.
+func (m *Mediator) nodeTenant(tenant string, ctr *container) nodeTenant {
+	t := nodeTenant{name: tenant, weight: 1}
+	if q := m.admission.Config().Tenants[tenant]; q != nil {
+		t.weight, t.computeMax = max(q.Compute, 1), float32(q.ComputeMax)
+	}
+	if ctr != nil && ctr.grant.Compute > 0 {
+		t.weight = ctr.grant.Compute
+	}
+	return t
 }
 
 // frameSource leases frames from the node behind each virtual device, over
