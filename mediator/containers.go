@@ -294,20 +294,27 @@ func alive(pid int) bool {
 // privileged reports whether the peer of a Unix connection runs as root or
 // as the mediator's own user.
 func privileged(nc net.Conn) bool {
+	cred, err := peerCred(nc)
+	return err == nil && (cred.Uid == 0 || int(cred.Uid) == os.Getuid())
+}
+
+// peerCred returns the credentials of the process on the other end of a
+// Unix connection, as the kernel recorded them at connect.
+func peerCred(nc net.Conn) (*unix.Ucred, error) {
 	uc, ok := nc.(*net.UnixConn)
 	if !ok {
-		return false
+		return nil, fmt.Errorf("not a Unix connection")
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return false
+		return nil, err
 	}
 	var cred *unix.Ucred
 	var cerr error
-	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
-		return false
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return nil, err
 	}
-	return cred.Uid == 0 || int(cred.Uid) == os.Getuid()
+	return cred, cerr
 }
 
 // tenantsJSON lists tenants with limits, containers, reservations and the
@@ -336,4 +343,28 @@ func (m *Mediator) tenantsJSON() ([]byte, error) {
 		return nil, fmt.Errorf("encode tenants: %v: %w", err, api.ErrInternal)
 	}
 	return b, nil
+}
+
+// admitPeer checks that the process on the other end of a connection to a
+// container's socket runs inside that container: it must share the pid
+// namespace of the container's init process. The socket is only mounted
+// into the container, so this guards against a socket passed out of it.
+func (c *container) admitPeer(nc net.Conn) error {
+	if c.pid <= 0 {
+		return nil // registered without a process (tests, operators by hand)
+	}
+	cred, err := peerCred(nc)
+	if err != nil {
+		return fmt.Errorf("container %s: peer credentials: %v: %w", c.grant.Container, err, api.ErrPermissionDenied)
+	}
+	peer, err1 := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", cred.Pid))
+	init, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", c.pid))
+	if err := errors.Join(err1, err2); err != nil {
+		return fmt.Errorf("container %s: pid namespaces of peer %d and init %d: %v: %w", c.grant.Container, cred.Pid, c.pid, err, api.ErrPermissionDenied)
+	}
+	if peer != init {
+		return fmt.Errorf("container %s: process %d is not in the container (pid namespace %s, the container's %s): %w",
+			c.grant.Container, cred.Pid, peer, init, api.ErrPermissionDenied)
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package mediator_test
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -281,4 +282,40 @@ func TestQuotaReloadOfMissingFileKeepsQuotas(t *testing.T) {
 	}
 	_, err := op.Register(api.Register{Container: "big", Namespace: "moby", Memory: 64<<20 + 1})
 	wantErr(t, err, api.ErrQuotaExceeded, "team-a")
+}
+
+// A process outside the container's pid namespace that gets hold of the
+// container's socket is refused.
+func TestContainerSocketRefusesOutsiders(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a pid namespace")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("unshare not installed")
+	}
+	cs := startContainers(t)
+	op := cs.operator(t)
+	// The container's init: a process in a pid namespace of its own.
+	init := exec.Command(unshare, "--pid", "--fork", "--kill-child", "sleep", "60")
+	if err := init.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { init.Process.Kill(); init.Wait() }()
+	var child int
+	deadline := time.Now().Add(5 * time.Second)
+	for child == 0 && time.Now().Before(deadline) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", init.Process.Pid, init.Process.Pid))
+		fmt.Sscan(string(b), &child)
+		time.Sleep(10 * time.Millisecond)
+	}
+	if child == 0 {
+		t.Fatal("the namespaced child did not start")
+	}
+	r, err := op.Register(api.Register{Container: "ns", Namespace: "moby", Memory: 1 << 20, Pid: uint32(child)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = client.Dial(client.Options{Socket: r.Socket})
+	wantErr(t, err, api.ErrPermissionDenied, "not in the container")
 }

@@ -53,6 +53,9 @@ type Config struct {
 	// TenantMemory caps each session on the host socket, in bytes; 0 means
 	// only device memory limits them. Container sessions have their grant.
 	TenantMemory uint64
+	// TenantBandwidth caps the bytes per second copied by each tenant that
+	// the quota file does not name (the file's bandwidth covers the rest); 0: no cap.
+	TenantBandwidth uint64
 	// Quota is the tenants file; "" or a missing file means one tenant,
 	// "default", with no caps.
 	Quota string

@@ -56,10 +56,29 @@ type session struct {
 	nextStream uint32
 
 	copiedIn, copiedOut, launches atomic.Uint64
+
+	bw      *limiter      // the tenant's bandwidth bucket (ratelimit.go)
+	ending  chan struct{} // closed by end
+	endOnce sync.Once
+	gone    atomic.Bool // the tenant reads no more replies: queued work is skipped
+	// inBufs and outBufs count the bulk buffers (bodyPool) the session
+	// holds: request bodies read and not yet sent on, and replies of copies
+	// from the device not yet written (limits.go).
+	inBufs, outBufs chan struct{}
+}
+
+// end marks the session as ending, which cuts short waits for bandwidth;
+// gone says the tenant can no longer be answered, so its queued commands
+// fail without being issued.
+func (s *session) end(gone bool) {
+	if gone {
+		s.gone.Store(true)
+	}
+	s.endOnce.Do(func() { close(s.ending) })
 }
 
 func (m *Mediator) serveConn(nc net.Conn, ctr *container) {
-	c := api.NewConn(nc)
+	c := api.NewConn(withReplyTimeout(nc))
 	defer c.Close()
 	log := m.log.WithField("conn", fmt.Sprintf("%p", nc))
 	h, hello, err := readHello(c)
@@ -74,6 +93,13 @@ func (m *Mediator) serveConn(nc net.Conn, ctr *container) {
 	case hello.Role == api.RoleOperator && ctr == nil:
 		m.serveOperator(c, h, privileged(nc))
 	case hello.Role == api.RoleTenant:
+		if ctr != nil {
+			if err := ctr.admitPeer(nc); err != nil {
+				log.WithError(err).Warn("connection to a container's socket from outside it")
+				_ = c.ReplyError(h, err)
+				return
+			}
+		}
 		s, err := m.newSession(c, hello, ctr)
 		if err != nil {
 			log.WithError(err).WithField("tenant", hello.Tenant).Info("session refused")
@@ -248,6 +274,8 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	if factor > 1 {
 		s.space.Oversubscribe(m.store, resident)
 	}
+	s.ending, s.bw = make(chan struct{}), m.limiter(s.tenant)
+	s.inBufs, s.outBufs = make(chan struct{}, MaxSessionBuffers), make(chan struct{}, MaxSessionBuffers)
 	s.streams[api.DefaultStream] = s.newStream(api.DefaultStream)
 	m.mu.Lock()
 	m.sessions[s.id] = s
@@ -368,6 +396,7 @@ func (s *session) run(hello api.Header) {
 }
 
 func (s *session) teardown() {
+	s.end(false) // ends bandwidth waits: stopping a stream never waits on one
 	s.mu.Lock()
 	streams := s.streams
 	s.streams = map[uint32]*stream{}
@@ -394,6 +423,7 @@ func (s *session) teardown() {
 	s.m.mu.Lock()
 	delete(s.m.sessions, s.id)
 	s.m.mu.Unlock()
+	s.bw.release()
 }
 
 func (s *session) status() api.TenantStatus {
@@ -487,6 +517,9 @@ func (s *session) readLoop() error {
 		var pool *[]byte
 		var body []byte
 		if h.Len > 4096 {
+			if err := s.takeBuffer(s.inBufs); err != nil {
+				return err
+			}
 			pool = bodyPool.Get().(*[]byte)
 			body = (*pool)[:h.Len]
 		} else {
@@ -497,7 +530,10 @@ func (s *session) readLoop() error {
 		}
 		queued, err := s.handle(h, body, pool)
 		if !queued && pool != nil {
-			bodyPool.Put(pool)
+			s.putIn(pool)
+		}
+		if errors.Is(err, errHungUp) {
+			return err
 		}
 		if err != nil {
 			if werr := s.c.ReplyError(h, err); werr != nil {
@@ -563,7 +599,9 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 			return false, err
 		}
 		cmd.pool = pool
-		st.cmds <- cmd
+		if err := s.enqueue(st, cmd); err != nil {
+			return false, err
+		}
 		return true, nil
 	case api.OpStatus:
 		return false, fmt.Errorf("status is for operators: %w", api.ErrPermissionDenied)

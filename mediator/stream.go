@@ -106,14 +106,14 @@ func (s *session) newStream(id uint32) *stream {
 // drain returns once every command queued before it has completed.
 func (st *stream) drain() {
 	ch := make(chan struct{})
-	st.cmds <- command{barrier: ch}
-	<-ch
+	_ = st.s.enqueue(st, command{barrier: ch})
+	st.s.await(ch)
 }
 
 // stop finishes the queued commands and ends the stream's goroutines.
 func (st *stream) stop() {
 	close(st.cmds)
-	<-st.done
+	st.s.await(st.done)
 }
 
 func (st *stream) execute() {
@@ -123,6 +123,28 @@ func (st *stream) execute() {
 			st.pending <- completion{barrier: cmd.barrier}
 			continue
 		}
+		// Bandwidth is paid for before the session's lock is taken, so a
+		// wait holds up this stream alone. A tenant that is gone gets no
+		// more work done.
+		var err error
+		if st.s.gone.Load() {
+			err = fmt.Errorf("%v not issued: the tenant reads no replies: %w", cmd.h.Op, api.ErrUnavailable)
+		} else if n := st.charge(&cmd); n > 0 {
+			err = st.s.bw.wait(n, st.s.ending)
+		}
+		// A copy from the device needs a reply buffer of the session's.
+		out := false
+		if err == nil && cmd.h.Op == api.OpCopyFromDevice {
+			err = st.s.takeBuffer(st.s.outBufs)
+			out = err == nil
+		}
+		if err != nil {
+			if cmd.pool != nil {
+				st.s.putIn(cmd.pool)
+			}
+			st.pending <- completion{h: cmd.h, err: err}
+			continue
+		}
 		// Translation may evict and fault in the session's memory; issuing
 		// under the session's lock keeps another stream from moving a
 		// chunk between this command's translation and its node calls.
@@ -130,10 +152,32 @@ func (st *stream) execute() {
 		c := st.issue(&cmd)
 		st.s.issueMu.Unlock()
 		if cmd.pool != nil {
-			bodyPool.Put(cmd.pool) // the payload is on the wire already
+			st.s.putIn(cmd.pool) // the payload is on the wire already
+		}
+		if out && c.out == nil {
+			<-st.s.outBufs // refused before it took a buffer
 		}
 		st.pending <- c
 	}
+}
+
+// charge is how many bytes cmd copies, for the tenant's bandwidth bucket. A
+// device copy whose source allocation is shorter than it is refused by its
+// translation; it is not charged, so a forged length costs nothing.
+func (st *stream) charge(cmd *command) uint64 {
+	switch cmd.h.Op {
+	case api.OpCopyToDevice:
+		return uint64(len(cmd.toDev.Payload))
+	case api.OpCopyFromDevice:
+		return cmd.fromDev.Len
+	case api.OpCopyDevice:
+		m := &cmd.devCopy
+		if _, end, err := st.s.space.Span(m.Src); err != nil || m.Len > end-m.Src {
+			return 0
+		}
+		return m.Len
+	}
+	return 0
 }
 
 // waitIdle waits for every call in flight, so that work can move to another
@@ -314,21 +358,29 @@ func (st *stream) complete() {
 			}
 		}
 		s := st.s
+		var werr error
 		switch {
 		case err != nil:
-			_ = s.c.ReplyError(c.h, err)
+			werr = s.c.ReplyError(c.h, err)
 		case c.out != nil:
 			s.copiedOut.Add(uint64(c.outLen))
-			_ = s.c.Reply(c.h, (*c.out)[:c.outLen])
+			werr = s.c.Reply(c.h, (*c.out)[:c.outLen])
 		default:
 			s.copiedIn.Add(c.in)
 			if c.launch {
 				s.launches.Add(1)
 			}
-			_ = s.c.Reply(c.h)
+			werr = s.c.Reply(c.h)
+		}
+		if werr != nil {
+			// The tenant is gone or reads no replies (ReplyTimeout): end
+			// the session, whose reader then stops and frees everything.
+			s.end(true)
+			_ = s.c.Close()
 		}
 		if c.out != nil {
 			bodyPool.Put(c.out)
+			<-s.outBufs
 		}
 	}
 }

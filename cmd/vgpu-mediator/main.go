@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/integration"
 	"github.com/vgpu/vgpu/internal/daemon"
+	"github.com/vgpu/vgpu/internal/pki"
 	"github.com/vgpu/vgpu/mediator"
 )
 
@@ -37,9 +39,20 @@ func main() {
 	oversub := flag.Float64("oversubscribe", 1, "host-socket sessions may allocate this many times --tenant-memory, evicting cold memory to the host (1: off)")
 	hostMem := flag.String("host-memory", "2GiB", "host RAM for evicted device memory, shared by all sessions")
 	stateDir := flag.String("state-dir", defaultStateDir(), "where evicted memory spills past --host-memory (\"\": no spill file)")
+	tlsCert := flag.String("node-tls-cert", "", "mediator certificate (PEM, from vgpuctl certs init) for mutual TLS to the --node nodes; with --node-tls-key and --node-tls-ca")
+	tlsKey := flag.String("node-tls-key", "", "mediator certificate's private key (PEM)")
+	tlsCA := flag.String("node-tls-ca", "", "cluster CA certificate (PEM): nodes must present a node certificate it signed, for the host dialled")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
+	var tenantBW uint64
+	flag.Func("tenant-bandwidth", "bytes per second each tenant not in the quota file may copy, e.g. 1GiB (0: no cap)", func(v string) (err error) { tenantBW, err = api.ParseSize(v); return err })
 	flag.Parse()
-	cfg := mediator.Config{Nodes: nodes, Quota: *quota, ContainerDir: *ctrDir, Oversubscribe: *oversub, StateDir: *stateDir}
+	cfg := mediator.Config{Nodes: nodes, Quota: *quota, ContainerDir: *ctrDir, Oversubscribe: *oversub, StateDir: *stateDir, TenantBandwidth: tenantBW}
+	if tc, err := nodeTLS(*tlsCert, *tlsKey, *tlsCA, len(nodes) > 0); err != nil {
+		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
+		os.Exit(2)
+	} else {
+		cfg.NodeTLS = tc
+	}
 	if n, err := api.ParseSize(*hostMem); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator: --host-memory:", err)
 		os.Exit(2)
@@ -50,6 +63,23 @@ func main() {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(1)
 	}
+}
+
+// nodeTLS returns the client configuration towards nodes, or nil when no
+// TLS flag is set. Some but not all of them, or TLS for the embedded node
+// (which is plain loopback), is an error: the mediator never falls back to
+// plain TCP by accident.
+func nodeTLS(cert, key, ca string, remote bool) (*tls.Config, error) {
+	if cert == "" && key == "" && ca == "" {
+		return nil, nil
+	}
+	if cert == "" || key == "" || ca == "" {
+		return nil, fmt.Errorf("node TLS: --node-tls-cert, --node-tls-key and --node-tls-ca go together (got cert %q, key %q, CA %q): %w", cert, key, ca, api.ErrInvalidArgument)
+	}
+	if !remote {
+		return nil, fmt.Errorf("node TLS: --node-tls-* need --node; the embedded node is plain loopback: %w", api.ErrInvalidArgument)
+	}
+	return pki.MediatorConfig(cert, key, ca)
 }
 
 // defaultStateDir is /var/lib/vgpu for root, a directory of the user's
@@ -105,7 +135,7 @@ func run(cfg mediator.Config, socket, embMem string, embDevs int, tenantMem, con
 			}
 		})
 	}
-	log.WithFields(map[string]any{"socket": socket, "nodes": cfg.Nodes}).Info("serving")
+	log.WithFields(map[string]any{"socket": socket, "nodes": cfg.Nodes, "node_tls": cfg.NodeTLS != nil}).Info("serving")
 	daemon.RunUntilStopped(log, m.Reload)
 	return nil
 }

@@ -2,6 +2,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/internal/daemon"
+	"github.com/vgpu/vgpu/internal/pki"
 )
 
 func main() {
@@ -16,15 +18,31 @@ func main() {
 	backend := flag.String("backend", "sim", "device backend: sim (memory in host RAM, kernels on CPU)")
 	devices := flag.Int("devices", 1, "number of devices")
 	memory := flag.String("memory", "16GiB", "memory per device (multiple of 2MiB; sim commits it lazily)")
+	tlsCert := flag.String("tls-cert", "", "node certificate (PEM, from vgpuctl certs init); with --tls-key and --tls-ca the node serves mutual TLS only")
+	tlsKey := flag.String("tls-key", "", "node certificate's private key (PEM)")
+	tlsCA := flag.String("tls-ca", "", "cluster CA certificate (PEM): only mediator certificates it signed may connect")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	flag.Parse()
-	if err := run(*listen, *backend, *devices, *memory, *level); err != nil {
+	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-node:", err)
 		os.Exit(1)
 	}
 }
 
-func run(listen, backend string, devices int, memory, level string) error {
+// nodeTLS returns the node's TLS configuration, or nil when no TLS flag is
+// set. Setting some but not all of them is an error: a node never falls
+// back to plain TCP by accident.
+func nodeTLS(cert, key, ca string) (*tls.Config, error) {
+	if cert == "" && key == "" && ca == "" {
+		return nil, nil
+	}
+	if cert == "" || key == "" || ca == "" {
+		return nil, fmt.Errorf("TLS: --tls-cert, --tls-key and --tls-ca go together (got cert %q, key %q, CA %q): %w", cert, key, ca, api.ErrInvalidArgument)
+	}
+	return pki.NodeConfig(cert, key, ca)
+}
+
+func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string) error {
 	log, err := daemon.Logger("vgpu-node", level)
 	if err != nil {
 		return err
@@ -36,11 +54,15 @@ func run(listen, backend string, devices int, memory, level string) error {
 	if err != nil {
 		return fmt.Errorf("--memory: %w", err)
 	}
-	node, addr, err := accelerator.StartSim(listen, devices, size, log)
+	tlsCfg, err := nodeTLS(tlsCert, tlsKey, tlsCA)
 	if err != nil {
 		return err
 	}
-	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size)}).Info("serving")
+	node, addr, err := accelerator.StartSimTLS(listen, devices, size, tlsCfg, log)
+	if err != nil {
+		return err
+	}
+	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil}).Info("serving")
 	daemon.RunUntilStopped(log, func() error { return nil }) // a node has nothing to reload
 	return node.Close()
 }

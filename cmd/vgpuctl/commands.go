@@ -149,6 +149,9 @@ func benchCmd(socket string, args []string) error {
 	fmt.Fprintf(tw, "host→device %s\t%.0f MB/s\t%.0f MB/s (raw TCP stream)\t%.2f×\n", api.FormatSize(uint64(r.BulkBytes)), r.H2DMBps, r.RawTCPMBps, r.H2DRatio)
 	fmt.Fprintf(tw, "device→host %s\t%.0f MB/s\t%.0f MB/s (raw TCP stream)\t%.2f×\n", api.FormatSize(uint64(r.BulkBytes)), r.D2HMBps, r.RawTCPMBps, r.D2HRatio)
 	fmt.Fprintf(tw, "4-byte device→host, synchronous\t%.1f µs\t%.1f µs (raw unix+TCP ping-pong)\t%.2f×\n", r.SmallOpUs, r.RawPingPongUs, r.SmallOpRatio)
+	if nl := r.NodeLinkReport; nl != nil {
+		fmt.Fprintf(tw, "mediator→node writes %s over mutual TLS\t%.0f MB/s\t%.0f MB/s (plain TCP)\t%.2f×\n", api.FormatSize(uint64(nl.Bytes)), nl.TLSMBps, nl.PlainMBps, nl.Ratio)
+	}
 	return tw.Flush()
 }
 

@@ -19,6 +19,8 @@ commands:
   kernels           the kernel catalog
   install docker|containerd [--config PATH] [--runtime-path PATH] [--tenant NAME]... [--dry-run]
                     add the vgpu runtimes to Docker or containerd; prints what to restart
+  certs init --dir DIR [--node-host H]... [--mediator NAME] [--force]
+                    create the cluster CA and node/mediator certificates for mutual TLS
   demo              three tenants compute at once; every result is checked
   bench [--json]    data path against raw baselines, as ratios
 `
@@ -32,7 +34,7 @@ func main() {
 		os.Exit(2)
 	}
 	cmds := map[string]func(socket string, args []string) error{
-		"status": status, "tenants": tenants, "kernels": kernelList, "install": installCmd, "demo": demo, "bench": benchCmd,
+		"status": status, "tenants": tenants, "kernels": kernelList, "install": installCmd, "certs": certsCmd, "demo": demo, "bench": benchCmd,
 	}
 	run, ok := cmds[flag.Arg(0)]
 	if !ok {

@@ -6,6 +6,10 @@
 // the same size and chunking as the bulk copies, and a ping-pong that takes
 // the same two hops as a tenant's request (Unix socket, then TCP) through a
 // relay goroutine to an echo goroutine.
+//
+// The cost of TLS on the mediator↔node link is measured apart from the
+// mediator under test (NodeLink): the same in-process node is written to
+// over plain TCP and over mutual TLS, alternately, in the same run.
 package bench
 
 import (
@@ -33,6 +37,9 @@ type Report struct {
 	SmallOpUs      float64 `json:"small_op_us"`
 	SmallOpRatio   float64 `json:"small_op_ratio"`
 	SmallOpSamples int     `json:"small_op_samples"`
+	// NodeLink compares plain TCP and mutual TLS to a node (in process,
+	// not the mediator's nodes); nil when skipped.
+	*NodeLinkReport
 }
 
 // Options size a run.
@@ -41,6 +48,9 @@ type Options struct {
 	BulkBytes int // default 256 MiB
 	Rounds    int // bulk repetitions, the median counts; default 3
 	SmallOps  int // small operations timed; default 2000
+	// NodeLinkBytes sizes the TLS-against-plain comparison to an in-process
+	// node; default min(BulkBytes, 64 MiB); negative: skip it.
+	NodeLinkBytes int
 }
 
 // Run measures baselines and the system side by side.
@@ -116,7 +126,18 @@ func Run(opt Options) (*Report, error) {
 	r.RawPingPongUs = us(ping, opt.SmallOps)
 	r.SmallOpUs = us(op, opt.SmallOps)
 	r.SmallOpRatio = r.SmallOpUs / r.RawPingPongUs
-	return r, c.Free(p)
+	if err := c.Free(p); err != nil {
+		return nil, err
+	}
+	if opt.NodeLinkBytes == 0 {
+		opt.NodeLinkBytes = min(opt.BulkBytes, 64<<20)
+	}
+	if opt.NodeLinkBytes > 0 {
+		if r.NodeLinkReport, err = NodeLink(opt.NodeLinkBytes, opt.Rounds); err != nil {
+			return nil, fmt.Errorf("node link, TLS against plain TCP: %w", err)
+		}
+	}
+	return r, nil
 }
 
 func median(n int, f func() (time.Duration, error)) (time.Duration, error) {

@@ -1,0 +1,163 @@
+package bench
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/accelerator"
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/internal/pki"
+)
+
+// NodeLinkReport compares bulk writes to a node over plain TCP and over the
+// mediator↔node mutual TLS, measured in the same run against the same
+// in-process node.
+type NodeLinkReport struct {
+	Bytes     int     `json:"node_link_bytes"`
+	PlainMBps float64 `json:"node_plain_mb_per_s"`
+	TLSMBps   float64 `json:"node_tls_mb_per_s"`
+	Ratio     float64 `json:"node_tls_ratio"` // TLS / plain: 1 means TLS costs nothing
+}
+
+// nodeWindow is how many 1 MiB writes the benchmark keeps in flight, as a
+// mediator's stream does with the pipeline full.
+const nodeWindow = 32
+
+// NodeLink starts an in-process sim node that serves plain TCP on one
+// listener and mutual TLS (a throw-away CA, as `vgpuctl certs init` makes)
+// on another, connects to each as a mediator does, and times writing
+// bytes (rounded up to whole frames) to frames of the connection in
+// pipelined api.MaxChunk node-write frames. Plain and TLS rounds
+// alternate, after one warm-up round each; the median of rounds counts.
+func NodeLink(bytes, rounds int) (*NodeLinkReport, error) {
+	if rounds <= 0 {
+		rounds = 3
+	}
+	frames := max(1, (bytes+accelerator.FrameSize-1)/accelerator.FrameSize)
+	bytes = frames * accelerator.FrameSize
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	node, plainAddr, err := accelerator.StartSim("127.0.0.1:0", 1, uint64(2*bytes), log)
+	if err != nil {
+		return nil, err
+	}
+	defer node.Close()
+	nodeCfg, medCfg, err := pki.Ephemeral("127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
+	tl, err := accelerator.Listen("127.0.0.1:0", nodeCfg)
+	if err != nil {
+		return nil, err
+	}
+	go node.Serve(tl) // ends when the node closes
+
+	plain, err := dialLink(plainAddr.String(), nil, frames)
+	if err != nil {
+		return nil, fmt.Errorf("plain TCP: %w", err)
+	}
+	defer plain.rpc.Close()
+	secure, err := dialLink(tl.Addr().String(), medCfg, frames)
+	if err != nil {
+		return nil, fmt.Errorf("TLS: %w", err)
+	}
+	defer secure.rpc.Close()
+
+	buf := make([]byte, api.MaxChunk)
+	for i := range buf {
+		buf[i] = byte(i * 7)
+	}
+	var pt, tt []time.Duration
+	for i := range rounds + 1 {
+		p, err := plain.write(buf)
+		if err != nil {
+			return nil, fmt.Errorf("plain TCP: %w", err)
+		}
+		s, err := secure.write(buf)
+		if err != nil {
+			return nil, fmt.Errorf("TLS: %w", err)
+		}
+		if i > 0 { // the first round commits the sim device's memory
+			pt, tt = append(pt, p), append(tt, s)
+		}
+	}
+	r := &NodeLinkReport{Bytes: bytes, PlainMBps: mbps(bytes, medianOf(pt)), TLSMBps: mbps(bytes, medianOf(tt))}
+	r.Ratio = r.TLSMBps / r.PlainMBps
+	return r, nil
+}
+
+func medianOf(ds []time.Duration) time.Duration {
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+// link is a mediator-style connection to a node holding frames.
+type link struct {
+	rpc    *api.RPC
+	frames []uint64
+}
+
+func dialLink(addr string, cfg *tls.Config, frames int) (*link, error) {
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	var nc net.Conn
+	var err error
+	if cfg != nil {
+		nc, err = tls.DialWithDialer(d, "tcp", addr, cfg)
+	} else {
+		nc, err = d.Dial("tcp", addr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	rpc := api.NewRPC(api.NewConn(nc), "node "+addr)
+	hello := api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator, Tenant: "bench"}
+	if _, err := rpc.Call(api.OpHello, nil, api.Encode(&hello)); err != nil {
+		rpc.Close()
+		return nil, err
+	}
+	body, err := rpc.Call(api.OpNodeAlloc, nil, api.Encode(&api.NodeAlloc{Device: 0, Count: uint32(frames)}))
+	var got api.NodeFrames
+	if err == nil {
+		err = api.Decode(body, &got)
+	}
+	if err == nil && len(got.Frames) != frames {
+		err = fmt.Errorf("node granted %d frames of %d: %w", len(got.Frames), frames, api.ErrInternal)
+	}
+	if err != nil {
+		rpc.Close()
+		return nil, err
+	}
+	return &link{rpc: rpc, frames: got.Frames}, nil
+}
+
+// write fills the link's frames with chunk, nodeWindow writes in flight,
+// and returns how long it took until the last one was acknowledged.
+func (l *link) write(chunk []byte) (time.Duration, error) {
+	per := accelerator.FrameSize / len(chunk)
+	calls := make([]*api.Call, 0, nodeWindow)
+	start := time.Now()
+	for _, f := range l.frames {
+		for j := range per {
+			if len(calls) == nodeWindow {
+				if err := calls[0].Wait(); err != nil {
+					return 0, err
+				}
+				calls = calls[1:]
+			}
+			hdr := api.Encode(&api.NodeAccess{Extents: []api.Extent{{Addr: f + uint64(j*len(chunk)), Len: uint64(len(chunk))}}})
+			calls = append(calls, l.rpc.Go(api.OpNodeWrite, nil, hdr, chunk))
+		}
+	}
+	for _, c := range calls {
+		if err := c.Wait(); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start), nil
+}

@@ -1,0 +1,90 @@
+package mediator_test
+
+import (
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/mediator"
+)
+
+// tenantOps are the operations a tenant may send after its hello.
+var tenantOps = []api.Op{
+	api.OpMalloc, api.OpFree, api.OpStreamCreate, api.OpStreamDestroy,
+	api.OpCopyToDevice, api.OpCopyFromDevice, api.OpCopyDevice, api.OpMemset,
+	api.OpLaunch, api.OpSynchronize, api.OpKernels, api.OpStatus, api.OpHello,
+}
+
+// FuzzCommandValidator sends arbitrary bodies as every tenant operation
+// (op picks one of tenantOps; others go through as raw op numbers) over a
+// real session, whose buffers sit at addresses the seeds name. Whatever the
+// request, the mediator answers it with success or a typed error that is not
+// internal, and the session goes on serving. The seed corpus is in
+// testdata/fuzz/FuzzCommandValidator; `go test -run xxx -fuzz
+// FuzzCommandValidator ./mediator/` explores from it.
+func FuzzCommandValidator(f *testing.F) {
+	s := startWith(f, 64<<20, func(c *mediator.Config) { c.TenantMemory = 16 << 20 })
+	nc, err := net.Dial("unix", s.socket)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { nc.Close() })
+	c := api.NewConn(nc)
+	call := func(op api.Op, body []byte) ([]byte, error) {
+		if err := c.WriteFrame(op, 0, 7, body); err != nil {
+			return nil, err
+		}
+		_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		h, err := c.ReadHeader()
+		if err != nil {
+			return nil, err
+		}
+		b := make([]byte, h.Len)
+		if err := c.ReadBody(b); err != nil {
+			return nil, err
+		}
+		if h.ID != 7 || h.Flags&api.FlagReply == 0 || h.Op != op {
+			return nil, errors.New("reply header does not match the request")
+		}
+		if h.Flags&api.FlagError != 0 {
+			return nil, api.DecodeError(b)
+		}
+		return b, nil
+	}
+	if _, err := call(api.OpHello, hello("fuzz", api.Version)); err != nil {
+		f.Fatal(err)
+	}
+	for range 2 { // buffers at the space's first addresses, which seeds use
+		if _, err := call(api.OpMalloc, api.Encode(&api.Malloc{Size: 1 << 20})); err != nil {
+			f.Fatal(err)
+		}
+	}
+	f.Fuzz(func(t *testing.T, opIndex uint16, body []byte) {
+		op := api.Op(opIndex)
+		if int(opIndex) < len(tenantOps) {
+			op = tenantOps[opIndex]
+		}
+		if op == api.OpHello && len(body) > 0 {
+			body = body[:0] // a second hello is just an unknown request
+		}
+		_, err := call(op, body)
+		var re *api.RemoteError
+		switch {
+		case err == nil:
+		case errors.As(err, &re):
+			if re.Code == api.CodeInternal {
+				t.Fatalf("%v %x: internal error: %v", op, body, err)
+			}
+		case errors.Is(err, io.EOF):
+			t.Fatalf("%v %x: the mediator closed the session", op, body)
+		default:
+			t.Fatalf("%v %x: %v", op, body, err)
+		}
+		if _, err := call(api.OpKernels, nil); err != nil {
+			t.Fatalf("after %v %x: session no longer serves: %v", op, body, err)
+		}
+	})
+}

@@ -1,0 +1,169 @@
+package mediator
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sync"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// Bandwidth caps: one token bucket per tenant on the bytes its streams copy.
+//
+// A tenant's rate is its quota file's bandwidth, read again at every charge
+// (so a reload takes effect at the next copy); a tenant the file does not
+// name gets Config.TenantBandwidth. 0 means no cap. Every session of a
+// tenant, on the host socket or a container's, charges the same bucket.
+//
+// What is charged: the bytes of copies to the device, from the device and
+// between device buffers (memset and kernels are not copies). A stream
+// charges a command before it translates and issues it, outside
+// session.issueMu, so a wait holds up that stream alone: not the session's
+// reader (until the stream's queue is full, which is the backpressure every
+// stream has), not the session's other streams beyond their share of the
+// bucket, and never another tenant. A wait ends early when the session ends;
+// the command then fails with api.ErrUnavailable and nothing is issued.
+//
+// The bucket holds at most burst bytes, burstFor(rate): an eighth of a
+// second at the rate, and at least one chunk (api.MaxChunk), so that every
+// frame a tenant can send fits in it. A charge larger than the burst (a big
+// device-to-device copy) waits until the bucket has refilled for all of it.
+// Over any window of time the bytes let through are at most
+// rate × window + burst (ratelimit_test.go checks this against a fake clock).
+//
+// Buckets live while their tenant has sessions; a tenant with none starts
+// again from a full bucket.
+
+// burstFor is the bucket size for rate bytes per second.
+func burstFor(rate uint64) uint64 { return max(rate/8, api.MaxChunk) }
+
+// bucket is a token bucket in the form of a virtual scheduling time (GCRA):
+// empty is the instant, in nanoseconds of the mediator's clock, at which the
+// bucket would be empty if nothing refilled it past it. At time t it holds
+// min(burst, rate × (t − empty)) bytes. All arithmetic is in whole
+// nanoseconds, rounding what a charge costs up and what the burst is worth
+// down, so the bucket never lets through more than its rate and burst allow.
+type bucket struct {
+	mu    sync.Mutex
+	rate  uint64 // bytes per second; 0: unlimited
+	burst uint64
+	empty int64
+}
+
+// emptyLongAgo is empty for a full bucket, far from overflow either way.
+const emptyLongAgo = math.MinInt64 / 4
+
+// costNs is n bytes at rate bytes per second, in nanoseconds, rounded up
+// (or down); it saturates well below overflow.
+func costNs(n, rate uint64, up bool) int64 {
+	const limit = math.MaxInt64 / 4
+	hi, lo := bits.Mul64(n, uint64(time.Second))
+	if hi >= rate {
+		return limit
+	}
+	q, r := bits.Div64(hi, lo, rate)
+	if up && r != 0 {
+		q++
+	}
+	return int64(min(q, limit))
+}
+
+// reserve charges n bytes at time now (ns) at rate, and returns the time at
+// which they may pass: now if the bucket holds them, else later. Charges
+// are served in the order they are made. A changed rate applies from this
+// charge on; a rate of 0 lets everything through at once.
+func (b *bucket) reserve(rate, n uint64, now int64) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if rate != b.rate {
+		if b.rate == 0 {
+			b.empty = emptyLongAgo // a new cap starts with a full bucket
+		}
+		b.rate, b.burst = rate, burstFor(rate)
+	}
+	if rate == 0 || n == 0 {
+		return now
+	}
+	if full := now - costNs(b.burst, rate, false); b.empty < full {
+		b.empty = full
+	}
+	b.empty += costNs(n, rate, true)
+	return max(now, b.empty)
+}
+
+// epoch is the origin of the buckets' clock.
+var epoch = time.Now()
+
+func monoNow() int64 { return int64(time.Since(epoch)) }
+
+// limiter is a tenant's bucket as its sessions share it.
+type limiter struct {
+	m      *Mediator
+	tenant string
+	b      bucket
+	refs   int // under limiters.mu
+}
+
+type limiterKey struct {
+	m      *Mediator
+	tenant string
+}
+
+// limiters holds the buckets of tenants with live sessions, per mediator.
+// An entry goes when its tenant's last session does, so nothing here
+// outlives the sessions (and a closed mediator has none).
+var limiters = struct {
+	sync.Mutex
+	m map[limiterKey]*limiter
+}{m: map[limiterKey]*limiter{}}
+
+// limiter returns tenant's bucket, counting one more session that uses it;
+// the session releases it when it ends.
+func (m *Mediator) limiter(tenant string) *limiter {
+	limiters.Lock()
+	defer limiters.Unlock()
+	k := limiterKey{m, tenant}
+	l := limiters.m[k]
+	if l == nil {
+		l = &limiter{m: m, tenant: tenant, b: bucket{empty: emptyLongAgo}}
+		limiters.m[k] = l
+	}
+	l.refs++
+	return l
+}
+
+func (l *limiter) release() {
+	limiters.Lock()
+	defer limiters.Unlock()
+	if l.refs--; l.refs == 0 {
+		delete(limiters.m, limiterKey{l.m, l.tenant})
+	}
+}
+
+// bandwidth is the tenant's cap in bytes per second now (0: none).
+func (m *Mediator) bandwidth(tenant string) uint64 {
+	if q := m.admission.Config().Tenants[tenant]; q != nil {
+		return q.Bandwidth
+	}
+	return m.cfg.TenantBandwidth
+}
+
+// wait charges n bytes and waits until they may pass, or until done is
+// closed (the session ends), which fails with api.ErrUnavailable.
+func (l *limiter) wait(n uint64, done <-chan struct{}) error {
+	at := l.b.reserve(l.m.bandwidth(l.tenant), n, monoNow())
+	d := time.Duration(at - monoNow())
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-done:
+		return fmt.Errorf("session of tenant %q ended while %d bytes waited for bandwidth: %w", l.tenant, n, api.ErrUnavailable)
+	}
+}

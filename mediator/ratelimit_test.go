@@ -1,0 +1,105 @@
+package mediator
+
+import (
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// TestBucketWindowBound checks the bucket against a fake clock: whatever the
+// charges and their timing, the bytes let through in any window [t1, t2] of
+// grant times are at most rate × (t2 − t1) + burst; and a steady stream of
+// charges gets the full rate, not less (so rounding never starves).
+func TestBucketWindowBound(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		rate := rapid.Uint64Range(1, 1<<34).Draw(t, "rate")
+		burst := burstFor(rate)
+		b := bucket{empty: emptyLongAgo}
+		type grant struct {
+			at int64
+			n  uint64
+		}
+		var grants []grant
+		now := rapid.Int64Range(0, 1<<40).Draw(t, "start")
+		steps := rapid.IntRange(1, 60).Draw(t, "steps")
+		for i := range steps {
+			now += rapid.Int64Range(0, int64(2*time.Second)).Draw(t, "gap")
+			n := rapid.Uint64Range(1, burst).Draw(t, "n")
+			at := b.reserve(rate, n, now)
+			if at < now {
+				t.Fatalf("charge %d granted at %d, before it was made at %d", i, at, now)
+			}
+			if len(grants) > 0 && at < grants[len(grants)-1].at {
+				t.Fatalf("charge %d granted at %d, before the one made earlier (%d)", i, at, grants[len(grants)-1].at)
+			}
+			grants = append(grants, grant{at, n})
+			// a charger waits for its grant before it charges again
+			now = max(now, at)
+		}
+		for i := range grants {
+			var sum uint64
+			for j := i; j < len(grants); j++ {
+				sum += grants[j].n
+				window := float64(grants[j].at-grants[i].at) / 1e9
+				if limit := float64(rate)*window + float64(burst); float64(sum) > limit {
+					t.Fatalf("grants %d..%d: %d bytes in %.9fs, limit %.0f (rate %d, burst %d)", i, j, sum, window, limit, rate, burst)
+				}
+			}
+		}
+	})
+}
+
+func TestBucketSteadyRate(t *testing.T) {
+	const rate = 100 << 20
+	b := bucket{empty: emptyLongAgo}
+	now := int64(0)
+	var sent uint64
+	for now < int64(10*time.Second) {
+		now = b.reserve(rate, api.MaxChunk, now)
+		sent += api.MaxChunk
+	}
+	// 10 s at the rate plus the initial burst, within one chunk
+	want := uint64(rate*10) + burstFor(rate)
+	if sent+api.MaxChunk < want || sent > want+api.MaxChunk {
+		t.Fatalf("sent %d bytes in 10s at %d/s (burst %d), want about %d", sent, rate, burstFor(rate), want)
+	}
+}
+
+func TestBucketRateChange(t *testing.T) {
+	b := bucket{empty: emptyLongAgo}
+	if at := b.reserve(0, 1<<40, 5); at != 5 {
+		t.Fatalf("unlimited bucket made a charge wait until %d", at)
+	}
+	// a cap appears: a full bucket, then waits at the new rate
+	const rate = 1 << 20
+	if at := b.reserve(rate, api.MaxChunk, 10); at != 10 {
+		t.Fatalf("first chunk under a new cap waited until %d", at)
+	}
+	if at := b.reserve(rate, api.MaxChunk, 10); at != 10+int64(time.Second) {
+		t.Fatalf("second chunk at 1 MiB/s granted at %d, want 1s later", at)
+	}
+	// the rate rises: the next charge is priced at the new rate
+	at := b.reserve(4*rate, api.MaxChunk, 10)
+	if want := 10 + int64(time.Second) + int64(time.Second)/4; at != want {
+		t.Fatalf("chunk after a rate rise granted at %d, want %d", at, want)
+	}
+	// the cap goes: nothing waits
+	if at := b.reserve(0, 1<<40, 20); at != 20 {
+		t.Fatalf("lifted cap still waits until %d", at)
+	}
+}
+
+func TestCostNsSaturates(t *testing.T) {
+	if c := costNs(^uint64(0), 1, true); c <= 0 {
+		t.Fatalf("cost of 2^64 bytes at 1 B/s: %d", c)
+	}
+	if c := costNs(3, 2, true); c != 1500000000 {
+		t.Fatalf("3 bytes at 2 B/s: %d ns", c)
+	}
+	if c := costNs(1, 3, true); c != 333333334 {
+		t.Fatalf("1 byte at 3 B/s rounded up: %d ns", c)
+	}
+}
