@@ -16,8 +16,13 @@
 //   - A bad request gets an error reply and affects nothing else; only a
 //     broken frame (which cannot be resynchronised) ends the connection.
 //
-// Lock order: Node.mu, then a frameTable's mu. Devices are not locked: the
-// frame table guarantees connections touch disjoint memory.
+// Kernel launches run in slices on each device's compute scheduler
+// (sched.go), which shares device time among tenants by weight; a launch
+// blocks its connection until its last slice has run.
+//
+// Lock order: Node.mu, then a frameTable's mu; a scheduler's mu is a leaf.
+// Devices are not locked: the frame table guarantees connections touch
+// disjoint memory.
 package accelerator
 
 import (
@@ -59,6 +64,7 @@ const queueDepth = 64
 type device struct {
 	Device
 	frames   *frameTable
+	sched    *scheduler // shares the device's time among tenants (sched.go)
 	launches atomic.Uint64
 }
 
@@ -86,7 +92,7 @@ func New(backend string, devs []Device, log logrus.FieldLogger) (*Node, error) {
 			return nil, fmt.Errorf("device %d (%s): index %d, memory %d: want index %d and a multiple of %d bytes: %w",
 				i, info.Name, info.Index, info.Memory, i, FrameSize, api.ErrInvalidArgument)
 		}
-		n.devs = append(n.devs, &device{Device: d, frames: newFrameTable(info.Memory)})
+		n.devs = append(n.devs, &device{Device: d, frames: newFrameTable(info.Memory), sched: newScheduler(wallClock{time.Now()})})
 	}
 	return n, nil
 }
@@ -146,6 +152,10 @@ func (n *Node) Close() error {
 		c.Close()
 	}
 	n.mu.Unlock()
+	// Launches still queued fail, so their connections end promptly.
+	for _, d := range n.devs {
+		d.sched.close()
+	}
 	n.wg.Wait()
 	var errs []error
 	for _, d := range n.devs {
@@ -168,6 +178,7 @@ func (n *Node) Status() api.NodeStatus {
 			Used: uint64(total-free) * FrameSize, Frames: total, Free: free,
 			Launches: d.launches.Load(),
 		})
+		st.Shares = append(st.Shares, d.sched.usage(info.Index)...)
 	}
 	return st
 }
@@ -178,6 +189,7 @@ type conn struct {
 	c       *api.Conn
 	owner   owner
 	tenant  string
+	share   tenantShare // tenant, weight and compute cap from the Hello
 	log     logrus.FieldLogger
 	pending atomic.Int64 // requests queued for or running in the executor
 }
@@ -247,6 +259,8 @@ func (c *conn) handshake() error {
 	}
 	c.owner = owner(c.node.nextOwner.Add(1))
 	c.tenant = hello.Tenant
+	c.share = tenantShare{name: hello.Tenant, weight: hello.Weight, computeMax: hello.ComputeMax,
+		waiting: func() bool { return c.pending.Load() > 1 }} // more than the request in execution
 	c.log = c.log.WithField("tenant", hello.Tenant)
 	reply := api.HelloReply{Version: api.Version, Session: uint64(c.owner)}
 	for _, d := range c.node.devs {
@@ -278,7 +292,10 @@ func (c *conn) readLoop(queue chan<- request) error {
 		// here: handing it to the executor would only add a goroutine
 		// switch to its latency. Order holds because only this goroutine
 		// queues, so pending == 0 means every earlier request is done.
-		if r.pool == nil && c.pending.Load() == 0 {
+		// Launches always go to the executor: they wait for the device's
+		// scheduler, and reading on meanwhile shows it that the tenant has
+		// more work queued (tenantShare.waiting).
+		if r.pool == nil && c.pending.Load() == 0 && h.Op != api.OpNodeLaunch {
 			if !c.run(r) {
 				return fmt.Errorf("reply to %v: connection broken: %w", h.Op, net.ErrClosed)
 			}
@@ -468,7 +485,7 @@ func (c *conn) launch(d *device, l *api.NodeLaunch) error {
 			return fmt.Errorf("%s: %s argument %d (%s): %w", d.Info().Name, l.Kernel, i, k.Info.Params[i].Name, err)
 		}
 	}
-	if err := d.Launch(k, l.Args); err != nil {
+	if err := d.launch(c.share, k, l.Args); err != nil {
 		return fmt.Errorf("%s: %w", d.Info().Name, err)
 	}
 	d.launches.Add(1)

@@ -1,5 +1,7 @@
 package api
 
+import "time"
+
 // Status is what a mediator reports to operators (OpStatus, JSON body).
 type Status struct {
 	Socket  string         `json:"socket"`
@@ -18,6 +20,9 @@ type NodeStatus struct {
 	Devices     []DeviceStatus `json:"devices"`
 	Connections int            `json:"connections"`
 	Error       string         `json:"error,omitempty"` // set by a mediator that could not reach the node
+	// Shares is each tenant's use of each device, from the node's compute
+	// scheduler, by device, then tenant.
+	Shares []DeviceTenant `json:"shares,omitempty"`
 }
 
 // DeviceStatus is one physical device of a node.
@@ -29,6 +34,19 @@ type DeviceStatus struct {
 	Frames   int    `json:"frames"`
 	Free     int    `json:"free_frames"`
 	Launches uint64 `json:"launches"`
+}
+
+// DeviceTenant is one tenant's share of one physical device, as the node's
+// scheduler accounts it (device time measured around each kernel slice).
+type DeviceTenant struct {
+	Device     uint32        `json:"device"`
+	Tenant     string        `json:"tenant"`
+	Weight     uint32        `json:"weight"`      // fair-share weight in force
+	ComputeMax float64       `json:"compute_max"` // cap on its share; 0: none
+	DeviceTime time.Duration `json:"device_time_ns"`
+	Slices     uint64        `json:"slices"`
+	Launches   uint64        `json:"launches"`  // launches completed through the scheduler
+	Throttled  bool          `json:"throttled"` // waiting on its cap now
 }
 
 // TenantStatus is one tenant session of a mediator.

@@ -12,21 +12,24 @@ var fillF32 = &Kernel{
 		Doc:    "x[i] = value for 0 <= i < n.",
 		Params: []api.Param{bufParam("x", api.AccessWrite, 4, "n"), i64Param("n"), f32Param("value")},
 	},
-	run: runFillF32,
+	plan: planFillF32,
 }
 
-func runFillF32(args []Value) error {
+func planFillF32(args []Value, maxWork int) (*Plan, error) {
 	var c checker
 	n := c.size("n", args[1].I64, 0)
 	x := view[float32](&c, "x", args[0].Buf, "n", n)
 	if c.err != nil {
-		return c.err
+		return nil, c.err
 	}
 	value := args[2].F32
-	for i := range x {
-		x[i] = value
-	}
-	return nil
+	return evenPlan(len(x), vectorCost, maxWork, func(lo, hi, _ int) error {
+		s := x[lo:hi]
+		for i := range s {
+			s[i] = value
+		}
+		return nil
+	}), nil
 }
 
 var saxpy = &Kernel{
@@ -36,25 +39,30 @@ var saxpy = &Kernel{
 			"before the sum (no fused multiply-add). x and y may overlap.",
 		Params: []api.Param{i64Param("n"), f32Param("a"), bufParam("x", api.AccessRead, 4, "n"), bufParam("y", api.AccessReadWrite, 4, "n")},
 	},
-	run: runSaxpy,
+	plan: planSaxpy,
 }
 
-func runSaxpy(args []Value) error {
+func planSaxpy(args []Value, maxWork int) (*Plan, error) {
 	var c checker
 	n := c.size("n", args[0].I64, 0)
 	x := view[float32](&c, "x", args[2].Buf, "n", n)
 	y := view[float32](&c, "y", args[3].Buf, "n", n)
 	if c.err != nil {
-		return c.err
+		return nil, c.err
 	}
 	a := args[1].F32
 	y = y[:len(x)]
-	for i, xv := range x {
-		// The conversion forbids fusing into an FMA, whose single rounding
-		// would make results differ between platforms.
-		y[i] = float32(a*xv) + y[i]
-	}
-	return nil
+	// Slices run in order, so the elements are still updated in index
+	// order, as Doc promises for overlapping x and y.
+	return evenPlan(len(x), vectorCost, maxWork, func(lo, hi, _ int) error {
+		ys := y[lo:hi]
+		for i, xv := range x[lo:hi] {
+			// The conversion forbids fusing into an FMA, whose single
+			// rounding would make results differ between platforms.
+			ys[i] = float32(a*xv) + ys[i]
+		}
+		return nil
+	}), nil
 }
 
 var reduceSumF32 = &Kernel{
@@ -64,23 +72,33 @@ var reduceSumF32 = &Kernel{
 			"at the end; n = 0 gives 0.",
 		Params: []api.Param{i64Param("n"), bufParam("x", api.AccessRead, 4, "n"), bufParam("out", api.AccessWrite, 4)},
 	},
-	run: runReduceSumF32,
+	plan: planReduceSumF32,
 }
 
-func runReduceSumF32(args []Value) error {
+func planReduceSumF32(args []Value, maxWork int) (*Plan, error) {
 	var c checker
 	n := c.size("n", args[0].I64, 0)
 	x := view[float32](&c, "x", args[1].Buf, "n", n)
 	out := view[float32](&c, "out", args[2].Buf, "1", 1)
 	if c.err != nil {
-		return c.err
+		return nil, c.err
+	}
+	if len(x) == 0 {
+		return whole(func() error { out[0] = 0; return nil }), nil
 	}
 	// float64 holds every float32 exactly and keeps the rounding error of a
-	// long sum small; one goroutine keeps the order, and so the result, fixed.
+	// long sum small; one goroutine, and slices that run in order and carry
+	// the sum, keep the order, and so the result, fixed. out is written once,
+	// by the last slice, as when the kernel ran whole.
 	var sum float64
-	for _, v := range x {
-		sum += float64(v)
-	}
-	out[0] = float32(sum)
-	return nil
+	p := evenPlan(len(x), vectorCost, maxWork, func(lo, hi, _ int) error {
+		for _, v := range x[lo:hi] {
+			sum += float64(v)
+		}
+		if hi == len(x) {
+			out[0] = float32(sum)
+		}
+		return nil
+	})
+	return p, nil
 }

@@ -22,10 +22,10 @@ var embeddingBagSum = &Kernel{
 			bufParam("out", api.AccessWrite, 4, "nbags", "dim"),
 		},
 	},
-	run: runEmbeddingBagSum,
+	plan: planEmbeddingBagSum,
 }
 
-func runEmbeddingBagSum(args []Value) error {
+func planEmbeddingBagSum(args []Value, maxWork int) (*Plan, error) {
 	var c checker
 	rows := c.size("rows", args[1].I64, 0)
 	dim := c.size("dim", args[2].I64, 1)
@@ -44,14 +44,44 @@ func runEmbeddingBagSum(args []Value) error {
 	disjoint(&c, "out", out, "indices", indices)
 	disjoint(&c, "out", out, "offsets", offsets)
 	if c.err != nil {
-		return c.err
+		return nil, c.err
 	}
 	if err := checkBags(indices, offsets, rows); err != nil {
-		return err
+		return nil, err
 	}
-	return parallelFor(nbags, satMul(nidx/max(nbags, 1)+1, dim), func(lo, hi int) error {
-		return sumBags(out, table, indices, offsets, dim, lo, hi)
-	})
+	if nbags == 0 {
+		return &Plan{}, nil
+	}
+	// Bags are independent, so any split gives the same bits. Slices end
+	// at bag boundaries where the adds of their bags reach maxWork, so a
+	// few large bags do not hide in a slice of many small ones.
+	bounds := []int{0}
+	work := 0
+	for b := range nbags {
+		size := len(indices) - int(offsets[b])
+		if b+1 < nbags {
+			size = int(offsets[b+1]) - int(offsets[b])
+		}
+		cost := satMul(max(size, 0)+1, dim)
+		if work > 0 && cost > maxWork-work {
+			bounds = append(bounds, b)
+			work = 0
+		}
+		work = min(work+cost, maxWork)
+	}
+	bounds = append(bounds, nbags)
+	return &Plan{n: len(bounds) - 1, slice: func(i, workers int) error {
+		lo, hi := bounds[i], bounds[i+1]
+		// The per-bag cost estimate is the slice's mean, as a whole
+		// launch's was: nidx/nbags + 1 index reads and adds of dim floats.
+		n := len(indices) - int(offsets[lo])
+		if hi < nbags {
+			n = int(offsets[hi]) - int(offsets[lo])
+		}
+		return parallelForN(workers, hi-lo, satMul(max(n, 0)/(hi-lo)+1, dim), func(l, h int) error {
+			return sumBags(out, table, indices, offsets, dim, lo+l, lo+h)
+		})
+	}}, nil
 }
 
 // checkBags checks offsets and indices against the rules in Doc, so that a

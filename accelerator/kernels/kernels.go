@@ -5,7 +5,9 @@
 // A launch arrives as a kernel name and its materialised arguments (Value):
 // scalars, and for each buffer the bytes from the address the tenant passed
 // to the end of its allocation. Kernel.Run checks the arguments against the
-// signature, then runs the kernel.
+// signature, then runs the kernel; Kernel.Plan checks them the same way and
+// returns the launch cut into slices of bounded work (plan.go), which a
+// scheduler interleaves with other tenants' slices.
 //
 // Invariants:
 //   - Every check happens before the first byte is written: argument count
@@ -58,9 +60,10 @@ type Value struct {
 // Kernels are shared by all callers and must not be modified.
 type Kernel struct {
 	Info api.KernelInfo
-	// run executes the kernel on arguments whose count and kinds match
-	// Info.Params; it does its own checks of sizes and buffers.
-	run func(args []Value) error
+	// plan checks arguments whose count and kinds match Info.Params
+	// (sizes, buffers) and returns the launch in slices of about maxWork
+	// (≥ 1) element operations; it writes nothing.
+	plan func(args []Value, maxWork int) (*Plan, error)
 }
 
 // all lists the catalog; catalog and sorted are indexes over it.
@@ -111,11 +114,14 @@ func (k *Kernel) CheckKinds(kinds []api.ArgKind) error {
 // Run checks args against k's signature and the sizes they imply, then runs
 // the kernel. It writes nothing unless every check passes.
 func (k *Kernel) Run(args []Value) error {
-	if err := k.checkKinds(len(args), func(i int) api.ArgKind { return args[i].Kind }); err != nil {
+	p, err := k.Plan(args, unbounded)
+	if err != nil {
 		return err
 	}
-	if err := k.run(args); err != nil {
-		return fmt.Errorf("%s: %w", k.Info.Name, err)
+	for more := p.Len() > 0; more; {
+		if more, err = p.Step(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -22,12 +22,17 @@ const minChunkWork = 1 << 16
 // recover up the caller's stack can catch a panic on another goroutine, and
 // an uncaught one would end the node and every tenant's work on it.
 func parallelFor(n, cost int, fn func(lo, hi int) error) error {
+	return parallelForN(runtime.GOMAXPROCS(0), n, cost, fn)
+}
+
+// parallelForN is parallelFor with at most workers goroutines (at least one).
+func parallelForN(workers, n, cost int, fn func(lo, hi int) error) error {
 	perChunk := max(1, minChunkWork/max(cost, 1))
 	chunks := n / perChunk
 	if n%perChunk != 0 {
 		chunks++
 	}
-	chunks = min(chunks, runtime.GOMAXPROCS(0))
+	chunks = min(chunks, max(workers, 1))
 	if chunks <= 1 {
 		return guard(fn, 0, n)
 	}

@@ -15,10 +15,10 @@ var sgemm = &Kernel{
 			f32Param("beta"), bufParam("c", api.AccessReadWrite, 4, "m", "n"),
 		},
 	},
-	run: runSgemm,
+	plan: planSgemm,
 }
 
-func runSgemm(args []Value) error {
+func planSgemm(args []Value, maxWork int) (*Plan, error) {
 	var c checker
 	m := c.size("m", args[0].I64, 0)
 	n := c.size("n", args[1].I64, 0)
@@ -29,19 +29,24 @@ func runSgemm(args []Value) error {
 	disjoint(&c, "c", cm, "a", a)
 	disjoint(&c, "c", cm, "b", b)
 	if c.err != nil {
-		return c.err
+		return nil, c.err
 	}
 	if len(cm) == 0 {
 		// m or n is 0. Returning here also keeps a huge m with n = 0, which
 		// no buffer bounds, from looping over empty rows.
-		return nil
+		return &Plan{}, nil
 	}
 	alpha, beta := args[3].F32, args[6].F32
-	// Rows are independent, so any split gives the same bits.
-	return parallelFor(m, satMul(n, k+1), func(lo, hi int) error {
-		sgemmRows(cm[lo*n:hi*n], a[lo*k:hi*k], b, n, k, alpha, beta)
-		return nil
-	})
+	// Rows are independent, so any split, into slices and within a slice
+	// across goroutines, gives the same bits.
+	cost := satMul(n, k+1)
+	return evenPlan(m, cost, maxWork, func(lo, hi, workers int) error {
+		return parallelForN(workers, hi-lo, cost, func(l, h int) error {
+			l, h = lo+l, lo+h
+			sgemmRows(cm[l*n:h*n], a[l*k:h*k], b, n, k, alpha, beta)
+			return nil
+		})
+	}), nil
 }
 
 // sgemmRows computes the rows of C in c from the matching rows of A in a.

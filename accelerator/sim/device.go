@@ -15,6 +15,7 @@ package sim
 import (
 	"bytes"
 	"fmt"
+	"math"
 
 	"golang.org/x/sys/unix"
 
@@ -166,10 +167,28 @@ func (d *Device) gather(xs []api.Extent) ([]byte, error) {
 	return out, nil
 }
 
-// Launch runs k on the CPU. A buffer backed by one physical run is handed to
-// the kernel in place; one backed by several is gathered into a copy and,
-// if the kernel may write it, scattered back afterwards.
+// Launch runs k on the CPU, whole. A buffer backed by one physical run is
+// handed to the kernel in place; one backed by several is gathered into a
+// copy and, if the kernel may write it, scattered back afterwards.
 func (d *Device) Launch(k *kernels.Kernel, args []api.NodeArg) error {
+	return d.LaunchSliced(k, args, math.MaxInt, func(p *kernels.Plan) error {
+		for more := p.Len() > 0; more; {
+			var err error
+			if more, err = p.Step(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// LaunchSliced is Launch with the kernel cut into slices of about maxWork
+// element operations (kernels.Kernel.Plan), which run hands to whoever
+// decides when each slice runs (the node's scheduler); run must step the
+// plan to its end, or return the first error, before it returns. Arguments
+// are gathered and checked before run is called, and buffers scattered back
+// after it returned without error.
+func (d *Device) LaunchSliced(k *kernels.Kernel, args []api.NodeArg, maxWork int, run func(*kernels.Plan) error) error {
 	vals := make([]kernels.Value, len(args))
 	var scatter []int
 	for i, a := range args {
@@ -190,7 +209,11 @@ func (d *Device) Launch(k *kernels.Kernel, args []api.NodeArg) error {
 			}
 		}
 	}
-	if err := k.Run(vals); err != nil {
+	p, err := k.Plan(vals, maxWork)
+	if err != nil {
+		return err
+	}
+	if err := run(p); err != nil {
 		return err
 	}
 	for _, i := range scatter {

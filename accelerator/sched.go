@@ -1,0 +1,419 @@
+package accelerator
+
+// The compute scheduler of a device: it shares device time among the tenants
+// of every mediator connected to the node, by weight.
+//
+// A launch becomes a job: a sequence of slices (kernels.Plan), each bounded
+// in work. One runner goroutine per device runs one slice at a time and
+// charges the time it measured around the slice to the slice's tenant. The
+// policy is start-time fair queueing over measured time: every tenant has a
+// virtual time that grows by the device time it used divided by its weight,
+// and the runner always runs a slice of the backlogged tenant with the least
+// virtual time. So over any period in which tenants stay backlogged, they
+// get device time in proportion to their weights, up to one slice each.
+//
+// Invariants:
+//   - Work conserving: while any tenant has a slice it may run, the device
+//     does not idle, with one bounded exception (anticipation): right after
+//     a job whose connection already has its next requests at the node, the
+//     device waits up to anticipation for that tenant's next job if it is
+//     next by virtual time anyway. A tenant alone gets the whole device,
+//     unless it is capped.
+//   - No banked credit: a tenant that becomes backlogged, or comes back from
+//     being throttled, starts at the system's virtual time (the start tag of
+//     the slice last dispatched), never below it, so idling earns nothing.
+//     One exception keeps a busy tenant's share: a tenant whose last job
+//     ended less than reentryWindow ago, or less than busyWindow ago with
+//     requests of its connection already waiting at the node, was not idle,
+//     only between two launches (the node was replying and taking the next
+//     request), and keeps its virtual time. What it can bank so is bounded
+//     by the device time others used in that gap.
+//   - Cap: a tenant with compute_max c (0 < c < 1) spends from a token bucket
+//     that refills at c seconds of device time per second and holds at most
+//     c·capWindow; while it is empty the tenant is throttled even if the
+//     device idles. Over any interval T it uses at most c·(T + capWindow)
+//     plus one slice.
+//   - Tenants are keyed by name: connections of one tenant, from any
+//     mediator, share one account; their jobs take turns slice by slice.
+//     The weight and cap are those of the tenant's latest launch. At most
+//     maxAccounts accounts are kept: beyond that, idle ones are dropped
+//     (a dropped tenant comes back as new, without credit).
+//   - A job's slices run in order, on the runner, one at a time; its submitter
+//     blocks until the last one has run or one failed, so a connection's
+//     requests stay in order.
+//   - After close, no slice starts; jobs still queued fail with
+//     api.ErrUnavailable and close waits for the slice in progress.
+//
+// Lock order: scheduler.mu is a leaf; slices run without it.
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vgpu/vgpu/accelerator/kernels"
+	"github.com/vgpu/vgpu/api"
+)
+
+// sliceWork is the work, in kernels.Plan units (about one multiply-add), of a
+// slice per worker: about 70 µs of sgemm on the sim backend, so a tenant's
+// small kernel waits about that long at most for the device.
+const sliceWork = 1 << 17
+
+// sliceWorkers is how many goroutines a slice of the sim backend may use:
+// all cores but one, which stays free for the node's network path (reading
+// requests, replies), as a real device leaves the host's cores to the host.
+// Without it a tenant's small launch would wait for a core at every hop.
+func sliceWorkers() int { return max(1, runtime.GOMAXPROCS(0)-1) }
+
+// reentryWindow is how soon after its last job a tenant's next job counts as
+// the same busy period (see "No banked credit" above). It covers the gap
+// between two launches of a connection, which on a loaded host can be a
+// scheduling quantum of the OS.
+const reentryWindow = 2 * time.Millisecond
+
+// anticipation is how long the device may idle for a tenant whose job ended
+// with its connection's next requests already at the node, when that tenant
+// is next by virtual time: the gap is the node taking the next request, and
+// running another tenant meanwhile would cost the waiting one its share.
+const anticipation = time.Millisecond
+
+// busyWindow is reentryWindow for a tenant whose connection had requests
+// waiting at the node when its last job ended: the gap is the node's own
+// doing, which on a loaded host can last a few scheduling quanta of the OS.
+const busyWindow = 50 * time.Millisecond
+
+// capWindow is the burst a capped tenant may use at once, as device time at
+// its cap: a tenant capped at c may run c·capWindow without pause.
+const capWindow = 100 * time.Millisecond
+
+// clock is the scheduler's time: wall time in the node, simulated in tests.
+type clock interface {
+	now() time.Duration
+	// idle waits until d has passed or wake is signalled.
+	idle(d time.Duration, wake <-chan struct{})
+}
+
+type wallClock struct{ start time.Time }
+
+func (c wallClock) now() time.Duration { return time.Since(c.start) }
+
+func (wallClock) idle(d time.Duration, wake <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-wake:
+	}
+}
+
+// job is one launch: step runs its next slice.
+type job struct {
+	step    func() (more bool, err error)
+	waiting func() bool // from tenantShare
+	done    chan error  // buffered; receives the job's result once
+}
+
+// account is one tenant's queue and use of one device.
+type account struct {
+	name       string
+	weight     float64
+	computeMax float64 // 0: no cap
+	vtime      float64 // device seconds / weight
+	jobs       []*job  // round robin: the head runs next, then goes to the tail
+	throttled  bool
+	idleSince  time.Duration // clock time its last job ended, if ran
+	ran        bool
+	waiting    bool // its connection had requests waiting when its last job ended
+
+	budget  time.Duration // token bucket of a capped tenant
+	refill  time.Duration // clock time of the last refill
+	used    time.Duration // device time, ever
+	slices  uint64
+	jobsRun uint64
+}
+
+// scheduler shares one device among tenants.
+type scheduler struct {
+	clock clock
+	wake  chan struct{} // capacity 1: a job arrived, or close
+
+	mu       sync.Mutex
+	accounts map[string]*account
+	vnow     float64 // start tag of the slice last dispatched
+	// expect is a tenant whose job just ended with more of its requests
+	// waiting at the node; until expectUntil the device waits for it
+	// rather than run a tenant that comes after it in virtual time.
+	expect      *account
+	expectUntil time.Duration
+	started     bool
+	closed      bool
+	done        chan struct{} // closed when the runner has ended
+}
+
+func newScheduler(c clock) *scheduler {
+	return &scheduler{clock: c, wake: make(chan struct{}, 1), accounts: map[string]*account{}, done: make(chan struct{})}
+}
+
+// tenantShare is who a launch is for.
+type tenantShare struct {
+	name       string
+	weight     uint32  // 0 means 1
+	computeMax float32 // ≤ 0, ≥ 1 or NaN: no cap
+	// waiting, if set, reports whether the submitting connection has
+	// further requests waiting at the node. Called with scheduler.mu held.
+	waiting func() bool
+}
+
+func (t tenantShare) normalized() (weight, computeMax float64) {
+	weight = float64(max(t.weight, 1))
+	if c := float64(t.computeMax); c > 0 && c < 1 {
+		computeMax = c
+	}
+	return weight, computeMax
+}
+
+// run queues a job for t and waits for it: step is called on the runner
+// until it reports no more slices or fails.
+func (s *scheduler) run(t tenantShare, step func() (bool, error)) error {
+	j := &job{step: step, waiting: t.waiting, done: make(chan error, 1)}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return fmt.Errorf("device scheduler closed: %w", api.ErrUnavailable)
+	}
+	if !s.started {
+		s.started = true
+		go s.runner()
+	}
+	a := s.accounts[t.name]
+	if a == nil {
+		s.prune()
+		a = &account{name: t.name}
+		s.accounts[t.name] = a
+	}
+	w, c := t.normalized()
+	if c != a.computeMax {
+		// A tenant newly capped starts with a full bucket; a changed cap
+		// never refills it, so alternating caps gain nothing.
+		limit := time.Duration(c * float64(capWindow))
+		if a.computeMax == 0 {
+			a.budget = limit
+		} else {
+			a.budget = min(a.budget, limit)
+		}
+		a.refill = s.clock.now()
+	}
+	a.weight, a.computeMax = w, c
+	if len(a.jobs) == 0 {
+		window := reentryWindow
+		if a.waiting {
+			window = busyWindow
+		}
+		if !a.ran || s.clock.now()-a.idleSince > window {
+			a.vtime = max(a.vtime, s.vnow) // no banked credit
+		}
+	}
+	a.jobs = append(a.jobs, j)
+	s.mu.Unlock()
+	s.signal()
+	return <-j.done
+}
+
+// maxAccounts bounds the accounts a scheduler keeps: past it, accounts of
+// tenants idle for longer than busyWindow are dropped (with their history
+// in status) when a new tenant arrives.
+const maxAccounts = 1024
+
+// prune drops idle accounts when there are too many. Called with s.mu held.
+func (s *scheduler) prune() {
+	if len(s.accounts) < maxAccounts {
+		return
+	}
+	now := s.clock.now()
+	for name, a := range s.accounts {
+		if len(a.jobs) == 0 && (!a.ran || now-a.idleSince > busyWindow) {
+			delete(s.accounts, name)
+		}
+	}
+}
+
+func (s *scheduler) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// close stops the runner after the slice in progress and fails queued jobs.
+func (s *scheduler) close() {
+	s.mu.Lock()
+	s.closed = true
+	started := s.started
+	s.mu.Unlock()
+	s.signal()
+	if started {
+		<-s.done
+	}
+}
+
+// pick returns the account whose slice runs next, or, when every backlogged
+// tenant is throttled, how long until the first may run again (0: nothing
+// is backlogged). Called with s.mu held.
+func (s *scheduler) pick() (*account, time.Duration) {
+	now := s.clock.now()
+	var best *account
+	var wait time.Duration
+	for _, a := range s.accounts {
+		if len(a.jobs) == 0 {
+			continue
+		}
+		if a.computeMax > 0 {
+			limit := time.Duration(a.computeMax * float64(capWindow))
+			a.budget = min(limit, a.budget+time.Duration(a.computeMax*float64(now-a.refill)))
+			a.refill = now
+			if a.budget <= 0 {
+				a.throttled = true
+				w := time.Duration(float64(-a.budget)/a.computeMax) + time.Microsecond
+				if wait == 0 || w < wait {
+					wait = w
+				}
+				continue
+			}
+		}
+		if a.throttled {
+			a.throttled = false
+			a.vtime = max(a.vtime, s.vnow) // throttled time earns nothing either
+		}
+		if best == nil || a.vtime < best.vtime || a.vtime == best.vtime && a.name < best.name {
+			best = a
+		}
+	}
+	if e := s.expect; e != nil {
+		switch {
+		case len(e.jobs) > 0 || now >= s.expectUntil || e.throttled:
+			s.expect = nil
+		case best == nil || e.vtime <= best.vtime:
+			return nil, s.expectUntil - now
+		}
+	}
+	return best, wait
+}
+
+func (s *scheduler) runner() {
+	defer close(s.done)
+	for {
+		s.mu.Lock()
+		a, wait := s.pick()
+		for a == nil && !s.closed {
+			s.mu.Unlock()
+			if wait > 0 {
+				s.clock.idle(wait, s.wake)
+			} else {
+				<-s.wake
+			}
+			s.mu.Lock()
+			a, wait = s.pick()
+		}
+		if s.closed {
+			for _, a := range s.accounts {
+				for _, j := range a.jobs {
+					j.done <- fmt.Errorf("device scheduler closed: %w", api.ErrUnavailable)
+				}
+				a.jobs = nil
+			}
+			s.mu.Unlock()
+			return
+		}
+		s.vnow = a.vtime
+		j := a.jobs[0]
+		s.mu.Unlock()
+
+		start := s.clock.now()
+		more, err := guardStep(j.step)
+		used := s.clock.now() - start
+
+		s.mu.Lock()
+		a.used += used
+		a.slices++
+		a.vtime += used.Seconds() / a.weight
+		if a.computeMax > 0 {
+			a.budget -= used
+		}
+		// Only the runner removes jobs and submitters append, so j is
+		// still the head.
+		a.jobs = a.jobs[1:]
+		finished := !more || err != nil
+		if !finished {
+			a.jobs = append(a.jobs, j)
+		} else {
+			a.jobsRun++
+			j.done <- err
+			if len(a.jobs) == 0 {
+				a.ran, a.idleSince = true, s.clock.now()
+				a.waiting = j.waiting != nil && j.waiting()
+				if a.waiting {
+					s.expect, s.expectUntil = a, a.idleSince+anticipation
+				}
+			}
+		}
+		s.mu.Unlock()
+		if finished {
+			// The submitter was readied onto this goroutine's P, where it
+			// would wait for the next slice to end: let it reply first.
+			runtime.Gosched()
+		}
+	}
+}
+
+// guardStep runs one slice, turning a panic into an error: the runner serves
+// every tenant of the device and must survive any one launch.
+func guardStep(step func() (bool, error)) (more bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			more, err = false, fmt.Errorf("kernel slice panicked: %v: %w", p, api.ErrInternal)
+		}
+	}()
+	return step()
+}
+
+// usage reports each tenant's use of the device, which is device dev,
+// sorted by tenant.
+func (s *scheduler) usage(dev uint32) []api.DeviceTenant {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]api.DeviceTenant, 0, len(s.accounts))
+	for _, a := range s.accounts {
+		out = append(out, api.DeviceTenant{
+			Device: dev, Tenant: a.name, Weight: uint32(math.Round(a.weight)), ComputeMax: a.computeMax,
+			DeviceTime: a.used, Slices: a.slices, Launches: a.jobsRun, Throttled: a.throttled,
+		})
+	}
+	slices.SortFunc(out, func(x, y api.DeviceTenant) int { return strings.Compare(x.Tenant, y.Tenant) })
+	return out
+}
+
+// slicedDevice is a Device that can run a launch in slices (sim.Device).
+type slicedDevice interface {
+	LaunchSliced(k *kernels.Kernel, args []api.NodeArg, maxWork int, run func(*kernels.Plan) error) error
+}
+
+// launch runs k on d for t through d's scheduler: in slices where the device
+// can cut it, else as one slice.
+func (d *device) launch(t tenantShare, k *kernels.Kernel, args []api.NodeArg) error {
+	if sd, ok := d.Device.(slicedDevice); ok {
+		workers := sliceWorkers()
+		return sd.LaunchSliced(k, args, sliceWork*workers, func(p *kernels.Plan) error {
+			if p.Len() == 0 {
+				return nil
+			}
+			p.SetWorkers(workers)
+			return d.sched.run(t, p.Step)
+		})
+	}
+	return d.sched.run(t, func() (bool, error) { return false, d.Launch(k, args) })
+}

@@ -1,0 +1,70 @@
+package accelerator
+
+import (
+	"testing"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// connectShare is testNode.connect with the tenant's weight and compute cap
+// in the Hello, as a mediator sends them.
+func (tn *testNode) connectShare(t *testing.T, tenant string, weight uint32, computeMax float32) *client {
+	t.Helper()
+	conn := tn.dialRaw(t)
+	rpc := api.NewRPC(conn, "node "+tn.addr)
+	t.Cleanup(func() { rpc.Close() })
+	c := &client{t: t, conn: conn, rpc: rpc}
+	h := mediatorHello(tenant)
+	h.Weight, h.ComputeMax = weight, computeMax
+	body, err := rpc.Call(api.OpHello, nil, api.Encode(h))
+	if err != nil {
+		t.Fatalf("hello as %q: %v", tenant, err)
+	}
+	if err := api.Decode(body, &c.hello); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestLaunchThroughScheduler: launches of several slices run through the
+// device's scheduler, which accounts them to the tenant named in the Hello,
+// with its weight and cap; connections of one tenant share an account.
+func TestLaunchThroughScheduler(t *testing.T) {
+	tn := startNode(t)
+	a1 := tn.connectShare(t, "alice", 3, 0)
+	a2 := tn.connectShare(t, "alice", 3, 0)
+	b := tn.connectShare(t, "bob", 0, 0.5)
+	const n = FrameSize / 4 // one frame of floats: several slices
+	for i, c := range []*client{a1, a2, b} {
+		f := c.alloc(0, 1)[0]
+		if err := c.launch(0, "fill_f32", bufArg(ext(f, 0, FrameSize)), i64Arg(n), f32Arg(float32(i+1))); err != nil {
+			t.Fatal(err)
+		}
+		got := bytesF32(c.mustRead(0, ext(f, FrameSize-8, 8)))
+		if got[0] != float32(i+1) || got[1] != float32(i+1) {
+			t.Fatalf("fill through the scheduler: %v", got)
+		}
+	}
+	st := a1.status()
+	want := map[string]api.DeviceTenant{
+		"alice": {Device: 0, Tenant: "alice", Weight: 3, Launches: 2},
+		"bob":   {Device: 0, Tenant: "bob", Weight: 1, ComputeMax: 0.5, Launches: 1},
+	}
+	if len(st.Shares) != len(want) {
+		t.Fatalf("shares %+v, want alice and bob on device 0", st.Shares)
+	}
+	for _, s := range st.Shares {
+		w := want[s.Tenant]
+		if s.Device != w.Device || s.Weight != w.Weight || s.Launches != w.Launches || s.DeviceTime <= 0 ||
+			s.Slices < 2*s.Launches || s.ComputeMax < w.ComputeMax-1e-6 || s.ComputeMax > w.ComputeMax+1e-6 {
+			t.Errorf("share %+v, want %+v with device time and several slices a launch", s, w)
+		}
+	}
+	// A rejected launch never reaches the scheduler.
+	if err := b.launch(0, "fill_f32", bufArg(ext(0, 0, 4)), i64Arg(1), f32Arg(1)); err == nil {
+		t.Fatal("launch on a frame not held: no error")
+	}
+	if got := a1.status().Shares[1].Launches; got != 1 {
+		t.Fatalf("bob's launches after a rejected one: %d, want 1", got)
+	}
+}

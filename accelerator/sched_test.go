@@ -1,0 +1,402 @@
+package accelerator
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// fakeClock is simulated time: synthetic slices advance it by their cost,
+// and an idle device lets it jump to when it would wake.
+type fakeClock struct{ t atomic.Int64 }
+
+func (c *fakeClock) now() time.Duration                      { return time.Duration(c.t.Load()) }
+func (c *fakeClock) advance(d time.Duration)                 { c.t.Add(int64(d)) }
+func (c *fakeClock) idle(d time.Duration, _ <-chan struct{}) { c.advance(d) }
+
+// schedHarness drives a scheduler on simulated time.
+type schedHarness struct {
+	t     *testing.T
+	clock *fakeClock
+	s     *scheduler
+	wg    sync.WaitGroup
+	gate  chan struct{}
+}
+
+func newSchedHarness(t *testing.T) *schedHarness {
+	h := &schedHarness{t: t, clock: &fakeClock{}}
+	h.s = newScheduler(h.clock)
+	t.Cleanup(h.s.close)
+	return h
+}
+
+// hold occupies the runner with a slice that lasts until release, so jobs
+// submitted meanwhile all start together.
+func (h *schedHarness) hold() {
+	h.gate = make(chan struct{})
+	running := make(chan struct{})
+	h.wg.Go(func() {
+		err := h.s.run(tenantShare{name: "~gate"}, func() (bool, error) {
+			close(running)
+			<-h.gate
+			return false, nil
+		})
+		if err != nil {
+			h.t.Errorf("gate: %v", err)
+		}
+	})
+	<-running
+}
+
+func (h *schedHarness) release() { close(h.gate) }
+
+// submit runs a job for t in the background: slices of cost each while
+// more says so. It returns a channel with the job's result.
+func (h *schedHarness) submit(t tenantShare, cost time.Duration, more func(i int) bool) <-chan error {
+	res := make(chan error, 1)
+	i := 0
+	h.wg.Go(func() {
+		res <- h.s.run(t, func() (bool, error) {
+			h.clock.advance(cost)
+			i++
+			return more(i), nil
+		})
+	})
+	// Wait until the job is queued, so the order of submits is the order
+	// of arrival.
+	for !h.queued(t.name, res) {
+		time.Sleep(50 * time.Microsecond)
+	}
+	return res
+}
+
+func (h *schedHarness) queued(name string, res chan error) bool {
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	a := h.s.accounts[name]
+	return a != nil && len(a.jobs) > 0 || len(res) > 0
+}
+
+func (h *schedHarness) until(horizon time.Duration) func(int) bool {
+	return func(int) bool { return h.clock.now() < horizon }
+}
+
+func (h *schedHarness) used() map[string]time.Duration {
+	m := map[string]time.Duration{}
+	for _, u := range h.s.usage(0) {
+		m[u.Tenant] = u.DeviceTime
+	}
+	return m
+}
+
+func (h *schedHarness) wait() { h.wg.Wait() }
+
+func TestSchedWeights(t *testing.T) {
+	h := newSchedHarness(t)
+	h.hold()
+	// Different slice costs: shares are of time, not of slices.
+	weights := map[string]uint32{"a": 1, "b": 2, "c": 3, "d": 4}
+	costs := map[string]time.Duration{"a": 3 * time.Millisecond, "b": time.Millisecond, "c": 500 * time.Microsecond, "d": 2 * time.Millisecond}
+	const horizon = 20 * time.Second
+	for _, name := range []string{"a", "b", "c", "d"} {
+		h.submit(tenantShare{name: name, weight: weights[name]}, costs[name], h.until(horizon))
+	}
+	h.release()
+	h.wait()
+	used := h.used()
+	var total time.Duration
+	for _, u := range used {
+		total += u
+	}
+	for name, w := range weights {
+		share, want := used[name].Seconds()/total.Seconds(), float64(w)/10
+		if math.Abs(share-want) > 0.01*want+0.001 {
+			t.Errorf("tenant %s (weight %d): share %.4f, want %.4f", name, w, share, want)
+		}
+	}
+}
+
+func TestSchedWorkConserving(t *testing.T) {
+	h := newSchedHarness(t)
+	// Alone: every slice back to back, no idle time.
+	if err := <-h.submit(tenantShare{name: "solo", weight: 5}, time.Millisecond, func(i int) bool { return i < 100 }); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.clock.now(); got != 100*time.Millisecond {
+		t.Fatalf("lone tenant: 100 slices of 1ms took %v of device time", got)
+	}
+	// Two tenants; when the light one is done, the heavy one gets the rest
+	// at once.
+	h.hold()
+	start := h.clock.now()
+	a := h.submit(tenantShare{name: "a", weight: 1}, time.Millisecond, func(i int) bool { return i < 50 })
+	b := h.submit(tenantShare{name: "b", weight: 1}, time.Millisecond, func(i int) bool { return i < 200 })
+	h.release()
+	if err := errors.Join(<-a, <-b); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.clock.now() - start; got != 250*time.Millisecond {
+		t.Fatalf("250 slices of 1ms took %v: the device idled", got)
+	}
+}
+
+func TestSchedComputeMax(t *testing.T) {
+	t.Run("alone", func(t *testing.T) {
+		h := newSchedHarness(t)
+		// A capped tenant alone is throttled even though the device idles.
+		err := <-h.submit(tenantShare{name: "capped", computeMax: 0.25}, time.Millisecond, func(i int) bool { return i < 2000 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		elapsed := h.clock.now()
+		used := h.used()["capped"]
+		if used != 2*time.Second {
+			t.Fatalf("used %v, want 2s", used)
+		}
+		// At most 0.25 of the elapsed time, apart from the first burst.
+		if min := time.Duration(float64(used-capWindow/4) / 0.25); elapsed < min-10*time.Millisecond || elapsed > min+100*time.Millisecond {
+			t.Fatalf("2s of device time at cap 0.25 took %v, want about %v", elapsed, min)
+		}
+	})
+	t.Run("with others", func(t *testing.T) {
+		h := newSchedHarness(t)
+		h.hold()
+		const horizon = 10 * time.Second
+		// A heavy weight does not lift the cap.
+		h.submit(tenantShare{name: "capped", weight: 9, computeMax: 0.1}, time.Millisecond, h.until(horizon))
+		h.submit(tenantShare{name: "other", weight: 1}, time.Millisecond, h.until(horizon))
+		h.release()
+		h.wait()
+		used := h.used()
+		share := used["capped"].Seconds() / (used["capped"] + used["other"]).Seconds()
+		if share > 0.1+0.005 || share < 0.09 {
+			t.Fatalf("capped tenant's share %.4f, want 0.1", share)
+		}
+	})
+	t.Run("not capped", func(t *testing.T) {
+		// 0, 1, negative and NaN mean no cap.
+		for _, c := range []float32{0, 1, -0.5, float32(math.NaN()), 7} {
+			h := newSchedHarness(t)
+			if err := <-h.submit(tenantShare{name: "t", computeMax: c}, time.Millisecond, func(i int) bool { return i < 500 }); err != nil {
+				t.Fatal(err)
+			}
+			if got := h.clock.now(); got != 500*time.Millisecond {
+				t.Errorf("compute_max %v: 500 ms of slices took %v", c, got)
+			}
+		}
+	})
+}
+
+func TestSchedNoStarvation(t *testing.T) {
+	h := newSchedHarness(t)
+	h.hold()
+	const horizon = 5 * time.Second
+	h.submit(tenantShare{name: "heavy", weight: 1000}, 10*time.Millisecond, h.until(horizon))
+	var finished time.Duration // runner's until light is done
+	light := h.submit(tenantShare{name: "light", weight: 1}, time.Millisecond, func(i int) bool {
+		finished = h.clock.now()
+		return i < 3
+	})
+	h.release()
+	select {
+	case err := <-light:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("light tenant starved")
+	}
+	// Its three slices cost 3 ms of virtual time, at weight 1000 about 3 s
+	// of the heavy tenant's: it finishes long before the heavy one.
+	if finished > 2500*time.Millisecond {
+		t.Fatalf("light tenant's 3 slices finished at %v", finished)
+	}
+	h.wait()
+}
+
+func TestSchedNoBankedCredit(t *testing.T) {
+	h := newSchedHarness(t)
+	const horizon = 4 * time.Second
+	// busy runs alone for 2s, then pauses the runner while late arrives.
+	pause, resume := make(chan struct{}), make(chan struct{})
+	paused := false // runner's
+	h.submit(tenantShare{name: "busy"}, time.Millisecond, func(int) bool {
+		now := h.clock.now()
+		if now >= 2*time.Second && !paused {
+			paused = true
+			close(pause)
+			<-resume
+		}
+		return now < horizon
+	})
+	<-pause
+	before := h.used()
+	at := h.clock.now()
+	// late must not get the device to itself to make up for the time it
+	// did not ask for.
+	late := h.submit(tenantShare{name: "late"}, time.Millisecond, func(i int) bool { return i < 200 })
+	close(resume)
+	if err := <-late; err != nil {
+		t.Fatal(err)
+	}
+	took := h.clock.now() - at
+	busy := h.used()["busy"] - before["busy"]
+	// While late ran its 200 ms, busy kept about half the device.
+	if took < 395*time.Millisecond || busy < 195*time.Millisecond {
+		t.Fatalf("late tenant's 200 ms took %v of device time, busy got %v meanwhile: late was banking credit", took, busy)
+	}
+	h.wait()
+}
+
+func TestSchedTenantSharesAcrossConnections(t *testing.T) {
+	h := newSchedHarness(t)
+	h.hold()
+	const horizon = 4 * time.Second
+	// Two connections of tenant a share one account against one of b.
+	h.submit(tenantShare{name: "a"}, time.Millisecond, h.until(horizon))
+	h.submit(tenantShare{name: "a"}, time.Millisecond, h.until(horizon))
+	h.submit(tenantShare{name: "b"}, time.Millisecond, h.until(horizon))
+	h.release()
+	h.wait()
+	used := h.used()
+	if d := used["a"] - used["b"]; d > 2*time.Millisecond || d < -2*time.Millisecond {
+		t.Fatalf("tenant a with two connections used %v, b with one %v: want equal", used["a"], used["b"])
+	}
+}
+
+func TestSchedSliceOrderAndErrors(t *testing.T) {
+	h := newSchedHarness(t)
+	var order []int
+	err := h.s.run(tenantShare{name: "t"}, func() (bool, error) {
+		order = append(order, len(order))
+		if len(order) == 3 {
+			return true, api.ErrInvalidArgument // an error ends the job
+		}
+		return true, nil
+	})
+	if !errors.Is(err, api.ErrInvalidArgument) || len(order) != 3 {
+		t.Fatalf("job failing at slice 3: err %v after %d slices", err, len(order))
+	}
+	err = h.s.run(tenantShare{name: "t"}, func() (bool, error) { panic("boom") })
+	if !errors.Is(err, api.ErrInternal) {
+		t.Fatalf("panicking slice: %v, want internal error", err)
+	}
+	// The runner survived.
+	if err := h.s.run(tenantShare{name: "t"}, func() (bool, error) { return false, nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSchedClose(t *testing.T) {
+	h := newSchedHarness(t)
+	h.hold()
+	queued := h.submit(tenantShare{name: "q"}, time.Millisecond, func(int) bool { return true })
+	closed := make(chan struct{})
+	go func() { h.s.close(); close(closed) }()
+	// close waits for the slice in progress.
+	select {
+	case <-closed:
+		t.Fatal("close returned while a slice ran")
+	case <-time.After(20 * time.Millisecond):
+	}
+	h.release()
+	<-closed
+	if err := <-queued; !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("job queued at close: %v, want unavailable", err)
+	}
+	select {
+	case <-h.s.done:
+	default:
+		t.Fatal("runner still running after close")
+	}
+	if err := h.s.run(tenantShare{name: "q"}, func() (bool, error) { return false, nil }); !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("run after close: %v, want unavailable", err)
+	}
+	h.wait()
+}
+
+// TestSchedReentry: a tenant back soon after its last job, or a little
+// later with requests of its connection waiting at the node, keeps its
+// virtual time; later than that it starts at the system's.
+func TestSchedReentry(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		gap     time.Duration
+		waiting bool
+		keeps   bool
+	}{
+		{"back at once", reentryWindow / 2, false, true},
+		{"idle", 3 * reentryWindow, false, false},
+		{"requests waiting", busyWindow / 2, true, true},
+		{"requests waiting, long gap", 2 * busyWindow, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newSchedHarness(t)
+			// a's virtual time ends at 0.1 ms; b's passes it during the gap.
+			share := tenantShare{name: "a", weight: 10, waiting: func() bool { return tc.waiting }}
+			if err := <-h.submit(share, time.Millisecond, func(int) bool { return false }); err != nil {
+				t.Fatal(err)
+			}
+			slices := int(tc.gap / (250 * time.Microsecond))
+			if err := <-h.submit(tenantShare{name: "b"}, 250*time.Microsecond, func(i int) bool { return i < slices }); err != nil {
+				t.Fatal(err)
+			}
+			h.hold()
+			h.submit(share, time.Millisecond, func(int) bool { return false })
+			h.s.mu.Lock()
+			kept := h.s.accounts["a"].vtime < h.s.vnow
+			h.s.mu.Unlock()
+			h.release()
+			h.wait()
+			if kept != tc.keeps {
+				t.Fatalf("after a gap of %v (requests waiting: %v): kept its virtual time %v, want %v", tc.gap, tc.waiting, kept, tc.keeps)
+			}
+		})
+	}
+}
+
+func TestSchedPrunesIdleAccounts(t *testing.T) {
+	h := newSchedHarness(t)
+	for i := range maxAccounts + 10 {
+		if err := h.s.run(tenantShare{name: fmt.Sprint("t", i)}, func() (bool, error) {
+			h.clock.advance(busyWindow)
+			return false, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(h.s.usage(0)); n > maxAccounts {
+		t.Fatalf("%d accounts kept, want at most %d", n, maxAccounts)
+	}
+}
+
+// TestSchedAnticipation: after a job whose connection has its next request
+// at the node, the device waits (boundedly) for that tenant if it is next by
+// virtual time; otherwise it never idles.
+func TestSchedAnticipation(t *testing.T) {
+	for _, waiting := range []bool{false, true} {
+		h := newSchedHarness(t)
+		h.hold()
+		start := h.clock.now()
+		b := h.submit(tenantShare{name: "b"}, time.Millisecond, func(i int) bool { return i < 10 })
+		c := h.submit(tenantShare{name: "c", weight: 10, waiting: func() bool { return waiting }}, time.Millisecond, func(int) bool { return false })
+		h.release()
+		if err := errors.Join(<-b, <-c); err != nil {
+			t.Fatal(err)
+		}
+		idle := h.clock.now() - start - 11*time.Millisecond
+		want := time.Duration(0)
+		if waiting {
+			want = anticipation
+		}
+		if idle != want {
+			t.Errorf("requests waiting %v: device idled %v, want %v", waiting, idle, want)
+		}
+	}
+}
