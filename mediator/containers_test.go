@@ -2,7 +2,6 @@ package mediator_test
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/mediator"
@@ -39,33 +37,12 @@ type containerSystem struct {
 
 func startContainers(t *testing.T) *containerSystem {
 	t.Helper()
-	tmp, err := os.MkdirTemp("", "vgpu") // short: socket paths are limited to 108 bytes
-	if err != nil {
+	quota := filepath.Join(t.TempDir(), "q.toml")
+	if err := os.WriteFile(quota, []byte(quotaFile), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(tmp) })
-	cs := &containerSystem{system: &system{socket: filepath.Join(tmp, "m.sock")}, dir: filepath.Join(tmp, "c"), quota: filepath.Join(tmp, "q.toml")}
-	if err := os.WriteFile(cs.quota, []byte(quotaFile), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	n, addr, err := accelerator.StartSim("127.0.0.1:0", 1, 256<<20, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	m, err := mediator.New(mediator.Config{Nodes: []string{addr.String()}, Quota: cs.quota, ContainerDir: cs.dir,
-		ReclaimInterval: 50 * time.Millisecond, Log: quietLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", cs.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go m.Serve(l)
-	t.Cleanup(func() { m.Close() })
-	cs.med = m
-	return cs
+	s := startWith(t, 256<<20, func(c *mediator.Config) { c.Quota, c.ReclaimInterval = quota, 50*time.Millisecond })
+	return &containerSystem{system: s, dir: filepath.Join(s.dir, "c"), quota: quota}
 }
 
 func (cs *containerSystem) operator(t *testing.T) *client.Operator {

@@ -3,6 +3,7 @@ package mediator_test
 import (
 	"errors"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,6 +22,7 @@ import (
 // loopback, all in this process.
 type system struct {
 	socket string
+	dir    string // the temporary directory the socket is in
 	med    *mediator.Mediator
 	nodes  []*accelerator.Node
 }
@@ -33,9 +35,27 @@ func quietLog() logrus.FieldLogger {
 
 // start brings up nodes nodes of devs devices of size bytes each.
 func start(t testing.TB, nodes, devs int, size uint64, tenantMemory uint64) *system {
+	return startNodes(t, nodes, devs, size, func(c *mediator.Config) { c.TenantMemory = tenantMemory })
+}
+
+// startWith is one node with one device and a configuration of the test's
+// choosing.
+func startWith(t testing.TB, devSize uint64, edit func(*mediator.Config)) *system {
+	return startNodes(t, 1, 1, devSize, edit)
+}
+
+// startNodes starts nodes and a mediator whose configuration edit may
+// change; its socket, container directory and state directory are in a
+// short temporary directory (socket paths are limited to 108 bytes).
+func startNodes(t testing.TB, nodes, devs int, size uint64, edit func(*mediator.Config)) *system {
 	t.Helper()
-	s := &system{socket: filepath.Join(t.TempDir(), "m.sock")}
-	var addrs []string
+	tmp, err := os.MkdirTemp("", "vgpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	s := &system{socket: filepath.Join(tmp, "m.sock"), dir: tmp}
+	cfg := mediator.Config{ContainerDir: filepath.Join(tmp, "c"), StateDir: tmp, Log: quietLog()}
 	for range nodes {
 		n, addr, err := accelerator.StartSim("127.0.0.1:0", devs, size, quietLog())
 		if err != nil {
@@ -43,9 +63,12 @@ func start(t testing.TB, nodes, devs int, size uint64, tenantMemory uint64) *sys
 		}
 		t.Cleanup(func() { n.Close() })
 		s.nodes = append(s.nodes, n)
-		addrs = append(addrs, addr.String())
+		cfg.Nodes = append(cfg.Nodes, addr.String())
 	}
-	m, err := mediator.New(mediator.Config{Nodes: addrs, TenantMemory: tenantMemory, Log: quietLog()})
+	if edit != nil {
+		edit(&cfg)
+	}
+	m, err := mediator.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

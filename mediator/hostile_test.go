@@ -8,13 +8,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/mediator"
@@ -29,39 +27,6 @@ import (
 // Unattacked it takes milliseconds; a victim stuck behind an attacker would
 // take ReplyTimeout or forever.
 const victimBound = 3 * time.Second
-
-// startWith is start with a configuration of the test's choosing.
-func startWith(t testing.TB, devSize uint64, edit func(*mediator.Config)) *system {
-	t.Helper()
-	tmp, err := os.MkdirTemp("", "vgpu") // short: socket paths are limited to 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(tmp) })
-	s := &system{socket: filepath.Join(tmp, "m.sock")}
-	n, addr, err := accelerator.StartSim("127.0.0.1:0", 1, devSize, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	s.nodes = append(s.nodes, n)
-	cfg := mediator.Config{Nodes: []string{addr.String()}, Log: quietLog(), ContainerDir: filepath.Join(tmp, "c")}
-	if edit != nil {
-		edit(&cfg)
-	}
-	m, err := mediator.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", s.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go m.Serve(l)
-	t.Cleanup(func() { m.Close() })
-	s.med = m
-	return s
-}
 
 // shortReplyTimeout makes slow readers time out after d for this test. Call
 // it before starting the system: the restore then runs after its Close.

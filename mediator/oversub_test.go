@@ -2,10 +2,8 @@ package mediator_test
 
 import (
 	"bytes"
-	"net"
 	"testing"
 
-	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/mediator"
@@ -15,26 +13,9 @@ import (
 // mediator whose host sessions may keep resident bytes on it and allocate
 // factor times that.
 func startOversubscribed(t *testing.T, devMem, resident uint64, factor float64, host uint64) *system {
-	t.Helper()
-	n, addr, err := accelerator.StartSim("127.0.0.1:0", 1, devMem, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	dir := t.TempDir()
-	m, err := mediator.New(mediator.Config{Nodes: []string{addr.String()}, TenantMemory: resident,
-		Oversubscribe: factor, HostMemory: host, StateDir: dir, Log: quietLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &system{socket: dir + "/m.sock", med: m}
-	l, err := net.Listen("unix", s.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go m.Serve(l)
-	t.Cleanup(func() { m.Close() })
-	return s
+	return startWith(t, devMem, func(c *mediator.Config) {
+		c.TenantMemory, c.Oversubscribe, c.HostMemory = resident, factor, host
+	})
 }
 
 // A tenant works on a buffer 1.5 times the device's memory: copies, memsets,
