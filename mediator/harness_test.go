@@ -161,3 +161,5 @@ func (s *system) waitIdleExcept(t testing.TB, keep int) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+func sleepBriefly() { time.Sleep(10 * time.Millisecond) }
