@@ -37,6 +37,10 @@ type Report struct {
 	SmallOpUs      float64 `json:"small_op_us"`
 	SmallOpRatio   float64 `json:"small_op_ratio"`
 	SmallOpSamples int     `json:"small_op_samples"`
+	// Asynchronous launches of a tiny kernel (fill_f32 of one float) queued
+	// on one stream and synchronized once, per second of the whole batch.
+	LaunchesPerS float64 `json:"launches_per_s"`
+	Launches     int     `json:"launches"`
 	// NodeLink compares plain TCP and mutual TLS to a node (in process,
 	// not the mediator's nodes); nil when skipped.
 	*NodeLinkReport
@@ -48,6 +52,7 @@ type Options struct {
 	BulkBytes int // default 256 MiB
 	Rounds    int // bulk repetitions, the median counts; default 3
 	SmallOps  int // small operations timed; default 2000
+	Launches  int // asynchronous tiny launches timed; default 20000
 	// NodeLinkBytes sizes the TLS-against-plain comparison to an in-process
 	// node; default min(BulkBytes, 64 MiB); negative: skip it.
 	NodeLinkBytes int
@@ -63,6 +68,9 @@ func Run(opt Options) (*Report, error) {
 	}
 	if opt.SmallOps <= 0 {
 		opt.SmallOps = 2000
+	}
+	if opt.Launches <= 0 {
+		opt.Launches = 20000
 	}
 	r := &Report{BulkBytes: opt.BulkBytes, SmallOpSamples: opt.SmallOps}
 	buf := make([]byte, opt.BulkBytes)
@@ -126,6 +134,10 @@ func Run(opt Options) (*Report, error) {
 	r.RawPingPongUs = us(ping, opt.SmallOps)
 	r.SmallOpUs = us(op, opt.SmallOps)
 	r.SmallOpRatio = r.SmallOpUs / r.RawPingPongUs
+	if r.LaunchesPerS, err = launchRate(s, p, opt.Launches); err != nil {
+		return nil, err
+	}
+	r.Launches = opt.Launches
 	if err := c.Free(p); err != nil {
 		return nil, err
 	}
@@ -138,6 +150,28 @@ func Run(opt Options) (*Report, error) {
 		}
 	}
 	return r, nil
+}
+
+// launchRate queues n launches of a one-float fill on s, waits for them
+// all, and checks that the last one took effect.
+func launchRate(s *client.Stream, p client.Ptr, n int) (float64, error) {
+	start := time.Now()
+	for i := range n {
+		s.Launch("fill_f32", client.Buf(p), client.I64(1), client.F32(float32(i)))
+	}
+	if err := s.Synchronize(); err != nil {
+		return 0, fmt.Errorf("launches: %w", err)
+	}
+	rate := float64(n) / time.Since(start).Seconds()
+	got := make([]byte, 4)
+	s.CopyFromDevice(got, p)
+	if err := s.Synchronize(); err != nil {
+		return 0, err
+	}
+	if v := client.BytesFloat32(got)[0]; v != float32(n-1) {
+		return 0, fmt.Errorf("after %d launches the buffer holds %g, want %d: %w", n, v, n-1, api.ErrInternal)
+	}
+	return rate, nil
 }
 
 func median(n int, f func() (time.Duration, error)) (time.Duration, error) {
