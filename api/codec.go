@@ -128,6 +128,15 @@ func (d *Decoder) Len(minElem int) int {
 	return int(n)
 }
 
+// Bytes returns the next n bytes without copying.
+func (d *Decoder) Bytes(n int) []byte {
+	if n > MaxBody {
+		d.fail("field of %d bytes exceeds the limit of %d", n, MaxBody)
+		return nil
+	}
+	return d.take(n, "bytes")
+}
+
 // Rest returns the unread bytes (a bulk payload) without copying.
 func (d *Decoder) Rest() []byte {
 	if d.err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -52,7 +53,14 @@ type Conn struct {
 	wmu sync.Mutex
 	w   *bufio.Writer
 	hdr [HeaderSize]byte
+	fds *fdReader // descriptors received, if the peer may send them (fd.go)
+
+	sent, recv atomic.Uint64 // frame bytes written and read
 }
+
+// Counts returns the bytes of frames, headers included, written to and
+// read from the connection so far.
+func (c *Conn) Counts() (sent, recv uint64) { return c.sent.Load(), c.recv.Load() }
 
 // NewConn wraps nc.
 func NewConn(nc net.Conn) *Conn {
@@ -63,13 +71,19 @@ func NewConn(nc net.Conn) *Conn {
 func (c *Conn) NetConn() net.Conn { return c.nc }
 
 // Close closes the connection; blocked reads and writes return.
-func (c *Conn) Close() error { return c.nc.Close() }
+func (c *Conn) Close() error {
+	if c.fds != nil {
+		c.fds.closeAll()
+	}
+	return c.nc.Close()
+}
 
 // ReadHeader reads and validates the next frame header.
 func (c *Conn) ReadHeader() (Header, error) {
 	if _, err := io.ReadFull(c.r, c.hdr[:]); err != nil {
 		return Header{}, err
 	}
+	c.recv.Add(HeaderSize)
 	h := Header{
 		Len:   binary.LittleEndian.Uint32(c.hdr[0:]),
 		Op:    Op(binary.LittleEndian.Uint16(c.hdr[4:])),
@@ -92,11 +106,45 @@ func (c *Conn) ReadBody(p []byte) error {
 		_ = c.nc.SetReadDeadline(time.Now().Add(BodyTimeout))
 		defer c.nc.SetReadDeadline(time.Time{})
 	}
-	_, err := io.ReadFull(c.r, p)
+	n, err := io.ReadFull(c.r, p)
+	c.recv.Add(uint64(n))
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
 	}
 	return err
+}
+
+// BodyReader returns a reader of the next n body bytes of the frame whose
+// header was just read, under the same BodyTimeout as ReadBody, for a
+// receiver that reads the fields in front of a payload and then the payload
+// straight into where it goes. The caller must consume exactly n bytes.
+func (c *Conn) BodyReader(n int) io.Reader {
+	return &bodyReader{c: c, left: n}
+}
+
+type bodyReader struct {
+	c    *Conn
+	left int
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	if b.left == 0 {
+		return 0, io.EOF
+	}
+	if len(p) > b.left {
+		p = p[:b.left]
+	}
+	if b.c.r.Buffered() < len(p) {
+		_ = b.c.nc.SetReadDeadline(time.Now().Add(BodyTimeout))
+		defer b.c.nc.SetReadDeadline(time.Time{})
+	}
+	n, err := b.c.r.Read(p)
+	b.left -= n
+	b.c.recv.Add(uint64(n))
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
 }
 
 // skipBody discards the n-byte body of the frame whose header was just read,
@@ -106,7 +154,8 @@ func (c *Conn) skipBody(n int) error {
 		_ = c.nc.SetReadDeadline(time.Now().Add(BodyTimeout))
 		defer c.nc.SetReadDeadline(time.Time{})
 	}
-	_, err := c.r.Discard(n)
+	got, err := c.r.Discard(n)
+	c.recv.Add(uint64(got))
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
 	}
@@ -138,6 +187,7 @@ func (c *Conn) WriteFrame(op Op, flags uint16, id uint64, parts ...[]byte) error
 			return err
 		}
 	}
+	c.sent.Add(uint64(HeaderSize + n))
 	return c.w.Flush()
 }
 

@@ -22,7 +22,7 @@ func samples() []Message {
 			{Index: 0, Name: "sim0", Node: "n1:7000", Memory: 16 << 30},
 			{Index: 1, Name: "sim1", Node: "n2:7000", Memory: 8 << 30},
 		}},
-		&Malloc{Device: 1, Size: 64 << 20},
+		&Malloc{Device: 1, Size: 64 << 20, Hint: HintWeight, Flags: MallocNear, Near: 0x7f0000000000},
 		&MallocReply{Addr: 0x7f0000000000},
 		&Free{Addr: 0x7f0000000000},
 		&StreamReq{Stream: 3},
@@ -43,6 +43,16 @@ func samples() []Message {
 		&NodeAccess{Device: 0, Extents: ext, Value: 7, Payload: []byte("payload")},
 		&NodeCopy{Device: 0, Dst: ext, Src: ext[:1]},
 		&NodeLaunch{Device: 0, Kernel: "saxpy", Args: []NodeArg{{Kind: ArgBuffer, Extents: ext}, {Kind: ArgF32, Bits: 0x40000000}, {Kind: ArgI64, Bits: 7}}},
+		&HostRegister{Size: 64 << 20},
+		&HostRegion{Region: 3},
+		&CopyHost{Stream: 1, Addr: 0x1000, Region: 1, Off: 4096, Len: 1 << 20},
+		&Batch{Stream: 2, Cmds: []Cmd{{Op: OpMemset, Body: Encode(&Memset{Stream: 2, Dst: 0x3000, Len: 8})}, {Op: OpLaunch, Body: []byte{1, 2}}}},
+		&Seal{Addr: 0x7f0000000000},
+		&Graph{Graph: 5},
+		&GraphLaunch{Stream: 1, Graph: 5},
+		&SessionStats{CopiedIn: 1, CopiedOut: 2, Launches: 3, NetOut: 4, NetIn: 5, DedupHits: 6, DedupBytes: 7, SocketIn: 8, SocketOut: 9},
+		&NodeDedup{Device: 0, Dst: ext[1:], Hashes: [][32]byte{{1, 2, 3}}},
+		&NodeDedupReply{Hit: []bool{true, false}},
 	}
 }
 

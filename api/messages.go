@@ -31,6 +31,20 @@ const (
 	OpStatus                        // → JSON Status
 )
 
+// Tenant operations of the data path (datapath.go).
+const (
+	OpHostRegister       Op = 32 + iota // HostRegister, with a memfd passed alongside → HostRegion
+	OpHostUnregister                    // HostRegion
+	OpCopyToDeviceHost                  // CopyHost: from a registered host region
+	OpCopyFromDeviceHost                // CopyHost: into a registered host region
+	OpBatch                             // Batch; answered once every command in it completed
+	OpSeal                              // Seal
+	OpGraphCreate                       // Batch (its stream unused) → Graph
+	OpGraphLaunch                       // GraphLaunch
+	OpGraphDestroy                      // Graph
+	OpSessionStats                      // → SessionStats
+)
+
 // Operator operations: vgpuctl and vgpu-hook → mediator. Those that change
 // state need a peer running as root (or as the mediator's own user).
 const (
@@ -50,6 +64,9 @@ const (
 	OpNodeCopy                  // NodeCopy
 	OpNodeLaunch                // NodeLaunch
 	OpNodeStatus                // → JSON NodeStatus
+	OpNodeBatch                 // Batch of node commands, in order, one reply
+	OpNodeSeal                  // NodeFrames: make frames read-only and index their contents
+	OpNodeDedup                 // NodeDedup → NodeDedupReply
 )
 
 var opNames = map[Op]string{
@@ -60,6 +77,11 @@ var opNames = map[Op]string{
 	OpRegister: "register", OpRelease: "release", OpTenants: "tenants", OpReload: "reload",
 	OpNodeAlloc: "node-alloc", OpNodeFree: "node-free", OpNodeWrite: "node-write", OpNodeRead: "node-read",
 	OpNodeFill: "node-fill", OpNodeCopy: "node-copy", OpNodeLaunch: "node-launch", OpNodeStatus: "node-status",
+	OpHostRegister: "host-register", OpHostUnregister: "host-unregister",
+	OpCopyToDeviceHost: "copy-to-device-host", OpCopyFromDeviceHost: "copy-from-device-host",
+	OpBatch: "batch", OpSeal: "seal", OpGraphCreate: "graph-create", OpGraphLaunch: "graph-launch",
+	OpGraphDestroy: "graph-destroy", OpSessionStats: "session-stats",
+	OpNodeBatch: "node-batch", OpNodeSeal: "node-seal", OpNodeDedup: "node-dedup",
 }
 
 func (o Op) String() string {
@@ -93,7 +115,7 @@ func Decode(b []byte, m Message) error {
 const Magic = 0x55504756 // "VGPU"
 
 // Version is the protocol version this build speaks. Peers must match.
-const Version = 2
+const Version = 3
 
 // Role says who is connecting.
 type Role uint8
@@ -176,14 +198,54 @@ func (m *HelloReply) Unmarshal(d *Decoder) {
 	}
 }
 
-// Malloc allocates Size bytes on virtual device Device.
+// Malloc allocates Size bytes on virtual device Device, or, with
+// MallocNear, on the device of the allocation that holds Near. Hint says
+// what the buffer is for; with MallocFreeWithStream it is freed when Stream
+// is destroyed.
 type Malloc struct {
 	Device uint32
 	Size   uint64
+	Hint   Hint
+	Flags  uint8
+	Stream uint32
+	Near   uint64
 }
 
-func (m *Malloc) Marshal(e *Encoder)   { e.U32(m.Device); e.U64(m.Size) }
-func (m *Malloc) Unmarshal(d *Decoder) { m.Device = d.U32(); m.Size = d.U64() }
+// Malloc flags.
+const (
+	MallocFreeWithStream uint8 = 1 << iota // freed when Stream is destroyed
+	MallocNear                             // placed on Near's device, not Device
+	mallocFlags          = MallocFreeWithStream | MallocNear
+)
+
+func (m *Malloc) Marshal(e *Encoder) {
+	e.U32(m.Device)
+	e.U64(m.Size)
+	e.U8(uint8(m.Hint))
+	e.U8(m.Flags)
+	e.U32(m.Stream)
+	e.U64(m.Near)
+}
+
+func (m *Malloc) Unmarshal(d *Decoder) {
+	m.Device = d.U32()
+	m.Size = d.U64()
+	m.Hint = Hint(d.U8())
+	m.Flags = d.U8()
+	m.Stream = d.U32()
+	m.Near = d.U64()
+}
+
+// Check refuses unknown hints and flags.
+func (m *Malloc) Check() error {
+	if !m.Hint.Valid() {
+		return fmt.Errorf("malloc: %v is not a residency hint: %w", m.Hint, ErrInvalidArgument)
+	}
+	if m.Flags&^mallocFlags != 0 {
+		return fmt.Errorf("malloc: unknown flags %#x: %w", m.Flags&^mallocFlags, ErrInvalidArgument)
+	}
+	return nil
+}
 
 // MallocReply returns the device virtual address of a new allocation.
 type MallocReply struct{ Addr uint64 }

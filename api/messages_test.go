@@ -77,7 +77,8 @@ var messages = map[string]msgCase{
 		}
 	})},
 	"Malloc": {new: func() Message { return new(Malloc) }, gen: gen(func(t *rapid.T) *Malloc {
-		return &Malloc{Device: genU32.Draw(t, "device"), Size: genU64.Draw(t, "size")}
+		return &Malloc{Device: genU32.Draw(t, "device"), Size: genU64.Draw(t, "size"), Hint: Hint(genU8.Draw(t, "hint")),
+			Flags: genU8.Draw(t, "flags"), Stream: genU32.Draw(t, "stream"), Near: genU64.Draw(t, "near")}
 	})},
 	"MallocReply": {new: func() Message { return new(MallocReply) }, gen: gen(func(t *rapid.T) *MallocReply {
 		return &MallocReply{Addr: genU64.Draw(t, "addr")}
@@ -170,6 +171,46 @@ var messages = map[string]msgCase{
 				return a
 			}), 0, 16).Draw(t, "args"),
 		}
+	})},
+	"HostRegister": {new: func() Message { return new(HostRegister) }, gen: gen(func(t *rapid.T) *HostRegister {
+		return &HostRegister{Size: genU64.Draw(t, "size")}
+	})},
+	"HostRegion": {new: func() Message { return new(HostRegion) }, gen: gen(func(t *rapid.T) *HostRegion {
+		return &HostRegion{Region: genU32.Draw(t, "region")}
+	})},
+	"CopyHost": {new: func() Message { return new(CopyHost) }, gen: gen(func(t *rapid.T) *CopyHost {
+		return &CopyHost{Stream: genU32.Draw(t, "stream"), Addr: genU64.Draw(t, "addr"), Region: genU32.Draw(t, "region"),
+			Off: genU64.Draw(t, "off"), Len: genU64.Draw(t, "len")}
+	})},
+	"Batch": {new: func() Message { return new(Batch) }, gen: gen(func(t *rapid.T) *Batch {
+		return &Batch{Stream: genU32.Draw(t, "stream"), Cmds: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Cmd {
+			return Cmd{Op: Op(genU16.Draw(t, "op")), Body: rapid.SliceOfN(rapid.Byte(), 0, 64).Draw(t, "body")}
+		}), 0, 16).Draw(t, "cmds")}
+	})},
+	"Seal": {new: func() Message { return new(Seal) }, gen: gen(func(t *rapid.T) *Seal {
+		return &Seal{Addr: genU64.Draw(t, "addr")}
+	})},
+	"Graph": {new: func() Message { return new(Graph) }, gen: gen(func(t *rapid.T) *Graph {
+		return &Graph{Graph: genU32.Draw(t, "graph")}
+	})},
+	"GraphLaunch": {new: func() Message { return new(GraphLaunch) }, gen: gen(func(t *rapid.T) *GraphLaunch {
+		return &GraphLaunch{Stream: genU32.Draw(t, "stream"), Graph: genU32.Draw(t, "graph")}
+	})},
+	"SessionStats": {new: func() Message { return new(SessionStats) }, gen: gen(func(t *rapid.T) *SessionStats {
+		return &SessionStats{CopiedIn: genU64.Draw(t, "in"), CopiedOut: genU64.Draw(t, "out"), Launches: genU64.Draw(t, "launches"),
+			NetOut: genU64.Draw(t, "net-out"), NetIn: genU64.Draw(t, "net-in"), DedupHits: genU64.Draw(t, "hits"), DedupBytes: genU64.Draw(t, "bytes"),
+			SocketIn: genU64.Draw(t, "socket-in"), SocketOut: genU64.Draw(t, "socket-out")}
+	})},
+	"NodeDedup": {new: func() Message { return new(NodeDedup) }, gen: gen(func(t *rapid.T) *NodeDedup {
+		return &NodeDedup{Device: genU32.Draw(t, "device"), Dst: genExtents.Draw(t, "dst"),
+			Hashes: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) [32]byte {
+				var h [32]byte
+				copy(h[:], rapid.SliceOfN(rapid.Byte(), 32, 32).Draw(t, "hash"))
+				return h
+			}), 0, 8).Draw(t, "hashes")}
+	})},
+	"NodeDedupReply": {new: func() Message { return new(NodeDedupReply) }, gen: gen(func(t *rapid.T) *NodeDedupReply {
+		return &NodeDedupReply{Hit: rapid.SliceOfN(rapid.Bool(), 0, 16).Draw(t, "hit")}
 	})},
 }
 

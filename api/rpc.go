@@ -10,10 +10,20 @@ import (
 // failure of the connection) has arrived; then Err and Body are set.
 type Call struct {
 	Op   Op
+	id   uint64
 	Body []byte // the reply body, unless into was given
 	Err  error
 	into []byte
 	done chan struct{}
+	then func(*Call) // run once the call completes, by whoever completes it
+}
+
+// finish marks c done and runs its continuation.
+func (c *Call) finish() {
+	close(c.done)
+	if c.then != nil {
+		c.then(c)
+	}
 }
 
 // Done is closed once the call has completed.
@@ -52,27 +62,57 @@ func NewRPC(conn *Conn, name string) *RPC {
 // error that broke it, which wraps ErrUnavailable or ErrProtocol.
 // The caller must not modify parts until the call is done.
 func (r *RPC) Go(op Op, into []byte, parts ...[]byte) *Call {
-	c := &Call{Op: op, into: into, done: make(chan struct{})}
-	r.mu.Lock()
-	if r.err != nil {
-		err := r.err
-		r.mu.Unlock()
-		c.Err = err
-		close(c.done)
-		return c
-	}
-	r.next++
-	id := r.next
-	r.pending[id] = c
-	r.mu.Unlock()
-	if err := r.conn.WriteFrame(op, 0, id, parts...); err != nil {
-		if errors.Is(err, ErrInvalidArgument) { // refused locally, connection intact
-			r.complete(id, err)
-		} else {
-			r.fail(fmt.Errorf("send %v to %s: %v: %w", op, r.name, err, ErrUnavailable))
+	c := r.register(op, into)
+	if c.Err == nil {
+		if err := r.conn.WriteFrame(op, 0, c.id, parts...); err != nil {
+			r.sendFailed(c, err)
 		}
 	}
 	return c
+}
+
+// GoThen is Go with a continuation: then runs once the call has completed,
+// on the goroutine that reads replies (or on the caller's, if the call
+// fails at once). It must not block for long: replies to every other call
+// wait behind it.
+func (r *RPC) GoThen(op Op, into []byte, then func(*Call), parts ...[]byte) *Call {
+	c := r.registerThen(op, into, then)
+	if c.Err == nil {
+		if err := r.conn.WriteFrame(op, 0, c.id, parts...); err != nil {
+			r.sendFailed(c, err)
+		}
+	}
+	return c
+}
+
+// register makes a call pending under a new id, or completes it at once
+// with the error that broke the connection.
+func (r *RPC) register(op Op, into []byte) *Call {
+	return r.registerThen(op, into, nil)
+}
+
+func (r *RPC) registerThen(op Op, into []byte, then func(*Call)) *Call {
+	c := &Call{Op: op, into: into, done: make(chan struct{}), then: then}
+	r.mu.Lock()
+	if r.err != nil {
+		c.Err = r.err
+		r.mu.Unlock()
+		c.finish()
+		return c
+	}
+	defer r.mu.Unlock()
+	r.next++
+	c.id = r.next
+	r.pending[c.id] = c
+	return c
+}
+
+func (r *RPC) sendFailed(c *Call, err error) {
+	if errors.Is(err, ErrInvalidArgument) { // refused locally, connection intact
+		r.complete(c.id, err)
+	} else {
+		r.fail(fmt.Errorf("send %v to %s: %v: %w", c.Op, r.name, err, ErrUnavailable))
+	}
 }
 
 // Call sends a request and waits for its reply body.
@@ -81,6 +121,9 @@ func (r *RPC) Call(op Op, into []byte, parts ...[]byte) ([]byte, error) {
 	err := c.Wait()
 	return c.Body, err
 }
+
+// Counts returns the bytes of frames sent and received on the connection.
+func (r *RPC) Counts() (sent, recv uint64) { return r.conn.Counts() }
 
 // Closed is closed when the connection has failed or been closed.
 func (r *RPC) Closed() <-chan struct{} { return r.closed }
@@ -98,7 +141,7 @@ func (r *RPC) complete(id uint64, err error) *Call {
 	r.mu.Unlock()
 	if c != nil && err != nil {
 		c.Err = err
-		close(c.done)
+		c.finish()
 	}
 	return c
 }
@@ -117,7 +160,7 @@ func (r *RPC) fail(err error) {
 	close(r.closed)
 	for _, c := range pending {
 		c.Err = err
-		close(c.done)
+		c.finish()
 	}
 }
 
@@ -181,6 +224,6 @@ func (r *RPC) readOne() error {
 			c.Err = err
 		}
 	}
-	close(c.done)
+	c.finish()
 	return err
 }

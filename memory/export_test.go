@@ -2,22 +2,18 @@ package memory
 
 import "github.com/vgpu/vgpu/api"
 
-// translatePages translates whole pages: up to an allocation's end rounded
-// to Page4K, which Translate refuses past the size asked for. The harness
-// checks page-level invariants with it.
-func (s *Space) translatePages(va, n uint64) (uint32, []api.Extent, error) {
-	rs := [1]Range{{VA: va, Len: n}}
-	var ts [1]Translation
-	if err := s.translate(rs[:], ts[:], (*allocation).end); err != nil {
-		return 0, nil, err
-	}
-	return ts[0].Dev, ts[0].Extents, nil
+// translatePages translates whole pages, for writing if write: up to an
+// allocation's end rounded to Page4K, which Translate refuses past the size
+// asked for. The harness checks page-level invariants with it.
+func (s *Space) translatePages(va, n uint64, write bool) (uint32, []api.Extent, error) {
+	return s.translateOne(Range{VA: va, Len: n, Write: write}, (*allocation).end)
 }
 
 // chunkState is what a test may see of the chunk that holds va.
 type chunkState struct {
 	ok, resident, stored bool
 	dev                  uint32
+	hint                 api.Hint
 	frame, key           uint64
 }
 
@@ -30,5 +26,5 @@ func (s *Space) chunkState(va uint64) chunkState {
 	if c == nil {
 		return chunkState{}
 	}
-	return chunkState{ok: true, resident: c.resident, stored: c.stored, dev: c.dev, frame: c.frame, key: c.key}
+	return chunkState{ok: true, resident: c.resident, stored: c.stored, dev: c.dev, hint: c.hint, frame: c.frame, key: c.key}
 }

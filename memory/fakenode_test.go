@@ -198,6 +198,13 @@ func (n *fakeNode) held(id int) map[devFrame]bool {
 	return m
 }
 
+// readCount returns the frames read so far.
+func (n *fakeNode) readCount() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.reads
+}
+
 // bytes returns the model memory of the frame at pa, which must be leased.
 func (n *fakeNode) bytes(dev uint32, pa uint64) []byte {
 	n.mu.Lock()

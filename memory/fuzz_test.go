@@ -3,6 +3,8 @@ package memory
 import (
 	"encoding/binary"
 	"testing"
+
+	"github.com/vgpu/vgpu/api"
 )
 
 // fuzzInput reads operation parameters from fuzz bytes, yielding zeros
@@ -83,7 +85,8 @@ func FuzzSpace(f *testing.F) {
 			op, si := in.u8(), int(in.u8()%2)
 			switch op % 10 {
 			case 0, 1:
-				h.alloc(si, uint32(in.u8()%2), in.size())
+				d := in.u8() // the device, and above it the hint
+				h.alloc(si, uint32(d%2), in.size(), api.Hint(d/2%6))
 			case 2:
 				h.free(si, int(in.u8()))
 			case 3:
@@ -91,7 +94,7 @@ func FuzzSpace(f *testing.F) {
 			case 4:
 				h.misuse(si, int(in.u8()), int(in.u8()), uint64(in.u32()))
 			case 5:
-				h.failingGrant(si, uint32(in.u8()%2), in.size())
+				h.failingGrant(si, uint32(in.u8()%2), in.size(), api.HintNone)
 			case 6:
 				h.write(si, int(in.u8()), uint64(in.u32()), uint64(in.u32()))
 			case 7:
@@ -104,7 +107,7 @@ func FuzzSpace(f *testing.F) {
 				}
 			case 9:
 				picks := []int{int(in.u8()), int(in.u8())}
-				h.translateAll(si, picks, []uint64{uint64(in.u32()), uint64(in.u32()), uint64(in.u32()), uint64(in.u32())})
+				h.translateAll(si, picks, []uint64{uint64(in.u32()), uint64(in.u32()), uint64(in.u32()), uint64(in.u32())}, nil)
 			}
 			h.check()
 		}

@@ -39,6 +39,8 @@ type liveAlloc struct {
 	va, size uint64 // size rounded to Page4K
 	want     uint64 // size asked for: the addressable bytes
 	dev      uint32
+	hint     api.Hint
+	sealed   bool
 	// tags[i] names the last write to page i (see stamp); 0 means never
 	// written, so its contents are unknown.
 	tags []uint64
@@ -134,23 +136,26 @@ func (h *harness) checkUnchanged(what string, m *model, before snapshot) {
 	}
 }
 
-// alloc allocates size bytes on dev in space si, checks the outcome and
-// writes every page of the new allocation.
-func (h *harness) alloc(si int, dev uint32, size uint64) {
+// alloc allocates size bytes on dev with hint in space si, checks the
+// outcome and writes every page of the new allocation, which it returns
+// (nil if the allocation failed).
+func (h *harness) alloc(si int, dev uint32, size uint64, hint api.Hint) *liveAlloc {
 	h.t.Helper()
-	if a := h.allocOnly(si, dev, size); a != nil {
+	a := h.allocOnly(si, dev, size, hint)
+	if a != nil {
 		h.writePages(h.spaces[si], a, 0, a.size, true)
 	}
+	return a
 }
 
-func (h *harness) allocOnly(si int, dev uint32, size uint64) *liveAlloc {
+func (h *harness) allocOnly(si int, dev uint32, size uint64, hint api.Hint) *liveAlloc {
 	h.t.Helper()
 	m := h.spaces[si]
 	before := h.snap(m)
-	va, err := m.sp.Alloc(dev, size)
-	if size == 0 || size > maxAlloc {
+	va, err := m.sp.AllocHint(dev, size, hint)
+	if size == 0 || size > maxAlloc || !hint.Valid() {
 		if !errors.Is(err, api.ErrInvalidArgument) {
-			h.t.Fatalf("alloc %d: %v, want ErrInvalidArgument", size, err)
+			h.t.Fatalf("alloc %d with hint %v: %v, want ErrInvalidArgument", size, hint, err)
 		}
 		h.checkUnchanged("bad alloc", m, before)
 		return nil
@@ -187,7 +192,10 @@ func (h *harness) allocOnly(si int, dev uint32, size uint64) *liveAlloc {
 			h.t.Fatalf("alloc %d at %#x overlaps live [%#x, %#x)", size, va, o.va, o.va+o.size)
 		}
 	}
-	a := &liveAlloc{va: va, size: rounded, want: size, dev: dev, tags: make([]uint64, rounded/Page4K)}
+	if got, sealed, err := m.sp.Hint(va + size - 1); err != nil || got != hint || sealed {
+		h.t.Fatalf("alloc %d with hint %v at %#x: Hint says %v, sealed %v, %v", size, hint, va, got, sealed, err)
+	}
+	a := &liveAlloc{va: va, size: rounded, want: size, dev: dev, hint: hint, tags: make([]uint64, rounded/Page4K)}
 	m.live[va] = a
 	m.dead = slices.DeleteFunc(m.dead, func(d uint64) bool { return d >= va && d < va+rounded })
 	return a
@@ -195,6 +203,7 @@ func (h *harness) allocOnly(si int, dev uint32, size uint64) *liveAlloc {
 
 // writePages writes pages [off, off+n) of a (offsets multiples of Page4K)
 // with a fresh tag: chunk by chunk if piecewise, else in one translation.
+// A sealed allocation refuses, and keeps its tags.
 func (h *harness) writePages(m *model, a *liveAlloc, off, n uint64, piecewise bool) {
 	h.t.Helper()
 	for end := off + n; off < end; {
@@ -213,23 +222,31 @@ func (h *harness) writePages(m *model, a *liveAlloc, off, n uint64, piecewise bo
 	}
 }
 
-// touch translates [off, off+n) of a, whole pages if pages, else the bytes
-// as asked, and checks the outcome: the runs against the page table, the
-// data in them against the model, or, on failure, that it was allowed (out
-// of memory where the harness cannot rule it out) and left no trace.
-func (h *harness) touch(m *model, a *liveAlloc, off, n uint64, pages bool) ([]api.Extent, bool) {
+// touch translates [off, off+n) of a, whole pages for writing if write,
+// else the bytes as asked, and checks the outcome: the runs against the
+// page table, the data in them against the model, or, on failure, that it
+// was allowed (a write to a sealed allocation, or out of memory where the
+// harness cannot rule it out) and left no trace.
+func (h *harness) touch(m *model, a *liveAlloc, off, n uint64, write bool) ([]api.Extent, bool) {
 	h.t.Helper()
 	must := h.mustFit(m, a, off, n)
 	before := h.snap(m)
 	var dev uint32
 	var xs []api.Extent
 	var err error
-	if pages {
-		dev, xs, err = m.sp.translatePages(a.va+off, n)
+	if write {
+		dev, xs, err = m.sp.translatePages(a.va+off, n, true)
 	} else {
 		dev, xs, err = m.sp.Translate(a.va+off, n)
 	}
-	if err != nil {
+	switch {
+	case write && a.sealed:
+		if !errors.Is(err, api.ErrPermissionDenied) {
+			h.t.Fatalf("space %d: write translation of %#x+%d in sealed allocation %#x: %v, want ErrPermissionDenied", m.id, a.va+off, n, a.va, err)
+		}
+		h.checkUnchanged("refused write translation", m, before)
+		return nil, false
+	case err != nil:
 		if must != "" || !errors.Is(err, api.ErrOutOfMemory) {
 			h.t.Fatalf("space %d: translate %#x+%d: %v (must succeed: %s)", m.id, a.va+off, n, err, must)
 		}
@@ -303,8 +320,9 @@ func (h *harness) walkExtents(m *model, va, n uint64) []api.Extent {
 
 // translateAll translates, in one call, up to three ranges of live
 // allocations of space si (the same one possibly more than once), chosen
-// from picks and offs, and checks each as touch does.
-func (h *harness) translateAll(si int, picks []int, offs []uint64) {
+// from picks and offs, for writing where writes says so (it may be short),
+// and checks each as touch does.
+func (h *harness) translateAll(si int, picks []int, offs []uint64, writes []bool) {
 	h.t.Helper()
 	m := h.spaces[si]
 	if len(m.live) == 0 {
@@ -312,12 +330,15 @@ func (h *harness) translateAll(si int, picks []int, offs []uint64) {
 	}
 	var rs []Range
 	var as []*liveAlloc
+	refused := false // a range writes a sealed allocation
 	for i, p := range picks {
 		a := m.pick(p)
 		off := offs[2*i] % a.want
 		n := 1 + offs[2*i+1]%(a.want-off)
-		rs = append(rs, Range{VA: a.va + off, Len: n})
+		write := i < len(writes) && writes[i]
+		rs = append(rs, Range{VA: a.va + off, Len: n, Write: write})
 		as = append(as, a)
+		refused = refused || write && a.sealed
 	}
 	// Whether it must fit: as in mustFit, over the chunks of all ranges.
 	must := !m.oversub
@@ -344,6 +365,13 @@ func (h *harness) translateAll(si int, picks []int, offs []uint64) {
 	}
 	before := h.snap(m)
 	ts, err := m.sp.TranslateAll(rs)
+	if refused {
+		if !errors.Is(err, api.ErrPermissionDenied) {
+			h.t.Fatalf("space %d: translate %v, writing a sealed allocation: %v, want ErrPermissionDenied", m.id, rs, err)
+		}
+		h.checkUnchanged("refused translate of several ranges", m, before)
+		return
+	}
 	if err != nil {
 		if must || !errors.Is(err, api.ErrOutOfMemory) {
 			h.t.Fatalf("space %d: translate %v: %v (must succeed: %v)", m.id, rs, err, must)
@@ -427,6 +455,8 @@ func (h *harness) evict(si, pick int, off uint64, coldest bool) {
 	}
 	before := h.snap(m)
 	cs := m.sp.chunkState(va)
+	wasResident := h.residentChunks(m)
+	reads := h.node.readCount()
 	ok, err := m.sp.evict(va)
 	switch {
 	case !m.oversub:
@@ -446,13 +476,74 @@ func (h *harness) evict(si, pick int, off uint64, coldest bool) {
 		h.checkUnchanged("evict of nothing", m, before)
 	default:
 		st := m.sp.Stats()
+		// A clean chunk keeps its entry and is not read; any other gets
+		// a new entry, read from the device.
+		wb := st.WriteBacks - before.st.WriteBacks
 		if st.Evictions != before.st.Evictions+1 || st.Frames != before.st.Frames-1 || st.Evicted != before.st.Evicted+Page2M ||
-			h.store.count() != before.keys+1 {
-			h.t.Fatalf("space %d: evict %#x: stats %+v, were %+v", m.id, va, st, before.st)
+			wb+st.CleanEvictions-before.st.CleanEvictions != 1 || h.store.count() != before.keys+int(wb) || h.node.readCount() != reads+int(wb) {
+			h.t.Fatalf("space %d: evict %#x: stats %+v, were %+v; %d entries, were %d", m.id, va, st, before.st, h.store.count(), before.keys)
 		}
-		if !coldest && m.sp.chunkState(va).resident {
-			h.t.Fatalf("space %d: evicted chunk %#x is still resident", m.id, va)
+		if !coldest {
+			if m.sp.chunkState(va).resident {
+				h.t.Fatalf("space %d: evicted chunk %#x is still resident", m.id, va)
+			}
+			if clean := cs.stored; clean != (wb == 0) {
+				h.t.Fatalf("space %d: evict %#x, which kept entry %v: %d write-backs", m.id, va, clean, wb)
+			}
+			return
 		}
+		// The victim is of the lowest class resident.
+		var victim chunkState
+		lowest := lastRank
+		for cva, was := range wasResident {
+			if !m.sp.chunkState(cva).resident {
+				victim = was
+			}
+			lowest = min(lowest, evictRank[was.hint])
+		}
+		if evictRank[victim.hint] != lowest {
+			h.t.Fatalf("space %d: evicted a chunk of hint %v while one of class %d was resident", m.id, victim.hint, lowest)
+		}
+	}
+}
+
+// residentChunks returns the state of each resident chunk of space m, by
+// address.
+func (h *harness) residentChunks(m *model) map[uint64]chunkState {
+	out := make(map[uint64]chunkState)
+	for _, a := range m.live {
+		for cva := a.va &^ (Page2M - 1); cva < a.va+a.size; cva += Page2M {
+			if cs := m.sp.chunkState(cva); cs.resident {
+				out[cva] = cs
+			}
+		}
+	}
+	return out
+}
+
+// seal seals the pick-th live allocation of space si, perhaps again, as
+// sealAlloc does.
+func (h *harness) seal(si, pick int, off uint64) {
+	h.t.Helper()
+	if a := h.spaces[si].pick(pick); a != nil {
+		h.sealAlloc(si, a, off)
+	}
+}
+
+// sealAlloc seals a, a live allocation of space si, and checks that it
+// changed nothing else and that Hint, asked at offset off, reports it.
+func (h *harness) sealAlloc(si int, a *liveAlloc, off uint64) {
+	h.t.Helper()
+	m := h.spaces[si]
+	before := h.snap(m)
+	if err := m.sp.Seal(a.va); err != nil {
+		h.t.Fatalf("space %d: seal %#x: %v", m.id, a.va, err)
+	}
+	a.sealed = true
+	h.checkUnchanged("seal", m, before)
+	va := a.va + off%a.want
+	if hint, sealed, err := m.sp.Hint(va); err != nil || hint != a.hint || !sealed {
+		h.t.Fatalf("space %d: hint of %#x in sealed allocation %#x of hint %v: %v, sealed %v, %v", m.id, va, a.va, a.hint, hint, sealed, err)
 	}
 }
 
@@ -476,7 +567,7 @@ func (h *harness) failingIO(si, pick int, off, n uint64, grant bool) {
 		h.node.failIO = fmt.Errorf("node lost: %w", api.ErrUnavailable)
 	}
 	h.node.mu.Unlock()
-	_, _, err := m.sp.translatePages(a.va+off, n)
+	_, _, err := m.sp.translatePages(a.va+off, n, false)
 	h.node.mu.Lock()
 	h.node.failIO, h.node.failGrant = nil, nil
 	h.node.mu.Unlock()
@@ -493,22 +584,28 @@ func (h *harness) misuse(si, kind, pick int, x uint64) {
 	var err error
 	var what string
 	switch {
-	case kind%4 == 0 && len(m.dead) > 0:
+	case kind%5 == 0 && len(m.dead) > 0:
 		va := m.dead[pick%len(m.dead)]
 		what = "free of a freed allocation"
 		if err = m.sp.Free(va); errors.Is(err, api.ErrInvalidAddress) {
 			_, _, err = m.sp.Translate(va, 1)
 			what = "translate of a freed allocation"
 		}
-	case kind%4 == 1 && len(live) > 0:
+	case kind%5 == 1 && len(live) > 0:
 		a := live[pick%len(live)]
 		what = "free inside an allocation"
 		err = m.sp.Free(a.va + 1 + x%(a.size-1))
-	case kind%4 == 2 && len(live) > 0:
+	case kind%5 == 2 && len(live) > 0:
 		a := live[pick%len(live)]
 		off := x % a.want
 		what = "translate past the end"
 		_, _, err = m.sp.Translate(a.va+off, a.want-off+1+x%Page2M)
+	case kind%5 == 3 && len(live) > 0:
+		a := live[pick%len(live)]
+		what = "seal inside an allocation"
+		before := h.snap(m)
+		err = m.sp.Seal(a.va + 1 + x%(a.size-1))
+		h.checkUnchanged(what, m, before)
 	default:
 		what = "free below the address space"
 		err = m.sp.Free(x % vaBase)
@@ -521,12 +618,12 @@ func (h *harness) misuse(si, kind, pick int, x uint64) {
 // failingGrant allocates while the node fails the next Grant; the
 // allocation may still succeed if it needs no frame, otherwise it must fail
 // without a trace.
-func (h *harness) failingGrant(si int, dev uint32, size uint64) {
+func (h *harness) failingGrant(si int, dev uint32, size uint64, hint api.Hint) {
 	h.t.Helper()
 	h.node.mu.Lock()
 	h.node.failGrant = api.ErrUnavailable
 	h.node.mu.Unlock()
-	a := h.allocOnly(si, dev, size)
+	a := h.allocOnly(si, dev, size, hint)
 	h.node.mu.Lock()
 	h.node.failGrant = nil
 	h.node.mu.Unlock()
@@ -585,6 +682,9 @@ func (h *harness) checkSpace(m *model, used map[ukey]uint64, keys map[uint64]int
 	if m.resident != 0 && st.Frames > m.resident {
 		h.t.Fatalf("space %d: %d frames over the cap of %d", m.id, st.Frames, m.resident)
 	}
+	if st.WriteBacks+st.CleanEvictions != st.Evictions {
+		h.t.Fatalf("space %d: %d write-backs and %d clean evictions of %d", m.id, st.WriteBacks, st.CleanEvictions, st.Evictions)
+	}
 
 	// Look at every page of every allocation: where it is, and what it holds.
 	pages := make(map[uint64]uint64, st.Allocated/Page4K) // virtual page -> physical page, resident ones
@@ -606,8 +706,8 @@ func (h *harness) checkSpace(m *model, used map[ukey]uint64, keys map[uint64]int
 			if !seen {
 				cs = m.sp.chunkState(va)
 				chunks[cva] = cs
-				if !cs.ok || cs.dev != a.dev {
-					h.t.Fatalf("space %d: page %#x of allocation %#x on device %d lies in chunk %+v", m.id, va, a.va, a.dev, cs)
+				if !cs.ok || cs.dev != a.dev || cs.hint != a.hint {
+					h.t.Fatalf("space %d: page %#x of allocation %#x on device %d with hint %v lies in chunk %+v", m.id, va, a.va, a.dev, a.hint, cs)
 				}
 				if !m.oversub && !cs.resident {
 					h.t.Fatalf("space %d does not oversubscribe, but chunk %#x is evicted", m.id, cva)
@@ -646,7 +746,14 @@ func (h *harness) checkSpace(m *model, used map[ukey]uint64, keys map[uint64]int
 						h.t.Fatalf("space %d: page %#x of allocation %#x, at %#x: %v", m.id, va, a.va, p, err)
 					}
 				}
-			case cs.stored:
+				if cs.stored && !a.sealed {
+					h.t.Fatalf("space %d: resident chunk %#x keeps entry %d, but allocation %#x in it is not sealed", m.id, cva, cs.key, a.va)
+				}
+			case !cs.stored && tag != 0:
+				h.t.Fatalf("space %d: page %#x was written, but its chunk is evicted with no contents", m.id, va)
+			}
+			// An entry, also one a resident chunk keeps, has the contents.
+			if cs.stored && tag != 0 {
 				b := stored[cs.key]
 				if b == nil {
 					b = make([]byte, FrameSize)
@@ -655,13 +762,9 @@ func (h *harness) checkSpace(m *model, used map[ukey]uint64, keys map[uint64]int
 					}
 					stored[cs.key] = b
 				}
-				if tag != 0 {
-					if err := checkStamp(b[va-cva:], tag, off/Page4K); err != nil {
-						h.t.Fatalf("space %d: page %#x of allocation %#x, evicted in entry %d: %v", m.id, va, a.va, cs.key, err)
-					}
+				if err := checkStamp(b[va-cva:], tag, off/Page4K); err != nil {
+					h.t.Fatalf("space %d: page %#x of allocation %#x, in entry %d (chunk resident: %v): %v", m.id, va, a.va, cs.key, cs.resident, err)
 				}
-			case tag != 0:
-				h.t.Fatalf("space %d: page %#x was written, but its chunk is evicted with no contents", m.id, va)
 			}
 		}
 		if m.oversub {
@@ -669,7 +772,7 @@ func (h *harness) checkSpace(m *model, used map[ukey]uint64, keys map[uint64]int
 		}
 		// Without oversubscription every allocation is resident, and
 		// Translate of the whole must agree with the page table.
-		dev, xs, err := m.sp.translatePages(a.va, a.size)
+		dev, xs, err := m.sp.translatePages(a.va, a.size, false)
 		if err != nil || dev != a.dev || !slices.Equal(xs, h.walkExtents(m, a.va, a.size)) {
 			h.t.Fatalf("space %d: translate %#x+%d: device %d, %v, %v", m.id, a.va, a.size, dev, xs, err)
 		}

@@ -60,12 +60,14 @@ type faultPlan struct {
 //
 // It first plans: which frames the evicted chunks go to (victims' frames
 // of the same device, then fresh grants), and which resident chunks outside
-// the ranges to evict, least recently translated first, to stay within the
-// cap or because the device is full. It saves the victims' contents to the
-// store. Up to here a failure undoes everything: grants are returned, saved
-// entries dropped, and the space is as it was. Then it commits: unmaps the
-// victims, fills each frame (the stored contents, or zeros for a reused
-// frame) and maps the chunk. A source or store failure while filling leaves
+// the ranges to evict, in the order of colder, to stay within the cap or
+// because the device is full. It saves the victims' contents to the store,
+// but for clean ones, whose entries it kept. Up to here a failure undoes
+// everything: grants are returned, saved entries dropped, and the space is
+// as it was. Then it commits: unmaps the victims, fills each frame (the
+// stored contents, or zeros for a reused frame) and maps the chunk, keeping
+// the entry of a chunk whose allocations are all sealed. A source or store
+// failure while filling leaves
 // the victims evicted and the chunks not yet filled evicted, with their
 // contents intact, returns the frames left over and reports the error.
 func (s *Space) faultIn(rs []Range) error {
@@ -132,9 +134,8 @@ func (s *Space) faultIn(rs []Range) error {
 		c.lru = s.tick
 		s.faults++
 		s.mu.Unlock()
-		if c.stored {
-			s.store.Drop(c.key)
-			c.stored, c.key = false, 0
+		if c.stored && c.unsealed > 0 { // it may change: its entry would go stale
+			s.dropKey(c)
 		}
 	}
 	return s.returnFrames("of evicted chunks", p.spare)
@@ -152,21 +153,24 @@ func (s *Space) plan(p *faultPlan) error {
 		}
 		want[c.dev]++
 	}
-	// Stay within the cap, evicting chunks of the devices that need frames
-	// first, since their frames can be reused as they are.
+	// Stay within the cap, class by class, evicting chunks of the devices
+	// that need frames first within a class, since their frames can be
+	// reused as they are.
 	if s.maxFrames != 0 {
 		excess := s.frames + len(p.need) - s.maxFrames
-		for _, dev := range devs {
-			if k := min(excess-len(p.victims), want[dev]); k > 0 {
-				p.victims = append(p.victims, s.coldest(s.resident[dev], k)...)
+		all := s.residentChunks()
+		taken := make(map[uint32]int) // victims per device
+		pick := func(list []*chunk, k, rank int) {
+			for _, v := range s.coldest(list, k, rank) {
+				taken[v.dev]++
+				p.victims = append(p.victims, v)
 			}
 		}
-		if k := excess - len(p.victims); k > 0 {
-			var all []*chunk
-			for _, dev := range slices.Sorted(maps.Keys(s.resident)) {
-				all = append(all, s.resident[dev]...)
+		for rank := 0; rank <= lastRank && len(p.victims) < excess; rank++ {
+			for _, dev := range devs {
+				pick(s.resident[dev], min(excess-len(p.victims), want[dev]-taken[dev]), rank)
 			}
-			p.victims = append(p.victims, s.coldest(all, k)...)
+			pick(all, excess-len(p.victims), rank)
 		}
 		if len(p.victims) < excess { // cannot happen: the ranges fit the cap
 			return fmt.Errorf("%d chunks to fault in, only %d of %d resident chunks may be evicted: %w",
@@ -202,7 +206,7 @@ func (s *Space) plan(p *faultPlan) error {
 			granted = len(frames)
 		}
 		if i < last { // the device is full: evict to make room
-			more := s.coldest(s.resident[dev], last-i)
+			more := s.coldest(s.resident[dev], last-i, lastRank)
 			if len(more) < last-i {
 				return fmt.Errorf("device %d is full: %d frames wanted for chunks to fault in, %d granted, and only %d resident chunks of the device outside the range may be evicted: %w",
 					dev, want[dev], granted, reused+len(more), api.ErrOutOfMemory)
@@ -223,13 +227,42 @@ func (s *Space) plan(p *faultPlan) error {
 	return nil
 }
 
-// coldest picks up to k chunks of list, least recently translated first,
-// that are neither pinned by the current fault-in nor picked already, and
-// marks them picked. The caller holds mu and allocMu.
-func (s *Space) coldest(list []*chunk, k int) []*chunk {
+// evictRank is the eviction class of each hint: lower ranks are evicted
+// first. Ephemeral buffers are the cheapest to bring back or lose, weights
+// (read by every step) the costliest.
+var evictRank = [...]int{
+	api.HintActivation: 0,
+	api.HintStaging:    0,
+	api.HintNone:       1,
+	api.HintKVCache:    2,
+	api.HintWeight:     3,
+}
+
+const lastRank = 3
+
+// colder orders chunks for eviction: by class, then least recently
+// translated, then by address.
+func colder(a, b *chunk) int {
+	return cmp.Or(cmp.Compare(evictRank[a.hint], evictRank[b.hint]), cmp.Compare(a.lru, b.lru), cmp.Compare(a.va, b.va))
+}
+
+// residentChunks returns every resident chunk, by device. The caller holds
+// allocMu.
+func (s *Space) residentChunks() []*chunk {
+	var all []*chunk
+	for _, dev := range slices.Sorted(maps.Keys(s.resident)) {
+		all = append(all, s.resident[dev]...)
+	}
+	return all
+}
+
+// coldest picks up to k chunks of list of rank at most maxRank, first in
+// the order of colder, that are neither pinned by the current fault-in nor
+// picked already, and marks them picked. The caller holds mu and allocMu.
+func (s *Space) coldest(list []*chunk, k, maxRank int) []*chunk {
 	var cand []*chunk
 	for _, c := range list {
-		if c.pin != s.pinEpoch {
+		if c.pin != s.pinEpoch && evictRank[c.hint] <= maxRank {
 			cand = append(cand, c)
 		}
 	}
@@ -237,15 +270,9 @@ func (s *Space) coldest(list []*chunk, k int) []*chunk {
 	case k <= 0:
 		cand = nil
 	case k == 1 && len(cand) > 1:
-		best := cand[0]
-		for _, c := range cand[1:] {
-			if c.lru < best.lru || c.lru == best.lru && c.va < best.va {
-				best = c
-			}
-		}
-		cand = []*chunk{best}
+		cand = []*chunk{slices.MinFunc(cand, colder)}
 	case k < len(cand):
-		slices.SortFunc(cand, func(a, b *chunk) int { return cmp.Or(cmp.Compare(a.lru, b.lru), cmp.Compare(a.va, b.va)) })
+		slices.SortFunc(cand, colder)
 		cand = cand[:k]
 	}
 	for _, c := range cand {
@@ -280,12 +307,14 @@ func (s *Space) grantSome(dev uint32, n int) ([]uint64, error) {
 	return frames, err
 }
 
-// undo reverses a fault-in plan that has not committed: it drops the saved
-// victims' entries and returns the granted frames. It returns err, with
-// any failure to return frames.
+// undo reverses a fault-in plan that has not committed: it drops the
+// entries saved for victims (not those clean ones kept) and returns the
+// granted frames. It returns err, with any failure to return frames.
 func (s *Space) undo(p *faultPlan, err error) error {
-	for _, k := range p.keys {
-		s.store.Drop(k)
+	for i, k := range p.keys {
+		if !p.victims[i].stored {
+			s.store.Drop(k)
+		}
 	}
 	for _, f := range p.granted {
 		delete(s.held, f)
@@ -311,9 +340,13 @@ func (s *Space) returnFrames(what string, fs []devFrame) error {
 	return errors.Join(errs...)
 }
 
-// save copies a resident chunk's frame into the store and returns its key.
-// The caller holds allocMu.
+// save copies a resident chunk's frame into the store and returns its key,
+// or, if the chunk is clean, returns the key it kept. The caller holds
+// allocMu.
 func (s *Space) save(c *chunk) (uint64, error) {
+	if c.stored {
+		return c.key, nil
+	}
 	read := func(b []byte) error { return s.src.Read(c.dev, c.frame, b) }
 	var key uint64
 	var err error
@@ -358,8 +391,14 @@ func (s *Space) load(c *chunk, f planFrame) error {
 }
 
 // evictLocked unmaps the resident chunk c, whose contents the store holds
-// under key. The caller holds both locks and disposes of c's frame.
+// under key (the one it kept, if it is clean). The caller holds both locks
+// and disposes of c's frame.
 func (s *Space) evictLocked(c *chunk, key uint64) {
+	if c.stored {
+		s.cleanEvictions++
+	} else {
+		s.writeBacks++
+	}
 	c.runs(func(first, pages int) {
 		s.pt.unmapRange(c.va+uint64(first)*Page4K, uint64(pages)*Page4K)
 	})
@@ -368,6 +407,12 @@ func (s *Space) evictLocked(c *chunk, key uint64) {
 	c.resident, c.stored, c.key = false, true, key
 	s.evicted++
 	s.evictions++
+}
+
+// dropKey drops the store entry c holds. The caller holds allocMu.
+func (s *Space) dropKey(c *chunk) {
+	s.store.Drop(c.key)
+	c.stored, c.key = false, 0
 }
 
 // mapChunk maps the allocated pages of the resident chunk c. The caller
@@ -379,8 +424,8 @@ func (s *Space) mapChunk(c *chunk) {
 	})
 }
 
-// evict evicts the resident chunk that contains va or, with va 0, the least
-// recently translated resident chunk, and returns its frame. It reports
+// evict evicts the resident chunk that contains va or, with va 0, the
+// coldest resident chunk (see colder), and returns its frame. It reports
 // whether it evicted one; on failure nothing changes. Tests use it to
 // interleave evictions with everything else.
 func (s *Space) evict(va uint64) (bool, error) {
@@ -395,12 +440,9 @@ func (s *Space) evict(va uint64) (bool, error) {
 	var c *chunk
 	if va == 0 {
 		s.pinEpoch++
-		var all []*chunk
-		for _, dev := range slices.Sorted(maps.Keys(s.resident)) {
-			all = append(all, s.resident[dev]...)
-		}
+		all := s.residentChunks()
 		s.mu.Lock()
-		if cs := s.coldest(all, 1); len(cs) == 1 {
+		if cs := s.coldest(all, 1, lastRank); len(cs) == 1 {
 			c = cs[0]
 		}
 		s.mu.Unlock()

@@ -221,7 +221,7 @@ func TestOversubscribeFull(t *testing.T) {
 		t.Error("resident chunk changed by a failed fault")
 	}
 	// Device full and nothing else to evict: the other chunk is in the range.
-	_, err = s.TranslateAll([]Range{{a, 1}, {b, 1}})
+	_, err = s.TranslateAll([]Range{{VA: a, Len: 1}, {VA: b, Len: 1}})
 	wantErr(t, "device full", err, api.ErrOutOfMemory, "device 0 is full")
 
 	// The same with a quota: over it is quota exceeded, not out of memory.
@@ -242,22 +242,22 @@ func TestTranslateAllKeepsOperands(t *testing.T) {
 	dst := mustAlloc(t, s, 0, Page2M)
 	other := mustAlloc(t, s, 0, Page2M) // evicted: the device holds two
 	mustTranslate(t, s, dst, 1)         // src is now the coldest
-	if s.Resident((Range{other, 1})) || !s.Resident((Range{src, 1}), (Range{dst, 1})) {
+	if s.Resident(Range{VA: other, Len: 1}) || !s.Resident(Range{VA: src, Len: 1}, Range{VA: dst, Len: 1}) {
 		t.Fatal("Resident disagrees with the placement")
 	}
-	ts, err := s.TranslateAll([]Range{{src, Page2M}, {other, Page2M}})
+	ts, err := s.TranslateAll([]Range{{VA: src, Len: Page2M}, {VA: other, Len: Page2M}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !s.Resident((Range{src, 1}), (Range{other, 1})) || s.Resident((Range{dst, 1})) {
+	if !s.Resident(Range{VA: src, Len: 1}, Range{VA: other, Len: 1}) || s.Resident(Range{VA: dst, Len: 1}) {
 		t.Fatal("TranslateAll evicted an operand, or kept the unrelated chunk")
 	}
 	if ts[0].Extents[0].Addr == ts[1].Extents[0].Addr {
 		t.Fatalf("two operands share a frame: %v", ts)
 	}
-	_, err = s.TranslateAll([]Range{{src, 1}, {dst, 1}, {other, 1}})
+	_, err = s.TranslateAll([]Range{{VA: src, Len: 1}, {VA: dst, Len: 1}, {VA: other, Len: 1}})
 	wantErr(t, "three operands, two frames", err, api.ErrOutOfMemory)
-	_, err = s.TranslateAll([]Range{{src, 1}, {0, 1}})
+	_, err = s.TranslateAll([]Range{{VA: src, Len: 1}, {VA: 0, Len: 1}})
 	wantErr(t, "an invalid operand", err, api.ErrInvalidAddress)
 }
 
@@ -422,7 +422,7 @@ func TestOversubscribeMisuse(t *testing.T) {
 	if _, err := s.evict(0); !errors.Is(err, api.ErrInvalidArgument) {
 		t.Errorf("evict without oversubscription: %v", err)
 	}
-	if !s.Resident((Range{vaBase, 1})) {
+	if !s.Resident(Range{VA: vaBase, Len: 1}) {
 		t.Error("a space that does not oversubscribe is always resident")
 	}
 	mustPanic(t, "nil store", func() { s.Oversubscribe(nil, 0) })

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"math/bits"
 	"slices"
+
+	"github.com/vgpu/vgpu/api"
 )
 
 // The virtual address space handed out. It starts above zero so that 0 (and
@@ -70,15 +72,19 @@ func (v *vaFree) put(start, n uint64) {
 // region that fills up, whichever allocations fill it, coalesces in place.
 //
 // An oversubscribing space may evict a chunk: it then has no frame, and its
-// contents are in the space's Store under key (stored), or all zero.
+// contents are in the space's Store under key (stored), or all zero. A
+// resident chunk whose allocations are all sealed may keep its key, whose
+// entry then still has its contents.
 type chunk struct {
 	va, frame uint64 // frame is meaningful while resident
 	dev       uint32
+	hint      api.Hint                // of every allocation in it
 	used      [pagesPer2M / 64]uint64 // bit i set when page i is allocated
 	n         int                     // pages allocated
+	unsealed  int                     // pages of allocations not sealed
 	partial   bool                    // listed in Space.partial
 	resident  bool                    // holds frame, its pages mapped
-	stored    bool                    // evicted with its contents under key
+	stored    bool                    // its contents are in the store under key
 	key       uint64
 	ri        int    // index in Space.resident while resident
 	lru       uint64 // Space.tick when last translated

@@ -3,6 +3,7 @@ package memory
 import (
 	"testing"
 
+	"github.com/vgpu/vgpu/api"
 	"pgregory.net/rapid"
 )
 
@@ -52,9 +53,20 @@ func TestSpaceModel(t *testing.T) {
 		dev := rapid.Uint32Range(0, 1)
 		pick := rapid.IntRange(0, 1<<10)
 		any64 := rapid.Uint64()
+		// Every hint, and now and then one that is not.
+		hint := rapid.Custom(func(t *rapid.T) api.Hint {
+			return api.Hint(rapid.IntRange(0, 10).Draw(t, "hint") % 6)
+		})
 		ops := map[string]func(*rapid.T){
 			"alloc": func(rt *rapid.T) {
-				h.alloc(space.Draw(rt, "space"), dev.Draw(rt, "dev"), sizeGen.Draw(rt, "size"))
+				si := space.Draw(rt, "space")
+				a := h.alloc(si, dev.Draw(rt, "dev"), sizeGen.Draw(rt, "size"), hint.Draw(rt, "hint"))
+				if a != nil && rapid.Bool().Draw(rt, "seal once written") { // as weights are
+					h.sealAlloc(si, a, 0)
+				}
+			},
+			"seal": func(rt *rapid.T) {
+				h.seal(space.Draw(rt, "space"), pick.Draw(rt, "pick"), any64.Draw(rt, "off"))
 			},
 			"free": func(rt *rapid.T) {
 				h.free(space.Draw(rt, "space"), pick.Draw(rt, "pick"))
@@ -65,7 +77,8 @@ func TestSpaceModel(t *testing.T) {
 			"translateAll": func(rt *rapid.T) {
 				picks := rapid.SliceOfN(pick, 1, 3).Draw(rt, "picks")
 				offs := rapid.SliceOfN(any64, 2*len(picks), 2*len(picks)).Draw(rt, "offs")
-				h.translateAll(space.Draw(rt, "space"), picks, offs)
+				writes := rapid.SliceOfN(rapid.Bool(), len(picks), len(picks)).Draw(rt, "writes")
+				h.translateAll(space.Draw(rt, "space"), picks, offs, writes)
 			},
 			"write": func(rt *rapid.T) {
 				h.write(space.Draw(rt, "space"), pick.Draw(rt, "pick"), any64.Draw(rt, "off"), any64.Draw(rt, "n"))
@@ -74,7 +87,7 @@ func TestSpaceModel(t *testing.T) {
 				h.misuse(space.Draw(rt, "space"), pick.Draw(rt, "kind"), pick.Draw(rt, "pick"), any64.Draw(rt, "x"))
 			},
 			"failingGrant": func(rt *rapid.T) {
-				h.failingGrant(space.Draw(rt, "space"), dev.Draw(rt, "dev"), sizeGen.Draw(rt, "size"))
+				h.failingGrant(space.Draw(rt, "space"), dev.Draw(rt, "dev"), sizeGen.Draw(rt, "size"), hint.Draw(rt, "hint"))
 			},
 			"": func(*rapid.T) { h.check() },
 		}

@@ -9,8 +9,9 @@
 // 2 MiB chunks, each backed by one frame at identical offsets. Allocations
 // of 2 MiB or more take fresh chunks whose frames are granted in one call,
 // so a contiguous grant makes the allocation physically contiguous. Smaller
-// ones are packed into chunks of their device that have room, 64 KiB
-// aligned when they are at least 64 KiB. Because offsets match, every
+// ones are packed into chunks of their device and residency hint that have
+// room, 64 KiB aligned when they are at least 64 KiB, so every chunk has
+// the one hint of all its allocations. Because offsets match, every
 // 64 KiB or 2 MiB region that becomes fully populated is also physically
 // contiguous and aligned, and the page table coalesces it into one large
 // leaf in place; freeing part of it splinters the leaf, again without
@@ -20,15 +21,26 @@
 // its device does: a chunk is then either resident (it has a frame and its
 // pages are mapped) or evicted (no frame; its contents are in a Store, or
 // all zero if it was never resident). Translate faults evicted chunks back
-// in, evicting the least recently translated ones to make room. The chunk,
-// one frame, is the unit of residency, so a full resident chunk is still a
-// single 2 MiB leaf and an eviction frees a whole frame.
+// in, evicting others to make room: by the class of their hint first
+// (api.HintActivation and api.HintStaging, then api.HintNone, then
+// api.HintKVCache, api.HintWeight last, as ephemeral buffers are cheapest
+// to lose and weights costliest), then the least recently translated within
+// a class, then the lowest address, so the choice is deterministic. The
+// chunk, one frame, is the unit of residency, so a full resident chunk is
+// still a single 2 MiB leaf and an eviction frees a whole frame.
+//
+// Seal makes an allocation immutable: translations for writing
+// (TranslateWrite, a Range with Write) that touch it are refused. A chunk
+// whose live allocations are all sealed therefore cannot change once it is
+// resident, and when it is faulted in from the store it keeps its store
+// entry, so evicting it again reads nothing back from the device (a clean
+// eviction). Callers must translate for writing whatever a command writes.
 //
 // Invariants (between calls):
 //   - Live allocations are disjoint; each covers its size rounded up to
 //     Page4K, starts at an address aligned to 2 MiB, 64 KiB or 4 KiB by that
-//     size, and lies in chunks of its own device. Only the bytes asked for
-//     are addressable: Translate and Span refuse the rounded tail.
+//     size, and lies in chunks of its own device and hint. Only the bytes
+//     asked for are addressable: Translate and Span refuse the rounded tail.
 //   - Exactly the pages of live allocations in resident chunks are mapped,
 //     each to the same offset in its chunk's frame, so no two live pages
 //     share physical memory.
@@ -37,25 +49,32 @@
 //     the source when its chunk's last page is freed or the chunk is evicted
 //     (unless a fault-in reuses it at once), and each frame is returned at
 //     most once.
-//   - An evicted chunk holds exactly one Store key if it was ever resident,
-//     none otherwise; a key is dropped when its chunk is faulted in, freed or
-//     closed, and never twice.
+//   - A chunk holds at most one Store key. An evicted chunk holds one
+//     exactly if it was ever resident. A resident chunk holds one only while
+//     every live allocation in it is sealed (chunk.unsealed, the pages of
+//     the others, is 0), and the entry then has the chunk's contents: the
+//     key is kept at fault-in only if the chunk is all sealed, and dropped
+//     when a new, unsealed allocation is placed in the resident chunk.
+//     Otherwise a key is dropped when its chunk is faulted in; and always
+//     when the chunk is freed or closed; never twice.
 //   - Allocated is the sum of the live rounded sizes and never exceeds a
 //     non-zero limit.
 //   - The TLB holds no translation of an unmapped page.
 //
 // Lock order: allocMu, then mu. allocMu serialises the calls that change the
-// address space (Alloc, Free, Close, and a Translate that faults) and is
-// held across calls to the FrameSource and the Store, which therefore must
-// not call back into the Space. mu guards what Translate, Span and Stats read
-// and is never held across a source or store call, so translations of
-// resident memory go on while a Grant or an eviction waits on a remote node.
+// address space (Alloc, Free, Seal, Close, and a Translate that faults) and
+// is held across calls to the FrameSource and the Store, which therefore
+// must not call back into the Space. mu guards what Translate, Span, Hint
+// and Stats read and is never held across a source or store call, so
+// translations of resident memory go on while a Grant or an eviction waits
+// on a remote node.
 package memory
 
 import (
 	"cmp"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"sort"
@@ -110,6 +129,10 @@ type Stats struct {
 	Resident, Evicted uint64
 	// Chunks faulted in and chunks evicted, since the space was made.
 	Faults, Evictions uint64
+	// Evictions that read the chunk back from the device, and those that
+	// did not since the store still had its sealed contents; they sum to
+	// Evictions.
+	WriteBacks, CleanEvictions uint64
 }
 
 // basePagesOnly is a test hook: while set, NewSpace builds page tables that
@@ -127,7 +150,7 @@ type Space struct {
 	allocMu sync.Mutex
 	// Guarded by allocMu.
 	vas      vaFree
-	partial  map[uint32][]*chunk // per device, chunks with free pages, by address
+	partial  map[pool][]*chunk   // chunks with free pages, by address
 	held     map[devFrame]bool   // the frames of resident chunks
 	resident map[uint32][]*chunk // per device, the resident chunks, unordered
 	pinEpoch uint64              // marks the chunks a fault-in pins (chunk.pin)
@@ -143,10 +166,11 @@ type Space struct {
 	evicted   int // evicted chunks
 	pt        pageTable
 	// Oversubscription, off while store is nil.
-	store             Store
-	lend              frameStore // store, if it lends its buffers
-	maxFrames         int        // cap on frames; 0 means none
-	faults, evictions uint64
+	store                      Store
+	lend                       frameStore // store, if it lends its buffers
+	maxFrames                  int        // cap on frames; 0 means none
+	faults, evictions          uint64
+	writeBacks, cleanEvictions uint64
 	// Guarded by mu alone, since every translation updates them.
 	tlb  tlb
 	tick uint64 // stamps chunk.lru
@@ -156,6 +180,8 @@ type allocation struct {
 	va, size uint64 // size rounded to Page4K
 	want     uint64 // size as asked: the tenant may touch [va, va+want)
 	dev      uint32
+	hint     api.Hint
+	sealed   bool // immutable: translations for writing are refused
 }
 
 func (a *allocation) end() uint64 { return a.va + a.size }
@@ -163,6 +189,13 @@ func (a *allocation) end() uint64 { return a.va + a.size }
 // limit is the end of what the tenant may address: the rounded tail is
 // accounted and mapped, but touching it is a bug worth reporting.
 func (a *allocation) limit() uint64 { return a.va + a.want }
+
+// pool is the chunks that small allocations may share: those of one device
+// and one hint, so that each chunk has one eviction class.
+type pool struct {
+	dev  uint32
+	hint api.Hint
+}
 
 type devFrame struct {
 	dev   uint32
@@ -183,7 +216,7 @@ func NewSpace(src FrameSource, limit uint64) *Space {
 		limit:    limit,
 		vas:      newVAFree(),
 		chunks:   make(map[uint64]*chunk),
-		partial:  make(map[uint32][]*chunk),
+		partial:  make(map[pool][]*chunk),
 		held:     make(map[devFrame]bool),
 		resident: make(map[uint32][]*chunk),
 		pt:       newPageTable(basePagesOnly),
@@ -200,10 +233,20 @@ func Footprint(size uint64) (uint64, error) {
 	return (size + Page4K - 1) &^ (Page4K - 1), nil
 }
 
-// Alloc reserves size bytes on device dev, maps them and returns their
-// virtual address. The allocation takes size rounded up to Page4K, which
-// counts against the limit; only the size asked for may be addressed.
+// Alloc is AllocHint with api.HintNone.
 func (s *Space) Alloc(dev uint32, size uint64) (va uint64, err error) {
+	return s.AllocHint(dev, size, api.HintNone)
+}
+
+// AllocHint reserves size bytes on device dev, maps them and returns their
+// virtual address. The allocation takes size rounded up to Page4K, which
+// counts against the limit; only the size asked for may be addressed. The
+// hint sets its eviction class (see the package comment); it shares chunks
+// only with allocations of the same device and hint.
+func (s *Space) AllocHint(dev uint32, size uint64, hint api.Hint) (va uint64, err error) {
+	if !hint.Valid() {
+		return 0, fmt.Errorf("alloc on device %d: residency hint %v: %w", dev, hint, api.ErrInvalidArgument)
+	}
 	rounded, err := Footprint(size)
 	if err != nil {
 		return 0, fmt.Errorf("alloc on device %d: %w", dev, err)
@@ -218,10 +261,10 @@ func (s *Space) Alloc(dev uint32, size uint64) (va uint64, err error) {
 			size, rounded, dev, s.allocated, s.limit, api.ErrQuotaExceeded)
 	}
 	var a *allocation
-	if rounded >= Page2M {
-		a, err = s.allocChunks(dev, rounded, size)
+	if p := (pool{dev, hint}); rounded >= Page2M {
+		a, err = s.allocChunks(p, rounded, size)
 	} else {
-		a, err = s.allocPages(dev, rounded, size)
+		a, err = s.allocPages(p, rounded, size)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("alloc %d bytes on device %d: %w", size, dev, err)
@@ -230,8 +273,8 @@ func (s *Space) Alloc(dev uint32, size uint64) (va uint64, err error) {
 }
 
 // allocChunks places an allocation of at least Page2M in fresh chunks.
-func (s *Space) allocChunks(dev uint32, size, want uint64) (*allocation, error) {
-	cs, err := s.newChunks(dev, int((size+Page2M-1)/Page2M))
+func (s *Space) allocChunks(p pool, size, want uint64) (*allocation, error) {
+	cs, err := s.newChunks(p, int((size+Page2M-1)/Page2M))
 	if err != nil {
 		return nil, err
 	}
@@ -239,35 +282,39 @@ func (s *Space) allocChunks(dev uint32, size, want uint64) (*allocation, error) 
 	for i, c := range cs {
 		segs[i] = segment{c: c, pages: int(min(size-uint64(i)*Page2M, Page2M) / Page4K)}
 	}
-	return s.commit(dev, size, want, segs, cs), nil
+	return s.commit(p, size, want, segs, cs), nil
 }
 
 // allocPages places an allocation smaller than Page2M in the first chunk of
-// dev with room at a suitably aligned offset, or in a fresh one. Packing
+// pool p with room at a suitably aligned offset, or in a fresh one. Packing
 // first fit keeps the number of frames held low.
-func (s *Space) allocPages(dev uint32, size, want uint64) (*allocation, error) {
+func (s *Space) allocPages(p pool, size, want uint64) (*allocation, error) {
 	pages, align := int(size/Page4K), 1
 	if size >= Page64K {
 		align = pagesPer64K
 	}
-	for _, c := range s.partial[dev] {
+	for _, c := range s.partial[p] {
 		if first, ok := c.findFree(pages, align); ok {
-			return s.commit(dev, size, want, []segment{{c: c, first: first, pages: pages}}, nil), nil
+			if c.resident && c.stored {
+				// The kept entry will miss what the tenant writes here.
+				s.dropKey(c)
+			}
+			return s.commit(p, size, want, []segment{{c: c, first: first, pages: pages}}, nil), nil
 		}
 	}
-	cs, err := s.newChunks(dev, 1)
+	cs, err := s.newChunks(p, 1)
 	if err != nil {
 		return nil, err
 	}
-	return s.commit(dev, size, want, []segment{{c: cs[0], pages: pages}}, cs), nil
+	return s.commit(p, size, want, []segment{{c: cs[0], pages: pages}}, cs), nil
 }
 
-// newChunks reserves n adjacent chunks of virtual address space and backs
-// them with frames of dev. An oversubscribing space backs only as many as
-// its cap allows, and none if the device is full; the others start evicted,
-// all zero, and are faulted in when first translated. On failure nothing
-// stays reserved.
-func (s *Space) newChunks(dev uint32, n int) ([]*chunk, error) {
+// newChunks reserves n adjacent chunks of virtual address space for pool p
+// and backs them with frames of its device. An oversubscribing space backs
+// only as many as its cap allows, and none if the device is full; the
+// others start evicted, all zero, and are faulted in when first translated.
+// On failure nothing stays reserved.
+func (s *Space) newChunks(p pool, n int) ([]*chunk, error) {
 	bytes := uint64(n) * Page2M
 	va, ok := s.vas.take(bytes)
 	if !ok {
@@ -280,7 +327,7 @@ func (s *Space) newChunks(dev uint32, n int) ([]*chunk, error) {
 	var frames []uint64
 	if k > 0 {
 		var err error
-		frames, err = s.grant(dev, k)
+		frames, err = s.grant(p.dev, k)
 		if err != nil && (s.store == nil || !errors.Is(err, api.ErrOutOfMemory)) {
 			s.vas.put(va, bytes)
 			return nil, err
@@ -288,7 +335,7 @@ func (s *Space) newChunks(dev uint32, n int) ([]*chunk, error) {
 	}
 	cs := make([]*chunk, n)
 	for i := range cs {
-		cs[i] = &chunk{va: va + uint64(i)*Page2M, dev: dev}
+		cs[i] = &chunk{va: va + uint64(i)*Page2M, dev: p.dev, hint: p.hint}
 		if i < len(frames) {
 			cs[i].frame, cs[i].resident = frames[i], true
 		}
@@ -336,12 +383,13 @@ func (s *Space) grant(dev uint32, n int) ([]uint64, error) {
 
 // commit records an allocation of size bytes made of segs, in address
 // order; fresh are the chunks newly created for it.
-func (s *Space) commit(dev uint32, size, want uint64, segs []segment, fresh []*chunk) *allocation {
+func (s *Space) commit(p pool, size, want uint64, segs []segment, fresh []*chunk) *allocation {
 	for _, g := range segs {
 		g.c.mark(g.first, g.pages, true)
+		g.c.unsealed += g.pages
 		s.updatePartial(g.c)
 	}
-	a := &allocation{va: segs[0].c.va + uint64(segs[0].first)*Page4K, size: size, want: want, dev: dev}
+	a := &allocation{va: segs[0].c.va + uint64(segs[0].first)*Page4K, size: size, want: want, dev: p.dev, hint: p.hint}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -390,14 +438,15 @@ func (s *Space) dropResident(c *chunk) {
 	s.frames--
 }
 
-// updatePartial lists c among its device's chunks with room exactly when it
+// updatePartial lists c among its pool's chunks with room exactly when it
 // has some room and some use (an unused chunk is about to be released).
 func (s *Space) updatePartial(c *chunk) {
 	want := c.n > 0 && c.n < pagesPer2M
 	if want == c.partial {
 		return
 	}
-	list := s.partial[c.dev]
+	p := pool{c.dev, c.hint}
+	list := s.partial[p]
 	i, _ := slices.BinarySearchFunc(list, c.va, func(x *chunk, va uint64) int { return cmp.Compare(x.va, va) })
 	if want {
 		list = slices.Insert(list, i, c)
@@ -405,9 +454,9 @@ func (s *Space) updatePartial(c *chunk) {
 		list = slices.Delete(list, i, i+1)
 	}
 	if len(list) == 0 {
-		delete(s.partial, c.dev)
+		delete(s.partial, p)
 	} else {
-		s.partial[c.dev] = list
+		s.partial[p] = list
 	}
 	c.partial = want
 }
@@ -420,43 +469,37 @@ func (s *Space) updatePartial(c *chunk) {
 func (s *Space) Free(va uint64) error {
 	s.allocMu.Lock()
 	defer s.allocMu.Unlock()
-	if s.closed {
-		return fmt.Errorf("free %#x: %w", va, errClosed)
-	}
-	i, ok := s.find(va)
-	if !ok {
-		return fmt.Errorf("free %#x: no live allocation there (never allocated, or already freed): %w", va, api.ErrInvalidAddress)
+	i, err := s.startOf("free", va)
+	if err != nil {
+		return err
 	}
 	a := s.allocs[i]
-	if a.va != va {
-		return fmt.Errorf("free %#x: not the start of an allocation (it lies inside the one at %#x): %w", va, a.va, api.ErrInvalidAddress)
-	}
 	var unused, keys []uint64
 	s.mu.Lock()
 	s.allocs = slices.Delete(s.allocs, i, i+1)
-	for cur := a.va; cur < a.end(); {
-		c := s.chunks[cur&^(Page2M-1)]
-		next := min(a.end(), c.va+Page2M)
-		c.mark(int((cur-c.va)/Page4K), int((next-cur)/Page4K), false)
+	for g := range s.segments(a) {
+		c := g.c
+		c.mark(g.first, g.pages, false)
+		if !a.sealed {
+			c.unsealed -= g.pages
+		}
 		s.updatePartial(c)
 		if c.resident {
-			s.pt.unmapRange(cur, next-cur)
+			s.pt.unmapRange(c.va+uint64(g.first)*Page4K, uint64(g.pages)*Page4K)
 		}
 		if c.n == 0 {
 			delete(s.chunks, c.va)
 			s.vas.put(c.va, Page2M)
-			switch {
-			case c.resident:
+			if c.resident {
 				s.dropResident(c)
 				unused = append(unused, c.frame)
-			case c.stored:
-				s.evicted--
-				keys = append(keys, c.key)
-			default:
+			} else {
 				s.evicted--
 			}
+			if c.stored {
+				keys = append(keys, c.key)
+			}
 		}
-		cur = next
 	}
 	s.tlb.invalidate(a.va, a.size)
 	s.allocated -= a.size
@@ -472,6 +515,87 @@ func (s *Space) Free(va uint64) error {
 		return fmt.Errorf("free %#x: freed, but returning %d frames of device %d failed: %w", va, len(unused), a.dev, err)
 	}
 	return nil
+}
+
+// startOf returns the index of the live allocation that starts at va, the
+// address that op (which must change the address space) was given. The
+// caller holds allocMu.
+func (s *Space) startOf(op string, va uint64) (int, error) {
+	if s.closed {
+		return 0, fmt.Errorf("%s %#x: %w", op, va, errClosed)
+	}
+	i, ok := s.find(va)
+	if !ok {
+		return 0, fmt.Errorf("%s %#x: no live allocation there (never allocated, or already freed): %w", op, va, api.ErrInvalidAddress)
+	}
+	if a := s.allocs[i]; a.va != va {
+		return 0, fmt.Errorf("%s %#x: not the start of an allocation (it lies inside the one at %#x): %w", op, va, a.va, api.ErrInvalidAddress)
+	}
+	return i, nil
+}
+
+// segments yields the part of a in each of its chunks, in order. The caller
+// holds allocMu.
+func (s *Space) segments(a *allocation) iter.Seq[segment] {
+	return func(yield func(segment) bool) {
+		for cur := a.va; cur < a.end(); {
+			c := s.chunks[cur&^(Page2M-1)]
+			next := min(a.end(), c.va+Page2M)
+			if !yield(segment{c: c, first: int((cur - c.va) / Page4K), pages: int((next - cur) / Page4K)}) {
+				return
+			}
+			cur = next
+		}
+	}
+}
+
+// Seal makes the allocation that starts at va immutable: from now on,
+// translations for writing that touch it are refused, which is what lets
+// chunks holding only sealed allocations skip the write-back when evicted.
+// Sealing is for good; sealing again does nothing.
+func (s *Space) Seal(va uint64) error {
+	s.allocMu.Lock()
+	defer s.allocMu.Unlock()
+	i, err := s.startOf("seal", va)
+	if err != nil {
+		return err
+	}
+	a := s.allocs[i]
+	if a.sealed {
+		return nil
+	}
+	s.mu.Lock()
+	a.sealed = true
+	s.mu.Unlock()
+	for g := range s.segments(a) {
+		g.c.unsealed -= g.pages
+	}
+	return nil
+}
+
+// Hint returns the residency hint of the live allocation that contains va,
+// and whether it is sealed.
+func (s *Space) Hint(va uint64) (hint api.Hint, sealed bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, err := s.containing("hint of", va)
+	if err != nil {
+		return 0, false, err
+	}
+	return a.hint, a.sealed, nil
+}
+
+// containing returns the live allocation that contains va, which op was
+// given. The caller holds mu.
+func (s *Space) containing(op string, va uint64) (*allocation, error) {
+	if s.closed {
+		return nil, fmt.Errorf("%s %#x: %w", op, va, errClosed)
+	}
+	i, ok := s.find(va)
+	if !ok {
+		return nil, fmt.Errorf("%s %#x: no live allocation contains it: %w", op, va, api.ErrInvalidAddress)
+	}
+	return s.allocs[i], nil
 }
 
 // find returns the index of the live allocation whose addressable range
@@ -500,16 +624,32 @@ func (s *Space) findIn(va uint64, end func(*allocation) uint64) (int, bool) {
 // spans more chunks than the space may keep resident, or no frame can be
 // found or freed for it, it fails with api.ErrOutOfMemory.
 func (s *Space) Translate(va, n uint64) (dev uint32, xs []api.Extent, err error) {
-	rs := [1]Range{{VA: va, Len: n}}
+	return s.translateOne(Range{VA: va, Len: n}, (*allocation).limit)
+}
+
+// TranslateWrite is Translate for a range the caller will write: it fails
+// with api.ErrPermissionDenied if the range lies in a sealed allocation.
+func (s *Space) TranslateWrite(va, n uint64) (dev uint32, xs []api.Extent, err error) {
+	return s.translateOne(Range{VA: va, Len: n, Write: true}, (*allocation).limit)
+}
+
+// translateOne translates one range as translate does.
+func (s *Space) translateOne(r Range, end func(*allocation) uint64) (uint32, []api.Extent, error) {
+	rs := [1]Range{r}
 	var ts [1]Translation
-	if err := s.translate(rs[:], ts[:], (*allocation).limit); err != nil {
+	if err := s.translate(rs[:], ts[:], end); err != nil {
 		return 0, nil, err
 	}
 	return ts[0].Dev, ts[0].Extents, nil
 }
 
 // Range is the virtual range [VA, VA+Len) of one operand of a command.
-type Range struct{ VA, Len uint64 }
+type Range struct {
+	VA, Len uint64
+	// Write says the command writes the range, which is refused if it lies
+	// in a sealed allocation.
+	Write bool
+}
 
 // Translation is where a Range lives: its device and physical runs.
 type Translation struct {
@@ -518,7 +658,7 @@ type Translation struct {
 }
 
 // TranslateAll translates the ranges of one command, each as Translate
-// does. In an oversubscribing space it makes them resident together, so
+// does, or TranslateWrite for those with Write. In an oversubscribing space it makes them resident together, so
 // that faulting one in never evicts another: a command whose operands are
 // translated one by one could find the first evicted by the second.
 func (s *Space) TranslateAll(rs []Range) ([]Translation, error) {
@@ -619,6 +759,9 @@ func (s *Space) resolve(r Range, end func(*allocation) uint64) (*allocation, err
 		return nil, fmt.Errorf("translate %#x+%d: runs past %#x, the end of the %d-byte allocation at %#x: %w",
 			va, n, end(a), a.want, a.va, api.ErrInvalidAddress)
 	}
+	if r.Write && a.sealed {
+		return nil, fmt.Errorf("translate %#x+%d for writing: the allocation at %#x is sealed: %w", va, n, a.va, api.ErrPermissionDenied)
+	}
 	return a, nil
 }
 
@@ -686,14 +829,11 @@ func (s *Space) lookup(va uint64) (leaf, bool) {
 func (s *Space) Span(va uint64) (dev uint32, end uint64, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return 0, 0, fmt.Errorf("span %#x: %w", va, errClosed)
+	a, err := s.containing("span", va)
+	if err != nil {
+		return 0, 0, err
 	}
-	i, ok := s.find(va)
-	if !ok {
-		return 0, 0, fmt.Errorf("span %#x: no live allocation contains it: %w", va, api.ErrInvalidAddress)
-	}
-	return s.allocs[i].dev, s.allocs[i].limit(), nil
+	return a.dev, a.limit(), nil
 }
 
 // Close frees every allocation and returns every frame, one Return per
@@ -716,10 +856,10 @@ func (s *Space) Close() error {
 
 	byDev := make(map[uint32][]uint64)
 	for _, c := range chunks {
-		switch {
-		case c.resident:
+		if c.resident {
 			byDev[c.dev] = append(byDev[c.dev], c.frame)
-		case c.stored:
+		}
+		if c.stored {
 			s.store.Drop(c.key)
 		}
 	}
@@ -740,18 +880,20 @@ func (s *Space) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return Stats{
-		Allocations: len(s.allocs),
-		Allocated:   s.allocated,
-		Mapped:      uint64(s.frames) * FrameSize,
-		Frames:      s.frames,
-		Mapped4K:    s.pt.mapped[class4K],
-		Mapped64K:   s.pt.mapped[class64K],
-		Mapped2M:    s.pt.mapped[class2M],
-		TLBHits:     s.tlb.hits,
-		TLBMisses:   s.tlb.misses,
-		Resident:    uint64(s.frames) * Page2M,
-		Evicted:     uint64(s.evicted) * Page2M,
-		Faults:      s.faults,
-		Evictions:   s.evictions,
+		Allocations:    len(s.allocs),
+		Allocated:      s.allocated,
+		Mapped:         uint64(s.frames) * FrameSize,
+		Frames:         s.frames,
+		Mapped4K:       s.pt.mapped[class4K],
+		Mapped64K:      s.pt.mapped[class64K],
+		Mapped2M:       s.pt.mapped[class2M],
+		TLBHits:        s.tlb.hits,
+		TLBMisses:      s.tlb.misses,
+		Resident:       uint64(s.frames) * Page2M,
+		Evicted:        uint64(s.evicted) * Page2M,
+		Faults:         s.faults,
+		Evictions:      s.evictions,
+		WriteBacks:     s.writeBacks,
+		CleanEvictions: s.cleanEvictions,
 	}
 }

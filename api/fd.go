@@ -1,0 +1,146 @@
+package api
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// File descriptors travel with frames on Unix sockets (SCM_RIGHTS), for host
+// memory a tenant shares with its mediator. The receiver queues every
+// descriptor that arrives, in order, and the request that needs one takes
+// the oldest: descriptors arrive with the first byte of their frame, which
+// the reader may buffer before the frame is handled.
+
+// MaxQueuedFDs bounds the descriptors received and not yet taken; a peer
+// that sends more breaks the protocol.
+const MaxQueuedFDs = 8
+
+type fdReader struct {
+	uc  *net.UnixConn
+	oob []byte
+
+	mu  sync.Mutex
+	fds []int
+}
+
+func (r *fdReader) Read(p []byte) (int, error) {
+	n, oobn, _, _, err := r.uc.ReadMsgUnix(p, r.oob)
+	n = max(n, 0) // a failed read may report -1
+	if oobn > 0 {
+		if ferr := r.keep(r.oob[:oobn]); ferr != nil {
+			return n, ferr
+		}
+	}
+	return n, err
+}
+
+// keep queues the descriptors of control message bytes, closing them all if
+// the queue would overflow.
+func (r *fdReader) keep(oob []byte) error {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return fmt.Errorf("control message: %v: %w", err, ErrProtocol)
+	}
+	var fds []int
+	for _, m := range msgs {
+		if got, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, got...)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.fds)+len(fds) > MaxQueuedFDs {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return fmt.Errorf("peer sent %d file descriptors not yet used, limit %d: %w", len(r.fds)+len(fds), MaxQueuedFDs, ErrProtocol)
+	}
+	r.fds = append(r.fds, fds...)
+	return nil
+}
+
+func (r *fdReader) take() (int, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.fds) == 0 {
+		return -1, false
+	}
+	fd := r.fds[0]
+	r.fds = r.fds[1:]
+	return fd, true
+}
+
+func (r *fdReader) closeAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, fd := range r.fds {
+		unix.Close(fd)
+	}
+	r.fds = nil
+}
+
+// NewConnFDs is NewConn for a Unix socket whose peer may send descriptors;
+// TakeFD returns them. Close closes those never taken.
+func NewConnFDs(nc net.Conn, uc *net.UnixConn) *Conn {
+	c := NewConn(nc)
+	c.fds = &fdReader{uc: uc, oob: make([]byte, unix.CmsgSpace(4*MaxQueuedFDs))}
+	c.r = bufio.NewReaderSize(c.fds, 64<<10)
+	return c
+}
+
+// TakeFD returns the oldest descriptor received and not yet taken; the
+// caller owns it. It fails with ErrProtocol if there is none.
+func (c *Conn) TakeFD() (int, error) {
+	if c.fds != nil {
+		if fd, ok := c.fds.take(); ok {
+			return fd, nil
+		}
+	}
+	return -1, fmt.Errorf("request needs a file descriptor and none came with it: %w", ErrProtocol)
+}
+
+// WriteFrameFD writes one frame with fd attached. The connection must be a
+// Unix socket.
+func (c *Conn) WriteFrameFD(op Op, id uint64, fd int, parts ...[]byte) error {
+	uc, ok := c.nc.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("passing a file descriptor needs a Unix socket, not %T: %w", c.nc, ErrInvalidArgument)
+	}
+	b := make([]byte, HeaderSize)
+	for _, p := range parts {
+		b = append(b, p...)
+	}
+	if len(b)-HeaderSize > MaxBody {
+		return fmt.Errorf("frame %d (%v): %d-byte body exceeds limit %d: %w", id, op, len(b)-HeaderSize, MaxBody, ErrInvalidArgument)
+	}
+	binary.LittleEndian.PutUint32(b[0:], uint32(len(b)-HeaderSize))
+	binary.LittleEndian.PutUint16(b[4:], uint16(op))
+	binary.LittleEndian.PutUint64(b[8:], id)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.w.Flush(); err != nil {
+		return err
+	}
+	_, _, err := uc.WriteMsgUnix(b, unix.UnixRights(fd), nil)
+	if err == nil {
+		c.sent.Add(uint64(len(b)))
+	}
+	return err
+}
+
+// CallFD sends a request with fd attached and waits for its reply body.
+func (r *RPC) CallFD(op Op, fd int, parts ...[]byte) ([]byte, error) {
+	c := r.register(op, nil)
+	if c.Err == nil {
+		if err := r.conn.WriteFrameFD(op, c.id, fd, parts...); err != nil {
+			r.sendFailed(c, err)
+		}
+	}
+	err := c.Wait()
+	return c.Body, err
+}
