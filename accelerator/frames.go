@@ -14,20 +14,23 @@ const FrameSize = 2 << 20
 // one tenant. Zero means free.
 type owner uint64
 
-// frameTable tracks which connection owns each frame of one device.
+// frameTable tracks which connection owns each frame of one device, and
+// which frames are sealed (read-only, see content.go).
 //
-// Invariant: a frame has at most one owner; a frame is scrubbed between
-// owners (by the caller of release, before the frame is marked free).
+// Invariants: a frame has at most one owner; a frame is scrubbed between
+// owners (by the caller of release, before the frame is marked free); only a
+// held frame is sealed, and it is unsealed (unseal) before it is released.
 type frameTable struct {
 	mu     sync.RWMutex
 	owners []owner // by frame number
+	sealed []bool  // by frame number
 	free   int
 	hint   int // where the next search for a run starts
 }
 
 func newFrameTable(memory uint64) *frameTable {
 	n := int(memory / FrameSize)
-	return &frameTable{owners: make([]owner, n), free: n}
+	return &frameTable{owners: make([]owner, n), sealed: make([]bool, n), free: n}
 }
 
 // alloc grants n frames to o: one contiguous run, found first-fit from the
@@ -136,7 +139,13 @@ func (t *frameTable) ownedBy(o owner) []uint64 {
 }
 
 // checkAccess verifies that every byte of xs lies in frames o owns.
-func (t *frameTable) checkAccess(o owner, xs []api.Extent) error {
+func (t *frameTable) checkAccess(o owner, xs []api.Extent) error { return t.check(o, xs, false) }
+
+// checkWrite is checkAccess for memory to be changed: no byte of xs may lie
+// in a sealed frame either.
+func (t *frameTable) checkWrite(o owner, xs []api.Extent) error { return t.check(o, xs, true) }
+
+func (t *frameTable) check(o owner, xs []api.Extent, write bool) error {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	limit := uint64(len(t.owners)) * FrameSize
@@ -151,9 +160,41 @@ func (t *frameTable) checkAccess(o owner, xs []api.Extent) error {
 			if t.owners[f] != o {
 				return fmt.Errorf("extent [%#x, +%d) touches frame %#x not held by this connection: %w", x.Addr, x.Len, f*FrameSize, api.ErrPermissionDenied)
 			}
+			if write && t.sealed[f] {
+				return fmt.Errorf("extent [%#x, +%d) touches sealed frame %#x, which is read-only: %w", x.Addr, x.Len, f*FrameSize, api.ErrPermissionDenied)
+			}
 		}
 	}
 	return nil
+}
+
+// isSealed reports whether the frame at addr, which the caller holds, is sealed.
+func (t *frameTable) isSealed(addr uint64) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.sealed[addr/FrameSize]
+}
+
+// seal marks the frame at addr, which the caller holds, read-only.
+func (t *frameTable) seal(addr uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.sealed[addr/FrameSize] = true
+}
+
+// unseal makes the frames at addrs writable again and returns those of them
+// that were sealed.
+func (t *frameTable) unseal(addrs []uint64) []uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []uint64
+	for _, a := range addrs {
+		if f := a / FrameSize; t.sealed[f] {
+			t.sealed[f] = false
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // usage reports total and free frames.

@@ -225,6 +225,34 @@ func TestFrameCheckAccess(t *testing.T) {
 	}
 }
 
+// TestFrameSeal: a sealed frame passes checkAccess but not checkWrite, and
+// unseal reports which of the frames it is given were sealed.
+func TestFrameSeal(t *testing.T) {
+	ft := newFrameTable(4 * FrameSize)
+	f := mustAlloc(t, ft, 1, 3)
+	ft.seal(f[1])
+	if !ft.isSealed(f[1]) || ft.isSealed(f[0]) {
+		t.Fatal("sealed the wrong frame")
+	}
+	across := []api.Extent{ext(f[1]-8, 0, 16)}
+	if err := ft.checkAccess(1, across); err != nil {
+		t.Fatalf("reading a sealed frame: %v", err)
+	}
+	if err := ft.checkWrite(1, []api.Extent{ext(f[0], 0, 8), ext(f[2], 0, 8)}); err != nil {
+		t.Fatalf("writing frames that are not sealed: %v", err)
+	}
+	err := ft.checkWrite(1, across)
+	if !errors.Is(err, api.ErrPermissionDenied) || !strings.Contains(fmt.Sprint(err), fmt.Sprintf("sealed frame %#x", f[1])) {
+		t.Fatalf("writing into a sealed frame: %v", err)
+	}
+	if got := ft.unseal(f); len(got) != 1 || got[0] != f[1] {
+		t.Fatalf("unseal(%#x) = %#x, want only %#x", f, got, f[1])
+	}
+	if err := ft.checkWrite(1, across); err != nil || ft.isSealed(f[1]) {
+		t.Fatalf("after unseal: %v", err)
+	}
+}
+
 // frameModel is the property test's picture of a frame table: the owner of
 // each frame, 0 for free.
 type frameModel []owner

@@ -36,7 +36,7 @@ type testNode struct {
 	addr string
 }
 
-func startNode(t *testing.T) *testNode {
+func startNode(t testing.TB) *testNode {
 	t.Helper()
 	n, addr, err := StartSim("127.0.0.1:0", testDevices, testMemory, quietLog())
 	if err != nil {
@@ -47,7 +47,7 @@ func startNode(t *testing.T) *testNode {
 }
 
 // dialRaw opens a TCP connection to the node without saying anything.
-func (tn *testNode) dialRaw(t *testing.T) *api.Conn {
+func (tn *testNode) dialRaw(t testing.TB) *api.Conn {
 	t.Helper()
 	nc, err := net.DialTimeout("tcp", tn.addr, 5*time.Second)
 	if err != nil {
@@ -63,14 +63,14 @@ func mediatorHello(tenant string) *api.Hello {
 
 // client is one mediator connection to the node.
 type client struct {
-	t     *testing.T
+	t     testing.TB
 	conn  *api.Conn
 	rpc   *api.RPC
 	hello api.HelloReply
 }
 
 // connect dials the node and says Hello as a mediator acting for tenant.
-func (tn *testNode) connect(t *testing.T, tenant string) *client {
+func (tn *testNode) connect(t testing.TB, tenant string) *client {
 	t.Helper()
 	conn := tn.dialRaw(t)
 	rpc := api.NewRPC(conn, "node "+tn.addr)
@@ -145,6 +145,37 @@ func (c *client) copy(dev uint32, dst, src []api.Extent) error {
 func (c *client) launch(dev uint32, kernel string, args ...api.NodeArg) error {
 	_, err := c.call(api.OpNodeLaunch, &api.NodeLaunch{Device: dev, Kernel: kernel, Args: args})
 	return err
+}
+
+// cmd is one command of a batch.
+func cmd(op api.Op, m api.Message) api.Cmd { return api.Cmd{Op: op, Body: api.Encode(m)} }
+
+func (c *client) batch(cmds ...api.Cmd) error {
+	_, err := c.call(api.OpNodeBatch, &api.Batch{Cmds: cmds})
+	return err
+}
+
+func (c *client) seal(dev uint32, frames ...uint64) error {
+	_, err := c.call(api.OpNodeSeal, &api.NodeFrames{Device: dev, Frames: frames})
+	return err
+}
+
+// dedup asks the node to fill each whole frame at dst[i] with contents of
+// hash hashes[i], and returns which it filled.
+func (c *client) dedup(dev uint32, dst []uint64, hashes ...[32]byte) ([]bool, error) {
+	m := &api.NodeDedup{Device: dev, Hashes: hashes}
+	for _, f := range dst {
+		m.Dst = append(m.Dst, api.Extent{Addr: f, Len: FrameSize})
+	}
+	body, err := c.call(api.OpNodeDedup, m)
+	if err != nil {
+		return nil, err
+	}
+	var r api.NodeDedupReply
+	if err := api.Decode(body, &r); err != nil {
+		return nil, err
+	}
+	return r.Hit, nil
 }
 
 // mustWrite writes p at xs and reads it back.
@@ -259,6 +290,9 @@ func wantClosed(t *testing.T, conn *api.Conn) error {
 	}
 	return replyErr
 }
+
+// hex is how error messages name an address.
+func hex(v uint64) string { return fmt.Sprintf("%#x", v) }
 
 // ext is n bytes at offset off of frame.
 func ext(frame, off, n uint64) api.Extent { return api.Extent{Addr: frame + off, Len: n} }

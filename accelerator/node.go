@@ -2,27 +2,42 @@
 // accelerators over the network to mediators.
 //
 // It owns the devices (a Backend's), the frame table of each device (which
-// mediator connection holds which 2 MiB frame), and the execution of
-// requests: copies, fills and kernel launches on physical memory.
+// mediator connection holds which 2 MiB frame, and which frames are sealed),
+// the node-wide index of sealed frames by content (content.go), and the
+// execution of requests: copies, fills, kernel launches, batches of them,
+// sealing and deduplication on physical memory.
 //
 // Invariants:
 //   - A connection acts for one tenant of one mediator. It may touch only the
 //     frames it was granted; every extent of every request is checked against
-//     the frame table before the device sees it.
+//     the frame table before the device sees it. The one exception is the
+//     source of a dedup: a sealed frame of any connection, read under the
+//     content index's lock (content.go).
+//   - A sealed frame is read-only: every request that would change it
+//     (write, fill, copy destination, dedup destination, a launch's buffer
+//     that its kernel may write) is refused with api.ErrPermissionDenied.
 //   - Requests of one connection execute in the order they arrived, one at a
-//     time; connections execute concurrently. Replies go out in order.
+//     time; connections execute concurrently. Replies go out in order. A
+//     request that finds its connection idle runs on the reader (a write's
+//     payload then goes straight into device memory, write.go); the others
+//     run in turn on the connection's executor.
+//   - A batch executes its commands in that order too, every one of them,
+//     and is answered once (batch.go).
 //   - When a connection ends, cleanly or not, every frame it held is scrubbed
-//     and freed. A frame is always scrubbed before it can change hands.
+//     and freed. A frame is always taken out of the content index, unsealed
+//     and scrubbed before it can change hands.
 //   - A bad request gets an error reply and affects nothing else; only a
 //     broken frame (which cannot be resynchronised) ends the connection.
 //
 // Kernel launches run in slices on each device's compute scheduler
-// (sched.go), which shares device time among tenants by weight; a launch
-// blocks its connection until its last slice has run.
+// (sched.go), which shares device time among tenants by weight; a launch,
+// or a batch's run of consecutive launches (launch.go), blocks its
+// connection until its last slice has run.
 //
-// Lock order: Node.mu, then a frameTable's mu; a scheduler's mu is a leaf.
-// Devices are not locked: the frame table guarantees connections touch
-// disjoint memory.
+// Lock order: Node.mu; then contentIndex.mu, then a frameTable's mu; a
+// scheduler's mu is a leaf. Devices are not locked: the frame table
+// guarantees connections write disjoint memory, and sealed frames, which
+// others may read, are written by no one.
 package accelerator
 
 import (
@@ -46,10 +61,16 @@ import (
 type Device interface {
 	Info() api.DeviceInfo
 	Write(xs []api.Extent, p []byte) error
+	// WriteFrom is Write with the bytes read from r: exactly the extents'
+	// total length, straight into device memory.
+	WriteFrom(xs []api.Extent, r io.Reader) error
 	Read(xs []api.Extent, send func(parts ...[]byte) error) error
 	Fill(xs []api.Extent, v byte) error
 	Copy(dst, src []api.Extent) error
-	Launch(k *kernels.Kernel, args []api.NodeArg) error
+	// Prepare readies a launch of k to run in slices of about maxWork
+	// element operations, writing nothing yet: the caller steps the plan to
+	// its end, then calls finish unless it is nil (sim.Device.Prepare).
+	Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (p *kernels.Plan, finish func() error, err error)
 	Scrub(addr, n uint64) error
 	Close() error
 }
@@ -74,6 +95,7 @@ type Node struct {
 	devs    []*device
 	log     logrus.FieldLogger
 
+	content   *contentIndex // sealed frames by contents (content.go)
 	nextOwner atomic.Uint64
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -85,7 +107,7 @@ type Node struct {
 // New returns a node that serves devs, whose memory sizes must be multiples
 // of FrameSize. backend names them in status ("sim").
 func New(backend string, devs []Device, log logrus.FieldLogger) (*Node, error) {
-	n := &Node{backend: backend, log: log, conns: map[net.Conn]struct{}{}}
+	n := &Node{backend: backend, log: log, content: newContentIndex(), conns: map[net.Conn]struct{}{}}
 	for i, d := range devs {
 		info := d.Info()
 		if info.Index != uint32(i) || info.Memory < FrameSize || info.Memory%FrameSize != 0 {
@@ -278,6 +300,19 @@ func (c *conn) readLoop(queue chan<- request) error {
 		if h.Flags&api.FlagReply != 0 {
 			return fmt.Errorf("mediator sent a reply (%v, id %d) to a node: %w", h.Op, h.ID, api.ErrProtocol)
 		}
+		// A request that finds nothing queued or running is executed here:
+		// handing it to the executor would only add a goroutine switch to
+		// its latency, and a write's payload can go straight from the
+		// connection into device memory (write.go). Order holds because
+		// only this goroutine queues, so pending == 0 means every earlier
+		// request is done.
+		idle := c.pending.Load() == 0
+		if idle && h.Op == api.OpNodeWrite {
+			if err := c.writeDirect(h); err != nil {
+				return err
+			}
+			continue
+		}
 		r := request{h: h}
 		if h.Len > 4096 {
 			r.pool = bodyPool.Get().(*[]byte)
@@ -288,14 +323,11 @@ func (c *conn) readLoop(queue chan<- request) error {
 		if err := c.c.ReadBody(r.body); err != nil {
 			return err
 		}
-		// A small request that finds nothing queued or running is executed
-		// here: handing it to the executor would only add a goroutine
-		// switch to its latency. Order holds because only this goroutine
-		// queues, so pending == 0 means every earlier request is done.
-		// Launches always go to the executor: they wait for the device's
+		// Other bulk requests go to the executor, so the reader goes on
+		// reading. So do launches and batches: they wait for the device's
 		// scheduler, and reading on meanwhile shows it that the tenant has
 		// more work queued (tenantShare.waiting).
-		if r.pool == nil && c.pending.Load() == 0 && h.Op != api.OpNodeLaunch {
+		if idle && r.pool == nil && h.Op != api.OpNodeLaunch && h.Op != api.OpNodeBatch {
 			if !c.run(r) {
 				return fmt.Errorf("reply to %v: connection broken: %w", h.Op, net.ErrClosed)
 			}
@@ -326,12 +358,18 @@ func (c *conn) run(r request) bool {
 			bodyPool.Put(r.pool)
 		}
 	}()
-	err := c.do(r)
+	return c.answer(r.h, c.do(r))
+}
+
+// answer sends the error reply to request h that err calls for, if any;
+// false means it could not be sent and the connection is broken (it is
+// closed, so the reader stops).
+func (c *conn) answer(h api.Header, err error) bool {
 	if err == nil {
 		return true
 	}
-	c.log.WithError(err).WithField("op", r.h.Op).Debug("request failed")
-	if werr := c.c.ReplyError(r.h, err); werr != nil {
+	c.log.WithError(err).WithField("op", h.Op).Debug("request failed")
+	if werr := c.c.ReplyError(h, err); werr != nil {
 		c.c.Close()
 		return false
 	}
@@ -343,6 +381,14 @@ func (c *conn) device(i uint32) (*device, error) {
 		return nil, fmt.Errorf("device %d: node has %d: %w", i, len(c.node.devs), api.ErrInvalidArgument)
 	}
 	return c.node.devs[i], nil
+}
+
+// decode decodes the body of an op request into m.
+func decode(op api.Op, body []byte, m api.Message) error {
+	if err := api.Decode(body, m); err != nil {
+		return fmt.Errorf("%v: %w", op, err)
+	}
+	return nil
 }
 
 // do executes one request and sends its reply; a returned error has not been
@@ -359,8 +405,8 @@ func (c *conn) do(r request) error {
 		return c.c.Reply(r.h, b)
 	case api.OpNodeAlloc:
 		var m api.NodeAlloc
-		if err := api.Decode(r.body, &m); err != nil {
-			return fmt.Errorf("%v: %w", r.h.Op, err)
+		if err := decode(r.h.Op, r.body, &m); err != nil {
+			return err
 		}
 		d, err := c.device(m.Device)
 		if err != nil {
@@ -371,66 +417,50 @@ func (c *conn) do(r request) error {
 			return fmt.Errorf("%s: %w", d.Info().Name, err)
 		}
 		return c.c.Reply(r.h, api.Encode(&api.NodeFrames{Device: m.Device, Frames: frames}))
-	case api.OpNodeFree:
+	case api.OpNodeFree, api.OpNodeSeal:
 		var m api.NodeFrames
-		if err := api.Decode(r.body, &m); err != nil {
-			return fmt.Errorf("%v: %w", r.h.Op, err)
+		if err := decode(r.h.Op, r.body, &m); err != nil {
+			return err
 		}
 		d, err := c.device(m.Device)
 		if err != nil {
 			return err
 		}
-		if err := d.frames.checkOwned(c.owner, m.Frames); err != nil {
-			return fmt.Errorf("%s: free: %w", d.Info().Name, err)
+		if r.h.Op == api.OpNodeSeal {
+			err = c.seal(d, m.Frames)
+		} else if err = d.frames.checkOwned(c.owner, m.Frames); err != nil {
+			err = fmt.Errorf("%s: free: %w", d.Info().Name, err)
+		} else {
+			err = c.scrubAndRelease(d, m.Frames)
 		}
-		if err := c.scrubAndRelease(d, m.Frames); err != nil {
+		if err != nil {
 			return err
 		}
 		return c.c.Reply(r.h)
-	}
-	return c.doAccess(r)
-}
-
-// doAccess executes the requests that touch device memory.
-func (c *conn) doAccess(r request) error {
-	var (
-		dev uint32
-		m   api.NodeAccess
-		cp  api.NodeCopy
-		l   api.NodeLaunch
-		err error
-	)
-	switch r.h.Op {
-	case api.OpNodeWrite, api.OpNodeRead, api.OpNodeFill:
-		err = api.Decode(r.body, &m)
-		dev = m.Device
-	case api.OpNodeCopy:
-		err = api.Decode(r.body, &cp)
-		dev = cp.Device
-	case api.OpNodeLaunch:
-		err = api.Decode(r.body, &l)
-		dev = l.Device
-	default:
-		return fmt.Errorf("unknown operation %v: %w", r.h.Op, api.ErrProtocol)
-	}
-	if err != nil {
-		return fmt.Errorf("%v: %w", r.h.Op, err)
-	}
-	d, err := c.device(dev)
-	if err != nil {
-		return err
-	}
-	name := d.Info().Name
-	switch r.h.Op {
-	case api.OpNodeWrite:
-		if err := d.frames.checkAccess(c.owner, m.Extents); err != nil {
-			return fmt.Errorf("%s: write: %w", name, err)
-		}
-		if err := d.Write(m.Extents, m.Payload); err != nil {
+	case api.OpNodeDedup:
+		var m api.NodeDedup
+		if err := decode(r.h.Op, r.body, &m); err != nil {
 			return err
 		}
-		return c.c.Reply(r.h)
+		d, err := c.device(m.Device)
+		if err != nil {
+			return err
+		}
+		reply, err := c.dedup(d, &m)
+		if err != nil {
+			return err
+		}
+		return c.c.Reply(r.h, api.Encode(reply))
 	case api.OpNodeRead:
+		var m api.NodeAccess
+		if err := decode(r.h.Op, r.body, &m); err != nil {
+			return err
+		}
+		d, err := c.device(m.Device)
+		if err != nil {
+			return err
+		}
+		name := d.Info().Name
 		if err := d.frames.checkAccess(c.owner, m.Extents); err != nil {
 			return fmt.Errorf("%s: read: %w", name, err)
 		}
@@ -438,62 +468,75 @@ func (c *conn) doAccess(r request) error {
 			return fmt.Errorf("%s: read of %d bytes exceeds the %d-byte chunk limit: %w", name, n, api.MaxChunk, api.ErrInvalidArgument)
 		}
 		return d.Read(m.Extents, func(parts ...[]byte) error { return c.c.Reply(r.h, parts...) })
-	case api.OpNodeFill:
-		if err := d.frames.checkAccess(c.owner, m.Extents); err != nil {
-			return fmt.Errorf("%s: fill: %w", name, err)
-		}
-		if err := d.Fill(m.Extents, m.Value); err != nil {
+	case api.OpNodeBatch:
+		return c.batch(r.h, r.body)
+	case api.OpNodeWrite, api.OpNodeFill, api.OpNodeCopy, api.OpNodeLaunch:
+		if err := c.apply(r.h.Op, r.body); err != nil {
 			return err
 		}
 		return c.c.Reply(r.h)
-	case api.OpNodeCopy:
-		if err := d.frames.checkAccess(c.owner, cp.Dst); err != nil {
+	}
+	return fmt.Errorf("unknown operation %v: %w", r.h.Op, api.ErrProtocol)
+}
+
+// apply decodes and executes a command that changes device memory and
+// answers nothing: a write, fill, copy or launch, as a request of its own or
+// as a command of a batch.
+func (c *conn) apply(op api.Op, body []byte) error {
+	if op == api.OpNodeLaunch {
+		d, l, err := c.checkLaunch(body)
+		if err != nil {
+			return err
+		}
+		return d.launchAll(c.share, []checkedLaunch{l})[0]
+	}
+	var (
+		dev uint32
+		m   api.NodeAccess
+		cp  api.NodeCopy
+		err error
+	)
+	if op == api.OpNodeCopy {
+		err = decode(op, body, &cp)
+		dev = cp.Device
+	} else {
+		err = decode(op, body, &m)
+		dev = m.Device
+	}
+	if err != nil {
+		return err
+	}
+	d, err := c.device(dev)
+	if err != nil {
+		return err
+	}
+	name := d.Info().Name
+	switch op {
+	case api.OpNodeWrite:
+		if err := c.checkWrite(d, m.Extents, len(m.Payload)); err != nil {
+			return err
+		}
+		return d.Write(m.Extents, m.Payload)
+	case api.OpNodeFill:
+		if err := d.frames.checkWrite(c.owner, m.Extents); err != nil {
+			return fmt.Errorf("%s: fill: %w", name, err)
+		}
+		return d.Fill(m.Extents, m.Value)
+	default: // OpNodeCopy
+		if err := d.frames.checkWrite(c.owner, cp.Dst); err != nil {
 			return fmt.Errorf("%s: copy destination: %w", name, err)
 		}
 		if err := d.frames.checkAccess(c.owner, cp.Src); err != nil {
 			return fmt.Errorf("%s: copy source: %w", name, err)
 		}
-		if err := d.Copy(cp.Dst, cp.Src); err != nil {
-			return err
-		}
-		return c.c.Reply(r.h)
-	default: // OpNodeLaunch
-		if err := c.launch(d, &l); err != nil {
-			return err
-		}
-		return c.c.Reply(r.h)
+		return d.Copy(cp.Dst, cp.Src)
 	}
 }
 
-func (c *conn) launch(d *device, l *api.NodeLaunch) error {
-	k, err := kernels.Lookup(l.Kernel)
-	if err != nil {
-		return err
-	}
-	kinds := make([]api.ArgKind, len(l.Args))
-	for i, a := range l.Args {
-		kinds[i] = a.Kind
-	}
-	if err := k.CheckKinds(kinds); err != nil {
-		return err
-	}
-	for i, a := range l.Args {
-		if a.Kind != api.ArgBuffer {
-			continue
-		}
-		if err := d.frames.checkAccess(c.owner, a.Extents); err != nil {
-			return fmt.Errorf("%s: %s argument %d (%s): %w", d.Info().Name, l.Kernel, i, k.Info.Params[i].Name, err)
-		}
-	}
-	if err := d.launch(c.share, k, l.Args); err != nil {
-		return fmt.Errorf("%s: %w", d.Info().Name, err)
-	}
-	d.launches.Add(1)
-	return nil
-}
-
-// scrubAndRelease zeroes frames, in runs of contiguous frames, then frees them.
+// scrubAndRelease takes frames out of the content index (unsealing them),
+// zeroes them, in runs of contiguous frames, then frees them.
 func (c *conn) scrubAndRelease(d *device, frames []uint64) error {
+	c.node.content.forget(d, frames)
 	for i := 0; i < len(frames); {
 		j := i + 1
 		for j < len(frames) && frames[j] == frames[j-1]+FrameSize {

@@ -283,7 +283,6 @@ func TestNodeBadRequests(t *testing.T) {
 			t.Fatalf("frame %#x unexpectedly held", free)
 		}
 	}
-	hex := func(v uint64) string { return fmt.Sprintf("%#x", v) }
 	mine := []api.Extent{ext(own[1], 64, 16)}
 	raw := func(op api.Op, body []byte) func() error {
 		return func() error { _, err := c.rpc.Call(op, nil, body); return err }

@@ -3,14 +3,18 @@ package accelerator
 // The compute scheduler of a device: it shares device time among the tenants
 // of every mediator connected to the node, by weight.
 //
-// A launch becomes a job: a sequence of slices (kernels.Plan), each bounded
-// in work. One runner goroutine per device runs one slice at a time and
+// A launch, or a run of consecutive launches of one connection (launch.go),
+// becomes a job: a sequence of slices, each bounded in device time. A slice is
+// a slice of a kernel (kernels.Plan), bounded in work, or, in a run of small
+// launches, several kernel slices in a row, for at most stepTime plus one
+// kernel slice (and a launch's preparation), so that tiny launches do not cost
+// a dispatch each. One runner goroutine per device runs one slice at a time and
 // charges the time it measured around the slice to the slice's tenant. The
 // policy is start-time fair queueing over measured time: every tenant has a
-// virtual time that grows by the device time it used divided by its weight,
-// and the runner always runs a slice of the backlogged tenant with the least
-// virtual time. So over any period in which tenants stay backlogged, they
-// get device time in proportion to their weights, up to one slice each.
+// virtual time that grows by the device time it used divided by its weight, and
+// the runner always runs a slice of the backlogged tenant with the least
+// virtual time. So over any period in which tenants stay backlogged, they get
+// device time in proportion to their weights, up to one slice each.
 //
 // Invariants:
 //   - Work conserving: while any tenant has a slice it may run, the device
@@ -40,7 +44,8 @@ package accelerator
 //     (a dropped tenant comes back as new, without credit).
 //   - A job's slices run in order, on the runner, one at a time; its submitter
 //     blocks until the last one has run or one failed, so a connection's
-//     requests stay in order.
+//     requests stay in order. A job counts, in the tenant's launches, the
+//     launches its steps report completed (a panicking step: one).
 //   - After close, no slice starts; jobs still queued fail with
 //     api.ErrUnavailable and close waits for the slice in progress.
 //
@@ -55,7 +60,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vgpu/vgpu/accelerator/kernels"
 	"github.com/vgpu/vgpu/api"
 )
 
@@ -111,9 +115,14 @@ func (wallClock) idle(d time.Duration, wake <-chan struct{}) {
 	}
 }
 
-// job is one launch: step runs its next slice.
+// step runs the next slice of a job. It reports how many launches of the
+// job it completed (with their last slice, or failed) and whether the job
+// has more slices; an error ends the job.
+type step func() (completed int, more bool, err error)
+
+// job is one launch, or one run of launches: step runs its next slice.
 type job struct {
-	step    func() (more bool, err error)
+	step    step
 	waiting func() bool // from tenantShare
 	done    chan error  // buffered; receives the job's result once
 }
@@ -130,11 +139,11 @@ type account struct {
 	ran        bool
 	waiting    bool // its connection had requests waiting when its last job ended
 
-	budget  time.Duration // token bucket of a capped tenant
-	refill  time.Duration // clock time of the last refill
-	used    time.Duration // device time, ever
-	slices  uint64
-	jobsRun uint64
+	budget   time.Duration // token bucket of a capped tenant
+	refill   time.Duration // clock time of the last refill
+	used     time.Duration // device time, ever
+	slices   uint64
+	launches uint64 // completed
 }
 
 // scheduler shares one device among tenants.
@@ -177,10 +186,10 @@ func (t tenantShare) normalized() (weight, computeMax float64) {
 	return weight, computeMax
 }
 
-// run queues a job for t and waits for it: step is called on the runner
+// run queues a job for t and waits for it: st is called on the runner
 // until it reports no more slices or fails.
-func (s *scheduler) run(t tenantShare, step func() (bool, error)) error {
-	j := &job{step: step, waiting: t.waiting, done: make(chan error, 1)}
+func (s *scheduler) run(t tenantShare, st step) error {
+	j := &job{step: st, waiting: t.waiting, done: make(chan error, 1)}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -334,12 +343,13 @@ func (s *scheduler) runner() {
 		s.mu.Unlock()
 
 		start := s.clock.now()
-		more, err := guardStep(j.step)
+		completed, more, err := guardStep(j.step)
 		used := s.clock.now() - start
 
 		s.mu.Lock()
 		a.used += used
 		a.slices++
+		a.launches += uint64(completed)
 		a.vtime += used.Seconds() / a.weight
 		if a.computeMax > 0 {
 			a.budget -= used
@@ -351,7 +361,6 @@ func (s *scheduler) runner() {
 		if !finished {
 			a.jobs = append(a.jobs, j)
 		} else {
-			a.jobsRun++
 			j.done <- err
 			if len(a.jobs) == 0 {
 				a.ran, a.idleSince = true, s.clock.now()
@@ -370,15 +379,16 @@ func (s *scheduler) runner() {
 	}
 }
 
-// guardStep runs one slice, turning a panic into an error: the runner serves
-// every tenant of the device and must survive any one launch.
-func guardStep(step func() (bool, error)) (more bool, err error) {
+// guardStep runs one slice, turning a panic into an error that completes
+// the launch in progress: the runner serves every tenant of the device and
+// must survive any one launch.
+func guardStep(st step) (completed int, more bool, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			more, err = false, fmt.Errorf("kernel slice panicked: %v: %w", p, api.ErrInternal)
+			completed, more, err = 1, false, fmt.Errorf("kernel slice panicked: %v: %w", p, api.ErrInternal)
 		}
 	}()
-	return step()
+	return st()
 }
 
 // usage reports each tenant's use of the device, which is device dev,
@@ -390,30 +400,9 @@ func (s *scheduler) usage(dev uint32) []api.DeviceTenant {
 	for _, a := range s.accounts {
 		out = append(out, api.DeviceTenant{
 			Device: dev, Tenant: a.name, Weight: uint32(math.Round(a.weight)), ComputeMax: a.computeMax,
-			DeviceTime: a.used, Slices: a.slices, Launches: a.jobsRun, Throttled: a.throttled,
+			DeviceTime: a.used, Slices: a.slices, Launches: a.launches, Throttled: a.throttled,
 		})
 	}
 	slices.SortFunc(out, func(x, y api.DeviceTenant) int { return strings.Compare(x.Tenant, y.Tenant) })
 	return out
-}
-
-// slicedDevice is a Device that can run a launch in slices (sim.Device).
-type slicedDevice interface {
-	LaunchSliced(k *kernels.Kernel, args []api.NodeArg, maxWork int, run func(*kernels.Plan) error) error
-}
-
-// launch runs k on d for t through d's scheduler: in slices where the device
-// can cut it, else as one slice.
-func (d *device) launch(t tenantShare, k *kernels.Kernel, args []api.NodeArg) error {
-	if sd, ok := d.Device.(slicedDevice); ok {
-		workers := sliceWorkers()
-		return sd.LaunchSliced(k, args, sliceWork*workers, func(p *kernels.Plan) error {
-			if p.Len() == 0 {
-				return nil
-			}
-			p.SetWorkers(workers)
-			return d.sched.run(t, p.Step)
-		})
-	}
-	return d.sched.run(t, func() (bool, error) { return false, d.Launch(k, args) })
 }

@@ -42,10 +42,10 @@ func (h *schedHarness) hold() {
 	h.gate = make(chan struct{})
 	running := make(chan struct{})
 	h.wg.Go(func() {
-		err := h.s.run(tenantShare{name: "~gate"}, func() (bool, error) {
+		err := h.s.run(tenantShare{name: "~gate"}, func() (int, bool, error) {
 			close(running)
 			<-h.gate
-			return false, nil
+			return 1, false, nil
 		})
 		if err != nil {
 			h.t.Errorf("gate: %v", err)
@@ -62,10 +62,13 @@ func (h *schedHarness) submit(t tenantShare, cost time.Duration, more func(i int
 	res := make(chan error, 1)
 	i := 0
 	h.wg.Go(func() {
-		res <- h.s.run(t, func() (bool, error) {
+		res <- h.s.run(t, func() (int, bool, error) {
 			h.clock.advance(cost)
 			i++
-			return more(i), nil
+			if more(i) {
+				return 0, true, nil
+			}
+			return 1, false, nil
 		})
 	})
 	// Wait until the job is queued, so the order of submits is the order
@@ -273,23 +276,32 @@ func TestSchedTenantSharesAcrossConnections(t *testing.T) {
 func TestSchedSliceOrderAndErrors(t *testing.T) {
 	h := newSchedHarness(t)
 	var order []int
-	err := h.s.run(tenantShare{name: "t"}, func() (bool, error) {
+	err := h.s.run(tenantShare{name: "t"}, func() (int, bool, error) {
 		order = append(order, len(order))
 		if len(order) == 3 {
-			return true, api.ErrInvalidArgument // an error ends the job
+			return 1, true, api.ErrInvalidArgument // an error ends the job
 		}
-		return true, nil
+		return 0, true, nil
 	})
 	if !errors.Is(err, api.ErrInvalidArgument) || len(order) != 3 {
 		t.Fatalf("job failing at slice 3: err %v after %d slices", err, len(order))
 	}
-	err = h.s.run(tenantShare{name: "t"}, func() (bool, error) { panic("boom") })
+	err = h.s.run(tenantShare{name: "t"}, func() (int, bool, error) { panic("boom") })
 	if !errors.Is(err, api.ErrInternal) {
 		t.Fatalf("panicking slice: %v, want internal error", err)
 	}
 	// The runner survived.
-	if err := h.s.run(tenantShare{name: "t"}, func() (bool, error) { return false, nil }); err != nil {
+	// A job of several launches counts each as its steps complete them.
+	steps := 0
+	if err := h.s.run(tenantShare{name: "t"}, func() (int, bool, error) {
+		steps++
+		return 2, steps < 3, nil
+	}); err != nil {
 		t.Fatal(err)
+	}
+	// The failed job and the panicked one count one launch each.
+	if u := h.s.usage(0); len(u) != 1 || u[0].Launches != 8 || u[0].Slices != 7 {
+		t.Fatalf("usage %+v, want 8 launches in 7 slices", u)
 	}
 }
 
@@ -315,7 +327,7 @@ func TestSchedClose(t *testing.T) {
 	default:
 		t.Fatal("runner still running after close")
 	}
-	if err := h.s.run(tenantShare{name: "q"}, func() (bool, error) { return false, nil }); !errors.Is(err, api.ErrUnavailable) {
+	if err := h.s.run(tenantShare{name: "q"}, func() (int, bool, error) { return 1, false, nil }); !errors.Is(err, api.ErrUnavailable) {
 		t.Fatalf("run after close: %v, want unavailable", err)
 	}
 	h.wait()
@@ -364,9 +376,9 @@ func TestSchedReentry(t *testing.T) {
 func TestSchedPrunesIdleAccounts(t *testing.T) {
 	h := newSchedHarness(t)
 	for i := range maxAccounts + 10 {
-		if err := h.s.run(tenantShare{name: fmt.Sprint("t", i)}, func() (bool, error) {
+		if err := h.s.run(tenantShare{name: fmt.Sprint("t", i)}, func() (int, bool, error) {
 			h.clock.advance(busyWindow)
-			return false, nil
+			return 1, false, nil
 		}); err != nil {
 			t.Fatal(err)
 		}

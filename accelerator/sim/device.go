@@ -15,7 +15,7 @@ package sim
 import (
 	"bytes"
 	"fmt"
-	"math"
+	"io"
 
 	"golang.org/x/sys/unix"
 
@@ -73,6 +73,25 @@ func (d *Device) Write(xs []api.Extent, p []byte) error {
 			return err
 		}
 		p = p[copy(s, p):]
+	}
+	return nil
+}
+
+// WriteFrom fills xs, in order, with exactly their total length of bytes
+// read from r, straight into device memory. Every extent is checked before
+// the first byte is read. An error from r is returned wrapped; the extents
+// then hold part of the data.
+func (d *Device) WriteFrom(xs []api.Extent, r io.Reader) error {
+	for _, x := range xs {
+		if _, err := d.slice(x); err != nil {
+			return err
+		}
+	}
+	for _, x := range xs {
+		s, _ := d.slice(x)
+		if _, err := io.ReadFull(r, s); err != nil {
+			return fmt.Errorf("%s: write into [%#x, +%d): %w", d.info.Name, x.Addr, x.Len, err)
+		}
 	}
 	return nil
 }
@@ -167,28 +186,16 @@ func (d *Device) gather(xs []api.Extent) ([]byte, error) {
 	return out, nil
 }
 
-// Launch runs k on the CPU, whole. A buffer backed by one physical run is
+// Prepare readies a launch of k to run on the CPU in slices of about
+// maxWork element operations (kernels.Kernel.Plan), for whoever decides when
+// each slice runs (the node's scheduler): it gathers and checks the
+// arguments and writes nothing. A buffer backed by one physical run is
 // handed to the kernel in place; one backed by several is gathered into a
-// copy and, if the kernel may write it, scattered back afterwards.
-func (d *Device) Launch(k *kernels.Kernel, args []api.NodeArg) error {
-	return d.LaunchSliced(k, args, math.MaxInt, func(p *kernels.Plan) error {
-		for more := p.Len() > 0; more; {
-			var err error
-			if more, err = p.Step(); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-}
-
-// LaunchSliced is Launch with the kernel cut into slices of about maxWork
-// element operations (kernels.Kernel.Plan), which run hands to whoever
-// decides when each slice runs (the node's scheduler); run must step the
-// plan to its end, or return the first error, before it returns. Arguments
-// are gathered and checked before run is called, and buffers scattered back
-// after it returned without error.
-func (d *Device) LaunchSliced(k *kernels.Kernel, args []api.NodeArg, maxWork int, run func(*kernels.Plan) error) error {
+// copy. The caller steps the plan to its end, then calls finish, which is
+// nil when there is nothing to do: otherwise it scatters back the buffers
+// that were gathered from several runs and that k may write. After a slice
+// failed, finish must not be called.
+func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (p *kernels.Plan, finish func() error, err error) {
 	vals := make([]kernels.Value, len(args))
 	var scatter []int
 	for i, a := range args {
@@ -201,7 +208,7 @@ func (d *Device) LaunchSliced(k *kernels.Kernel, args []api.NodeArg, maxWork int
 		case api.ArgBuffer:
 			buf, err := d.gather(a.Extents)
 			if err != nil {
-				return fmt.Errorf("%s: argument %d of %s: %w", d.info.Name, i, k.Info.Name, err)
+				return nil, nil, fmt.Errorf("%s: argument %d of %s: %w", d.info.Name, i, k.Info.Name, err)
 			}
 			vals[i].Buf = buf
 			if len(a.Extents) > 1 && i < len(k.Info.Params) && k.Info.Params[i].Access >= api.AccessWrite {
@@ -209,19 +216,20 @@ func (d *Device) LaunchSliced(k *kernels.Kernel, args []api.NodeArg, maxWork int
 			}
 		}
 	}
-	p, err := k.Plan(vals, maxWork)
-	if err != nil {
-		return err
+	if p, err = k.Plan(vals, maxWork); err != nil {
+		return nil, nil, err
 	}
-	if err := run(p); err != nil {
-		return err
+	if len(scatter) == 0 {
+		return p, nil, nil
 	}
-	for _, i := range scatter {
-		if err := d.Write(args[i].Extents, vals[i].Buf); err != nil {
-			return err
+	return p, func() error {
+		for _, i := range scatter {
+			if err := d.Write(args[i].Extents, vals[i].Buf); err != nil {
+				return err
+			}
 		}
-	}
-	return nil
+		return nil
+	}, nil
 }
 
 // Scrub zeroes [addr, addr+n) and returns its RAM to the host. addr and n

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"strconv"
@@ -52,6 +53,24 @@ func read(t *testing.T, d *Device, xs ...api.Extent) []byte {
 		t.Fatalf("Read(%v): %v", xs, err)
 	}
 	return out
+}
+
+// launch runs k whole, as a node would in slices: Prepare, every slice,
+// then finish.
+func launch(d *Device, k *kernels.Kernel, args []api.NodeArg) error {
+	p, finish, err := d.Prepare(k, args, math.MaxInt)
+	if err != nil {
+		return err
+	}
+	for more := p.Len() > 0; more; {
+		if more, err = p.Step(); err != nil {
+			return err
+		}
+	}
+	if finish == nil {
+		return nil
+	}
+	return finish()
 }
 
 func pattern(seed byte, n int) []byte {
@@ -124,7 +143,7 @@ func TestBounds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return d.Launch(k, []api.NodeArg{
+		return launch(d, k, []api.NodeArg{
 			{Kind: api.ArgBuffer, Extents: []api.Extent{ok, x}},
 			{Kind: api.ArgI64, Bits: 1},
 			{Kind: api.ArgF32, Bits: api.F32Bits(1)},
@@ -364,7 +383,7 @@ func TestLaunch(t *testing.T) {
 
 	// fill_f32 over two runs, 8 floats; the byte after each run stays.
 	x := []api.Extent{{Addr: 4096, Len: 12}, {Addr: 8192, Len: 20}}
-	if err := d.Launch(lookup("fill_f32"), []api.NodeArg{buf(x...), i64(8), f32(2.5)}); err != nil {
+	if err := launch(d, lookup("fill_f32"), []api.NodeArg{buf(x...), i64(8), f32(2.5)}); err != nil {
 		t.Fatal(err)
 	}
 	if got := f32s(read(t, d, x...)); len(got) != 8 || got[0] != 2.5 || got[7] != 2.5 {
@@ -383,7 +402,7 @@ func TestLaunch(t *testing.T) {
 	if err := d.Write(yv, f32Bytes(10, 20, 30, 40)); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Launch(lookup("saxpy"), []api.NodeArg{i64(4), f32(2), buf(xv...), buf(yv...)}); err != nil {
+	if err := launch(d, lookup("saxpy"), []api.NodeArg{i64(4), f32(2), buf(xv...), buf(yv...)}); err != nil {
 		t.Fatal(err)
 	}
 	if got := f32s(read(t, d, yv...)); fmt.Sprint(got) != "[12 24 36 48]" {
@@ -391,7 +410,7 @@ func TestLaunch(t *testing.T) {
 	}
 
 	// A kernel that refuses its arguments leaves memory as it was.
-	err := d.Launch(lookup("saxpy"), []api.NodeArg{i64(5), f32(2), buf(xv...), buf(yv...)})
+	err := launch(d, lookup("saxpy"), []api.NodeArg{i64(5), f32(2), buf(xv...), buf(yv...)})
 	wantErr(t, "saxpy with n past the buffers", err, api.ErrInvalidArgument, "saxpy")
 	if got := f32s(read(t, d, yv...)); fmt.Sprint(got) != "[12 24 36 48]" {
 		t.Fatalf("refused saxpy changed y to %v", got)
@@ -466,7 +485,7 @@ func TestGatherBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = d.Launch(k, []api.NodeArg{
+	err = launch(d, k, []api.NodeArg{
 		{Kind: api.ArgBuffer, Extents: many},
 		{Kind: api.ArgI64, Bits: 1},
 		{Kind: api.ArgF32, Bits: api.F32Bits(1)},
@@ -478,5 +497,82 @@ func TestGatherBounded(t *testing.T) {
 	half := []api.Extent{{Addr: size / 2, Len: size / 2}, {Addr: 0, Len: size / 2}}
 	if err := d.Copy([]api.Extent{whole}, half); err != nil {
 		t.Fatalf("copy of the whole device in two runs: %v", err)
+	}
+}
+
+// TestPrepareSliced: a prepared launch writes nothing until its slices run,
+// runs in as many slices as maxWork calls for, and scatters a buffer
+// gathered from several runs back only in finish.
+func TestPrepareSliced(t *testing.T) {
+	d := newDevice(t, 1<<20)
+	k, err := kernels.Lookup("fill_f32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 4096
+	one := []api.Extent{{Addr: 0, Len: 4 * n}}
+	split := []api.Extent{{Addr: 65536, Len: 2 * n}, {Addr: 32768, Len: 2 * n}}
+	args := func(xs []api.Extent) []api.NodeArg {
+		return []api.NodeArg{{Kind: api.ArgBuffer, Extents: xs}, {Kind: api.ArgI64, Bits: n}, {Kind: api.ArgF32, Bits: api.F32Bits(7)}}
+	}
+	for _, tc := range []struct {
+		name    string
+		xs      []api.Extent
+		scatter bool
+	}{{"one run", one, false}, {"two runs", split, true}} {
+		p, finish, err := d.Prepare(k, args(tc.xs), n) // vectorCost 4: four slices
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (finish != nil) != tc.scatter {
+			t.Fatalf("%s: finish %v, want one only for a gathered buffer the kernel writes", tc.name, finish != nil)
+		}
+		if got := read(t, d, tc.xs...); !bytes.Equal(got, make([]byte, 4*n)) {
+			t.Fatalf("%s: Prepare wrote", tc.name)
+		}
+		if p.Len() != 4 {
+			t.Fatalf("%s: %d slices, want 4", tc.name, p.Len())
+		}
+		for more := true; more; {
+			if more, err = p.Step(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if tc.scatter {
+			if got := read(t, d, tc.xs...); !bytes.Equal(got, make([]byte, 4*n)) {
+				t.Fatalf("%s: a gathered buffer changed before finish", tc.name)
+			}
+			if err := finish(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := f32s(read(t, d, tc.xs...)); got[0] != 7 || got[n-1] != 7 {
+			t.Fatalf("%s: filled %v … %v", tc.name, got[0], got[n-1])
+		}
+	}
+}
+
+// TestWriteFrom: bytes from a reader land in the extents, in order; a bad
+// extent is refused before anything is read; a short reader's error comes
+// back.
+func TestWriteFrom(t *testing.T) {
+	d := newDevice(t, 1<<20)
+	xs := []api.Extent{{Addr: 5000, Len: 10}, {Addr: 100, Len: 0}, {Addr: 70000, Len: 300}}
+	p := pattern(3, 310)
+	if err := d.WriteFrom(xs, bytes.NewReader(p)); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, d, xs...); !bytes.Equal(got, p) {
+		t.Fatalf("read back %x, want %x", got, p)
+	}
+	r := bytes.NewReader(pattern(4, 310))
+	err := d.WriteFrom([]api.Extent{xs[0], {Addr: 1 << 20, Len: 1}}, r)
+	wantErr(t, "write from a reader past the end", err, api.ErrInvalidAddress, "0x100000")
+	if r.Len() != 310 {
+		t.Fatalf("a refused WriteFrom read %d bytes", 310-r.Len())
+	}
+	err = d.WriteFrom(xs, bytes.NewReader(p[:100]))
+	if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), "0x11170") {
+		t.Fatalf("short reader: %v, want unexpected EOF naming the extent", err)
 	}
 }
