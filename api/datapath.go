@@ -1,6 +1,11 @@
 package api
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
 
 // Messages of the data path: host memory shared with the mediator, batches
 // of stream commands, sealing, captured command sequences (graphs), and the
@@ -106,6 +111,30 @@ type BatchError struct {
 
 func (e *BatchError) Error() string { return fmt.Sprintf("command %d (%v): %v", e.Index, e.Op, e.Err) }
 func (e *BatchError) Unwrap() error { return e.Err }
+
+// SplitBatchError takes apart the error reply to a batch, which crossed the
+// wire as a RemoteError whose message BatchError.Error wrote: it returns the
+// index of the failed command and its own error, with the same code.
+func SplitBatchError(err error) (int, error, bool) {
+	var re *RemoteError
+	if !errors.As(err, &re) {
+		return 0, nil, false
+	}
+	rest, ok := strings.CutPrefix(re.Msg, "command ")
+	if !ok {
+		return 0, nil, false
+	}
+	num, rest, ok := strings.Cut(rest, " (")
+	if !ok {
+		return 0, nil, false
+	}
+	i, perr := strconv.Atoi(num)
+	_, msg, ok := strings.Cut(rest, "): ")
+	if perr != nil || !ok || i < 0 {
+		return 0, nil, false
+	}
+	return i, &RemoteError{Code: re.Code, Msg: msg}, true
+}
 
 // Seal makes the allocation at Addr immutable: later writes to it are
 // refused, and its contents may be cached and deduplicated anywhere.

@@ -5,11 +5,17 @@
 // virtual devices, a private device address space, and streams.
 //
 // Stream operations are asynchronous, like CUDA's *Async calls: they are
-// queued and pipelined to the mediator without waiting, and Synchronize
-// waits for them and returns the first error any of them met. Until then a
-// source slice must not be modified and a destination slice holds no result.
+// queued without waiting and sent in batches, and Synchronize sends what is
+// queued and waits for it, returning the first error any of it met: one
+// round trip per Synchronize, not per call. Until then a source slice must
+// not be modified and a destination slice holds no result.
 // Client and Stream are safe for concurrent use; one stream's operations
 // take effect in the order they were called.
+//
+// Bulk bytes never pass through the socket: copies from or to memory of
+// HostAlloc move straight between that shared memory and the network, and
+// other host memory is staged through a shared buffer of the stream's
+// (stream.go, hostmem.go).
 package client
 
 import (
@@ -44,6 +50,10 @@ type Client struct {
 	session uint64
 	devices []api.DeviceInfo
 	def     *Stream
+
+	mu      sync.Mutex
+	streams map[*Stream]bool // live streams, flushed before calls that wait for them
+	regions []*region        // HostAlloc memory, by address
 }
 
 // Dial opens a tenant session.
@@ -71,8 +81,8 @@ func Dial(opt Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{rpc: rpc, session: reply.Session, devices: reply.Devices}
-	c.def = &Stream{c: c, id: api.DefaultStream}
+	c := &Client{rpc: rpc, session: reply.Session, devices: reply.Devices, streams: map[*Stream]bool{}}
+	c.def = c.newStream(api.DefaultStream)
 	return c, nil
 }
 
@@ -95,8 +105,29 @@ func dial(socket string, hello api.Hello) (*api.RPC, *api.HelloReply, error) {
 	return rpc, &reply, nil
 }
 
-// Close ends the session; the mediator frees all its device memory.
-func (c *Client) Close() error { return c.rpc.Close() }
+// Close ends the session; the mediator frees all its device memory. Work
+// not synchronized is abandoned.
+func (c *Client) Close() error {
+	err := c.rpc.Close()
+	c.mu.Lock()
+	streams := make([]*Stream, 0, len(c.streams))
+	for s := range c.streams {
+		streams = append(streams, s)
+	}
+	c.mu.Unlock()
+	for _, s := range streams { // lock order: a stream's mu, then c.mu
+		s.mu.Lock()
+		s.staging = nil
+		s.mu.Unlock()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.regions {
+		r.unmap()
+	}
+	c.regions = nil
+	return err
+}
 
 // Session is the mediator's id for this session.
 func (c *Client) Session() uint64 { return c.session }
@@ -107,7 +138,32 @@ func (c *Client) Devices() []api.DeviceInfo { return c.devices }
 // Malloc allocates size bytes of device memory on virtual device dev. The
 // memory reads as zeros until written.
 func (c *Client) Malloc(dev int, size uint64) (Ptr, error) {
-	body, err := c.rpc.Call(api.OpMalloc, nil, api.Encode(&api.Malloc{Device: uint32(dev), Size: size}))
+	return c.MallocWith(dev, size, AllocOptions{})
+}
+
+// AllocOptions say what a buffer is for.
+type AllocOptions struct {
+	Hint api.Hint // how the mediator should place, evict and cache it
+	// Near places the buffer on the device of the allocation holding Near
+	// instead of dev (a KV cache next to the weights that use it).
+	Near Ptr
+	// FreeWith frees the buffer when that stream is destroyed (an
+	// activation that lives as long as the stream's work).
+	FreeWith *Stream
+}
+
+// MallocWith is Malloc with a residency hint and placement options.
+func (c *Client) MallocWith(dev int, size uint64, o AllocOptions) (Ptr, error) {
+	m := api.Malloc{Device: uint32(dev), Size: size, Hint: o.Hint}
+	if o.Near != 0 {
+		m.Flags |= api.MallocNear
+		m.Near = uint64(o.Near)
+	}
+	if o.FreeWith != nil {
+		m.Flags |= api.MallocFreeWithStream
+		m.Stream = o.FreeWith.id
+	}
+	body, err := c.rpc.Call(api.OpMalloc, nil, api.Encode(&m))
 	if err != nil {
 		return 0, err
 	}
@@ -120,8 +176,45 @@ func (c *Client) Malloc(dev int, size uint64) (Ptr, error) {
 
 // Free releases the allocation at p once work already queued is done.
 func (c *Client) Free(p Ptr) error {
+	c.flushAll()
 	_, err := c.rpc.Call(api.OpFree, nil, api.Encode(&api.Free{Addr: uint64(p)}))
 	return err
+}
+
+// Seal makes the allocation at p immutable once work already queued is
+// done: later writes to it fail with api.ErrPermissionDenied. A sealed
+// weight whose contents a node already holds is not sent to it again.
+func (c *Client) Seal(p Ptr) error {
+	c.flushAll()
+	_, err := c.rpc.Call(api.OpSeal, nil, api.Encode(&api.Seal{Addr: uint64(p)}))
+	return err
+}
+
+// Stats reports what the session's work has cost so far, as the mediator
+// counted it, network bytes to and from nodes included.
+func (c *Client) Stats() (api.SessionStats, error) {
+	var st api.SessionStats
+	body, err := c.rpc.Call(api.OpSessionStats, nil)
+	if err == nil {
+		err = api.Decode(body, &st)
+	}
+	return st, err
+}
+
+// flushAll sends what every stream has queued, so that a call which the
+// mediator orders after queued work (free, seal) sees it.
+func (c *Client) flushAll() {
+	c.mu.Lock()
+	streams := make([]*Stream, 0, len(c.streams))
+	for s := range c.streams {
+		streams = append(streams, s)
+	}
+	c.mu.Unlock()
+	for _, s := range streams {
+		s.mu.Lock()
+		s.flush()
+		s.mu.Unlock()
+	}
 }
 
 // Kernels lists the kernels the session can launch.
@@ -154,116 +247,5 @@ func (c *Client) NewStream() (*Stream, error) {
 	if err := api.Decode(body, &r); err != nil {
 		return nil, err
 	}
-	return &Stream{c: c, id: r.Stream}, nil
-}
-
-// Stream is an in-order queue of device work.
-type Stream struct {
-	c  *Client
-	id uint32
-
-	mu      sync.Mutex
-	pending []*api.Call
-	err     error // first error found while reaping
-}
-
-// reapEvery bounds how many calls a stream remembers between reaps.
-const reapEvery = 4096
-
-func (s *Stream) add(call *api.Call) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pending = append(s.pending, call)
-	if len(s.pending) < reapEvery {
-		return
-	}
-	live := s.pending[:0]
-	for _, p := range s.pending {
-		select {
-		case <-p.Done():
-			if s.err == nil && p.Err != nil {
-				s.err = fmt.Errorf("%v: %w", p.Op, p.Err)
-			}
-		default:
-			live = append(live, p)
-		}
-	}
-	clear(s.pending[len(live):])
-	s.pending = live
-}
-
-// CopyToDevice queues a copy of src to dst. src must stay unchanged until
-// Synchronize returns.
-func (s *Stream) CopyToDevice(dst Ptr, src []byte) {
-	for off := 0; off < len(src); off += api.MaxChunk {
-		end := min(off+api.MaxChunk, len(src))
-		var e api.Encoder
-		e.U32(s.id)
-		e.U64(uint64(dst) + uint64(off))
-		s.add(s.c.rpc.Go(api.OpCopyToDevice, nil, e.B, src[off:end]))
-	}
-}
-
-// CopyFromDevice queues a copy of len(dst) bytes at src into dst, which holds
-// them once Synchronize returns.
-func (s *Stream) CopyFromDevice(dst []byte, src Ptr) {
-	for off := 0; off < len(dst); off += api.MaxChunk {
-		end := min(off+api.MaxChunk, len(dst))
-		req := api.CopyFromDevice{Stream: s.id, Src: uint64(src) + uint64(off), Len: uint64(end - off)}
-		s.add(s.c.rpc.Go(api.OpCopyFromDevice, dst[off:end], api.Encode(&req)))
-	}
-}
-
-// CopyDevice queues a copy of n bytes from src to dst, device to device.
-func (s *Stream) CopyDevice(dst, src Ptr, n uint64) {
-	s.add(s.c.rpc.Go(api.OpCopyDevice, nil, api.Encode(&api.CopyDevice{Stream: s.id, Dst: uint64(dst), Src: uint64(src), Len: n})))
-}
-
-// Memset queues setting n bytes at dst to v.
-func (s *Stream) Memset(dst Ptr, v byte, n uint64) {
-	s.add(s.c.rpc.Go(api.OpMemset, nil, api.Encode(&api.Memset{Stream: s.id, Dst: uint64(dst), Value: v, Len: n})))
-}
-
-// Arg is a kernel argument: Buf, I64 or F32.
-type Arg = api.Arg
-
-// Buf passes a device buffer; the kernel may touch it up to the end of its
-// allocation.
-func Buf(p Ptr) Arg { return Arg{Kind: api.ArgBuffer, Bits: uint64(p)} }
-
-// I64 passes an integer.
-func I64(v int64) Arg { return Arg{Kind: api.ArgI64, Bits: uint64(v)} }
-
-// F32 passes a float.
-func F32(v float32) Arg { return Arg{Kind: api.ArgF32, Bits: api.F32Bits(v)} }
-
-// Launch queues a kernel launch.
-func (s *Stream) Launch(kernel string, args ...Arg) {
-	s.add(s.c.rpc.Go(api.OpLaunch, nil, api.Encode(&api.Launch{Stream: s.id, Kernel: kernel, Args: args})))
-}
-
-// Synchronize waits for everything queued on the stream and returns the
-// first error any of it met since the last Synchronize. The mediator
-// answers each command once it has completed, in stream order, so waiting
-// for those answers is enough: synchronizing sends nothing.
-func (s *Stream) Synchronize() error {
-	s.mu.Lock()
-	pending, err := s.pending, s.err
-	s.pending, s.err = nil, nil
-	s.mu.Unlock()
-	for _, p := range pending {
-		if perr := p.Wait(); err == nil && perr != nil {
-			err = fmt.Errorf("%v: %w", p.Op, perr)
-		}
-	}
-	return err
-}
-
-// Destroy synchronizes and removes the stream.
-func (s *Stream) Destroy() error {
-	err := s.Synchronize()
-	if _, derr := s.c.rpc.Call(api.OpStreamDestroy, nil, api.Encode(&api.StreamReq{Stream: s.id})); err == nil {
-		err = derr
-	}
-	return err
+	return c.newStream(r.Stream), nil
 }

@@ -77,7 +77,10 @@ type Config struct {
 	// ReclaimInterval is how often registered containers' processes are
 	// checked for having vanished without a poststop; default 1s.
 	ReclaimInterval time.Duration
-	Log             logrus.FieldLogger
+	// NoDedup turns off deduplication of sealed weights (dedup.go): a
+	// tenant then cannot learn whether a node holds contents it uploads.
+	NoDedup bool
+	Log     logrus.FieldLogger
 }
 
 // device is a physical device of some node, as the mediator places work.

@@ -45,6 +45,7 @@ type session struct {
 	space  *memory.Space
 	ctr    *container // the container whose socket the session came through; nil on the host socket
 	budget *budget    // the container's, shared by its sessions, or the session's own
+	evicts bool       // the space oversubscribes and may evict
 
 	// issueMu serialises what changes where the session's memory lives —
 	// translation (which may fault in and evict), allocation and free —
@@ -54,8 +55,14 @@ type session struct {
 	mu         sync.Mutex
 	streams    map[uint32]*stream
 	nextStream uint32
+	regions    map[uint32]*hostRegion // hostmem.go
+	nextRegion uint32
+	graphs     map[uint32][]command // graph.go
+	nextGraph  uint32
+	withStream map[uint32][]uint64 // allocations freed with their stream
 
 	copiedIn, copiedOut, launches atomic.Uint64
+	dedupHits, dedupBytes         atomic.Uint64
 
 	bw      *limiter      // the tenant's bandwidth bucket (ratelimit.go)
 	ending  chan struct{} // closed by end
@@ -78,7 +85,12 @@ func (s *session) end(gone bool) {
 }
 
 func (m *Mediator) serveConn(nc net.Conn, ctr *container) {
-	c := api.NewConn(withReplyTimeout(nc))
+	var c *api.Conn
+	if uc, ok := nc.(*net.UnixConn); ok { // tenants pass host memory as memfds
+		c = api.NewConnFDs(withReplyTimeout(nc), uc)
+	} else {
+		c = api.NewConn(withReplyTimeout(nc))
+	}
 	defer c.Close()
 	log := m.log.WithField("conn", fmt.Sprintf("%p", nc))
 	h, hello, err := readHello(c)
@@ -247,6 +259,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	s := &session{
 		m: m, id: m.nextSession.Add(1), tenant: tenant, c: c,
 		streams: map[uint32]*stream{}, nextStream: 1,
+		regions: map[uint32]*hostRegion{}, graphs: map[uint32][]command{}, withStream: map[uint32][]uint64{},
 	}
 	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
 	rpcs := map[int]*api.RPC{}
@@ -273,6 +286,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	}
 	if factor > 1 {
 		s.space.Oversubscribe(m.store, resident)
+		s.evicts = true
 	}
 	s.ending, s.bw = make(chan struct{}), m.limiter(s.tenant)
 	s.inBufs, s.outBufs = make(chan struct{}, MaxSessionBuffers), make(chan struct{}, MaxSessionBuffers)
@@ -404,6 +418,7 @@ func (s *session) teardown() {
 	for _, st := range streams {
 		st.stop()
 	}
+	s.unmapAll()
 	s.budget.release(s.space.Stats().Allocated)
 	if err := s.space.Close(); err != nil {
 		s.log.WithError(err).Info("returning frames failed; the nodes free them when the connection closes")
@@ -444,7 +459,7 @@ func (s *session) status() api.TenantStatus {
 
 // alloc reserves the allocation's footprint in the session's budget first,
 // so a tenant over its limit never holds device memory, even briefly.
-func (s *session) alloc(dev uint32, size uint64) (uint64, error) {
+func (s *session) alloc(dev uint32, size uint64, hint api.Hint) (uint64, error) {
 	foot, err := memory.Footprint(size)
 	if err != nil {
 		return 0, err
@@ -454,7 +469,7 @@ func (s *session) alloc(dev uint32, size uint64) (uint64, error) {
 	}
 	s.issueMu.Lock()
 	defer s.issueMu.Unlock()
-	va, err := s.space.Alloc(dev, size)
+	va, err := s.space.AllocHint(dev, size, hint)
 	if err != nil {
 		s.budget.release(foot)
 		return 0, err
@@ -493,6 +508,91 @@ func (s *session) free(va uint64) error {
 	err := s.space.Free(va)
 	s.budget.release(before - s.space.Stats().Allocated)
 	return err
+}
+
+// malloc allocates as a Malloc request asks.
+func (s *session) malloc(body []byte) (uint64, error) {
+	var m api.Malloc
+	if err := api.Decode(body, &m); err != nil {
+		return 0, err
+	}
+	if err := m.Check(); err != nil {
+		return 0, err
+	}
+	dev := m.Device
+	if m.Flags&api.MallocNear != 0 {
+		d, _, err := s.space.Span(m.Near)
+		if err != nil {
+			return 0, fmt.Errorf("malloc %d bytes near %#x: %w", m.Size, m.Near, err)
+		}
+		dev = d
+	}
+	if int(dev) >= len(s.vdevs) {
+		return 0, fmt.Errorf("malloc on device %d: session has %d: %w", dev, len(s.vdevs), api.ErrInvalidArgument)
+	}
+	withStream := m.Flags&api.MallocFreeWithStream != 0
+	if withStream {
+		if _, err := s.stream(m.Stream); err != nil {
+			return 0, fmt.Errorf("malloc %d bytes freed with its stream: %w", m.Size, err)
+		}
+		if m.Stream == api.DefaultStream {
+			return 0, fmt.Errorf("malloc %d bytes freed with the default stream, which is never destroyed: %w", m.Size, api.ErrInvalidArgument)
+		}
+	}
+	va, err := s.alloc(dev, m.Size, m.Hint)
+	if err != nil {
+		return 0, fmt.Errorf("malloc %d bytes (%v) on device %d: %w", m.Size, m.Hint, dev, err)
+	}
+	if withStream {
+		s.mu.Lock()
+		s.withStream[m.Stream] = append(s.withStream[m.Stream], va)
+		s.mu.Unlock()
+	}
+	return va, nil
+}
+
+// cheap says whether cmd moves no bulk data and never waits for bandwidth,
+// so the session's reader may issue it itself.
+func (s *session) cheap(cmd *command) bool {
+	const small = 64 << 10
+	switch cmd.op {
+	case api.OpCopyToDevice:
+		return len(cmd.toDev.Payload) <= small && s.m.bandwidth(s.tenant) == 0
+	case api.OpCopyFromDevice:
+		return cmd.fromDev.Len <= small && s.m.bandwidth(s.tenant) == 0
+	case api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost:
+		return cmd.host.Len <= small && s.m.bandwidth(s.tenant) == 0
+	case api.OpMemset, api.OpLaunch, api.OpSynchronize:
+		return true
+	case api.OpBatch, api.OpGraphLaunch:
+		for i := range cmd.subs {
+			if !s.cheap(&cmd.subs[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// stats reports the session's counters, network bytes summed over its node
+// connections.
+func (s *session) stats() *api.SessionStats {
+	st := &api.SessionStats{
+		CopiedIn: s.copiedIn.Load(), CopiedOut: s.copiedOut.Load(), Launches: s.launches.Load(),
+		DedupHits: s.dedupHits.Load(), DedupBytes: s.dedupBytes.Load(),
+	}
+	st.SocketOut, st.SocketIn = s.c.Counts()
+	seen := map[*api.RPC]bool{}
+	for _, v := range s.vdevs {
+		if !seen[v.rpc] {
+			seen[v.rpc] = true
+			out, in := v.rpc.Counts()
+			st.NetOut += out
+			st.NetIn += in
+		}
+	}
+	return st
 }
 
 func hitRate(hits, misses uint64) float64 {
@@ -552,18 +652,40 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 	case api.OpKernels:
 		return false, s.c.Reply(h, s.m.catalogBody())
 	case api.OpMalloc:
-		var m api.Malloc
-		if err := api.Decode(body, &m); err != nil {
+		va, err := s.malloc(body)
+		if err != nil {
 			return false, err
 		}
-		if int(m.Device) >= len(s.vdevs) {
-			return false, fmt.Errorf("malloc on device %d: session has %d: %w", m.Device, len(s.vdevs), api.ErrInvalidArgument)
-		}
-		va, err := s.alloc(m.Device, m.Size)
-		if err != nil {
-			return false, fmt.Errorf("malloc %d bytes on device %d: %w", m.Size, m.Device, err)
-		}
 		return false, s.c.Reply(h, api.Encode(&api.MallocReply{Addr: va}))
+	case api.OpSeal:
+		if err := s.seal(body); err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h)
+	case api.OpHostRegister:
+		id, err := s.registerHost(body)
+		if err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h, api.Encode(&api.HostRegion{Region: id}))
+	case api.OpHostUnregister:
+		if err := s.unregisterHost(body); err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h)
+	case api.OpGraphCreate:
+		id, err := s.createGraph(body)
+		if err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h, api.Encode(&api.Graph{Graph: id}))
+	case api.OpGraphDestroy:
+		if err := s.destroyGraph(body); err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h)
+	case api.OpSessionStats:
+		return false, s.c.Reply(h, api.Encode(s.stats()))
 	case api.OpFree:
 		var m api.Free
 		if err := api.Decode(body, &m); err != nil {
@@ -589,8 +711,9 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 			return false, err
 		}
 		return false, s.c.Reply(h)
-	case api.OpCopyToDevice, api.OpCopyFromDevice, api.OpCopyDevice, api.OpMemset, api.OpLaunch, api.OpSynchronize:
-		cmd, err := decodeCommand(h, body)
+	case api.OpCopyToDevice, api.OpCopyFromDevice, api.OpCopyDevice, api.OpMemset, api.OpLaunch, api.OpSynchronize,
+		api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost, api.OpBatch, api.OpGraphLaunch:
+		cmd, err := s.decodeCommand(h, body)
 		if err != nil {
 			return false, err
 		}
@@ -598,8 +721,18 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 		if err != nil {
 			return false, err
 		}
+		// A stream with nothing queued runs a command that moves no bulk
+		// data here, without a hand-off to its executor. Order holds: only
+		// this goroutine queues, so nothing queued means the executor has
+		// issued everything before.
 		cmd.pool = pool
+		if st.queued.Load() == 0 && s.cheap(&cmd) {
+			st.run(&cmd)
+			return true, nil
+		}
+		st.queued.Add(1)
 		if err := s.enqueue(st, cmd); err != nil {
+			st.queued.Add(-1)
 			return false, err
 		}
 		return true, nil
@@ -641,12 +774,20 @@ func (s *session) destroyStream(id uint32) error {
 	s.mu.Lock()
 	st := s.streams[id]
 	delete(s.streams, id)
+	owned := s.withStream[id]
+	delete(s.withStream, id)
 	s.mu.Unlock()
 	if st == nil {
 		return fmt.Errorf("stream %d does not exist: %w", id, api.ErrInvalidArgument)
 	}
 	st.stop()
-	return nil
+	var errs []error
+	for _, va := range owned {
+		if err := s.free(va); err != nil && !errors.Is(err, api.ErrInvalidAddress) { // freed by the tenant already
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // drainAll waits until every stream has completed the work queued so far.

@@ -3,28 +3,55 @@ package mediator
 import (
 	"fmt"
 	"sort"
+	"sync"
+	"sync/atomic"
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/memory"
 )
 
+// A stream executes one tenant stream's commands in order. Its executor
+// translates each command and issues the node calls it needs without
+// waiting for them; each call's continuation (api.RPC.GoThen) counts it
+// done, and the last one of a command answers the tenant. The node runs a
+// connection's requests in order, so the stream's order holds while the
+// pipeline is full. A command that finds its stream idle is issued by the
+// session's reader itself (session.readLoop), saving a goroutine hand-off
+// on the path of a small synchronous operation.
+//
+// A batch (api.OpBatch) is one command made of many: it is answered once,
+// when all of its node calls completed, with the error of the first of its
+// commands that failed.
+
 // command is one queued stream operation, decoded and not yet translated.
 type command struct {
-	h       api.Header
+	h       api.Header // the tenant's request (a batch's, for its commands)
+	op      api.Op
 	stream  uint32
 	toDev   api.CopyToDevice
 	fromDev api.CopyFromDevice
+	host    api.CopyHost
 	devCopy api.CopyDevice
 	memset  api.Memset
 	launch  api.Launch
-	pool    *[]byte       // the request body's buffer, for the payload of toDev
+	subs    []command     // a batch's commands, or the graph a graph launch runs
+	pool    *[]byte       // the request body's buffer, for the payloads in it
 	barrier chan struct{} // set for an internal drain marker: no reply
 }
 
-func decodeCommand(h api.Header, body []byte) (command, error) {
-	c := command{h: h}
+// inBatch says which operations a batch or graph may carry: those whose
+// reply is empty (a copy from the device into the reply needs a request of
+// its own).
+var inBatch = map[api.Op]bool{
+	api.OpCopyToDevice: true, api.OpCopyToDeviceHost: true, api.OpCopyFromDeviceHost: true,
+	api.OpCopyDevice: true, api.OpMemset: true, api.OpLaunch: true, api.OpGraphLaunch: true,
+}
+
+// decodeOne decodes one stream operation's body.
+func (s *session) decodeOne(op api.Op, body []byte) (command, error) {
+	c := command{op: op}
 	var err error
-	switch h.Op {
+	switch op {
 	case api.OpCopyToDevice:
 		err = api.Decode(body, &c.toDev)
 		c.stream = c.toDev.Stream
@@ -36,6 +63,12 @@ func decodeCommand(h api.Header, body []byte) (command, error) {
 		c.stream = c.fromDev.Stream
 		if err == nil && (c.fromDev.Len == 0 || c.fromDev.Len > api.MaxChunk) {
 			err = fmt.Errorf("copy of %d bytes from %#x: want 1 to %d per request: %w", c.fromDev.Len, c.fromDev.Src, api.MaxChunk, api.ErrInvalidArgument)
+		}
+	case api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost:
+		err = api.Decode(body, &c.host)
+		c.stream = c.host.Stream
+		if err == nil {
+			err = s.checkHost(&c.host)
 		}
 	case api.OpCopyDevice:
 		err = api.Decode(body, &c.devCopy)
@@ -56,36 +89,203 @@ func decodeCommand(h api.Header, body []byte) (command, error) {
 		var m api.StreamReq
 		err = api.Decode(body, &m)
 		c.stream = m.Stream
+	case api.OpGraphLaunch:
+		var m api.GraphLaunch
+		err = api.Decode(body, &m)
+		c.stream = m.Stream
+		if err == nil {
+			c.subs, err = s.graph(m.Graph)
+		}
+	default:
+		err = fmt.Errorf("%v is not a stream operation: %w", op, api.ErrInvalidArgument)
 	}
 	if err != nil {
-		return c, fmt.Errorf("%v: %w", h.Op, err)
+		return c, fmt.Errorf("%v: %w", op, err)
 	}
 	return c, nil
 }
 
-// completion is a command whose node calls are in flight; the completer
-// answers the tenant once they are all done, in stream order.
-type completion struct {
-	h       api.Header
-	calls   []*api.Call
-	err     error
-	out     *[]byte // reply payload buffer (copy from device)
-	outLen  int
-	in      uint64 // bytes copied to the device, counted on success
-	launch  bool
-	barrier chan struct{}
+// decodeCommands decodes a batch body into its commands, each of which
+// must be allowed in a batch and (if stream is not nil) name *stream.
+func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command, error) {
+	var b api.Batch
+	if err := api.Decode(body, &b); err != nil {
+		return 0, nil, err
+	}
+	cmds := make([]command, len(b.Cmds))
+	for i, bc := range b.Cmds {
+		if !inBatch[bc.Op] {
+			return 0, nil, fmt.Errorf("command %d: %v may not be batched: %w", i, bc.Op, api.ErrInvalidArgument)
+		}
+		c, err := s.decodeOne(bc.Op, bc.Body)
+		if err != nil {
+			return 0, nil, fmt.Errorf("command %d: %w", i, err)
+		}
+		if stream != nil && c.stream != b.Stream {
+			return 0, nil, fmt.Errorf("command %d names stream %d in a batch of stream %d: %w", i, c.stream, b.Stream, api.ErrInvalidArgument)
+		}
+		cmds[i] = c
+	}
+	return b.Stream, cmds, nil
 }
 
-// stream executes one tenant stream: an executor translates commands and
-// issues node calls without waiting for them; a completer waits for them in
-// order and replies. The node runs a connection's requests in order, so the
-// stream's order holds while the pipeline is full.
+// decodeCommand decodes a stream request: one operation or a batch.
+func (s *session) decodeCommand(h api.Header, body []byte) (command, error) {
+	if h.Op == api.OpBatch {
+		var stream uint32
+		id, subs, err := s.decodeCommands(body, &stream)
+		if err != nil {
+			return command{}, fmt.Errorf("batch: %w", err)
+		}
+		return command{h: h, op: h.Op, stream: id, subs: subs}, nil
+	}
+	c, err := s.decodeOne(h.Op, body)
+	c.h = h
+	return c, err
+}
+
+// completion is a tenant request whose node calls are in flight. It is
+// answered when the last of them completes, or when issuing ends if none
+// is left by then (pending starts at one for the issuer).
+type completion struct {
+	st      *stream
+	h       api.Header
+	pending atomic.Int32
+
+	mu     sync.Mutex
+	err    error
+	errIdx int // the command of a batch that err belongs to
+	errOp  api.Op
+	batch  bool
+
+	out      *[]byte // reply payload buffer (copy from device into the reply)
+	outLen   int
+	in, outN uint64 // bytes copied to and from the device, counted on success
+	launches uint64
+}
+
+func (st *stream) newCompletion(h api.Header) *completion {
+	c := &completion{st: st, h: h, batch: h.Op == api.OpBatch, errIdx: -1}
+	c.pending.Store(1)
+	st.answers.add(1)
+	return c
+}
+
+// fail records the error of command idx; the lowest index wins, so a
+// batch reports its first failing command.
+func (c *completion) fail(idx int, op api.Op, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil || idx < c.errIdx {
+		c.err, c.errIdx, c.errOp = err, idx, op
+	}
+}
+
+// call issues a node call for command idx of c. While the stream issues a
+// batch, calls with small bodies and empty replies are gathered into one
+// node batch (nodebatch.go); any other call first sends what was gathered,
+// so the node sees them in order.
+func (c *completion) call(v vdev, idx int, op api.Op, into []byte, parts ...[]byte) {
+	st := c.st
+	if st.gather && into == nil && gatherable(op, parts) {
+		st.nb.add(c, v, idx, op, parts)
+		return
+	}
+	st.nb.flush()
+	c.send(v, op, into, func(call *api.Call) {
+		if call.Err != nil {
+			c.fail(idx, call.Op, call.Err)
+		}
+	}, parts...)
+}
+
+// send issues one node call whose completion counts towards c; check sees
+// the call before c counts it done.
+func (c *completion) send(v vdev, op api.Op, into []byte, check func(*api.Call), parts ...[]byte) {
+	c.pending.Add(1)
+	c.st.calls.add(1)
+	v.rpc.GoThen(op, into, func(call *api.Call) {
+		check(call)
+		c.done()
+		c.st.calls.add(-1)
+	}, parts...)
+}
+
+// done drops one pending count and answers the tenant after the last.
+func (c *completion) done() {
+	if c.pending.Add(-1) != 0 {
+		return
+	}
+	s := c.st.s
+	err := c.err
+	if err != nil && c.batch {
+		err = &api.BatchError{Index: c.errIdx, Op: c.errOp, Err: err}
+	}
+	var werr error
+	switch {
+	case err != nil:
+		werr = s.c.ReplyError(c.h, err)
+	case c.out != nil:
+		s.copiedOut.Add(uint64(c.outLen))
+		werr = s.c.Reply(c.h, (*c.out)[:c.outLen])
+	default:
+		s.copiedIn.Add(c.in)
+		s.copiedOut.Add(c.outN)
+		s.launches.Add(c.launches)
+		werr = s.c.Reply(c.h)
+	}
+	if werr != nil {
+		// The tenant is gone or reads no replies (ReplyTimeout): end the
+		// session, whose reader then stops and frees everything.
+		s.end(true)
+		_ = s.c.Close()
+	}
+	if c.out != nil {
+		bodyPool.Put(c.out)
+		<-s.outBufs
+	}
+	c.st.answers.add(-1)
+}
+
+// flight counts what a stream has in flight: commands not yet answered, or
+// node calls not yet completed.
+type flight struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	n    int
+}
+
+func (f *flight) add(d int) {
+	f.mu.Lock()
+	f.n += d
+	if f.n == 0 && f.cond != nil {
+		f.cond.Broadcast()
+	}
+	f.mu.Unlock()
+}
+
+// wait returns once nothing is in flight.
+func (f *flight) wait() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cond == nil {
+		f.cond = sync.NewCond(&f.mu)
+	}
+	for f.n != 0 {
+		f.cond.Wait()
+	}
+}
+
 type stream struct {
 	s        *session
 	id       uint32
 	cmds     chan command
-	pending  chan completion
+	queued   atomic.Int32 // commands handed to the executor and not yet issued
 	done     chan struct{}
+	answers  flight // commands not yet answered
+	calls    flight // node calls not yet completed
+	gather   bool   // issuing a batch: gather node calls into nb
+	nb       nodeBatch
 	lastNode int // node of calls possibly still in flight; -1 none
 }
 
@@ -94,70 +294,121 @@ const streamDepth = 256
 func (s *session) newStream(id uint32) *stream {
 	st := &stream{
 		s: s, id: id, lastNode: -1,
-		cmds:    make(chan command, streamDepth),
-		pending: make(chan completion, streamDepth),
-		done:    make(chan struct{}),
+		cmds: make(chan command, streamDepth),
+		done: make(chan struct{}),
 	}
 	go st.execute()
-	go st.complete()
 	return st
 }
 
 // drain returns once every command queued before it has completed.
 func (st *stream) drain() {
 	ch := make(chan struct{})
+	st.queued.Add(1)
 	_ = st.s.enqueue(st, command{barrier: ch})
 	st.s.await(ch)
 }
 
-// stop finishes the queued commands and ends the stream's goroutines.
+// stop finishes the queued commands and ends the stream's goroutine.
 func (st *stream) stop() {
 	close(st.cmds)
 	st.s.await(st.done)
 }
 
 func (st *stream) execute() {
-	defer close(st.pending)
+	defer close(st.done)
+	defer st.calls.wait()
+	defer st.answers.wait()
 	for cmd := range st.cmds {
 		if cmd.barrier != nil {
-			st.pending <- completion{barrier: cmd.barrier}
-			continue
+			st.answers.wait()
+			st.lastNode = -1
+			close(cmd.barrier)
+		} else {
+			st.run(&cmd)
 		}
-		// Bandwidth is paid for before the session's lock is taken, so a
-		// wait holds up this stream alone. A tenant that is gone gets no
-		// more work done.
-		var err error
-		if st.s.gone.Load() {
-			err = fmt.Errorf("%v not issued: the tenant reads no replies: %w", cmd.h.Op, api.ErrUnavailable)
-		} else if n := st.charge(&cmd); n > 0 {
-			err = st.s.bw.wait(n, st.s.ending)
+		st.queued.Add(-1)
+	}
+}
+
+// run issues a command and arranges its answer.
+func (st *stream) run(cmd *command) {
+	c := st.newCompletion(cmd.h)
+	// Gathering would let an eviction's node calls overtake gathered ones
+	// that touch the evicted frame, so spaces that evict send each call.
+	st.gather = (cmd.op == api.OpBatch || cmd.op == api.OpGraphLaunch) && !st.s.evicts
+	defer func() { st.nb.flush(); st.gather = false }()
+	if st.s.gone.Load() {
+		// A tenant that is gone gets no more work done.
+		c.fail(0, cmd.op, fmt.Errorf("%v not issued: the tenant reads no replies: %w", cmd.op, api.ErrUnavailable))
+	} else if cmd.op == api.OpBatch {
+		st.issueAll(cmd.subs, c, -1)
+	} else {
+		st.issueOne(cmd, c, 0)
+	}
+	st.nb.flush()
+	if cmd.pool != nil {
+		st.s.putIn(cmd.pool) // the payloads are on the wire already
+	}
+	c.done()
+}
+
+// issueAll issues cmds as commands of c; idx is their index in c's batch,
+// or -1 when each is its own index.
+func (st *stream) issueAll(cmds []command, c *completion, idx int) {
+	for i := range cmds {
+		at := idx
+		if at < 0 {
+			at = i
 		}
+		st.issueOne(&cmds[i], c, at)
+	}
+}
+
+// issueOne charges a command's bytes to the tenant's bandwidth, translates
+// it and issues its node calls.
+func (st *stream) issueOne(cmd *command, c *completion, idx int) {
+	if cmd.op == api.OpGraphLaunch {
+		st.issueAll(cmd.subs, c, idx)
+		return
+	}
+	// Bandwidth is paid for before the session's lock is taken, so a
+	// wait holds up this stream alone.
+	if n := st.charge(cmd); n > 0 {
+		if err := st.s.bw.wait(n, st.s.ending); err != nil {
+			c.fail(idx, cmd.op, err)
+			return
+		}
+	}
+	var err error
+	switch cmd.op {
+	case api.OpCopyToDeviceHost:
+		err = st.toDeviceHost(&cmd.host, c, idx)
+	case api.OpCopyFromDeviceHost:
+		err = st.fromDeviceHost(&cmd.host, c, idx)
+	case api.OpCopyFromDevice:
 		// A copy from the device needs a reply buffer of the session's.
-		out := false
-		if err == nil && cmd.h.Op == api.OpCopyFromDevice {
-			err = st.s.takeBuffer(st.s.outBufs)
-			out = err == nil
-		}
-		if err != nil {
-			if cmd.pool != nil {
-				st.s.putIn(cmd.pool)
+		if err = st.s.takeBuffer(st.s.outBufs); err == nil {
+			c.out = bodyPool.Get().(*[]byte)
+			st.s.issueMu.Lock()
+			err = st.fromDevice(&cmd.fromDev, c, idx)
+			st.s.issueMu.Unlock()
+			if err != nil {
+				bodyPool.Put(c.out)
+				c.out = nil
+				<-st.s.outBufs
 			}
-			st.pending <- completion{h: cmd.h, err: err}
-			continue
 		}
+	default:
 		// Translation may evict and fault in the session's memory; issuing
 		// under the session's lock keeps another stream from moving a
 		// chunk between this command's translation and its node calls.
 		st.s.issueMu.Lock()
-		c := st.issue(&cmd)
+		err = st.issueLocked(cmd, c, idx)
 		st.s.issueMu.Unlock()
-		if cmd.pool != nil {
-			st.s.putIn(cmd.pool) // the payload is on the wire already
-		}
-		if out && c.out == nil {
-			<-st.s.outBufs // refused before it took a buffer
-		}
-		st.pending <- c
+	}
+	if err != nil {
+		c.fail(idx, cmd.op, err)
 	}
 }
 
@@ -165,11 +416,13 @@ func (st *stream) execute() {
 // device copy whose source allocation is shorter than it is refused by its
 // translation; it is not charged, so a forged length costs nothing.
 func (st *stream) charge(cmd *command) uint64 {
-	switch cmd.h.Op {
+	switch cmd.op {
 	case api.OpCopyToDevice:
 		return uint64(len(cmd.toDev.Payload))
 	case api.OpCopyFromDevice:
 		return cmd.fromDev.Len
+	case api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost:
+		return cmd.host.Len
 	case api.OpCopyDevice:
 		m := &cmd.devCopy
 		if _, end, err := st.s.space.Span(m.Src); err != nil || m.Len > end-m.Src {
@@ -183,9 +436,8 @@ func (st *stream) charge(cmd *command) uint64 {
 // waitIdle waits for every call in flight, so that work can move to another
 // node without overtaking it.
 func (st *stream) waitIdle() {
-	ch := make(chan struct{})
-	st.pending <- completion{barrier: ch}
-	<-ch
+	st.nb.flush()
+	st.calls.wait()
 	st.lastNode = -1
 }
 
@@ -200,62 +452,63 @@ func (st *stream) on(dev uint32) vdev {
 	return v
 }
 
-func (st *stream) issue(cmd *command) completion {
-	c := completion{h: cmd.h}
+// issueLocked issues the commands that touch device memory only. The caller
+// holds issueMu.
+func (st *stream) issueLocked(cmd *command, c *completion, idx int) error {
 	space := st.s.space
-	switch cmd.h.Op {
+	switch cmd.op {
 	case api.OpSynchronize:
 	case api.OpCopyToDevice:
 		m := &cmd.toDev
-		dev, xs, err := space.Translate(m.Dst, uint64(len(m.Payload)))
+		dev, xs, err := space.TranslateWrite(m.Dst, uint64(len(m.Payload)))
 		if err != nil {
-			c.err = fmt.Errorf("copy %d bytes to device: %w", len(m.Payload), err)
-			break
+			return fmt.Errorf("copy %d bytes to device: %w", len(m.Payload), err)
 		}
 		v := st.on(dev)
-		hdr := api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs})
-		c.calls = append(c.calls, v.rpc.Go(api.OpNodeWrite, nil, hdr, m.Payload))
-		c.in = uint64(len(m.Payload))
-	case api.OpCopyFromDevice:
-		m := &cmd.fromDev
-		dev, xs, err := space.Translate(m.Src, m.Len)
-		if err != nil {
-			c.err = fmt.Errorf("copy %d bytes from device: %w", m.Len, err)
-			break
-		}
-		v := st.on(dev)
-		c.out = bodyPool.Get().(*[]byte)
-		c.outLen = int(m.Len)
-		req := api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs})
-		c.calls = append(c.calls, v.rpc.Go(api.OpNodeRead, (*c.out)[:m.Len], req))
+		c.call(v, idx, api.OpNodeWrite, nil, api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs}), m.Payload)
+		c.in += uint64(len(m.Payload))
 	case api.OpMemset:
 		m := &cmd.memset
-		dev, xs, err := space.Translate(m.Dst, m.Len)
+		dev, xs, err := space.TranslateWrite(m.Dst, m.Len)
 		if err != nil {
-			c.err = fmt.Errorf("memset %d bytes: %w", m.Len, err)
-			break
+			return fmt.Errorf("memset %d bytes: %w", m.Len, err)
 		}
 		v := st.on(dev)
-		c.calls = append(c.calls, v.rpc.Go(api.OpNodeFill, nil, api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs, Value: m.Value})))
+		c.call(v, idx, api.OpNodeFill, nil, api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs, Value: m.Value}))
 	case api.OpCopyDevice:
-		c.err = st.copyDevice(&cmd.devCopy, &c)
+		return st.copyDevice(&cmd.devCopy, c, idx)
 	case api.OpLaunch:
-		c.err = st.launch(&cmd.launch, &c)
-		c.launch = c.err == nil
+		if err := st.launch(&cmd.launch, c, idx); err != nil {
+			return err
+		}
+		c.launches++
 	}
-	return c
+	return nil
 }
 
-func (st *stream) copyDevice(m *api.CopyDevice, c *completion) error {
+// fromDevice issues a copy from the device into the reply. The caller
+// holds issueMu.
+func (st *stream) fromDevice(m *api.CopyFromDevice, c *completion, idx int) error {
+	dev, xs, err := st.s.space.Translate(m.Src, m.Len)
+	if err != nil {
+		return fmt.Errorf("copy %d bytes from device: %w", m.Len, err)
+	}
+	v := st.on(dev)
+	c.outLen = int(m.Len)
+	c.call(v, idx, api.OpNodeRead, (*c.out)[:m.Len], api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs}))
+	return nil
+}
+
+func (st *stream) copyDevice(m *api.CopyDevice, c *completion, idx int) error {
 	space := st.s.space
-	ts, err := space.TranslateAll([]memory.Range{{VA: m.Src, Len: m.Len}, {VA: m.Dst, Len: m.Len}})
+	ts, err := space.TranslateAll([]memory.Range{{VA: m.Src, Len: m.Len}, {VA: m.Dst, Len: m.Len, Write: true}})
 	if err != nil {
 		return fmt.Errorf("device copy of %d bytes from %#x to %#x: %w", m.Len, m.Src, m.Dst, err)
 	}
 	sdev, sxs, ddev, dxs := ts[0].Dev, ts[0].Extents, ts[1].Dev, ts[1].Extents
 	if sdev == ddev {
 		v := st.on(sdev)
-		c.calls = append(c.calls, v.rpc.Go(api.OpNodeCopy, nil, api.Encode(&api.NodeCopy{Device: v.dev.info.Index, Dst: dxs, Src: sxs})))
+		c.call(v, idx, api.OpNodeCopy, nil, api.Encode(&api.NodeCopy{Device: v.dev.info.Index, Dst: dxs, Src: sxs}))
 		return nil
 	}
 	// Between devices the bytes pass through here, a chunk at a time.
@@ -264,7 +517,7 @@ func (st *stream) copyDevice(m *api.CopyDevice, c *completion) error {
 	defer bodyPool.Put(buf)
 	for off := uint64(0); off < m.Len; off += api.MaxChunk {
 		n := min(api.MaxChunk, m.Len-off)
-		ts, err := space.TranslateAll([]memory.Range{{VA: m.Src + off, Len: n}, {VA: m.Dst + off, Len: n}})
+		ts, err := space.TranslateAll([]memory.Range{{VA: m.Src + off, Len: n}, {VA: m.Dst + off, Len: n, Write: true}})
 		if err != nil {
 			return err
 		}
@@ -283,7 +536,7 @@ func (st *stream) copyDevice(m *api.CopyDevice, c *completion) error {
 // launch checks a launch against the kernel's signature, translates each
 // buffer argument to the physical runs from its address to the end of its
 // allocation (all the kernel may touch), and sends it to the buffers' device.
-func (st *stream) launch(m *api.Launch, c *completion) error {
+func (st *stream) launch(m *api.Launch, c *completion, idx int) error {
 	k, ok := st.s.m.catalog[m.Kernel]
 	if !ok {
 		return fmt.Errorf("kernel %q is not in the catalog: %w", m.Kernel, api.ErrUnknownKernel)
@@ -321,7 +574,8 @@ func (st *stream) launch(m *api.Launch, c *completion) error {
 		if n == 0 {
 			continue // touches nothing: no extents
 		}
-		ranges = append(ranges, memory.Range{VA: a.Bits, Len: n})
+		write := p.Access == api.AccessWrite || p.Access == api.AccessReadWrite
+		ranges = append(ranges, memory.Range{VA: a.Bits, Len: n, Write: write})
 		bufs = append(bufs, i)
 	}
 	if dev == -1 {
@@ -340,49 +594,8 @@ func (st *stream) launch(m *api.Launch, c *completion) error {
 		args[i].Extents = ts[j].Extents
 	}
 	v := st.on(uint32(dev))
-	c.calls = append(c.calls, v.rpc.Go(api.OpNodeLaunch, nil, api.Encode(&api.NodeLaunch{Device: v.dev.info.Index, Kernel: m.Kernel, Args: args})))
+	c.call(v, idx, api.OpNodeLaunch, nil, api.Encode(&api.NodeLaunch{Device: v.dev.info.Index, Kernel: m.Kernel, Args: args}))
 	return nil
-}
-
-func (st *stream) complete() {
-	defer close(st.done)
-	for c := range st.pending {
-		if c.barrier != nil {
-			close(c.barrier)
-			continue
-		}
-		err := c.err
-		for _, call := range c.calls {
-			if cerr := call.Wait(); err == nil && cerr != nil {
-				err = cerr
-			}
-		}
-		s := st.s
-		var werr error
-		switch {
-		case err != nil:
-			werr = s.c.ReplyError(c.h, err)
-		case c.out != nil:
-			s.copiedOut.Add(uint64(c.outLen))
-			werr = s.c.Reply(c.h, (*c.out)[:c.outLen])
-		default:
-			s.copiedIn.Add(c.in)
-			if c.launch {
-				s.launches.Add(1)
-			}
-			werr = s.c.Reply(c.h)
-		}
-		if werr != nil {
-			// The tenant is gone or reads no replies (ReplyTimeout): end
-			// the session, whose reader then stops and frees everything.
-			s.end(true)
-			_ = s.c.Close()
-		}
-		if c.out != nil {
-			bodyPool.Put(c.out)
-			<-s.outBufs
-		}
-	}
 }
 
 func sortKernels(ks []api.KernelInfo) {

@@ -43,10 +43,12 @@ func main() {
 	tlsKey := flag.String("node-tls-key", "", "mediator certificate's private key (PEM)")
 	tlsCA := flag.String("node-tls-ca", "", "cluster CA certificate (PEM): nodes must present a node certificate it signed, for the host dialled")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
+	dedup := flag.Bool("dedup", true, "send a sealed weight's 2 MiB pieces a node already holds as references, not bytes (a tenant can then tell that contents it has exist on the node)")
 	var tenantBW uint64
 	flag.Func("tenant-bandwidth", "bytes per second each tenant not in the quota file may copy, e.g. 1GiB (0: no cap)", func(v string) (err error) { tenantBW, err = api.ParseSize(v); return err })
 	flag.Parse()
-	cfg := mediator.Config{Nodes: nodes, Quota: *quota, ContainerDir: *ctrDir, Oversubscribe: *oversub, StateDir: *stateDir, TenantBandwidth: tenantBW}
+	cfg := mediator.Config{Nodes: nodes, Quota: *quota, ContainerDir: *ctrDir, Oversubscribe: *oversub, StateDir: *stateDir,
+		TenantBandwidth: tenantBW, NoDedup: !*dedup}
 	if tc, err := nodeTLS(*tlsCert, *tlsKey, *tlsCA, len(nodes) > 0); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(2)

@@ -1,0 +1,134 @@
+package mediator
+
+import (
+	"crypto/sha256"
+	"fmt"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/memory"
+)
+
+// Sealing and deduplication of weights.
+//
+// A sealed allocation is immutable: the space refuses writes to it
+// (memory.Space.TranslateWrite). A sealed weight is also sealed on its node,
+// frame by frame for the 2 MiB pieces it fills alone: the node hashes them
+// (SHA-256, computed there, so no tenant can plant a false hash), makes
+// them read-only and indexes them by content. When a tenant then copies
+// model weights into an unsealed weight buffer, each whole 2 MiB piece of
+// the copy is hashed here first and offered to the node, which fills the
+// pieces it already holds from its own memory; only the others cross the
+// network. A tenant learns only that contents it already has exist on the
+// node.
+
+// seal seals an allocation once the work queued before is done.
+func (s *session) seal(body []byte) error {
+	var m api.Seal
+	if err := api.Decode(body, &m); err != nil {
+		return err
+	}
+	s.drainAll()
+	s.issueMu.Lock()
+	defer s.issueMu.Unlock()
+	if err := s.space.Seal(m.Addr); err != nil {
+		return fmt.Errorf("seal %#x: %w", m.Addr, err)
+	}
+	hint, _, err := s.space.Hint(m.Addr)
+	if err != nil || hint != api.HintWeight || s.m.cfg.NoDedup {
+		return err
+	}
+	dev, end, err := s.space.Span(m.Addr)
+	if err != nil {
+		return err
+	}
+	var frames []uint64
+	for va := alignUp(m.Addr); va+memory.FrameSize <= end; va += memory.FrameSize {
+		_, xs, err := s.space.Translate(va, memory.FrameSize)
+		if err != nil {
+			return fmt.Errorf("seal %#x: %w", m.Addr, err)
+		}
+		frames = append(frames, xs[0].Addr)
+	}
+	if len(frames) == 0 {
+		return nil
+	}
+	v := s.vdevs[dev]
+	if _, err := v.rpc.Call(api.OpNodeSeal, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames})); err != nil {
+		return fmt.Errorf("seal %#x on node %s: %w", m.Addr, s.m.nodes[v.dev.node].addr, err)
+	}
+	return nil
+}
+
+func alignUp(va uint64) uint64 { return (va + memory.FrameSize - 1) &^ (memory.FrameSize - 1) }
+
+// dedupSet is which whole 2 MiB pieces of a copy the node filled itself:
+// hit[i] covers copy offsets [first+i·FrameSize, first+(i+1)·FrameSize).
+type dedupSet struct {
+	first uint64
+	hit   []bool
+}
+
+// covers says whether copy offsets [off, off+n) lie in filled pieces.
+func (d dedupSet) covers(off, n uint64) bool {
+	if len(d.hit) == 0 || off < d.first {
+		return false
+	}
+	for p := (off - d.first) / memory.FrameSize; p*memory.FrameSize+d.first < off+n; p++ {
+		if p >= uint64(len(d.hit)) || !d.hit[p] {
+			return false
+		}
+	}
+	return true
+}
+
+// dedup offers the whole 2 MiB pieces of a copy into an unsealed weight to
+// the node, and returns which it filled. It waits for the node's answer;
+// the pieces it reports are counted as copied.
+func (st *stream) dedup(m *api.CopyHost, src []byte, c *completion, idx int) (dedupSet, error) {
+	s := st.s
+	first := alignUp(m.Addr) - m.Addr
+	if s.m.cfg.NoDedup || first+memory.FrameSize > m.Len {
+		return dedupSet{}, nil
+	}
+	if hint, sealed, err := s.space.Hint(m.Addr); err != nil || hint != api.HintWeight || sealed {
+		return dedupSet{}, nil // a bad or sealed destination fails when written
+	}
+	req := api.NodeDedup{}
+	for off := first; off+memory.FrameSize <= m.Len; off += memory.FrameSize {
+		req.Hashes = append(req.Hashes, sha256.Sum256(src[off:off+memory.FrameSize]))
+	}
+	// Translated and sent under issueMu, like every node call, so the
+	// frames are still this chunk's when the node fills them.
+	s.issueMu.Lock()
+	dev, xs, err := s.space.TranslateWrite(m.Addr+first, uint64(len(req.Hashes))*memory.FrameSize)
+	var call *api.Call
+	if err == nil {
+		v := st.on(dev)
+		req.Device = v.dev.info.Index
+		for _, x := range xs {
+			for a := x.Addr; a < x.Addr+x.Len; a += memory.FrameSize {
+				req.Dst = append(req.Dst, api.Extent{Addr: a, Len: memory.FrameSize})
+			}
+		}
+		st.nb.flush() // what the stream gathered goes first
+		call = v.rpc.Go(api.OpNodeDedup, nil, api.Encode(&req))
+	}
+	s.issueMu.Unlock()
+	if err != nil {
+		return dedupSet{}, fmt.Errorf("copy %d bytes to %#x: %w", m.Len, m.Addr, err)
+	}
+	if err := call.Wait(); err != nil {
+		return dedupSet{}, fmt.Errorf("offer %d pieces of %#x to the node: %w", len(req.Hashes), m.Addr, err)
+	}
+	var reply api.NodeDedupReply
+	if err := api.Decode(call.Body, &reply); err != nil || len(reply.Hit) != len(req.Hashes) {
+		return dedupSet{}, fmt.Errorf("node's answer to %d offered pieces (%d answers): %v: %w", len(req.Hashes), len(reply.Hit), err, api.ErrProtocol)
+	}
+	for _, h := range reply.Hit {
+		if h {
+			s.dedupHits.Add(1)
+			s.dedupBytes.Add(memory.FrameSize)
+		}
+	}
+	return dedupSet{first: first, hit: reply.Hit}, nil
+}

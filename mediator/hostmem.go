@@ -1,0 +1,181 @@
+package mediator
+
+import (
+	"fmt"
+	"math"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// Host memory a tenant shares with the mediator (api.OpHostRegister): a
+// memfd the tenant passes over its socket, mapped here. Copies naming a
+// region move bytes between the mapping and the node connection directly,
+// so bulk data never crosses the tenant's socket and is never copied in
+// between.
+//
+// Safety: the mapping must never be touched past the file's end (that
+// would fault in the mediator), so a region is accepted only if its memfd
+// is sealed against shrinking, and is mapped at the size asked, no larger
+// than the file. The tenant may change the bytes at any time; that only
+// races with its own copies. A region is unmapped only after the session's
+// streams have drained, and commands look it up when they execute, so none
+// reads a region after it is gone.
+
+// Limits on a session's host regions.
+const (
+	MaxHostRegions    = 64
+	maxHostRegionSize = 1 << 40
+)
+
+type hostRegion struct {
+	id  uint32
+	mem []byte
+}
+
+// registerHost maps the memfd that came with a register request.
+func (s *session) registerHost(body []byte) (uint32, error) {
+	var m api.HostRegister
+	if err := api.Decode(body, &m); err != nil {
+		return 0, err
+	}
+	fd, err := s.c.TakeFD()
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	if m.Size == 0 || m.Size > maxHostRegionSize || m.Size > math.MaxInt {
+		return 0, fmt.Errorf("host region of %d bytes: want 1 to %d: %w", m.Size, uint64(maxHostRegionSize), api.ErrInvalidArgument)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err == nil && seals&unix.F_SEAL_SHRINK == 0 {
+		_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("host region of %d bytes: the descriptor must be a memfd that is or can be sealed against shrinking: %v: %w", m.Size, err, api.ErrInvalidArgument)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) < m.Size {
+		return 0, fmt.Errorf("host region of %d bytes: the memfd holds %d: %w", m.Size, st.Size, api.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	n := len(s.regions)
+	s.mu.Unlock()
+	if n >= MaxHostRegions {
+		return 0, fmt.Errorf("session has %d host regions, the limit: %w", n, api.ErrInvalidArgument)
+	}
+	mem, err := unix.Mmap(fd, 0, int(m.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return 0, fmt.Errorf("map host region of %d bytes: %v: %w", m.Size, err, api.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextRegion++
+	r := &hostRegion{id: s.nextRegion, mem: mem}
+	s.regions[r.id] = r
+	return r.id, nil
+}
+
+// unregisterHost unmaps a region once the work queued before is done.
+func (s *session) unregisterHost(body []byte) error {
+	var m api.HostRegion
+	if err := api.Decode(body, &m); err != nil {
+		return err
+	}
+	s.drainAll()
+	s.mu.Lock()
+	r := s.regions[m.Region]
+	delete(s.regions, m.Region)
+	s.mu.Unlock()
+	if r == nil {
+		return fmt.Errorf("host region %d does not exist: %w", m.Region, api.ErrInvalidArgument)
+	}
+	return unix.Munmap(r.mem)
+}
+
+// unmapAll unmaps every region; the session's streams have stopped.
+func (s *session) unmapAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, r := range s.regions {
+		_ = unix.Munmap(r.mem)
+		delete(s.regions, id)
+	}
+}
+
+// hostBytes returns the bytes of a copy's region, checked.
+func (s *session) hostBytes(m *api.CopyHost) ([]byte, error) {
+	s.mu.Lock()
+	r := s.regions[m.Region]
+	s.mu.Unlock()
+	if r == nil {
+		return nil, fmt.Errorf("host region %d does not exist: %w", m.Region, api.ErrInvalidArgument)
+	}
+	size := uint64(len(r.mem))
+	if m.Len == 0 || m.Off > size || m.Len > size-m.Off {
+		return nil, fmt.Errorf("%d bytes at offset %d of host region %d, which has %d: %w", m.Len, m.Off, m.Region, size, api.ErrInvalidArgument)
+	}
+	return r.mem[m.Off : m.Off+m.Len], nil
+}
+
+// checkHost refuses, when it is decoded, a copy that cannot be valid.
+func (s *session) checkHost(m *api.CopyHost) error {
+	_, err := s.hostBytes(m)
+	return err
+}
+
+// toDeviceHost issues a copy from a host region, a chunk per node write,
+// each translated under issueMu.
+func (st *stream) toDeviceHost(m *api.CopyHost, c *completion, idx int) error {
+	src, err := st.s.hostBytes(m)
+	if err != nil {
+		return err
+	}
+	sent, err := st.dedup(m, src, c, idx)
+	if err != nil {
+		return err
+	}
+	for off := uint64(0); off < m.Len; off += api.MaxChunk {
+		n := min(api.MaxChunk, m.Len-off)
+		if sent.covers(off, n) {
+			continue
+		}
+		st.s.issueMu.Lock()
+		dev, xs, err := st.s.space.TranslateWrite(m.Addr+off, n)
+		if err == nil {
+			v := st.on(dev)
+			c.call(v, idx, api.OpNodeWrite, nil, api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs}), src[off:off+n])
+		}
+		st.s.issueMu.Unlock()
+		if err != nil {
+			return fmt.Errorf("copy %d bytes to %#x: %w", n, m.Addr+off, err)
+		}
+	}
+	c.in += m.Len
+	return nil
+}
+
+// fromDeviceHost issues a copy into a host region, a chunk per node read,
+// whose reply the connection reads straight into the region.
+func (st *stream) fromDeviceHost(m *api.CopyHost, c *completion, idx int) error {
+	dst, err := st.s.hostBytes(m)
+	if err != nil {
+		return err
+	}
+	for off := uint64(0); off < m.Len; off += api.MaxChunk {
+		n := min(api.MaxChunk, m.Len-off)
+		st.s.issueMu.Lock()
+		dev, xs, err := st.s.space.Translate(m.Addr+off, n)
+		if err == nil {
+			v := st.on(dev)
+			c.call(v, idx, api.OpNodeRead, dst[off:off+n], api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs}))
+		}
+		st.s.issueMu.Unlock()
+		if err != nil {
+			return fmt.Errorf("copy %d bytes from %#x: %w", n, m.Addr+off, err)
+		}
+	}
+	c.outN += m.Len
+	return nil
+}
