@@ -19,7 +19,7 @@ demo: build
 	scripts/with-cluster.sh demo
 
 bench: build
-	scripts/with-cluster.sh bench
+	scripts/with-cluster.sh bench --out docs/benchmarks --command "make bench"
 
 # Start-to-exit time of docker run --runtime=vgpu against --runtime=runc (root,
 # Docker, containerd and runc installed; see e2e/root).

@@ -236,20 +236,34 @@ func TestBadFlagsNameTheValue(t *testing.T) {
 
 func TestBenchReportsRatios(t *testing.T) {
 	socket := cluster(t)
-	out, err := run(t, "vgpuctl", "--socket", socket, "bench", "--json", "--size", "8MiB", "--rounds", "1", "--ops", "50")
+	out, err := run(t, "vgpuctl", "--socket", socket, "bench", "--json", "--size", "8MiB", "--rounds", "1", "--ops", "50", "--tenants", "1,2", "--dlrm-steps", "2")
 	if err != nil {
 		t.Fatalf("vgpuctl bench: %v\n%s", err, out)
 	}
-	var r map[string]float64
-	if err := json.Unmarshal([]byte(out), &r); err != nil {
-		t.Fatalf("bench JSON: %v\n%s", err, out)
-	}
-	for _, k := range []string{"h2d_ratio", "d2h_ratio", "small_op_ratio", "raw_tcp_mb_per_s", "raw_ping_pong_us"} {
+	r := benchJSON(t, out)
+	for _, k := range []string{"h2d_ratio", "d2h_ratio", "small_op_ratio", "raw_tcp_mb_per_s", "raw_ping_pong_us", "launches_per_s", "hint_bytes_ratio"} {
 		if !(r[k] > 0) {
 			t.Errorf("%s = %v, want a positive measurement", k, r[k])
 		}
 	}
 	waitFor(t, "all memory released", func() bool { return idle(status(t, socket)) })
+}
+
+// benchJSON decodes vgpuctl bench --json output: its measurements, which
+// are numbers (other keys describe the run).
+func benchJSON(t *testing.T, out string) map[string]float64 {
+	t.Helper()
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(out), &raw); err != nil {
+		t.Fatalf("bench JSON: %v\n%s", err, out)
+	}
+	r := map[string]float64{}
+	for k, v := range raw {
+		if f, ok := v.(float64); ok {
+			r[k] = f
+		}
+	}
+	return r
 }
 
 // A tenant process works on a buffer 1.5 times its device's memory through

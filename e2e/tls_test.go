@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -59,14 +58,11 @@ func TestTLSNodeLink(t *testing.T) {
 	}
 	// Bulk copies both ways over TLS come back byte for byte (bench checks),
 	// and bench reports what TLS costs against plain TCP.
-	out, err = run(t, "vgpuctl", "--socket", socket, "bench", "--json", "--size", "8MiB", "--rounds", "1", "--ops", "20")
+	out, err = run(t, "vgpuctl", "--socket", socket, "bench", "--json", "--size", "8MiB", "--rounds", "1", "--ops", "20", "--tenants", "1", "--dlrm-steps", "2")
 	if err != nil {
 		t.Fatalf("vgpuctl bench over TLS: %v\n%s", err, out)
 	}
-	var r map[string]float64
-	if err := json.Unmarshal([]byte(out), &r); err != nil {
-		t.Fatalf("bench JSON: %v\n%s", err, out)
-	}
+	r := benchJSON(t, out)
 	for _, k := range []string{"h2d_ratio", "d2h_ratio", "node_plain_mb_per_s", "node_tls_mb_per_s", "node_tls_ratio"} {
 		if !(r[k] > 0) {
 			t.Errorf("%s = %v, want a positive measurement", k, r[k])

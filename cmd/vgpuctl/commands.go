@@ -12,7 +12,6 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
-	"github.com/vgpu/vgpu/internal/bench"
 	"github.com/vgpu/vgpu/internal/workload"
 )
 
@@ -122,39 +121,6 @@ func demo(socket string, _ []string) error {
 	}
 	tw.Flush()
 	return errors.Join(errs...)
-}
-
-func benchCmd(socket string, args []string) error {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "print JSON")
-	size := fs.String("size", "256MiB", "bulk copy size")
-	rounds := fs.Int("rounds", 3, "bulk repetitions (the median counts)")
-	ops := fs.Int("ops", 2000, "small operations to time")
-	launches := fs.Int("launches", 20000, "asynchronous tiny kernel launches to time")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	n, err := api.ParseSize(*size)
-	if err != nil {
-		return fmt.Errorf("--size: %w", err)
-	}
-	r, err := bench.Run(bench.Options{Socket: socket, BulkBytes: int(n), Rounds: *rounds, SmallOps: *ops, Launches: *launches})
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(r)
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MEASURE\tVGPU\tBASELINE\tRATIO")
-	fmt.Fprintf(tw, "host→device %s\t%.0f MB/s\t%.0f MB/s (raw TCP stream)\t%.2f×\n", api.FormatSize(uint64(r.BulkBytes)), r.H2DMBps, r.RawTCPMBps, r.H2DRatio)
-	fmt.Fprintf(tw, "device→host %s\t%.0f MB/s\t%.0f MB/s (raw TCP stream)\t%.2f×\n", api.FormatSize(uint64(r.BulkBytes)), r.D2HMBps, r.RawTCPMBps, r.D2HRatio)
-	fmt.Fprintf(tw, "4-byte device→host, synchronous\t%.1f µs\t%.1f µs (raw unix+TCP ping-pong)\t%.2f×\n", r.SmallOpUs, r.RawPingPongUs, r.SmallOpRatio)
-	fmt.Fprintf(tw, "asynchronous launches of a tiny kernel\t%.0f /s\t-\t-\n", r.LaunchesPerS)
-	if nl := r.NodeLinkReport; nl != nil {
-		fmt.Fprintf(tw, "mediator→node writes %s over mutual TLS\t%.0f MB/s\t%.0f MB/s (plain TCP)\t%.2f×\n", api.FormatSize(uint64(nl.Bytes)), nl.TLSMBps, nl.PlainMBps, nl.Ratio)
-	}
-	return tw.Flush()
 }
 
 func tenants(socket string, args []string) error {

@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/bench"
 )
 
 const usage = `usage: vgpuctl [--socket PATH] COMMAND [flags]
@@ -22,10 +23,13 @@ commands:
   certs init --dir DIR [--node-host H]... [--mediator NAME] [--force]
                     create the cluster CA and node/mediator certificates for mutual TLS
   demo              three tenants compute at once; every result is checked
-  bench [--json]    data path against raw baselines, as ratios
+  bench [--json] [--out DIR] [--max-size SIZE] [--tenants 1,2,4,8] ...
+                    data path against raw baselines measured in the same run, as
+                    ratios; --out writes JSON, markdown and an SVG chart (bench --help)
 `
 
 func main() {
+	bench.ServePeerIfAsked() // a baseline peer process of vgpuctl bench
 	socket := flag.String("socket", client.DefaultSocket, "mediator socket")
 	flag.Usage = func() { fmt.Fprint(os.Stderr, usage); flag.PrintDefaults() }
 	flag.Parse()

@@ -1,23 +1,35 @@
 // Package bench measures the vgpu data path against raw baselines taken in
 // the same run, since a figure alone on a noisy machine means little: every
-// result is reported as a ratio to its baseline.
+// result is reported beside its baseline and as a ratio to it.
 //
-// Baselines run inside the benchmarking process: a loopback TCP stream of
-// the same size and chunking as the bulk copies, and a ping-pong that takes
-// the same two hops as a tenant's request (Unix socket, then TCP) through a
-// relay goroutine to an echo goroutine.
+// One run (Run) measures, in this order:
+//   - host↔device copies of sizes from 4 KiB to 1 GiB (transfer.go), each
+//     beside memcpy and a raw loopback TCP stream of the same size and
+//     repetitions to a receiver process (and, reported apart, to a
+//     receiver goroutine); host buffers come from the session's shared host
+//     memory (client.HostAlloc, as GPU bandwidth tests use pinned memory)
+//     unless Options.Pageable; every size is read back and compared;
+//   - a small synchronous operation's round trip beside a raw ping-pong
+//     that takes the same two hops (Unix socket, then TCP) through a relay
+//     process to an echo process, as a request goes from tenant to
+//     mediator to node (peer.go; and, reported apart, through goroutines
+//     of one process, baseline.go);
+//   - asynchronous launches per second of a tiny kernel, checked;
+//   - a DLRM-style inference step served by 1, 2, 4 and 8 tenants at once,
+//     checked against a pure-Go reference, without and with residency
+//     hints, counting the bytes the mediator moved to and from nodes
+//     (dlrm.go);
+//   - the cost of TLS on the mediator↔node link, apart from the mediator
+//     under test (NodeLink): the same in-process node written to over plain
+//     TCP and over mutual TLS, alternately.
 //
-// The cost of TLS on the mediator↔node link is measured apart from the
-// mediator under test (NodeLink): the same in-process node is written to
-// over plain TCP and over mutual TLS, alternately, in the same run.
+// The Report is written as JSON, a markdown table per section and an SVG
+// chart (report.go, svg.go).
 package bench
 
 import (
 	"fmt"
-	"io"
-	"net"
-	"os"
-	"path/filepath"
+	"runtime"
 	"slices"
 	"time"
 
@@ -25,131 +37,194 @@ import (
 	"github.com/vgpu/vgpu/client"
 )
 
-// Report holds one run's measurements.
+// Report holds one run's measurements. Its JSON (MarshalJSON) is flat at
+// the top: the headline figures, every ratio of the system to its baseline
+// under a key ending in _ratio; the per-size and per-tenant-count figures
+// in the arrays transfers and dlrm.
 type Report struct {
-	BulkBytes      int     `json:"bulk_bytes"`
-	RawTCPMBps     float64 `json:"raw_tcp_mb_per_s"`
-	H2DMBps        float64 `json:"h2d_mb_per_s"`
-	D2HMBps        float64 `json:"d2h_mb_per_s"`
-	H2DRatio       float64 `json:"h2d_ratio"`
-	D2HRatio       float64 `json:"d2h_ratio"`
-	RawPingPongUs  float64 `json:"raw_ping_pong_us"`
-	SmallOpUs      float64 `json:"small_op_us"`
-	SmallOpRatio   float64 `json:"small_op_ratio"`
-	SmallOpSamples int     `json:"small_op_samples"`
+	Command   string `json:"command"`    // how the run was started
+	Date      string `json:"date"`       // RFC 3339, when it started
+	CPUs      int    `json:"cpus"`       // of the benchmarking process's machine
+	GoOSArch  string `json:"go_os_arch"` // GOOS/GOARCH
+	HostAlloc bool   `json:"host_alloc"` // bulk host buffers from client.HostAlloc
+	Rounds    int    `json:"rounds"`     // timed rounds of each transfer size
+	// The headline bulk size's figures, also in Transfers.
+	BulkBytes  int     `json:"bulk_bytes"`
+	MemcpyMBps float64 `json:"memcpy_mb_per_s"`
+	RawTCPMBps float64 `json:"raw_tcp_mb_per_s"`
+	H2DMBps    float64 `json:"h2d_mb_per_s"`
+	D2HMBps    float64 `json:"d2h_mb_per_s"`
+	H2DRatio   float64 `json:"h2d_ratio"`
+	D2HRatio   float64 `json:"d2h_ratio"`
+
+	// The raw ping-pong through relay and echo processes (the baseline of
+	// small_op_ratio), and through goroutines of this process.
+	RawPingPongUs       float64 `json:"raw_ping_pong_us"`
+	RawPingPongInprocUs float64 `json:"raw_ping_pong_inproc_us"`
+	SmallOpUs           float64 `json:"small_op_us"`
+	SmallOpRatio        float64 `json:"small_op_ratio"`
+	SmallOpInprocRatio  float64 `json:"small_op_inproc_ratio"`
+	SmallOpSamples      int     `json:"small_op_samples"`
 	// Asynchronous launches of a tiny kernel (fill_f32 of one float) queued
 	// on one stream and synchronized once, per second of the whole batch.
 	LaunchesPerS float64 `json:"launches_per_s"`
 	Launches     int     `json:"launches"`
+
+	// HintBytesRatio is DLRM's bytes moved without hints over with them,
+	// at the largest tenant count (per count: DLRMRun.BytesRatio, and the
+	// keys dlrm_<T>_tenants_bytes_ratio).
+	HintBytesRatio float64 `json:"hint_bytes_ratio"`
+
+	Transfers []Transfer `json:"transfers"`
+	DLRMModel DLRMShape  `json:"dlrm_model"`
+	DLRM      []DLRMRun  `json:"dlrm"`
 	// NodeLink compares plain TCP and mutual TLS to a node (in process,
 	// not the mediator's nodes); nil when skipped.
 	*NodeLinkReport
 }
 
-// Options size a run.
+// Options size a run; zero values take the defaults.
 type Options struct {
-	Socket    string
-	BulkBytes int // default 256 MiB
-	Rounds    int // bulk repetitions, the median counts; default 3
-	SmallOps  int // small operations timed; default 2000
-	Launches  int // asynchronous tiny launches timed; default 20000
+	Socket  string
+	Command string // recorded in the report; default "vgpuctl bench"
+	// BulkBytes is the headline size, whose figures are the report's
+	// h2d_ratio and d2h_ratio; default 256 MiB, or MaxBytes if smaller.
+	BulkBytes int
+	// MaxBytes caps the transfer sizes (DefaultSizes); default 1 GiB, and
+	// at least BulkBytes.
+	MaxBytes int
+	Rounds   int  // timed rounds of each transfer size, the median counts; default 5
+	Pageable bool // bulk host buffers from the Go heap instead of HostAlloc
+	SmallOps int  // small operations timed; default 2000
+	Launches int  // asynchronous tiny launches timed; default 20000
+	// Tenants are the DLRM tenant counts, each positive; nil: 1, 2, 4, 8;
+	// empty: no DLRM run.
+	Tenants []int
+	DLRM    DLRMShape
 	// NodeLinkBytes sizes the TLS-against-plain comparison to an in-process
 	// node; default min(BulkBytes, 64 MiB); negative: skip it.
 	NodeLinkBytes int
+	// Progress, if set, hears what is being measured as the run goes.
+	Progress func(string)
+}
+
+func (o *Options) defaults() {
+	if o.Command == "" {
+		o.Command = "vgpuctl bench"
+	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = 1 << 30
+		if o.BulkBytes > o.MaxBytes {
+			o.MaxBytes = o.BulkBytes
+		}
+	}
+	if o.BulkBytes <= 0 {
+		o.BulkBytes = min(256<<20, o.MaxBytes)
+	}
+	o.MaxBytes = max(o.MaxBytes, o.BulkBytes)
+	if o.Rounds <= 0 {
+		o.Rounds = 5
+	}
+	if o.SmallOps <= 0 {
+		o.SmallOps = 2000
+	}
+	if o.Launches <= 0 {
+		o.Launches = 20000
+	}
+	if o.Tenants == nil {
+		o.Tenants = []int{1, 2, 4, 8}
+	}
+	o.DLRM.defaults(o.MaxBytes)
+	if o.NodeLinkBytes == 0 {
+		o.NodeLinkBytes = min(o.BulkBytes, 64<<20)
+	}
+	if o.Progress == nil {
+		o.Progress = func(string) {}
+	}
 }
 
 // Run measures baselines and the system side by side.
 func Run(opt Options) (*Report, error) {
-	if opt.BulkBytes <= 0 {
-		opt.BulkBytes = 256 << 20
+	opt.defaults()
+	if i := slices.IndexFunc(opt.Tenants, func(n int) bool { return n <= 0 }); i >= 0 {
+		return nil, fmt.Errorf("DLRM with %d tenants: want at least 1: %w", opt.Tenants[i], api.ErrInvalidArgument)
 	}
-	if opt.Rounds <= 0 {
-		opt.Rounds = 3
+	r := &Report{
+		Command: opt.Command, Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(),
+		GoOSArch: runtime.GOOS + "/" + runtime.GOARCH, HostAlloc: !opt.Pageable,
+		Rounds: opt.Rounds, BulkBytes: opt.BulkBytes, SmallOpSamples: opt.SmallOps, Launches: opt.Launches, DLRMModel: opt.DLRM,
 	}
-	if opt.SmallOps <= 0 {
-		opt.SmallOps = 2000
-	}
-	if opt.Launches <= 0 {
-		opt.Launches = 20000
-	}
-	r := &Report{BulkBytes: opt.BulkBytes, SmallOpSamples: opt.SmallOps}
-	buf := make([]byte, opt.BulkBytes)
-	for i := range buf {
-		buf[i] = byte(i * 7)
-	}
-	raw, err := median(opt.Rounds, func() (time.Duration, error) { return rawStream(buf) })
-	if err != nil {
-		return nil, fmt.Errorf("raw TCP stream: %w", err)
-	}
-	r.RawTCPMBps = mbps(len(buf), raw)
-
-	c, err := client.Dial(client.Options{Socket: opt.Socket, Tenant: "bench"})
-	if err != nil {
+	if err := oneSession(r, opt); err != nil {
 		return nil, err
 	}
-	defer c.Close()
-	p, err := c.Malloc(0, uint64(len(buf)))
-	if err != nil {
-		return nil, err
-	}
-	s := c.Stream()
-	h2d, err := median(opt.Rounds, func() (time.Duration, error) {
-		start := time.Now()
-		s.CopyToDevice(p, buf)
-		err := s.Synchronize()
-		return time.Since(start), err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("host to device: %w", err)
-	}
-	back := make([]byte, len(buf))
-	d2h, err := median(opt.Rounds, func() (time.Duration, error) {
-		start := time.Now()
-		s.CopyFromDevice(back, p)
-		err := s.Synchronize()
-		return time.Since(start), err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("device to host: %w", err)
-	}
-	if !slices.Equal(back, buf) {
-		return nil, fmt.Errorf("device to host returned different bytes than were copied in: %w", api.ErrInternal)
-	}
-	r.H2DMBps, r.D2HMBps = mbps(len(buf), h2d), mbps(len(buf), d2h)
-	r.H2DRatio, r.D2HRatio = r.H2DMBps/r.RawTCPMBps, r.D2HMBps/r.RawTCPMBps
-
-	ping, err := rawPingPong(opt.SmallOps)
-	if err != nil {
-		return nil, fmt.Errorf("raw ping-pong: %w", err)
-	}
-	small := make([]byte, 4)
-	start := time.Now()
-	for range opt.SmallOps {
-		s.CopyFromDevice(small, p)
-		if err := s.Synchronize(); err != nil {
-			return nil, fmt.Errorf("small operation: %w", err)
+	var err error
+	if len(opt.Tenants) > 0 {
+		if r.DLRM, err = dlrm(opt.Socket, opt.DLRM, opt.Tenants, opt.Progress); err != nil {
+			return nil, err
 		}
+		r.HintBytesRatio = r.DLRM[len(r.DLRM)-1].BytesRatio
 	}
-	op := time.Since(start)
-	r.RawPingPongUs = us(ping, opt.SmallOps)
-	r.SmallOpUs = us(op, opt.SmallOps)
-	r.SmallOpRatio = r.SmallOpUs / r.RawPingPongUs
-	if r.LaunchesPerS, err = launchRate(s, p, opt.Launches); err != nil {
-		return nil, err
-	}
-	r.Launches = opt.Launches
-	if err := c.Free(p); err != nil {
-		return nil, err
-	}
-	if opt.NodeLinkBytes == 0 {
-		opt.NodeLinkBytes = min(opt.BulkBytes, 64<<20)
-	}
+
 	if opt.NodeLinkBytes > 0 {
+		opt.Progress("mediator→node writes, TLS against plain TCP")
 		if r.NodeLinkReport, err = NodeLink(opt.NodeLinkBytes, opt.Rounds); err != nil {
 			return nil, fmt.Errorf("node link, TLS against plain TCP: %w", err)
 		}
 	}
 	return r, nil
+}
+
+// oneSession measures what one tenant session does alone: transfers, the
+// small operation and launches.
+func oneSession(r *Report, opt Options) error {
+	c, err := client.Dial(client.Options{Socket: opt.Socket, Tenant: "bench"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if r.Transfers, err = transfers(c, sizesFor(opt.MaxBytes, opt.BulkBytes), opt.Rounds, opt.Pageable, opt.Progress); err != nil {
+		return err
+	}
+	for _, t := range r.Transfers {
+		if t.Bytes == opt.BulkBytes {
+			r.MemcpyMBps, r.RawTCPMBps, r.H2DMBps, r.D2HMBps = t.MemcpyMBps, t.RawTCPMBps, t.H2DMBps, t.D2HMBps
+			r.H2DRatio, r.D2HRatio = t.H2DRatio, t.D2HRatio
+		}
+	}
+	opt.Progress("small synchronous operations and launches")
+	return small(c, r, opt)
+}
+
+// small measures a 4-byte synchronous device→host copy against the raw
+// ping-pong, and the rate of asynchronous tiny launches.
+func small(c *client.Client, r *Report, opt Options) error {
+	p, err := c.Malloc(0, 4<<10)
+	if err != nil {
+		return err
+	}
+	defer c.Free(p)
+	ping, err := processPingPong(opt.SmallOps)
+	if err != nil {
+		return fmt.Errorf("raw ping-pong: %w", err)
+	}
+	pingIn, err := rawPingPong(opt.SmallOps)
+	if err != nil {
+		return fmt.Errorf("raw ping-pong in process: %w", err)
+	}
+	s := c.Stream()
+	b := make([]byte, 4)
+	start := time.Now()
+	for range opt.SmallOps {
+		s.CopyFromDevice(b, p)
+		if err := s.Synchronize(); err != nil {
+			return fmt.Errorf("small operation: %w", err)
+		}
+	}
+	op := time.Since(start)
+	r.RawPingPongUs, r.RawPingPongInprocUs, r.SmallOpUs = us(ping, opt.SmallOps), us(pingIn, opt.SmallOps), us(op, opt.SmallOps)
+	r.SmallOpRatio, r.SmallOpInprocRatio = ratio(r.SmallOpUs, r.RawPingPongUs), ratio(r.SmallOpUs, r.RawPingPongInprocUs)
+	r.LaunchesPerS, err = launchRate(s, p, opt.Launches)
+	return err
 }
 
 // launchRate queues n launches of a one-float fill on s, waits for them
@@ -172,140 +247,4 @@ func launchRate(s *client.Stream, p client.Ptr, n int) (float64, error) {
 		return 0, fmt.Errorf("after %d launches the buffer holds %g, want %d: %w", n, v, n-1, api.ErrInternal)
 	}
 	return rate, nil
-}
-
-func median(n int, f func() (time.Duration, error)) (time.Duration, error) {
-	ds := make([]time.Duration, n)
-	for i := range ds {
-		d, err := f()
-		if err != nil {
-			return 0, err
-		}
-		ds[i] = d
-	}
-	slices.Sort(ds)
-	return ds[n/2], nil
-}
-
-func mbps(n int, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e6 }
-func us(d time.Duration, n int) float64   { return float64(d.Microseconds()) / float64(n) }
-
-// rawStream sends buf over loopback TCP in chunks of api.MaxChunk to a
-// reader that discards it, and times it until the reader has everything.
-func rawStream(buf []byte) (time.Duration, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	got := make(chan error, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			got <- err
-			return
-		}
-		defer c.Close()
-		n, err := io.CopyBuffer(io.Discard, c, make([]byte, api.MaxChunk))
-		if err == nil && n != int64(len(buf)) {
-			err = fmt.Errorf("received %d bytes of %d", n, len(buf))
-		}
-		got <- err
-	}()
-	c, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		return 0, err
-	}
-	start := time.Now()
-	for off := 0; off < len(buf); off += api.MaxChunk {
-		if _, err := c.Write(buf[off:min(off+api.MaxChunk, len(buf))]); err != nil {
-			c.Close()
-			return 0, err
-		}
-	}
-	c.Close()
-	err = <-got
-	return time.Since(start), err
-}
-
-// rawPingPong times n round trips of a 20-byte message (a frame header and a
-// 4-byte payload) over a Unix socket to a relay, which forwards it over TCP
-// to an echo, and back the same way.
-func rawPingPong(n int) (time.Duration, error) {
-	dir, err := os.MkdirTemp("", "vgpu-bench")
-	if err != nil {
-		return 0, err
-	}
-	defer os.RemoveAll(dir)
-	tl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer tl.Close()
-	ul, err := net.Listen("unix", filepath.Join(dir, "relay.sock"))
-	if err != nil {
-		return 0, err
-	}
-	defer ul.Close()
-	const msg = 20
-	go func() { // echo
-		c, err := tl.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		b := make([]byte, msg)
-		for {
-			if _, err := io.ReadFull(c, b); err != nil {
-				return
-			}
-			if _, err := c.Write(b); err != nil {
-				return
-			}
-		}
-	}()
-	go func() { // relay
-		u, err := ul.Accept()
-		if err != nil {
-			return
-		}
-		defer u.Close()
-		t, err := net.Dial("tcp", tl.Addr().String())
-		if err != nil {
-			return
-		}
-		defer t.Close()
-		t.(*net.TCPConn).SetNoDelay(true)
-		b := make([]byte, msg)
-		for {
-			if _, err := io.ReadFull(u, b); err != nil {
-				return
-			}
-			if _, err := t.Write(b); err != nil {
-				return
-			}
-			if _, err := io.ReadFull(t, b); err != nil {
-				return
-			}
-			if _, err := u.Write(b); err != nil {
-				return
-			}
-		}
-	}()
-	c, err := net.Dial("unix", ul.Addr().String())
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	b := make([]byte, msg)
-	start := time.Now()
-	for range n {
-		if _, err := c.Write(b); err != nil {
-			return 0, err
-		}
-		if _, err := io.ReadFull(c, b); err != nil {
-			return 0, err
-		}
-	}
-	return time.Since(start), nil
 }

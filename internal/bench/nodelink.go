@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"slices"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -90,11 +89,6 @@ func NodeLink(bytes, rounds int) (*NodeLinkReport, error) {
 	r := &NodeLinkReport{Bytes: bytes, PlainMBps: mbps(bytes, medianOf(pt)), TLSMBps: mbps(bytes, medianOf(tt))}
 	r.Ratio = r.TLSMBps / r.PlainMBps
 	return r, nil
-}
-
-func medianOf(ds []time.Duration) time.Duration {
-	slices.Sort(ds)
-	return ds[len(ds)/2]
 }
 
 // link is a mediator-style connection to a node holding frames.

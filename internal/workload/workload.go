@@ -7,8 +7,8 @@ package workload
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/vgpu/vgpu/client"
@@ -56,29 +56,6 @@ func Execute(socket, tenant string, w Workload) Result {
 	return r
 }
 
-func randFloats(rng *rand.Rand, n int) []float32 {
-	v := make([]float32, n)
-	for i := range v {
-		v[i] = rng.Float32()*2 - 1
-	}
-	return v
-}
-
-// closeEnough compares got and want with a relative tolerance fit for
-// float32 sums whose order may differ, and names the first mismatch.
-func closeEnough(got, want []float32, tol float64) error {
-	if len(got) != len(want) {
-		return fmt.Errorf("%d results, want %d", len(got), len(want))
-	}
-	for i := range got {
-		g, w := float64(got[i]), float64(want[i])
-		if math.IsNaN(g) || math.Abs(g-w) > tol*math.Max(1, math.Abs(w)) {
-			return fmt.Errorf("element %d is %g, reference %g", i, g, w)
-		}
-	}
-	return nil
-}
-
 // upload allocates a buffer holding data.
 func upload(c *client.Client, s *client.Stream, data []byte) (client.Ptr, error) {
 	p, err := c.Malloc(0, uint64(len(data)))
@@ -92,7 +69,7 @@ func upload(c *client.Client, s *client.Stream, data []byte) (client.Ptr, error)
 // Sgemm computes C = alpha·A·B + beta·C (m×k times k×n) on the device.
 func Sgemm(c *client.Client, r *Result, m, n, k int) error {
 	rng := rand.New(rand.NewPCG(1, uint64(m*n*k)))
-	a, b, cm := randFloats(rng, m*k), randFloats(rng, k*n), randFloats(rng, m*n)
+	a, b, cm := RandFloats(rng, m*k), RandFloats(rng, k*n), RandFloats(rng, m*n)
 	const alpha, beta = 1.5, 0.5
 	start := time.Now()
 	s := c.Stream()
@@ -114,25 +91,15 @@ func Sgemm(c *client.Client, r *Result, m, n, k int) error {
 	r.Elapsed = time.Since(start)
 	r.Bytes = uint64(4*(m*k+k*n+m*n) + len(out))
 	r.Work = fmt.Sprintf("%.2f GFLOP", 2*float64(m)*float64(n)*float64(k)/1e9)
-	want := make([]float32, m*n)
-	for i := range m {
-		for j := range n {
-			want[i*n+j] = beta * cm[i*n+j]
-		}
-		for p := range k {
-			av := alpha * a[i*k+p]
-			for j := range n {
-				want[i*n+j] += av * b[p*n+j]
-			}
-		}
-	}
+	want := slices.Clone(cm)
+	SgemmRef(m, n, k, alpha, a, b, beta, want)
 	return check(r, client.BytesFloat32(out), want, 1e-4)
 }
 
 // Saxpy computes y = a·x + y over n floats on the device.
 func Saxpy(c *client.Client, r *Result, n int) error {
 	rng := rand.New(rand.NewPCG(2, uint64(n)))
-	x, y := randFloats(rng, n), randFloats(rng, n)
+	x, y := RandFloats(rng, n), RandFloats(rng, n)
 	const alpha = 2.5
 	start := time.Now()
 	s := c.Stream()
@@ -163,7 +130,7 @@ func Saxpy(c *client.Client, r *Result, n int) error {
 // EmbeddingBag pools nbags bags of random rows of a rows×dim table.
 func EmbeddingBag(c *client.Client, r *Result, rows, dim, nbags int) error {
 	rng := rand.New(rand.NewPCG(3, uint64(rows)))
-	table := randFloats(rng, rows*dim)
+	table := RandFloats(rng, rows*dim)
 	offsets := make([]int32, nbags)
 	var indices []int32
 	for b := range nbags {
@@ -200,23 +167,12 @@ func EmbeddingBag(c *client.Client, r *Result, rows, dim, nbags int) error {
 	r.Elapsed = time.Since(start)
 	r.Bytes = uint64(4*(len(table)+len(indices)+len(offsets)) + len(out))
 	r.Work = fmt.Sprintf("%d lookups of %d floats", len(indices), dim)
-	want := make([]float32, nbags*dim)
-	for b := range nbags {
-		end := len(indices)
-		if b+1 < nbags {
-			end = int(offsets[b+1])
-		}
-		for _, idx := range indices[offsets[b]:end] {
-			for j := range dim {
-				want[b*dim+j] += table[int(idx)*dim+j]
-			}
-		}
-	}
+	want := EmbeddingBagSumRef(table, dim, indices, offsets)
 	return check(r, client.BytesFloat32(out), want, 1e-5)
 }
 
 func check(r *Result, got, want []float32, tol float64) error {
-	if err := closeEnough(got, want, tol); err != nil {
+	if err := CloseEnough(got, want, tol); err != nil {
 		r.Detail = err.Error()
 		return nil
 	}

@@ -1,0 +1,165 @@
+package bench
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// Baselines: what the hardware and the kernel give without vgpu in the way,
+// measured in the same run as the system: in this process here, in peer
+// processes in peer.go.
+
+// memcpyTime times reps copies of src into dst (len(dst) == len(src)).
+func memcpyTime(dst, src []byte, reps int) time.Duration {
+	start := time.Now()
+	for range reps {
+		copy(dst, src)
+	}
+	return time.Since(start)
+}
+
+// tcpLink is a loopback TCP connection kept for the whole run, like a
+// mediator's connection to its node: a sender end and a receiver end.
+type tcpLink struct {
+	send, recv net.Conn
+}
+
+func dialTCPLink() (*tcpLink, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	acceptErr := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			acceptErr <- err
+			return
+		}
+		accepted <- c
+	}()
+	send, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case recv := <-accepted:
+		return &tcpLink{send: send, recv: recv}, nil
+	case err := <-acceptErr:
+		send.Close()
+		return nil, err
+	}
+}
+
+func (l *tcpLink) Close() error {
+	l.send.Close()
+	return l.recv.Close()
+}
+
+// stream sends src reps times over the link, written in chunks of
+// api.MaxChunk, to a receiver that reads each repetition into dst (the
+// same size as src, already touched) with plain Read calls of up to
+// api.MaxChunk, the way a copy lands in its destination. It returns the
+// time from the first write until the receiver has every byte.
+func (l *tcpLink) stream(dst, src []byte, reps int) (time.Duration, error) {
+	if len(dst) != len(src) {
+		return 0, fmt.Errorf("raw stream: destination of %d bytes for %d: %w", len(dst), len(src), api.ErrInvalidArgument)
+	}
+	got := make(chan error, 1)
+	go func() {
+		for range reps {
+			for off := 0; off < len(dst); {
+				n, err := l.recv.Read(dst[off:min(off+api.MaxChunk, len(dst))])
+				off += n
+				if err != nil {
+					got <- fmt.Errorf("raw stream: received %d bytes of %d: %w", off, len(dst), err)
+					return
+				}
+			}
+		}
+		got <- nil
+	}()
+	start := time.Now()
+	for range reps {
+		for off := 0; off < len(src); off += api.MaxChunk {
+			if _, err := l.send.Write(src[off:min(off+api.MaxChunk, len(src))]); err != nil {
+				l.Close() // ends the receiver
+				<-got
+				return 0, err
+			}
+		}
+	}
+	err := <-got
+	return time.Since(start), err
+}
+
+// rawPingPong times n round trips of a ping-pong message over a Unix
+// socket to a relay goroutine, which forwards it over TCP to an echo
+// goroutine, and back the same way: processPingPong's hops within one
+// process.
+func rawPingPong(n int) (time.Duration, error) {
+	dir, err := os.MkdirTemp("", "vgpu-bench")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer tl.Close()
+	ul, err := net.Listen("unix", filepath.Join(dir, "relay.sock"))
+	if err != nil {
+		return 0, err
+	}
+	defer ul.Close()
+	go func() {
+		if c, err := tl.Accept(); err == nil {
+			defer c.Close()
+			_ = echo(c)
+		}
+	}()
+	go func() {
+		u, err := ul.Accept()
+		if err != nil {
+			return
+		}
+		t, err := net.Dial("tcp", tl.Addr().String())
+		if err != nil {
+			u.Close()
+			return
+		}
+		_ = relay(u, t)
+	}()
+	c, err := net.Dial("unix", ul.Addr().String())
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	return pingPong(c, n)
+}
+
+func medianOf(ds []time.Duration) time.Duration {
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+func mbps(n int, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e6 }
+func us(d time.Duration, n int) float64   { return d.Seconds() * 1e6 / float64(n) }
+
+// ratio is a/b, or 0 when b is not a measurement.
+func ratio(a, b float64) float64 {
+	if !(b > 0) {
+		return 0
+	}
+	return a / b
+}

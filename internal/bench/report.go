@@ -1,0 +1,141 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// Files are the names WriteFiles gives the report in its directory.
+const (
+	JSONFile     = "bench.json"
+	MarkdownFile = "bench.md"
+	SVGFile      = "bench.svg"
+)
+
+// MarshalJSON writes the report's fields, then one key per DLRM tenant
+// count, dlrm_<T>_tenants_bytes_ratio: bytes moved without hints over with
+// them.
+func (r *Report) MarshalJSON() ([]byte, error) {
+	type plain Report // without this method
+	b, err := json.Marshal((*plain)(r))
+	if err != nil {
+		return nil, err
+	}
+	var extra bytes.Buffer
+	for _, d := range r.DLRM {
+		if d.Hints {
+			fmt.Fprintf(&extra, `,"dlrm_%d_tenants_bytes_ratio":%s`, d.Tenants, strconv.FormatFloat(d.BytesRatio, 'g', -1, 64))
+		}
+	}
+	if extra.Len() == 0 {
+		return b, nil
+	}
+	b = b[:len(b)-1] // the closing brace
+	b = append(b, extra.Bytes()...)
+	return append(b, '}'), nil
+}
+
+// WriteJSON writes r as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteFiles writes the report to dir (created if missing) as JSONFile,
+// MarkdownFile and SVGFile; the markdown shows the chart.
+func (r *Report) WriteFiles(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name  string
+		write func(io.Writer) error
+	}{{JSONFile, r.WriteJSON}, {MarkdownFile, func(w io.Writer) error { return r.WriteMarkdown(w, SVGFile) }}, {SVGFile, r.WriteSVG}} {
+		var b bytes.Buffer
+		if err := f.write(&b); err != nil {
+			return fmt.Errorf("%s: %w", f.name, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f.name), b.Bytes(), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteMarkdown writes one table per section, the command that produced
+// them at the top; chart, if not empty, is the SVG to show under it.
+func (r *Report) WriteMarkdown(w io.Writer, chart string) error {
+	var b bytes.Buffer
+	host := "shared with the mediator (`client.HostAlloc`, like pinned memory of a GPU driver)"
+	if !r.HostAlloc {
+		host = "ordinary Go memory (pageable)"
+	}
+	fmt.Fprintf(&b, "# Data-path benchmark\n\n")
+	fmt.Fprintf(&b, "Produced by `%s` on %s, %d CPUs (%s). Every figure beside its baseline from the same run; "+
+		"a ratio is the system over its baseline.\n\n", r.Command, r.Date, r.CPUs, r.GoOSArch)
+	if chart != "" {
+		fmt.Fprintf(&b, "![host↔device ratios per size; DLRM bytes moved with and without hints](%s)\n\n", chart)
+	}
+
+	fmt.Fprintf(&b, "## Host↔device copies\n\n")
+	fmt.Fprintf(&b, "`%s`: copies between host memory %s and device memory, against memcpy and a raw loopback TCP stream "+
+		"of the same bytes to a receiver process (written in %s chunks, read with plain reads into a destination of the transfer's size); "+
+		"the ratios are to that stream. The same stream to a receiver goroutine of the benchmarking process is shown for comparison. "+
+		"Each round is the given number of back-to-back copies and one synchronize; the median of %d rounds counts. "+
+		"Every size's device→host bytes are compared with what was copied in.\n\n", r.Command, host, api.FormatSize(api.MaxChunk), r.Rounds)
+	fmt.Fprintf(&b, "| size | copies per round | memcpy | raw TCP stream | (in process) | host→device | **h2d ratio** | device→host | **d2h ratio** |\n")
+	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, t := range r.Transfers {
+		fmt.Fprintf(&b, "| %s | %d | %.0f MB/s | %.0f MB/s | %.0f MB/s | %.0f MB/s | **%.2f** | %.0f MB/s | **%.2f** |\n",
+			api.FormatSize(uint64(t.Bytes)), t.Reps, t.MemcpyMBps, t.RawTCPMBps, t.RawTCPInprocMBps, t.H2DMBps, t.H2DRatio, t.D2HMBps, t.D2HRatio)
+	}
+
+	fmt.Fprintf(&b, "\n## Small operations\n\n")
+	fmt.Fprintf(&b, "`%s`: one session, one stream.\n\n", r.Command)
+	fmt.Fprintf(&b, "| measure | vgpu | baseline | ratio |\n|---|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| 4-byte device→host, synchronous (%d samples) | %.1f µs | %.1f µs (raw Unix+TCP ping-pong through relay and echo processes) | **%.2f** |\n",
+		r.SmallOpSamples, r.SmallOpUs, r.RawPingPongUs, r.SmallOpRatio)
+	fmt.Fprintf(&b, "| the same | %.1f µs | %.1f µs (the ping-pong through goroutines of one process) | %.2f |\n",
+		r.SmallOpUs, r.RawPingPongInprocUs, r.SmallOpInprocRatio)
+	fmt.Fprintf(&b, "| asynchronous launches of a tiny kernel (%d, checked) | %.0f /s | – | – |\n", r.Launches, r.LaunchesPerS)
+
+	if len(r.DLRM) > 0 {
+		m := r.DLRMModel
+		fmt.Fprintf(&b, "\n## DLRM-style inference, several tenants\n\n")
+		fmt.Fprintf(&b, "`%s`: each tenant its own session, all serving the same model: a %s embedding table (%d-wide rows), "+
+			"then layers of %d×%d and %d×%d (sgemm). A step pools %d bags of %d rows (embedding_bag_sum), runs both layers "+
+			"and copies the outputs back; every output is checked against a pure-Go reference. The first tenant loads the "+
+			"model, then the others at once; then all run %d steps at once. With hints the weights are allocated as "+
+			"weights and sealed (a node that holds them already is not sent them again), the step buffers as staging "+
+			"and activations. Bytes are what the mediator sent to and received from nodes for these sessions.\n\n",
+			r.Command, api.FormatSize(uint64(m.TableBytes)), m.Dim, m.Dim, m.Hidden, m.Hidden, m.Out, m.Batch, m.Pooling, m.Steps)
+		fmt.Fprintf(&b, "| tenants | hints | bytes moved: load | steps | not sent (dedup) | load time | steps/s (all tenants) | **bytes without / with hints** |\n")
+		fmt.Fprintf(&b, "|---:|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, d := range r.DLRM {
+			hints, ratio := "no", "–"
+			if d.Hints {
+				hints, ratio = "yes", fmt.Sprintf("**%.2f**", d.BytesRatio)
+			}
+			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %.2f s | %.1f | %s |\n", d.Tenants, hints, api.FormatSize(d.LoadBytes),
+				api.FormatSize(d.StepBytes), api.FormatSize(d.DedupBytes), d.LoadS, d.StepsPerS, ratio)
+		}
+	}
+
+	if nl := r.NodeLinkReport; nl != nil {
+		fmt.Fprintf(&b, "\n## Mutual TLS on the node link\n\n")
+		fmt.Fprintf(&b, "`%s`: an in-process sim node with a plain and a mutual-TLS listener; %s of pipelined node writes through each, "+
+			"alternating, median of rounds.\n\n", r.Command, api.FormatSize(uint64(nl.Bytes)))
+		fmt.Fprintf(&b, "| plain TCP | mutual TLS | **TLS / plain** |\n|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "| %.0f MB/s | %.0f MB/s | **%.2f** |\n", nl.PlainMBps, nl.TLSMBps, nl.Ratio)
+	}
+	_, err := w.Write(b.Bytes())
+	return err
+}
