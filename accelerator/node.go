@@ -292,6 +292,16 @@ func (c *conn) handshake() error {
 }
 
 func (c *conn) readLoop(queue chan<- request) error {
+	// Replies to requests run here stay buffered while the next request has
+	// already arrived, so a burst is answered in a few writes (api.Conn.Hold).
+	held := false
+	release := func() {
+		if held {
+			_ = c.c.Release() // a broken connection fails the next read
+			held = false
+		}
+	}
+	defer release()
 	for {
 		h, err := c.c.ReadHeader()
 		if err != nil {
@@ -308,8 +318,18 @@ func (c *conn) readLoop(queue chan<- request) error {
 		// request is done.
 		idle := c.pending.Load() == 0
 		if idle && h.Op == api.OpNodeWrite {
+			more := c.c.Buffered() >= int(h.Len)+api.HeaderSize
+			if !more {
+				release() // the payload may take a while to arrive
+			} else if !held {
+				c.c.Hold()
+				held = true
+			}
 			if err := c.writeDirect(h); err != nil {
 				return err
+			}
+			if !more {
+				release()
 			}
 			continue
 		}
@@ -328,11 +348,20 @@ func (c *conn) readLoop(queue chan<- request) error {
 		// scheduler, and reading on meanwhile shows it that the tenant has
 		// more work queued (tenantShare.waiting).
 		if idle && r.pool == nil && h.Op != api.OpNodeLaunch && h.Op != api.OpNodeBatch {
+			more := c.c.Buffered() >= api.HeaderSize
+			if more && !held {
+				c.c.Hold()
+				held = true
+			}
 			if !c.run(r) {
 				return fmt.Errorf("reply to %v: connection broken: %w", h.Op, net.ErrClosed)
 			}
+			if !more {
+				release()
+			}
 			continue
 		}
+		release() // the executor answers from here on
 		c.pending.Add(1)
 		queue <- r
 	}

@@ -56,7 +56,29 @@ type Conn struct {
 	fds *fdReader // descriptors received, if the peer may send them (fd.go)
 
 	sent, recv atomic.Uint64 // frame bytes written and read
+	holds      atomic.Int32  // Hold calls not yet released: writes stay buffered
 }
+
+// Hold keeps frames written from now on in the connection's buffer, so that
+// a burst of them leaves in a few large writes rather than one system call
+// each, until every Hold is Released. Frames written with force (RPC.Go,
+// RPC.Call: someone waits for their reply) still flush everything. A
+// holder must Release before it blocks on anything.
+func (c *Conn) Hold() { c.holds.Add(1) }
+
+// Release ends a Hold; the last one flushes what is buffered.
+func (c *Conn) Release() error {
+	if c.holds.Add(-1) != 0 {
+		return nil
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.w.Flush()
+}
+
+// Buffered is how many bytes have been read from the connection and not yet
+// consumed: more than a header means the peer's next frame has arrived.
+func (c *Conn) Buffered() int { return c.r.Buffered() }
 
 // Counts returns the bytes of frames, headers included, written to and
 // read from the connection so far.
@@ -162,9 +184,14 @@ func (c *Conn) skipBody(n int) error {
 	return err
 }
 
-// WriteFrame writes one frame whose body is the concatenation of parts.
-// Large parts go straight to the socket without being copied.
+// WriteFrame writes one frame whose body is the concatenation of parts,
+// and flushes it unless the connection is held (Hold). Large parts go
+// straight to the socket without being copied.
 func (c *Conn) WriteFrame(op Op, flags uint16, id uint64, parts ...[]byte) error {
+	return c.writeFrame(false, op, flags, id, parts...)
+}
+
+func (c *Conn) writeFrame(force bool, op Op, flags uint16, id uint64, parts ...[]byte) error {
 	n := 0
 	for _, p := range parts {
 		n += len(p)
@@ -188,6 +215,9 @@ func (c *Conn) WriteFrame(op Op, flags uint16, id uint64, parts ...[]byte) error
 		}
 	}
 	c.sent.Add(uint64(HeaderSize + n))
+	if !force && c.holds.Load() > 0 {
+		return nil
+	}
 	return c.w.Flush()
 }
 

@@ -64,7 +64,7 @@ func NewRPC(conn *Conn, name string) *RPC {
 func (r *RPC) Go(op Op, into []byte, parts ...[]byte) *Call {
 	c := r.register(op, into)
 	if c.Err == nil {
-		if err := r.conn.WriteFrame(op, 0, c.id, parts...); err != nil {
+		if err := r.conn.writeFrame(true, op, 0, c.id, parts...); err != nil {
 			r.sendFailed(c, err)
 		}
 	}
@@ -74,7 +74,8 @@ func (r *RPC) Go(op Op, into []byte, parts ...[]byte) *Call {
 // GoThen is Go with a continuation: then runs once the call has completed,
 // on the goroutine that reads replies (or on the caller's, if the call
 // fails at once). It must not block for long: replies to every other call
-// wait behind it.
+// wait behind it. Unlike Go, it leaves the request in the connection's
+// buffer while the connection is held (Hold).
 func (r *RPC) GoThen(op Op, into []byte, then func(*Call), parts ...[]byte) *Call {
 	c := r.registerThen(op, into, then)
 	if c.Err == nil {
@@ -121,6 +122,10 @@ func (r *RPC) Call(op Op, into []byte, parts ...[]byte) ([]byte, error) {
 	err := c.Wait()
 	return c.Body, err
 }
+
+// Hold and Release hold the connection's writes (Conn.Hold).
+func (r *RPC) Hold()          { r.conn.Hold() }
+func (r *RPC) Release() error { return r.conn.Release() }
 
 // Counts returns the bytes of frames sent and received on the connection.
 func (r *RPC) Counts() (sent, recv uint64) { return r.conn.Counts() }

@@ -110,7 +110,7 @@ func (st *stream) dedup(m *api.CopyHost, src []byte, c *completion, idx int) (de
 				req.Dst = append(req.Dst, api.Extent{Addr: a, Len: memory.FrameSize})
 			}
 		}
-		st.nb.flush() // what the stream gathered goes first
+		st.unblock() // what the stream gathered goes first
 		call = v.rpc.Go(api.OpNodeDedup, nil, api.Encode(&req))
 	}
 	s.issueMu.Unlock()

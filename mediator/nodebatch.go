@@ -2,6 +2,7 @@ package mediator
 
 import (
 	"encoding/binary"
+	"slices"
 
 	"github.com/vgpu/vgpu/api"
 )
@@ -17,7 +18,7 @@ import (
 // Limits of gathering: bodies larger than gatherItem go alone, and a node
 // batch is sent once it holds gatherBytes.
 const (
-	gatherItem  = 64 << 10
+	gatherItem  = 8 << 10
 	gatherBytes = 256 << 10
 )
 
@@ -51,6 +52,9 @@ func (b *nodeBatch) add(c *completion, v vdev, idx int, op api.Op, parts [][]byt
 	}
 	if len(b.idx) == 0 {
 		b.c, b.v, b.first = c, v, parts
+		if b.body == nil {
+			b.body = make([]byte, 0, gatherBytes+gatherItem+64)
+		}
 	}
 	n := 0
 	for _, p := range parts {
@@ -73,7 +77,9 @@ func (b *nodeBatch) flush() {
 	if len(b.idx) == 0 {
 		return
 	}
-	c, v, idx, ops := b.c, b.v, b.idx, b.ops
+	c, v, ops := b.c, b.v, b.ops
+	idx := slices.Clone(b.idx) // the continuation keeps it; b's is reused
+	ops = slices.Clone(ops)
 	if len(idx) == 1 {
 		c.send(v, ops[0], nil, func(call *api.Call) {
 			if call.Err != nil {
@@ -95,5 +101,6 @@ func (b *nodeBatch) flush() {
 			}
 		}, hdr.B, b.body)
 	}
-	*b = nodeBatch{}
+	// The body's bytes were written out by send; its buffer is reused.
+	*b = nodeBatch{body: b.body[:0], idx: b.idx[:0], ops: b.ops[:0]}
 }

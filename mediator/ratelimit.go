@@ -151,12 +151,16 @@ func (m *Mediator) bandwidth(tenant string) uint64 {
 }
 
 // wait charges n bytes and waits until they may pass, or until done is
-// closed (the session ends), which fails with api.ErrUnavailable.
-func (l *limiter) wait(n uint64, done <-chan struct{}) error {
+// closed (the session ends), which fails with api.ErrUnavailable. If it
+// must wait, it calls before first.
+func (l *limiter) wait(n uint64, done <-chan struct{}, before func()) error {
 	at := l.b.reserve(l.m.bandwidth(l.tenant), n, monoNow())
 	d := time.Duration(at - monoNow())
 	if d <= 0 {
 		return nil
+	}
+	if before != nil {
+		before()
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()

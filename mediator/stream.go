@@ -204,6 +204,9 @@ func (c *completion) call(v vdev, idx int, op api.Op, into []byte, parts ...[]by
 func (c *completion) send(v vdev, op api.Op, into []byte, check func(*api.Call), parts ...[]byte) {
 	c.pending.Add(1)
 	c.st.calls.add(1)
+	if c.st.gather {
+		c.st.hold(v.rpc)
+	}
 	v.rpc.GoThen(op, into, func(call *api.Call) {
 		check(call)
 		c.done()
@@ -286,7 +289,8 @@ type stream struct {
 	calls    flight // node calls not yet completed
 	gather   bool   // issuing a batch: gather node calls into nb
 	nb       nodeBatch
-	lastNode int // node of calls possibly still in flight; -1 none
+	held     []*api.RPC // connections whose writes the issuer holds (api.Conn.Hold)
+	lastNode int        // node of calls possibly still in flight; -1 none
 }
 
 const streamDepth = 256
@@ -337,7 +341,7 @@ func (st *stream) run(cmd *command) {
 	// Gathering would let an eviction's node calls overtake gathered ones
 	// that touch the evicted frame, so spaces that evict send each call.
 	st.gather = (cmd.op == api.OpBatch || cmd.op == api.OpGraphLaunch) && !st.s.evicts
-	defer func() { st.nb.flush(); st.gather = false }()
+	defer func() { st.unblock(); st.gather = false }()
 	if st.s.gone.Load() {
 		// A tenant that is gone gets no more work done.
 		c.fail(0, cmd.op, fmt.Errorf("%v not issued: the tenant reads no replies: %w", cmd.op, api.ErrUnavailable))
@@ -346,7 +350,7 @@ func (st *stream) run(cmd *command) {
 	} else {
 		st.issueOne(cmd, c, 0)
 	}
-	st.nb.flush()
+	st.unblock()
 	if cmd.pool != nil {
 		st.s.putIn(cmd.pool) // the payloads are on the wire already
 	}
@@ -375,7 +379,7 @@ func (st *stream) issueOne(cmd *command, c *completion, idx int) {
 	// Bandwidth is paid for before the session's lock is taken, so a
 	// wait holds up this stream alone.
 	if n := st.charge(cmd); n > 0 {
-		if err := st.s.bw.wait(n, st.s.ending); err != nil {
+		if err := st.s.bw.wait(n, st.s.ending, st.unblock); err != nil {
 			c.fail(idx, cmd.op, err)
 			return
 		}
@@ -388,6 +392,7 @@ func (st *stream) issueOne(cmd *command, c *completion, idx int) {
 		err = st.fromDeviceHost(&cmd.host, c, idx)
 	case api.OpCopyFromDevice:
 		// A copy from the device needs a reply buffer of the session's.
+		st.unblock()
 		if err = st.s.takeBuffer(st.s.outBufs); err == nil {
 			c.out = bodyPool.Get().(*[]byte)
 			st.s.issueMu.Lock()
@@ -433,10 +438,33 @@ func (st *stream) charge(cmd *command) uint64 {
 	return 0
 }
 
+// hold keeps rpc's writes buffered until unblock, so that a batch's calls
+// leave in few system calls.
+func (st *stream) hold(rpc *api.RPC) {
+	for _, h := range st.held {
+		if h == rpc {
+			return
+		}
+	}
+	rpc.Hold()
+	st.held = append(st.held, rpc)
+}
+
+// unblock sends what the stream has gathered and releases the connections
+// it holds: the issuer calls it before anything that may wait.
+func (st *stream) unblock() {
+	st.nb.flush()
+	for _, h := range st.held {
+		_ = h.Release() // a failed write fails the calls through the reader
+	}
+	clear(st.held)
+	st.held = st.held[:0]
+}
+
 // waitIdle waits for every call in flight, so that work can move to another
 // node without overtaking it.
 func (st *stream) waitIdle() {
-	st.nb.flush()
+	st.unblock()
 	st.calls.wait()
 	st.lastNode = -1
 }
