@@ -2,6 +2,7 @@ package accelerator
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/vgpu/vgpu/api"
@@ -24,13 +25,14 @@ type frameTable struct {
 	mu     sync.RWMutex
 	owners []owner // by frame number
 	sealed []bool  // by frame number
+	shared map[int][]api.Extent // by frame number: the runs of it in shared objects (shared.go)
 	free   int
 	hint   int // where the next search for a run starts
 }
 
 func newFrameTable(memory uint64) *frameTable {
 	n := int(memory / FrameSize)
-	return &frameTable{owners: make([]owner, n), sealed: make([]bool, n), free: n}
+	return &frameTable{owners: make([]owner, n), sealed: make([]bool, n), shared: map[int][]api.Extent{}, free: n}
 }
 
 // alloc grants n frames to o: one contiguous run, found first-fit from the
@@ -163,6 +165,13 @@ func (t *frameTable) check(o owner, xs []api.Extent, write bool) error {
 			if write && t.sealed[f] {
 				return fmt.Errorf("extent [%#x, +%d) touches sealed frame %#x, which is read-only: %w", x.Addr, x.Len, f*FrameSize, api.ErrPermissionDenied)
 			}
+			if write {
+				for _, s := range t.shared[int(f)] {
+					if s.Addr < x.Addr+x.Len && x.Addr < s.Addr+s.Len {
+						return fmt.Errorf("extent [%#x, +%d) overlaps [%#x, +%d) of a shared object, which is written only through the object: %w", x.Addr, x.Len, s.Addr, s.Len, api.ErrPermissionDenied)
+					}
+				}
+			}
 		}
 	}
 	return nil
@@ -195,6 +204,27 @@ func (t *frameTable) unseal(addrs []uint64) []uint64 {
 		}
 	}
 	return out
+}
+
+// share records xs as runs of a shared object (on), or no longer (off).
+func (t *frameTable) share(xs []api.Extent, on bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, x := range xs {
+		for a := x.Addr; a < x.Addr+x.Len; {
+			f := int(a / FrameSize)
+			end := min(x.Addr+x.Len, uint64(f+1)*FrameSize)
+			piece := api.Extent{Addr: a, Len: end - a}
+			if on {
+				t.shared[f] = append(t.shared[f], piece)
+			} else if i := slices.Index(t.shared[f], piece); i >= 0 {
+				if t.shared[f] = slices.Delete(t.shared[f], i, i+1); len(t.shared[f]) == 0 {
+					delete(t.shared, f)
+				}
+			}
+			a = end
+		}
+	}
 }
 
 // usage reports total and free frames.

@@ -96,6 +96,7 @@ type Node struct {
 	log     logrus.FieldLogger
 
 	content   *contentIndex // sealed frames by contents (content.go)
+	objects   *objectTable  // shared objects this node is home of (shared.go)
 	nextOwner atomic.Uint64
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -107,7 +108,7 @@ type Node struct {
 // New returns a node that serves devs, whose memory sizes must be multiples
 // of FrameSize. backend names them in status ("sim").
 func New(backend string, devs []Device, log logrus.FieldLogger) (*Node, error) {
-	n := &Node{backend: backend, log: log, content: newContentIndex(), conns: map[net.Conn]struct{}{}}
+	n := &Node{backend: backend, log: log, content: newContentIndex(), objects: newObjectTable(), conns: map[net.Conn]struct{}{}}
 	for i, d := range devs {
 		info := d.Info()
 		if info.Index != uint32(i) || info.Memory < FrameSize || info.Memory%FrameSize != 0 {
@@ -317,6 +318,18 @@ func (c *conn) readLoop(queue chan<- request) error {
 		// only this goroutine queues, so pending == 0 means every earlier
 		// request is done.
 		idle := c.pending.Load() == 0
+		if h.Op == api.OpNodeInvalAck || h.Op == api.OpNodeRevokedAck {
+			// Acknowledgements are answered here even while the executor is
+			// busy: it may be waiting for one (shared.go).
+			r := request{h: h, body: make([]byte, h.Len)}
+			if err := c.c.ReadBody(r.body); err != nil {
+				return err
+			}
+			if !c.run(r) {
+				return fmt.Errorf("reply to %v: connection broken: %w", h.Op, net.ErrClosed)
+			}
+			continue
+		}
 		if idle && h.Op == api.OpNodeWrite {
 			more := c.c.Buffered() >= int(h.Len)+api.HeaderSize
 			if !more {
@@ -346,8 +359,10 @@ func (c *conn) readLoop(queue chan<- request) error {
 		// Other bulk requests go to the executor, so the reader goes on
 		// reading. So do launches and batches: they wait for the device's
 		// scheduler, and reading on meanwhile shows it that the tenant has
-		// more work queued (tenantShare.waiting).
-		if idle && r.pool == nil && h.Op != api.OpNodeLaunch && h.Op != api.OpNodeBatch {
+		// more work queued (tenantShare.waiting); and writes of shared
+		// objects, which wait for acknowledgements this reader may have to
+		// take.
+		if idle && r.pool == nil && h.Op != api.OpNodeLaunch && h.Op != api.OpNodeBatch && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke {
 			more := c.c.Buffered() >= api.HeaderSize
 			if more && !held {
 				c.c.Hold()
@@ -423,6 +438,9 @@ func decode(op api.Op, body []byte, m api.Message) error {
 // do executes one request and sends its reply; a returned error has not been
 // replied to yet.
 func (c *conn) do(r request) error {
+	if ok, err := c.objectOp(r); ok {
+		return err
+	}
 	switch r.h.Op {
 	case api.OpKernels:
 		return c.c.Reply(r.h, api.Encode(&api.KernelList{Kernels: kernels.Catalog()}))
@@ -565,6 +583,7 @@ func (c *conn) apply(op api.Op, body []byte) error {
 // scrubAndRelease takes frames out of the content index (unsealing them),
 // zeroes them, in runs of contiguous frames, then frees them.
 func (c *conn) scrubAndRelease(d *device, frames []uint64) error {
+	c.node.dropObjects(c, d, frames)
 	c.node.content.forget(d, frames)
 	for i := 0; i < len(frames); {
 		j := i + 1
@@ -581,6 +600,7 @@ func (c *conn) scrubAndRelease(d *device, frames []uint64) error {
 }
 
 func (c *conn) releaseAll() {
+	c.node.dropObjects(c, nil, nil)
 	for _, d := range c.node.devs {
 		frames := d.frames.ownedBy(c.owner)
 		if len(frames) == 0 {

@@ -169,16 +169,19 @@ type SessionStats struct {
 	// Bytes of frames read from and written to the tenant's own socket:
 	// bulk data through shared memory does not count here.
 	SocketIn, SocketOut uint64
+	// Pages of shared buffers read from the mediator's cache and from
+	// their node.
+	SharedHits, SharedMisses uint64
 }
 
 func (m *SessionStats) Marshal(e *Encoder) {
-	for _, v := range []uint64{m.CopiedIn, m.CopiedOut, m.Launches, m.NetOut, m.NetIn, m.DedupHits, m.DedupBytes, m.SocketIn, m.SocketOut} {
+	for _, v := range []uint64{m.CopiedIn, m.CopiedOut, m.Launches, m.NetOut, m.NetIn, m.DedupHits, m.DedupBytes, m.SocketIn, m.SocketOut, m.SharedHits, m.SharedMisses} {
 		e.U64(v)
 	}
 }
 
 func (m *SessionStats) Unmarshal(d *Decoder) {
-	for _, v := range []*uint64{&m.CopiedIn, &m.CopiedOut, &m.Launches, &m.NetOut, &m.NetIn, &m.DedupHits, &m.DedupBytes, &m.SocketIn, &m.SocketOut} {
+	for _, v := range []*uint64{&m.CopiedIn, &m.CopiedOut, &m.Launches, &m.NetOut, &m.NetIn, &m.DedupHits, &m.DedupBytes, &m.SocketIn, &m.SocketOut, &m.SharedHits, &m.SharedMisses} {
 		*v = d.U64()
 	}
 }

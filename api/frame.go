@@ -34,6 +34,7 @@ var BodyTimeout = 30 * time.Second
 const (
 	FlagReply uint16 = 1 << iota // the frame answers request ID
 	FlagError                    // the reply body is an error (code, message)
+	FlagPush                     // an unsolicited notice from the server; never answered
 )
 
 // Header precedes every frame: body length, operation, flags, request id.
@@ -219,6 +220,12 @@ func (c *Conn) writeFrame(force bool, op Op, flags uint16, id uint64, parts ...[
 		return nil
 	}
 	return c.w.Flush()
+}
+
+// Push sends the peer an unsolicited notice (FlagPush), flushed at once
+// even while the connection is held.
+func (c *Conn) Push(op Op, body []byte) error {
+	return c.writeFrame(true, op, FlagPush, 0, body)
 }
 
 // Reply answers request h with a body made of parts.

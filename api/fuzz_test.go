@@ -50,9 +50,20 @@ func samples() []Message {
 		&Seal{Addr: 0x7f0000000000},
 		&Graph{Graph: 5},
 		&GraphLaunch{Stream: 1, Graph: 5},
-		&SessionStats{CopiedIn: 1, CopiedOut: 2, Launches: 3, NetOut: 4, NetIn: 5, DedupHits: 6, DedupBytes: 7, SocketIn: 8, SocketOut: 9},
+		&SessionStats{CopiedIn: 1, CopiedOut: 2, Launches: 3, NetOut: 4, NetIn: 5, DedupHits: 6, DedupBytes: 7, SocketIn: 8, SocketOut: 9, SharedHits: 10, SharedMisses: 11},
 		&NodeDedup{Device: 0, Dst: ext[1:], Hashes: [][32]byte{{1, 2, 3}}},
 		&NodeDedupReply{Hit: []bool{true, false}},
+		&Export{Addr: 0x1000, Mode: ModeCoherent, Grants: []Grant{{Tenant: "b", Write: true}, {Tenant: "c"}}},
+		&Shared{Node: "10.0.0.1:7070", Object: 9},
+		&ImportReply{Addr: 1 << 47, Size: 4096, Mode: ModeImmutable},
+		&Revoke{Addr: 0x1000, Tenant: "c"},
+		&NodeExport{Device: 1, Extents: ext, Mode: ModeVersioned, Grants: []Grant{{Tenant: "b"}}},
+		&NodeObject{Object: 9},
+		&NodeImportReply{Size: 4096, Mode: ModeCoherent, Write: true, PageSize: 65536, LeaseNs: 1e8},
+		&NodeRevoke{Object: 9, Tenant: "b"},
+		&NodeObjAccess{Object: 9, Off: 64, Len: 8, Payload: []byte("data")},
+		&NodeGrant{Version: 3, LeaseNs: 1e8, Sealed: true},
+		&NodeInval{Object: 9, Page: 3, Version: 4},
 	}
 }
 

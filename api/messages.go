@@ -43,6 +43,9 @@ const (
 	OpGraphLaunch                       // GraphLaunch
 	OpGraphDestroy                      // Graph
 	OpSessionStats                      // → SessionStats
+	OpExport                            // Export → Shared
+	OpImport                            // Shared → ImportReply
+	OpRevoke                            // Revoke
 )
 
 // Operator operations: vgpuctl and vgpu-hook → mediator. Those that change
@@ -56,17 +59,27 @@ const (
 
 // Node operations: mediator → node. Addresses are physical device addresses.
 const (
-	OpNodeAlloc  Op = 64 + iota // NodeAlloc → NodeFrames
-	OpNodeFree                  // NodeFrames
-	OpNodeWrite                 // NodeAccess (+ payload)
-	OpNodeRead                  // NodeAccess → payload
-	OpNodeFill                  // NodeAccess
-	OpNodeCopy                  // NodeCopy
-	OpNodeLaunch                // NodeLaunch
-	OpNodeStatus                // → JSON NodeStatus
-	OpNodeBatch                 // Batch of node commands, in order, one reply
-	OpNodeSeal                  // NodeFrames: make frames read-only and index their contents
-	OpNodeDedup                 // NodeDedup → NodeDedupReply
+	OpNodeAlloc      Op = 64 + iota // NodeAlloc → NodeFrames
+	OpNodeFree                      // NodeFrames
+	OpNodeWrite                     // NodeAccess (+ payload)
+	OpNodeRead                      // NodeAccess → payload
+	OpNodeFill                      // NodeAccess
+	OpNodeCopy                      // NodeCopy
+	OpNodeLaunch                    // NodeLaunch
+	OpNodeStatus                    // → JSON NodeStatus
+	OpNodeBatch                     // Batch of node commands, in order, one reply
+	OpNodeSeal                      // NodeFrames: make frames read-only and index their contents
+	OpNodeDedup                     // NodeDedup → NodeDedupReply
+	OpNodeExport                    // NodeExport → NodeObject
+	OpNodeImport                    // NodeObject → NodeImportReply
+	OpNodeRevoke                    // NodeRevoke
+	OpNodeObjRead                   // NodeObjAccess → NodeGrant + bytes
+	OpNodeObjWrite                  // NodeObjAccess (+ payload) → NodeGrant, once no other copy is valid
+	OpNodeInval                     // NodeInval: pushed to a reader (FlagPush); acknowledged with OpNodeInvalAck
+	OpNodeInvalAck                  // NodeInval
+	OpNodeRevoked                   // NodeRevoke: pushed to the revoked tenant's readers; acknowledged with OpNodeRevokedAck
+	OpNodeRevokedAck                // NodeRevoke
+	OpNodeUnexport                  // NodeObject: its exporter ends it (frees the buffer)
 )
 
 var opNames = map[Op]string{
@@ -82,6 +95,10 @@ var opNames = map[Op]string{
 	OpBatch: "batch", OpSeal: "seal", OpGraphCreate: "graph-create", OpGraphLaunch: "graph-launch",
 	OpGraphDestroy: "graph-destroy", OpSessionStats: "session-stats",
 	OpNodeBatch: "node-batch", OpNodeSeal: "node-seal", OpNodeDedup: "node-dedup",
+	OpExport: "export", OpImport: "import", OpRevoke: "revoke",
+	OpNodeExport: "node-export", OpNodeImport: "node-import", OpNodeRevoke: "node-revoke",
+	OpNodeObjRead: "node-obj-read", OpNodeObjWrite: "node-obj-write", OpNodeInval: "node-inval", OpNodeInvalAck: "node-inval-ack",
+	OpNodeRevoked: "node-revoked", OpNodeRevokedAck: "node-revoked-ack", OpNodeUnexport: "node-unexport",
 }
 
 func (o Op) String() string {

@@ -48,6 +48,9 @@ var (
 			return b
 		}),
 	)
+	genGrants = rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Grant {
+		return Grant{Tenant: genStr.Draw(t, "tenant"), Write: rapid.Bool().Draw(t, "write")}
+	}), 0, 8)
 	genExtents = rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Extent {
 		return Extent{Addr: genU64.Draw(t, "addr"), Len: genU64.Draw(t, "len")}
 	}), 0, 16)
@@ -199,7 +202,8 @@ var messages = map[string]msgCase{
 	"SessionStats": {new: func() Message { return new(SessionStats) }, gen: gen(func(t *rapid.T) *SessionStats {
 		return &SessionStats{CopiedIn: genU64.Draw(t, "in"), CopiedOut: genU64.Draw(t, "out"), Launches: genU64.Draw(t, "launches"),
 			NetOut: genU64.Draw(t, "net-out"), NetIn: genU64.Draw(t, "net-in"), DedupHits: genU64.Draw(t, "hits"), DedupBytes: genU64.Draw(t, "bytes"),
-			SocketIn: genU64.Draw(t, "socket-in"), SocketOut: genU64.Draw(t, "socket-out")}
+			SocketIn: genU64.Draw(t, "socket-in"), SocketOut: genU64.Draw(t, "socket-out"),
+			SharedHits: genU64.Draw(t, "shared-hits"), SharedMisses: genU64.Draw(t, "shared-misses")}
 	})},
 	"NodeDedup": {new: func() Message { return new(NodeDedup) }, gen: gen(func(t *rapid.T) *NodeDedup {
 		return &NodeDedup{Device: genU32.Draw(t, "device"), Dst: genExtents.Draw(t, "dst"),
@@ -208,6 +212,44 @@ var messages = map[string]msgCase{
 				copy(h[:], rapid.SliceOfN(rapid.Byte(), 32, 32).Draw(t, "hash"))
 				return h
 			}), 0, 8).Draw(t, "hashes")}
+	})},
+	"Export": {new: func() Message { return new(Export) }, gen: gen(func(t *rapid.T) *Export {
+		return &Export{Addr: genU64.Draw(t, "addr"), Mode: Mode(genU8.Draw(t, "mode")), Grants: genGrants.Draw(t, "grants")}
+	})},
+	"Shared": {new: func() Message { return new(Shared) }, gen: gen(func(t *rapid.T) *Shared {
+		return &Shared{Node: genStr.Draw(t, "node"), Object: genU64.Draw(t, "object")}
+	})},
+	"ImportReply": {new: func() Message { return new(ImportReply) }, gen: gen(func(t *rapid.T) *ImportReply {
+		return &ImportReply{Addr: genU64.Draw(t, "addr"), Size: genU64.Draw(t, "size"), Mode: Mode(genU8.Draw(t, "mode")), Write: rapid.Bool().Draw(t, "write")}
+	})},
+	"Revoke": {new: func() Message { return new(Revoke) }, gen: gen(func(t *rapid.T) *Revoke {
+		return &Revoke{Addr: genU64.Draw(t, "addr"), Tenant: genStr.Draw(t, "tenant")}
+	})},
+	"NodeExport": {new: func() Message { return new(NodeExport) }, gen: gen(func(t *rapid.T) *NodeExport {
+		return &NodeExport{Device: genU32.Draw(t, "device"), Extents: genExtents.Draw(t, "extents"), Mode: Mode(genU8.Draw(t, "mode")), Grants: genGrants.Draw(t, "grants")}
+	})},
+	"NodeObject": {new: func() Message { return new(NodeObject) }, gen: gen(func(t *rapid.T) *NodeObject {
+		return &NodeObject{Object: genU64.Draw(t, "object")}
+	})},
+	"NodeImportReply": {new: func() Message { return new(NodeImportReply) }, gen: gen(func(t *rapid.T) *NodeImportReply {
+		return &NodeImportReply{Size: genU64.Draw(t, "size"), Mode: Mode(genU8.Draw(t, "mode")), Write: rapid.Bool().Draw(t, "write"),
+			PageSize: genU32.Draw(t, "page"), LeaseNs: int64(genU64.Draw(t, "lease"))}
+	})},
+	"NodeRevoke": {new: func() Message { return new(NodeRevoke) }, gen: gen(func(t *rapid.T) *NodeRevoke {
+		return &NodeRevoke{Object: genU64.Draw(t, "object"), Tenant: genStr.Draw(t, "tenant")}
+	})},
+	"NodeObjAccess": {
+		new: func() Message { return new(NodeObjAccess) },
+		gen: gen(func(t *rapid.T) *NodeObjAccess {
+			return &NodeObjAccess{Object: genU64.Draw(t, "object"), Off: genU64.Draw(t, "off"), Len: genU64.Draw(t, "len"), Payload: genBytes.Draw(t, "payload")}
+		}),
+		payload: func(m Message) []byte { return m.(*NodeObjAccess).Payload },
+	},
+	"NodeGrant": {new: func() Message { return new(NodeGrant) }, gen: gen(func(t *rapid.T) *NodeGrant {
+		return &NodeGrant{Version: genU64.Draw(t, "version"), LeaseNs: int64(genU64.Draw(t, "lease")), Sealed: rapid.Bool().Draw(t, "sealed")}
+	})},
+	"NodeInval": {new: func() Message { return new(NodeInval) }, gen: gen(func(t *rapid.T) *NodeInval {
+		return &NodeInval{Object: genU64.Draw(t, "object"), Page: genU32.Draw(t, "page"), Version: genU64.Draw(t, "version")}
 	})},
 	"NodeDedupReply": {new: func() Message { return new(NodeDedupReply) }, gen: gen(func(t *rapid.T) *NodeDedupReply {
 		return &NodeDedupReply{Hit: rapid.SliceOfN(rapid.Bool(), 0, 16).Draw(t, "hit")}

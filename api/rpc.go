@@ -18,12 +18,13 @@ type Call struct {
 	then func(*Call) // run once the call completes, by whoever completes it
 }
 
-// finish marks c done and runs its continuation.
+// finish runs c's continuation, which may still change Err and Body, and
+// then marks c done, so a waiter sees what the continuation did.
 func (c *Call) finish() {
-	close(c.done)
 	if c.then != nil {
 		c.then(c)
 	}
+	close(c.done)
 }
 
 // Done is closed once the call has completed.
@@ -46,11 +47,18 @@ type RPC struct {
 	pending map[uint64]*Call
 	err     error // set once the connection has failed
 	closed  chan struct{}
+	push    func(*RPC, Op, []byte) // notices from the peer (FlagPush); nil: they are a protocol error
 }
 
 // NewRPC starts reading replies from conn. name identifies the peer in errors.
-func NewRPC(conn *Conn, name string) *RPC {
-	r := &RPC{conn: conn, name: name, pending: map[uint64]*Call{}, closed: make(chan struct{})}
+func NewRPC(conn *Conn, name string) *RPC { return NewRPCPush(conn, name, nil) }
+
+// NewRPCPush is NewRPC for a peer that may also send notices (FlagPush):
+// push gets each, with the RPC, on the goroutine that reads replies, so it
+// must be quick and must not wait for a reply on this connection (it may
+// send requests).
+func NewRPCPush(conn *Conn, name string, push func(*RPC, Op, []byte)) *RPC {
+	r := &RPC{conn: conn, name: name, pending: map[uint64]*Call{}, closed: make(chan struct{}), push: push}
 	go r.readLoop()
 	return r
 }
@@ -71,9 +79,9 @@ func (r *RPC) Go(op Op, into []byte, parts ...[]byte) *Call {
 	return c
 }
 
-// GoThen is Go with a continuation: then runs once the call has completed,
-// on the goroutine that reads replies (or on the caller's, if the call
-// fails at once). It must not block for long: replies to every other call
+// GoThen is Go with a continuation: then runs once the reply has arrived,
+// before the call is marked done, on the goroutine that reads replies (or
+// on the caller's, if the call fails at once). It must not block for long: replies to every other call
 // wait behind it. Unlike Go, it leaves the request in the connection's
 // buffer while the connection is held (Hold).
 func (r *RPC) GoThen(op Op, into []byte, then func(*Call), parts ...[]byte) *Call {
@@ -192,6 +200,14 @@ func (r *RPC) readOne() error {
 	h, err := r.conn.ReadHeader()
 	if err != nil {
 		return r.lost(err)
+	}
+	if h.Flags&FlagPush != 0 && r.push != nil {
+		body := make([]byte, h.Len)
+		if err := r.conn.ReadBody(body); err != nil {
+			return r.lost(err)
+		}
+		r.push(r, h.Op, body)
+		return nil
 	}
 	if h.Flags&FlagReply == 0 {
 		return fmt.Errorf("%s sent request %d (%v) where a reply was due: %w", r.name, h.ID, h.Op, ErrProtocol)

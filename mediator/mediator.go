@@ -29,6 +29,7 @@
 package mediator
 
 import (
+	"cmp"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -77,6 +78,9 @@ type Config struct {
 	// ReclaimInterval is how often registered containers' processes are
 	// checked for having vanished without a poststop; default 1s.
 	ReclaimInterval time.Duration
+	// CacheMemory is the host memory for copies of shared buffers' pages,
+	// split among the nodes; 0 means the default, CacheMemory.
+	CacheMemory int64
 	// NoDedup turns off deduplication of sealed weights (dedup.go): a
 	// tenant then cannot learn whether a node holds contents it uploads.
 	NoDedup bool
@@ -146,6 +150,9 @@ func New(cfg Config) (*Mediator, error) {
 	}
 	for i, addr := range cfg.Nodes {
 		n, catalog, err := connectNode(addr, cfg.NodeTLS)
+		if err == nil {
+			n.cache, err = newPageCache(m, cmp.Or(cfg.CacheMemory, CacheMemory)/int64(len(cfg.Nodes)))
+		}
 		if err != nil {
 			m.closeNodes()
 			store.Close()

@@ -27,7 +27,7 @@ type nodeTenant struct {
 // dialNode connects to a node for tenant and says hello, over TLS when
 // tlsCfg is set. The returned RPC is
 // the tenant's own connection: the node ties frames to it.
-func dialNode(addr string, t nodeTenant, tlsCfg *tls.Config) (*api.RPC, *api.HelloReply, error) {
+func dialNode(addr string, t nodeTenant, tlsCfg *tls.Config, push func(*api.RPC, api.Op, []byte)) (*api.RPC, *api.HelloReply, error) {
 	d := &net.Dialer{Timeout: DialTimeout}
 	var nc net.Conn
 	var err error
@@ -42,7 +42,7 @@ func dialNode(addr string, t nodeTenant, tlsCfg *tls.Config) (*api.RPC, *api.Hel
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	rpc := api.NewRPC(api.NewConn(nc), "node "+addr)
+	rpc := api.NewRPCPush(api.NewConn(nc), "node "+addr, push)
 	hello := api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator,
 		Tenant: t.name, Weight: t.weight, ComputeMax: t.computeMax}
 	call := rpc.Go(api.OpHello, nil, api.Encode(&hello))
@@ -70,13 +70,14 @@ type node struct {
 	addr    string
 	devices []api.DeviceInfo
 	tls     *tls.Config // nil: plain TCP
+	cache   *pageCache  // copies of pages of its shared objects (shared.go)
 
 	mu  sync.Mutex
 	ctl *api.RPC // redialled when it breaks, so status recovers with the node
 }
 
 func connectNode(addr string, tlsCfg *tls.Config) (*node, map[string]api.KernelInfo, error) {
-	rpc, hello, err := dialNode(addr, nodeTenant{}, tlsCfg)
+	rpc, hello, err := dialNode(addr, nodeTenant{}, tlsCfg, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -103,7 +104,7 @@ func (n *node) control() (*api.RPC, error) {
 	defer n.mu.Unlock()
 	select {
 	case <-n.ctl.Closed():
-		rpc, _, err := dialNode(n.addr, nodeTenant{}, n.tls)
+		rpc, _, err := dialNode(n.addr, nodeTenant{}, n.tls, nil)
 		if err != nil {
 			return nil, err
 		}

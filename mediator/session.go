@@ -60,9 +60,13 @@ type session struct {
 	graphs     map[uint32][]command // graph.go
 	nextGraph  uint32
 	withStream map[uint32][]uint64 // allocations freed with their stream
+	shared     []*sharedRange      // exported and imported buffers (shared.go)
+	nextImport uint64
+	extra      map[int]*api.RPC // connections to nodes for imports only, by node
 
 	copiedIn, copiedOut, launches atomic.Uint64
 	dedupHits, dedupBytes         atomic.Uint64
+	sharedHits, sharedMisses      atomic.Uint64
 
 	bw      *limiter      // the tenant's bandwidth bucket (ratelimit.go)
 	ending  chan struct{} // closed by end
@@ -260,13 +264,14 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 		m: m, id: m.nextSession.Add(1), tenant: tenant, c: c,
 		streams: map[uint32]*stream{}, nextStream: 1,
 		regions: map[uint32]*hostRegion{}, graphs: map[uint32][]command{}, withStream: map[uint32][]uint64{},
+		extra: map[int]*api.RPC{},
 	}
 	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
 	rpcs := map[int]*api.RPC{}
 	for _, d := range devs {
 		rpc := rpcs[d.node]
 		if rpc == nil {
-			rpc, _, err = dialNode(m.nodes[d.node].addr, m.nodeTenant(s.tenant, ctr), m.cfg.NodeTLS)
+			rpc, _, err = dialNode(m.nodes[d.node].addr, m.nodeTenant(s.tenant, ctr), m.cfg.NodeTLS, m.nodes[d.node].cache.push)
 			if err != nil {
 				for _, r := range rpcs {
 					r.Close()
@@ -424,6 +429,11 @@ func (s *session) teardown() {
 		s.log.WithError(err).Info("returning frames failed; the nodes free them when the connection closes")
 	}
 	closed := map[*api.RPC]bool{}
+	s.mu.Lock()
+	for _, rpc := range s.extra {
+		rpc.Close()
+	}
+	s.mu.Unlock()
 	for _, v := range s.vdevs {
 		if !closed[v.rpc] {
 			v.rpc.Close()
@@ -551,10 +561,13 @@ func (s *session) malloc(body []byte) (uint64, error) {
 	return va, nil
 }
 
-// cheap says whether cmd moves no bulk data and never waits for bandwidth,
-// so the session's reader may issue it itself.
+// cheap says whether cmd moves no bulk data and never waits for bandwidth
+// or a node, so the session's reader may issue it itself.
 func (s *session) cheap(cmd *command) bool {
 	const small = 64 << 10
+	if s.hasShared() {
+		return false // a copy of a shared buffer waits for its node
+	}
 	switch cmd.op {
 	case api.OpCopyToDevice:
 		return len(cmd.toDev.Payload) <= small && s.m.bandwidth(s.tenant) == 0
@@ -581,6 +594,7 @@ func (s *session) stats() *api.SessionStats {
 	st := &api.SessionStats{
 		CopiedIn: s.copiedIn.Load(), CopiedOut: s.copiedOut.Load(), Launches: s.launches.Load(),
 		DedupHits: s.dedupHits.Load(), DedupBytes: s.dedupBytes.Load(),
+		SharedHits: s.sharedHits.Load(), SharedMisses: s.sharedMisses.Load(),
 	}
 	st.SocketOut, st.SocketIn = s.c.Counts()
 	seen := map[*api.RPC]bool{}
@@ -686,12 +700,35 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 		return false, s.c.Reply(h)
 	case api.OpSessionStats:
 		return false, s.c.Reply(h, api.Encode(s.stats()))
+	case api.OpExport:
+		sh, err := s.export(body)
+		if err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h, api.Encode(sh))
+	case api.OpImport:
+		ir, err := s.importShared(body)
+		if err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h, api.Encode(ir))
+	case api.OpRevoke:
+		if err := s.revoke(body); err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h)
 	case api.OpFree:
 		var m api.Free
 		if err := api.Decode(body, &m); err != nil {
 			return false, err
 		}
 		s.drainAll() // like cudaFree: work already queued may still use the buffer
+		if ok, _ := s.unshare(m.Addr, true); ok {
+			return false, s.c.Reply(h) // an import: the exporter's memory stays
+		}
+		if _, err := s.unshare(m.Addr, false); err != nil {
+			s.log.WithError(err).Info("ending a shared object failed; it ends with its frames")
+		}
 		if err := s.free(m.Addr); err != nil {
 			return false, err
 		}

@@ -384,6 +384,12 @@ func (st *stream) issueOne(cmd *command, c *completion, idx int) {
 			return
 		}
 	}
+	if done, err := st.viaShared(cmd, c); done {
+		if err != nil {
+			c.fail(idx, cmd.op, err)
+		}
+		return
+	}
 	var err error
 	switch cmd.op {
 	case api.OpCopyToDeviceHost:

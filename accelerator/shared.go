@@ -1,0 +1,535 @@
+package accelerator
+
+// Shared objects: buffers a tenant exports to other tenants, who may reach
+// this node through other mediators. The node is their home: it keeps each
+// object's coherence directory (coherence.Home) and applies every write
+// (write-through), so an acknowledged write lives here and kernels here see
+// it. Readers' mediators cache pages under leases; before a write of a
+// coherent object is applied, the node pushes an invalidation (FlagPush,
+// api.OpNodeInval) to every connection that holds an unexpired lease on the
+// page and waits for its acknowledgement (api.OpNodeInvalAck) or for the
+// lease to run out, so a dead or cut-off mediator delays a write by one
+// lease at most.
+//
+// An object is the exporter's frames, which stay the exporter's: the
+// object ends when the exporter's connection frees them or ends. While it
+// lives, its frames are marked shared: the exporter's ordinary writes to
+// them are refused, so every change goes through the directory (the
+// exporter's mediator writes through the object, as importers do).
+//
+// Invariants:
+//   - A connection reads or writes an object only with a grant: the
+//     exporter always; another connection if its tenant is granted (to
+//     write, granted writing). A revoked grant fails the next access.
+//   - Data of an object changes only in commitWrite, under the object's
+//     lock, for a write the directory has committed: no cache anywhere then
+//     holds an unexpired copy of the page at an older version.
+//
+// Lock order: objectTable.mu, then an object's mu, then frame tables'
+// locks. Pushes are written under an object's mu; writing a frame never
+// waits for a lock of this file.
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/coherence"
+)
+
+// Coherence parameters of this node's objects.
+const (
+	// PageSize is the coherence page: the unit of invalidation and caching.
+	PageSize = 64 << 10
+	// ReadLease is how long a reader's copy of a coherent page stays valid
+	// without the node's word, and so the longest a write waits for a
+	// reader that does not answer.
+	ReadLease = 200 * time.Millisecond
+)
+
+// epoch is the origin of the node's clock for leases.
+var epoch = time.Now()
+
+func now() time.Duration { return time.Since(epoch) }
+
+type objectTable struct {
+	mu     sync.Mutex
+	byID   map[uint64]*object
+	ending map[uint64]*object // ended, telling their importers
+	next   uint64
+}
+
+type object struct {
+	id       uint64
+	exporter *conn
+	dev      *device
+	xs       []api.Extent // the object's bytes, in order
+	size     uint64
+
+	mu      sync.Mutex
+	changed *sync.Cond // an acknowledgement arrived or a write committed
+	grants  map[string]bool
+	home    *coherence.Home
+	readers map[coherence.CacheID]*conn // connections that read: where invalidations go
+	// importers are the connections that imported the object: a
+	// revocation is pushed to those of the tenant, whose mediators may
+	// serve reads from copies other connections fetched.
+	importers map[coherence.CacheID]*conn
+	data    map[coherence.WriteID]*objWrite
+	revoked map[coherence.CacheID]bool // readers told of a revocation, not yet acknowledged
+	gone    bool
+}
+
+// objWrite is a write waiting for its commit; whoever commits it applies it.
+type objWrite struct {
+	off     uint64
+	payload []byte
+	version uint64
+	done    bool
+	err     error
+}
+
+func newObjectTable() *objectTable {
+	return &objectTable{byID: map[uint64]*object{}, ending: map[uint64]*object{}}
+}
+
+func cacheID(c *conn) coherence.CacheID { return coherence.CacheID(c.owner) }
+
+// export makes the connection's frames at m.Extents an object.
+func (c *conn) export(m *api.NodeExport) (uint64, error) {
+	d, err := c.device(m.Device)
+	if err != nil {
+		return 0, err
+	}
+	if !m.Mode.Valid() || m.Mode == api.ModePrivate || m.Mode == api.ModeVersioned {
+		return 0, fmt.Errorf("export in mode %v: want immutable or coherent: %w", m.Mode, api.ErrInvalidArgument)
+	}
+	size := api.ExtentsLen(m.Extents)
+	if size == 0 {
+		return 0, fmt.Errorf("export of 0 bytes: %w", api.ErrInvalidArgument)
+	}
+	if err := d.frames.checkAccess(c.owner, m.Extents); err != nil {
+		return 0, fmt.Errorf("%s: export: %w", d.Info().Name, err)
+	}
+	pages := (size + PageSize - 1) / PageSize
+	home, err := coherence.NewHome(coherence.HomeConfig{Mode: m.Mode, Pages: uint32(pages), Lease: ReadLease})
+	if err != nil {
+		return 0, err
+	}
+	if m.Mode == api.ModeImmutable {
+		// The exporter sealed the frames (OpNodeSeal) first, or seals them
+		// now: either way nobody writes them again.
+		for _, f := range framesOf(m.Extents) {
+			if !d.frames.isSealed(f) {
+				d.frames.seal(f)
+			}
+		}
+		if err := home.Seal(); err != nil {
+			return 0, err
+		}
+	}
+	o := &object{exporter: c, dev: d, xs: m.Extents, size: size, grants: map[string]bool{}, home: home,
+		readers: map[coherence.CacheID]*conn{}, importers: map[coherence.CacheID]*conn{}, data: map[coherence.WriteID]*objWrite{}, revoked: map[coherence.CacheID]bool{}}
+	o.changed = sync.NewCond(&o.mu)
+	for _, g := range m.Grants {
+		o.grants[g.Tenant] = g.Write
+	}
+	d.frames.share(m.Extents, true)
+	t := c.node.objects
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.next++
+	o.id = t.next
+	t.byID[o.id] = o
+	return o.id, nil
+}
+
+// framesOf lists the frames extents touch, once each, in order.
+func framesOf(xs []api.Extent) []uint64 {
+	var out []uint64
+	for _, x := range xs {
+		for f := x.Addr &^ (FrameSize - 1); f < x.Addr+x.Len; f += FrameSize {
+			if len(out) == 0 || out[len(out)-1] != f {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+// object returns the object id names if c may use it (to write, if
+// write), with its lock held.
+func (c *conn) object(id uint64, write bool) (*object, error) {
+	t := c.node.objects
+	t.mu.Lock()
+	o := t.byID[id]
+	t.mu.Unlock()
+	if o == nil {
+		return nil, fmt.Errorf("shared object %d does not exist (or its exporter freed it): %w", id, api.ErrInvalidArgument)
+	}
+	o.mu.Lock()
+	w, granted := o.grants[c.tenant]
+	switch {
+	case o.gone:
+		err := fmt.Errorf("shared object %d: its exporter freed it: %w", id, api.ErrInvalidArgument)
+		o.mu.Unlock()
+		return nil, err
+	case o.exporter == c:
+	case !granted:
+		o.mu.Unlock()
+		return nil, fmt.Errorf("shared object %d: tenant %q has no grant: %w", id, c.tenant, api.ErrPermissionDenied)
+	case write && !w:
+		o.mu.Unlock()
+		return nil, fmt.Errorf("shared object %d: tenant %q may only read it: %w", id, c.tenant, api.ErrPermissionDenied)
+	}
+	return o, nil
+}
+
+func (c *conn) importObject(m *api.NodeObject) (*api.NodeImportReply, error) {
+	o, err := c.object(m.Object, false)
+	if err != nil {
+		return nil, err
+	}
+	defer o.mu.Unlock()
+	o.importers[cacheID(c)] = c
+	return &api.NodeImportReply{Size: o.size, Mode: o.home.Mode(), Write: o.exporter == c || o.grants[c.tenant],
+		PageSize: PageSize, LeaseNs: int64(ReadLease)}, nil
+}
+
+func (c *conn) revoke(m *api.NodeRevoke) error {
+	o, err := c.object(m.Object, false)
+	if err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	if o.exporter != c {
+		return fmt.Errorf("shared object %d: only its exporter may revoke grants: %w", m.Object, api.ErrPermissionDenied)
+	}
+	if _, ok := o.grants[m.Tenant]; !ok {
+		return fmt.Errorf("shared object %d: tenant %q has no grant: %w", m.Object, m.Tenant, api.ErrInvalidArgument)
+	}
+	delete(o.grants, m.Tenant)
+	o.tell(m.Tenant)
+	return nil
+}
+
+// tell pushes a revocation of tenant's grant (of every grant, if tenant is
+// "") to the connections that imported the object, and waits until they
+// have acknowledged (their mediators stop serving reads from copies), or a
+// lease has passed, for one that does not answer. The caller holds o.mu.
+func (o *object) tell(tenant string) {
+	body := api.Encode(&api.NodeRevoke{Object: o.id, Tenant: tenant})
+	for id, rc := range o.importers {
+		if tenant == "" || rc.tenant == tenant {
+			o.revoked[id] = true
+			_ = rc.c.Push(api.OpNodeRevoked, body)
+		}
+	}
+	if len(o.revoked) == 0 {
+		return
+	}
+	deadline := now() + ReadLease
+	time.AfterFunc(ReadLease+time.Millisecond, func() {
+		o.mu.Lock()
+		o.changed.Broadcast()
+		o.mu.Unlock()
+	})
+	for len(o.revoked) > 0 && now() < deadline {
+		o.changed.Wait()
+	}
+	clear(o.revoked)
+}
+
+// revokedAck takes a reader's acknowledgement of a revocation.
+func (c *conn) revokedAck(m *api.NodeRevoke) error {
+	t := c.node.objects
+	t.mu.Lock()
+	o := t.byID[m.Object]
+	if o == nil {
+		o = t.ending[m.Object]
+	}
+	t.mu.Unlock()
+	if o == nil {
+		return nil // it ended meanwhile
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.revoked, cacheID(c))
+	o.changed.Broadcast()
+	return nil
+}
+
+// span checks that [off, off+n) lies in one page of o and returns it.
+func (o *object) span(off, n uint64) (uint32, []api.Extent, error) {
+	if n == 0 || off >= o.size || n > o.size-off || off/PageSize != (off+n-1)/PageSize {
+		return 0, nil, fmt.Errorf("%d bytes at offset %d of shared object %d (%d bytes): want 1 or more bytes within one %d-byte page: %w",
+			n, off, o.id, o.size, PageSize, api.ErrInvalidArgument)
+	}
+	return uint32(off / PageSize), subExtents(o.xs, off, n), nil
+}
+
+// subExtents returns the runs of xs that hold bytes [off, off+n) of them.
+func subExtents(xs []api.Extent, off, n uint64) []api.Extent {
+	var out []api.Extent
+	for _, x := range xs {
+		if n == 0 {
+			break
+		}
+		if off >= x.Len {
+			off -= x.Len
+			continue
+		}
+		k := min(n, x.Len-off)
+		out = append(out, api.Extent{Addr: x.Addr + off, Len: k})
+		off, n = 0, n-k
+	}
+	return out
+}
+
+// readObject answers a read of one page: its grant, then its bytes.
+func (c *conn) readObject(h api.Header, m *api.NodeObjAccess) error {
+	o, err := c.object(m.Object, false)
+	if err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	page, xs, err := o.span(m.Off, m.Len)
+	if err != nil {
+		return err
+	}
+	g, err := o.home.Read(cacheID(c), page, 0, now())
+	if err != nil {
+		return err
+	}
+	if g.Lease > 0 {
+		o.readers[cacheID(c)] = c
+	}
+	grant := api.Encode(&api.NodeGrant{Version: g.Version, LeaseNs: int64(g.Lease), Sealed: g.Sealed})
+	return o.dev.Read(xs, func(parts ...[]byte) error { return c.c.Reply(h, append([][]byte{grant}, parts...)...) })
+}
+
+// writeObject applies a write of one page once the directory commits it,
+// and answers with the page's new version.
+func (c *conn) writeObject(h api.Header, m *api.NodeObjAccess) error {
+	o, err := c.object(m.Object, true)
+	if err != nil {
+		return err
+	}
+	page, _, err := o.span(m.Off, uint64(len(m.Payload)))
+	if err != nil {
+		o.mu.Unlock()
+		return err
+	}
+	w, err := o.home.BeginWrite(cacheID(c), page, now())
+	if err != nil {
+		o.mu.Unlock()
+		return err
+	}
+	mine := &objWrite{off: m.Off, payload: m.Payload}
+	o.data[w.ID] = mine
+	for _, r := range w.Inval {
+		if rc := o.readers[r]; rc != nil {
+			// A connection that cannot take the push is gone or stuck;
+			// its lease runs out instead.
+			_ = rc.c.Push(api.OpNodeInval, api.Encode(&api.NodeInval{Object: o.id, Page: page, Version: w.Version}))
+		}
+	}
+	if len(w.Inval) > 0 {
+		// Wake the waiters when the leases run out, in case nobody answers.
+		time.AfterFunc(max(0, w.Deadline-now())+time.Millisecond, func() {
+			o.mu.Lock()
+			o.changed.Broadcast()
+			o.mu.Unlock()
+		})
+	}
+	for !mine.done && !o.gone {
+		o.commitReady(page)
+		if !mine.done {
+			o.changed.Wait()
+		}
+	}
+	o.mu.Unlock()
+	if !mine.done {
+		return fmt.Errorf("shared object %d: its exporter freed it during the write: %w", o.id, api.ErrUnavailable)
+	}
+	if mine.err != nil {
+		return mine.err
+	}
+	return c.c.Reply(h, api.Encode(&api.NodeGrant{Version: mine.version}))
+}
+
+// commitReady commits and applies every write of page the directory lets
+// through now. The caller holds o.mu.
+func (o *object) commitReady(page uint32) {
+	for {
+		w, ok := o.home.Commit(page, now())
+		if !ok {
+			return
+		}
+		ow := o.data[w.ID]
+		delete(o.data, w.ID)
+		if ow != nil {
+			ow.err = o.dev.Write(subExtents(o.xs, ow.off, uint64(len(ow.payload))), ow.payload)
+			ow.version, ow.done = w.Version, true
+		}
+		o.changed.Broadcast()
+	}
+}
+
+// invalAck takes a reader's acknowledgement.
+func (c *conn) invalAck(m *api.NodeInval) error {
+	o, err := c.object(m.Object, false)
+	if err != nil {
+		return err
+	}
+	defer o.mu.Unlock()
+	if err := o.home.InvalAck(cacheID(c), m.Page, m.Version); err != nil {
+		return err
+	}
+	o.changed.Broadcast()
+	return nil
+}
+
+// dropObjects ends the objects made of frames that are about to be freed,
+// and forgets c as a reader of every object.
+func (n *Node) dropObjects(c *conn, d *device, frames []uint64) {
+	freed := map[uint64]bool{}
+	for _, f := range frames {
+		freed[f] = true
+	}
+	n.endObjects(c, func(o *object) bool { return o.dev == d && touches(o.xs, freed) }, frames == nil)
+}
+
+// endObjects ends the objects c exported that end says, and if forget,
+// forgets c as a reader and importer of every object.
+func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
+	t := n.objects
+	t.mu.Lock()
+	var ended []*object
+	for id, o := range t.byID {
+		o.mu.Lock()
+		if o.exporter == c && end(o) {
+			o.gone = true
+			delete(t.byID, id)
+			t.ending[id] = o
+			o.changed.Broadcast()
+			ended = append(ended, o)
+		}
+		if forget {
+			delete(o.readers, cacheID(c))
+			delete(o.importers, cacheID(c))
+			o.home.Forget(cacheID(c))
+		}
+		o.mu.Unlock()
+	}
+	t.mu.Unlock()
+	// Importers' mediators forget their copies before the frames change
+	// hands.
+	for _, o := range ended {
+		o.mu.Lock()
+		o.tell("")
+		o.dev.frames.share(o.xs, false)
+		o.mu.Unlock()
+		t.mu.Lock()
+		delete(t.ending, o.id)
+		t.mu.Unlock()
+	}
+}
+
+func touches(xs []api.Extent, frames map[uint64]bool) bool {
+	for _, f := range framesOf(xs) {
+		if frames[f] {
+			return true
+		}
+	}
+	return false
+}
+
+// decodeObjAccess reads a NodeObjAccess body.
+func decodeObjAccess(body []byte) (*api.NodeObjAccess, error) {
+	var m api.NodeObjAccess
+	if err := api.Decode(body, &m); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// objectOp executes the shared-object operations; ok is false for others.
+func (c *conn) objectOp(r request) (ok bool, err error) {
+	switch r.h.Op {
+	case api.OpNodeExport:
+		var m api.NodeExport
+		if err := api.Decode(r.body, &m); err != nil {
+			return true, fmt.Errorf("%v: %w", r.h.Op, err)
+		}
+		id, err := c.export(&m)
+		if err != nil {
+			return true, err
+		}
+		return true, c.c.Reply(r.h, api.Encode(&api.NodeObject{Object: id}))
+	case api.OpNodeImport:
+		var m api.NodeObject
+		if err := api.Decode(r.body, &m); err != nil {
+			return true, fmt.Errorf("%v: %w", r.h.Op, err)
+		}
+		reply, err := c.importObject(&m)
+		if err != nil {
+			return true, err
+		}
+		return true, c.c.Reply(r.h, api.Encode(reply))
+	case api.OpNodeRevoke:
+		var m api.NodeRevoke
+		if err := api.Decode(r.body, &m); err != nil {
+			return true, fmt.Errorf("%v: %w", r.h.Op, err)
+		}
+		if err := c.revoke(&m); err != nil {
+			return true, err
+		}
+		return true, c.c.Reply(r.h)
+	case api.OpNodeObjRead, api.OpNodeObjWrite:
+		m, err := decodeObjAccess(r.body)
+		if err != nil {
+			return true, fmt.Errorf("%v: %w", r.h.Op, err)
+		}
+		if r.h.Op == api.OpNodeObjRead {
+			return true, c.readObject(r.h, m)
+		}
+		return true, c.writeObject(r.h, m)
+	case api.OpNodeUnexport:
+		var m api.NodeObject
+		if err := api.Decode(r.body, &m); err != nil {
+			return true, fmt.Errorf("%v: %w", r.h.Op, err)
+		}
+		o, err := c.object(m.Object, false)
+		if err != nil {
+			return true, err
+		}
+		mine := o.exporter == c
+		o.mu.Unlock()
+		if !mine {
+			return true, fmt.Errorf("shared object %d: only its exporter may end it: %w", m.Object, api.ErrPermissionDenied)
+		}
+		c.node.endObjects(c, func(o *object) bool { return o.id == m.Object }, false)
+		return true, c.c.Reply(r.h)
+	case api.OpNodeRevokedAck:
+		var m api.NodeRevoke
+		if err := api.Decode(r.body, &m); err != nil {
+			return true, fmt.Errorf("%v: %w", r.h.Op, err)
+		}
+		if err := c.revokedAck(&m); err != nil {
+			return true, err
+		}
+		return true, c.c.Reply(r.h)
+	case api.OpNodeInvalAck:
+		var m api.NodeInval
+		if err := api.Decode(r.body, &m); err != nil {
+			return true, fmt.Errorf("%v: %w", r.h.Op, err)
+		}
+		if err := c.invalAck(&m); err != nil {
+			return true, err
+		}
+		return true, c.c.Reply(r.h)
+	}
+	return false, nil
+}

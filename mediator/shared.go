@@ -1,0 +1,480 @@
+package mediator
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/coherence"
+)
+
+// Shared buffers. A tenant exports an allocation (api.OpExport): its frames
+// become an object of their node, which is the object's home, with grants
+// to named tenants; others import it (api.OpImport), through this mediator
+// or another, and get an address range of their own for it. Copies to and
+// from an exported or imported range go through the object: reads are
+// served from this mediator's cache of the node's pages (coherence.Cache)
+// when a valid copy is there, else read from the node a whole page at a
+// time and cached under the node's lease; writes go through to the node,
+// which applies them once no other copy is valid. The node pushes
+// invalidations on the connection that read a page; the cache drops the
+// copy and acknowledges on the same connection.
+//
+// A shared range may be a kernel's argument on its node only if exported
+// (kernels read it; the node refuses writes to it but through the object);
+// an imported range takes copies only.
+//
+// Lock order: a pageCache's mu is a leaf, held across cache calls only,
+// never across a node call.
+
+// CacheMemory is the default host memory a mediator's cache of shared
+// pages may use, split among its nodes.
+const CacheMemory = 256 << 20
+
+// leaseMargin is taken off every lease, for clocks that run at slightly
+// different rates (docs/coherence.md).
+const leaseMargin = 5 * time.Millisecond
+
+// importBase is where imported ranges start in a session's address space:
+// above what memory.Space hands out.
+const importBase = 1 << 48
+
+// mclock is the mediator's clock for leases.
+var mclock = time.Now()
+
+func mnow() time.Duration { return time.Since(mclock) }
+
+// pageCache is one node's pages as this mediator holds them.
+type pageCache struct {
+	mu    sync.Mutex
+	cache *coherence.Cache
+	m     *Mediator
+}
+
+func newPageCache(m *Mediator, bytes int64) (*pageCache, error) {
+	c, err := coherence.NewCache(max(bytes, 1), leaseMargin)
+	if err != nil {
+		return nil, err
+	}
+	return &pageCache{cache: c, m: m}, nil
+}
+
+// push takes a node's notice, on the connection's reader: an invalidation
+// is applied, then acknowledged on the same connection.
+func (pc *pageCache) push(rpc *api.RPC, op api.Op, body []byte) {
+	if op == api.OpNodeRevoked {
+		var m api.NodeRevoke
+		if api.Decode(body, &m) != nil {
+			return
+		}
+		pc.mu.Lock()
+		pc.cache.Drop(m.Object) // other tenants here read it again from the node
+		pc.mu.Unlock()
+		pc.m.revoked(rpc, m)
+		rpc.Go(api.OpNodeRevokedAck, nil, body)
+		return
+	}
+	if op != api.OpNodeInval {
+		return
+	}
+	var m api.NodeInval
+	if api.Decode(body, &m) != nil {
+		return
+	}
+	pc.mu.Lock()
+	pc.cache.Invalidate(m.Object, m.Page, m.Version)
+	pc.mu.Unlock()
+	rpc.Go(api.OpNodeInvalAck, nil, body) // nobody waits: a lost ack costs the writer a lease
+}
+
+// sharedRange is an exported or imported range of a session.
+type sharedRange struct {
+	base, size uint64
+	node       int
+	rpc        *api.RPC
+	object     uint64
+	mode       api.Mode
+	write      bool
+	pageSize   uint64
+	imported   bool
+	ended      atomic.Pointer[error] // why the node no longer serves it to this session
+}
+
+// revoked ends the imports of an object reached through rpc that a node's
+// revocation names (all of them when it names no tenant: the object
+// ended), so their next use fails now, without asking the node.
+func (m *Mediator) revoked(rpc *api.RPC, rv api.NodeRevoke) {
+	err := fmt.Errorf("shared object %d: the exporter revoked this tenant's grant: %w", rv.Object, api.ErrPermissionDenied)
+	if rv.Tenant == "" {
+		err = fmt.Errorf("shared object %d: its exporter freed it: %w", rv.Object, api.ErrInvalidArgument)
+	}
+	m.mu.Lock()
+	sessions := make([]*session, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		sessions = append(sessions, s)
+	}
+	m.mu.Unlock()
+	for _, s := range sessions {
+		s.mu.Lock()
+		for _, r := range s.shared {
+			if r.rpc == rpc && r.object == rv.Object && r.imported && (rv.Tenant == "" || rv.Tenant == s.tenant) {
+				r.ended.Store(&err)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// sharedAt returns the shared range holding [va, va+n), if va lies in one;
+// a range that starts in one and leaves it is refused.
+func (s *session) sharedAt(va, n uint64) (*sharedRange, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.shared {
+		if va >= r.base && va < r.base+r.size {
+			if n > r.base+r.size-va {
+				return nil, fmt.Errorf("%d bytes at %#x run past the end of shared buffer [%#x, +%d): %w", n, va, r.base, r.size, api.ErrInvalidAddress)
+			}
+			if err := r.ended.Load(); err != nil {
+				return nil, *err
+			}
+			return r, nil
+		}
+	}
+	return nil, nil
+}
+
+// hasShared says whether the session has exported or imported anything.
+func (s *session) hasShared() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.shared) > 0
+}
+
+// export makes the allocation at m.Addr a shared object of its node.
+func (s *session) export(body []byte) (*api.Shared, error) {
+	var m api.Export
+	if err := api.Decode(body, &m); err != nil {
+		return nil, err
+	}
+	if m.Mode != api.ModeCoherent && m.Mode != api.ModeImmutable {
+		return nil, fmt.Errorf("export in mode %v: want immutable or coherent: %w", m.Mode, api.ErrInvalidArgument)
+	}
+	if s.evicts {
+		return nil, fmt.Errorf("export of %#x: an oversubscribed session's memory moves, so it cannot be shared: %w", m.Addr, api.ErrInvalidArgument)
+	}
+	for _, g := range m.Grants {
+		if !tenantName.MatchString(g.Tenant) {
+			return nil, fmt.Errorf("grant to tenant %q: not a tenant name: %w", g.Tenant, api.ErrInvalidArgument)
+		}
+	}
+	s.drainAll()
+	s.issueMu.Lock()
+	defer s.issueMu.Unlock()
+	if m.Mode == api.ModeImmutable {
+		if err := s.space.Seal(m.Addr); err != nil {
+			return nil, fmt.Errorf("export %#x: %w", m.Addr, err)
+		}
+	}
+	dev, end, err := s.space.Span(m.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("export %#x: %w", m.Addr, err)
+	}
+	_, xs, err := s.space.Translate(m.Addr, end-m.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("export %#x: %w", m.Addr, err)
+	}
+	v := s.vdevs[dev]
+	reply, err := v.rpc.Call(api.OpNodeExport, nil, api.Encode(&api.NodeExport{Device: v.dev.info.Index, Extents: xs, Mode: m.Mode, Grants: m.Grants}))
+	var obj api.NodeObject
+	if err == nil {
+		err = api.Decode(reply, &obj)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("export %#x on node %s: %w", m.Addr, s.m.nodes[v.dev.node].addr, err)
+	}
+	s.mu.Lock()
+	s.shared = append(s.shared, &sharedRange{base: m.Addr, size: end - m.Addr, node: v.dev.node, rpc: v.rpc,
+		object: obj.Object, mode: m.Mode, write: m.Mode == api.ModeCoherent, pageSize: pageSizeOf(0)})
+	s.mu.Unlock()
+	return &api.Shared{Node: s.m.nodes[v.dev.node].addr, Object: obj.Object}, nil
+}
+
+// pageSizeOf is the node's coherence page (a node says it at import; an
+// exporter's node is ours, of the same build).
+func pageSizeOf(n uint32) uint64 {
+	if n == 0 {
+		return 64 << 10
+	}
+	return uint64(n)
+}
+
+// importShared maps a shared object into the session's address space.
+func (s *session) importShared(body []byte) (*api.ImportReply, error) {
+	var m api.Shared
+	if err := api.Decode(body, &m); err != nil {
+		return nil, err
+	}
+	idx := -1
+	for i, n := range s.m.nodes {
+		if n.addr == m.Node {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		return nil, fmt.Errorf("import of object %d: node %q is not one of this mediator's: %w", m.Object, m.Node, api.ErrInvalidArgument)
+	}
+	rpc, err := s.nodeRPC(idx)
+	if err != nil {
+		return nil, err
+	}
+	reply, err := rpc.Call(api.OpNodeImport, nil, api.Encode(&api.NodeObject{Object: m.Object}))
+	var ir api.NodeImportReply
+	if err == nil {
+		err = api.Decode(reply, &ir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("import of object %d of node %s: %w", m.Object, m.Node, err)
+	}
+	if ir.PageSize == 0 || ir.Size == 0 {
+		return nil, fmt.Errorf("node %s describes object %d with page size %d, size %d: %w", m.Node, m.Object, ir.PageSize, ir.Size, api.ErrProtocol)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.shared) >= MaxShared {
+		return nil, fmt.Errorf("session has %d shared buffers, the limit: %w", len(s.shared), api.ErrInvalidArgument)
+	}
+	base := s.nextImport
+	if base == 0 {
+		base = importBase
+	}
+	s.nextImport = base + (ir.Size+(2<<20)-1)&^((2<<20)-1)
+	s.shared = append(s.shared, &sharedRange{base: base, size: ir.Size, node: idx, rpc: rpc, object: m.Object,
+		mode: ir.Mode, write: ir.Write, pageSize: pageSizeOf(ir.PageSize), imported: true})
+	return &api.ImportReply{Addr: base, Size: ir.Size, Mode: ir.Mode, Write: ir.Write}, nil
+}
+
+// MaxShared bounds the buffers a session exports and imports.
+const MaxShared = 256
+
+// nodeRPC is the session's connection to node idx, dialled for an import
+// if none of its devices is there.
+func (s *session) nodeRPC(idx int) (*api.RPC, error) {
+	for _, v := range s.vdevs {
+		if v.dev.node == idx {
+			return v.rpc, nil
+		}
+	}
+	s.mu.Lock()
+	rpc := s.extra[idx]
+	s.mu.Unlock()
+	if rpc != nil {
+		return rpc, nil
+	}
+	n := s.m.nodes[idx]
+	rpc, _, err := dialNode(n.addr, s.m.nodeTenant(s.tenant, s.ctr), s.m.cfg.NodeTLS, n.cache.push)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.extra[idx]; old != nil {
+		rpc.Close()
+		return old, nil
+	}
+	s.extra[idx] = rpc
+	return rpc, nil
+}
+
+// revoke withdraws a tenant's grant to a buffer the session exported.
+func (s *session) revoke(body []byte) error {
+	var m api.Revoke
+	if err := api.Decode(body, &m); err != nil {
+		return err
+	}
+	r, err := s.sharedAt(m.Addr, 1)
+	if err == nil && (r == nil || r.imported || r.base != m.Addr) {
+		err = fmt.Errorf("revoke at %#x: not a buffer this session exported: %w", m.Addr, api.ErrInvalidArgument)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = r.rpc.Call(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: r.object, Tenant: m.Tenant}))
+	return err
+}
+
+// unshare forgets the shared range at va (an import being freed, or an
+// export whose allocation is freed, which ends the object on its node),
+// reporting whether there was one.
+func (s *session) unshare(va uint64, importsOnly bool) (bool, error) {
+	s.mu.Lock()
+	var r *sharedRange
+	for i, x := range s.shared {
+		if x.base == va && (x.imported || !importsOnly) {
+			r = x
+			s.shared = append(s.shared[:i], s.shared[i+1:]...)
+			break
+		}
+	}
+	s.mu.Unlock()
+	if r == nil || r.imported {
+		return r != nil, nil
+	}
+	_, err := r.rpc.Call(api.OpNodeUnexport, nil, api.Encode(&api.NodeObject{Object: r.object}))
+	return true, err
+}
+
+// pages calls f for each piece of [off, off+n) of the range that lies in
+// one coherence page: the page, the piece's offset in the page and in the
+// copy, and its length.
+func (r *sharedRange) pages(off, n uint64, f func(page uint32, inPage, at, k uint64) error) error {
+	for at := uint64(0); at < n; {
+		o := off + at
+		page, inPage := o/r.pageSize, o%r.pageSize
+		k := min(n-at, r.pageSize-inPage)
+		if err := f(uint32(page), inPage, at, k); err != nil {
+			return err
+		}
+		at += k
+	}
+	return nil
+}
+
+// readShared copies n bytes at offset off of a shared range into dst:
+// cached pages from the cache, others from the node, whole pages, which
+// are then cached. It waits for the node.
+func (st *stream) readShared(r *sharedRange, off uint64, dst []byte) error {
+	pc := st.s.m.nodes[r.node].cache
+	var calls []*api.Call
+	err := r.pages(off, uint64(len(dst)), func(page uint32, inPage, at, k uint64) error {
+		key := coherence.Key{Object: r.object, Page: page}
+		pc.mu.Lock()
+		data, _, ok := pc.cache.Lookup(key, mnow())
+		if ok {
+			copy(dst[at:at+k], data[inPage:inPage+k])
+			pc.mu.Unlock()
+			st.s.sharedHits.Add(1)
+			return nil
+		}
+		t := pc.cache.StartRead(key, mnow())
+		pc.mu.Unlock()
+		st.s.sharedMisses.Add(1)
+		plen := min(r.pageSize, r.size-uint64(page)*r.pageSize)
+		buf := make([]byte, api.NodeGrantSize+plen)
+		req := api.Encode(&api.NodeObjAccess{Object: r.object, Off: uint64(page) * r.pageSize, Len: plen})
+		piece := dst[at : at+k]
+		// The reply is cached on the connection's reader, in order with
+		// the invalidations that follow it there.
+		calls = append(calls, r.rpc.GoThen(api.OpNodeObjRead, buf, func(c *api.Call) {
+			pc.mu.Lock()
+			defer pc.mu.Unlock()
+			var g api.NodeGrant
+			if c.Err == nil {
+				c.Err = api.Decode(buf[:api.NodeGrantSize], &g)
+			}
+			if c.Err != nil {
+				_ = pc.cache.AbortRead(t)
+				return
+			}
+			data := buf[api.NodeGrantSize:]
+			copy(piece, data[inPage:inPage+k])
+			_, c.Err = pc.cache.Fill(t, coherence.ReadGrant{Version: g.Version, Lease: time.Duration(g.LeaseNs), Sealed: g.Sealed}, data, mnow())
+		}, req))
+		return nil
+	})
+	if werr := waitAll(calls); err == nil && werr != nil {
+		err = werr
+	}
+	if err != nil {
+		return fmt.Errorf("read %d bytes of shared object %d at %d: %w", len(dst), r.object, off, err)
+	}
+	return nil
+}
+
+// writeShared writes src at offset off of a shared range through to the
+// node, a page at a time, and waits until the node has applied it all.
+func (st *stream) writeShared(r *sharedRange, off uint64, src []byte) error {
+	if !r.write {
+		return fmt.Errorf("write of shared object %d: this session may only read it: %w", r.object, api.ErrPermissionDenied)
+	}
+	pc := st.s.m.nodes[r.node].cache
+	var calls []*api.Call
+	err := r.pages(off, uint64(len(src)), func(page uint32, inPage, at, k uint64) error {
+		pc.mu.Lock()
+		err := pc.cache.StartWrite(r.object, page)
+		pc.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		req := api.Encode(&api.NodeObjAccess{Object: r.object, Off: off + at})
+		calls = append(calls, r.rpc.GoThen(api.OpNodeObjWrite, nil, func(c *api.Call) {
+			var g api.NodeGrant
+			if c.Err == nil {
+				c.Err = api.Decode(c.Body, &g)
+			}
+			pc.mu.Lock()
+			defer pc.mu.Unlock()
+			_ = pc.cache.FinishWrite(r.object, page, g.Version) // 0 when it failed
+		}, req, src[at:at+k]))
+		return nil
+	})
+	if werr := waitAll(calls); err == nil && werr != nil {
+		err = werr
+	}
+	if err != nil {
+		return fmt.Errorf("write %d bytes of shared object %d at %d: %w", len(src), r.object, off, err)
+	}
+	return nil
+}
+
+// viaShared carries out a copy to or from a shared range, reporting whether
+// cmd was one. It waits for the node.
+func (st *stream) viaShared(cmd *command, c *completion) (bool, error) {
+	var va, n uint64
+	switch cmd.op {
+	case api.OpCopyToDevice:
+		va, n = cmd.toDev.Dst, uint64(len(cmd.toDev.Payload))
+	case api.OpCopyFromDevice:
+		va, n = cmd.fromDev.Src, cmd.fromDev.Len
+	case api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost:
+		va, n = cmd.host.Addr, cmd.host.Len
+	default:
+		return false, nil
+	}
+	r, err := st.s.sharedAt(va, n)
+	if r == nil || err != nil {
+		return err != nil, err
+	}
+	st.unblock() // what was gathered goes first; this waits
+	off := va - r.base
+	switch cmd.op {
+	case api.OpCopyToDevice:
+		err = st.writeShared(r, off, cmd.toDev.Payload)
+		c.in += n
+	case api.OpCopyToDeviceHost:
+		var src []byte
+		if src, err = st.s.hostBytes(&cmd.host); err == nil {
+			err = st.writeShared(r, off, src)
+			c.in += n
+		}
+	case api.OpCopyFromDeviceHost:
+		var dst []byte
+		if dst, err = st.s.hostBytes(&cmd.host); err == nil {
+			err = st.readShared(r, off, dst)
+			c.outN += n
+		}
+	default: // OpCopyFromDevice: into the reply
+		if err = st.s.takeBuffer(st.s.outBufs); err != nil {
+			return true, err
+		}
+		c.out, c.outLen = bodyPool.Get().(*[]byte), int(n)
+		if err = st.readShared(r, off, (*c.out)[:n]); err != nil {
+			bodyPool.Put(c.out)
+			c.out = nil
+			<-st.s.outBufs
+		}
+	}
+	return true, err
+}

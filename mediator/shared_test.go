@@ -1,0 +1,181 @@
+package mediator_test
+
+import (
+	"bytes"
+	"net"
+	"path/filepath"
+	"testing"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/mediator"
+)
+
+// another starts one more mediator in front of sys's nodes, as a second
+// host would have, and returns a system value for dialling it.
+func (s *system) another(t *testing.T, name string) *system {
+	t.Helper()
+	cfg := mediator.Config{ContainerDir: filepath.Join(s.dir, name+"-c"), StateDir: s.dir, Log: quietLog()}
+	for _, n := range s.med.Status().Nodes {
+		cfg.Nodes = append(cfg.Nodes, n.Addr)
+	}
+	m, err := mediator.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &system{socket: filepath.Join(s.dir, name+".sock"), dir: s.dir, med: m, nodes: s.nodes}
+	l, err := net.Listen("unix", o.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go m.Serve(l)
+	t.Cleanup(func() { m.Close() })
+	return o
+}
+
+func read(t *testing.T, c *client.Client, p client.Ptr, n int) ([]byte, error) {
+	t.Helper()
+	b := make([]byte, n)
+	s := c.Stream()
+	s.CopyFromDevice(b, p)
+	return b, s.Synchronize()
+}
+
+func write(c *client.Client, p client.Ptr, b []byte) error {
+	s := c.Stream()
+	s.CopyToDevice(p, b)
+	return s.Synchronize()
+}
+
+func TestSharedCoherentBufferAcrossMediators(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	m2 := sys.another(t, "m2")
+	a := sys.dial(t, "alpha", 1)
+	const n = 300 << 10 // five pages, the last one short
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(3, n)
+	if err := write(a, p, data); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := a.Export(p, api.ModeCoherent, api.Grant{Tenant: "beta", Write: true}, api.Grant{Tenant: "gamma"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := m2.dial(t, "beta", 1)
+	q, info, err := b.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Size != n || info.Mode != api.ModeCoherent || !info.Write {
+		t.Fatalf("import: %+v", info)
+	}
+	for range 2 { // the second time from the cache
+		got, err := read(t, b, q, n)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("beta reads the shared buffer: %v", err)
+		}
+	}
+	if st, _ := b.Stats(); st.SharedMisses != 5 || st.SharedHits != 5 {
+		t.Fatalf("beta's reads: %d from the node, %d from the cache; want 5 and 5", st.SharedMisses, st.SharedHits)
+	}
+	// A write through one mediator is seen through the other at once: the
+	// cached copies were invalidated before the write was acknowledged.
+	patch := bytes.Repeat([]byte{0xab}, 70<<10)
+	if err := write(a, p.Add(60<<10), patch); err != nil {
+		t.Fatal(err)
+	}
+	copy(data[60<<10:], patch)
+	if got, err := read(t, b, q, n); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("beta after alpha's write: %v", err)
+	}
+	if err := write(b, q.Add(5), []byte("beta was here")); err != nil {
+		t.Fatal(err)
+	}
+	copy(data[5:], "beta was here")
+	if got, err := read(t, a, p, n); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("alpha after beta's write: %v", err)
+	}
+	// Kernels on the node see the latest acknowledged data.
+	s := a.Stream()
+	dst, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.CopyDevice(dst, p, n)
+	if got, err := read(t, a, dst, n); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("device copy of the shared buffer: %v", err)
+	}
+	// The exporter writes only through the object.
+	s.Memset(p, 0, 16)
+	wantErr(t, s.Synchronize(), api.ErrPermissionDenied, "shared object")
+
+	// A reader may not write; a revoked reader may not read, even what its
+	// mediator cached.
+	g := sys.dial(t, "gamma", 1)
+	r, info, err := g.Import(sh)
+	if err != nil || info.Write {
+		t.Fatalf("gamma imports: %+v %v", info, err)
+	}
+	if got, err := read(t, g, r, 4096); err != nil || !bytes.Equal(got, data[:4096]) {
+		t.Fatalf("gamma reads: %v", err)
+	}
+	wantErr(t, write(g, r, []byte{1}), api.ErrPermissionDenied)
+	if err := a.Revoke(p, "gamma"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = read(t, g, r, 4096)
+	wantErr(t, err, api.ErrPermissionDenied, "revoked")
+	// Strangers and bad names.
+	_, _, err = sys.dial(t, "delta", 1).Import(sh)
+	wantErr(t, err, api.ErrPermissionDenied, "delta")
+	_, _, err = b.Import(api.Shared{Node: sh.Node, Object: sh.Object + 100})
+	wantErr(t, err, api.ErrInvalidArgument, "does not exist")
+	_, _, err = b.Import(api.Shared{Node: "nowhere:1", Object: sh.Object})
+	wantErr(t, err, api.ErrInvalidArgument, "nowhere")
+	// Freeing the exported buffer ends the object.
+	if err := a.Free(p); err != nil {
+		t.Fatal(err)
+	}
+	_, err = read(t, b, q, 16)
+	wantErr(t, err, api.ErrInvalidArgument, "freed")
+	if err := b.Free(q); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSharedImmutableBufferIsCachedForever(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	m2 := sys.another(t, "m2")
+	a := sys.dial(t, "alpha", 1)
+	const n = 256 << 10
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(4, n)
+	if err := write(a, p, data); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := a.Export(p, api.ModeImmutable, api.Grant{Tenant: "beta", Write: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, write(a, p, []byte{1}), api.ErrPermissionDenied)
+	b := m2.dial(t, "beta", 1)
+	q, info, err := b.Import(sh)
+	if err != nil || info.Mode != api.ModeImmutable {
+		t.Fatalf("import: %+v %v", info, err)
+	}
+	for range 3 {
+		if got, err := read(t, b, q, n); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("beta reads: %v", err)
+		}
+	}
+	if st, _ := b.Stats(); st.SharedMisses != 4 || st.SharedHits != 8 {
+		t.Fatalf("reads of a sealed buffer: %d from the node, %d cached; want 4 and 8", st.SharedMisses, st.SharedHits)
+	}
+	wantErr(t, write(b, q, []byte{1}), api.ErrPermissionDenied, "sealed")
+}
