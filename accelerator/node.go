@@ -189,7 +189,7 @@ func (n *Node) Close() error {
 
 // Status reports devices and their use.
 func (n *Node) Status() api.NodeStatus {
-	st := api.NodeStatus{Backend: n.backend}
+	st := api.NodeStatus{Backend: n.backend, Coherence: n.objects.status()}
 	n.mu.Lock()
 	st.Connections = len(n.conns)
 	n.mu.Unlock()

@@ -58,6 +58,30 @@ type objectTable struct {
 	byID   map[uint64]*object
 	ending map[uint64]*object // ended, telling their importers
 	next   uint64
+	ended  api.CoherenceStatus // what ended objects cost
+}
+
+// add adds a directory's counters to st.
+func add(st *api.CoherenceStatus, h coherence.HomeStats) {
+	st.Reads += h.Reads
+	st.Writes += h.Writes
+	st.Invals += h.Invals
+	st.InvalAcks += h.InvalAcks
+	st.Expired += h.Expired
+}
+
+// status sums the counters of every object, ended ones included.
+func (t *objectTable) status() api.CoherenceStatus {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := t.ended
+	st.Objects = len(t.byID)
+	for _, o := range t.byID {
+		o.mu.Lock()
+		add(&st, o.home.Stats())
+		o.mu.Unlock()
+	}
+	return st
 }
 
 type object struct {
@@ -433,6 +457,9 @@ func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
 		o.mu.Unlock()
 		t.mu.Lock()
 		delete(t.ending, o.id)
+		o.mu.Lock()
+		add(&t.ended, o.home.Stats())
+		o.mu.Unlock()
 		t.mu.Unlock()
 	}
 }

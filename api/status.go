@@ -23,6 +23,19 @@ type NodeStatus struct {
 	// Shares is each tenant's use of each device, from the node's compute
 	// scheduler, by device, then tenant.
 	Shares []DeviceTenant `json:"shares,omitempty"`
+	// Coherence counts the protocol messages of the node's shared objects.
+	Coherence CoherenceStatus `json:"coherence"`
+}
+
+// CoherenceStatus is what a node's shared objects have cost since it
+// started: requests served and invalidation messages, over all objects.
+type CoherenceStatus struct {
+	Objects   int    `json:"objects"`
+	Reads     uint64 `json:"reads"`
+	Writes    uint64 `json:"writes"`
+	Invals    uint64 `json:"invals"`
+	InvalAcks uint64 `json:"inval_acks"`
+	Expired   uint64 `json:"expired"` // invalidations a write stopped waiting for: the lease ran out
 }
 
 // DeviceStatus is one physical device of a node.

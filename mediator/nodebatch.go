@@ -81,7 +81,7 @@ func (b *nodeBatch) flush() {
 	idx := slices.Clone(b.idx) // the continuation keeps it; b's is reused
 	ops = slices.Clone(ops)
 	if len(idx) == 1 {
-		c.send(v, ops[0], nil, func(call *api.Call) {
+		c.send(v.rpc, ops[0], nil, func(call *api.Call) {
 			if call.Err != nil {
 				c.fail(idx[0], ops[0], call.Err)
 			}
@@ -90,7 +90,7 @@ func (b *nodeBatch) flush() {
 		var hdr api.Encoder
 		hdr.U32(0)
 		hdr.U32(uint32(len(idx)))
-		c.send(v, api.OpNodeBatch, nil, func(call *api.Call) {
+		c.send(v.rpc, api.OpNodeBatch, nil, func(call *api.Call) {
 			if call.Err == nil {
 				return
 			}

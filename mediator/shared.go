@@ -342,13 +342,13 @@ func (r *sharedRange) pages(off, n uint64, f func(page uint32, inPage, at, k uin
 	return nil
 }
 
-// readShared copies n bytes at offset off of a shared range into dst:
-// cached pages from the cache, others from the node, whole pages, which
-// are then cached. It waits for the node.
-func (st *stream) readShared(r *sharedRange, off uint64, dst []byte) error {
+// readShared copies len(dst) bytes at offset off of a shared range into dst:
+// cached pages from the cache at once, others when the node's reply to a
+// read of their whole page arrives, which is then cached. The reads count
+// towards c, which is answered once they have all arrived.
+func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completion, idx int) {
 	pc := st.s.m.nodes[r.node].cache
-	var calls []*api.Call
-	err := r.pages(off, uint64(len(dst)), func(page uint32, inPage, at, k uint64) error {
+	_ = r.pages(off, uint64(len(dst)), func(page uint32, inPage, at, k uint64) error {
 		key := coherence.Key{Object: r.object, Page: page}
 		pc.mu.Lock()
 		data, _, ok := pc.cache.Lookup(key, mnow())
@@ -367,41 +367,39 @@ func (st *stream) readShared(r *sharedRange, off uint64, dst []byte) error {
 		piece := dst[at : at+k]
 		// The reply is cached on the connection's reader, in order with
 		// the invalidations that follow it there.
-		calls = append(calls, r.rpc.GoThen(api.OpNodeObjRead, buf, func(c *api.Call) {
+		c.send(r.rpc, api.OpNodeObjRead, buf, func(call *api.Call) {
 			pc.mu.Lock()
 			defer pc.mu.Unlock()
 			var g api.NodeGrant
-			if c.Err == nil {
-				c.Err = api.Decode(buf[:api.NodeGrantSize], &g)
+			err := call.Err
+			if err == nil {
+				err = api.Decode(buf[:api.NodeGrantSize], &g)
 			}
-			if c.Err != nil {
+			if err == nil {
+				data := buf[api.NodeGrantSize:]
+				copy(piece, data[inPage:inPage+k])
+				_, err = pc.cache.Fill(t, coherence.ReadGrant{Version: g.Version, Lease: time.Duration(g.LeaseNs), Sealed: g.Sealed}, data, mnow())
+			} else {
 				_ = pc.cache.AbortRead(t)
-				return
 			}
-			data := buf[api.NodeGrantSize:]
-			copy(piece, data[inPage:inPage+k])
-			_, c.Err = pc.cache.Fill(t, coherence.ReadGrant{Version: g.Version, Lease: time.Duration(g.LeaseNs), Sealed: g.Sealed}, data, mnow())
-		}, req))
+			if err != nil {
+				c.fail(idx, api.OpNodeObjRead, fmt.Errorf("read of page %d of shared object %d: %w", page, r.object, err))
+			}
+		}, req)
 		return nil
 	})
-	if werr := waitAll(calls); err == nil && werr != nil {
-		err = werr
-	}
-	if err != nil {
-		return fmt.Errorf("read %d bytes of shared object %d at %d: %w", len(dst), r.object, off, err)
-	}
-	return nil
 }
 
 // writeShared writes src at offset off of a shared range through to the
-// node, a page at a time, and waits until the node has applied it all.
-func (st *stream) writeShared(r *sharedRange, off uint64, src []byte) error {
+// node, a page at a time; c is answered once the node has applied it all.
+// Until then the cache keeps no copy of those pages, so a later read goes
+// to the node, which answers it after the write.
+func (st *stream) writeShared(r *sharedRange, off uint64, src []byte, c *completion, idx int) error {
 	if !r.write {
 		return fmt.Errorf("write of shared object %d: this session may only read it: %w", r.object, api.ErrPermissionDenied)
 	}
 	pc := st.s.m.nodes[r.node].cache
-	var calls []*api.Call
-	err := r.pages(off, uint64(len(src)), func(page uint32, inPage, at, k uint64) error {
+	return r.pages(off, uint64(len(src)), func(page uint32, inPage, at, k uint64) error {
 		pc.mu.Lock()
 		err := pc.cache.StartWrite(r.object, page)
 		pc.mu.Unlock()
@@ -409,29 +407,26 @@ func (st *stream) writeShared(r *sharedRange, off uint64, src []byte) error {
 			return err
 		}
 		req := api.Encode(&api.NodeObjAccess{Object: r.object, Off: off + at})
-		calls = append(calls, r.rpc.GoThen(api.OpNodeObjWrite, nil, func(c *api.Call) {
+		c.send(r.rpc, api.OpNodeObjWrite, nil, func(call *api.Call) {
 			var g api.NodeGrant
-			if c.Err == nil {
-				c.Err = api.Decode(c.Body, &g)
+			err := call.Err
+			if err == nil {
+				err = api.Decode(call.Body, &g)
 			}
 			pc.mu.Lock()
-			defer pc.mu.Unlock()
 			_ = pc.cache.FinishWrite(r.object, page, g.Version) // 0 when it failed
-		}, req, src[at:at+k]))
+			pc.mu.Unlock()
+			if err != nil {
+				c.fail(idx, api.OpNodeObjWrite, fmt.Errorf("write of page %d of shared object %d: %w", page, r.object, err))
+			}
+		}, req, src[at:at+k])
 		return nil
 	})
-	if werr := waitAll(calls); err == nil && werr != nil {
-		err = werr
-	}
-	if err != nil {
-		return fmt.Errorf("write %d bytes of shared object %d at %d: %w", len(src), r.object, off, err)
-	}
-	return nil
 }
 
-// viaShared carries out a copy to or from a shared range, reporting whether
-// cmd was one. It waits for the node.
-func (st *stream) viaShared(cmd *command, c *completion) (bool, error) {
+// viaShared issues a copy to or from a shared range, reporting whether cmd
+// was one; its node calls count towards c.
+func (st *stream) viaShared(cmd *command, c *completion, idx int) (bool, error) {
 	var va, n uint64
 	switch cmd.op {
 	case api.OpCopyToDevice:
@@ -447,34 +442,31 @@ func (st *stream) viaShared(cmd *command, c *completion) (bool, error) {
 	if r == nil || err != nil {
 		return err != nil, err
 	}
-	st.unblock() // what was gathered goes first; this waits
 	off := va - r.base
+	st.nb.flush() // what the stream gathered goes first
 	switch cmd.op {
 	case api.OpCopyToDevice:
-		err = st.writeShared(r, off, cmd.toDev.Payload)
+		err = st.writeShared(r, off, cmd.toDev.Payload, c, idx)
 		c.in += n
 	case api.OpCopyToDeviceHost:
 		var src []byte
 		if src, err = st.s.hostBytes(&cmd.host); err == nil {
-			err = st.writeShared(r, off, src)
+			err = st.writeShared(r, off, src, c, idx)
 			c.in += n
 		}
 	case api.OpCopyFromDeviceHost:
 		var dst []byte
 		if dst, err = st.s.hostBytes(&cmd.host); err == nil {
-			err = st.readShared(r, off, dst)
+			st.readShared(r, off, dst, c, idx)
 			c.outN += n
 		}
 	default: // OpCopyFromDevice: into the reply
+		st.unblock() // before a wait for a buffer
 		if err = st.s.takeBuffer(st.s.outBufs); err != nil {
 			return true, err
 		}
 		c.out, c.outLen = bodyPool.Get().(*[]byte), int(n)
-		if err = st.readShared(r, off, (*c.out)[:n]); err != nil {
-			bodyPool.Put(c.out)
-			c.out = nil
-			<-st.s.outBufs
-		}
+		st.readShared(r, off, (*c.out)[:n], c, idx)
 	}
 	return true, err
 }

@@ -12,12 +12,16 @@ import (
 )
 
 // another starts one more mediator in front of sys's nodes, as a second
-// host would have, and returns a system value for dialling it.
-func (s *system) another(t *testing.T, name string) *system {
+// host would have, and returns a system value for dialling it. edit, if
+// set, changes its configuration.
+func (s *system) another(t testing.TB, name string, edit ...func(*mediator.Config)) *system {
 	t.Helper()
 	cfg := mediator.Config{ContainerDir: filepath.Join(s.dir, name+"-c"), StateDir: s.dir, Log: quietLog()}
 	for _, n := range s.med.Status().Nodes {
 		cfg.Nodes = append(cfg.Nodes, n.Addr)
+	}
+	for _, e := range edit {
+		e(&cfg)
 	}
 	m, err := mediator.New(cfg)
 	if err != nil {

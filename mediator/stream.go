@@ -192,7 +192,7 @@ func (c *completion) call(v vdev, idx int, op api.Op, into []byte, parts ...[]by
 		return
 	}
 	st.nb.flush()
-	c.send(v, op, into, func(call *api.Call) {
+	c.send(v.rpc, op, into, func(call *api.Call) {
 		if call.Err != nil {
 			c.fail(idx, call.Op, call.Err)
 		}
@@ -201,13 +201,13 @@ func (c *completion) call(v vdev, idx int, op api.Op, into []byte, parts ...[]by
 
 // send issues one node call whose completion counts towards c; check sees
 // the call before c counts it done.
-func (c *completion) send(v vdev, op api.Op, into []byte, check func(*api.Call), parts ...[]byte) {
+func (c *completion) send(rpc *api.RPC, op api.Op, into []byte, check func(*api.Call), parts ...[]byte) {
 	c.pending.Add(1)
 	c.st.calls.add(1)
 	if c.st.gather {
-		c.st.hold(v.rpc)
+		c.st.hold(rpc)
 	}
-	v.rpc.GoThen(op, into, func(call *api.Call) {
+	rpc.GoThen(op, into, func(call *api.Call) {
 		check(call)
 		c.done()
 		c.st.calls.add(-1)
@@ -384,7 +384,7 @@ func (st *stream) issueOne(cmd *command, c *completion, idx int) {
 			return
 		}
 	}
-	if done, err := st.viaShared(cmd, c); done {
+	if done, err := st.viaShared(cmd, c, idx); done {
 		if err != nil {
 			c.fail(idx, cmd.op, err)
 		}
