@@ -23,8 +23,8 @@ type owner uint64
 // held frame is sealed, and it is unsealed (unseal) before it is released.
 type frameTable struct {
 	mu     sync.RWMutex
-	owners []owner // by frame number
-	sealed []bool  // by frame number
+	owners []owner              // by frame number
+	sealed []bool               // by frame number
 	shared map[int][]api.Extent // by frame number: the runs of it in shared objects (shared.go)
 	free   int
 	hint   int // where the next search for a run starts

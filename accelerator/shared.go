@@ -100,9 +100,9 @@ type object struct {
 	// revocation is pushed to those of the tenant, whose mediators may
 	// serve reads from copies other connections fetched.
 	importers map[coherence.CacheID]*conn
-	data    map[coherence.WriteID]*objWrite
-	revoked map[coherence.CacheID]bool // readers told of a revocation, not yet acknowledged
-	gone    bool
+	data      map[coherence.WriteID]*objWrite
+	revoked   map[coherence.CacheID]bool // readers told of a revocation, not yet acknowledged
+	gone      bool
 }
 
 // objWrite is a write waiting for its commit; whoever commits it applies it.
