@@ -31,6 +31,7 @@ package accelerator
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -103,6 +104,11 @@ type object struct {
 	data      map[coherence.WriteID]*objWrite
 	revoked   map[coherence.CacheID]bool // readers told of a revocation, not yet acknowledged
 	gone      bool
+	// Versioned objects: the published versions' bytes that are live (the
+	// published one and every pinned one), and each connection's pin. The
+	// frames hold the draft, where writes land.
+	versions map[uint64][]byte
+	pins     map[coherence.CacheID]uint64
 }
 
 // objWrite is a write waiting for its commit; whoever commits it applies it.
@@ -126,8 +132,8 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if !m.Mode.Valid() || m.Mode == api.ModePrivate || m.Mode == api.ModeVersioned {
-		return 0, fmt.Errorf("export in mode %v: want immutable or coherent: %w", m.Mode, api.ErrInvalidArgument)
+	if !m.Mode.Valid() || m.Mode == api.ModePrivate {
+		return 0, fmt.Errorf("export in mode %v: want immutable, versioned or coherent: %w", m.Mode, api.ErrInvalidArgument)
 	}
 	size := api.ExtentsLen(m.Extents)
 	if size == 0 {
@@ -154,7 +160,16 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 		}
 	}
 	o := &object{exporter: c, dev: d, xs: m.Extents, size: size, grants: map[string]bool{}, home: home,
-		readers: map[coherence.CacheID]*conn{}, importers: map[coherence.CacheID]*conn{}, data: map[coherence.WriteID]*objWrite{}, revoked: map[coherence.CacheID]bool{}}
+		readers: map[coherence.CacheID]*conn{}, importers: map[coherence.CacheID]*conn{}, data: map[coherence.WriteID]*objWrite{}, revoked: map[coherence.CacheID]bool{},
+		versions: map[uint64][]byte{}, pins: map[coherence.CacheID]uint64{}}
+	if m.Mode == api.ModeVersioned {
+		// Version 1 is what the buffer holds now.
+		snap, err := o.snapshot()
+		if err != nil {
+			return 0, err
+		}
+		o.versions[1] = snap
+	}
 	o.changed = sync.NewCond(&o.mu)
 	for _, g := range m.Grants {
 		o.grants[g.Tenant] = g.Write
@@ -322,7 +337,7 @@ func (c *conn) readObject(h api.Header, m *api.NodeObjAccess) error {
 	if err != nil {
 		return err
 	}
-	g, err := o.home.Read(cacheID(c), page, 0, now())
+	g, err := o.home.Read(cacheID(c), page, m.Version, now())
 	if err != nil {
 		return err
 	}
@@ -330,6 +345,13 @@ func (c *conn) readObject(h api.Header, m *api.NodeObjAccess) error {
 		o.readers[cacheID(c)] = c
 	}
 	grant := api.Encode(&api.NodeGrant{Version: g.Version, LeaseNs: int64(g.Lease), Sealed: g.Sealed})
+	if o.home.Mode() == api.ModeVersioned {
+		snap := o.versions[m.Version]
+		if snap == nil {
+			return fmt.Errorf("shared object %d: version %d is gone: %w", o.id, m.Version, api.ErrInternal)
+		}
+		return c.c.Reply(h, grant, snap[m.Off:m.Off+m.Len])
+	}
 	return o.dev.Read(xs, func(parts ...[]byte) error { return c.c.Reply(h, append([][]byte{grant}, parts...)...) })
 }
 
@@ -401,6 +423,72 @@ func (o *object) commitReady(page uint32) {
 	}
 }
 
+// snapshot copies the object's bytes (its draft). The caller holds o.mu
+// or owns o.
+func (o *object) snapshot() ([]byte, error) {
+	snap := make([]byte, 0, o.size)
+	err := o.dev.Read(o.xs, func(parts ...[]byte) error {
+		for _, p := range parts {
+			snap = append(snap, p...)
+		}
+		return nil
+	})
+	return snap, err
+}
+
+// prune frees the versions nobody can read any more. The caller holds o.mu.
+func (o *object) prune() {
+	live := o.home.Live()
+	for v := range o.versions {
+		if !slices.Contains(live, v) {
+			delete(o.versions, v)
+		}
+	}
+}
+
+// publish makes a versioned object's draft its next version.
+func (c *conn) publish(m *api.NodeObject) (uint64, error) {
+	o, err := c.object(m.Object, true)
+	if err != nil {
+		return 0, err
+	}
+	defer o.mu.Unlock()
+	snap, err := o.snapshot()
+	if err != nil {
+		return 0, err
+	}
+	v, err := o.home.Publish()
+	if err != nil {
+		return 0, err
+	}
+	o.versions[v] = snap
+	o.prune()
+	return v, nil
+}
+
+// pin makes c a reader of the published version, instead of the one it
+// pinned before.
+func (c *conn) pin(m *api.NodeObject) (uint64, error) {
+	o, err := c.object(m.Object, false)
+	if err != nil {
+		return 0, err
+	}
+	defer o.mu.Unlock()
+	id := cacheID(c)
+	if old, ok := o.pins[id]; ok {
+		if err := o.home.Unpin(id, old); err != nil {
+			return 0, err
+		}
+	}
+	v, err := o.home.Pin(id)
+	if err != nil {
+		return 0, err
+	}
+	o.pins[id] = v
+	o.prune()
+	return v, nil
+}
+
 // invalAck takes a reader's acknowledgement.
 func (c *conn) invalAck(m *api.NodeInval) error {
 	o, err := c.object(m.Object, false)
@@ -443,7 +531,9 @@ func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
 		if forget {
 			delete(o.readers, cacheID(c))
 			delete(o.importers, cacheID(c))
+			delete(o.pins, cacheID(c))
 			o.home.Forget(cacheID(c))
+			o.prune()
 		}
 		o.mu.Unlock()
 	}
@@ -523,6 +613,20 @@ func (c *conn) objectOp(r request) (ok bool, err error) {
 			return true, c.readObject(r.h, m)
 		}
 		return true, c.writeObject(r.h, m)
+	case api.OpNodePublish, api.OpNodePin:
+		var m api.NodeObject
+		if err := api.Decode(r.body, &m); err != nil {
+			return true, fmt.Errorf("%v: %w", r.h.Op, err)
+		}
+		pub := c.publish
+		if r.h.Op == api.OpNodePin {
+			pub = c.pin
+		}
+		v, err := pub(&m)
+		if err != nil {
+			return true, err
+		}
+		return true, c.c.Reply(r.h, api.Encode(&api.BufVersion{Version: v}))
 	case api.OpNodeUnexport:
 		var m api.NodeObject
 		if err := api.Decode(r.body, &m); err != nil {

@@ -61,8 +61,10 @@ func samples() []Message {
 		&NodeObject{Object: 9},
 		&NodeImportReply{Size: 4096, Mode: ModeCoherent, Write: true, PageSize: 65536, LeaseNs: 1e8},
 		&NodeRevoke{Object: 9, Tenant: "b"},
-		&NodeObjAccess{Object: 9, Off: 64, Len: 8, Payload: []byte("data")},
+		&NodeObjAccess{Object: 9, Version: 2, Off: 64, Len: 8, Payload: []byte("data")},
 		&NodeGrant{Version: 3, LeaseNs: 1e8, Sealed: true},
+		&BufVersion{Version: 2},
+		&At{Addr: 1 << 47},
 		&NodeInval{Object: 9, Page: 3, Version: 4},
 	}
 }

@@ -46,6 +46,8 @@ const (
 	OpExport                            // Export → Shared
 	OpImport                            // Shared → ImportReply
 	OpRevoke                            // Revoke
+	OpPublish                           // At → BufVersion: the versioned buffer's draft becomes a version
+	OpPin                               // At → BufVersion: read the latest published version from now on
 )
 
 // Operator operations: vgpuctl and vgpu-hook → mediator. Those that change
@@ -80,6 +82,8 @@ const (
 	OpNodeRevoked                   // NodeRevoke: pushed to the revoked tenant's readers; acknowledged with OpNodeRevokedAck
 	OpNodeRevokedAck                // NodeRevoke
 	OpNodeUnexport                  // NodeObject: its exporter ends it (frees the buffer)
+	OpNodePublish                   // NodeObject → BufVersion
+	OpNodePin                       // NodeObject → BufVersion; unpins what the connection pinned before
 )
 
 var opNames = map[Op]string{
@@ -95,7 +99,8 @@ var opNames = map[Op]string{
 	OpBatch: "batch", OpSeal: "seal", OpGraphCreate: "graph-create", OpGraphLaunch: "graph-launch",
 	OpGraphDestroy: "graph-destroy", OpSessionStats: "session-stats",
 	OpNodeBatch: "node-batch", OpNodeSeal: "node-seal", OpNodeDedup: "node-dedup",
-	OpExport: "export", OpImport: "import", OpRevoke: "revoke",
+	OpExport: "export", OpImport: "import", OpRevoke: "revoke", OpPublish: "publish", OpPin: "pin",
+	OpNodePublish: "node-publish", OpNodePin: "node-pin",
 	OpNodeExport: "node-export", OpNodeImport: "node-import", OpNodeRevoke: "node-revoke",
 	OpNodeObjRead: "node-obj-read", OpNodeObjWrite: "node-obj-write", OpNodeInval: "node-inval", OpNodeInvalAck: "node-inval-ack",
 	OpNodeRevoked: "node-revoked", OpNodeRevokedAck: "node-revoked-ack", OpNodeUnexport: "node-unexport",

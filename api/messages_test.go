@@ -241,10 +241,16 @@ var messages = map[string]msgCase{
 	"NodeObjAccess": {
 		new: func() Message { return new(NodeObjAccess) },
 		gen: gen(func(t *rapid.T) *NodeObjAccess {
-			return &NodeObjAccess{Object: genU64.Draw(t, "object"), Off: genU64.Draw(t, "off"), Len: genU64.Draw(t, "len"), Payload: genBytes.Draw(t, "payload")}
+			return &NodeObjAccess{Object: genU64.Draw(t, "object"), Version: genU64.Draw(t, "version"), Off: genU64.Draw(t, "off"), Len: genU64.Draw(t, "len"), Payload: genBytes.Draw(t, "payload")}
 		}),
 		payload: func(m Message) []byte { return m.(*NodeObjAccess).Payload },
 	},
+	"BufVersion": {new: func() Message { return new(BufVersion) }, gen: gen(func(t *rapid.T) *BufVersion {
+		return &BufVersion{Version: genU64.Draw(t, "version")}
+	})},
+	"At": {new: func() Message { return new(At) }, gen: gen(func(t *rapid.T) *At {
+		return &At{Addr: genU64.Draw(t, "addr")}
+	})},
 	"NodeGrant": {new: func() Message { return new(NodeGrant) }, gen: gen(func(t *rapid.T) *NodeGrant {
 		return &NodeGrant{Version: genU64.Draw(t, "version"), LeaseNs: int64(genU64.Draw(t, "lease")), Sealed: rapid.Bool().Draw(t, "sealed")}
 	})},

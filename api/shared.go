@@ -185,9 +185,11 @@ func (m *NodeRevoke) Unmarshal(d *Decoder) { m.Object = d.U64(); m.Tenant = d.St
 
 // NodeObjAccess reads Len bytes of an object at Off, within one coherence
 // page (the reply is a NodeGrant and the bytes), or writes Payload there
-// (Len unused; the reply is a NodeGrant).
+// (Len unused; the reply is a NodeGrant). A read of a versioned object
+// names the pinned Version it reads.
 type NodeObjAccess struct {
 	Object  uint64
+	Version uint64
 	Off     uint64
 	Len     uint64
 	Payload []byte
@@ -195,6 +197,7 @@ type NodeObjAccess struct {
 
 func (m *NodeObjAccess) Marshal(e *Encoder) {
 	e.U64(m.Object)
+	e.U64(m.Version)
 	e.U64(m.Off)
 	e.U64(m.Len)
 	e.B = append(e.B, m.Payload...)
@@ -202,10 +205,24 @@ func (m *NodeObjAccess) Marshal(e *Encoder) {
 
 func (m *NodeObjAccess) Unmarshal(d *Decoder) {
 	m.Object = d.U64()
+	m.Version = d.U64()
 	m.Off = d.U64()
 	m.Len = d.U64()
 	m.Payload = d.Rest()
 }
+
+// BufVersion is a version of a versioned shared buffer: the reply to a
+// publish or a pin.
+type BufVersion struct{ Version uint64 }
+
+func (m *BufVersion) Marshal(e *Encoder)   { e.U64(m.Version) }
+func (m *BufVersion) Unmarshal(d *Decoder) { m.Version = d.U64() }
+
+// At names a shared buffer by an address of the session's (publish, pin).
+type At struct{ Addr uint64 }
+
+func (m *At) Marshal(e *Encoder)   { e.U64(m.Addr) }
+func (m *At) Unmarshal(d *Decoder) { m.Addr = d.U64() }
 
 // NodeGrant heads the reply to a read of a page (the page's bytes follow)
 // and is the whole reply to a write of one: the page's version, and for a

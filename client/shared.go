@@ -40,3 +40,23 @@ func (c *Client) Revoke(p Ptr, tenant string) error {
 	_, err := c.rpc.Call(api.OpRevoke, nil, api.Encode(&api.Revoke{Addr: uint64(p), Tenant: tenant}))
 	return err
 }
+
+// Publish makes the draft of a versioned buffer (everything written to it
+// so far) its next version, once work already queued is done, and returns
+// the version. Readers see it once they Pin.
+func (c *Client) Publish(p Ptr) (uint64, error) { return c.version(api.OpPublish, p) }
+
+// Pin makes the session read the latest published version of a versioned
+// buffer from now on, and returns it; until it pins again, what it reads
+// does not change, whatever writers do.
+func (c *Client) Pin(p Ptr) (uint64, error) { return c.version(api.OpPin, p) }
+
+func (c *Client) version(op api.Op, p Ptr) (uint64, error) {
+	c.flushAll()
+	var v api.BufVersion
+	body, err := c.rpc.Call(op, nil, api.Encode(&api.At{Addr: uint64(p)}))
+	if err == nil {
+		err = api.Decode(body, &v)
+	}
+	return v.Version, err
+}

@@ -717,6 +717,12 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 			return false, err
 		}
 		return false, s.c.Reply(h)
+	case api.OpPublish, api.OpPin:
+		v, err := s.versionOp(h.Op, body)
+		if err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h, api.Encode(&api.BufVersion{Version: v}))
 	case api.OpFree:
 		var m api.Free
 		if err := api.Decode(body, &m); err != nil {

@@ -100,6 +100,58 @@ type sharedRange struct {
 	pageSize   uint64
 	imported   bool
 	ended      atomic.Pointer[error] // why the node no longer serves it to this session
+	version    atomic.Uint64         // versioned: the version this session reads
+}
+
+// pin makes a versioned range read the latest published version; other
+// modes have nothing to pin.
+func (r *sharedRange) pin() error {
+	if r.mode != api.ModeVersioned {
+		return nil
+	}
+	body, err := r.rpc.Call(api.OpNodePin, nil, api.Encode(&api.NodeObject{Object: r.object}))
+	var v api.BufVersion
+	if err == nil {
+		err = api.Decode(body, &v)
+	}
+	if err != nil {
+		return fmt.Errorf("pin shared object %d: %w", r.object, err)
+	}
+	r.version.Store(v.Version)
+	return nil
+}
+
+// versionOp publishes a versioned buffer's draft, or pins its latest
+// version for the session's reads, once the work queued before is done.
+func (s *session) versionOp(op api.Op, body []byte) (uint64, error) {
+	var m api.At
+	if err := api.Decode(body, &m); err != nil {
+		return 0, err
+	}
+	r, err := s.sharedAt(m.Addr, 1)
+	if err == nil && (r == nil || r.mode != api.ModeVersioned) {
+		err = fmt.Errorf("%v at %#x: not a versioned shared buffer of this session: %w", op, m.Addr, api.ErrInvalidArgument)
+	}
+	if err != nil {
+		return 0, err
+	}
+	s.drainAll()
+	if op == api.OpPin {
+		err := r.pin()
+		return r.version.Load(), err
+	}
+	if !r.write {
+		return 0, fmt.Errorf("publish of shared object %d: this session may only read it: %w", r.object, api.ErrPermissionDenied)
+	}
+	body, err = r.rpc.Call(api.OpNodePublish, nil, api.Encode(&api.NodeObject{Object: r.object}))
+	var v api.BufVersion
+	if err == nil {
+		err = api.Decode(body, &v)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("publish shared object %d: %w", r.object, err)
+	}
+	return v.Version, nil
 }
 
 // revoked ends the imports of an object reached through rpc that a node's
@@ -159,8 +211,8 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	if err := api.Decode(body, &m); err != nil {
 		return nil, err
 	}
-	if m.Mode != api.ModeCoherent && m.Mode != api.ModeImmutable {
-		return nil, fmt.Errorf("export in mode %v: want immutable or coherent: %w", m.Mode, api.ErrInvalidArgument)
+	if m.Mode != api.ModeCoherent && m.Mode != api.ModeImmutable && m.Mode != api.ModeVersioned {
+		return nil, fmt.Errorf("export in mode %v: want immutable, versioned or coherent: %w", m.Mode, api.ErrInvalidArgument)
 	}
 	if s.evicts {
 		return nil, fmt.Errorf("export of %#x: an oversubscribed session's memory moves, so it cannot be shared: %w", m.Addr, api.ErrInvalidArgument)
@@ -195,9 +247,13 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	if err != nil {
 		return nil, fmt.Errorf("export %#x on node %s: %w", m.Addr, s.m.nodes[v.dev.node].addr, err)
 	}
+	r := &sharedRange{base: m.Addr, size: end - m.Addr, node: v.dev.node, rpc: v.rpc,
+		object: obj.Object, mode: m.Mode, write: m.Mode != api.ModeImmutable, pageSize: pageSizeOf(0)}
+	if err := r.pin(); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
-	s.shared = append(s.shared, &sharedRange{base: m.Addr, size: end - m.Addr, node: v.dev.node, rpc: v.rpc,
-		object: obj.Object, mode: m.Mode, write: m.Mode == api.ModeCoherent, pageSize: pageSizeOf(0)})
+	s.shared = append(s.shared, r)
 	s.mu.Unlock()
 	return &api.Shared{Node: s.m.nodes[v.dev.node].addr, Object: obj.Object}, nil
 }
@@ -241,19 +297,23 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 	if ir.PageSize == 0 || ir.Size == 0 {
 		return nil, fmt.Errorf("node %s describes object %d with page size %d, size %d: %w", m.Node, m.Object, ir.PageSize, ir.Size, api.ErrProtocol)
 	}
+	r := &sharedRange{size: ir.Size, node: idx, rpc: rpc, object: m.Object,
+		mode: ir.Mode, write: ir.Write, pageSize: pageSizeOf(ir.PageSize), imported: true}
+	if err := r.pin(); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.shared) >= MaxShared {
 		return nil, fmt.Errorf("session has %d shared buffers, the limit: %w", len(s.shared), api.ErrInvalidArgument)
 	}
-	base := s.nextImport
-	if base == 0 {
-		base = importBase
+	r.base = s.nextImport
+	if r.base == 0 {
+		r.base = importBase
 	}
-	s.nextImport = base + (ir.Size+(2<<20)-1)&^((2<<20)-1)
-	s.shared = append(s.shared, &sharedRange{base: base, size: ir.Size, node: idx, rpc: rpc, object: m.Object,
-		mode: ir.Mode, write: ir.Write, pageSize: pageSizeOf(ir.PageSize), imported: true})
-	return &api.ImportReply{Addr: base, Size: ir.Size, Mode: ir.Mode, Write: ir.Write}, nil
+	s.nextImport = r.base + (ir.Size+(2<<20)-1)&^((2<<20)-1)
+	s.shared = append(s.shared, r)
+	return &api.ImportReply{Addr: r.base, Size: ir.Size, Mode: ir.Mode, Write: ir.Write}, nil
 }
 
 // MaxShared bounds the buffers a session exports and imports.
@@ -349,7 +409,8 @@ func (r *sharedRange) pages(off, n uint64, f func(page uint32, inPage, at, k uin
 func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completion, idx int) {
 	pc := st.s.m.nodes[r.node].cache
 	_ = r.pages(off, uint64(len(dst)), func(page uint32, inPage, at, k uint64) error {
-		key := coherence.Key{Object: r.object, Page: page}
+		version := r.version.Load() // 0 but for versioned buffers
+		key := coherence.Key{Object: r.object, Version: version, Page: page}
 		pc.mu.Lock()
 		data, _, ok := pc.cache.Lookup(key, mnow())
 		if ok {
@@ -363,7 +424,7 @@ func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completi
 		st.s.sharedMisses.Add(1)
 		plen := min(r.pageSize, r.size-uint64(page)*r.pageSize)
 		buf := make([]byte, api.NodeGrantSize+plen)
-		req := api.Encode(&api.NodeObjAccess{Object: r.object, Off: uint64(page) * r.pageSize, Len: plen})
+		req := api.Encode(&api.NodeObjAccess{Object: r.object, Version: version, Off: uint64(page) * r.pageSize, Len: plen})
 		piece := dst[at : at+k]
 		// The reply is cached on the connection's reader, in order with
 		// the invalidations that follow it there.

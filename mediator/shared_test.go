@@ -183,3 +183,60 @@ func TestSharedImmutableBufferIsCachedForever(t *testing.T) {
 	}
 	wantErr(t, write(b, q, []byte{1}), api.ErrPermissionDenied, "sealed")
 }
+
+func TestSharedVersionedBufferReadersPinAVersion(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	m2 := sys.another(t, "m2")
+	a := sys.dial(t, "alpha", 1)
+	const n = 200 << 10
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := randomBytes(5, n)
+	if err := write(a, p, v1); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := a.Export(p, api.ModeVersioned, api.Grant{Tenant: "beta"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := m2.dial(t, "beta", 1)
+	q, info, err := b.Import(sh)
+	if err != nil || info.Mode != api.ModeVersioned || info.Write {
+		t.Fatalf("import: %+v %v", info, err)
+	}
+	if got, err := read(t, b, q, n); err != nil || !bytes.Equal(got, v1) {
+		t.Fatalf("beta reads version 1: %v", err)
+	}
+	// The writer's draft changes; beta's pinned version does not.
+	v2 := randomBytes(6, n)
+	if err := write(a, p, v2); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := read(t, b, q, n); err != nil || !bytes.Equal(got, v1) {
+		t.Fatalf("beta's pinned version changed under a write: %v", err)
+	}
+	ver, err := a.Publish(p)
+	if err != nil || ver != 2 {
+		t.Fatalf("publish: version %d, %v", ver, err)
+	}
+	if got, err := read(t, b, q, n); err != nil || !bytes.Equal(got, v1) {
+		t.Fatalf("beta's pinned version changed at a publish: %v", err)
+	}
+	if ver, err := b.Pin(q); err != nil || ver != 2 {
+		t.Fatalf("pin: version %d, %v", ver, err)
+	}
+	if got, err := read(t, b, q, n); err != nil || !bytes.Equal(got, v2) {
+		t.Fatalf("beta after pinning version 2: %v", err)
+	}
+	wantErr(t, write(b, q, []byte{1}), api.ErrPermissionDenied)
+	_, err = b.Publish(q)
+	wantErr(t, err, api.ErrPermissionDenied)
+	// No invalidation ever: versioned copies never go stale.
+	if st := sys.nodes[0].Status().Coherence; st.Invals != 0 {
+		t.Fatalf("%d invalidations for a versioned buffer", st.Invals)
+	}
+	_, err = b.Pin(client.Ptr(0x1234))
+	wantErr(t, err, api.ErrInvalidArgument, "versioned")
+}
