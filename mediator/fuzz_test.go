@@ -16,6 +16,10 @@ var tenantOps = []api.Op{
 	api.OpMalloc, api.OpFree, api.OpStreamCreate, api.OpStreamDestroy,
 	api.OpCopyToDevice, api.OpCopyFromDevice, api.OpCopyDevice, api.OpMemset,
 	api.OpLaunch, api.OpSynchronize, api.OpKernels, api.OpStatus, api.OpHello,
+	// The data path and shared buffers; appended, so seeds keep their op.
+	api.OpHostRegister, api.OpHostUnregister, api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost,
+	api.OpBatch, api.OpSeal, api.OpGraphCreate, api.OpGraphLaunch, api.OpGraphDestroy, api.OpSessionStats,
+	api.OpExport, api.OpImport, api.OpRevoke, api.OpPublish, api.OpPin,
 }
 
 // FuzzCommandValidator sends arbitrary bodies as every tenant operation
@@ -62,6 +66,25 @@ func FuzzCommandValidator(f *testing.F) {
 			f.Fatal(err)
 		}
 	}
+	index := func(op api.Op) uint16 {
+		for i, o := range tenantOps {
+			if o == op {
+				return uint16(i)
+			}
+		}
+		panic(op)
+	}
+	const buf0 = 1 << 32 // the first buffer
+	memset := api.Encode(&api.Memset{Dst: buf0, Value: 1, Len: 64})
+	launch := api.Encode(&api.Launch{Kernel: "fill_f32", Args: []api.Arg{{Kind: api.ArgBuffer, Bits: buf0}, {Kind: api.ArgI64, Bits: 4}, {Kind: api.ArgF32}}})
+	f.Add(index(api.OpBatch), api.Encode(&api.Batch{Cmds: []api.Cmd{{Op: api.OpMemset, Body: memset}, {Op: api.OpLaunch, Body: launch}}}))
+	f.Add(index(api.OpGraphCreate), api.Encode(&api.Batch{Cmds: []api.Cmd{{Op: api.OpLaunch, Body: launch}}}))
+	f.Add(index(api.OpGraphLaunch), api.Encode(&api.GraphLaunch{Graph: 1}))
+	f.Add(index(api.OpCopyToDeviceHost), api.Encode(&api.CopyHost{Addr: buf0, Region: 1, Len: 8}))
+	f.Add(index(api.OpSeal), api.Encode(&api.Seal{Addr: buf0}))
+	f.Add(index(api.OpExport), api.Encode(&api.Export{Addr: buf0, Mode: api.ModeCoherent, Grants: []api.Grant{{Tenant: "b"}}}))
+	f.Add(index(api.OpImport), api.Encode(&api.Shared{Node: "x", Object: 1}))
+	f.Add(index(api.OpPin), api.Encode(&api.At{Addr: buf0}))
 	f.Fuzz(func(t *testing.T, opIndex uint16, body []byte) {
 		op := api.Op(opIndex)
 		if int(opIndex) < len(tenantOps) {
