@@ -30,6 +30,7 @@ package accelerator
 // waits for a lock of this file.
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -405,18 +406,23 @@ func (c *conn) writeObject(h api.Header, m *api.NodeObjAccess) error {
 	return c.c.Reply(h, api.Encode(&api.NodeGrant{Version: mine.version}))
 }
 
-// commitReady commits and applies every write of page the directory lets
+// commitReady applies and commits every write of page the directory lets
 // through now. The caller holds o.mu.
 func (o *object) commitReady(page uint32) {
 	for {
-		w, ok := o.home.Commit(page, now())
+		w, ok := o.home.Ready(page, now())
 		if !ok {
 			return
 		}
 		ow := o.data[w.ID]
 		delete(o.data, w.ID)
+		var err error
 		if ow != nil {
-			ow.err = o.dev.Write(subExtents(o.xs, ow.off, uint64(len(ow.payload))), ow.payload)
+			err = o.dev.Write(subExtents(o.xs, ow.off, uint64(len(ow.payload))), ow.payload)
+		}
+		w, cerr := o.home.Commit(page)
+		if ow != nil {
+			ow.err = errors.Join(err, cerr)
 			ow.version, ow.done = w.Version, true
 		}
 		o.changed.Broadcast()

@@ -43,6 +43,7 @@ func main() {
 	tlsKey := flag.String("node-tls-key", "", "mediator certificate's private key (PEM)")
 	tlsCA := flag.String("node-tls-ca", "", "cluster CA certificate (PEM): nodes must present a node certificate it signed, for the host dialled")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
+	cacheMem := flag.String("cache-memory", "256MiB", "host memory for copies of shared buffers' pages, split among the nodes")
 	dedup := flag.Bool("dedup", true, "send a sealed weight's 2 MiB pieces a node already holds as references, not bytes (a tenant can then tell that contents it has exist on the node)")
 	var tenantBW uint64
 	flag.Func("tenant-bandwidth", "bytes per second each tenant not in the quota file may copy, e.g. 1GiB (0: no cap)", func(v string) (err error) { tenantBW, err = api.ParseSize(v); return err })
@@ -60,6 +61,12 @@ func main() {
 		os.Exit(2)
 	} else {
 		cfg.HostMemory = n
+	}
+	if n, err := api.ParseSize(*cacheMem); err != nil || n == 0 {
+		fmt.Fprintf(os.Stderr, "vgpu-mediator: --cache-memory %q: want a positive size: %v\n", *cacheMem, err)
+		os.Exit(2)
+	} else {
+		cfg.CacheMemory = int64(n)
 	}
 	if err := run(cfg, *socket, *embMem, *embDevs, *tenantMem, *containerd, *level); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
