@@ -71,7 +71,7 @@ type Cache struct {
 }
 
 // NewCache returns an empty cache of capacity bytes. margin is taken off
-// every lease, to cover how much faster this host's clock may run than the
+// every lease, to cover how much slower this host's clock may run than the
 // home's over a lease (docs/coherence.md, Leases).
 func NewCache(capacity int64, margin time.Duration) (*Cache, error) {
 	if capacity <= 0 {

@@ -29,14 +29,15 @@ type Write struct {
 	Writer CacheID
 	Page   uint32
 	// Version the page has once this write commits. In versioned mode it
-	// is the draft version the write lands in, known only at Commit
+	// is the draft version the write lands in, known only from Ready on
 	// (BeginWrite returns 0).
 	Version uint64
 	// Inval lists the caches to send Inval(Page, Version) to; each answers
 	// with InvalAck. Set by BeginWrite only.
 	Inval []CacheID
-	// Deadline is when Commit will take this write, after the ones ahead
-	// of it, even if no InvalAck arrives. Set by BeginWrite only.
+	// Deadline is when Ready will return this write, once the writes
+	// ahead of it have committed, even if no InvalAck arrives. Set by
+	// BeginWrite only.
 	Deadline time.Duration
 }
 
@@ -46,7 +47,7 @@ type HomeStats struct {
 	Writes    uint64 // write requests accepted (BeginWrite calls that succeeded)
 	Invals    uint64 // invalidations to send (caches listed in Write.Inval)
 	InvalAcks uint64 // acknowledgements received, stale ones included
-	Expired   uint64 // invalidations a commit stopped waiting for: lease expired
+	Expired   uint64 // invalidations Ready stopped waiting for: the lease ran out
 	Commits   uint64
 }
 
@@ -60,16 +61,18 @@ type lease struct {
 // homePage is the directory entry of a page.
 //
 // Invariants: queue[0], if any, is the write in progress; waiting holds
-// the caches it still waits for and is empty when queue is. While queue is
-// not empty, sharers is empty: a write takes the page's sharers into its
-// waiting list, and reads register nobody until the queue drains, so the
-// writes behind the first need no invalidation.
+// the caches it still waits for, and is empty when queue is or when
+// applying (Ready has returned queue[0]). While queue is not empty,
+// sharers is empty: a write takes the page's sharers into its waiting
+// list, and reads register nobody until the queue drains, so the writes
+// behind the first need no invalidation.
 type homePage struct {
-	version uint64
-	sharers []lease // sorted by cache, expired ones until pruned
-	queue   []Write // FIFO; Inval and Deadline cleared
-	waiting []lease
-	ready   time.Duration // when queue[0] is ready without more acks
+	version  uint64
+	sharers  []lease // sorted by cache, expired ones until pruned
+	queue    []Write // FIFO; Inval and Deadline cleared
+	waiting  []lease
+	applying bool
+	ready    time.Duration // when queue[0] is ready without more acks
 }
 
 type pin struct {
@@ -189,10 +192,10 @@ func (p *homePage) register(c CacheID, until, now time.Duration) {
 }
 
 // BeginWrite queues writer's write of page at now, and returns it with the
-// caches to invalidate and the time by which Commit will take it. The
+// caches to invalidate and the time by which Ready will return it. The
 // writer's own copy is not invalidated: its cache dropped it and stopped
 // caching the page when it sent the write (Cache.StartWrite). The caller
-// keeps the write's data until Commit returns it.
+// keeps the write's data until Ready returns it.
 //
 // Writes of a sealed immutable object are refused with
 // api.ErrPermissionDenied, as are a private object's writes by any cache
@@ -251,14 +254,13 @@ func (h *Home) InvalAck(c CacheID, page uint32, version uint64) error {
 	return nil
 }
 
-// Commit takes the write in progress on page if, at now, every cache it
-// invalidated has acknowledged or its lease has expired, and reports
-// whether it did. The page's version is then the write's, and the caller
-// applies the write's data at the home and acknowledges the writer
-// (WriteAck carrying w.Version) before it calls anything else. The next
-// write of the page, if one waits, is ready at once: call Commit until it
-// reports false.
-func (h *Home) Commit(page uint32, now time.Duration) (Write, bool) {
+// Ready returns the write in progress on page if it may be applied at now:
+// every cache it invalidated has acknowledged or its lease has expired.
+// Once it has said so it says so until Commit. The write stays in
+// progress, so the page's readers get no lease, until Commit: the caller
+// applies its data at the home (or, for a kernel's write, lets the kernel
+// run to completion) and then calls Commit.
+func (h *Home) Ready(page uint32, now time.Duration) (Write, bool) {
 	p := h.pages[page]
 	if p == nil || len(p.queue) == 0 {
 		return Write{}, false
@@ -269,16 +271,35 @@ func (h *Home) Commit(page uint32, now time.Duration) (Write, bool) {
 		}
 	}
 	h.stats.Expired += uint64(len(p.waiting))
-	h.stats.Commits++
 	p.waiting = nil
+	p.applying = true
+	w := p.queue[0]
+	if h.cfg.Mode == api.ModeVersioned {
+		w.Version = h.current + 1
+	}
+	return w, true
+}
+
+// Commit ends the write in progress on page, which Ready has returned, and
+// returns it: the page's version is now the write's. The caller
+// acknowledges the writer with WriteAck(w.Page, w.Version). The next write
+// of the page, if one waits, is ready at once: loop on Ready and Commit
+// until Ready reports false.
+func (h *Home) Commit(page uint32) (Write, error) {
+	p := h.pages[page]
+	if p == nil || !p.applying {
+		return Write{}, fmt.Errorf("commit of page %d: no write is ready there: %w", page, api.ErrInvalidArgument)
+	}
+	h.stats.Commits++
 	w := p.queue[0]
 	p.queue = slices.Delete(p.queue, 0, 1)
+	p.applying = false
 	if h.cfg.Mode == api.ModeVersioned {
 		w.Version = h.current + 1
 	} else {
 		p.version = w.Version
 	}
-	return w, true
+	return w, nil
 }
 
 // Seal makes an immutable object read-only: writes that have begun still
@@ -328,10 +349,17 @@ func (h *Home) Forget(c CacheID) {
 
 // Publish makes the draft of a versioned object (the published version
 // and every write committed since) the published version, and returns it.
-// Writes that commit later land in the next draft.
+// Writes that commit later land in the next draft. It fails with
+// api.ErrUnavailable while a write is being applied (between Ready and
+// Commit), which would otherwise be split between two versions.
 func (h *Home) Publish() (uint64, error) {
 	if h.cfg.Mode != api.ModeVersioned {
 		return 0, fmt.Errorf("publish of a %v object: %w", h.cfg.Mode, api.ErrInvalidArgument)
+	}
+	for pg, p := range h.pages {
+		if p.applying {
+			return 0, fmt.Errorf("publish while write %d of page %d is being applied: %w", p.queue[0].ID, pg, api.ErrUnavailable)
+		}
 	}
 	h.current++
 	return h.current, nil

@@ -30,7 +30,14 @@ type wconf struct {
 	capacity      int64
 	crash         bool // one cache may crash
 	maxReads      int  // reads in flight per cache and page
+	maxCacheReads int  // reads in flight per cache, if not 0
 	maxWrites     int  // writes in flight per cache
+	readOnly      int  // caches 0..readOnly-1 only read
+	writeOnly     int  // the next writeOnly caches only write
+	// eager: the node commits a write as soon as it is ready, in the same
+	// step as the event or the tick that made it so. Otherwise a commit is
+	// an action of its own, which may come any time later.
+	eager bool
 }
 
 type msgKind uint8
@@ -60,7 +67,20 @@ type msg struct {
 }
 
 func (m msg) String() string {
-	return fmt.Sprintf("%s(cache %d page %d v%d w%d sent %d %+v %q)", msgNames[m.kind], m.cache, m.page, m.version, m.wid, m.ticket.Sent, m.grant, m.data)
+	s := fmt.Sprintf("%s(cache %d, page %d", msgNames[m.kind], m.cache, m.page)
+	switch m.kind {
+	case mReadReq:
+		s += fmt.Sprintf(", sent at %d", m.ticket.Sent)
+	case mReadResp:
+		s += fmt.Sprintf(", sent at %d, v%d %q, lease %d", m.ticket.Sent, m.grant.Version, m.data, m.grant.Lease)
+	case mWriteReq:
+		s += fmt.Sprintf(", w%d", m.wid)
+	case mWriteAck:
+		s += fmt.Sprintf(", w%d, v%d", m.wid, m.version)
+	default:
+		s += fmt.Sprintf(", v%d", m.version)
+	}
+	return s + ")"
 }
 
 // clock is a participant's clock: offset + now*rate/100 at real time now.
@@ -81,7 +101,7 @@ type world struct {
 	now     time.Duration // real time
 	clocks  []clock       // [0] the home's, [1+c] cache c's; nil: all read real time
 	home    *Home
-	log     []string // per page: the write ids committed, in order
+	log     []string // per page: the ids of the writes committed, in order
 	caches  []*Cache
 	crashed int // the crashed cache, or -1
 	reads   [][]int
@@ -91,6 +111,10 @@ type world struct {
 	writeOf map[WriteID]byte // the node's buffer: home write → client write id
 	msgs    []msg
 	trace   []string // actions taken, when tracing
+	// Copy on write: a clone shares the home and caches of its original
+	// until it changes them (mutHome, mutCache).
+	ownHome   bool
+	ownCaches uint64 // bit c: caches[c] is this world's own
 }
 
 func newWorld(conf *wconf, clocks []clock) (*world, error) {
@@ -99,7 +123,7 @@ func newWorld(conf *wconf, clocks []clock) (*world, error) {
 		return nil, err
 	}
 	w := &world{conf: conf, clocks: clocks, home: h, log: make([]string, conf.pages), crashed: -1,
-		writes: make([]int, conf.caches), writeOf: map[WriteID]byte{}}
+		writes: make([]int, conf.caches), writeOf: map[WriteID]byte{}, ownHome: true, ownCaches: ^uint64(0)}
 	for range conf.caches {
 		c, err := NewCache(conf.capacity, conf.margin)
 		if err != nil {
@@ -121,12 +145,9 @@ func (w *world) local(i int) time.Duration {
 
 func (w *world) clone() *world {
 	n := *w
-	n.home = w.home.clone()
+	n.ownHome, n.ownCaches = false, 0
 	n.log = slices.Clone(w.log)
-	n.caches = make([]*Cache, len(w.caches))
-	for i, c := range w.caches {
-		n.caches[i] = c.clone()
-	}
+	n.caches = slices.Clone(w.caches)
 	n.reads = make([][]int, len(w.reads))
 	for i, r := range w.reads {
 		n.reads[i] = slices.Clone(r)
@@ -137,6 +158,21 @@ func (w *world) clone() *world {
 	n.msgs = slices.Clone(w.msgs)
 	n.trace = slices.Clip(w.trace)
 	return &n
+}
+
+func (w *world) mutHome() *Home {
+	if !w.ownHome {
+		w.home, w.ownHome = w.home.clone(), true
+	}
+	return w.home
+}
+
+func (w *world) mutCache(c int) *Cache {
+	if w.ownCaches&(1<<c) == 0 {
+		w.caches[c] = w.caches[c].clone()
+		w.ownCaches |= 1 << c
+	}
+	return w.caches[c]
 }
 
 type actKind uint8
@@ -162,10 +198,10 @@ func (w *world) actions(as []action) []action {
 			continue
 		}
 		for p := range w.conf.pages {
-			if w.reads[c][p] < w.conf.maxReads {
+			if w.reads[c][p] < w.conf.maxReads && !w.writeOnly(c) && (w.conf.maxCacheReads == 0 || sum(w.reads[c]) < w.conf.maxCacheReads) {
 				as = append(as, action{aRead, c, p})
 			}
-			if w.issued < w.conf.writes && w.writes[c] < w.conf.maxWrites {
+			if w.issued < w.conf.writes && w.writes[c] < w.conf.maxWrites && !w.readOnly(c) {
 				as = append(as, action{aWrite, c, p})
 			}
 		}
@@ -177,17 +213,36 @@ func (w *world) actions(as []action) []action {
 		as = append(as, action{aDeliver, i, 0})
 	}
 	for p := range w.conf.pages {
-		if w.home.ready(uint32(p), w.local(0)) {
+		if !w.conf.eager && w.canCommit(uint32(p)) {
 			as = append(as, action{aCommit, p, 0})
 		}
 	}
 	return as
 }
 
-// ready says whether Commit(page, now) would take a write.
-func (h *Home) ready(page uint32, now time.Duration) bool {
-	p := h.pages[page]
-	return p != nil && len(p.queue) > 0 && !slices.ContainsFunc(p.waiting, func(l lease) bool { return l.until > now })
+// data is page p's data at the node: its name, then the ids of the writes
+// committed to it.
+func (w *world) data(p uint32) string { return string(rune('a'+p)) + w.log[p] }
+
+func sum(ns []int) (s int) {
+	for _, n := range ns {
+		s += n
+	}
+	return s
+}
+
+func (w *world) readOnly(c int) bool { return c < w.conf.readOnly }
+func (w *world) writeOnly(c int) bool {
+	return c >= w.conf.readOnly && c < w.conf.readOnly+w.conf.writeOnly
+}
+
+// canCommit says whether the node may apply and commit a write of page now.
+func (w *world) canCommit(page uint32) bool {
+	if p := w.home.pages[page]; p == nil || len(p.queue) == 0 {
+		return false
+	}
+	_, ok := w.home.clone().Ready(page, w.local(0))
+	return ok
 }
 
 func (w *world) send(m msg) {
@@ -200,6 +255,36 @@ func (w *world) send(m msg) {
 // do takes action a. It fails only if the Home or a Cache refuses a call
 // the protocol makes, or a read returns data that is not current.
 func (w *world) do(a action) error {
+	if err := w.step(a); err != nil || !w.conf.eager {
+		return err
+	}
+	for p := range w.conf.pages {
+		for w.canCommit(uint32(p)) {
+			if err := w.commit(uint32(p)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// commit has the node apply and commit the write in progress on page
+// (canCommit).
+func (w *world) commit(page uint32) error {
+	h := w.mutHome()
+	h.Ready(page, w.local(0))
+	wr, err := h.Commit(page)
+	if err != nil {
+		return err
+	}
+	wid := w.writeOf[wr.ID]
+	delete(w.writeOf, wr.ID)
+	w.log[wr.Page] += string([]byte{wid})
+	w.send(msg{kind: mWriteAck, cache: int(wr.Writer), page: wr.Page, version: wr.Version, wid: wid})
+	return nil
+}
+
+func (w *world) step(a action) error {
 	if w.trace != nil {
 		w.trace = append(w.trace, w.describe(a))
 	}
@@ -209,18 +294,18 @@ func (w *world) do(a action) error {
 	case aRead:
 		c, p := a.i, uint32(a.j)
 		k := Key{Object: obj, Page: p}
-		if data, v, ok := w.caches[c].Lookup(k, w.local(1+c)); ok {
-			if string(data) != w.log[p] || v != uint64(len(w.log[p])) {
-				return fmt.Errorf("cache %d read page %d from its copy: v%d %q, but the home has v%d %q", c, p, v, data, len(w.log[p]), w.log[p])
+		if data, v, ok := w.mutCache(c).Lookup(k, w.local(1+c)); ok {
+			if string(data) != w.data(p) || v != uint64(len(w.log[p])) {
+				return fmt.Errorf("cache %d read page %d from its copy: v%d %q, but the home has v%d %q", c, p, v, data, len(w.log[p]), w.data(p))
 			}
 			return nil
 		}
-		t := w.caches[c].StartRead(k, w.local(1+c))
+		t := w.mutCache(c).StartRead(k, w.local(1+c))
 		w.reads[c][p]++
 		w.send(msg{kind: mReadReq, cache: c, page: p, ticket: t})
 	case aWrite:
 		c, p := a.i, uint32(a.j)
-		if err := w.caches[c].StartWrite(obj, p); err != nil {
+		if err := w.mutCache(c).StartWrite(obj, p); err != nil {
 			return err
 		}
 		w.issued++
@@ -231,14 +316,7 @@ func (w *world) do(a action) error {
 		w.msgs = slices.Delete(w.msgs, a.i, a.i+1)
 		return w.deliver(m)
 	case aCommit:
-		wr, ok := w.home.Commit(uint32(a.i), w.local(0))
-		if !ok {
-			return fmt.Errorf("commit of page %d not ready", a.i)
-		}
-		wid := w.writeOf[wr.ID]
-		delete(w.writeOf, wr.ID)
-		w.log[wr.Page] += string([]byte{wid})
-		w.send(msg{kind: mWriteAck, cache: int(wr.Writer), page: wr.Page, version: wr.Version, wid: wid})
+		return w.commit(uint32(a.i))
 	case aCrash:
 		w.crashed = a.i
 		w.msgs = slices.DeleteFunc(w.msgs, func(m msg) bool { return !m.kind.toHome() && m.cache == a.i })
@@ -250,17 +328,17 @@ func (w *world) deliver(m msg) error {
 	c, p := m.cache, m.page
 	switch m.kind {
 	case mReadReq:
-		g, err := w.home.Read(CacheID(c), p, 0, w.local(0))
+		g, err := w.mutHome().Read(CacheID(c), p, 0, w.local(0))
 		if err != nil {
 			return err
 		}
-		w.send(msg{kind: mReadResp, cache: c, page: p, ticket: m.ticket, grant: g, data: w.log[p]})
+		w.send(msg{kind: mReadResp, cache: c, page: p, ticket: m.ticket, grant: g, data: w.data(p)})
 	case mReadResp:
 		w.reads[c][p]--
-		_, err := w.caches[c].Fill(m.ticket, m.grant, []byte(m.data), w.local(1+c))
+		_, err := w.mutCache(c).Fill(m.ticket, m.grant, []byte(m.data), w.local(1+c))
 		return err
 	case mWriteReq:
-		wr, err := w.home.BeginWrite(CacheID(c), p, w.local(0))
+		wr, err := w.mutHome().BeginWrite(CacheID(c), p, w.local(0))
 		if err != nil {
 			return err
 		}
@@ -269,14 +347,14 @@ func (w *world) deliver(m msg) error {
 			w.send(msg{kind: mInval, cache: int(x), page: p, version: wr.Version})
 		}
 	case mInval:
-		w.caches[c].Invalidate(obj, p, m.version)
+		w.mutCache(c).Invalidate(obj, p, m.version)
 		w.send(msg{kind: mInvalAck, cache: c, page: p, version: m.version})
 	case mInvalAck:
-		return w.home.InvalAck(CacheID(c), p, m.version)
+		return w.mutHome().InvalAck(CacheID(c), p, m.version)
 	case mWriteAck:
 		w.writes[c]--
 		w.acked = append(w.acked, ack{m.wid, p, m.version})
-		return w.caches[c].FinishWrite(obj, p, m.version)
+		return w.mutCache(c).FinishWrite(obj, p, m.version)
 	}
 	return nil
 }
@@ -323,9 +401,9 @@ func (w *world) check() error {
 	// committed (let alone acknowledged) write.
 	for c, cache := range w.caches {
 		for _, e := range cache.entries() {
-			if w.local(1+c) < e.deadline && (e.version != h.version(e.key.Page) || string(e.data) != w.log[e.key.Page]) {
+			if w.local(1+c) < e.deadline && (e.version != h.version(e.key.Page) || string(e.data) != w.data(e.key.Page)) {
 				return fmt.Errorf("cache %d holds page %d at v%d %q valid until %d (now %d), but the home has v%d %q",
-					c, e.key.Page, e.version, e.data, e.deadline, w.local(1+c), h.version(e.key.Page), w.log[e.key.Page])
+					c, e.key.Page, e.version, e.data, e.deadline, w.local(1+c), h.version(e.key.Page), w.data(e.key.Page))
 			}
 		}
 	}
@@ -368,7 +446,7 @@ func (w *world) drain(step time.Duration, rounds int) error {
 			}
 			p := -1
 			for pg := range w.conf.pages {
-				if w.home.ready(uint32(pg), w.local(0)) {
+				if !w.conf.eager && w.canCommit(uint32(pg)) {
 					p = pg
 					break
 				}
@@ -386,9 +464,16 @@ func (w *world) drain(step time.Duration, rounds int) error {
 		if w.quiet() {
 			return nil
 		}
-		w.now += step
+		if err := w.do(action{aTick, int(step), 0}); err != nil {
+			return err
+		}
 	}
-	return fmt.Errorf("not quiet after %d steps of %v: home %+v, writes in flight %v", rounds, step, w.home.pages, w.writes)
+	var pending []Write
+	for _, p := range w.home.pages {
+		pending = append(pending, p.queue...)
+	}
+	return fmt.Errorf("not quiet after %d steps of %v: writes at the home %+v, writes in flight per cache %v, reads %v, crashed %d",
+		rounds, step, pending, w.writes, w.reads, w.crashed)
 }
 
 func (w *world) quiet() bool {
@@ -440,17 +525,32 @@ func (c *Cache) clone() *Cache {
 }
 
 // keyer encodes a state canonically. Times are encoded relative to now
-// and clamped: a lease that has expired (until <= now) acts the same
+// and clamped: a lease that has expired (until <= now) acts as none
 // whenever it expired, since time only grows, and a read sent longer than
 // lease-margin ago can no longer be cached. So states that differ only by
-// a shift in time share a key, and time may pass without bound.
+// a shift in time share a key, and time may pass without bound. Caches are
+// interchangeable: a cache's number is its rank in an order of the caches
+// by what each holds and has in flight (rank), so that states that differ
+// only by the caches' numbers mostly share a key too. Two states share a
+// key only if one is the other with times shifted and caches renumbered.
 type keyer struct {
 	b      []byte
 	now    time.Duration
 	oldest time.Duration // the clamp of send times: margin − lease
+	rank   []int         // by cache number
 }
 
 func (k *keyer) u(v uint64) { k.b = binary.AppendUvarint(k.b, v) }
+
+func (k *keyer) flag(b bool) {
+	if b {
+		k.u(1)
+	} else {
+		k.u(0)
+	}
+}
+
+func (k *keyer) id(c int) { k.u(uint64(k.rank[c])) }
 
 func (k *keyer) until(t time.Duration) {
 	if t == Forever {
@@ -464,12 +564,18 @@ func (k *keyer) sent(t time.Duration) { k.b = binary.AppendVarint(k.b, int64(max
 
 func (k *keyer) str(s string) { k.u(uint64(len(s))); k.b = append(k.b, s...) }
 
+// leases encodes registrations in the order of the caches' ranks.
 func (k *keyer) leases(ls []lease) {
-	k.u(uint64(len(ls)))
+	var live []lease
 	for _, l := range ls {
-		k.u(uint64(l.cache))
+		live = append(live, lease{CacheID(k.rank[l.cache]), l.until})
+	}
+	slices.SortFunc(live, func(a, b lease) int { return cmp.Compare(a.cache, b.cache) })
+	for _, l := range live {
+		k.u(uint64(l.cache) + 1)
 		k.until(l.until)
 	}
+	k.u(0)
 }
 
 func (k *keyer) home(h *Home) {
@@ -479,21 +585,24 @@ func (k *keyer) home(h *Home) {
 		p := h.pages[pg]
 		k.u(uint64(pg))
 		k.u(p.version)
+		k.flag(p.applying)
 		k.leases(p.sharers)
 		k.leases(p.waiting)
-		k.until(p.ready)
 		k.u(uint64(len(p.queue)))
 		for _, q := range p.queue {
 			k.u(uint64(q.ID))
-			k.u(uint64(q.Writer))
+			k.id(int(q.Writer))
 			k.u(q.Version)
 		}
 	}
 }
 
-func (k *keyer) cache(c *Cache, ordered bool) {
+// cache encodes c. Unless ordered (the cache may evict), LRU order does
+// not matter and an expired copy acts as none. A crashed cache only holds
+// copies.
+func (k *keyer) cache(c *Cache, ordered, crashed bool) {
 	es := c.entries()
-	if !ordered { // nothing is ever evicted: LRU order does not matter
+	if !ordered {
 		slices.SortFunc(es, func(a, b *entry) int { return cmp.Compare(a.key.Page, b.key.Page) })
 	}
 	k.u(uint64(len(es)))
@@ -503,15 +612,14 @@ func (k *keyer) cache(c *Cache, ordered bool) {
 		k.str(string(e.data))
 		k.until(e.deadline)
 	}
+	if crashed {
+		return
+	}
 	for _, id := range slices.Sorted(maps.Keys(c.objects)) {
 		o := c.objects[id]
 		k.u(id)
 		k.u(uint64(len(o.inflight)))
-		if o.sealed {
-			k.u(1)
-		} else {
-			k.u(0)
-		}
+		k.flag(o.sealed)
 		for _, key := range slices.SortedFunc(maps.Keys(o.inflight), func(a, b Key) int { return cmp.Compare(a.Page, b.Page) }) {
 			f := o.inflight[key]
 			k.u(uint64(key.Page))
@@ -522,9 +630,13 @@ func (k *keyer) cache(c *Cache, ordered bool) {
 	}
 }
 
-func (k *keyer) msg(m msg) {
+// msg encodes m, but for its cache when that is not to be encoded.
+func (k *keyer) msg(m msg, cache bool) string {
+	k.b = k.b[:0]
 	k.u(uint64(m.kind))
-	k.u(uint64(m.cache))
+	if cache {
+		k.id(m.cache)
+	}
 	k.u(uint64(m.page))
 	k.u(m.version)
 	k.u(uint64(m.wid))
@@ -532,18 +644,93 @@ func (k *keyer) msg(m msg) {
 	k.u(m.grant.Version)
 	k.u(uint64(m.grant.Lease))
 	k.str(m.data)
+	return string(k.b)
 }
 
 // key is w's canonical encoding (for worlds whose clocks read real time).
 func (w *world) key() string {
-	k := &keyer{now: w.now, oldest: w.conf.margin - w.conf.lease}
-	k.u(uint64(w.crashed + 1))
-	k.u(uint64(w.issued))
-	for c := range w.caches {
-		k.u(uint64(w.writes[c]))
-		for _, n := range w.reads[c] {
-			k.u(uint64(n))
+	n := len(w.caches)
+	ordered := w.conf.capacity < int64(w.conf.pages+w.conf.writes) // the pages' data may not all fit
+	// Each cache's signature: what it holds and has in flight, what the
+	// home holds for it, and its messages, without cache numbers.
+	self := make([]int, n) // ranks for a signature: the cache itself 0, others 1
+	sigs := make([]string, n)
+	ms := make([]string, 0, len(w.msgs))
+	pages := slices.Sorted(maps.Keys(w.home.pages))
+	for c := range n {
+		for i := range self {
+			self[i] = 1
 		}
+		self[c] = 0
+		k := &keyer{now: w.now, oldest: w.conf.margin - w.conf.lease, rank: self}
+		k.flag(w.readOnly(c))
+		k.flag(w.writeOnly(c))
+		k.flag(c == w.crashed)
+		if c != w.crashed {
+			k.u(uint64(w.writes[c]))
+			for _, r := range w.reads[c] {
+				k.u(uint64(r))
+			}
+		}
+		k.cache(w.caches[c], ordered, c == w.crashed)
+		for _, pg := range pages {
+			p := w.home.pages[pg]
+			k.u(uint64(pg))
+			for _, ls := range [][]lease{p.sharers, p.waiting} {
+				if i := slices.IndexFunc(ls, func(l lease) bool { return int(l.cache) == c }); i >= 0 {
+					k.u(1)
+					k.until(ls[i].until)
+				} else {
+					k.u(0)
+				}
+			}
+			for i, q := range p.queue {
+				if int(q.Writer) == c {
+					k.u(uint64(i) + 1)
+				}
+			}
+			k.u(0)
+		}
+		ms = ms[:0]
+		mk := &keyer{now: k.now, oldest: k.oldest, rank: self}
+		for _, m := range w.msgs {
+			if m.cache == c {
+				ms = append(ms, mk.msg(m, false))
+			}
+		}
+		slices.Sort(ms)
+		for _, m := range ms {
+			k.str(m)
+		}
+		sigs[c] = string(k.b)
+	}
+	order := make([]int, n) // caches by rank
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(sigs[a], sigs[b]) })
+	rank := make([]int, n)
+	for r, c := range order {
+		rank[c] = r
+	}
+
+	k := &keyer{now: w.now, oldest: w.conf.margin - w.conf.lease, rank: rank}
+	if w.crashed >= 0 {
+		k.u(uint64(rank[w.crashed] + 1))
+	} else {
+		k.u(0)
+	}
+	k.u(uint64(w.issued))
+	for _, c := range order {
+		k.flag(w.readOnly(c))
+		k.flag(w.writeOnly(c))
+		if c != w.crashed {
+			k.u(uint64(w.writes[c]))
+			for _, r := range w.reads[c] {
+				k.u(uint64(r))
+			}
+		}
+		k.cache(w.caches[c], ordered, c == w.crashed)
 	}
 	acked := slices.Clone(w.acked)
 	slices.SortFunc(acked, func(a, b ack) int { return cmp.Compare(a.wid, b.wid) })
@@ -559,11 +746,10 @@ func (w *world) key() string {
 		k.u(uint64(id))
 		k.u(uint64(w.writeOf[id]))
 	}
-	ms := make([]string, len(w.msgs))
-	for i, m := range w.msgs {
-		mk := &keyer{now: k.now, oldest: k.oldest}
-		mk.msg(m)
-		ms[i] = string(mk.b)
+	ms = ms[:0]
+	mk := &keyer{now: k.now, oldest: k.oldest, rank: rank}
+	for _, m := range w.msgs {
+		ms = append(ms, mk.msg(m, true))
 	}
 	slices.Sort(ms)
 	k.u(uint64(len(ms)))
@@ -571,10 +757,6 @@ func (w *world) key() string {
 		k.str(m)
 	}
 	k.home(w.home)
-	ordered := w.conf.capacity < int64(w.conf.writes) // the pages' data may not all fit
-	for _, c := range w.caches {
-		k.cache(c, ordered)
-	}
 	return string(k.b)
 }
 

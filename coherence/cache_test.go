@@ -1,0 +1,218 @@
+package coherence
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+func newCache(t *testing.T, capacity int64, margin time.Duration) *Cache {
+	t.Helper()
+	c, err := NewCache(capacity, margin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// fill reads k into c: sent at sent, answered with g and data at now.
+func fill(t *testing.T, c *Cache, k Key, g ReadGrant, data string, sent, now time.Duration) bool {
+	t.Helper()
+	ok, err := c.Fill(c.StartRead(k, sent), g, []byte(data), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func TestNewCacheRefuses(t *testing.T) {
+	_, err := NewCache(0, 0)
+	wantErr(t, err, api.ErrInvalidArgument, "capacity 0")
+	_, err = NewCache(1, -1)
+	wantErr(t, err, api.ErrInvalidArgument, "margin -1ns")
+}
+
+func TestCacheLeaseCountsFromSend(t *testing.T) {
+	c := newCache(t, 1<<10, 10*time.Millisecond)
+	k := Key{Object: 1, Page: 2}
+	// Sent at 0, answered at 0.5 s: valid until 1 s − 10 ms.
+	if !fill(t, c, k, ReadGrant{Version: 3, Lease: sec}, "d", 0, sec/2) {
+		t.Fatal("not cached")
+	}
+	if d, v, ok := c.Lookup(k, sec-11*time.Millisecond); !ok || v != 3 || string(d) != "d" {
+		t.Fatalf("Lookup before the deadline = %q, %d, %v", d, v, ok)
+	}
+	if _, _, ok := c.Lookup(k, sec-10*time.Millisecond); ok {
+		t.Fatal("hit at the deadline")
+	}
+	// An answer whose lease ran out in flight is returned, not cached.
+	if fill(t, c, k, ReadGrant{Version: 3, Lease: sec}, "d", 0, sec) {
+		t.Error("cached a reply whose lease had run out")
+	}
+	// Lease 0: once only.
+	if fill(t, c, k, ReadGrant{Version: 3}, "d", sec, sec) {
+		t.Error("cached a reply with lease 0")
+	}
+	st := c.Stats()
+	if st.Hits != 1 || st.Misses != 1 || st.Reads != 3 || st.Fills != 1 || st.Uncached != 2 || st.Pages != 0 || st.Bytes != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestCacheForever(t *testing.T) {
+	c := newCache(t, 1<<10, sec)
+	k := Key{Object: 1, Version: 4, Page: 0}
+	if !fill(t, c, k, ReadGrant{Version: 4, Lease: Forever}, "v4", 1<<62, 1<<62) {
+		t.Fatal("not cached")
+	}
+	if _, v, ok := c.Lookup(k, 1<<62+1<<61); !ok || v != 4 {
+		t.Error("a Forever copy expired")
+	}
+	if _, _, ok := c.Lookup(Key{Object: 1, Version: 5}, 0); ok {
+		t.Error("hit for another version")
+	}
+	// A lease so long that its deadline would overflow is Forever.
+	k = Key{Object: 2}
+	if !fill(t, c, k, ReadGrant{Lease: 1<<62 + 5}, "x", 1<<62, 1<<62) {
+		t.Fatal("not cached")
+	}
+	if _, _, ok := c.Lookup(k, Forever-1); !ok {
+		t.Error("a lease past the end of time expired")
+	}
+}
+
+func TestCacheInvalidate(t *testing.T) {
+	c := newCache(t, 1<<10, 0)
+	k := Key{Object: 1, Page: 0}
+	fill(t, c, k, ReadGrant{Version: 2, Lease: sec}, "v2", 0, 0)
+	c.Invalidate(1, 0, 2) // a late Inval of the write that made v2: keep
+	if _, _, ok := c.Lookup(k, 0); !ok {
+		t.Fatal("copy of v2 dropped by Inval(v2)")
+	}
+	c.Invalidate(1, 0, 3)
+	if _, _, ok := c.Lookup(k, 0); ok {
+		t.Fatal("copy of v2 kept after Inval(v3)")
+	}
+	// An Inval that overtakes the reply: the reply is not cached, but a
+	// reply at the new version is.
+	t1 := c.StartRead(k, 0)
+	t2 := c.StartRead(k, 0)
+	c.Invalidate(1, 0, 4)
+	if ok, _ := c.Fill(t1, ReadGrant{Version: 3, Lease: sec}, []byte("v3"), 0); ok {
+		t.Error("cached v3 after Inval(v4)")
+	}
+	if ok, _ := c.Fill(t2, ReadGrant{Version: 4, Lease: sec}, []byte("v4"), 0); !ok {
+		t.Error("did not cache v4 after Inval(v4)")
+	}
+	c.Invalidate(2, 0, 1) // an object it never held
+	if st := c.Stats(); st.Invals != 4 {
+		t.Errorf("%d invalidations counted, want 4", st.Invals)
+	}
+}
+
+func TestCacheOwnWrites(t *testing.T) {
+	c := newCache(t, 1<<10, 0)
+	k := Key{Object: 1, Page: 0}
+	fill(t, c, k, ReadGrant{Version: 1, Lease: sec}, "v1", 0, 0)
+	before := c.StartRead(k, 0) // a read sent before the write
+	if err := c.StartWrite(1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := c.Lookup(k, 0); ok {
+		t.Fatal("hit on a page this cache is writing")
+	}
+	during := c.StartRead(k, 0)
+	if ok, _ := c.Fill(during, ReadGrant{Version: 1, Lease: sec}, []byte("v1"), 0); ok {
+		t.Error("cached a reply while writing the page")
+	}
+	if err := c.FinishWrite(1, 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := c.Fill(before, ReadGrant{Version: 1, Lease: sec}, []byte("v1"), 0); ok {
+		t.Error("cached v1 after the write made v2")
+	}
+	if !fill(t, c, k, ReadGrant{Version: 2, Lease: sec}, "v2", 0, 0) {
+		t.Error("did not cache v2 after the write")
+	}
+	wantErr(t, c.FinishWrite(1, 0, 3), api.ErrInvalidArgument, "object 1", "page 0")
+	// A failed write (version 0) just ends.
+	if err := c.StartWrite(1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.FinishWrite(1, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCacheEvictsLeastRecentlyUsed(t *testing.T) {
+	c := newCache(t, 10, 0)
+	g := ReadGrant{Lease: Forever}
+	for p := range uint32(3) {
+		fill(t, c, Key{Object: 1, Page: p}, g, "abcd", 0, 0) // 4 bytes each
+	}
+	// 12 > 10 bytes: page 0 went. Touch page 1, then add page 3: page 2 goes.
+	if _, _, ok := c.Lookup(Key{Object: 1, Page: 0}, 0); ok {
+		t.Error("page 0 not evicted")
+	}
+	c.Lookup(Key{Object: 1, Page: 1}, 0)
+	fill(t, c, Key{Object: 2, Page: 3}, g, "ab", 0, 0)
+	fill(t, c, Key{Object: 2, Page: 4}, g, "ab", 0, 0)
+	for _, tc := range []struct {
+		k    Key
+		want bool
+	}{{Key{Object: 1, Page: 1}, true}, {Key{Object: 1, Page: 2}, false}, {Key{Object: 2, Page: 3}, true}, {Key{Object: 2, Page: 4}, true}} {
+		if _, _, ok := c.Lookup(tc.k, 0); ok != tc.want {
+			t.Errorf("%+v cached %v, want %v", tc.k, ok, tc.want)
+		}
+	}
+	if fill(t, c, Key{Object: 3}, g, "01234567890", 0, 0) {
+		t.Error("cached a page larger than the cache")
+	}
+	if st := c.Stats(); st.Evictions != 2 || st.Bytes != 8 || st.Pages != 3 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestCacheBookkeepingRefusals(t *testing.T) {
+	c := newCache(t, 1<<10, 0)
+	k := Key{Object: 1, Version: 2, Page: 3}
+	_, err := c.Fill(Ticket{Key: k}, ReadGrant{}, nil, 0)
+	wantErr(t, err, api.ErrInvalidArgument, "object 1 version 2 page 3")
+	wantErr(t, c.AbortRead(Ticket{Key: k}), api.ErrInvalidArgument, "object 1")
+	tk := c.StartRead(k, 0)
+	if err := c.AbortRead(tk); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Fill(tk, ReadGrant{}, nil, 0); !errors.Is(err, api.ErrInvalidArgument) {
+		t.Errorf("Fill after AbortRead: %v", err)
+	}
+	if len(c.objects) != 0 {
+		t.Errorf("cache keeps %d objects with nothing in them", len(c.objects))
+	}
+}
+
+func TestCacheSealAndDrop(t *testing.T) {
+	c := newCache(t, 1<<10, 0)
+	k := Key{Object: 1}
+	fill(t, c, k, ReadGrant{Lease: Forever, Sealed: true}, "x", 0, 0)
+	wantErr(t, c.StartWrite(1, 5), api.ErrPermissionDenied, "object 1", "page 5")
+	c.Seal(2)
+	wantErr(t, c.StartWrite(2, 0), api.ErrPermissionDenied, "object 2")
+	tk := c.StartRead(Key{Object: 1, Page: 1}, 0)
+	c.Drop(1)
+	c.Drop(9)
+	if _, _, ok := c.Lookup(k, 0); ok {
+		t.Error("hit after Drop")
+	}
+	if err := c.StartWrite(1, 0); err != nil {
+		t.Errorf("write after Drop of a sealed object: %v", err)
+	}
+	if _, err := c.Fill(tk, ReadGrant{Lease: Forever}, nil, 0); !errors.Is(err, api.ErrInvalidArgument) {
+		t.Errorf("Fill of a read of a dropped object: %v", err)
+	}
+	if st := c.Stats(); st.Bytes != 0 || st.Pages != 0 {
+		t.Errorf("stats after Drop %+v", st)
+	}
+}
