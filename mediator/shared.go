@@ -379,10 +379,19 @@ func (s *session) unshare(va uint64, importsOnly bool) (bool, error) {
 		}
 	}
 	s.mu.Unlock()
-	if r == nil || r.imported {
-		return r != nil, nil
+	if r == nil {
+		return false, nil
 	}
+	if r.imported {
+		return true, nil // other sessions here may still read the copies
+	}
+	// The node tells the importers, whose mediators forget the object; so
+	// does this one, whose other sessions may have imported it.
 	_, err := r.rpc.Call(api.OpNodeUnexport, nil, api.Encode(&api.NodeObject{Object: r.object}))
+	pc := s.m.nodes[r.node].cache
+	pc.mu.Lock()
+	pc.cache.Drop(r.object)
+	pc.mu.Unlock()
 	return true, err
 }
 
