@@ -331,7 +331,7 @@ func (c *conn) readLoop(queue chan<- request) error {
 			continue
 		}
 		if idle && h.Op == api.OpNodeWrite {
-			more := c.c.Buffered() >= int(h.Len)+api.HeaderSize
+			more := c.c.Arrived() >= int(h.Len)+api.HeaderSize
 			if !more {
 				release() // the payload may take a while to arrive
 			} else if !held {
@@ -363,7 +363,7 @@ func (c *conn) readLoop(queue chan<- request) error {
 		// objects, which wait for acknowledgements this reader may have to
 		// take.
 		if idle && r.pool == nil && h.Op != api.OpNodeLaunch && h.Op != api.OpNodeBatch && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke {
-			more := c.c.Buffered() >= api.HeaderSize
+			more := c.c.Arrived() >= api.HeaderSize
 			if more && !held {
 				c.c.Hold()
 				held = true

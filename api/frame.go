@@ -9,8 +9,11 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 )
 
 // HeaderSize is the size of a frame header on the wire.
@@ -80,6 +83,27 @@ func (c *Conn) Release() error {
 // Buffered is how many bytes have been read from the connection and not yet
 // consumed: more than a header means the peer's next frame has arrived.
 func (c *Conn) Buffered() int { return c.r.Buffered() }
+
+// Arrived is Buffered plus what the kernel holds for the connection and
+// nobody has read yet, where the connection can tell (a TCP or Unix
+// socket): how much of the peer's next frames is already here.
+func (c *Conn) Arrived() int {
+	n := c.r.Buffered()
+	sc, ok := c.nc.(syscall.Conn)
+	if !ok {
+		return n
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return n
+	}
+	_ = raw.Control(func(fd uintptr) {
+		if q, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ); err == nil {
+			n += q
+		}
+	})
+	return n
+}
 
 // Counts returns the bytes of frames, headers included, written to and
 // read from the connection so far.
