@@ -11,6 +11,25 @@ package accelerator
 // those bytes. Mediators do this for buffers their tenants marked as
 // weights, which many tenants load identical copies of.
 //
+// Stored once: where the sealed frame is on the same device and the device
+// can alias (aliaser, the sim backend can), a dedup hit does not copy: the
+// tenant's frame is made to map the sealed frame's physical memory, its own
+// is freed, and the index records the alias. Identical weights of many
+// tenants then cost the node's memory once. An aliased frame reads the
+// source's bytes; it gets memory of its own again (unalias), under
+// contentIndex.mu:
+//   - with a copy of the bytes, before anything writes it: every write path
+//     (write, fill, copy destination, a launch's buffer its kernel may
+//     write, a shared object's frames) calls own after its checks;
+//   - with a copy of the bytes, before its source is scrubbed: forget
+//     unaliases every alias of a frame it takes out;
+//   - without one, before it is scrubbed itself (forget), or refilled by
+//     another dedup.
+//
+// An aliased frame that its holder seals stays aliased (nobody writes it
+// now) and is indexed as any sealed frame; a dedup that finds it aliases to
+// its source, so every alias maps a frame that is not aliased itself.
+//
 // Side channel: a dedup hit tells a connection that some frame of this node,
 // perhaps another tenant's, holds exactly the content it named. To name it,
 // the asker must know the content's SHA-256, in practice the content itself,
@@ -27,6 +46,10 @@ package accelerator
 //     contentIndex.mu. A dedup copies from a source frame only under that
 //     lock, so no copy reads a frame that is being scrubbed or has changed
 //     hands.
+//   - A frame is aliased (aliasOf) only to a sealed, indexed frame of the
+//     same device that is not aliased itself, and is never written while
+//     aliased; aliased counts the device's aliased frames and changes only
+//     under contentIndex.mu, after the device mapping did.
 //
 // Lock order: contentIndex.mu before any frameTable.mu; devices are not
 // locked (see node.go).
@@ -51,12 +74,15 @@ type contentIndex struct {
 	mu      sync.Mutex
 	byHash  map[[32]byte][]frameRef
 	byFrame map[frameRef][32]byte
-	lookups uint64 // hashes asked for by dedups
-	hits    uint64 // of which a sealed frame was copied
+	aliasOf map[frameRef]frameRef              // aliased frame → the frame whose memory it maps
+	aliases map[frameRef]map[frameRef]struct{} // the other way
+	lookups uint64                             // hashes asked for by dedups
+	hits    uint64                             // of which a sealed frame was copied or aliased
 }
 
 func newContentIndex() *contentIndex {
-	return &contentIndex{byHash: map[[32]byte][]frameRef{}, byFrame: map[frameRef][32]byte{}}
+	return &contentIndex{byHash: map[[32]byte][]frameRef{}, byFrame: map[frameRef][32]byte{},
+		aliasOf: map[frameRef]frameRef{}, aliases: map[frameRef]map[frameRef]struct{}{}}
 }
 
 // ContentStats is the node's use of sealed frames and deduplication.
@@ -64,7 +90,11 @@ func newContentIndex() *contentIndex {
 type ContentStats struct {
 	Sealed  int    // frames sealed and indexed now
 	Lookups uint64 // hashes asked for by dedup requests
-	Hits    uint64 // of which a sealed frame was copied
+	Hits    uint64 // of which a sealed frame was copied or aliased
+	Aliased int    // frames that map another frame's memory now
+	// Saved is the device memory aliasing saves now: Aliased frames' worth,
+	// whose bytes are stored once rather than in each frame.
+	Saved uint64
 }
 
 // ContentStats reports the content index's size and use.
@@ -72,7 +102,8 @@ func (n *Node) ContentStats() ContentStats {
 	x := n.content
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return ContentStats{Sealed: len(x.byFrame), Lookups: x.lookups, Hits: x.hits}
+	return ContentStats{Sealed: len(x.byFrame), Lookups: x.lookups, Hits: x.hits,
+		Aliased: len(x.aliasOf), Saved: uint64(len(x.aliasOf)) * FrameSize}
 }
 
 // hashFrame returns the SHA-256 of the frame at addr of d.
@@ -119,11 +150,24 @@ func (c *conn) seal(d *device, frames []uint64) error {
 	return nil
 }
 
-// forget unseals those of frames of d that are sealed and takes them out of
-// the index, before they are scrubbed and released.
-func (x *contentIndex) forget(d *device, frames []uint64) {
+// forget readies frames of d to be scrubbed and released: their aliases
+// get copies of their bytes, those of them that are aliased are unaliased,
+// and those that are sealed are unsealed and taken out of the index. On an
+// error nothing is unsealed, and the frames must stay held.
+func (x *contentIndex) forget(d *device, frames []uint64) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	for _, f := range frames {
+		ref := frameRef{d, f}
+		for a := range x.aliases[ref] {
+			if err := x.unalias(a, true); err != nil {
+				return err
+			}
+		}
+		if err := x.unalias(ref, false); err != nil {
+			return err
+		}
+	}
 	for _, f := range d.frames.unseal(frames) {
 		ref := frameRef{d, f}
 		sum := x.byFrame[ref]
@@ -135,6 +179,51 @@ func (x *contentIndex) forget(d *device, frames []uint64) {
 			x.byHash[sum] = refs
 		}
 	}
+	return nil
+}
+
+// unalias gives the frame a, if it is aliased, memory of its own: with a
+// copy of the bytes it maps if keep, else zeros. The caller holds x.mu. On
+// an error a stays aliased.
+func (x *contentIndex) unalias(a frameRef, keep bool) error {
+	src, ok := x.aliasOf[a]
+	if !ok {
+		return nil
+	}
+	if err := a.dev.Device.(aliaser).Unalias(a.addr, FrameSize, keep); err != nil {
+		return fmt.Errorf("unalias frame %#x of %s from %#x: %w", a.addr, a.dev.Info().Name, src.addr, err)
+	}
+	delete(x.aliasOf, a)
+	if delete(x.aliases[src], a); len(x.aliases[src]) == 0 {
+		delete(x.aliases, src)
+	}
+	a.dev.aliased.Add(-1)
+	return nil
+}
+
+// own gives every aliased frame that xs of d touch memory of its own, with
+// a copy of its bytes, before they are written. The caller has checked that
+// it holds those frames and may write them, so none is sealed.
+func (x *contentIndex) own(d *device, xs []api.Extent) error {
+	// A frame of the caller's is aliased only by a dedup of the caller's
+	// own, earlier, and stays counted until it is unaliased: a count of
+	// zero means none is.
+	if d.aliased.Load() == 0 {
+		return nil
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, e := range xs {
+		if e.Len == 0 {
+			continue
+		}
+		for f := e.Addr / FrameSize * FrameSize; f < e.Addr+e.Len; f += FrameSize {
+			if err := x.unalias(frameRef{d, f}, true); err != nil {
+				return fmt.Errorf("%s: give frame %#x its own memory before a write: %w", d.Info().Name, f, err)
+			}
+		}
+	}
+	return nil
 }
 
 // dedup fills each whole frame m.Dst[i] of the device d, which c holds and
@@ -164,9 +253,10 @@ func (c *conn) dedup(d *device, m *api.NodeDedup) (*api.NodeDedupReply, error) {
 	return reply, nil
 }
 
-// copyTo copies a sealed frame whose hash is sum, if the index holds one,
-// to the frame at dst of d, holding x.mu throughout so the source cannot be
-// scrubbed meanwhile.
+// copyTo fills the frame at dst of d with a sealed frame whose hash is sum,
+// if the index holds one: it aliases dst to the sealed frame's memory where
+// it can, else copies it. It holds x.mu throughout so the source cannot be
+// scrubbed meanwhile. dst is held by the caller and not sealed.
 func (x *contentIndex) copyTo(d *device, dst uint64, sum [32]byte) (bool, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -176,6 +266,31 @@ func (x *contentIndex) copyTo(d *device, dst uint64, sum [32]byte) (bool, error)
 		return false, nil
 	}
 	src := refs[0]
+	if root, ok := x.aliasOf[src]; ok {
+		src = root // alias to the memory itself
+	}
+	me := frameRef{d, dst}
+	if cur, ok := x.aliasOf[me]; ok && cur == src {
+		x.hits++
+		return true, nil // already is
+	}
+	// Whatever dst maps now is overwritten whole.
+	if err := x.unalias(me, false); err != nil {
+		return false, err
+	}
+	if al, ok := d.Device.(aliaser); ok && src.dev == d && src != me {
+		if err := al.Alias(dst, src.addr, FrameSize); err != nil {
+			return false, fmt.Errorf("dedup: alias frame %#x of %s to %#x: %w", dst, d.Info().Name, src.addr, err)
+		}
+		x.aliasOf[me] = src
+		if x.aliases[src] == nil {
+			x.aliases[src] = map[frameRef]struct{}{}
+		}
+		x.aliases[src][me] = struct{}{}
+		d.aliased.Add(1)
+		x.hits++
+		return true, nil
+	}
 	err := src.dev.Read([]api.Extent{{Addr: src.addr, Len: FrameSize}}, func(parts ...[]byte) error {
 		at := dst
 		for _, p := range parts {

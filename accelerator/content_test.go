@@ -154,7 +154,7 @@ func TestNodeDedup(t *testing.T) {
 	if !bytes.Equal(b.readFrame(0, b0[1]), bytes.Repeat([]byte{0x22}, FrameSize)) {
 		t.Fatal("a dedup miss changed its frame")
 	}
-	if st := tn.node.ContentStats(); st != (ContentStats{Sealed: 1, Lookups: 3, Hits: 2}) {
+	if st := tn.node.ContentStats(); st != (ContentStats{Sealed: 1, Lookups: 3, Hits: 2, Aliased: 1, Saved: FrameSize}) {
 		t.Fatalf("stats %+v", st)
 	}
 	// The copies are the holder's own: writable until sealed.

@@ -88,6 +88,16 @@ func (c *conn) checkLaunch(body []byte) (*device, checkedLaunch, error) {
 			return nil, checkedLaunch{}, fmt.Errorf("%s: %s argument %d (%s): %w", d.Info().Name, l.Kernel, i, k.Info.Params[i].Name, err)
 		}
 	}
+	// Only now, with every argument checked, do aliased frames the kernel
+	// may write get memory of their own (content.go): nothing of this
+	// connection can alias them again before the launch has run.
+	for i, a := range l.Args {
+		if a.Kind == api.ArgBuffer && k.Info.Params[i].Access >= api.AccessWrite {
+			if err := c.node.content.own(d, a.Extents); err != nil {
+				return nil, checkedLaunch{}, err
+			}
+		}
+	}
 	return d, checkedLaunch{k: k, args: l.Args}, nil
 }
 

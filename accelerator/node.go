@@ -24,8 +24,11 @@
 //   - A batch executes its commands in that order too, every one of them,
 //     and is answered once (batch.go).
 //   - When a connection ends, cleanly or not, every frame it held is scrubbed
-//     and freed. A frame is always taken out of the content index, unsealed
-//     and scrubbed before it can change hands.
+//     and freed. A frame is always taken out of the content index, unsealed,
+//     unaliased (its aliases given copies) and scrubbed before it can change
+//     hands.
+//   - A frame aliased to a sealed frame's memory (content.go) gets memory
+//     of its own, with a copy of the bytes, before any request writes it.
 //   - A bad request gets an error reply and affects nothing else; only a
 //     broken frame (which cannot be resynchronised) ends the connection.
 //
@@ -37,7 +40,10 @@
 // Lock order: Node.mu; then contentIndex.mu, then a frameTable's mu; a
 // scheduler's mu is a leaf. Devices are not locked: the frame table
 // guarantees connections write disjoint memory, and sealed frames, which
-// others may read, are written by no one.
+// others may read, are written by no one. Aliases are mapped and unmapped
+// only under contentIndex.mu; a remapping that others may be reading
+// through (a source freed under its aliases) keeps the bytes they see
+// (content.go).
 package accelerator
 
 import (
@@ -75,6 +81,18 @@ type Device interface {
 	Close() error
 }
 
+// aliaser is a Device that can make a range read another's physical memory
+// (sim.Device.Alias), which the node uses to store identical sealed frames
+// once (content.go). Devices without it get copies.
+type aliaser interface {
+	// Alias maps [dst, dst+n) onto the memory of [src, src+n), freeing
+	// dst's own.
+	Alias(dst, src, n uint64) error
+	// Unalias maps [dst, dst+n) back onto its own memory, which first gets
+	// the bytes the range shows now if keep, else reads zeros.
+	Unalias(dst, n uint64, keep bool) error
+}
+
 // HandshakeTimeout bounds how long a new connection may take to say Hello.
 const HandshakeTimeout = 10 * time.Second
 
@@ -87,6 +105,7 @@ type device struct {
 	frames   *frameTable
 	sched    *scheduler // shares the device's time among tenants (sched.go)
 	launches atomic.Uint64
+	aliased  atomic.Int64 // frames aliased to another's memory (content.go)
 }
 
 // Node serves devices to mediators.
@@ -568,6 +587,9 @@ func (c *conn) apply(op api.Op, body []byte) error {
 		if err := d.frames.checkWrite(c.owner, m.Extents); err != nil {
 			return fmt.Errorf("%s: fill: %w", name, err)
 		}
+		if err := c.node.content.own(d, m.Extents); err != nil {
+			return err
+		}
 		return d.Fill(m.Extents, m.Value)
 	default: // OpNodeCopy
 		if err := d.frames.checkWrite(c.owner, cp.Dst); err != nil {
@@ -576,15 +598,20 @@ func (c *conn) apply(op api.Op, body []byte) error {
 		if err := d.frames.checkAccess(c.owner, cp.Src); err != nil {
 			return fmt.Errorf("%s: copy source: %w", name, err)
 		}
+		if err := c.node.content.own(d, cp.Dst); err != nil {
+			return err
+		}
 		return d.Copy(cp.Dst, cp.Src)
 	}
 }
 
-// scrubAndRelease takes frames out of the content index (unsealing them),
-// zeroes them, in runs of contiguous frames, then frees them.
+// scrubAndRelease takes frames out of the content index (unsealing and
+// unaliasing them, and giving their aliases copies), zeroes them, in runs of contiguous frames, then frees them.
 func (c *conn) scrubAndRelease(d *device, frames []uint64) error {
 	c.node.dropObjects(c, d, frames)
-	c.node.content.forget(d, frames)
+	if err := c.node.content.forget(d, frames); err != nil {
+		return err
+	}
 	for i := 0; i < len(frames); {
 		j := i + 1
 		for j < len(frames) && frames[j] == frames[j-1]+FrameSize {

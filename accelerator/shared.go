@@ -175,6 +175,13 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	for _, g := range m.Grants {
 		o.grants[g.Tenant] = g.Write
 	}
+	if m.Mode != api.ModeImmutable {
+		// The object's writes (commitReady) bypass the write paths, which
+		// would give aliased frames memory of their own first.
+		if err := c.node.content.own(d, m.Extents); err != nil {
+			return 0, err
+		}
+	}
 	d.frames.share(m.Extents, true)
 	t := c.node.objects
 	t.mu.Lock()

@@ -75,7 +75,8 @@ func readWritePrefix(body io.Reader, n uint32) (api.NodeAccess, int, error) {
 	return m, int(n) - need, nil
 }
 
-// checkWrite checks a write of n payload bytes into xs of d for c.
+// checkWrite checks a write of n payload bytes into xs of d for c, and
+// gives aliased frames among xs memory of their own (content.go).
 func (c *conn) checkWrite(d *device, xs []api.Extent, n int) error {
 	name := d.Info().Name
 	if err := d.frames.checkWrite(c.owner, xs); err != nil {
@@ -84,7 +85,7 @@ func (c *conn) checkWrite(d *device, xs []api.Extent, n int) error {
 	if total := api.ExtentsLen(xs); total != uint64(n) {
 		return fmt.Errorf("%s: write of %d bytes into extents of %d: %w", name, n, total, api.ErrInvalidArgument)
 	}
-	return nil
+	return c.node.content.own(d, xs)
 }
 
 // stickyReader remembers the first error of r other than io.EOF: after one,

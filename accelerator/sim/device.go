@@ -1,10 +1,18 @@
 // Package sim is the simulated accelerator backend: device memory is real
 // bytes in host RAM and kernels run on CPU cores.
 //
-// Device memory is one private anonymous mapping reserved with
-// MAP_NORESERVE, so a 16 GiB device costs RAM only where it has been written.
-// Scrubbing a range hands its pages back to the kernel (MADV_DONTNEED), which
-// both zeroes it and frees the RAM.
+// Device memory is a sparse memory file (memfd) of the device's size,
+// mapped shared with MAP_NORESERVE, so a 16 GiB device costs RAM only where
+// it has been written. Scrubbing a range punches a hole in the file
+// (FALLOC_FL_PUNCH_HOLE), which both zeroes it and frees the RAM.
+//
+// Aliasing: normally the device's address a maps the file at offset a. Alias
+// maps a range of addresses onto another range's file pages instead, so two
+// ranges read the same physical memory (the node stores identical sealed
+// frames once); Unalias maps the range back onto its own file pages, copying
+// the shared bytes into them first if asked. Remapping is one mmap with
+// MAP_FIXED, which replaces the old mapping atomically: a reader of the range
+// meanwhile sees the old pages or the new, never a hole.
 //
 // Invariants: every method takes extents the caller has already checked to
 // lie inside the device (the node server does that, against its frame table);
@@ -16,6 +24,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -26,6 +35,7 @@ import (
 // Device is one simulated accelerator.
 type Device struct {
 	info api.DeviceInfo
+	fd   int // the memory file
 	mem  []byte
 }
 
@@ -34,12 +44,21 @@ func New(index uint32, size uint64) (*Device, error) {
 	if size == 0 || size > 1<<44 {
 		return nil, fmt.Errorf("sim device %d: memory size %d out of range (1 B … 16 TiB): %w", index, size, api.ErrInvalidArgument)
 	}
-	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	name := fmt.Sprintf("sim%d", index)
+	fd, err := unix.MemfdCreate("vgpu-"+name, unix.MFD_CLOEXEC)
 	if err != nil {
+		return nil, fmt.Errorf("sim device %d: memory file: %v: %w", index, err, api.ErrOutOfMemory)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("sim device %d: size memory file to %d bytes: %v: %w", index, size, err, api.ErrOutOfMemory)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
+	if err != nil {
+		unix.Close(fd)
 		return nil, fmt.Errorf("sim device %d: reserve %d bytes: %v: %w", index, size, err, api.ErrOutOfMemory)
 	}
-	return &Device{info: api.DeviceInfo{Index: index, Name: fmt.Sprintf("sim%d", index), Memory: size}, mem: mem}, nil
+	return &Device{info: api.DeviceInfo{Index: index, Name: name, Memory: size}, fd: fd, mem: mem}, nil
 }
 
 // Info describes the device.
@@ -51,6 +70,9 @@ func (d *Device) Close() error {
 		return nil
 	}
 	err := unix.Munmap(d.mem)
+	if cerr := unix.Close(d.fd); err == nil {
+		err = cerr
+	}
 	d.mem = nil
 	return err
 }
@@ -233,13 +255,13 @@ func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (p 
 }
 
 // Scrub zeroes [addr, addr+n) and returns its RAM to the host. addr and n
-// must be page aligned (n may also run to the end of memory).
+// must be page aligned (n may also run to the end of memory). The range must
+// not be aliased (Alias): scrubbing frees the file pages the range maps.
 func (d *Device) Scrub(addr, n uint64) error {
-	s, err := d.slice(api.Extent{Addr: addr, Len: n})
-	if err != nil {
+	if _, err := d.slice(api.Extent{Addr: addr, Len: n}); err != nil {
 		return err
 	}
-	// The kernel drops whole pages: an unaligned end would zero bytes past
+	// The file loses whole pages: an unaligned end would zero bytes past
 	// the range, an unaligned start fails.
 	if ps := uint64(unix.Getpagesize()); addr%ps != 0 || n%ps != 0 && addr+n != uint64(len(d.mem)) {
 		return fmt.Errorf("%s: scrub [%#x, +%d): not aligned to %d-byte pages: %w", d.info.Name, addr, n, ps, api.ErrInvalidArgument)
@@ -247,8 +269,98 @@ func (d *Device) Scrub(addr, n uint64) error {
 	if n == 0 {
 		return nil
 	}
-	if err := unix.Madvise(s, unix.MADV_DONTNEED); err != nil {
+	if err := d.punch(addr, n); err != nil {
 		return fmt.Errorf("%s: scrub [%#x, +%d): %v: %w", d.info.Name, addr, n, err, api.ErrInternal)
 	}
 	return nil
+}
+
+// punch zeroes the file pages [off, off+n) and frees their RAM, in every
+// mapping of them.
+func (d *Device) punch(off, n uint64) error {
+	return unix.Fallocate(d.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(n))
+}
+
+// checkRange checks that [addr, addr+n) is a non-empty range of whole pages
+// of the device.
+func (d *Device) checkRange(op string, addr, n uint64) error {
+	if _, err := d.slice(api.Extent{Addr: addr, Len: n}); err != nil {
+		return err
+	}
+	if ps := uint64(unix.Getpagesize()); n == 0 || addr%ps != 0 || n%ps != 0 {
+		return fmt.Errorf("%s: %s [%#x, +%d): not whole %d-byte pages: %w", d.info.Name, op, addr, n, ps, api.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// remap maps the device addresses [addr, addr+n) onto the memory file at off.
+func (d *Device) remap(addr, n, off uint64) error {
+	_, err := unix.MmapPtr(d.fd, int64(off), unsafe.Pointer(&d.mem[addr]), uintptr(n),
+		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE|unix.MAP_FIXED)
+	return err
+}
+
+// Alias makes [dst, dst+n) read and write the physical memory of
+// [src, src+n), whose file pages it maps from now on; dst's own pages are
+// freed. Both ranges must be whole pages and must not overlap;
+// src must not be aliased itself. Until Unalias, a write to either range
+// shows in both, and scrubbing src would zero dst too: the caller keeps
+// both unchanged (the node aliases only to sealed frames) and unaliases dst
+// before src is scrubbed.
+func (d *Device) Alias(dst, src, n uint64) error {
+	if err := d.checkRange("alias", dst, n); err != nil {
+		return err
+	}
+	if err := d.checkRange("alias source", src, n); err != nil {
+		return err
+	}
+	if dst < src+n && src < dst+n {
+		return fmt.Errorf("%s: alias [%#x, +%d) to [%#x, +%d), which overlaps it: %w", d.info.Name, dst, n, src, n, api.ErrInvalidArgument)
+	}
+	// dst's bytes are replaced anyway: freeing its pages first means that
+	// an error leaves it unaliased.
+	if err := d.punch(dst, n); err != nil {
+		return fmt.Errorf("%s: alias [%#x, +%d): free its pages: %v: %w", d.info.Name, dst, n, err, api.ErrInternal)
+	}
+	if err := d.remap(dst, n, src); err != nil {
+		return fmt.Errorf("%s: alias [%#x, +%d) to %#x: %v: %w", d.info.Name, dst, n, src, err, api.ErrInternal)
+	}
+	return nil
+}
+
+// Unalias maps [dst, dst+n) back onto its own pages of the memory file.
+// With keep, they first get the bytes the range shows now (those of the
+// range it was aliased to), so readers see no change; without, the range
+// reads zeros afterwards. On an error the range stays aliased. Unaliasing a range that is not aliased is
+// harmless: keep leaves its bytes, !keep zeroes them.
+func (d *Device) Unalias(dst, n uint64, keep bool) error {
+	if err := d.checkRange("unalias", dst, n); err != nil {
+		return err
+	}
+	s := d.mem[dst : dst+n]
+	if keep {
+		for done := 0; done < len(s); {
+			w, err := unix.Pwrite(d.fd, s[done:], int64(dst)+int64(done))
+			if err != nil {
+				return fmt.Errorf("%s: unalias [%#x, +%d): copy: %v: %w", d.info.Name, dst, n, err, api.ErrInternal)
+			}
+			done += w
+		}
+	} else if err := d.punch(dst, n); err != nil {
+		return fmt.Errorf("%s: unalias [%#x, +%d): zero: %v: %w", d.info.Name, dst, n, err, api.ErrInternal)
+	}
+	if err := d.remap(dst, n, dst); err != nil {
+		return fmt.Errorf("%s: unalias [%#x, +%d): %v: %w", d.info.Name, dst, n, err, api.ErrInternal)
+	}
+	return nil
+}
+
+// Resident returns the bytes of RAM the device's memory holds now: the
+// pages of its memory file that exist, however many ranges map each.
+func (d *Device) Resident() (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(d.fd, &st); err != nil {
+		return 0, fmt.Errorf("%s: stat memory file: %v: %w", d.info.Name, err, api.ErrInternal)
+	}
+	return uint64(st.Blocks) * 512, nil
 }

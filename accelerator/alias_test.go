@@ -1,0 +1,321 @@
+package accelerator
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/vgpu/vgpu/accelerator/sim"
+	"github.com/vgpu/vgpu/api"
+)
+
+// resident is the RAM device dev of tn's node holds now.
+func (tn *testNode) resident(t *testing.T, dev int) uint64 {
+	t.Helper()
+	n, err := tn.node.devs[dev].Device.(*sim.Device).Resident()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// wantAliased checks the node's count of aliased frames.
+func (tn *testNode) wantAliased(t *testing.T, n int) {
+	t.Helper()
+	if st := tn.node.ContentStats(); st.Aliased != n || st.Saved != uint64(n)*FrameSize {
+		t.Fatalf("%d frames aliased, want %d: %+v", st.Aliased, n, st)
+	}
+	var sum int64
+	for _, d := range tn.node.devs {
+		sum += d.aliased.Load()
+	}
+	if sum != int64(n) {
+		t.Fatalf("devices count %d aliased frames, the index %d", sum, n)
+	}
+}
+
+// TestNodeDedupAliases: a dedup hit on the sealed frame's device stores the
+// contents once: the tenant's frame maps the sealed frame's memory. Both
+// read the same bytes; every write path gives the alias a copy of its own
+// first, so no write reaches the source; freeing the source leaves its
+// aliases their bytes, freeing an alias leaves the source.
+func TestNodeDedupAliases(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alice")
+	src := a.alloc(0, 1)[0]
+	want := frameWith(0x11, 4096, pattern(3, 8192))
+	a.mustWrite(0, []api.Extent{ext(src, 0, FrameSize/2)}, want[:FrameSize/2])
+	a.mustWrite(0, []api.Extent{ext(src, FrameSize/2, FrameSize/2)}, want[FrameSize/2:])
+	if err := a.seal(0, src); err != nil {
+		t.Fatal(err)
+	}
+	hash := sha256.Sum256(want)
+
+	// 12 frames of four tenants (the test devices hold 32 frames).
+	const per = 3
+	tenants := map[string]*client{}
+	frames := map[string][]uint64{}
+	before := tn.resident(t, 0)
+	for _, name := range []string{"bob", "carol", "dave", "erin"} {
+		c := tn.connect(t, name)
+		tenants[name] = c
+		frames[name] = c.alloc(0, per)
+		hit, err := c.dedup(0, frames[name], hash, hash, hash)
+		if err != nil || hit[0] != true || hit[per-1] != true {
+			t.Fatalf("%s: dedup: %v, %v", name, hit, err)
+		}
+	}
+	after := tn.resident(t, 0)
+	t.Logf("%d tenant frames deduplicated from one sealed frame: device RAM %d KiB before, %d KiB after (%+v)",
+		4*per, before>>10, after>>10, tn.node.ContentStats())
+	if after > before+64<<10 {
+		t.Fatalf("aliasing %d frames grew the device's RAM from %d to %d bytes", 4*per, before, after)
+	}
+	tn.wantAliased(t, 4*per)
+	for name, c := range tenants {
+		for _, f := range frames[name] {
+			if !bytes.Equal(c.readFrame(0, f), want) {
+				t.Fatalf("%s: aliased frame %#x does not read the sealed bytes", name, f)
+			}
+		}
+	}
+	// The source is sealed: no write reaches it from its holder.
+	wantErr(t, a.write(0, []api.Extent{ext(src, 0, 4)}, []byte{1, 2, 3, 4}), api.ErrPermissionDenied, hex(src))
+
+	// Every write path to an alias writes a copy of its own.
+	b, bf := tenants["bob"], frames["bob"]
+	c, cf := tenants["carol"], frames["carol"]
+	seven := bytes.Repeat([]byte{7}, 4096)
+	writes := []struct {
+		name  string
+		c     *client
+		frame uint64
+		run   func() error
+		at    uint64 // the bytes written
+		p     []byte
+	}{
+		{"write", b, bf[0], func() error { return b.write(0, []api.Extent{ext(bf[0], 100, 4096)}, seven) }, 100, seven},
+		{"fill", b, bf[1], func() error { return b.fill(0, 7, ext(bf[1], 100, 4096)) }, 100, seven},
+		{"copy destination", b, bf[2], func() error {
+			return b.copy(0, []api.Extent{ext(bf[2], 100, 4096)}, []api.Extent{ext(bf[0], 100, 4096)})
+		}, 100, seven},
+		{"launch", c, cf[0], func() error {
+			return c.launch(0, "fill_f32", bufArg(ext(cf[0], 100, 4096)), i64Arg(1024), f32Arg(0))
+		}, 100, make([]byte, 4096)},
+		{"batched write", c, cf[1], func() error {
+			return c.batch(cmd(api.OpNodeWrite, &api.NodeAccess{Extents: []api.Extent{ext(cf[1], FrameSize-4096, 4096)}, Payload: seven}))
+		}, FrameSize - 4096, seven},
+	}
+	aliased := 4 * per
+	for _, w := range writes {
+		if err := w.run(); err != nil {
+			t.Fatalf("%s: %v", w.name, err)
+		}
+		aliased--
+		tn.wantAliased(t, aliased)
+		mine := bytes.Clone(want)
+		copy(mine[w.at:], w.p)
+		if !bytes.Equal(w.c.readFrame(0, w.frame), mine) {
+			t.Fatalf("%s into an alias: the frame does not hold the source's bytes and the write", w.name)
+		}
+		if !bytes.Equal(a.readFrame(0, src), want) {
+			t.Fatalf("%s into an alias reached the source", w.name)
+		}
+		for _, f := range frames["dave"] {
+			if !bytes.Equal(tenants["dave"].readFrame(0, f), want) {
+				t.Fatalf("%s into an alias reached another alias", w.name)
+			}
+		}
+	}
+	// A launch that only reads an alias leaves it aliased.
+	if err := c.launch(0, "saxpy", i64Arg(4), f32Arg(1), bufArg(ext(cf[2], 0, 16)), bufArg(ext(cf[0], 0, 16))); err != nil {
+		t.Fatal(err)
+	}
+	tn.wantAliased(t, aliased)
+
+	// A dedup into an alias, a hit again: aliased again; a miss leaves it.
+	if hit, err := b.dedup(0, bf[:1], hash); err != nil || !hit[0] {
+		t.Fatalf("dedup again: %v, %v", hit, err)
+	}
+	aliased++
+	if hit, err := b.dedup(0, bf[:1], sha256.Sum256(nil)); err != nil || hit[0] {
+		t.Fatalf("dedup miss: %v, %v", hit, err)
+	}
+	tn.wantAliased(t, aliased)
+	if !bytes.Equal(b.readFrame(0, bf[0]), want) {
+		t.Fatal("a frame deduplicated again does not read the sealed bytes")
+	}
+
+	// Sealing an alias keeps it aliased; it is indexed, and dedups from
+	// it alias to its source.
+	d, df := tenants["dave"], frames["dave"]
+	if err := d.seal(0, df[0]); err != nil {
+		t.Fatal(err)
+	}
+	tn.wantAliased(t, aliased)
+	if st := tn.node.ContentStats(); st.Sealed != 2 {
+		t.Fatalf("after sealing an alias: %+v", st)
+	}
+	wantErr(t, d.write(0, []api.Extent{ext(df[0], 0, 4)}, []byte{1, 2, 3, 4}), api.ErrPermissionDenied, hex(df[0]))
+
+	// Exporting an alias as a writable object gives it its own copy
+	// first: the object's writes bypass the write paths.
+	body, err := d.call(api.OpNodeExport, &api.NodeExport{Extents: []api.Extent{ext(df[1], 0, FrameSize)}, Mode: api.ModeCoherent})
+	if err != nil {
+		t.Fatalf("export an alias: %v", err)
+	}
+	aliased--
+	tn.wantAliased(t, aliased)
+	var obj api.NodeObject
+	if err := api.Decode(body, &obj); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.call(api.OpNodeObjWrite, &api.NodeObjAccess{Object: obj.Object, Off: 0, Len: 4, Payload: []byte{9, 9, 9, 9}}); err != nil {
+		t.Fatalf("write the object: %v", err)
+	}
+	if got := d.mustRead(0, ext(df[1], 0, 8)); !bytes.Equal(got, []byte{9, 9, 9, 9, 0x11, 0x11, 0x11, 0x11}) {
+		t.Fatalf("the object reads %x after a write", got)
+	}
+	if !bytes.Equal(a.readFrame(0, src), want) {
+		t.Fatal("a write to an exported alias reached the source")
+	}
+
+	// Freeing an alias leaves the source and the other aliases.
+	e, ef := tenants["erin"], frames["erin"]
+	if err := e.free(0, ef[0]); err != nil {
+		t.Fatal(err)
+	}
+	aliased--
+	tn.wantAliased(t, aliased)
+	if !bytes.Equal(a.readFrame(0, src), want) || !bytes.Equal(e.readFrame(0, ef[1]), want) {
+		t.Fatal("freeing an alias changed its source or another alias")
+	}
+	g := e.alloc(0, 1)[0]
+	if !bytes.Equal(e.readFrame(0, g), make([]byte, FrameSize)) {
+		t.Fatal("a freed alias was not scrubbed")
+	}
+
+	// Freeing the source gives every alias its bytes; the sealed alias
+	// stays in the index as a frame of its own.
+	if err := a.free(0, src); err != nil {
+		t.Fatal(err)
+	}
+	tn.wantAliased(t, 0)
+	for name, c := range tenants {
+		for _, f := range frames[name] {
+			if name == "erin" && f == ef[0] || name == "bob" && f != bf[0] || name == "carol" && f != cf[2] || name == "dave" && f == df[1] {
+				continue
+			}
+			if !bytes.Equal(c.readFrame(0, f), want) {
+				t.Fatalf("%s: frame %#x lost its bytes when the source was freed", name, f)
+			}
+		}
+	}
+	if st := tn.node.ContentStats(); st.Sealed != 1 {
+		t.Fatalf("after freeing the source: %+v", st)
+	}
+	if hit, err := e.dedup(0, []uint64{g}, hash); err != nil || !hit[0] {
+		t.Fatalf("dedup from the sealed former alias: %v, %v", hit, err)
+	}
+	tn.wantAliased(t, 1)
+	// A connection that ends unaliases what it held and gives its aliases
+	// copies.
+	d.rpc.Close()
+	e.rpc.Close()
+	b.rpc.Close()
+	c.rpc.Close()
+	tn.waitUsed(t, [testDevices]uint64{})
+	tn.wantAliased(t, 0)
+	if st := tn.node.ContentStats(); st.Sealed != 0 {
+		t.Fatalf("after every holder left: %+v", st)
+	}
+}
+
+// TestNodeAliasRaces: dedups aliasing a frame that its holder seals and
+// frees over and over, and writes to the alias, see the source's whole
+// contents or miss, and never change the source. Run with -race.
+func TestNodeAliasRaces(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alice")
+	b := tn.connect(t, "bob")
+	dst := b.alloc(0, 2)
+	want := bytes.Repeat([]byte{0x5a}, FrameSize)
+	hash := sha256.Sum256(want)
+	const rounds = 40
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	wg.Go(func() {
+		defer close(done)
+		for i := range rounds {
+			f, err := a.tryAlloc(0, 1)
+			if err == nil {
+				err = a.fill(0, 0x5a, ext(f[0], 0, FrameSize))
+			}
+			if err == nil {
+				err = a.seal(0, f[0])
+			}
+			if err == nil {
+				var got []byte
+				if got, err = a.read(0, ext(f[0], 0, FrameSize/2)); err == nil && !bytes.Equal(got, want[:FrameSize/2]) {
+					err = fmt.Errorf("a write to an alias reached its source")
+				}
+			}
+			if err == nil {
+				err = a.free(0, f[0])
+			}
+			if err != nil {
+				errs <- fmt.Errorf("round %d: %w", i, err)
+				return
+			}
+		}
+	})
+	hits := 0
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			hit, err := b.dedup(0, dst, hash, hash)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if !hit[0] {
+				continue
+			}
+			hits++
+			got, err := b.read(0, ext(dst[0], 0, FrameSize/2))
+			if err == nil && bytes.Equal(got, want[:FrameSize/2]) {
+				got, err = b.read(0, ext(dst[0], FrameSize/2, FrameSize/2))
+			}
+			if err != nil || !bytes.Equal(got, want[:FrameSize/2]) {
+				errs <- fmt.Errorf("dedup hit %d read other bytes (%v)", hits, err)
+				return
+			}
+			// Writes to both aliases, by two paths.
+			if err := b.fill(0, 0, ext(dst[0], 0, FrameSize)); err != nil {
+				errs <- err
+				return
+			}
+			if err := b.write(0, []api.Extent{ext(dst[1], 0, 4096)}, make([]byte, 4096)); err != nil {
+				errs <- err
+				return
+			}
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d dedup hits over %d seal-free rounds", hits, rounds)
+	tn.wantAliased(t, 0)
+	if st := tn.node.ContentStats(); st.Sealed != 0 {
+		t.Fatalf("after every sealed frame was freed: %+v", st)
+	}
+}
