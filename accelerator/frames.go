@@ -206,6 +206,22 @@ func (t *frameTable) unseal(addrs []uint64) []uint64 {
 	return out
 }
 
+// isShared reports whether any byte of xs is part of a shared object.
+func (t *frameTable) isShared(xs []api.Extent) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, x := range xs {
+		for f := x.Addr / FrameSize; x.Len > 0 && f <= (x.Addr+x.Len-1)/FrameSize; f++ {
+			for _, s := range t.shared[int(f)] {
+				if s.Addr < x.Addr+x.Len && x.Addr < s.Addr+s.Len {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // share records xs as runs of a shared object (on), or no longer (off).
 func (t *frameTable) share(xs []api.Extent, on bool) {
 	t.mu.Lock()

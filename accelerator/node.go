@@ -339,7 +339,9 @@ func (c *conn) readLoop(queue chan<- request) error {
 		idle := c.pending.Load() == 0
 		if h.Op == api.OpNodeInvalAck || h.Op == api.OpNodeRevokedAck {
 			// Acknowledgements are answered here even while the executor is
-			// busy: it may be waiting for one (shared.go).
+			// busy: it may be waiting for one (shared.go). Replies held for
+			// a burst go out first: an acknowledgement may end it.
+			release()
 			r := request{h: h, body: make([]byte, h.Len)}
 			if err := c.c.ReadBody(r.body); err != nil {
 				return err

@@ -30,6 +30,8 @@ package accelerator
 // waits for a lock of this file.
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -58,9 +60,15 @@ func now() time.Duration { return time.Since(epoch) }
 type objectTable struct {
 	mu     sync.Mutex
 	byID   map[uint64]*object
-	ending map[uint64]*object // ended, telling their importers
-	next   uint64
+	ending map[uint64]*object  // ended, telling their importers
 	ended  api.CoherenceStatus // what ended objects cost
+}
+
+// randomID is a random object id.
+func randomID() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return binary.LittleEndian.Uint64(b[:])
 }
 
 // add adds a directory's counters to st.
@@ -143,6 +151,9 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	if err := d.frames.checkAccess(c.owner, m.Extents); err != nil {
 		return 0, fmt.Errorf("%s: export: %w", d.Info().Name, err)
 	}
+	if d.frames.isShared(m.Extents) {
+		return 0, fmt.Errorf("%s: export: those bytes are part of a shared object already: %w", d.Info().Name, api.ErrInvalidArgument)
+	}
 	pages := (size + PageSize - 1) / PageSize
 	home, err := coherence.NewHome(coherence.HomeConfig{Mode: m.Mode, Pages: uint32(pages), Lease: ReadLease})
 	if err != nil {
@@ -186,8 +197,11 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	t := c.node.objects
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.next++
-	o.id = t.next
+	// Random ids: a mediator that outlives a restart of this node must not
+	// find an old object's cached pages under a new object's id.
+	for o.id == 0 || t.byID[o.id] != nil || t.ending[o.id] != nil {
+		o.id = randomID()
+	}
 	t.byID[o.id] = o
 	return o.id, nil
 }
@@ -267,12 +281,18 @@ func (c *conn) revoke(m *api.NodeRevoke) error {
 // lease has passed, for one that does not answer. The caller holds o.mu.
 func (o *object) tell(tenant string) {
 	body := api.Encode(&api.NodeRevoke{Object: o.id, Tenant: tenant})
+	var to []*conn
 	for id, rc := range o.importers {
 		if tenant == "" || rc.tenant == tenant {
 			o.revoked[id] = true
-			_ = rc.c.Push(api.OpNodeRevoked, body)
+			to = append(to, rc)
 		}
 	}
+	o.mu.Unlock() // pushed without the lock, as in writeObject
+	for _, rc := range to {
+		_ = rc.c.Push(api.OpNodeRevoked, body)
+	}
+	o.mu.Lock()
 	if len(o.revoked) == 0 {
 		return
 	}
@@ -336,18 +356,30 @@ func subExtents(xs []api.Extent, off, n uint64) []api.Extent {
 
 // readObject answers a read of one page: its grant, then its bytes.
 func (c *conn) readObject(h api.Header, m *api.NodeObjAccess) error {
-	o, err := c.object(m.Object, false)
+	grant, data, err := c.readPage(m)
 	if err != nil {
 		return err
+	}
+	// Sent without the object's lock: a reader that does not read its
+	// socket stalls only its own connection.
+	return c.c.Reply(h, grant, data)
+}
+
+// readPage serves a read under the object's lock: the grant and a copy of
+// the bytes as of now.
+func (c *conn) readPage(m *api.NodeObjAccess) ([]byte, []byte, error) {
+	o, err := c.object(m.Object, false)
+	if err != nil {
+		return nil, nil, err
 	}
 	defer o.mu.Unlock()
 	page, xs, err := o.span(m.Off, m.Len)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	g, err := o.home.Read(cacheID(c), page, m.Version, now())
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	if g.Lease > 0 {
 		o.readers[cacheID(c)] = c
@@ -356,11 +388,18 @@ func (c *conn) readObject(h api.Header, m *api.NodeObjAccess) error {
 	if o.home.Mode() == api.ModeVersioned {
 		snap := o.versions[m.Version]
 		if snap == nil {
-			return fmt.Errorf("shared object %d: version %d is gone: %w", o.id, m.Version, api.ErrInternal)
+			return nil, nil, fmt.Errorf("shared object %d: version %d is gone: %w", o.id, m.Version, api.ErrInternal)
 		}
-		return c.c.Reply(h, grant, snap[m.Off:m.Off+m.Len])
+		return grant, snap[m.Off : m.Off+m.Len], nil // versions never change
 	}
-	return o.dev.Read(xs, func(parts ...[]byte) error { return c.c.Reply(h, append([][]byte{grant}, parts...)...) })
+	data := make([]byte, 0, m.Len)
+	err = o.dev.Read(xs, func(parts ...[]byte) error {
+		for _, p := range parts {
+			data = append(data, p...)
+		}
+		return nil
+	})
+	return grant, data, err
 }
 
 // writeObject applies a write of one page once the directory commits it,
@@ -382,12 +421,21 @@ func (c *conn) writeObject(h api.Header, m *api.NodeObjAccess) error {
 	}
 	mine := &objWrite{off: m.Off, payload: m.Payload}
 	o.data[w.ID] = mine
+	var to []*conn
 	for _, r := range w.Inval {
 		if rc := o.readers[r]; rc != nil {
-			// A connection that cannot take the push is gone or stuck;
-			// its lease runs out instead.
-			_ = rc.c.Push(api.OpNodeInval, api.Encode(&api.NodeInval{Object: o.id, Page: page, Version: w.Version}))
+			to = append(to, rc)
 		}
+	}
+	if len(to) > 0 {
+		// Pushed without the object's lock, so a connection that does not
+		// take them stalls nobody else; its lease runs out instead.
+		o.mu.Unlock()
+		body := api.Encode(&api.NodeInval{Object: o.id, Page: page, Version: w.Version})
+		for _, rc := range to {
+			_ = rc.c.Push(api.OpNodeInval, body)
+		}
+		o.mu.Lock()
 	}
 	if len(w.Inval) > 0 {
 		// Wake the waiters when the leases run out, in case nobody answers.

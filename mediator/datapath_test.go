@@ -508,3 +508,37 @@ func TestSealedWeightsAreNotSentTwice(t *testing.T) {
 		}
 	}
 }
+
+// A copy into host memory and a copy out of the same memory, queued one
+// after the other, happen in that order, though the first lands only when
+// its reply arrives.
+func TestHostMemoryCopiesKeepStreamOrder(t *testing.T) {
+	c, a := session(t, 4<<20)
+	b, err := c.Malloc(0, 4<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.HostAlloc(4 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(11, 4<<20)
+	s := c.Stream()
+	s.CopyToDevice(a, data)
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 20 {
+		clear(h)
+		s.CopyFromDevice(h, a) // lands in h later
+		s.CopyToDevice(b, h)   // must read what landed
+		got := make([]byte, 4<<20)
+		s.CopyFromDevice(got, b)
+		if err := s.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatalf("round %d: a copy out of host memory overtook the copy into it", round)
+		}
+	}
+}

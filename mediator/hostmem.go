@@ -55,6 +55,12 @@ func (s *session) registerHost(body []byte) (uint32, error) {
 	if err != nil {
 		return 0, fmt.Errorf("host region of %d bytes: the descriptor must be a memfd that is or can be sealed against shrinking: %v: %w", m.Size, err, api.ErrInvalidArgument)
 	}
+	// Only shmem: a hugetlbfs memfd could have pages punched out that a
+	// fault cannot bring back, which would kill the mediator.
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		return 0, fmt.Errorf("host region of %d bytes: the descriptor is not an ordinary memfd (file system %#x): %w", m.Size, fs.Type, api.ErrInvalidArgument)
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) < m.Size {
 		return 0, fmt.Errorf("host region of %d bytes: the memfd holds %d: %w", m.Size, st.Size, api.ErrInvalidArgument)

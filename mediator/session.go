@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"regexp"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -561,6 +562,18 @@ func (s *session) malloc(body []byte) (uint64, error) {
 	return va, nil
 }
 
+// forgetWithStream drops a freed allocation from the lists of those freed
+// with their stream, so its address, once reused, is not freed with it.
+func (s *session) forgetWithStream(va uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, vas := range s.withStream {
+		if i := slices.Index(vas, va); i >= 0 {
+			s.withStream[id] = slices.Delete(vas, i, i+1)
+		}
+	}
+}
+
 // cheap says whether cmd moves no bulk data and never waits for bandwidth
 // or a node, so the session's reader may issue it itself.
 func (s *session) cheap(cmd *command) bool {
@@ -738,6 +751,7 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 		if err := s.free(m.Addr); err != nil {
 			return false, err
 		}
+		s.forgetWithStream(m.Addr)
 		return false, s.c.Reply(h)
 	case api.OpStreamCreate:
 		id, err := s.createStream()
@@ -824,6 +838,9 @@ func (s *session) destroyStream(id uint32) error {
 		return fmt.Errorf("stream %d does not exist: %w", id, api.ErrInvalidArgument)
 	}
 	st.stop()
+	if len(owned) > 0 {
+		s.drainAll() // other streams may still use them, as for a free
+	}
 	var errs []error
 	for _, va := range owned {
 		if err := s.free(va); err != nil && !errors.Is(err, api.ErrInvalidAddress) { // freed by the tenant already

@@ -198,6 +198,13 @@ func (s *session) sharedAt(va, n uint64) (*sharedRange, error) {
 	return nil, nil
 }
 
+// sharedCount is how many buffers the session exports and imports.
+func (s *session) sharedCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.shared)
+}
+
 // hasShared says whether the session has exported or imported anything.
 func (s *session) hasShared() bool {
 	s.mu.Lock()
@@ -216,6 +223,12 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	}
 	if s.evicts {
 		return nil, fmt.Errorf("export of %#x: an oversubscribed session's memory moves, so it cannot be shared: %w", m.Addr, api.ErrInvalidArgument)
+	}
+	if r, _ := s.sharedAt(m.Addr, 1); r != nil {
+		return nil, fmt.Errorf("export of %#x: it is shared already (object %d): %w", m.Addr, r.object, api.ErrInvalidArgument)
+	}
+	if s.sharedCount() >= MaxShared {
+		return nil, fmt.Errorf("session has %d shared buffers, the limit: %w", MaxShared, api.ErrInvalidArgument)
 	}
 	for _, g := range m.Grants {
 		if !tenantName.MatchString(g.Tenant) {
@@ -315,6 +328,9 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 	s.shared = append(s.shared, r)
 	return &api.ImportReply{Addr: r.base, Size: ir.Size, Mode: ir.Mode, Write: ir.Write}, nil
 }
+
+// readsInFlight bounds the page reads one copy has in flight (16 MiB).
+const readsInFlight = 256
 
 // MaxShared bounds the buffers a session exports and imports.
 const MaxShared = 256
@@ -417,6 +433,7 @@ func (r *sharedRange) pages(off, n uint64, f func(page uint32, inPage, at, k uin
 // towards c, which is answered once they have all arrived.
 func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completion, idx int) {
 	pc := st.s.m.nodes[r.node].cache
+	misses := 0
 	_ = r.pages(off, uint64(len(dst)), func(page uint32, inPage, at, k uint64) error {
 		version := r.version.Load() // 0 but for versioned buffers
 		key := coherence.Key{Object: r.object, Version: version, Page: page}
@@ -427,6 +444,10 @@ func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completi
 			pc.mu.Unlock()
 			st.s.sharedHits.Add(1)
 			return nil
+		}
+		if misses++; misses%readsInFlight == 0 {
+			st.unblock()
+			st.calls.wait() // bounds the page buffers a copy holds at once
 		}
 		t := pc.cache.StartRead(key, mnow())
 		pc.mu.Unlock()
@@ -448,7 +469,9 @@ func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completi
 			if err == nil {
 				data := buf[api.NodeGrantSize:]
 				copy(piece, data[inPage:inPage+k])
-				_, err = pc.cache.Fill(t, coherence.ReadGrant{Version: g.Version, Lease: time.Duration(g.LeaseNs), Sealed: g.Sealed}, data, mnow())
+				// The bytes are the reader's either way; a Drop meanwhile only
+				// means they are not kept.
+				_, _ = pc.cache.Fill(t, coherence.ReadGrant{Version: g.Version, Lease: time.Duration(g.LeaseNs), Sealed: g.Sealed}, data, mnow())
 			} else {
 				_ = pc.cache.AbortRead(t)
 			}

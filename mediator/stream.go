@@ -204,9 +204,6 @@ func (c *completion) call(v vdev, idx int, op api.Op, into []byte, parts ...[]by
 func (c *completion) send(rpc *api.RPC, op api.Op, into []byte, check func(*api.Call), parts ...[]byte) {
 	c.pending.Add(1)
 	c.st.calls.add(1)
-	if c.st.gather {
-		c.st.hold(rpc)
-	}
 	rpc.GoThen(op, into, func(call *api.Call) {
 		check(call)
 		c.done()
@@ -280,17 +277,19 @@ func (f *flight) wait() {
 }
 
 type stream struct {
-	s        *session
-	id       uint32
-	cmds     chan command
-	queued   atomic.Int32 // commands handed to the executor and not yet issued
-	done     chan struct{}
-	answers  flight // commands not yet answered
-	calls    flight // node calls not yet completed
-	gather   bool   // issuing a batch: gather node calls into nb
-	nb       nodeBatch
-	held     []*api.RPC // connections whose writes the issuer holds (api.Conn.Hold)
-	lastNode int        // node of calls possibly still in flight; -1 none
+	s       *session
+	id      uint32
+	cmds    chan command
+	queued  atomic.Int32 // commands handed to the executor and not yet issued
+	done    chan struct{}
+	answers flight // commands not yet answered
+	calls   flight // node calls not yet completed
+	gather  bool   // issuing a batch: gather node calls into nb
+	nb      nodeBatch
+	// hostPending says a copy into host memory may still be landing: the
+	// next command that touches host memory waits for it (stream order).
+	hostPending bool
+	lastNode    int // node of calls possibly still in flight; -1 none
 }
 
 const streamDepth = 256
@@ -384,6 +383,15 @@ func (st *stream) issueOne(cmd *command, c *completion, idx int) {
 			return
 		}
 	}
+	if cmd.op == api.OpCopyToDeviceHost || cmd.op == api.OpCopyFromDeviceHost {
+		// A copy into host memory lands when its reply arrives; a later
+		// command reading or writing host memory waits for it.
+		if st.hostPending {
+			st.waitIdle()
+			st.hostPending = false
+		}
+		st.hostPending = cmd.op == api.OpCopyFromDeviceHost
+	}
 	if done, err := st.viaShared(cmd, c, idx); done {
 		if err != nil {
 			c.fail(idx, cmd.op, err)
@@ -444,28 +452,9 @@ func (st *stream) charge(cmd *command) uint64 {
 	return 0
 }
 
-// hold keeps rpc's writes buffered until unblock, so that a batch's calls
-// leave in few system calls.
-func (st *stream) hold(rpc *api.RPC) {
-	for _, h := range st.held {
-		if h == rpc {
-			return
-		}
-	}
-	rpc.Hold()
-	st.held = append(st.held, rpc)
-}
-
-// unblock sends what the stream has gathered and releases the connections
-// it holds: the issuer calls it before anything that may wait.
-func (st *stream) unblock() {
-	st.nb.flush()
-	for _, h := range st.held {
-		_ = h.Release() // a failed write fails the calls through the reader
-	}
-	clear(st.held)
-	st.held = st.held[:0]
-}
+// unblock sends what the stream has gathered: the issuer calls it before
+// anything that may wait.
+func (st *stream) unblock() { st.nb.flush() }
 
 // waitIdle waits for every call in flight, so that work can move to another
 // node without overtaking it.
@@ -473,6 +462,7 @@ func (st *stream) waitIdle() {
 	st.unblock()
 	st.calls.wait()
 	st.lastNode = -1
+	st.hostPending = false
 }
 
 // on returns the connection for virtual device dev, first waiting for work in
