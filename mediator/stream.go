@@ -384,13 +384,20 @@ func (st *stream) issueOne(cmd *command, c *completion, idx int) {
 		}
 	}
 	if cmd.op == api.OpCopyToDeviceHost || cmd.op == api.OpCopyFromDeviceHost {
-		// A copy into host memory lands when its reply arrives; a later
-		// command reading or writing host memory waits for it.
+		// A copy into host memory lands when its reply arrives. A later
+		// copy out of host memory waits for it; so does a later copy into
+		// it from a shared buffer, which may land at once from the cache.
+		// Copies into it from one node land in order (one connection, its
+		// replies read in order; on() waits when the node changes).
 		if st.hostPending {
-			st.waitIdle()
-			st.hostPending = false
+			r, _ := st.s.sharedAt(cmd.host.Addr, cmd.host.Len)
+			if cmd.op == api.OpCopyToDeviceHost || r != nil {
+				st.waitIdle()
+			}
 		}
-		st.hostPending = cmd.op == api.OpCopyFromDeviceHost
+		if cmd.op == api.OpCopyFromDeviceHost {
+			st.hostPending = true
+		}
 	}
 	if done, err := st.viaShared(cmd, c, idx); done {
 		if err != nil {
