@@ -62,6 +62,7 @@ type session struct {
 	nextGraph  uint32
 	withStream map[uint32][]uint64 // allocations freed with their stream
 	shared     []*sharedRange      // exported and imported buffers (shared.go)
+	importing  *pendingImport      // the import in progress, if any
 	nextImport uint64
 	extra      map[int]*api.RPC // connections to nodes for imports only, by node
 

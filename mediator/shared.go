@@ -169,14 +169,28 @@ func (m *Mediator) revoked(rpc *api.RPC, rv api.NodeRevoke) {
 	}
 	m.mu.Unlock()
 	for _, s := range sessions {
+		if rv.Tenant != "" && rv.Tenant != s.tenant {
+			continue
+		}
 		s.mu.Lock()
+		if s.importing != nil && s.importing.rpc == rpc && s.importing.object == rv.Object {
+			s.importing.err = &err // it arrived before the import was recorded
+		}
 		for _, r := range s.shared {
-			if r.rpc == rpc && r.object == rv.Object && r.imported && (rv.Tenant == "" || rv.Tenant == s.tenant) {
+			if r.rpc == rpc && r.object == rv.Object && r.imported {
 				r.ended.Store(&err)
 			}
 		}
 		s.mu.Unlock()
 	}
+}
+
+// pendingImport is an import between its request to the node and its
+// range being recorded: a revocation pushed meanwhile is kept here.
+type pendingImport struct {
+	rpc    *api.RPC
+	object uint64
+	err    *error
 }
 
 // sharedAt returns the shared range holding [va, va+n), if va lies in one;
@@ -299,6 +313,16 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Only this goroutine (the session's reader) imports, one at a time.
+	pending := &pendingImport{rpc: rpc, object: m.Object}
+	s.mu.Lock()
+	s.importing = pending
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.importing = nil
+		s.mu.Unlock()
+	}()
 	reply, err := rpc.Call(api.OpNodeImport, nil, api.Encode(&api.NodeObject{Object: m.Object}))
 	var ir api.NodeImportReply
 	if err == nil {
@@ -325,6 +349,9 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 		r.base = importBase
 	}
 	s.nextImport = r.base + (ir.Size+(2<<20)-1)&^((2<<20)-1)
+	if pending.err != nil {
+		r.ended.Store(pending.err)
+	}
 	s.shared = append(s.shared, r)
 	return &api.ImportReply{Addr: r.base, Size: ir.Size, Mode: ir.Mode, Write: ir.Write}, nil
 }
