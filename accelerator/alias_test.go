@@ -249,27 +249,15 @@ func TestNodeAliasRaces(t *testing.T) {
 	errs := make(chan error, 3)
 	wg.Go(func() {
 		defer close(done)
-		for i := range rounds {
-			f, err := a.tryAlloc(0, 1)
-			if err == nil {
-				err = a.fill(0, 0x5a, ext(f[0], 0, FrameSize))
+		err := churnSealed(a, rounds, func(f uint64) error {
+			got, err := a.read(0, ext(f, 0, FrameSize/2))
+			if err == nil && !bytes.Equal(got, want[:FrameSize/2]) {
+				err = fmt.Errorf("a write to an alias reached its source")
 			}
-			if err == nil {
-				err = a.seal(0, f[0])
-			}
-			if err == nil {
-				var got []byte
-				if got, err = a.read(0, ext(f[0], 0, FrameSize/2)); err == nil && !bytes.Equal(got, want[:FrameSize/2]) {
-					err = fmt.Errorf("a write to an alias reached its source")
-				}
-			}
-			if err == nil {
-				err = a.free(0, f[0])
-			}
-			if err != nil {
-				errs <- fmt.Errorf("round %d: %w", i, err)
-				return
-			}
+			return err
+		})
+		if err != nil {
+			errs <- err
 		}
 	})
 	hits := 0

@@ -215,21 +215,8 @@ func TestNodeDedupRacesFree(t *testing.T) {
 	errs := make(chan error, 2)
 	wg.Go(func() {
 		defer close(done)
-		for i := range rounds {
-			f, err := a.tryAlloc(0, 1)
-			if err == nil {
-				err = a.fill(0, 0x5a, ext(f[0], 0, FrameSize))
-			}
-			if err == nil {
-				err = a.seal(0, f[0])
-			}
-			if err == nil {
-				err = a.free(0, f[0])
-			}
-			if err != nil {
-				errs <- fmt.Errorf("round %d: %w", i, err)
-				return
-			}
+		if err := churnSealed(a, rounds, nil); err != nil {
+			errs <- err
 		}
 	})
 	hits := 0
@@ -272,4 +259,28 @@ func TestNodeDedupRacesFree(t *testing.T) {
 	if st := tn.node.ContentStats(); st.Sealed != 0 {
 		t.Fatalf("after every sealed frame was freed: %+v", st)
 	}
+}
+
+// churnSealed has c allocate a frame of device 0, fill it with 0x5a, seal
+// it, check it (if check is set) and free it, rounds times.
+func churnSealed(c *client, rounds int, check func(frame uint64) error) error {
+	for i := range rounds {
+		f, err := c.tryAlloc(0, 1)
+		if err == nil {
+			err = c.fill(0, 0x5a, ext(f[0], 0, FrameSize))
+		}
+		if err == nil {
+			err = c.seal(0, f[0])
+		}
+		if err == nil && check != nil {
+			err = check(f[0])
+		}
+		if err == nil {
+			err = c.free(0, f[0])
+		}
+		if err != nil {
+			return fmt.Errorf("round %d: %w", i, err)
+		}
+	}
+	return nil
 }
