@@ -236,12 +236,8 @@ func TestNodeDedupRacesFree(t *testing.T) {
 				continue
 			}
 			hits++
-			got, err := b.read(1, ext(dst[0], 0, FrameSize/2))
-			if err == nil && bytes.Equal(got, want[:FrameSize/2]) {
-				got, err = b.read(1, ext(dst[0], FrameSize/2, FrameSize/2))
-			}
-			if err != nil || !bytes.Equal(got, want[:FrameSize/2]) {
-				errs <- fmt.Errorf("dedup hit %d copied other bytes (%v)", hits, err)
+			if err := holdsFrame(b, 1, dst[0], want); err != nil {
+				errs <- fmt.Errorf("dedup hit %d: %w", hits, err)
 				return
 			}
 			if err := b.fill(1, 0, ext(dst[0], 0, FrameSize)); err != nil {
@@ -280,6 +276,21 @@ func churnSealed(c *client, rounds int, check func(frame uint64) error) error {
 		}
 		if err != nil {
 			return fmt.Errorf("round %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// holdsFrame checks, in two reads of half a frame each, that frame of
+// device dev holds want (FrameSize bytes).
+func holdsFrame(c *client, dev uint32, frame uint64, want []byte) error {
+	for _, half := range []uint64{0, FrameSize / 2} {
+		got, err := c.read(dev, ext(frame, half, FrameSize/2))
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(got, want[half:half+FrameSize/2]) {
+			return fmt.Errorf("frame %#x holds other bytes at offset %d", frame, half)
 		}
 	}
 	return nil
