@@ -8,7 +8,7 @@ package accelerator
 // a slice of a kernel (kernels.Plan), bounded in work, or, in a run of small
 // launches, several kernel slices in a row, for at most stepTime plus one
 // kernel slice (and a launch's preparation), so that tiny launches do not cost
-// a dispatch each. One runner goroutine per device runs one slice at a time and
+// a dispatch each. One runner per device runs one slice at a time and
 // charges the time it measured around the slice to the slice's tenant. The
 // policy is start-time fair queueing over measured time: every tenant has a
 // virtual time that grows by the device time it used divided by its weight, and
@@ -49,6 +49,20 @@ package accelerator
 //   - After close, no slice starts; jobs still queued fail with
 //     api.ErrUnavailable and close waits for the slice in progress.
 //
+// The runner is one of two goroutines, only one of which dispatches at a
+// time (scheduler.busy says which). The quick runner, an ordinary goroutine,
+// dispatches while no job is in progress, so jobs of one slice (a small
+// launch) cost no thread hand-off, and while one tenant alone uses the
+// device, which has nobody to be isolated from. While a job that ran a slice
+// has more (a long kernel) and another tenant used the device within
+// sharedWindow, the busy runner, a goroutine locked to a thread of the lowest
+// CPU priority, dispatches every tenant's slices, and hands back once either
+// ends. On the sim backend slices burn host CPU that a real device would
+// not: at the lowest priority they never keep the node's network path
+// (reading a victim's request, writing its reply) waiting for a core, so a
+// tenant flooding long kernels cannot lengthen another's tail latency
+// through the host's CPU scheduler.
+//
 // Lock order: scheduler.mu is a leaf; slices run without it.
 
 import (
@@ -61,6 +75,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"golang.org/x/sys/unix"
 )
 
 // sliceWork is the work, in kernels.Plan units (about one multiply-add), of a
@@ -90,6 +105,11 @@ const anticipation = time.Millisecond
 // waiting at the node when its last job ended: the gap is the node's own
 // doing, which on a loaded host can last a few scheduling quanta of the OS.
 const busyWindow = 50 * time.Millisecond
+
+// sharedWindow is how recently another tenant must have used the device for
+// a long kernel to run on the busy runner (see the package comment): long
+// enough to cover a victim's pauses between small launches.
+const sharedWindow = time.Second
 
 // capWindow is the burst a capped tenant may use at once, as device time at
 // its cap: a tenant capped at c may run c·capWindow without pause.
@@ -123,6 +143,7 @@ type step func() (completed int, more bool, err error)
 // job is one launch, or one run of launches: step runs its next slice.
 type job struct {
 	step    step
+	started bool        // a slice has run; it counts in scheduler.long
 	waiting func() bool // from tenantShare
 	done    chan error  // buffered; receives the job's result once
 }
@@ -149,7 +170,8 @@ type account struct {
 // scheduler shares one device among tenants.
 type scheduler struct {
 	clock clock
-	wake  chan struct{} // capacity 1: a job arrived, or close
+	// Capacity 1 each: a job arrived, the device was handed over, or close.
+	wake, busyWake chan struct{}
 
 	mu       sync.Mutex
 	accounts map[string]*account
@@ -159,13 +181,16 @@ type scheduler struct {
 	// rather than run a tenant that comes after it in virtual time.
 	expect      *account
 	expectUntil time.Duration
+	busy        bool // the busy runner dispatches, not the quick one
+	long        int  // jobs that ran a slice and have more: long kernels
+	shared      bool // at pick: tenants other than one used the device within sharedWindow
 	started     bool
 	closed      bool
-	done        chan struct{} // closed when the runner has ended
+	runners     sync.WaitGroup
 }
 
 func newScheduler(c clock) *scheduler {
-	return &scheduler{clock: c, wake: make(chan struct{}, 1), accounts: map[string]*account{}, done: make(chan struct{})}
+	return &scheduler{clock: c, wake: make(chan struct{}, 1), busyWake: make(chan struct{}, 1), accounts: map[string]*account{}}
 }
 
 // tenantShare is who a launch is for.
@@ -197,7 +222,9 @@ func (s *scheduler) run(t tenantShare, st step) error {
 	}
 	if !s.started {
 		s.started = true
-		go s.runner()
+		s.runners.Add(2)
+		go s.runner(false)
+		go s.runner(true)
 	}
 	a := s.accounts[t.name]
 	if a == nil {
@@ -228,8 +255,9 @@ func (s *scheduler) run(t tenantShare, st step) error {
 		}
 	}
 	a.jobs = append(a.jobs, j)
+	wake := s.dispatcherWake()
 	s.mu.Unlock()
-	s.signal()
+	poke(wake)
 	return <-j.done
 }
 
@@ -251,9 +279,28 @@ func (s *scheduler) prune() {
 	}
 }
 
-func (s *scheduler) signal() {
+// dispatched is the accounts whose queues the runner busy may touch: all of
+// them if it dispatches, none otherwise. Called with s.mu held.
+func (s *scheduler) dispatched(busy bool) map[string]*account {
+	if s.busy != busy {
+		return nil
+	}
+	return s.accounts
+}
+
+// dispatcherWake is the wake channel of the runner that dispatches. Called
+// with s.mu held; every hand-over pokes the new dispatcher, so a job queued
+// before one is never missed.
+func (s *scheduler) dispatcherWake() chan struct{} {
+	if s.busy {
+		return s.busyWake
+	}
+	return s.wake
+}
+
+func poke(w chan struct{}) {
 	select {
-	case s.wake <- struct{}{}:
+	case w <- struct{}{}:
 	default:
 	}
 }
@@ -262,12 +309,10 @@ func (s *scheduler) signal() {
 func (s *scheduler) close() {
 	s.mu.Lock()
 	s.closed = true
-	started := s.started
 	s.mu.Unlock()
-	s.signal()
-	if started {
-		<-s.done
-	}
+	poke(s.wake)
+	poke(s.busyWake)
+	s.runners.Wait()
 }
 
 // pick returns the account whose slice runs next, or, when every backlogged
@@ -277,10 +322,15 @@ func (s *scheduler) pick() (*account, time.Duration) {
 	now := s.clock.now()
 	var best *account
 	var wait time.Duration
+	active := 0
 	for _, a := range s.accounts {
 		if len(a.jobs) == 0 {
+			if a.ran && now-a.idleSince < sharedWindow {
+				active++
+			}
 			continue
 		}
+		active++
 		if a.computeMax > 0 {
 			limit := time.Duration(a.computeMax * float64(capWindow))
 			a.budget = min(limit, a.budget+time.Duration(a.computeMax*float64(now-a.refill)))
@@ -302,6 +352,7 @@ func (s *scheduler) pick() (*account, time.Duration) {
 			best = a
 		}
 	}
+	s.shared = active > 1
 	if e := s.expect; e != nil {
 		switch {
 		case len(e.jobs) > 0 || now >= s.expectUntil || e.throttled:
@@ -313,23 +364,51 @@ func (s *scheduler) pick() (*account, time.Duration) {
 	return best, wait
 }
 
-func (s *scheduler) runner() {
-	defer close(s.done)
+// runner is the quick runner, or with busy the busy one (see the package
+// comment): each dispatches only while it holds the device.
+func (s *scheduler) runner(busy bool) {
+	defer s.runners.Done()
+	wake := s.wake
+	if busy {
+		wake = s.busyWake
+		runtime.LockOSThread() // never unlocked: the thread ends with the runner
+		// Best effort: where the priority cannot be lowered (a seccomp
+		// profile, say) slices still run, only at the node's priority.
+		_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
+	}
 	for {
 		s.mu.Lock()
-		a, wait := s.pick()
-		for a == nil && !s.closed {
+		var a *account
+		for !s.closed {
+			var wait time.Duration
+			if s.busy == busy {
+				a, wait = s.pick()
+				switch {
+				case !busy && a != nil && s.long > 0 && s.shared:
+					s.busy = true // a long kernel beside others: hand the device over
+					poke(s.busyWake)
+				case busy && (a == nil || s.long == 0 || !s.shared):
+					s.busy = false // the quick runner takes over
+					poke(s.wake)
+				}
+			}
+			if a != nil && s.busy == busy {
+				break
+			}
+			a = nil
+			timed := wait > 0 && s.busy == busy
 			s.mu.Unlock()
-			if wait > 0 {
-				s.clock.idle(wait, s.wake)
+			if timed {
+				s.clock.idle(wait, wake)
 			} else {
-				<-s.wake
+				<-wake
 			}
 			s.mu.Lock()
-			a, wait = s.pick()
 		}
 		if s.closed {
-			for _, a := range s.accounts {
+			// The other runner may be amid a slice; the dispatcher
+			// fails the queue once its own slice has ended.
+			for _, a := range s.dispatched(busy) {
 				for _, j := range a.jobs {
 					j.done <- fmt.Errorf("device scheduler closed: %w", api.ErrUnavailable)
 				}
@@ -354,10 +433,17 @@ func (s *scheduler) runner() {
 		if a.computeMax > 0 {
 			a.budget -= used
 		}
-		// Only the runner removes jobs and submitters append, so j is
-		// still the head.
+		// Only the runner that holds the device removes jobs and
+		// submitters append, so j is still the head.
 		a.jobs = a.jobs[1:]
 		finished := !more || err != nil
+		switch {
+		case !finished && !j.started:
+			j.started = true
+			s.long++
+		case finished && j.started:
+			s.long--
+		}
 		if !finished {
 			a.jobs = append(a.jobs, j)
 		} else {

