@@ -101,26 +101,42 @@ func (l *tcpLink) stream(dst, src []byte, reps int) (time.Duration, error) {
 	return time.Since(start), err
 }
 
-// rawPingPong times n round trips of a ping-pong message over a Unix
-// socket to a relay goroutine, which forwards it over TCP to an echo
-// goroutine, and back the same way: processPingPong's hops within one
-// process.
-func rawPingPong(n int) (time.Duration, error) {
+// teardown is cleanups to run, last first.
+type teardown []func()
+
+func (t *teardown) add(f func()) { *t = append(*t, f) }
+
+func (t teardown) run() {
+	for _, f := range slices.Backward(t) {
+		f()
+	}
+}
+
+// inProcessPingPong connects to a relay goroutine over a Unix socket,
+// which forwards what it gets over TCP to an echo goroutine, and back the
+// same way: processPingPong's hops within one process. stop ends them.
+func inProcessPingPong() (c net.Conn, stop func(), err error) {
+	var td teardown
+	defer func() {
+		if err != nil {
+			td.run()
+		}
+	}()
 	dir, err := os.MkdirTemp("", "vgpu-bench")
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	defer os.RemoveAll(dir)
+	td.add(func() { os.RemoveAll(dir) })
 	tl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	defer tl.Close()
+	td.add(func() { tl.Close() })
 	ul, err := net.Listen("unix", filepath.Join(dir, "relay.sock"))
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	defer ul.Close()
+	td.add(func() { ul.Close() })
 	go func() {
 		if c, err := tl.Accept(); err == nil {
 			defer c.Close()
@@ -139,12 +155,11 @@ func rawPingPong(n int) (time.Duration, error) {
 		}
 		_ = relay(u, t)
 	}()
-	c, err := net.Dial("unix", ul.Addr().String())
-	if err != nil {
-		return 0, err
+	if c, err = net.Dial("unix", ul.Addr().String()); err != nil {
+		return nil, nil, err
 	}
-	defer c.Close()
-	return pingPong(c, n)
+	td.add(func() { c.Close() })
+	return c, td.run, nil
 }
 
 func medianOf(ds []time.Duration) time.Duration {

@@ -195,6 +195,10 @@ func oneSession(r *Report, opt Options) error {
 	return small(c, r, opt)
 }
 
+// smallRounds is how many rounds the small operation and its baselines
+// take turns in, so that a slow moment of the host weighs on all three.
+const smallRounds = 10
+
 // small measures a 4-byte synchronous device→host copy against the raw
 // ping-pong, and the rate of asynchronous tiny launches.
 func small(c *client.Client, r *Report, opt Options) error {
@@ -203,25 +207,47 @@ func small(c *client.Client, r *Report, opt Options) error {
 		return err
 	}
 	defer c.Free(p)
-	ping, err := processPingPong(opt.SmallOps)
+	ping, stop, err := processPingPong()
 	if err != nil {
 		return fmt.Errorf("raw ping-pong: %w", err)
 	}
-	pingIn, err := rawPingPong(opt.SmallOps)
+	defer stop()
+	pingIn, stopIn, err := inProcessPingPong()
 	if err != nil {
 		return fmt.Errorf("raw ping-pong in process: %w", err)
 	}
+	defer stopIn()
 	s := c.Stream()
 	b := make([]byte, 4)
-	start := time.Now()
-	for range opt.SmallOps {
-		s.CopyFromDevice(b, p)
-		if err := s.Synchronize(); err != nil {
-			return fmt.Errorf("small operation: %w", err)
+	op := func(n int) (time.Duration, error) {
+		start := time.Now()
+		for range n {
+			s.CopyFromDevice(b, p)
+			if err := s.Synchronize(); err != nil {
+				return 0, fmt.Errorf("small operation: %w", err)
+			}
 		}
+		return time.Since(start), nil
 	}
-	op := time.Since(start)
-	r.RawPingPongUs, r.RawPingPongInprocUs, r.SmallOpUs = us(ping, opt.SmallOps), us(pingIn, opt.SmallOps), us(op, opt.SmallOps)
+	var tPing, tIn, tOp time.Duration
+	for i := range smallRounds {
+		k := opt.SmallOps*(i+1)/smallRounds - opt.SmallOps*i/smallRounds
+		d, err := pingPong(ping, k)
+		if err != nil {
+			return fmt.Errorf("raw ping-pong: %w", err)
+		}
+		tPing += d
+		if d, err = pingPong(pingIn, k); err != nil {
+			return fmt.Errorf("raw ping-pong in process: %w", err)
+		}
+		tIn += d
+		if d, err = op(k); err != nil {
+			return err
+		}
+		tOp += d
+	}
+	n := opt.SmallOps
+	r.RawPingPongUs, r.RawPingPongInprocUs, r.SmallOpUs = us(tPing, n), us(tIn, n), us(tOp, n)
 	r.SmallOpRatio, r.SmallOpInprocRatio = ratio(r.SmallOpUs, r.RawPingPongUs), ratio(r.SmallOpUs, r.RawPingPongInprocUs)
 	r.LaunchesPerS, err = launchRate(s, p, opt.Launches)
 	return err

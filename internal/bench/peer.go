@@ -239,32 +239,37 @@ func (l *sinkLink) stream(src []byte, reps int) (time.Duration, error) {
 	return time.Since(start), nil
 }
 
-// processPingPong times n round trips through a relay process and an echo
-// process: Unix socket, then TCP, like a tenant's request to its mediator
-// and the mediator's to its node.
-func processPingPong(n int) (time.Duration, error) {
+// processPingPong connects to a relay process that forwards what it gets to
+// an echo process: Unix socket, then TCP, like a tenant's request to its
+// mediator and the mediator's to its node. stop ends them.
+func processPingPong() (c net.Conn, stop func(), err error) {
+	var td teardown
+	defer func() {
+		if err != nil {
+			td.run()
+		}
+	}()
 	dir, err := os.MkdirTemp("", "vgpu-bench")
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	defer os.RemoveAll(dir)
+	td.add(func() { os.RemoveAll(dir) })
 	e, err := startPeer("echo")
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	defer e.stop()
+	td.add(e.stop)
 	sock := filepath.Join(dir, "relay.sock")
 	r, err := startPeer("relay " + sock + " " + e.line)
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	defer r.stop()
-	c, err := net.Dial("unix", sock)
-	if err != nil {
-		return 0, err
+	td.add(r.stop)
+	if c, err = net.Dial("unix", sock); err != nil {
+		return nil, nil, err
 	}
-	defer c.Close()
-	return pingPong(c, n)
+	td.add(func() { c.Close() })
+	return c, td.run, nil
 }
 
 // pingPong times n round trips of a pingMsg-byte message on c.
