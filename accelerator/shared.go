@@ -26,8 +26,9 @@ package accelerator
 //     holds an unexpired copy of the page at an older version.
 //
 // Lock order: objectTable.mu, then an object's mu, then frame tables'
-// locks. Pushes are written under an object's mu; writing a frame never
-// waits for a lock of this file.
+// locks. Pushes are written without an object's mu, so a mediator that
+// does not read stalls only what waits for it; writing a frame never waits
+// for a lock of this file.
 
 import (
 	"crypto/rand"
@@ -111,13 +112,23 @@ type object struct {
 	// serve reads from copies other connections fetched.
 	importers map[coherence.CacheID]*conn
 	data      map[coherence.WriteID]*objWrite
-	revoked   map[coherence.CacheID]bool // readers told of a revocation, not yet acknowledged
+	revoking  []*revocation // revocations pushed, waiting for acknowledgements
 	gone      bool
 	// Versioned objects: the published versions' bytes that are live (the
 	// published one and every pinned one), and each connection's pin. The
 	// frames hold the draft, where writes land.
 	versions map[uint64][]byte
 	pins     map[coherence.CacheID]uint64
+}
+
+// revocation is one push of a revocation to importers (tell): those of
+// them that have not acknowledged it yet. Each waits for its own
+// acknowledgements, which name its tenant, so revocations that overlap, or
+// an acknowledgement that comes after its revocation gave up waiting, do
+// not end another's wait.
+type revocation struct {
+	tenant  string // "": every grant (the object ended)
+	waiting map[coherence.CacheID]bool
 }
 
 // objWrite is a write waiting for its commit; whoever commits it applies it.
@@ -172,7 +183,7 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 		}
 	}
 	o := &object{exporter: c, dev: d, xs: m.Extents, size: size, grants: map[string]bool{}, home: home,
-		readers: map[coherence.CacheID]*conn{}, importers: map[coherence.CacheID]*conn{}, data: map[coherence.WriteID]*objWrite{}, revoked: map[coherence.CacheID]bool{},
+		readers: map[coherence.CacheID]*conn{}, importers: map[coherence.CacheID]*conn{}, data: map[coherence.WriteID]*objWrite{},
 		versions: map[uint64][]byte{}, pins: map[coherence.CacheID]uint64{}}
 	if m.Mode == api.ModeVersioned {
 		// Version 1 is what the buffer holds now.
@@ -280,35 +291,40 @@ func (c *conn) revoke(m *api.NodeRevoke) error {
 // have acknowledged (their mediators stop serving reads from copies), or a
 // lease has passed, for one that does not answer. The caller holds o.mu.
 func (o *object) tell(tenant string) {
-	body := api.Encode(&api.NodeRevoke{Object: o.id, Tenant: tenant})
+	rv := &revocation{tenant: tenant, waiting: map[coherence.CacheID]bool{}}
 	var to []*conn
 	for id, rc := range o.importers {
 		if tenant == "" || rc.tenant == tenant {
-			o.revoked[id] = true
+			rv.waiting[id] = true
 			to = append(to, rc)
 		}
 	}
+	if len(to) == 0 {
+		return
+	}
+	// Registered before the pushes: an acknowledgement may come at once.
+	o.revoking = append(o.revoking, rv)
+	defer func() { o.revoking = slices.DeleteFunc(o.revoking, func(x *revocation) bool { return x == rv }) }()
 	o.mu.Unlock() // pushed without the lock, as in writeObject
+	body := api.Encode(&api.NodeRevoke{Object: o.id, Tenant: tenant})
 	for _, rc := range to {
 		_ = rc.c.Push(api.OpNodeRevoked, body)
 	}
 	o.mu.Lock()
-	if len(o.revoked) == 0 {
-		return
-	}
 	deadline := now() + ReadLease
-	time.AfterFunc(ReadLease+time.Millisecond, func() {
+	wake := time.AfterFunc(ReadLease+time.Millisecond, func() {
 		o.mu.Lock()
 		o.changed.Broadcast()
 		o.mu.Unlock()
 	})
-	for len(o.revoked) > 0 && now() < deadline {
+	defer wake.Stop()
+	for len(rv.waiting) > 0 && now() < deadline {
 		o.changed.Wait()
 	}
-	clear(o.revoked)
 }
 
-// revokedAck takes a reader's acknowledgement of a revocation.
+// revokedAck takes a reader's acknowledgement of a revocation: it ends the
+// reader's part in the waits for revocations of the grant it names.
 func (c *conn) revokedAck(m *api.NodeRevoke) error {
 	t := c.node.objects
 	t.mu.Lock()
@@ -322,7 +338,11 @@ func (c *conn) revokedAck(m *api.NodeRevoke) error {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	delete(o.revoked, cacheID(c))
+	for _, rv := range o.revoking {
+		if rv.tenant == m.Tenant {
+			delete(rv.waiting, cacheID(c))
+		}
+	}
 	o.changed.Broadcast()
 	return nil
 }

@@ -24,8 +24,9 @@ type fdReader struct {
 	uc  *net.UnixConn
 	oob []byte
 
-	mu  sync.Mutex
-	fds []int
+	mu     sync.Mutex
+	fds    []int
+	closed bool // closeAll ran: later descriptors are closed as they come
 }
 
 func (r *fdReader) Read(p []byte) (int, error) {
@@ -40,7 +41,8 @@ func (r *fdReader) Read(p []byte) (int, error) {
 }
 
 // keep queues the descriptors of control message bytes, closing them all if
-// the queue would overflow.
+// the queue would overflow or the connection is closed: a read may return
+// descriptors after closeAll, and nobody would take them.
 func (r *fdReader) keep(oob []byte) error {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
@@ -54,14 +56,19 @@ func (r *fdReader) keep(oob []byte) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.fds)+len(fds) > MaxQueuedFDs {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		return fmt.Errorf("peer sent %d file descriptors not yet used, limit %d: %w", len(r.fds)+len(fds), MaxQueuedFDs, ErrProtocol)
+	switch {
+	case r.closed:
+		err = fmt.Errorf("%d file descriptors arrived after close: %w", len(fds), net.ErrClosed)
+	case len(r.fds)+len(fds) > MaxQueuedFDs:
+		err = fmt.Errorf("peer sent %d file descriptors not yet used, limit %d: %w", len(r.fds)+len(fds), MaxQueuedFDs, ErrProtocol)
+	default:
+		r.fds = append(r.fds, fds...)
+		return nil
 	}
-	r.fds = append(r.fds, fds...)
-	return nil
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	return err
 }
 
 func (r *fdReader) take() (int, bool) {
@@ -82,6 +89,7 @@ func (r *fdReader) closeAll() {
 		unix.Close(fd)
 	}
 	r.fds = nil
+	r.closed = true
 }
 
 // NewConnFDs is NewConn for a Unix socket whose peer may send descriptors;
@@ -104,8 +112,8 @@ func (c *Conn) TakeFD() (int, error) {
 	return -1, fmt.Errorf("request needs a file descriptor and none came with it: %w", ErrProtocol)
 }
 
-// WriteFrameFD writes one frame with fd attached. The connection must be a
-// Unix socket.
+// WriteFrameFD writes one frame with fd attached to its first bytes. The
+// connection must be a Unix socket.
 func (c *Conn) WriteFrameFD(op Op, id uint64, fd int, parts ...[]byte) error {
 	uc, ok := c.nc.(*net.UnixConn)
 	if !ok {
@@ -126,11 +134,24 @@ func (c *Conn) WriteFrameFD(op Op, id uint64, fd int, parts ...[]byte) error {
 	if err := c.w.Flush(); err != nil {
 		return err
 	}
-	_, _, err := uc.WriteMsgUnix(b, unix.UnixRights(fd), nil)
-	if err == nil {
-		c.sent.Add(uint64(len(b)))
+	// sendmsg on a stream socket may take only part of the frame (the
+	// descriptor goes with that part); the rest follows as plain bytes.
+	n, _, err := uc.WriteMsgUnix(b, unix.UnixRights(fd), nil)
+	if err == nil && n < len(b) {
+		var more int
+		more, err = uc.Write(b[n:])
+		n += more
 	}
-	return err
+	if err != nil {
+		if n > 0 {
+			// Part of the frame went out: any frame after it would be
+			// read as the rest of this one.
+			c.Close()
+		}
+		return fmt.Errorf("frame %d (%v) with descriptor %d: %d of %d bytes written: %w", id, op, fd, n, len(b), err)
+	}
+	c.sent.Add(uint64(len(b)))
+	return nil
 }
 
 // CallFD sends a request with fd attached and waits for its reply body.

@@ -1,6 +1,7 @@
 package mediator
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -277,7 +278,12 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	r := &sharedRange{base: m.Addr, size: end - m.Addr, node: v.dev.node, rpc: v.rpc,
 		object: obj.Object, mode: m.Mode, write: m.Mode != api.ModeImmutable, pageSize: pageSizeOf(0)}
 	if err := r.pin(); err != nil {
-		return nil, err
+		// Unpinned, the exporter could not read the object, nor write the
+		// buffer but through it, nor export it again: end it.
+		if uerr := s.unexport(r); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("end shared object %d: %w", r.object, uerr))
+		}
+		return nil, fmt.Errorf("export %#x: %w", m.Addr, err)
 	}
 	s.mu.Lock()
 	s.shared = append(s.shared, r)
@@ -428,14 +434,19 @@ func (s *session) unshare(va uint64, importsOnly bool) (bool, error) {
 	if r.imported {
 		return true, nil // other sessions here may still read the copies
 	}
-	// The node tells the importers, whose mediators forget the object; so
-	// does this one, whose other sessions may have imported it.
+	return true, s.unexport(r)
+}
+
+// unexport ends the object r exported. The node tells the importers, whose
+// mediators forget the object; so does this one, whose other sessions may
+// have imported it.
+func (s *session) unexport(r *sharedRange) error {
 	_, err := r.rpc.Call(api.OpNodeUnexport, nil, api.Encode(&api.NodeObject{Object: r.object}))
 	pc := s.m.nodes[r.node].cache
 	pc.mu.Lock()
 	pc.cache.Drop(r.object)
 	pc.mu.Unlock()
-	return true, err
+	return err
 }
 
 // pages calls f for each piece of [off, off+n) of the range that lies in

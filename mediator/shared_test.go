@@ -2,8 +2,11 @@ package mediator_test
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
@@ -239,4 +242,107 @@ func TestSharedVersionedBufferReadersPinAVersion(t *testing.T) {
 	}
 	_, err = b.Pin(client.Ptr(0x1234))
 	wantErr(t, err, api.ErrInvalidArgument, "versioned")
+}
+
+// relay forwards connections to the node at addr, frame by frame, but
+// answers the first request of op itself with an error; it returns its
+// address.
+func relay(t *testing.T, addr string, op api.Op) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		open   []net.Conn
+		failed atomic.Bool
+	)
+	track := func(c net.Conn) {
+		mu.Lock()
+		defer mu.Unlock()
+		open = append(open, c)
+	}
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range open {
+			c.Close()
+		}
+	})
+	// copyFrames copies frames from one side to the other until either
+	// fails; answer, if it returns true, has answered the frame itself.
+	copyFrames := func(from, to *api.Conn, answer func(api.Header) bool) {
+		defer from.Close()
+		defer to.Close()
+		for {
+			h, err := from.ReadHeader()
+			if err != nil {
+				return
+			}
+			body := make([]byte, h.Len)
+			if from.ReadBody(body) != nil {
+				return
+			}
+			if answer(h) {
+				continue
+			}
+			if to.WriteFrame(h.Op, h.Flags, h.ID, body) != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			mc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			nc, err := net.Dial("tcp", addr)
+			if err != nil {
+				mc.Close()
+				return
+			}
+			track(mc)
+			track(nc)
+			med, node := api.NewConn(mc), api.NewConn(nc)
+			go copyFrames(node, med, func(api.Header) bool { return false })
+			go copyFrames(med, node, func(h api.Header) bool {
+				if h.Op != op || !failed.CompareAndSwap(false, true) {
+					return false
+				}
+				_ = med.ReplyError(h, fmt.Errorf("relay refuses %v: %w", op, api.ErrUnavailable))
+				return true
+			})
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// An export whose pin fails leaves nothing behind on the node: the buffer
+// is written as before and exported again.
+func TestSharedExportFailingPinEndsTheObject(t *testing.T) {
+	sys := startWith(t, 64<<20, func(c *mediator.Config) { c.Nodes[0] = relay(t, c.Nodes[0], api.OpNodePin) })
+	a := sys.dial(t, "alpha", 1)
+	const n = 100 << 10
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Export(p, api.ModeVersioned, api.Grant{Tenant: "beta"})
+	wantErr(t, err, api.ErrUnavailable, "relay refuses", "export")
+	if st := sys.nodes[0].Status().Coherence; st.Objects != 0 {
+		t.Fatalf("%d shared objects left on the node after a failed export", st.Objects)
+	}
+	data := randomBytes(7, n)
+	if err := write(a, p, data); err != nil {
+		t.Fatalf("write to a buffer whose export failed: %v", err)
+	}
+	if _, err := a.Export(p, api.ModeVersioned, api.Grant{Tenant: "beta"}); err != nil {
+		t.Fatalf("export again: %v", err)
+	}
+	if got, err := read(t, a, p, n); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the exporter reads its versioned buffer: %v", err)
+	}
 }

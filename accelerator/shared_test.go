@@ -1,0 +1,144 @@
+package accelerator
+
+import (
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// importer is a mediator connection that imported an object and keeps the
+// revocations the node pushes, for the test to acknowledge when it likes.
+type importer struct {
+	*client
+	revoked chan api.NodeRevoke
+}
+
+// importAs connects as tenant with a push handler and imports object id.
+func (tn *testNode) importAs(t *testing.T, tenant string, id uint64) *importer {
+	t.Helper()
+	im := &importer{revoked: make(chan api.NodeRevoke, 16)}
+	conn := tn.dialRaw(t)
+	rpc := api.NewRPCPush(conn, "node "+tn.addr, func(_ *api.RPC, op api.Op, body []byte) {
+		var m api.NodeRevoke
+		if op == api.OpNodeRevoked && api.Decode(body, &m) == nil {
+			im.revoked <- m
+		}
+	})
+	t.Cleanup(func() { rpc.Close() })
+	im.client = &client{t: t, conn: conn, rpc: rpc}
+	if _, err := im.call(api.OpHello, mediatorHello(tenant)); err != nil {
+		t.Fatalf("hello as %q: %v", tenant, err)
+	}
+	if _, err := im.call(api.OpNodeImport, &api.NodeObject{Object: id}); err != nil {
+		t.Fatalf("%s imports object %d: %v", tenant, id, err)
+	}
+	return im
+}
+
+// next returns the next revocation pushed to im.
+func (im *importer) next() api.NodeRevoke {
+	im.t.Helper()
+	select {
+	case m := <-im.revoked:
+		return m
+	case <-time.After(5 * time.Second):
+		im.t.Fatal("no revocation pushed within 5s")
+		return api.NodeRevoke{}
+	}
+}
+
+func (im *importer) ack(m api.NodeRevoke) {
+	im.t.Helper()
+	if _, err := im.call(api.OpNodeRevokedAck, &m); err != nil {
+		im.t.Fatalf("acknowledge %+v: %v", m, err)
+	}
+}
+
+// exportFrame exports a fresh frame of c's as an object granted to grants.
+func exportFrame(t *testing.T, c *client, mode api.Mode, grants ...api.Grant) uint64 {
+	t.Helper()
+	f := c.alloc(0, 1)[0]
+	body, err := c.call(api.OpNodeExport, &api.NodeExport{Extents: []api.Extent{ext(f, 0, FrameSize)}, Mode: mode, Grants: grants})
+	var obj api.NodeObject
+	if err == nil {
+		err = api.Decode(body, &obj)
+	}
+	if err != nil {
+		t.Fatalf("export in mode %v: %v", mode, err)
+	}
+	return obj.Object
+}
+
+// Two revocations pushed to one importer at once (a revocation of its
+// grant and the end of the object) each wait for their own
+// acknowledgement: the one acknowledged ends at once, the other waits out
+// the lease.
+func TestNodeOverlappingRevocationsWaitForTheirOwnAcks(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alpha")
+	id := exportFrame(t, a, api.ModeCoherent, api.Grant{Tenant: "beta"})
+	b := tn.importAs(t, "beta", id)
+	tn.node.objects.mu.Lock()
+	o := tn.node.objects.byID[id]
+	tn.node.objects.mu.Unlock()
+
+	start := time.Now()
+	tell := func(tenant string) <-chan time.Time {
+		done := make(chan time.Time, 1)
+		go func() {
+			o.mu.Lock()
+			o.tell(tenant)
+			o.mu.Unlock()
+			done <- time.Now()
+		}()
+		return done
+	}
+	byBeta, byAll := tell("beta"), tell("")
+	for range 2 {
+		if m := b.next(); m.Tenant == "" {
+			b.ack(m)
+		}
+	}
+	endAll, endBeta := <-byAll, <-byBeta
+	if endBeta.Sub(start) < ReadLease {
+		t.Fatalf("the revocation of beta's grant ended after %v, on the acknowledgement of another; want a lease (%v)", endBeta.Sub(start), ReadLease)
+	}
+	if !endAll.Before(endBeta) {
+		t.Fatalf("the acknowledged revocation ended after %v, no sooner than the unacknowledged one", endAll.Sub(start))
+	}
+}
+
+// An acknowledgement that comes after its revocation stopped waiting for
+// it does not count for the next one: an object's end still waits for the
+// importer's word that it forgot the object.
+func TestNodeLateRevocationAckDoesNotEndTheNext(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alpha")
+	id := exportFrame(t, a, api.ModeCoherent, api.Grant{Tenant: "beta"})
+	b := tn.importAs(t, "beta", id)
+
+	// Beta does not answer in time: the revocation waits out the lease.
+	if _, err := a.call(api.OpNodeRevoke, &api.NodeRevoke{Object: id, Tenant: "beta"}); err != nil {
+		t.Fatal(err)
+	}
+	late := b.next()
+	end := a.rpc.Go(api.OpNodeUnexport, nil, api.Encode(&api.NodeObject{Object: id}))
+	freed := b.next()
+	if late.Tenant != "beta" || freed.Tenant != "" {
+		t.Fatalf("pushed %+v, then %+v", late, freed)
+	}
+	told := time.Now()
+	b.ack(late)
+	select {
+	case <-end.Done():
+		if since := time.Since(told); since < ReadLease {
+			t.Fatalf("the object ended %v after the late acknowledgement of the revocation, without beta's acknowledgement of its end", since)
+		}
+	case <-time.After(ReadLease / 2):
+	}
+	b.ack(freed)
+	if err := end.Wait(); err != nil {
+		t.Fatal(err)
+	}
+}
