@@ -45,8 +45,11 @@ type inflight struct {
 	floor         uint64
 }
 
-// object is what a cache holds of one object. It exists only while it has
-// an entry, something in flight, or is sealed.
+// object is what a cache holds of one object. Once it has no entry and
+// nothing in flight it is forgotten, sealed or not: knowing an object is
+// sealed only lets the cache refuse a write the node would refuse too, and
+// the next read's grant says so again; keeping it would keep every object a
+// mediator ever read.
 type object struct {
 	sealed   bool
 	entries  map[Key]*list.Element // of *entry
@@ -99,7 +102,7 @@ func (c *Cache) object(obj uint64) *object {
 
 // tidy forgets o once it holds nothing.
 func (c *Cache) tidy(o *object, obj uint64) {
-	if !o.sealed && len(o.entries) == 0 && len(o.inflight) == 0 {
+	if len(o.entries) == 0 && len(o.inflight) == 0 {
 		delete(c.objects, obj)
 	}
 }

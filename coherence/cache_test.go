@@ -216,3 +216,16 @@ func TestCacheSealAndDrop(t *testing.T) {
 		t.Errorf("stats after Drop %+v", st)
 	}
 }
+
+// TestCacheForgetsEvictedSealedObjects: a sealed object whose copies were
+// all evicted is forgotten, so a mediator that reads many objects keeps
+// only those it holds copies of.
+func TestCacheForgetsEvictedSealedObjects(t *testing.T) {
+	c := newCache(t, 1<<10, 0)
+	for obj := uint64(1); obj <= 100; obj++ {
+		fill(t, c, Key{Object: obj}, ReadGrant{Lease: Forever, Sealed: true}, string(make([]byte, 1<<10)), 0, 0)
+	}
+	if n := len(c.objects); n != 1 {
+		t.Errorf("%d objects known after 100 sealed ones evicted each other, want 1", n)
+	}
+}
