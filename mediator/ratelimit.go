@@ -33,8 +33,10 @@ import (
 // Over any window of time the bytes let through are at most
 // rate × window + burst (ratelimit_test.go checks this against a fake clock).
 //
-// Buckets live while their tenant has sessions; a tenant with none starts
-// again from a full bucket.
+// Buckets live while their tenant has sessions, and after its last one ends
+// until they would be full again: a tenant that reconnects sooner finds its
+// bucket as it left it, never a fresh burst; one that comes back later finds
+// a full bucket, which is what it would have had anyway.
 
 // burstFor is the bucket size for rate bytes per second.
 func burstFor(rate uint64) uint64 { return max(rate/8, api.MaxChunk) }
@@ -93,6 +95,16 @@ func (b *bucket) reserve(rate, n uint64, now int64) int64 {
 	return max(now, b.empty)
 }
 
+// fullAt is the time (ns) from which the bucket holds its whole burst.
+func (b *bucket) fullAt() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.rate == 0 {
+		return emptyLongAgo
+	}
+	return b.empty + costNs(b.burst, b.rate, true)
+}
+
 // epoch is the origin of the buckets' clock.
 var epoch = time.Now()
 
@@ -111,9 +123,9 @@ type limiterKey struct {
 	tenant string
 }
 
-// limiters holds the buckets of tenants with live sessions, per mediator.
-// An entry goes when its tenant's last session does, so nothing here
-// outlives the sessions (and a closed mediator has none).
+// limiters holds the buckets of tenants with live sessions, per mediator,
+// and of tenants whose last session ended before their bucket refilled: an
+// entry goes once its tenant has no session and its bucket is full.
 var limiters = struct {
 	sync.Mutex
 	m map[limiterKey]*limiter
@@ -138,7 +150,26 @@ func (l *limiter) release() {
 	limiters.Lock()
 	defer limiters.Unlock()
 	if l.refs--; l.refs == 0 {
-		delete(limiters.m, limiterKey{l.m, l.tenant})
+		l.forgetWhenFull()
+	}
+}
+
+// forgetWhenFull drops an unused limiter now if its bucket is full, else
+// once it will be. Called with limiters held.
+func (l *limiter) forgetWhenFull() {
+	d := time.Duration(l.b.fullAt() - monoNow())
+	if d > 0 {
+		time.AfterFunc(d, func() {
+			limiters.Lock()
+			defer limiters.Unlock()
+			if l.refs == 0 {
+				l.forgetWhenFull() // used and charged again meanwhile: later
+			}
+		})
+		return
+	}
+	if k := (limiterKey{l.m, l.tenant}); limiters.m[k] == l {
+		delete(limiters.m, k)
 	}
 }
 

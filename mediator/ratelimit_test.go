@@ -103,3 +103,41 @@ func TestCostNsSaturates(t *testing.T) {
 		t.Fatalf("1 byte at 3 B/s rounded up: %d ns", c)
 	}
 }
+
+// TestLimiterOutlivesSessionsUntilFull: a tenant whose last session ends
+// with its bucket drained gets the same bucket back when it reconnects (no
+// fresh burst); one whose bucket is full, or has refilled, is forgotten.
+func TestLimiterOutlivesSessionsUntilFull(t *testing.T) {
+	m := &Mediator{}
+	known := func(tenant string) *limiter {
+		limiters.Lock()
+		defer limiters.Unlock()
+		return limiters.m[limiterKey{m, tenant}]
+	}
+	idle := m.limiter("idle")
+	idle.release()
+	if known("idle") != nil {
+		t.Error("a tenant that never copied is kept after its last session")
+	}
+
+	const rate = 64 << 20 // burst: one chunk, about 17 ms
+	l := m.limiter("busy")
+	burst := burstFor(rate)
+	l.b.reserve(rate, burst, monoNow())
+	l.release()
+	again := m.limiter("busy")
+	if again != l {
+		t.Fatal("a reconnecting tenant got a fresh bucket while its old one was drained")
+	}
+	if at := again.b.reserve(rate, burst, monoNow()); at <= monoNow() {
+		t.Error("a full burst passed at once right after the bucket was drained")
+	}
+	again.release()
+	deadline := time.Now().Add(5 * time.Second)
+	for known("busy") != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the limiter of a tenant without sessions is still kept after its bucket refilled")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
