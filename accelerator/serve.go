@@ -4,26 +4,39 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/accelerator/sim"
+	"github.com/vgpu/vgpu/api"
 )
+
+// DefaultMediatorTimeout is how long a mediator's host may stay silent
+// before the node drops its connection (ListenTimeout).
+const DefaultMediatorTimeout = api.DefaultPeerTimeout
 
 // StartSim starts a node with n simulated devices of size bytes each,
 // serving plain TCP on addr (host:port; port 0 picks one). It is the
 // embedded default of a mediator with no --node, and the test harness's
 // node. Stop it with Close.
 func StartSim(addr string, n int, size uint64, log logrus.FieldLogger) (*Node, net.Addr, error) {
-	return StartSimTLS(addr, n, size, nil, log)
+	return StartSimTLS(addr, n, size, nil, 0, log)
 }
 
 // StartSimTLS is StartSim serving TLS only when tlsCfg is not nil (a node
 // configuration from internal/pki: mutual TLS, mediators only). A client
 // that does not complete the TLS handshake within HandshakeTimeout, or whose
 // certificate the configuration refuses, is dropped before it can send a
-// request.
-func StartSimTLS(addr string, n int, size uint64, tlsCfg *tls.Config, log logrus.FieldLogger) (*Node, net.Addr, error) {
+// request. mediatorTimeout bounds a mediator host's silence (ListenTimeout;
+// 0: DefaultMediatorTimeout).
+func StartSimTLS(addr string, n int, size uint64, tlsCfg *tls.Config, mediatorTimeout time.Duration, log logrus.FieldLogger) (*Node, net.Addr, error) {
+	if mediatorTimeout == 0 {
+		mediatorTimeout = DefaultMediatorTimeout
+	}
+	if err := api.CheckPeerTimeout(mediatorTimeout); err != nil {
+		return nil, nil, fmt.Errorf("mediator timeout: %w", err)
+	}
 	devs, err := sim.NewDevices(n, size)
 	if err != nil {
 		return nil, nil, err
@@ -39,7 +52,7 @@ func StartSimTLS(addr string, n int, size uint64, tlsCfg *tls.Config, log logrus
 		}
 		return nil, nil, err
 	}
-	l, err := Listen(addr, tlsCfg)
+	l, err := ListenTimeout(addr, tlsCfg, mediatorTimeout)
 	if err != nil {
 		node.Close()
 		return nil, nil, err
@@ -52,21 +65,55 @@ func StartSimTLS(addr string, n int, size uint64, tlsCfg *tls.Config, log logrus
 	return node, l.Addr(), nil
 }
 
-// Listen listens on addr (host:port) for mediators: plain TCP when tlsCfg
-// is nil, else TLS only. The TLS handshake runs on a connection's first read,
-// which the node bounds with HandshakeTimeout, so a slow or silent client
-// holds up no one else.
+// Listen is ListenTimeout with DefaultMediatorTimeout.
 func Listen(addr string, tlsCfg *tls.Config) (net.Listener, error) {
+	return ListenTimeout(addr, tlsCfg, DefaultMediatorTimeout)
+}
+
+// ListenTimeout listens on addr (host:port) for mediators: plain TCP when
+// tlsCfg is nil, else TLS only. The TLS handshake runs on a connection's
+// first read, which the node bounds with HandshakeTimeout, so a slow or
+// silent client holds up no one else. A mediator whose host stays silent
+// for timeout (at least api.MinPeerTimeout) loses its connection
+// (api.WatchPeer), and with it the frames the connection held and its
+// coherence leases; one that is merely quiet keeps it.
+func ListenTimeout(addr string, tlsCfg *tls.Config, timeout time.Duration) (net.Listener, error) {
+	if err := api.CheckPeerTimeout(timeout); err != nil {
+		return nil, fmt.Errorf("node listen on %s: %w", addr, err)
+	}
+	if tlsCfg != nil && (tlsCfg.ClientAuth != tls.RequireAndVerifyClientCert || tlsCfg.ClientCAs == nil) {
+		return nil, fmt.Errorf("node listen on %s: TLS configuration does not require verified client certificates", addr)
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("node listen on %s: %w", addr, err)
 	}
+	var wl net.Listener = &watchListener{TCPListener: l.(*net.TCPListener), timeout: timeout}
 	if tlsCfg == nil {
-		return l, nil
+		return wl, nil
 	}
-	if tlsCfg.ClientAuth != tls.RequireAndVerifyClientCert || tlsCfg.ClientCAs == nil {
-		l.Close()
-		return nil, fmt.Errorf("node listen on %s: TLS configuration does not require verified client certificates", addr)
+	return tls.NewListener(wl, tlsCfg), nil
+}
+
+// watchListener accepts mediator connections watched for their peer's
+// silence, below TLS if any.
+type watchListener struct {
+	*net.TCPListener
+	timeout time.Duration
+}
+
+func (l *watchListener) Accept() (net.Conn, error) {
+	for {
+		tc, err := l.AcceptTCP()
+		if err != nil {
+			return nil, err
+		}
+		nc, err := api.WatchPeer(tc, "mediator "+tc.RemoteAddr().String(), l.timeout)
+		if err != nil {
+			// Its socket refused the options: drop this one, serve on.
+			tc.Close()
+			continue
+		}
+		return nc, nil
 	}
-	return tls.NewListener(l, tlsCfg), nil
 }

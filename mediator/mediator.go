@@ -75,6 +75,12 @@ type Config struct {
 	// NodeTLS, when set, is the client configuration for connections to
 	// nodes (mutual TLS under the cluster CA); nil means plain TCP.
 	NodeTLS *tls.Config
+	// NodeTimeout bounds how long a node's host may stay silent, answering
+	// neither data sent to it nor keepalive probes, before its connections
+	// are declared lost and the calls on them fail with api.ErrUnavailable
+	// (api.WatchPeer). A node that is busy, however long, is not silent.
+	// 0 means DefaultNodeTimeout; else at least api.MinPeerTimeout.
+	NodeTimeout time.Duration
 	// ReclaimInterval is how often registered containers' processes are
 	// checked for having vanished without a poststop; default 1s.
 	ReclaimInterval time.Duration
@@ -127,6 +133,11 @@ func New(cfg Config) (*Mediator, error) {
 	if cfg.ContainerDir == "" {
 		cfg.ContainerDir = DefaultContainerDir
 	}
+	if cfg.NodeTimeout == 0 {
+		cfg.NodeTimeout = DefaultNodeTimeout
+	} else if err := api.CheckPeerTimeout(cfg.NodeTimeout); err != nil {
+		return nil, fmt.Errorf("node timeout: %w", err)
+	}
 	if cfg.ReclaimInterval == 0 {
 		cfg.ReclaimInterval = time.Second
 	}
@@ -149,7 +160,7 @@ func New(cfg Config) (*Mediator, error) {
 		conns: map[net.Conn]struct{}{}, stop: make(chan struct{}),
 	}
 	for i, addr := range cfg.Nodes {
-		n, catalog, err := connectNode(addr, cfg.NodeTLS)
+		n, catalog, err := connectNode(addr, cfg.NodeTLS, cfg.NodeTimeout)
 		if err == nil {
 			n.cache, err = newPageCache(m, cmp.Or(cfg.CacheMemory, CacheMemory)/int64(len(cfg.Nodes)))
 		}

@@ -1,6 +1,8 @@
 package mediator
 
 import (
+	"cmp"
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -14,33 +16,37 @@ import (
 // DialTimeout bounds connecting to a node and its handshake.
 const DialTimeout = 10 * time.Second
 
+// DefaultNodeTimeout is how long a node's host may stay silent before the
+// calls on its connections fail (Config.NodeTimeout, api.WatchPeer).
+const DefaultNodeTimeout = api.DefaultPeerTimeout
+
 // statusTimeout bounds a node's answer to a status query.
 const statusTimeout = 5 * time.Second
 
-// nodeTenant is who a node connection acts for, as the node schedules it.
+// nodeTenant is who a node connection acts for, as the node schedules it,
+// and how long the mediator bears the node's silence on it.
 type nodeTenant struct {
 	name       string
 	weight     uint32  // fair-share weight; 0 means 1
 	computeMax float32 // cap on its share of a device; 0 means none
+	// timeout bounds the node host's silence on the connection
+	// (Config.NodeTimeout); 0 means DefaultNodeTimeout.
+	timeout time.Duration
 }
 
 // dialNode connects to a node for tenant and says hello, over TLS when
-// tlsCfg is set. The returned RPC is
-// the tenant's own connection: the node ties frames to it.
+// tlsCfg is set. The returned RPC is the tenant's own connection: the node
+// ties frames to it. Connecting and the TLS handshake take at most
+// DialTimeout, the hello as long again. Once the node's host has been silent
+// for t.timeout (api.WatchPeer), the connection fails and so does every call
+// on it, with api.ErrUnavailable naming the node and how long it was silent;
+// a node that is only busy keeps its connection however long it takes.
 func dialNode(addr string, t nodeTenant, tlsCfg *tls.Config, push func(*api.RPC, api.Op, []byte)) (*api.RPC, *api.HelloReply, error) {
-	d := &net.Dialer{Timeout: DialTimeout}
-	var nc net.Conn
-	var err error
-	if tlsCfg != nil {
-		nc, err = tls.DialWithDialer(d, "tcp", addr, tlsCfg)
-	} else {
-		nc, err = d.Dial("tcp", addr)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), DialTimeout)
+	defer cancel()
+	nc, err := dialWatched(ctx, addr, cmp.Or(t.timeout, DefaultNodeTimeout), tlsCfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dial node %s: %v: %w", addr, err, api.ErrUnavailable)
-	}
-	if tc, ok := nc.(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true)
 	}
 	rpc := api.NewRPCPush(api.NewConn(nc), "node "+addr, push)
 	hello := api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator,
@@ -64,20 +70,56 @@ func dialNode(addr string, t nodeTenant, tlsCfg *tls.Config, push func(*api.RPC,
 	return rpc, &reply, nil
 }
 
+// dialWatched connects to the node at addr, watched for silence past
+// timeout, with TLS on top when tlsCfg is set.
+func dialWatched(ctx context.Context, addr string, timeout time.Duration, tlsCfg *tls.Config) (net.Conn, error) {
+	// Keepalive is WatchPeer's, set as soon as the connection exists.
+	d := &net.Dialer{KeepAlive: -1}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := c.(*net.TCPConn)
+	_ = tc.SetNoDelay(true)
+	nc, err := api.WatchPeer(tc, "node "+addr, timeout)
+	if err != nil {
+		tc.Close()
+		return nil, err
+	}
+	if tlsCfg == nil {
+		return nc, nil
+	}
+	if tlsCfg.ServerName == "" { // as tls.Dial: the node's certificate must name the host dialled
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		tlsCfg = tlsCfg.Clone()
+		tlsCfg.ServerName = host
+	}
+	sc := tls.Client(nc, tlsCfg)
+	if err := sc.HandshakeContext(ctx); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return sc, nil
+}
+
 // node is a node the mediator uses: its devices, its kernel catalog, and a
 // connection of the mediator's own for status queries.
 type node struct {
 	addr    string
 	devices []api.DeviceInfo
-	tls     *tls.Config // nil: plain TCP
-	cache   *pageCache  // copies of pages of its shared objects (shared.go)
+	tls     *tls.Config   // nil: plain TCP
+	timeout time.Duration // bound on the node host's silence (Config.NodeTimeout)
+	cache   *pageCache    // copies of pages of its shared objects (shared.go)
 
 	mu  sync.Mutex
 	ctl *api.RPC // redialled when it breaks, so status recovers with the node
 }
 
-func connectNode(addr string, tlsCfg *tls.Config) (*node, map[string]api.KernelInfo, error) {
-	rpc, hello, err := dialNode(addr, nodeTenant{}, tlsCfg, nil)
+func connectNode(addr string, tlsCfg *tls.Config, timeout time.Duration) (*node, map[string]api.KernelInfo, error) {
+	rpc, hello, err := dialNode(addr, nodeTenant{timeout: timeout}, tlsCfg, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -94,7 +136,7 @@ func connectNode(addr string, tlsCfg *tls.Config) (*node, map[string]api.KernelI
 	for _, k := range list.Kernels {
 		catalog[k.Name] = k
 	}
-	return &node{addr: addr, devices: hello.Devices, tls: tlsCfg, ctl: rpc}, catalog, nil
+	return &node{addr: addr, devices: hello.Devices, tls: tlsCfg, timeout: timeout, ctl: rpc}, catalog, nil
 }
 
 // control returns the mediator's own connection to the node, dialling a
@@ -104,7 +146,7 @@ func (n *node) control() (*api.RPC, error) {
 	defer n.mu.Unlock()
 	select {
 	case <-n.ctl.Closed():
-		rpc, _, err := dialNode(n.addr, nodeTenant{}, n.tls, nil)
+		rpc, _, err := dialNode(n.addr, nodeTenant{timeout: n.timeout}, n.tls, nil)
 		if err != nil {
 			return nil, err
 		}

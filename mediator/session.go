@@ -314,9 +314,10 @@ func virtual(resident uint64, factor float64) uint64 {
 }
 
 // nodeTenant is how a session's node connections present its tenant: the
-// container's granted weight, else the quota file's, and its compute cap.
+// container's granted weight, else the quota file's, and its compute cap;
+// with the mediator's NodeTimeout.
 func (m *Mediator) nodeTenant(tenant string, ctr *container) nodeTenant {
-	t := nodeTenant{name: tenant, weight: 1}
+	t := nodeTenant{name: tenant, weight: 1, timeout: m.cfg.NodeTimeout}
 	if q := m.admission.Config().Tenants[tenant]; q != nil {
 		t.weight, t.computeMax = max(q.Compute, 1), float32(q.ComputeMax)
 	}

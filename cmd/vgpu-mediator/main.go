@@ -44,12 +44,18 @@ func main() {
 	tlsCA := flag.String("node-tls-ca", "", "cluster CA certificate (PEM): nodes must present a node certificate it signed, for the host dialled")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	cacheMem := flag.String("cache-memory", "256MiB", "host memory for copies of shared buffers' pages, split among the nodes")
+	nodeTimeout := flag.Duration("node-timeout", mediator.DefaultNodeTimeout,
+		"fail the calls on a node, as unavailable, once its host has been silent this long (no TCP acknowledgement, no keepalive answer; a busy node is not silent); at least 2s")
 	dedup := flag.Bool("dedup", true, "send a sealed weight's 2 MiB pieces a node already holds as references, not bytes (a tenant can then tell that contents it has exist on the node)")
 	var tenantBW uint64
 	flag.Func("tenant-bandwidth", "bytes per second each tenant not in the quota file may copy, e.g. 1GiB (0: no cap)", func(v string) (err error) { tenantBW, err = api.ParseSize(v); return err })
 	flag.Parse()
 	cfg := mediator.Config{Nodes: nodes, Quota: *quota, ContainerDir: *ctrDir, Oversubscribe: *oversub, StateDir: *stateDir,
-		TenantBandwidth: tenantBW, NoDedup: !*dedup}
+		TenantBandwidth: tenantBW, NoDedup: !*dedup, NodeTimeout: *nodeTimeout}
+	if err := api.CheckPeerTimeout(*nodeTimeout); err != nil {
+		fmt.Fprintln(os.Stderr, "vgpu-mediator: --node-timeout:", err)
+		os.Exit(2)
+	}
 	if tc, err := nodeTLS(*tlsCert, *tlsKey, *tlsCA, len(nodes) > 0); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(2)
@@ -144,7 +150,7 @@ func run(cfg mediator.Config, socket, embMem string, embDevs int, tenantMem, con
 			}
 		})
 	}
-	log.WithFields(map[string]any{"socket": socket, "nodes": cfg.Nodes, "node_tls": cfg.NodeTLS != nil}).Info("serving")
+	log.WithFields(map[string]any{"socket": socket, "nodes": cfg.Nodes, "node_tls": cfg.NodeTLS != nil, "node_timeout": cfg.NodeTimeout.String()}).Info("serving")
 	daemon.RunUntilStopped(log, m.Reload)
 	return nil
 }

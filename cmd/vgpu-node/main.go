@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
@@ -22,8 +23,14 @@ func main() {
 	tlsKey := flag.String("tls-key", "", "node certificate's private key (PEM)")
 	tlsCA := flag.String("tls-ca", "", "cluster CA certificate (PEM): only mediator certificates it signed may connect")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
+	medTimeout := flag.Duration("mediator-timeout", accelerator.DefaultMediatorTimeout,
+		"drop a mediator's connection, freeing its memory, once its host has been silent this long (no TCP acknowledgement, no keepalive answer; a quiet mediator is not silent); at least 2s")
 	flag.Parse()
-	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA); err != nil {
+	if err := api.CheckPeerTimeout(*medTimeout); err != nil {
+		fmt.Fprintln(os.Stderr, "vgpu-node: --mediator-timeout:", err)
+		os.Exit(2)
+	}
+	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA, *medTimeout); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-node:", err)
 		os.Exit(1)
 	}
@@ -42,7 +49,7 @@ func nodeTLS(cert, key, ca string) (*tls.Config, error) {
 	return pki.NodeConfig(cert, key, ca)
 }
 
-func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string) error {
+func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration) error {
 	log, err := daemon.Logger("vgpu-node", level)
 	if err != nil {
 		return err
@@ -58,11 +65,11 @@ func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tl
 	if err != nil {
 		return err
 	}
-	node, addr, err := accelerator.StartSimTLS(listen, devices, size, tlsCfg, log)
+	node, addr, err := accelerator.StartSimTLS(listen, devices, size, tlsCfg, medTimeout, log)
 	if err != nil {
 		return err
 	}
-	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil}).Info("serving")
+	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil, "mediator_timeout": medTimeout.String()}).Info("serving")
 	daemon.RunUntilStopped(log, func() error { return nil }) // a node has nothing to reload
 	return node.Close()
 }

@@ -21,7 +21,8 @@ import (
 // delay each way, m2's none. A round trip to the device through m1 takes
 // the delay and through m2 it does not; with m1 cut off, a new session on
 // m1 fails as unavailable while m2 goes on serving, and once healed m1
-// serves again, its old session included.
+// serves again, its old session included: the cut is shorter than the
+// node and mediator timeouts (TestNetlabNodeTimeout has one longer).
 //
 // It needs root (network namespaces) but not Docker: it takes the
 // harness's binaries when the harness is up, and builds them otherwise.
@@ -33,8 +34,12 @@ func TestNetlabTwoMediators(t *testing.T) {
 	ctx := context.Background()
 
 	const port = 7070
+	// The cut below lasts the mediator's dial timeout and more; m1's idle
+	// session outlives it only if neither end gives up on the other first.
+	const peerTimeout = mediator.DialTimeout + time.Minute
 	nodeAddr := lab.Addr("node", port)
-	node := lab.Start("node", bin["vgpu-node"], "--listen", nodeAddr, "--devices", "1", "--memory", "256MiB", "--log-level", "warn")
+	node := lab.Start("node", bin["vgpu-node"], "--listen", nodeAddr, "--devices", "1", "--memory", "256MiB",
+		"--mediator-timeout", peerTimeout.String(), "--log-level", "warn")
 	if err := node.WaitUp(10*time.Second, func() bool {
 		c, err := lab.Dial(ctx, "m2", "tcp", nodeAddr, time.Second)
 		if err == nil {
@@ -54,7 +59,7 @@ func TestNetlabTwoMediators(t *testing.T) {
 	for _, m := range []string{"m1", "m2"} {
 		sock := filepath.Join(dir, m+".sock")
 		sockets[m] = sock
-		med := lab.Start(m, bin["vgpu-mediator"], "--socket", sock, "--node", nodeAddr,
+		med := lab.Start(m, bin["vgpu-mediator"], "--socket", sock, "--node", nodeAddr, "--node-timeout", peerTimeout.String(),
 			"--state-dir", filepath.Join(dir, m+"-state"), "--container-dir", filepath.Join(dir, m+"-containers"),
 			"--quota", "", "--containerd", "", "--log-level", "info")
 		if err := med.WaitUp(15*time.Second, func() bool { _, err := os.Stat(sock); return err == nil }); err != nil {
@@ -143,8 +148,8 @@ wait:
 	}
 
 	lab.Heal("m1")
-	// The session m1 had stayed idle through the cut; its connection to
-	// the node survives, and so does a new one.
+	// The session m1 had stayed idle through the cut, shorter than the
+	// timeouts; its connection to the node survives, and so does a new one.
 	if d, err := sessions["m1"].fastest(3); err != nil {
 		t.Errorf("m1's old session after Heal: %v", err)
 	} else if d < delay {
