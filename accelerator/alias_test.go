@@ -303,3 +303,113 @@ func TestNodeAliasRaces(t *testing.T) {
 		t.Fatalf("after every sealed frame was freed: %+v", st)
 	}
 }
+
+// sealReport seals frames and returns the node's answer: which of them it
+// stores once with another tenant's frame.
+func (c *client) sealReport(dev uint32, frames ...uint64) []bool {
+	c.t.Helper()
+	body, err := c.call(api.OpNodeSeal, &api.NodeFrames{Device: dev, Frames: frames})
+	if err != nil {
+		c.t.Fatalf("seal %v: %v", frames, err)
+	}
+	var r api.NodeSealReply
+	if err := api.Decode(body, &r); err != nil {
+		c.t.Fatalf("seal %v: reply: %v", frames, err)
+	}
+	if len(r.StoredOnce) != len(frames) {
+		c.t.Fatalf("seal of %d frames: %d answers", len(frames), len(r.StoredOnce))
+	}
+	return r.StoredOnce
+}
+
+// writeFrame fills frame f of dev with p, FrameSize bytes, in two writes.
+func (c *client) writeFrame(dev uint32, f uint64, p []byte) {
+	c.t.Helper()
+	c.mustWrite(dev, []api.Extent{ext(f, 0, FrameSize/2)}, p[:FrameSize/2])
+	c.mustWrite(dev, []api.Extent{ext(f, FrameSize/2, FrameSize/2)}, p[FrameSize/2:])
+}
+
+// TestNodeSealReportsStoredOnce: the seal's reply names exactly the frames
+// that are aliased, when sealed, to a frame of another tenant: not frames
+// with memory of their own, not a tenant's aliases of its own frames, not
+// copies across devices, not aliases a write ended. The answer is how the
+// frame is stored now, so a frame whose source was freed is no longer
+// reported.
+func TestNodeSealReportsStoredOnce(t *testing.T) {
+	tn := startNode(t)
+	x, y, z := frameWith(0x11, 100, pattern(1, 4096)), frameWith(0x22, 200, pattern(2, 4096)), frameWith(0x33, 300, pattern(3, 4096))
+	hx, hy := sha256.Sum256(x), sha256.Sum256(y)
+	want := func(who string, got []bool, want ...bool) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: stored once %v, want %v", who, got, want)
+		}
+	}
+
+	// alice's frames have memory of their own.
+	alice := tn.connect(t, "alice")
+	src := alice.alloc(0, 2)
+	alice.writeFrame(0, src[0], x)
+	alice.writeFrame(0, src[1], y)
+	want("alice's originals", alice.sealReport(0, src...), false, false)
+
+	// bob's copies of alice's frames are aliases; his own content is not.
+	bob := tn.connect(t, "bob")
+	fb := bob.alloc(0, 3)
+	if hit, err := bob.dedup(0, fb[:2], hx, hy); err != nil || !hit[0] || !hit[1] {
+		t.Fatalf("bob: dedup: %v, %v", hit, err)
+	}
+	bob.writeFrame(0, fb[2], z)
+	want("bob's aliases of alice's frames", bob.sealReport(0, fb...), true, true, false)
+	want("bob's frames sealed again", bob.sealReport(0, fb...), true, true, false)
+
+	// alice's aliases of her own frames, from this connection or another,
+	// are not credit: only content another tenant sealed is.
+	alice2 := tn.connect(t, "alice")
+	for i, c := range []*client{alice, alice2} {
+		f := c.alloc(0, 1)
+		if hit, err := c.dedup(0, f, hx); err != nil || !hit[0] {
+			t.Fatalf("alice %d: dedup: %v, %v", i, hit, err)
+		}
+		want(fmt.Sprintf("alice's connection %d, aliasing her own frame", i), c.sealReport(0, f...), false)
+	}
+
+	// A copy to another device is stored twice; so is an alias written
+	// before its seal.
+	carol := tn.connect(t, "carol")
+	f1 := carol.alloc(1, 1)
+	f0 := carol.alloc(0, 1)
+	if hit, err := carol.dedup(1, f1, hx); err != nil || !hit[0] {
+		t.Fatalf("carol: dedup on device 1: %v, %v", hit, err)
+	}
+	if hit, err := carol.dedup(0, f0, hy); err != nil || !hit[0] {
+		t.Fatalf("carol: dedup on device 0: %v, %v", hit, err)
+	}
+	carol.mustWrite(0, []api.Extent{ext(f0[0], 0, 1)}, y[:1]) // the same byte: still a write
+	want("carol's copy on device 1", carol.sealReport(1, f1...), false)
+	want("carol's alias written before its seal", carol.sealReport(0, f0...), false)
+
+	// Once alice frees her frames, bob's get copies of their bytes and are
+	// no longer stored once; they stay sealed and indexed, so a dedup now
+	// aliases to bob's: erin's copy is credit, bob's own one is not.
+	if err := alice.free(0, src...); err != nil {
+		t.Fatal(err)
+	}
+	want("bob's frames after their source went", bob.sealReport(0, fb...), false, false, false)
+	erin := tn.connect(t, "erin")
+	fe := erin.alloc(0, 1)
+	fb2 := bob.alloc(0, 1)
+	for _, d := range []struct {
+		c *client
+		f []uint64
+	}{{erin, fe}, {bob, fb2}} {
+		if hit, err := d.c.dedup(0, d.f, hx); err != nil || !hit[0] {
+			t.Fatalf("dedup from bob's frame: %v, %v", hit, err)
+		}
+	}
+	want("erin's alias of bob's frame", erin.sealReport(0, fe...), true)
+	want("bob's alias of his own frame", bob.sealReport(0, fb2...), false)
+	if !bytes.Equal(erin.readFrame(0, fe[0]), x) {
+		t.Fatal("erin's frame does not read the sealed bytes")
+	}
+}

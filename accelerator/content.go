@@ -30,6 +30,15 @@ package accelerator
 // now) and is indexed as any sealed frame; a dedup that finds it aliases to
 // its source, so every alias maps a frame that is not aliased itself.
 //
+// The seal's reply (api.NodeSealReply) says which of the frames are stored
+// once: aliased, at the moment they are sealed, to a frame whose holder's
+// tenant is another than the sealer's. Mediators credit their tenants'
+// memory budgets for those (dedup_charge in the quota file); a tenant's
+// copies of its own content, and frames a dedup copied rather than
+// aliased, are never reported, so only content some other tenant sealed
+// earns a credit. The answer is final: a frame that stops being an alias
+// later (its source freed) is not reported again.
+//
 // Side channel: a dedup hit tells a connection that some frame of this node,
 // perhaps another tenant's, holds exactly the content it named. To name it,
 // the asker must know the content's SHA-256, in practice the content itself,
@@ -50,6 +59,8 @@ package accelerator
 //     same device that is not aliased itself, and is never written while
 //     aliased; aliased counts the device's aliased frames and changes only
 //     under contentIndex.mu, after the device mapping did.
+//   - sealer has an entry exactly for the frames in byFrame: the tenant of
+//     the connection that holds (and sealed) the frame.
 //
 // Lock order: contentIndex.mu before any frameTable.mu; devices are not
 // locked (see node.go).
@@ -74,6 +85,7 @@ type contentIndex struct {
 	mu      sync.Mutex
 	byHash  map[[32]byte][]frameRef
 	byFrame map[frameRef][32]byte
+	sealer  map[frameRef]string                // sealed frame → its holder's tenant
 	aliasOf map[frameRef]frameRef              // aliased frame → the frame whose memory it maps
 	aliases map[frameRef]map[frameRef]struct{} // the other way
 	lookups uint64                             // hashes asked for by dedups
@@ -81,7 +93,7 @@ type contentIndex struct {
 }
 
 func newContentIndex() *contentIndex {
-	return &contentIndex{byHash: map[[32]byte][]frameRef{}, byFrame: map[frameRef][32]byte{},
+	return &contentIndex{byHash: map[[32]byte][]frameRef{}, byFrame: map[frameRef][32]byte{}, sealer: map[frameRef]string{},
 		aliasOf: map[frameRef]frameRef{}, aliases: map[frameRef]map[frameRef]struct{}{}}
 }
 
@@ -123,31 +135,59 @@ func hashFrame(d *device, addr uint64) ([32]byte, error) {
 	return sum, nil
 }
 
-// seal makes frames of d, which c holds, read-only and indexes their
-// contents. Frames already sealed are left as they are.
-func (c *conn) seal(d *device, frames []uint64) error {
+// replySeal makes frames of d, which c holds, read-only, indexes their
+// contents, and answers request h with which of them are stored once
+// (api.NodeSealReply). Frames already sealed are left as they are.
+func (c *conn) replySeal(h api.Header, d *device, frames []uint64) error {
+	reply, err := c.sealFrames(d, frames)
+	if err != nil {
+		return err
+	}
+	return c.c.Reply(h, api.Encode(reply))
+}
+
+// sealFrames seals frames as replySeal does and reports for each whether it is
+// stored once: aliased, now that it is sealed, to a frame that a
+// connection of another tenant holds. Frames sealed before are reported as
+// they are stored now.
+func (c *conn) sealFrames(d *device, frames []uint64) (*api.NodeSealReply, error) {
 	if err := d.frames.checkOwned(c.owner, frames); err != nil {
-		return fmt.Errorf("%s: seal: %w", d.Info().Name, err)
+		return nil, fmt.Errorf("%s: seal: %w", d.Info().Name, err)
 	}
 	x := c.node.content
-	for _, f := range frames {
+	reply := &api.NodeSealReply{StoredOnce: make([]bool, len(frames))}
+	for i, f := range frames {
+		ref := frameRef{d, f}
 		if d.frames.isSealed(f) {
+			x.mu.Lock()
+			reply.StoredOnce[i] = x.storedOnce(ref, c.tenant)
+			x.mu.Unlock()
 			continue
 		}
 		// Only c could write f, and c is busy here: the hash holds once
 		// the frame is sealed.
 		sum, err := hashFrame(d, f)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		x.mu.Lock()
 		d.frames.seal(f)
-		ref := frameRef{d, f}
 		x.byFrame[ref] = sum
+		x.sealer[ref] = c.tenant
 		x.byHash[sum] = append(x.byHash[sum], ref)
+		reply.StoredOnce[i] = x.storedOnce(ref, c.tenant)
 		x.mu.Unlock()
 	}
-	return nil
+	return reply, nil
+}
+
+// storedOnce says whether the sealed frame ref, held by a connection of
+// tenant, maps the memory of a frame another tenant holds. The caller holds
+// x.mu. A frame is aliased only to a sealed frame (see the invariants), so
+// its source has a sealer.
+func (x *contentIndex) storedOnce(ref frameRef, tenant string) bool {
+	src, ok := x.aliasOf[ref]
+	return ok && x.sealer[src] != tenant
 }
 
 // forget readies frames of d to be scrubbed and released: their aliases
@@ -172,6 +212,7 @@ func (x *contentIndex) forget(d *device, frames []uint64) error {
 		ref := frameRef{d, f}
 		sum := x.byFrame[ref]
 		delete(x.byFrame, ref)
+		delete(x.sealer, ref)
 		refs := slices.DeleteFunc(x.byHash[sum], func(r frameRef) bool { return r == ref })
 		if len(refs) == 0 {
 			delete(x.byHash, sum)

@@ -495,13 +495,12 @@ func (c *conn) do(r request) error {
 			return err
 		}
 		if r.h.Op == api.OpNodeSeal {
-			err = c.seal(d, m.Frames)
-		} else if err = d.frames.checkOwned(c.owner, m.Frames); err != nil {
-			err = fmt.Errorf("%s: free: %w", d.Info().Name, err)
-		} else {
-			err = c.scrubAndRelease(d, m.Frames)
+			return c.replySeal(r.h, d, m.Frames)
 		}
-		if err != nil {
+		if err := d.frames.checkOwned(c.owner, m.Frames); err != nil {
+			return fmt.Errorf("%s: free: %w", d.Info().Name, err)
+		}
+		if err := c.scrubAndRelease(d, m.Frames); err != nil {
 			return err
 		}
 		return c.c.Reply(r.h)

@@ -229,3 +229,25 @@ func (m *NodeDedupReply) Unmarshal(d *Decoder) {
 		m.Hit[i] = d.Bool()
 	}
 }
+
+// NodeSealReply answers an OpNodeSeal: for each frame of the request,
+// whether the node stores it once, that is, whether it maps the memory of
+// an identical sealed frame that a connection of another tenant holds
+// (an alias made by a NodeDedup). Decided when the frame is sealed; sealed
+// frames never change. An empty reply body (a node that predates the
+// reply) says none is.
+type NodeSealReply struct{ StoredOnce []bool }
+
+func (m *NodeSealReply) Marshal(e *Encoder) {
+	e.U32(uint32(len(m.StoredOnce)))
+	for _, b := range m.StoredOnce {
+		e.Bool(b)
+	}
+}
+
+func (m *NodeSealReply) Unmarshal(d *Decoder) {
+	m.StoredOnce = make([]bool, d.Len(1))
+	for i := range m.StoredOnce {
+		m.StoredOnce[i] = d.Bool()
+	}
+}

@@ -53,6 +53,7 @@ func samples() []Message {
 		&SessionStats{CopiedIn: 1, CopiedOut: 2, Launches: 3, NetOut: 4, NetIn: 5, DedupHits: 6, DedupBytes: 7, SocketIn: 8, SocketOut: 9, SharedHits: 10, SharedMisses: 11},
 		&NodeDedup{Device: 0, Dst: ext[1:], Hashes: [][32]byte{{1, 2, 3}}},
 		&NodeDedupReply{Hit: []bool{true, false}},
+		&NodeSealReply{StoredOnce: []bool{false, true, true}},
 		&Export{Addr: 0x1000, Mode: ModeCoherent, Grants: []Grant{{Tenant: "b", Write: true}, {Tenant: "c"}}},
 		&Shared{Node: "10.0.0.1:7070", Object: 9},
 		&ImportReply{Addr: 1 << 47, Size: 4096, Mode: ModeImmutable},

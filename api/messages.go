@@ -70,7 +70,7 @@ const (
 	OpNodeLaunch                    // NodeLaunch
 	OpNodeStatus                    // → JSON NodeStatus
 	OpNodeBatch                     // Batch of node commands, in order, one reply
-	OpNodeSeal                      // NodeFrames: make frames read-only and index their contents
+	OpNodeSeal                      // NodeFrames → NodeSealReply: make frames read-only and index their contents
 	OpNodeDedup                     // NodeDedup → NodeDedupReply
 	OpNodeExport                    // NodeExport → NodeObject
 	OpNodeImport                    // NodeObject → NodeImportReply

@@ -260,6 +260,9 @@ var messages = map[string]msgCase{
 	"NodeDedupReply": {new: func() Message { return new(NodeDedupReply) }, gen: gen(func(t *rapid.T) *NodeDedupReply {
 		return &NodeDedupReply{Hit: rapid.SliceOfN(rapid.Bool(), 0, 16).Draw(t, "hit")}
 	})},
+	"NodeSealReply": {new: func() Message { return new(NodeSealReply) }, gen: gen(func(t *rapid.T) *NodeSealReply {
+		return &NodeSealReply{StoredOnce: rapid.SliceOfN(rapid.Bool(), 0, 16).Draw(t, "stored once")}
+	})},
 }
 
 // messageNames returns the names in messages, sorted, so tests run in a fixed order.

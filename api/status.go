@@ -93,7 +93,13 @@ type TenantInfo struct {
 	MaxContainers int     `json:"max_containers"` // 0: no cap
 	DefaultMemory uint64  `json:"default_memory"` // request of a container that names none
 	Oversubscribe float64 `json:"oversubscribe"`
-	Containers    int     `json:"containers"`      // registered now
-	Reserved      uint64  `json:"reserved_bytes"`  // memory granted to its containers
-	Allocated     uint64  `json:"allocated_bytes"` // memory its sessions hold
+	// DedupCharge is the share of a frame charged for a sealed weight frame
+	// stored once with another tenant's (1: in full).
+	DedupCharge float64 `json:"dedup_charge"`
+	Containers  int     `json:"containers"`      // registered now
+	Reserved    uint64  `json:"reserved_bytes"`  // memory granted to its containers
+	Allocated   uint64  `json:"allocated_bytes"` // memory its sessions hold
+	// Charged is what its containers' and sessions' memory budgets count
+	// now: Allocated less the credits for sealed weights stored once.
+	Charged uint64 `json:"charged_bytes"`
 }

@@ -172,6 +172,7 @@ func (a *Admission) Tenants() []api.TenantInfo {
 			info = api.TenantInfo{
 				Name: name, Memory: t.Memory, Compute: t.Compute, ComputeMax: t.ComputeMax, Bandwidth: t.Bandwidth,
 				MaxContainers: t.MaxContainers, DefaultMemory: t.DefaultMemory, Oversubscribe: t.Oversubscribe,
+				DedupCharge: t.DedupCharge,
 			}
 		}
 		if u, ok := a.use[name]; ok {

@@ -198,9 +198,9 @@ func TestTenants(t *testing.T) {
 		}
 	}
 	want := []api.TenantInfo{
-		{Name: "shared", Compute: 1, Oversubscribe: 1, Containers: 1, Reserved: 1},
+		{Name: "shared", Compute: 1, Oversubscribe: 1, DedupCharge: 1, Containers: 1, Reserved: 1},
 		{Name: "team-a", Memory: 8 << 30, Compute: 2, ComputeMax: 0.5, Bandwidth: 2 << 30, MaxContainers: 10,
-			DefaultMemory: 512 << 20, Oversubscribe: 1.5, Containers: 2, Reserved: 512<<20 + 1<<30},
+			DefaultMemory: 512 << 20, Oversubscribe: 1.5, DedupCharge: 0.25, Containers: 2, Reserved: 512<<20 + 1<<30},
 		{Name: "team-b", Memory: 1 << 20, Compute: 1, ComputeMax: 1, Oversubscribe: 2},
 	}
 	if got := a.Tenants(); !reflect.DeepEqual(got, want) {
@@ -231,7 +231,7 @@ func TestSetConfig(t *testing.T) {
 		t.Error("grant of a removed tenant was dropped")
 	}
 	want := []api.TenantInfo{
-		{Name: "a", Memory: 500, Compute: 1, Oversubscribe: 1, Containers: 1, Reserved: 800},
+		{Name: "a", Memory: 500, Compute: 1, Oversubscribe: 1, DedupCharge: 1, Containers: 1, Reserved: 800},
 		{Name: "gone", Containers: 1, Reserved: 5},
 	}
 	if got := a.Tenants(); !reflect.DeepEqual(got, want) {

@@ -31,7 +31,7 @@ var tenantName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 // namespace name is a key of [namespaces], any tenant name one of [tenants].
 var (
 	rootKeys   = []string{"default_tenant", "namespaces", "tenants"}
-	tenantKeys = []string{"memory", "compute", "compute_max", "bandwidth", "max_containers", "default_memory", "oversubscribe"}
+	tenantKeys = []string{"memory", "compute", "compute_max", "bandwidth", "max_containers", "default_memory", "oversubscribe", "dedup_charge"}
 )
 
 // fileDoc and fileTenant are what the decoder fills. Leaves are untyped so
@@ -51,6 +51,7 @@ type fileTenant struct {
 	MaxContainers any `toml:"max_containers"`
 	DefaultMemory any `toml:"default_memory"`
 	Oversubscribe any `toml:"oversubscribe"`
+	DedupCharge   any `toml:"dedup_charge"`
 }
 
 // Load reads and parses the quota file at path. An unreadable file is an
@@ -244,7 +245,7 @@ func (p *parser) tenant(name string, f fileTenant) (*Tenant, bool) {
 	if !tenantName.MatchString(name) {
 		p.fail([]string{"tenants", name}, fmt.Errorf("tenant name %q: want 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit: %w", name, api.ErrInvalidArgument))
 	}
-	t := &Tenant{Name: name, Compute: 1, Oversubscribe: 1}
+	t := &Tenant{Name: name, Compute: 1, Oversubscribe: 1, DedupCharge: 1}
 	t.Memory = p.size(key("memory"), f.Memory)
 	t.Bandwidth = p.size(key("bandwidth"), f.Bandwidth)
 	t.DefaultMemory = p.size(key("default_memory"), f.DefaultMemory)
@@ -261,6 +262,9 @@ func (p *parser) tenant(name string, f fileTenant) (*Tenant, bool) {
 	}
 	if f.Oversubscribe != nil {
 		t.Oversubscribe = p.float(key("oversubscribe"), f.Oversubscribe, func(v float64) bool { return v >= 1 && v <= maxOversubscribe }, "from 1 to 16")
+	}
+	if f.DedupCharge != nil {
+		t.DedupCharge = p.float(key("dedup_charge"), f.DedupCharge, func(v float64) bool { return v >= 0 && v <= 1 }, "in [0, 1]")
 	}
 	return t, len(p.errs) == n
 }

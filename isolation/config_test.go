@@ -27,11 +27,12 @@ bandwidth = "2GiB"
 max_containers = 10
 default_memory = "512MiB"
 oversubscribe = 1.5
+dedup_charge = 0.25
 
 [tenants.shared]
 
 [tenants]
-team-b = { memory = 1048576, compute_max = 1, oversubscribe = 2 }
+team-b = { memory = 1048576, compute_max = 1, oversubscribe = 2, dedup_charge = 0 }
 `
 
 func TestParseFull(t *testing.T) {
@@ -43,9 +44,9 @@ func TestParseFull(t *testing.T) {
 		Path: "tenants.toml",
 		Tenants: map[string]*Tenant{
 			"team-a": {Name: "team-a", Memory: 8 << 30, Compute: 2, ComputeMax: 0.5, Bandwidth: 2 << 30,
-				MaxContainers: 10, DefaultMemory: 512 << 20, Oversubscribe: 1.5},
-			"shared": {Name: "shared", Compute: 1, Oversubscribe: 1},
-			"team-b": {Name: "team-b", Memory: 1 << 20, Compute: 1, ComputeMax: 1, Oversubscribe: 2},
+				MaxContainers: 10, DefaultMemory: 512 << 20, Oversubscribe: 1.5, DedupCharge: 0.25},
+			"shared": {Name: "shared", Compute: 1, Oversubscribe: 1, DedupCharge: 1},
+			"team-b": {Name: "team-b", Memory: 1 << 20, Compute: 1, ComputeMax: 1, Oversubscribe: 2, DedupCharge: 0},
 		},
 		Namespaces:    map[string]string{"k8s.io": "team-a", "moby": "shared"},
 		DefaultTenant: "shared",
@@ -73,6 +74,10 @@ func TestParseForms(t *testing.T) {
 			a := c.Tenants["a"]
 			return a.Compute == 10000 && a.Oversubscribe == 16 && a.ComputeMax == 1
 		}},
+		{"dedup_charge absent is in full", "[tenants.a]\n", func(c *Config) bool { return c.Tenants["a"].DedupCharge == 1 }},
+		{"dedup_charge 0", "[tenants.a]\ndedup_charge = 0\n", func(c *Config) bool { return c.Tenants["a"].DedupCharge == 0 }},
+		{"dedup_charge 1", "[tenants.a]\ndedup_charge = 1\n", func(c *Config) bool { return c.Tenants["a"].DedupCharge == 1 }},
+		{"dedup_charge a fraction", "[tenants.a]\ndedup_charge = 0.125\n", func(c *Config) bool { return c.Tenants["a"].DedupCharge == 0.125 }},
 		{"empty default_tenant is none", "default_tenant = \"\"\n[tenants.a]\n", func(c *Config) bool { return c.DefaultTenant == "" }},
 		{"quoted tenant name with a dot", "[tenants.\"a.b\"]\n", func(c *Config) bool { return c.Tenants["a.b"] != nil }},
 		{"CRLF", "[tenants.a]\r\nmemory = 5\r\n", func(c *Config) bool { return c.Tenants["a"].Memory == 5 }},
@@ -149,6 +154,20 @@ func TestParseErrors(t *testing.T) {
 			`tenants.toml:2: tenants.a.oversubscribe: 17: want a number from 1 to 16: invalid argument`},
 		{"oversubscribe inf", "[tenants.a]\noversubscribe = inf\n",
 			`tenants.toml:2: tenants.a.oversubscribe: +Inf: want a number from 1 to 16: invalid argument`},
+		{"dedup_charge negative", "[tenants.a]\ndedup_charge = -0.5\n",
+			`tenants.toml:2: tenants.a.dedup_charge: -0.5: want a number in [0, 1]: invalid argument`},
+		{"dedup_charge above 1", "[tenants.a]\ndedup_charge = 1.5\n",
+			`tenants.toml:2: tenants.a.dedup_charge: 1.5: want a number in [0, 1]: invalid argument`},
+		{"dedup_charge integer above 1", "[tenants.a]\ndedup_charge = 2\n",
+			`tenants.toml:2: tenants.a.dedup_charge: 2: want a number in [0, 1]: invalid argument`},
+		{"dedup_charge nan", "[tenants.a]\ndedup_charge = nan\n",
+			`tenants.toml:2: tenants.a.dedup_charge: NaN: want a number in [0, 1]: invalid argument`},
+		{"dedup_charge a string", "[tenants.a]\n\ndedup_charge = \"50%\"\n",
+			`tenants.toml:3: tenants.a.dedup_charge: want a number in [0, 1], got string "50%": invalid argument`},
+		{"dedup_charge a bool", "[tenants]\na = { dedup_charge = false }\n",
+			`tenants.toml:2: tenants.a.dedup_charge: want a number in [0, 1], got boolean false: invalid argument`},
+		{"dedup_charge wrong case", "[tenants.a]\nDedup_Charge = 0\n",
+			`tenants.toml:2: tenants.a.Dedup_Charge: unknown key (keys are case-sensitive: did you mean dedup_charge?): invalid argument`},
 		{"max_containers negative", "[tenants.a]\nmax_containers = -1\n",
 			`tenants.toml:2: tenants.a.max_containers: -1: want 0 to 2147483647: invalid argument`},
 		{"max_containers an array", "[tenants.a]\nmax_containers = [1]\n",
@@ -277,7 +296,7 @@ func TestResolve(t *testing.T) {
 
 func TestDefault(t *testing.T) {
 	cfg := Default()
-	want := &Tenant{Name: "default", Compute: 1, Oversubscribe: 1}
+	want := &Tenant{Name: "default", Compute: 1, Oversubscribe: 1, DedupCharge: 1}
 	if len(cfg.Tenants) != 1 || !reflect.DeepEqual(cfg.Tenants["default"], want) || cfg.DefaultTenant != "default" {
 		t.Errorf("got %+v", cfg)
 	}

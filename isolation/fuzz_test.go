@@ -52,6 +52,7 @@ func FuzzParse(f *testing.F) {
 			}
 			if tn.Compute < 1 || tn.Compute > maxCompute || tn.ComputeMax < 0 || tn.ComputeMax > 1 ||
 				!(tn.Oversubscribe >= 1 && tn.Oversubscribe <= maxOversubscribe) || tn.MaxContainers < 0 ||
+				!(tn.DedupCharge >= 0 && tn.DedupCharge <= 1) ||
 				(tn.Memory > 0 && tn.DefaultMemory > tn.Memory) {
 				t.Fatalf("tenant %q out of range: %+v", name, *tn)
 			}

@@ -28,6 +28,7 @@
 //	max_containers = 10      # 0 or absent: none
 //	default_memory = "512MiB" # reservation of a container that asks for none; absent: it must ask
 //	oversubscribe = 1.5      # 1..16; default 1
+//	dedup_charge = 0.25      # share charged for a sealed weight frame stored once, 0..1; default 1
 //
 //	[tenants.shared]
 //
@@ -53,8 +54,9 @@
 //     the cap is allowed, one byte more is not) and its containers were fewer
 //     than max_containers.
 //
-// Admission checks reservations against Memory alone; Oversubscribe, like
-// Compute, ComputeMax and Bandwidth, is policy for the mediator to apply.
+// Admission checks reservations against Memory alone; Oversubscribe and
+// DedupCharge, like Compute, ComputeMax and Bandwidth, are policy for the
+// mediator to apply.
 //
 // A reload (SetConfig) keeps every grant, even where the new limits are
 // lower; only admissions after it see the new limits.
@@ -82,6 +84,10 @@ type Tenant struct {
 	MaxContainers int     // 0 = none
 	DefaultMemory uint64  // what a container that asks for nothing gets; 0 = nothing (the container must ask)
 	Oversubscribe float64 // >= 1.0, default 1.0
+	// DedupCharge is the share of a frame the tenant is charged for a
+	// sealed weight frame that the node stores once with another tenant's
+	// identical sealed frame, in [0, 1]; default 1.0, charged in full.
+	DedupCharge float64
 }
 
 // Config is a parsed quota file. Treat it as read-only once built.
@@ -100,7 +106,7 @@ const defaultName = "default"
 func Default() *Config {
 	return &Config{
 		Tenants: map[string]*Tenant{
-			defaultName: {Name: defaultName, Compute: 1, Oversubscribe: 1},
+			defaultName: {Name: defaultName, Compute: 1, Oversubscribe: 1, DedupCharge: 1},
 		},
 		Namespaces:    map[string]string{},
 		DefaultTenant: defaultName,

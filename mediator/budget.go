@@ -9,8 +9,15 @@ import (
 
 // budget is a memory allowance shared by the sessions it covers: one
 // container's sessions, or one host session. Reservations are in allocation
-// footprints (bytes rounded to pages), so the sum of live reservations
-// equals the sum of the footprints of live allocations.
+// footprints (bytes rounded to pages), less the credit a sealed weight
+// earns for frames the node stores once (dedup.go): an allocation reserves
+// its footprint in full, its seal may release part of it (the credit, which
+// the session records), and its free releases the footprint less that
+// credit. So the sum of live reservations equals the sum over live
+// allocations of footprint − credit, and is 0 when none is left.
+//
+// budget.mu is a leaf: it is taken under Mediator.mu (tenantsJSON) and
+// session.issueMu, and nothing is locked under it.
 type budget struct {
 	owner string // for messages: `container "abc" of tenant "t"`
 	limit uint64 // 0: no limit
@@ -37,4 +44,11 @@ func (b *budget) release(n uint64) {
 		panic(fmt.Sprintf("budget of %s: releasing %d bytes with %d reserved", b.owner, n, b.used))
 	}
 	b.used -= n
+}
+
+// inUse is what the budget holds reserved now.
+func (b *budget) inUse() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
 }

@@ -39,6 +39,10 @@ type container struct {
 	// oversubscribe is the tenant's factor when the container registered;
 	// each session keeps at most grant.Memory resident.
 	oversubscribe float64
+	// dedupCharge is the tenant's dedup_charge when the container
+	// registered: the share of a frame its budget is charged for a sealed
+	// weight frame stored once (dedup.go).
+	dedupCharge float64
 
 	mu       sync.Mutex
 	conns    map[net.Conn]struct{}
@@ -151,7 +155,7 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register %s: %w", r.Container, err)
 	}
-	ctr, err := m.openContainer(grant, tenant.Oversubscribe, dir, int(r.Pid))
+	ctr, err := m.openContainer(grant, tenant, dir, int(r.Pid))
 	if err != nil {
 		m.admission.Release(r.Container)
 		return nil, fmt.Errorf("register %s: %w", r.Container, err)
@@ -160,7 +164,9 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	return &api.RegisterReply{Tenant: grant.Tenant, Memory: grant.Memory, Socket: ctr.socket}, nil
 }
 
-func (m *Mediator) openContainer(g isolation.Grant, factor float64, dir string, pid int) (*container, error) {
+// openContainer opens the socket of a container admitted with grant g under
+// tenant t's limits, which it keeps as they are now.
+func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir string, pid int) (*container, error) {
 	if err := os.MkdirAll(m.cfg.ContainerDir, 0o755); err != nil {
 		return nil, fmt.Errorf("container directory: %v: %w", err, api.ErrInternal)
 	}
@@ -178,8 +184,9 @@ func (m *Mediator) openContainer(g isolation.Grant, factor float64, dir string, 
 		return nil, fmt.Errorf("container socket: %v: %w", err, api.ErrInternal)
 	}
 	ctr := &container{
-		grant: g, pid: pid, socket: sock, listener: l, conns: map[net.Conn]struct{}{}, oversubscribe: factor,
-		budget: &budget{owner: fmt.Sprintf("container %s of tenant %q", g.Container, g.Tenant), limit: virtual(g.Memory, factor)},
+		grant: g, pid: pid, socket: sock, listener: l, conns: map[net.Conn]struct{}{},
+		oversubscribe: t.Oversubscribe, dedupCharge: t.DedupCharge,
+		budget: &budget{owner: fmt.Sprintf("container %s of tenant %q", g.Container, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe)},
 	}
 	m.mu.Lock()
 	if m.closed {
@@ -321,20 +328,26 @@ func peerCred(nc net.Conn) (*unix.Ucred, error) {
 // memory their sessions hold.
 func (m *Mediator) tenantsJSON() ([]byte, error) {
 	infos := m.admission.Tenants()
-	held := map[string]uint64{}
+	held, charged := map[string]uint64{}, map[string]uint64{}
 	m.mu.Lock()
 	for _, s := range m.sessions {
 		held[s.tenant] += s.space.Stats().Allocated
+		if s.ctr == nil { // the session's own budget
+			charged[s.tenant] += s.budget.inUse()
+		}
+	}
+	for _, c := range m.containers {
+		charged[c.grant.Tenant] += c.budget.inUse()
 	}
 	m.mu.Unlock()
 	seen := map[string]bool{}
 	for i := range infos {
-		infos[i].Allocated = held[infos[i].Name]
+		infos[i].Allocated, infos[i].Charged = held[infos[i].Name], charged[infos[i].Name]
 		seen[infos[i].Name] = true
 	}
 	for name, n := range held { // host-socket tenants outside the quota file
 		if !seen[name] {
-			infos = append(infos, api.TenantInfo{Name: name, Allocated: n})
+			infos = append(infos, api.TenantInfo{Name: name, Allocated: n, Charged: charged[name]})
 		}
 	}
 	sort.Slice(infos, func(i, j int) bool { return infos[i].Name < infos[j].Name })

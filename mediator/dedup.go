@@ -20,6 +20,20 @@ import (
 // pieces it already holds from its own memory; only the others cross the
 // network. A tenant learns only that contents it already has exist on the
 // node.
+//
+// Charging for weights stored once. Where the node aliases such a piece to
+// a sealed frame on the same device, it stores the contents once; the
+// node's reply to the seal says which of the sealed frames are so stored
+// with a frame another tenant holds (accelerator/content.go). A container's
+// budget is then credited (1 − dedup_charge) of a frame, rounded down to
+// whole bytes, for each of them (frameCredit), and the session records the
+// credit on the allocation: freeing it, or the session's end, releases its
+// footprint less the credit, so the budget never drifts (budget.go). Malloc
+// charges the footprint in full; credit comes only with the seal, decided
+// once, as sealed frames never change. A frame that stops being an alias
+// later (its source is freed, and the node copies the bytes into it) keeps
+// its credit: that is the trade-off the operator chooses with
+// dedup_charge < 1. Host-socket sessions are always charged in full.
 
 // seal seals an allocation once the work queued before is done.
 func (s *session) seal(body []byte) error {
@@ -30,6 +44,7 @@ func (s *session) seal(body []byte) error {
 	s.drainAll()
 	s.issueMu.Lock()
 	defer s.issueMu.Unlock()
+	_, sealed, _ := s.space.Hint(m.Addr)
 	if err := s.space.Seal(m.Addr); err != nil {
 		return fmt.Errorf("seal %#x: %w", m.Addr, err)
 	}
@@ -53,10 +68,41 @@ func (s *session) seal(body []byte) error {
 		return nil
 	}
 	v := s.vdevs[dev]
-	if _, err := v.rpc.Call(api.OpNodeSeal, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames})); err != nil {
+	answer, err := v.rpc.Call(api.OpNodeSeal, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames}))
+	if err != nil {
 		return fmt.Errorf("seal %#x on node %s: %w", m.Addr, s.m.nodes[v.dev.node].addr, err)
 	}
+	var reply api.NodeSealReply
+	if len(answer) > 0 { // empty: a node that does not say, so nothing is credited
+		if err := api.Decode(answer, &reply); err != nil || len(reply.StoredOnce) != len(frames) {
+			return fmt.Errorf("seal %#x: node %s's answer for %d frames (%d answers): %v: %w",
+				m.Addr, s.m.nodes[v.dev.node].addr, len(frames), len(reply.StoredOnce), err, api.ErrProtocol)
+		}
+	}
+	if sealed || s.frameCredit == 0 {
+		return nil // credited at its first seal, or never
+	}
+	var credit uint64
+	for _, once := range reply.StoredOnce {
+		if once {
+			credit += s.frameCredit
+		}
+	}
+	if credit > 0 {
+		s.credits[m.Addr] = credit
+		s.budget.release(credit)
+	}
 	return nil
+}
+
+// frameCredit is what a budget is credited for one frame stored once when
+// its tenant is charged charge (dedup_charge, in [0, 1]) of it: the rest of
+// the frame, rounded down to whole bytes.
+func frameCredit(charge float64) uint64 {
+	if !(charge >= 0 && charge < 1) {
+		return 0
+	}
+	return uint64((1 - charge) * memory.FrameSize)
 }
 
 func alignUp(va uint64) uint64 { return (va + memory.FrameSize - 1) &^ (memory.FrameSize - 1) }

@@ -47,11 +47,19 @@ type session struct {
 	ctr    *container // the container whose socket the session came through; nil on the host socket
 	budget *budget    // the container's, shared by its sessions, or the session's own
 	evicts bool       // the space oversubscribes and may evict
+	// frameCredit is what the budget credits for each frame of a sealed
+	// weight that its node stores once (dedup.go): (1 − dedup_charge) of a
+	// frame for a container's session, 0 on the host socket.
+	frameCredit uint64
 
 	// issueMu serialises what changes where the session's memory lives —
 	// translation (which may fault in and evict), allocation and free —
 	// with issuing the node calls that use the translation.
 	issueMu sync.Mutex
+	// credits are the budget credits of sealed weights, by allocation
+	// address; guarded by issueMu. Freeing an allocation releases its
+	// footprint less its credit.
+	credits map[uint64]uint64
 
 	mu         sync.Mutex
 	streams    map[uint32]*stream
@@ -266,7 +274,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 		m: m, id: m.nextSession.Add(1), tenant: tenant, c: c,
 		streams: map[uint32]*stream{}, nextStream: 1,
 		regions: map[uint32]*hostRegion{}, graphs: map[uint32][]command{}, withStream: map[uint32][]uint64{},
-		extra: map[int]*api.RPC{},
+		extra: map[int]*api.RPC{}, credits: map[uint64]uint64{},
 	}
 	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
 	rpcs := map[int]*api.RPC{}
@@ -290,6 +298,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	s.budget = &budget{owner: fmt.Sprintf("session %d of tenant %q", s.id, s.tenant), limit: virtual(resident, factor)}
 	if ctr != nil {
 		s.ctr, s.budget, resident, factor = ctr, ctr.budget, ctr.grant.Memory, ctr.oversubscribe
+		s.frameCredit = frameCredit(ctr.dedupCharge)
 	}
 	if factor > 1 {
 		s.space.Oversubscribe(m.store, resident)
@@ -427,7 +436,14 @@ func (s *session) teardown() {
 		st.stop()
 	}
 	s.unmapAll()
-	s.budget.release(s.space.Stats().Allocated)
+	s.issueMu.Lock()
+	var credited uint64
+	for _, c := range s.credits {
+		credited += c
+	}
+	clear(s.credits)
+	s.issueMu.Unlock()
+	s.budget.release(s.space.Stats().Allocated - credited)
 	if err := s.space.Close(); err != nil {
 		s.log.WithError(err).Info("returning frames failed; the nodes free them when the connection closes")
 	}
@@ -512,14 +528,21 @@ func (s *session) zero(va, n uint64) error {
 	return err
 }
 
-// free releases what the space stops accounting for. Only this session's
-// reader allocates and frees in its space, so the difference is exact.
+// free releases what the space stops accounting for, less the credit its
+// seal earned. Only this session's reader allocates and frees in its
+// space, so the difference is exact: the allocation's footprint, or 0 where
+// nothing was freed.
 func (s *session) free(va uint64) error {
 	s.issueMu.Lock()
 	defer s.issueMu.Unlock()
 	before := s.space.Stats().Allocated
 	err := s.space.Free(va)
-	s.budget.release(before - s.space.Stats().Allocated)
+	freed := before - s.space.Stats().Allocated
+	if freed > 0 {
+		freed -= s.credits[va]
+		delete(s.credits, va)
+	}
+	s.budget.release(freed)
 	return err
 }
 

@@ -154,14 +154,14 @@ func tenants(socket string, args []string) error {
 		return api.FormatSize(n)
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "TENANT\tMEMORY CAP\tCOMPUTE\tBANDWIDTH/s\tCONTAINERS\tRESERVED\tALLOCATED")
+	fmt.Fprintln(w, "TENANT\tMEMORY CAP\tCOMPUTE\tBANDWIDTH/s\tCONTAINERS\tRESERVED\tALLOCATED\tCHARGED")
 	for _, t := range ts {
 		maxc := "-"
 		if t.MaxContainers > 0 {
 			maxc = fmt.Sprint(t.MaxContainers)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d/%s\t%s\t%s\n", t.Name, limit(t.Memory), t.Compute, limit(t.Bandwidth),
-			t.Containers, maxc, api.FormatSize(t.Reserved), api.FormatSize(t.Allocated))
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d/%s\t%s\t%s\t%s\n", t.Name, limit(t.Memory), t.Compute, limit(t.Bandwidth),
+			t.Containers, maxc, api.FormatSize(t.Reserved), api.FormatSize(t.Allocated), api.FormatSize(t.Charged))
 	}
 	return w.Flush()
 }
