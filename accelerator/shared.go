@@ -51,6 +51,11 @@ const (
 	// without the node's word, and so the longest a write waits for a
 	// reader that does not answer.
 	ReadLease = 200 * time.Millisecond
+	// MaxPins bounds the pins one connection holds on one versioned object,
+	// so a mediator that never unpins cannot grow the directory without
+	// end. A mediator's session pins once per import of the object, and
+	// once more while it moves one to a newer version.
+	MaxPins = 1024
 )
 
 // epoch is the origin of the node's clock for leases.
@@ -90,6 +95,10 @@ func (t *objectTable) status() api.CoherenceStatus {
 	for _, o := range t.byID {
 		o.mu.Lock()
 		add(&st, o.home.Stats())
+		st.Versions += len(o.versions)
+		for _, b := range o.versions {
+			st.VersionBytes += uint64(len(b))
+		}
 		o.mu.Unlock()
 	}
 	return st
@@ -115,10 +124,9 @@ type object struct {
 	revoking  []*revocation // revocations pushed, waiting for acknowledgements
 	gone      bool
 	// Versioned objects: the published versions' bytes that are live (the
-	// published one and every pinned one), and each connection's pin. The
-	// frames hold the draft, where writes land.
+	// published one and every pinned one; home counts the pins). The frames
+	// hold the draft, where writes land.
 	versions map[uint64][]byte
-	pins     map[coherence.CacheID]uint64
 }
 
 // revocation is one push of a revocation to importers (tell): those of
@@ -184,7 +192,7 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	}
 	o := &object{exporter: c, dev: d, xs: m.Extents, size: size, grants: map[string]bool{}, home: home,
 		readers: map[coherence.CacheID]*conn{}, importers: map[coherence.CacheID]*conn{}, data: map[coherence.WriteID]*objWrite{},
-		versions: map[uint64][]byte{}, pins: map[coherence.CacheID]uint64{}}
+		versions: map[uint64][]byte{}}
 	if m.Mode == api.ModeVersioned {
 		// Version 1 is what the buffer holds now.
 		snap, err := o.snapshot()
@@ -230,10 +238,9 @@ func framesOf(xs []api.Extent) []uint64 {
 	return out
 }
 
-// object returns the object id names if c may use it (to write, if
-// write), with its lock held.
-func (c *conn) object(id uint64, write bool) (*object, error) {
-	t := c.node.objects
+// lookup returns the live object id names, with its lock held, whoever
+// asks.
+func (t *objectTable) lookup(id uint64) (*object, error) {
 	t.mu.Lock()
 	o := t.byID[id]
 	t.mu.Unlock()
@@ -241,12 +248,22 @@ func (c *conn) object(id uint64, write bool) (*object, error) {
 		return nil, fmt.Errorf("shared object %d does not exist (or its exporter freed it): %w", id, api.ErrInvalidArgument)
 	}
 	o.mu.Lock()
+	if o.gone {
+		o.mu.Unlock()
+		return nil, fmt.Errorf("shared object %d: its exporter freed it: %w", id, api.ErrInvalidArgument)
+	}
+	return o, nil
+}
+
+// object returns the object id names if c may use it (to write, if
+// write), with its lock held.
+func (c *conn) object(id uint64, write bool) (*object, error) {
+	o, err := c.node.objects.lookup(id)
+	if err != nil {
+		return nil, err
+	}
 	w, granted := o.grants[c.tenant]
 	switch {
-	case o.gone:
-		err := fmt.Errorf("shared object %d: its exporter freed it: %w", id, api.ErrInvalidArgument)
-		o.mu.Unlock()
-		return nil, err
 	case o.exporter == c:
 	case !granted:
 		o.mu.Unlock()
@@ -547,27 +564,35 @@ func (c *conn) publish(m *api.NodeObject) (uint64, error) {
 	return v, nil
 }
 
-// pin makes c a reader of the published version, instead of the one it
-// pinned before.
+// pin adds a pin of the published version by c and returns the version.
+// c's other pins stay: each of its mediator's imports holds its own, and
+// moves it by pinning anew before unpinning the old one.
 func (c *conn) pin(m *api.NodeObject) (uint64, error) {
 	o, err := c.object(m.Object, false)
 	if err != nil {
 		return 0, err
 	}
 	defer o.mu.Unlock()
-	id := cacheID(c)
-	if old, ok := o.pins[id]; ok {
-		if err := o.home.Unpin(id, old); err != nil {
-			return 0, err
-		}
+	if n := o.home.Pins(cacheID(c)); n >= MaxPins {
+		return 0, fmt.Errorf("shared object %d: this connection holds %d pins of it, the limit: %w", o.id, n, api.ErrInvalidArgument)
 	}
-	v, err := o.home.Pin(id)
+	return o.home.Pin(cacheID(c))
+}
+
+// unpin undoes one pin of a version by c, and frees the version if
+// nobody else needs it. It needs no grant: an importer whose grant was
+// revoked still lets go of what it holds.
+func (c *conn) unpin(m *api.NodeVersion) error {
+	o, err := c.node.objects.lookup(m.Object)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	o.pins[id] = v
+	defer o.mu.Unlock()
+	if err := o.home.Unpin(cacheID(c), m.Version); err != nil {
+		return fmt.Errorf("shared object %d: %w", o.id, err)
+	}
 	o.prune()
-	return v, nil
+	return nil
 }
 
 // invalAck takes a reader's acknowledgement.
@@ -612,7 +637,6 @@ func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
 		if forget {
 			delete(o.readers, cacheID(c))
 			delete(o.importers, cacheID(c))
-			delete(o.pins, cacheID(c))
 			o.home.Forget(cacheID(c))
 			o.prune()
 		}
@@ -708,6 +732,15 @@ func (c *conn) objectOp(r request) (ok bool, err error) {
 			return true, err
 		}
 		return true, c.c.Reply(r.h, api.Encode(&api.BufVersion{Version: v}))
+	case api.OpNodeUnpin:
+		var m api.NodeVersion
+		if err := api.Decode(r.body, &m); err != nil {
+			return true, fmt.Errorf("%v: %w", r.h.Op, err)
+		}
+		if err := c.unpin(&m); err != nil {
+			return true, err
+		}
+		return true, c.c.Reply(r.h)
 	case api.OpNodeUnexport:
 		var m api.NodeObject
 		if err := api.Decode(r.body, &m); err != nil {

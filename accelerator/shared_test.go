@@ -1,6 +1,7 @@
 package accelerator
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -140,5 +141,90 @@ func TestNodeLateRevocationAckDoesNotEndTheNext(t *testing.T) {
 	b.ack(freed)
 	if err := end.Wait(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A connection's pins of a versioned object are counted: two pins of one
+// version need two unpins before the connection may no longer read it and
+// the node frees it; pins are bounded per connection; a revoked importer
+// may still unpin; a connection's end drops the pins it holds.
+func TestNodeVersionPinsAreCounted(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alpha")
+	id := exportFrame(t, a, api.ModeVersioned, api.Grant{Tenant: "beta"})
+	b := tn.importAs(t, "beta", id)
+	pin := func(c *client) uint64 {
+		t.Helper()
+		body, err := c.call(api.OpNodePin, &api.NodeObject{Object: id})
+		var v api.BufVersion
+		if err == nil {
+			err = api.Decode(body, &v)
+		}
+		if err != nil {
+			t.Fatalf("pin: %v", err)
+		}
+		return v.Version
+	}
+	unpin := func(c *client, v uint64) error {
+		_, err := c.call(api.OpNodeUnpin, &api.NodeVersion{Object: id, Version: v})
+		return err
+	}
+	read := func(c *client, v uint64) error {
+		_, err := c.call(api.OpNodeObjRead, &api.NodeObjAccess{Object: id, Version: v, Len: 16})
+		return err
+	}
+	versions := func() int { return a.status().Coherence.Versions }
+
+	if v1, v2 := pin(b.client), pin(b.client); v1 != 1 || v2 != 1 {
+		t.Fatalf("pins of version %d and %d, want 1 and 1", v1, v2)
+	}
+	if _, err := a.call(api.OpNodePublish, &api.NodeObject{Object: id}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unpin(b.client, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := read(b.client, 1); err != nil {
+		t.Fatalf("read of version 1, pinned twice and unpinned once: %v", err)
+	}
+	if got := versions(); got != 2 {
+		t.Fatalf("the node keeps %d versions, want 2", got)
+	}
+	if err := unpin(b.client, 1); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, read(b.client, 1), api.ErrInvalidArgument, "version 1", "has not pinned it")
+	wantErr(t, unpin(b.client, 1), api.ErrInvalidArgument, "version 1", fmt.Sprint(id))
+	if got := versions(); got != 1 {
+		t.Fatalf("the node keeps %d versions once nobody pins version 1, want 1", got)
+	}
+
+	for range MaxPins {
+		pin(b.client)
+	}
+	_, err := b.call(api.OpNodePin, &api.NodeObject{Object: id})
+	wantErr(t, err, api.ErrInvalidArgument, fmt.Sprint(MaxPins), "the limit")
+	if _, err := a.call(api.OpNodePublish, &api.NodeObject{Object: id}); err != nil {
+		t.Fatal(err)
+	}
+	if got := versions(); got != 2 {
+		t.Fatalf("the node keeps %d versions, want 2 (the published one and beta's)", got)
+	}
+	// An importer whose grant was revoked still lets go of its pins.
+	revoke := a.rpc.Go(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: id, Tenant: "beta"}))
+	b.ack(b.next())
+	if err := revoke.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unpin(b.client, 2); err != nil {
+		t.Fatalf("unpin after the grant was revoked: %v", err)
+	}
+	b.rpc.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for versions() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the node keeps %d versions after the pinning connection ended, want 1", versions())
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

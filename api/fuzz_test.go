@@ -65,6 +65,7 @@ func samples() []Message {
 		&NodeObjAccess{Object: 9, Version: 2, Off: 64, Len: 8, Payload: []byte("data")},
 		&NodeGrant{Version: 3, LeaseNs: 1e8, Sealed: true},
 		&BufVersion{Version: 2},
+		&NodeVersion{Object: 9, Version: 2},
 		&At{Addr: 1 << 47},
 		&NodeInval{Object: 9, Page: 3, Version: 4},
 	}

@@ -83,7 +83,8 @@ const (
 	OpNodeRevokedAck                // NodeRevoke
 	OpNodeUnexport                  // NodeObject: its exporter ends it (frees the buffer)
 	OpNodePublish                   // NodeObject → BufVersion
-	OpNodePin                       // NodeObject → BufVersion; unpins what the connection pinned before
+	OpNodePin                       // NodeObject → BufVersion: one more pin of the published version by the connection
+	OpNodeUnpin                     // NodeVersion: undoes one pin of that version by the connection
 )
 
 var opNames = map[Op]string{
@@ -100,7 +101,7 @@ var opNames = map[Op]string{
 	OpGraphDestroy: "graph-destroy", OpSessionStats: "session-stats",
 	OpNodeBatch: "node-batch", OpNodeSeal: "node-seal", OpNodeDedup: "node-dedup",
 	OpExport: "export", OpImport: "import", OpRevoke: "revoke", OpPublish: "publish", OpPin: "pin",
-	OpNodePublish: "node-publish", OpNodePin: "node-pin",
+	OpNodePublish: "node-publish", OpNodePin: "node-pin", OpNodeUnpin: "node-unpin",
 	OpNodeExport: "node-export", OpNodeImport: "node-import", OpNodeRevoke: "node-revoke",
 	OpNodeObjRead: "node-obj-read", OpNodeObjWrite: "node-obj-write", OpNodeInval: "node-inval", OpNodeInvalAck: "node-inval-ack",
 	OpNodeRevoked: "node-revoked", OpNodeRevokedAck: "node-revoked-ack", OpNodeUnexport: "node-unexport",
@@ -137,7 +138,7 @@ func Decode(b []byte, m Message) error {
 const Magic = 0x55504756 // "VGPU"
 
 // Version is the protocol version this build speaks. Peers must match.
-const Version = 3
+const Version = 4
 
 // Role says who is connecting.
 type Role uint8

@@ -248,6 +248,9 @@ var messages = map[string]msgCase{
 	"BufVersion": {new: func() Message { return new(BufVersion) }, gen: gen(func(t *rapid.T) *BufVersion {
 		return &BufVersion{Version: genU64.Draw(t, "version")}
 	})},
+	"NodeVersion": {new: func() Message { return new(NodeVersion) }, gen: gen(func(t *rapid.T) *NodeVersion {
+		return &NodeVersion{Object: genU64.Draw(t, "object"), Version: genU64.Draw(t, "version")}
+	})},
 	"At": {new: func() Message { return new(At) }, gen: gen(func(t *rapid.T) *At {
 		return &At{Addr: genU64.Draw(t, "addr")}
 	})},

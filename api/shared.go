@@ -218,6 +218,16 @@ type BufVersion struct{ Version uint64 }
 func (m *BufVersion) Marshal(e *Encoder)   { e.U64(m.Version) }
 func (m *BufVersion) Unmarshal(d *Decoder) { m.Version = d.U64() }
 
+// NodeVersion names a version of a versioned object: what OpNodeUnpin
+// releases.
+type NodeVersion struct {
+	Object  uint64
+	Version uint64
+}
+
+func (m *NodeVersion) Marshal(e *Encoder)   { e.U64(m.Object); e.U64(m.Version) }
+func (m *NodeVersion) Unmarshal(d *Decoder) { m.Object = d.U64(); m.Version = d.U64() }
+
 // At names a shared buffer by an address of the session's (publish, pin).
 type At struct{ Addr uint64 }
 

@@ -28,7 +28,8 @@ type NodeStatus struct {
 }
 
 // CoherenceStatus is what a node's shared objects have cost since it
-// started: requests served and invalidation messages, over all objects.
+// started: requests served and invalidation messages, over all objects;
+// and what they hold now.
 type CoherenceStatus struct {
 	Objects   int    `json:"objects"`
 	Reads     uint64 `json:"reads"`
@@ -36,6 +37,11 @@ type CoherenceStatus struct {
 	Invals    uint64 `json:"invals"`
 	InvalAcks uint64 `json:"inval_acks"`
 	Expired   uint64 `json:"expired"` // invalidations a write stopped waiting for: the lease ran out
+	// Versions are the published versions of versioned objects the node
+	// keeps now in host memory (each object's latest and every pinned one),
+	// and VersionBytes their size.
+	Versions     int    `json:"versions"`
+	VersionBytes uint64 `json:"version_bytes"`
 }
 
 // DeviceStatus is one physical device of a node.

@@ -46,9 +46,10 @@ func (c *Client) Revoke(p Ptr, tenant string) error {
 // the version. Readers see it once they Pin.
 func (c *Client) Publish(p Ptr) (uint64, error) { return c.version(api.OpPublish, p) }
 
-// Pin makes the session read the latest published version of a versioned
-// buffer from now on, and returns it; until it pins again, what it reads
-// does not change, whatever writers do.
+// Pin makes reads through p (an import of a versioned buffer, or the
+// buffer exported) read the latest published version from now on, and
+// returns it; until p is pinned again, what it reads does not change,
+// whatever writers do. Other imports of the buffer keep their versions.
 func (c *Client) Pin(p Ptr) (uint64, error) { return c.version(api.OpPin, p) }
 
 func (c *Client) version(op api.Op, p Ptr) (uint64, error) {

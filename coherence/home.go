@@ -324,6 +324,17 @@ func (h *Home) Pin(c CacheID) (uint64, error) {
 	return h.current, nil
 }
 
+// Pins is how many pins cache c holds, each Pin counted until undone.
+func (h *Home) Pins(c CacheID) int {
+	n := 0
+	for k, count := range h.pins {
+		if k.cache == c {
+			n += count
+		}
+	}
+	return n
+}
+
 // Unpin undoes one Pin of version by cache c.
 func (h *Home) Unpin(c CacheID, version uint64) error {
 	k := pin{c, version}

@@ -387,6 +387,9 @@ func TestVersioned(t *testing.T) {
 	if _, err := h.Pin(3); err != nil {
 		t.Fatal(err)
 	}
+	if n := h.Pins(3); n != 2 {
+		t.Errorf("Pins(3) = %d after two pins, want 2", n)
+	}
 	if err := h.Unpin(1, v1); err != nil {
 		t.Fatal(err)
 	}

@@ -767,7 +767,10 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 			return false, err
 		}
 		s.drainAll() // like cudaFree: work already queued may still use the buffer
-		if ok, _ := s.unshare(m.Addr, true); ok {
+		if ok, err := s.unshare(m.Addr, true); ok {
+			if err != nil {
+				s.log.WithError(err).Info("unpinning a freed import failed; the node forgets the pin when the connection ends")
+			}
 			return false, s.c.Reply(h) // an import: the exporter's memory stays
 		}
 		if _, err := s.unshare(m.Addr, false); err != nil {

@@ -101,11 +101,15 @@ type sharedRange struct {
 	pageSize   uint64
 	imported   bool
 	ended      atomic.Pointer[error] // why the node no longer serves it to this session
-	version    atomic.Uint64         // versioned: the version this session reads
+	// version is what a versioned range reads: the version it holds a pin
+	// of at the node (0 before its first pin). Each range holds its own,
+	// though ranges of the session share the node connection.
+	version atomic.Uint64
 }
 
 // pin makes a versioned range read the latest published version; other
-// modes have nothing to pin.
+// modes have nothing to pin. The new version is pinned before the old one
+// is unpinned, so the range's reads always have a pinned version.
 func (r *sharedRange) pin() error {
 	if r.mode != api.ModeVersioned {
 		return nil
@@ -118,7 +122,23 @@ func (r *sharedRange) pin() error {
 	if err != nil {
 		return fmt.Errorf("pin shared object %d: %w", r.object, err)
 	}
-	r.version.Store(v.Version)
+	old := r.version.Swap(v.Version)
+	return r.unpinVersion(old)
+}
+
+// unpin releases the range's pin, if it holds one. A session's ending
+// needs no unpin: the node forgets a connection's pins when it ends.
+func (r *sharedRange) unpin() error {
+	return r.unpinVersion(r.version.Swap(0))
+}
+
+func (r *sharedRange) unpinVersion(v uint64) error {
+	if v == 0 {
+		return nil
+	}
+	if _, err := r.rpc.Call(api.OpNodeUnpin, nil, api.Encode(&api.NodeVersion{Object: r.object, Version: v})); err != nil {
+		return fmt.Errorf("unpin version %d of shared object %d: %w", v, r.object, err)
+	}
 	return nil
 }
 
@@ -180,6 +200,9 @@ func (m *Mediator) revoked(rpc *api.RPC, rv api.NodeRevoke) {
 		for _, r := range s.shared {
 			if r.rpc == rpc && r.object == rv.Object && r.imported {
 				r.ended.Store(&err)
+				if rv.Tenant == "" {
+					r.version.Store(0) // the object's pins ended with it: nothing to unpin
+				}
 			}
 		}
 		s.mu.Unlock()
@@ -315,6 +338,11 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 	if idx < 0 {
 		return nil, fmt.Errorf("import of object %d: node %q is not one of this mediator's: %w", m.Object, m.Node, api.ErrInvalidArgument)
 	}
+	// Checked before the node holds a pin for the import: only this
+	// goroutine (the session's reader) adds shared buffers.
+	if s.sharedCount() >= MaxShared {
+		return nil, fmt.Errorf("session has %d shared buffers, the limit: %w", MaxShared, api.ErrInvalidArgument)
+	}
 	rpc, err := s.nodeRPC(idx)
 	if err != nil {
 		return nil, err
@@ -347,9 +375,6 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.shared) >= MaxShared {
-		return nil, fmt.Errorf("session has %d shared buffers, the limit: %w", len(s.shared), api.ErrInvalidArgument)
-	}
 	r.base = s.nextImport
 	if r.base == 0 {
 		r.base = importBase
@@ -432,7 +457,9 @@ func (s *session) unshare(va uint64, importsOnly bool) (bool, error) {
 		return false, nil
 	}
 	if r.imported {
-		return true, nil // other sessions here may still read the copies
+		// Other sessions here may still read the copies; the node may free
+		// the version once no import pins it.
+		return true, r.unpin()
 	}
 	return true, s.unexport(r)
 }

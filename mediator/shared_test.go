@@ -346,3 +346,74 @@ func TestSharedExportFailingPinEndsTheObject(t *testing.T) {
 		t.Fatalf("the exporter reads its versioned buffer: %v", err)
 	}
 }
+
+// Each import of a versioned buffer holds a pin of its own, though a
+// session's imports share its node connection: moving one to a newer
+// version leaves the other reading the old one, from the node too, and
+// the node drops a version once no import (nor the exporter) pins it.
+func TestSharedVersionedImportsPinTheirOwnVersions(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	a := sys.dial(t, "alpha", 1)
+	const n = 200 << 10 // four pages
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := randomBytes(8, n)
+	if err := write(a, p, v1); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := a.Export(p, api.ModeVersioned, api.Grant{Tenant: "beta"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := sys.dial(t, "beta", 1)
+	var q [2]client.Ptr
+	for i := range q {
+		if q[i], _, err = b.Import(sh); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v2 := randomBytes(9, n)
+	if err := write(a, p, v2); err != nil {
+		t.Fatal(err)
+	}
+	if ver, err := a.Publish(p); err != nil || ver != 2 {
+		t.Fatalf("publish: version %d, %v", ver, err)
+	}
+	if ver, err := b.Pin(q[0]); err != nil || ver != 2 {
+		t.Fatalf("pin of the first import: version %d, %v", ver, err)
+	}
+	// Page 0 of version 1 was never read: it comes from the node.
+	const page = 64 << 10
+	if got, err := read(t, b, q[1], page); err != nil || !bytes.Equal(got, v1[:page]) {
+		t.Fatalf("the second import after the first moved to version 2: %v", err)
+	}
+	if got, err := read(t, b, q[0], n); err != nil || !bytes.Equal(got, v2) {
+		t.Fatalf("the first import after pinning version 2: %v", err)
+	}
+	versions := func() int { return sys.nodes[0].Status().Coherence.Versions }
+	if got := versions(); got != 2 {
+		t.Fatalf("the node keeps %d versions, want 2", got)
+	}
+	if err := b.Free(q[0]); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := read(t, b, q[1], n); err != nil || !bytes.Equal(got, v1) {
+		t.Fatalf("the second import after the first was freed: %v", err)
+	}
+	// Once the exporter moves on too, only the second import keeps
+	// version 1, until it is freed.
+	if ver, err := a.Pin(p); err != nil || ver != 2 {
+		t.Fatalf("the exporter's pin: version %d, %v", ver, err)
+	}
+	if got := versions(); got != 2 {
+		t.Fatalf("the node keeps %d versions while an import pins version 1, want 2", got)
+	}
+	if err := b.Free(q[1]); err != nil {
+		t.Fatal(err)
+	}
+	if st := sys.nodes[0].Status().Coherence; st.Versions != 1 || st.VersionBytes != n {
+		t.Fatalf("the node keeps %d versions (%d bytes) once nobody pins version 1, want 1 (%d bytes)", st.Versions, st.VersionBytes, n)
+	}
+}
