@@ -60,8 +60,12 @@ package accelerator
 // ends. On the sim backend slices burn host CPU that a real device would
 // not: at the lowest priority they never keep the node's network path
 // (reading a victim's request, writing its reply) waiting for a core, so a
-// tenant flooding long kernels cannot lengthen another's tail latency
-// through the host's CPU scheduler.
+// tenant flooding long kernels does not hold up another's requests through
+// the host's CPU scheduler. Only the runner's own thread is
+// lowered: a slice's other workers (sliceWorkers, on hosts of more than two
+// cores) run on ordinary threads, where sliceWorkers already leaves a core
+// to the network path. The runner holds scheduler.mu only briefly, but a
+// host saturated by other work can leave it waiting for a core with it.
 //
 // Lock order: scheduler.mu is a leaf; slices run without it.
 

@@ -234,8 +234,7 @@ func (m *NodeDedupReply) Unmarshal(d *Decoder) {
 // whether the node stores it once, that is, whether it maps the memory of
 // an identical sealed frame that a connection of another tenant holds
 // (an alias made by a NodeDedup). Decided when the frame is sealed; sealed
-// frames never change. An empty reply body (a node that predates the
-// reply) says none is.
+// frames never change.
 type NodeSealReply struct{ StoredOnce []bool }
 
 func (m *NodeSealReply) Marshal(e *Encoder) {

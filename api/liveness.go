@@ -51,10 +51,18 @@ const DefaultPeerTimeout = 10 * time.Second
 // its one-second idle time before its probe is answered.
 const MinPeerTimeout = 2 * time.Second
 
+// MaxPeerTimeout is the greatest bound: keepalive's idle time (half the
+// bound) must stay within the kernel's limit of 32767 s, and a peer silent
+// for an hour is gone by any measure.
+const MaxPeerTimeout = time.Hour
+
 // CheckPeerTimeout says why d cannot bound a peer's silence, or nil.
 func CheckPeerTimeout(d time.Duration) error {
-	if d < MinPeerTimeout {
+	switch {
+	case d < MinPeerTimeout:
 		return fmt.Errorf("peer timeout %v is under the minimum %v (keepalive probes go in whole seconds): %w", d, MinPeerTimeout, ErrInvalidArgument)
+	case d > MaxPeerTimeout:
+		return fmt.Errorf("peer timeout %v is over the maximum %v: %w", d, MaxPeerTimeout, ErrInvalidArgument)
 	}
 	return nil
 }
@@ -102,7 +110,7 @@ func WatchPeer(tc *net.TCPConn, peer string, bound time.Duration) (net.Conn, err
 	if err := tc.SetKeepAliveConfig(peerKeepAlive(bound)); err != nil {
 		return nil, fmt.Errorf("%s: keepalive: %w", peer, err)
 	}
-	w := &watchedConn{TCPConn: tc, peer: peer, bound: bound, done: make(chan struct{})}
+	w := &watchedConn{Conn: tc, tc: tc, peer: peer, bound: bound, done: make(chan struct{})}
 	raw, err := tc.SyscallConn()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", peer, err)
@@ -118,14 +126,15 @@ func WatchPeer(tc *net.TCPConn, peer string, bound time.Duration) (net.Conn, err
 }
 
 // watchedConn is a TCP connection whose peer's silence is bounded
-// (WatchPeer). Its methods other than Read, Write and Close are the
-// TCPConn's, SyscallConn included, so callers that look at the socket
-// (Conn.Arrived) still can.
+// (WatchPeer). Only net.Conn's methods are promoted, so no other way of
+// reading or writing (ReadFrom, WriteTo) bypasses explain; SyscallConn is
+// kept for callers that look at the socket (Conn.Arrived).
 type watchedConn struct {
-	*net.TCPConn
-	peer   string
-	bound  time.Duration
-	capped bool // probes are spaced at most peerRTOMax(bound) apart
+	net.Conn // tc
+	tc       *net.TCPConn
+	peer     string
+	bound    time.Duration
+	capped   bool // probes are spaced at most peerRTOMax(bound) apart
 
 	lost      atomic.Pointer[error] // why the watchdog closed the connection
 	done      chan struct{}         // closed by Close
@@ -133,7 +142,7 @@ type watchedConn struct {
 }
 
 func (w *watchedConn) Read(p []byte) (int, error) {
-	n, err := w.TCPConn.Read(p)
+	n, err := w.tc.Read(p)
 	if err != nil {
 		err = w.explain(err)
 	}
@@ -141,17 +150,20 @@ func (w *watchedConn) Read(p []byte) (int, error) {
 }
 
 func (w *watchedConn) Write(p []byte) (int, error) {
-	n, err := w.TCPConn.Write(p)
+	n, err := w.tc.Write(p)
 	if err != nil {
 		err = w.explain(err)
 	}
 	return n, err
 }
 
+// SyscallConn is the TCP socket's.
+func (w *watchedConn) SyscallConn() (syscall.RawConn, error) { return w.tc.SyscallConn() }
+
 // Close closes the connection and ends its watchdog.
 func (w *watchedConn) Close() error {
 	w.closeOnce.Do(func() { close(w.done) })
-	return w.TCPConn.Close()
+	return w.tc.Close()
 }
 
 // explain replaces the error of a connection that was given up on, by the
@@ -178,7 +190,7 @@ func (w *watchedConn) silent(silence time.Duration, how string) error {
 }
 
 func (w *watchedConn) info() (*unix.TCPInfo, error) {
-	raw, err := w.TCPConn.SyscallConn()
+	raw, err := w.tc.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +222,7 @@ func (w *watchedConn) watch(poll time.Duration) {
 		if silence, ok := gone(info, w.bound, w.capped); ok {
 			err := w.silent(silence, "its host acknowledged nothing sent to it")
 			w.lost.Store(&err)
-			w.TCPConn.Close() // blocked reads and writes return, with err
+			w.tc.Close() // blocked reads and writes return, with err
 			return
 		}
 	}

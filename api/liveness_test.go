@@ -57,10 +57,12 @@ func TestGone(t *testing.T) {
 }
 
 func TestCheckPeerTimeout(t *testing.T) {
-	if err := CheckPeerTimeout(MinPeerTimeout); err != nil {
-		t.Errorf("CheckPeerTimeout(%v) = %v", MinPeerTimeout, err)
+	for _, d := range []time.Duration{MinPeerTimeout, MaxPeerTimeout} {
+		if err := CheckPeerTimeout(d); err != nil {
+			t.Errorf("CheckPeerTimeout(%v) = %v", d, err)
+		}
 	}
-	for _, d := range []time.Duration{0, -time.Second, 1500 * time.Millisecond} {
+	for _, d := range []time.Duration{0, -time.Second, 1500 * time.Millisecond, MaxPeerTimeout + time.Second, 20 * time.Hour} {
 		err := CheckPeerTimeout(d)
 		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), d.String()) {
 			t.Errorf("CheckPeerTimeout(%v) = %v: want ErrInvalidArgument naming %v", d, err, d)

@@ -278,10 +278,6 @@ func (c *Cache) Invalidate(obj uint64, page uint32, version uint64) {
 	c.tidy(o, obj)
 }
 
-// Seal records that obj is sealed (this mediator sealed it), so writes to
-// it are refused locally. Fill learns the same from a reply.
-func (c *Cache) Seal(obj uint64) { c.object(obj).sealed = true }
-
 // Drop forgets obj, whose buffer is gone: its copies, that it is sealed,
 // and its reads and writes in flight, which Fill, AbortRead and
 // FinishWrite then refuse.

@@ -198,8 +198,6 @@ func TestCacheSealAndDrop(t *testing.T) {
 	k := Key{Object: 1}
 	fill(t, c, k, ReadGrant{Lease: Forever, Sealed: true}, "x", 0, 0)
 	wantErr(t, c.StartWrite(1, 5), api.ErrPermissionDenied, "object 1", "page 5")
-	c.Seal(2)
-	wantErr(t, c.StartWrite(2, 0), api.ErrPermissionDenied, "object 2")
 	tk := c.StartRead(Key{Object: 1, Page: 1}, 0)
 	c.Drop(1)
 	c.Drop(9)

@@ -73,11 +73,12 @@ func (s *session) seal(body []byte) error {
 		return fmt.Errorf("seal %#x on node %s: %w", m.Addr, s.m.nodes[v.dev.node].addr, err)
 	}
 	var reply api.NodeSealReply
-	if len(answer) > 0 { // empty: a node that does not say, so nothing is credited
-		if err := api.Decode(answer, &reply); err != nil || len(reply.StoredOnce) != len(frames) {
-			return fmt.Errorf("seal %#x: node %s's answer for %d frames (%d answers): %v: %w",
-				m.Addr, s.m.nodes[v.dev.node].addr, len(frames), len(reply.StoredOnce), err, api.ErrProtocol)
-		}
+	if err := api.Decode(answer, &reply); err != nil {
+		return fmt.Errorf("seal %#x: node %s's answer: %w", m.Addr, s.m.nodes[v.dev.node].addr, err)
+	}
+	if len(reply.StoredOnce) != len(frames) {
+		return fmt.Errorf("seal %#x: node %s answered for %d frames, not %d: %w",
+			m.Addr, s.m.nodes[v.dev.node].addr, len(reply.StoredOnce), len(frames), api.ErrProtocol)
 	}
 	if sealed || s.frameCredit == 0 {
 		return nil // credited at its first seal, or never

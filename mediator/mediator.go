@@ -288,6 +288,7 @@ func (m *Mediator) Close() error {
 	m.mu.Unlock()
 	m.wg.Wait()
 	m.closeNodes()
+	forgetLimiters(m)
 	return m.store.Close()
 }
 

@@ -115,7 +115,8 @@ type limiter struct {
 	m      *Mediator
 	tenant string
 	b      bucket
-	refs   int // under limiters.mu
+	refs   int         // under limiters.mu
+	expiry *time.Timer // under limiters.mu: forgets it once full, while unused
 }
 
 type limiterKey struct {
@@ -125,7 +126,8 @@ type limiterKey struct {
 
 // limiters holds the buckets of tenants with live sessions, per mediator,
 // and of tenants whose last session ended before their bucket refilled: an
-// entry goes once its tenant has no session and its bucket is full.
+// entry goes once its tenant has no session and its bucket is full, or
+// when its mediator closes.
 var limiters = struct {
 	sync.Mutex
 	m map[limiterKey]*limiter
@@ -155,21 +157,39 @@ func (l *limiter) release() {
 }
 
 // forgetWhenFull drops an unused limiter now if its bucket is full, else
-// once it will be. Called with limiters held.
+// once it will be, on its one timer. Called with limiters held.
 func (l *limiter) forgetWhenFull() {
-	d := time.Duration(l.b.fullAt() - monoNow())
-	if d > 0 {
-		time.AfterFunc(d, func() {
-			limiters.Lock()
-			defer limiters.Unlock()
-			if l.refs == 0 {
-				l.forgetWhenFull() // used and charged again meanwhile: later
-			}
-		})
+	if d := time.Duration(l.b.fullAt() - monoNow()); d > 0 {
+		if l.expiry == nil {
+			l.expiry = time.AfterFunc(d, func() {
+				limiters.Lock()
+				defer limiters.Unlock()
+				if l.refs == 0 {
+					l.forgetWhenFull() // used and charged again meanwhile: later
+				}
+			})
+		} else {
+			l.expiry.Reset(d)
+		}
 		return
 	}
 	if k := (limiterKey{l.m, l.tenant}); limiters.m[k] == l {
 		delete(limiters.m, k)
+	}
+}
+
+// forgetLimiters drops the limiters of m, which has closed (so none is in
+// use), and stops their timers.
+func forgetLimiters(m *Mediator) {
+	limiters.Lock()
+	defer limiters.Unlock()
+	for k, l := range limiters.m {
+		if k.m == m {
+			if l.expiry != nil {
+				l.expiry.Stop()
+			}
+			delete(limiters.m, k)
+		}
 	}
 }
 

@@ -133,11 +133,30 @@ func TestLimiterOutlivesSessionsUntilFull(t *testing.T) {
 		t.Error("a full burst passed at once right after the bucket was drained")
 	}
 	again.release()
+	// Released again, it re-arms its one timer.
+	for range 3 {
+		m.limiter("busy").release()
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for known("busy") != nil {
 		if time.Now().After(deadline) {
 			t.Fatal("the limiter of a tenant without sessions is still kept after its bucket refilled")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestLimitersGoWithTheirMediator: a closed mediator's drained buckets are
+// not kept until they refill.
+func TestLimitersGoWithTheirMediator(t *testing.T) {
+	m := &Mediator{}
+	l := m.limiter("t")
+	l.b.reserve(1<<20, 64<<20, monoNow()) // a minute to refill
+	l.release()
+	forgetLimiters(m)
+	limiters.Lock()
+	defer limiters.Unlock()
+	if got := limiters.m[limiterKey{m, "t"}]; got != nil {
+		t.Error("a closed mediator's limiter is still kept")
 	}
 }

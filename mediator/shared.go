@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/coherence"
 )
@@ -109,8 +111,10 @@ type sharedRange struct {
 
 // pin makes a versioned range read the latest published version; other
 // modes have nothing to pin. The new version is pinned before the old one
-// is unpinned, so the range's reads always have a pinned version.
-func (r *sharedRange) pin() error {
+// is unpinned, so the range's reads always have a pinned version. Once the
+// new pin holds, the range reads it: failing to unpin the old one is only
+// logged, and the node forgets that pin when the connection ends.
+func (r *sharedRange) pin(log logrus.FieldLogger) error {
 	if r.mode != api.ModeVersioned {
 		return nil
 	}
@@ -122,8 +126,10 @@ func (r *sharedRange) pin() error {
 	if err != nil {
 		return fmt.Errorf("pin shared object %d: %w", r.object, err)
 	}
-	old := r.version.Swap(v.Version)
-	return r.unpinVersion(old)
+	if err := r.unpinVersion(r.version.Swap(v.Version)); err != nil {
+		log.WithError(err).Info("unpinning the version a shared range read before failed")
+	}
+	return nil
 }
 
 // unpin releases the range's pin, if it holds one. A session's ending
@@ -158,7 +164,7 @@ func (s *session) versionOp(op api.Op, body []byte) (uint64, error) {
 	}
 	s.drainAll()
 	if op == api.OpPin {
-		err := r.pin()
+		err := r.pin(s.log)
 		return r.version.Load(), err
 	}
 	if !r.write {
@@ -300,7 +306,7 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	}
 	r := &sharedRange{base: m.Addr, size: end - m.Addr, node: v.dev.node, rpc: v.rpc,
 		object: obj.Object, mode: m.Mode, write: m.Mode != api.ModeImmutable, pageSize: pageSizeOf(0)}
-	if err := r.pin(); err != nil {
+	if err := r.pin(s.log); err != nil {
 		// Unpinned, the exporter could not read the object, nor write the
 		// buffer but through it, nor export it again: end it.
 		if uerr := s.unexport(r); uerr != nil {
@@ -370,7 +376,7 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 	}
 	r := &sharedRange{size: ir.Size, node: idx, rpc: rpc, object: m.Object,
 		mode: ir.Mode, write: ir.Write, pageSize: pageSizeOf(ir.PageSize), imported: true}
-	if err := r.pin(); err != nil {
+	if err := r.pin(s.log); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
