@@ -292,13 +292,17 @@ func (m *Mediator) Close() error {
 	return m.store.Close()
 }
 
-// Status reports nodes, devices and tenant sessions.
+// Status reports nodes, devices and tenant sessions. Nodes are asked at
+// once, so one that cannot be reached delays the report by statusTimeout at
+// most and the others' parts not at all.
 func (m *Mediator) Status() api.Status {
 	hs := m.store.Stats()
-	st := api.Status{HostRAM: hs.RAM, HostSpilled: hs.Spilled}
-	for _, n := range m.nodes {
-		st.Nodes = append(st.Nodes, n.status())
+	st := api.Status{HostRAM: hs.RAM, HostSpilled: hs.Spilled, Nodes: make([]api.NodeStatus, len(m.nodes))}
+	var wg sync.WaitGroup
+	for i, n := range m.nodes {
+		wg.Go(func() { st.Nodes[i] = n.status() })
 	}
+	wg.Wait()
 	m.mu.Lock()
 	sessions := make([]*session, 0, len(m.sessions))
 	for _, s := range m.sessions {

@@ -42,9 +42,14 @@ type nodeTenant struct {
 // on it, with api.ErrUnavailable naming the node and how long it was silent;
 // a node that is only busy keeps its connection however long it takes.
 func dialNode(addr string, t nodeTenant, tlsCfg *tls.Config, push func(*api.RPC, api.Op, []byte)) (*api.RPC, *api.HelloReply, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), DialTimeout)
+	return dialNodeContext(context.Background(), addr, t, tlsCfg, push)
+}
+
+// dialNodeContext is dialNode, given up as soon as ctx ends.
+func dialNodeContext(ctx context.Context, addr string, t nodeTenant, tlsCfg *tls.Config, push func(*api.RPC, api.Op, []byte)) (*api.RPC, *api.HelloReply, error) {
+	dctx, cancel := context.WithTimeout(ctx, DialTimeout)
 	defer cancel()
-	nc, err := dialWatched(ctx, addr, cmp.Or(t.timeout, DefaultNodeTimeout), tlsCfg)
+	nc, err := dialWatched(dctx, addr, cmp.Or(t.timeout, DefaultNodeTimeout), tlsCfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dial node %s: %v: %w", addr, err, api.ErrUnavailable)
 	}
@@ -54,6 +59,9 @@ func dialNode(addr string, t nodeTenant, tlsCfg *tls.Config, push func(*api.RPC,
 	call := rpc.Go(api.OpHello, nil, api.Encode(&hello))
 	select {
 	case <-call.Done():
+	case <-ctx.Done():
+		rpc.Close()
+		return nil, nil, fmt.Errorf("node %s: hello: %v: %w", addr, ctx.Err(), api.ErrUnavailable)
 	case <-time.After(DialTimeout):
 		rpc.Close()
 		return nil, nil, fmt.Errorf("node %s: no hello reply within %v: %w", addr, DialTimeout, api.ErrUnavailable)
@@ -113,9 +121,24 @@ type node struct {
 	tls     *tls.Config   // nil: plain TCP
 	timeout time.Duration // bound on the node host's silence (Config.NodeTimeout)
 	cache   *pageCache    // copies of pages of its shared objects (shared.go)
+	// ctx ends with close, and with it a redial in flight.
+	ctx    context.Context
+	cancel context.CancelFunc
 
-	mu  sync.Mutex
-	ctl *api.RPC // redialled when it breaks, so status recovers with the node
+	// mu guards ctl and redial; nothing blocks on the network under it, so
+	// the status of a node that cannot be reached waits for no lock.
+	mu     sync.Mutex
+	ctl    *api.RPC // redialled when it breaks, so status recovers with the node
+	redial *redial  // the redial of ctl in flight; nil when none is
+}
+
+// redial is one redial of a node's control connection, shared by the
+// status queries that find ctl broken while it runs. rpc and err are set
+// before done is closed.
+type redial struct {
+	done chan struct{}
+	rpc  *api.RPC
+	err  error
 }
 
 func connectNode(addr string, tlsCfg *tls.Config, timeout time.Duration) (*node, map[string]api.KernelInfo, error) {
@@ -136,35 +159,79 @@ func connectNode(addr string, tlsCfg *tls.Config, timeout time.Duration) (*node,
 	for _, k := range list.Kernels {
 		catalog[k.Name] = k
 	}
-	return &node{addr: addr, devices: hello.Devices, tls: tlsCfg, timeout: timeout, ctl: rpc}, catalog, nil
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &node{addr: addr, devices: hello.Devices, tls: tlsCfg, timeout: timeout, ctx: ctx, cancel: cancel, ctl: rpc}
+	return n, catalog, nil
 }
 
-// control returns the mediator's own connection to the node, dialling a
-// new one if the old one broke.
-func (n *node) control() (*api.RPC, error) {
+// control returns the mediator's own connection to the node. When it has
+// broken, it is redialled by one redial at a time, which callers share:
+// each waits for it until ctx ends.
+func (n *node) control(ctx context.Context) (*api.RPC, error) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	if n.ctx.Err() != nil {
+		n.mu.Unlock()
+		return nil, n.errClosed()
+	}
 	select {
 	case <-n.ctl.Closed():
-		rpc, _, err := dialNode(n.addr, nodeTenant{timeout: n.timeout}, n.tls, nil)
-		if err != nil {
-			return nil, err
-		}
-		n.ctl = rpc
 	default:
+		ctl := n.ctl
+		n.mu.Unlock()
+		return ctl, nil
 	}
-	return n.ctl, nil
+	r := n.redial
+	if r == nil {
+		r = &redial{done: make(chan struct{})}
+		n.redial = r
+		go n.redialControl(r)
+	}
+	n.mu.Unlock()
+	select {
+	case <-r.done:
+		return r.rpc, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("node %s unreachable: reconnecting, not connected within %v: %w", n.addr, statusTimeout, api.ErrUnavailable)
+	}
 }
 
+// redialControl dials a new control connection for r and installs it, or
+// closes it if the mediator closed meanwhile: close would not see it.
+func (n *node) redialControl(r *redial) {
+	rpc, _, err := dialNodeContext(n.ctx, n.addr, nodeTenant{timeout: n.timeout}, n.tls, nil)
+	n.mu.Lock()
+	if err == nil && n.ctx.Err() != nil {
+		rpc.Close()
+		rpc, err = nil, n.errClosed()
+	}
+	if err == nil {
+		n.ctl = rpc
+	}
+	r.rpc, r.err = rpc, err
+	n.redial = nil
+	n.mu.Unlock()
+	close(r.done)
+}
+
+func (n *node) errClosed() error {
+	return fmt.Errorf("node %s: mediator closed: %w", n.addr, api.ErrUnavailable)
+}
+
+// close closes the control connection and ends a redial in flight.
 func (n *node) close() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.cancel()
 	n.ctl.Close()
 }
 
+// status asks the node for its status, taking at most statusTimeout in
+// all, reconnecting included.
 func (n *node) status() api.NodeStatus {
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	defer cancel()
 	st := api.NodeStatus{Addr: n.addr}
-	ctl, err := n.control()
+	ctl, err := n.control(ctx)
 	if err != nil {
 		st.Error = err.Error()
 		return st
@@ -172,8 +239,8 @@ func (n *node) status() api.NodeStatus {
 	call := ctl.Go(api.OpNodeStatus, nil)
 	select {
 	case <-call.Done():
-	case <-time.After(statusTimeout):
-		st.Error = fmt.Sprintf("no status within %v", statusTimeout)
+	case <-ctx.Done():
+		st.Error = fmt.Sprintf("node %s: no status within %v", n.addr, statusTimeout)
 		return st
 	}
 	if call.Err != nil {
@@ -181,7 +248,7 @@ func (n *node) status() api.NodeStatus {
 		return st
 	}
 	if err := json.Unmarshal(call.Body, &st); err != nil {
-		st.Error = fmt.Sprintf("malformed status: %v", err)
+		st.Error = fmt.Sprintf("node %s: malformed status: %v", n.addr, err)
 	}
 	st.Addr = n.addr
 	return st
