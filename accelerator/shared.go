@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vgpu/vgpu/api"
@@ -131,13 +132,16 @@ type object struct {
 
 // revocation is one push of a revocation to importers (tell): those of
 // them that have not acknowledged it yet. Each waits for its own
-// acknowledgements, which name its tenant, so revocations that overlap, or
-// an acknowledgement that comes after its revocation gave up waiting, do
-// not end another's wait.
+// acknowledgements, which echo its sequence number, so revocations that
+// overlap, or an acknowledgement that comes after its revocation gave up
+// waiting, do not end another's wait.
 type revocation struct {
-	tenant  string // "": every grant (the object ended)
+	seq     uint64
 	waiting map[coherence.CacheID]bool
 }
+
+// revocations numbers revocations, node-wide.
+var revocations atomic.Uint64
 
 // objWrite is a write waiting for its commit; whoever commits it applies it.
 type objWrite struct {
@@ -308,7 +312,7 @@ func (c *conn) revoke(m *api.NodeRevoke) error {
 // have acknowledged (their mediators stop serving reads from copies), or a
 // lease has passed, for one that does not answer. The caller holds o.mu.
 func (o *object) tell(tenant string) {
-	rv := &revocation{tenant: tenant, waiting: map[coherence.CacheID]bool{}}
+	rv := &revocation{seq: revocations.Add(1), waiting: map[coherence.CacheID]bool{}}
 	var to []*conn
 	for id, rc := range o.importers {
 		if tenant == "" || rc.tenant == tenant {
@@ -323,7 +327,7 @@ func (o *object) tell(tenant string) {
 	o.revoking = append(o.revoking, rv)
 	defer func() { o.revoking = slices.DeleteFunc(o.revoking, func(x *revocation) bool { return x == rv }) }()
 	o.mu.Unlock() // pushed without the lock, as in writeObject
-	body := api.Encode(&api.NodeRevoke{Object: o.id, Tenant: tenant})
+	body := api.Encode(&api.NodeRevoke{Object: o.id, Tenant: tenant, Seq: rv.seq})
 	for _, rc := range to {
 		_ = rc.c.Push(api.OpNodeRevoked, body)
 	}
@@ -341,7 +345,7 @@ func (o *object) tell(tenant string) {
 }
 
 // revokedAck takes a reader's acknowledgement of a revocation: it ends the
-// reader's part in the waits for revocations of the grant it names.
+// reader's part in the wait of the revocation it names.
 func (c *conn) revokedAck(m *api.NodeRevoke) error {
 	t := c.node.objects
 	t.mu.Lock()
@@ -356,7 +360,7 @@ func (c *conn) revokedAck(m *api.NodeRevoke) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, rv := range o.revoking {
-		if rv.tenant == m.Tenant {
+		if rv.seq == m.Seq {
 			delete(rv.waiting, cacheID(c))
 		}
 	}
@@ -637,6 +641,10 @@ func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
 		if forget {
 			delete(o.readers, cacheID(c))
 			delete(o.importers, cacheID(c))
+			for _, rv := range o.revoking {
+				delete(rv.waiting, cacheID(c)) // gone: nothing to wait for
+			}
+			o.changed.Broadcast()
 			o.home.Forget(cacheID(c))
 			o.prune()
 		}

@@ -80,22 +80,10 @@ func TestNodeOverlappingRevocationsWaitForTheirOwnAcks(t *testing.T) {
 	a := tn.connect(t, "alpha")
 	id := exportFrame(t, a, api.ModeCoherent, api.Grant{Tenant: "beta"})
 	b := tn.importAs(t, "beta", id)
-	tn.node.objects.mu.Lock()
-	o := tn.node.objects.byID[id]
-	tn.node.objects.mu.Unlock()
+	o := tn.objectByID(id)
 
 	start := time.Now()
-	tell := func(tenant string) <-chan time.Time {
-		done := make(chan time.Time, 1)
-		go func() {
-			o.mu.Lock()
-			o.tell(tenant)
-			o.mu.Unlock()
-			done <- time.Now()
-		}()
-		return done
-	}
-	byBeta, byAll := tell("beta"), tell("")
+	byBeta, byAll := tellAsync(o, "beta"), tellAsync(o, "")
 	for range 2 {
 		if m := b.next(); m.Tenant == "" {
 			b.ack(m)
@@ -107,6 +95,52 @@ func TestNodeOverlappingRevocationsWaitForTheirOwnAcks(t *testing.T) {
 	}
 	if !endAll.Before(endBeta) {
 		t.Fatalf("the acknowledged revocation ended after %v, no sooner than the unacknowledged one", endAll.Sub(start))
+	}
+}
+
+func (tn *testNode) objectByID(id uint64) *object {
+	tn.node.objects.mu.Lock()
+	defer tn.node.objects.mu.Unlock()
+	return tn.node.objects.byID[id]
+}
+
+// tellAsync pushes a revocation of tenant's grant to o's importers and
+// waits for them in the background; the channel says when the wait ended.
+func tellAsync(o *object, tenant string) <-chan time.Time {
+	done := make(chan time.Time, 1)
+	go func() {
+		o.mu.Lock()
+		o.tell(tenant)
+		o.mu.Unlock()
+		done <- time.Now()
+	}()
+	return done
+}
+
+// A late acknowledgement of a revocation of a grant does not end the wait
+// of a later revocation of the same grant: acknowledgements name the push.
+func TestNodeLateAckOfTheSameGrantDoesNotEndTheNext(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alpha")
+	id := exportFrame(t, a, api.ModeCoherent, api.Grant{Tenant: "beta"})
+	b := tn.importAs(t, "beta", id)
+	o := tn.objectByID(id)
+
+	first := tellAsync(o, "beta")
+	late := b.next()
+	<-first // unacknowledged: it waited out the lease
+	start := time.Now()
+	second := tellAsync(o, "beta")
+	next := b.next()
+	b.ack(late)
+	select {
+	case end := <-second:
+		t.Fatalf("the second revocation ended %v after it began, on the first one's late acknowledgement", end.Sub(start))
+	case <-time.After(ReadLease / 2):
+	}
+	b.ack(next)
+	if end := <-second; end.Sub(start) >= ReadLease {
+		t.Fatalf("the second revocation ended %v after it began, not on its acknowledgement", end.Sub(start))
 	}
 }
 

@@ -175,13 +175,21 @@ func (m *NodeImportReply) Unmarshal(d *Decoder) {
 }
 
 // NodeRevoke withdraws a tenant's grant to an object (its exporter only).
+// In a push (OpNodeRevoked) Seq names the revocation, and the
+// acknowledgement echoes the push, so a late one ends no other revocation's
+// wait; requests leave it 0.
 type NodeRevoke struct {
 	Object uint64
 	Tenant string
+	Seq    uint64
 }
 
-func (m *NodeRevoke) Marshal(e *Encoder)   { e.U64(m.Object); e.String(m.Tenant) }
-func (m *NodeRevoke) Unmarshal(d *Decoder) { m.Object = d.U64(); m.Tenant = d.Str() }
+func (m *NodeRevoke) Marshal(e *Encoder) { e.U64(m.Object); e.String(m.Tenant); e.U64(m.Seq) }
+func (m *NodeRevoke) Unmarshal(d *Decoder) {
+	m.Object = d.U64()
+	m.Tenant = d.Str()
+	m.Seq = d.U64()
+}
 
 // NodeObjAccess reads Len bytes of an object at Off, within one coherence
 // page (the reply is a NodeGrant and the bytes), or writes Payload there
