@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"path/filepath"
 	"slices"
 )
 
@@ -138,7 +139,7 @@ func Decode(b []byte, m Message) error {
 const Magic = 0x55504756 // "VGPU"
 
 // Version is the protocol version this build speaks. Peers must match.
-const Version = 4
+const Version = 5
 
 // Role says who is connecting.
 type Role uint8
@@ -657,7 +658,7 @@ func F32FromBits(b uint64) float32 { return math.Float32frombits(uint32(b)) }
 // container's own socket in SocketDir.
 type Register struct {
 	Container string // container id
-	Namespace string // containerd namespace ("moby" for Docker)
+	Namespace string // containerd namespace ("moby" for Docker); with the id, names the container
 	Tenant    string // from the runtime's own arguments; empty if the operator set none
 	Memory    uint64 // bytes requested; 0: the tenant's default
 	Compute   uint32 // weight requested; 0: the tenant's default
@@ -702,8 +703,33 @@ func (m *RegisterReply) Unmarshal(d *Decoder) {
 	m.Socket = d.Str()
 }
 
-// Release ends a container's registration.
-type Release struct{ Container string }
+// Release ends a container's registration. A container is named by its
+// containerd namespace and id together, as in Register.
+type Release struct {
+	Container string // container id
+	Namespace string // containerd namespace; "" for a container registered without one
+}
 
-func (m *Release) Marshal(e *Encoder)   { e.String(m.Container) }
-func (m *Release) Unmarshal(d *Decoder) { m.Container = d.Str() }
+func (m *Release) Marshal(e *Encoder) { e.String(m.Container); e.String(m.Namespace) }
+func (m *Release) Unmarshal(d *Decoder) {
+	m.Container = d.Str()
+	m.Namespace = d.Str()
+}
+
+// NoNamespace is the directory, in place of a namespace's, that holds the
+// socket directories of containers registered without a containerd
+// namespace (plain runc). No namespace is named so: a namespace, like a
+// container id, starts with a letter or a digit.
+const NoNamespace = "_"
+
+// ContainerSocketDir is where the socket directory of container id of
+// namespace lives below root, the directory of all of them:
+// root/namespace/id (root/_/id without a namespace). Both parts must be
+// valid names (one path component each); the runtime and the mediator
+// check them.
+func ContainerSocketDir(root, namespace, id string) string {
+	if namespace == "" {
+		namespace = NoNamespace
+	}
+	return filepath.Join(root, namespace, id)
+}

@@ -140,7 +140,7 @@ var messages = map[string]msgCase{
 		return &RegisterReply{Tenant: genStr.Draw(t, "tenant"), Memory: genU64.Draw(t, "memory"), Socket: genStr.Draw(t, "socket")}
 	})},
 	"Release": {new: func() Message { return new(Release) }, gen: gen(func(t *rapid.T) *Release {
-		return &Release{Container: genStr.Draw(t, "container")}
+		return &Release{Container: genStr.Draw(t, "container"), Namespace: genStr.Draw(t, "namespace")}
 	})},
 	"NodeAlloc": {new: func() Message { return new(NodeAlloc) }, gen: gen(func(t *rapid.T) *NodeAlloc {
 		return &NodeAlloc{Device: genU32.Draw(t, "device"), Count: genU32.Draw(t, "count")}

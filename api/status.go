@@ -72,6 +72,7 @@ type DeviceTenant struct {
 type TenantStatus struct {
 	Tenant      string  `json:"tenant"`
 	Container   string  `json:"container,omitempty"` // set when the session came through a container's socket
+	Namespace   string  `json:"namespace,omitempty"` // that container's containerd namespace
 	Session     uint64  `json:"session"`
 	Devices     int     `json:"devices"`
 	Allocations int     `json:"allocations"`

@@ -24,10 +24,11 @@ func (o *Operator) Register(r api.Register) (*api.RegisterReply, error) {
 	return &reply, nil
 }
 
-// Release ends a container's registration: its memory and its socket are
-// freed (vgpu-hook, at poststop).
-func (o *Operator) Release(container string) error {
-	_, err := o.rpc.Call(api.OpRelease, nil, api.Encode(&api.Release{Container: container}))
+// Release ends the registration of container id of namespace ("" for a
+// container registered without one): its memory and its socket are freed
+// (vgpu-hook, at poststop).
+func (o *Operator) Release(namespace, container string) error {
+	_, err := o.rpc.Call(api.OpRelease, nil, api.Encode(&api.Release{Container: container, Namespace: namespace}))
 	return err
 }
 

@@ -1,6 +1,7 @@
 package isolation
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -9,22 +10,33 @@ import (
 	"github.com/vgpu/vgpu/api"
 )
 
-// Request asks to admit a container. Tenant is a name Config.Resolve gave;
+// Request asks to admit a container, named by its containerd namespace
+// ("" for none) and its id together. Tenant is a name Config.Resolve gave;
 // Memory 0 is the tenant's DefaultMemory and Compute 0 its weight.
 type Request struct {
-	Container, Tenant string
-	Memory            uint64
-	Compute           uint32
-	Devices           uint32
+	Namespace, Container, Tenant string
+	Memory                       uint64
+	Compute                      uint32
+	Devices                      uint32
 }
 
 // Grant is what an admitted container holds: its memory reservation counts
 // against its tenant's cap until Release.
 type Grant struct {
-	Container, Tenant string
-	Memory            uint64
-	Compute           uint32
-	Devices           uint32
+	Namespace, Container, Tenant string
+	Memory                       uint64
+	Compute                      uint32
+	Devices                      uint32
+}
+
+// ref names a container: two containers of one id in two namespaces are two.
+type ref struct{ namespace, container string }
+
+func (r ref) String() string {
+	if r.namespace == "" {
+		return fmt.Sprintf("%q", r.container)
+	}
+	return fmt.Sprintf("%q of namespace %q", r.container, r.namespace)
 }
 
 // Admission admits containers against their tenants' limits and keeps
@@ -32,7 +44,7 @@ type Grant struct {
 type Admission struct {
 	mu     sync.Mutex
 	cfg    *Config
-	grants map[string]Grant  // by container
+	grants map[ref]Grant     // by namespace and container id
 	use    map[string]*usage // by tenant; an entry exists iff the tenant has a grant
 }
 
@@ -44,7 +56,7 @@ type usage struct {
 
 // NewAdmission starts with no grants under cfg, which must not be nil.
 func NewAdmission(cfg *Config) *Admission {
-	return &Admission{cfg: cfg, grants: map[string]Grant{}, use: map[string]*usage{}}
+	return &Admission{cfg: cfg, grants: map[ref]Grant{}, use: map[string]*usage{}}
 }
 
 // Config is the configuration admissions see now.
@@ -66,28 +78,30 @@ func (a *Admission) SetConfig(cfg *Config) {
 // Admit reserves memory for a container against its tenant's cap. It fails
 // with api.ErrQuotaExceeded where the tenant's reservations would pass its
 // memory cap or its containers its max_containers, and with
-// api.ErrInvalidArgument for an empty or duplicate container id, a tenant
+// api.ErrInvalidArgument for an empty container id, a container already
+// admitted (the same id in the same namespace), a tenant
 // the configuration does not define, or a request for no memory where the
 // tenant has no default_memory.
 func (a *Admission) Admit(r Request) (Grant, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if r.Container == "" {
-		return Grant{}, fmt.Errorf("admit: empty container id: %w", api.ErrInvalidArgument)
+		return Grant{}, fmt.Errorf("admit: empty container id (namespace %q): %w", r.Namespace, api.ErrInvalidArgument)
 	}
+	k := ref{r.Namespace, r.Container}
 	t, ok := a.cfg.Tenants[r.Tenant]
 	if !ok {
-		return Grant{}, fmt.Errorf("admit container %q: unknown tenant %q: %w", r.Container, r.Tenant, api.ErrInvalidArgument)
+		return Grant{}, fmt.Errorf("admit container %v: unknown tenant %q: %w", k, r.Tenant, api.ErrInvalidArgument)
 	}
-	if g, dup := a.grants[r.Container]; dup {
-		return Grant{}, fmt.Errorf("admit container %q: already admitted for tenant %q: %w", r.Container, g.Tenant, api.ErrInvalidArgument)
+	if g, dup := a.grants[k]; dup {
+		return Grant{}, fmt.Errorf("admit container %v: already admitted for tenant %q: %w", k, g.Tenant, api.ErrInvalidArgument)
 	}
 	g := Grant(r)
 	if g.Memory == 0 {
 		g.Memory = t.DefaultMemory
 	}
 	if g.Memory == 0 {
-		return Grant{}, fmt.Errorf("admit container %q: container asks for no memory and tenant %q has no default_memory: %w", r.Container, r.Tenant, api.ErrInvalidArgument)
+		return Grant{}, fmt.Errorf("admit container %v: container asks for no memory and tenant %q has no default_memory: %w", k, r.Tenant, api.ErrInvalidArgument)
 	}
 	if g.Compute == 0 {
 		g.Compute = t.Compute
@@ -97,32 +111,33 @@ func (a *Admission) Admit(r Request) (Grant, error) {
 		u = &usage{}
 	}
 	if t.MaxContainers > 0 && u.containers >= t.MaxContainers {
-		return Grant{}, fmt.Errorf("admit container %q: tenant %q has %d containers, max_containers is %d: %w",
-			r.Container, r.Tenant, u.containers, t.MaxContainers, api.ErrQuotaExceeded)
+		return Grant{}, fmt.Errorf("admit container %v: tenant %q has %d containers, max_containers is %d: %w",
+			k, r.Tenant, u.containers, t.MaxContainers, api.ErrQuotaExceeded)
 	}
 	// reserved+memory <= cap, written so that it cannot overflow; reserved
 	// may already be over a cap that a reload lowered.
 	if t.Memory > 0 && (u.reserved > t.Memory || g.Memory > t.Memory-u.reserved) {
-		return Grant{}, fmt.Errorf("admit container %q: tenant %q: requested %d bytes (%s), reserved %d bytes, cap %d bytes (%s): %w",
-			r.Container, r.Tenant, g.Memory, api.FormatSize(g.Memory), u.reserved, t.Memory, api.FormatSize(t.Memory), api.ErrQuotaExceeded)
+		return Grant{}, fmt.Errorf("admit container %v: tenant %q: requested %d bytes (%s), reserved %d bytes, cap %d bytes (%s): %w",
+			k, r.Tenant, g.Memory, api.FormatSize(g.Memory), u.reserved, t.Memory, api.FormatSize(t.Memory), api.ErrQuotaExceeded)
 	}
 	u.containers++
 	u.reserved += g.Memory
 	a.use[r.Tenant] = u
-	a.grants[r.Container] = g
+	a.grants[k] = g
 	return g, nil
 }
 
-// Release returns a container's reservation. It reports false, changing
-// nothing, for a container that holds no grant.
-func (a *Admission) Release(container string) (Grant, bool) {
+// Release returns the reservation of container id of namespace. It reports
+// false, changing nothing, for a container that holds no grant.
+func (a *Admission) Release(namespace, container string) (Grant, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	g, ok := a.grants[container]
+	k := ref{namespace, container}
+	g, ok := a.grants[k]
 	if !ok {
 		return Grant{}, false
 	}
-	delete(a.grants, container)
+	delete(a.grants, k)
 	u := a.use[g.Tenant]
 	u.containers--
 	u.reserved -= g.Memory
@@ -132,22 +147,22 @@ func (a *Admission) Release(container string) (Grant, bool) {
 	return g, true
 }
 
-// Lookup returns a container's grant.
-func (a *Admission) Lookup(container string) (Grant, bool) {
+// Lookup returns the grant of container id of namespace.
+func (a *Admission) Lookup(namespace, container string) (Grant, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	g, ok := a.grants[container]
+	g, ok := a.grants[ref{namespace, container}]
 	return g, ok
 }
 
-// Grants returns every grant, sorted by container.
+// Grants returns every grant, sorted by namespace, then container id.
 func (a *Admission) Grants() []Grant {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]Grant, 0, len(a.grants))
-	for _, c := range slices.Sorted(maps.Keys(a.grants)) {
-		out = append(out, a.grants[c])
-	}
+	out := slices.Collect(maps.Values(a.grants))
+	slices.SortFunc(out, func(x, y Grant) int {
+		return cmp.Or(cmp.Compare(x.Namespace, y.Namespace), cmp.Compare(x.Container, y.Container))
+	})
 	return out
 }
 

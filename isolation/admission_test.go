@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 
@@ -98,7 +99,7 @@ func TestAdmit(t *testing.T) {
 			{admit: req("c1", "z", 1), want: api.ErrInvalidArgument, msg: `admit container "c1": unknown tenant "z": invalid argument`},
 		}},
 		{"empty container id", []step{
-			{admit: req("", "a", 1), want: api.ErrInvalidArgument, msg: `admit: empty container id: invalid argument`},
+			{admit: req("", "a", 1), want: api.ErrInvalidArgument, msg: `admit: empty container id (namespace ""): invalid argument`},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -110,7 +111,7 @@ func TestAdmit(t *testing.T) {
 					g, err = a.Admit(*s.admit)
 				} else {
 					var ok bool
-					g, ok = a.Release(s.release)
+					g, ok = a.Release("", s.release)
 					if ok != (s.grant != nil) {
 						t.Fatalf("step %d: release %s: ok = %v", i, s.release, ok)
 					}
@@ -171,10 +172,10 @@ func TestLookupAndGrants(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if g, ok := a.Lookup("m"); !ok || g != (Grant{Container: "m", Tenant: "b", Memory: 10, Compute: 1}) {
+	if g, ok := a.Lookup("", "m"); !ok || g != (Grant{Container: "m", Tenant: "b", Memory: 10, Compute: 1}) {
 		t.Errorf("Lookup(m) = %+v, %v", g, ok)
 	}
-	if _, ok := a.Lookup("nope"); ok {
+	if _, ok := a.Lookup("", "nope"); ok {
 		t.Error("Lookup of an unknown container succeeded")
 	}
 	var names []string
@@ -184,6 +185,40 @@ func TestLookupAndGrants(t *testing.T) {
 	if !reflect.DeepEqual(names, []string{"a", "m", "z"}) {
 		t.Errorf("Grants not sorted: %v", names)
 	}
+}
+
+// TestOneIDInTwoNamespaces: containers are named by namespace and id, so
+// one id in two namespaces is two containers, each released on its own.
+func TestOneIDInTwoNamespaces(t *testing.T) {
+	a := NewAdmission(mustParse(t, admitFile))
+	for _, ns := range []string{"moby", "k8s.io", ""} {
+		if _, err := a.Admit(Request{Namespace: ns, Container: "same", Tenant: "b", Memory: 10}); err != nil {
+			t.Fatalf("namespace %q: %v", ns, err)
+		}
+	}
+	_, err := a.Admit(Request{Namespace: "moby", Container: "same", Tenant: "b", Memory: 10})
+	if !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), `"same" of namespace "moby"`) {
+		t.Errorf("second admission in one namespace: %v", err)
+	}
+	var got []string
+	for _, g := range a.Grants() {
+		got = append(got, g.Namespace+"/"+g.Container)
+	}
+	if want := []string{"/same", "k8s.io/same", "moby/same"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Grants = %v, want %v", got, want)
+	}
+	if g, ok := a.Release("moby", "same"); !ok || g.Namespace != "moby" {
+		t.Fatalf("Release(moby, same) = %+v, %v", g, ok)
+	}
+	if _, ok := a.Release("moby", "same"); ok {
+		t.Error("released twice")
+	}
+	for _, ns := range []string{"k8s.io", ""} {
+		if _, ok := a.Lookup(ns, "same"); !ok {
+			t.Errorf("namespace %q lost its grant with moby's", ns)
+		}
+	}
+	checkAccounting(t, a)
 }
 
 func TestTenants(t *testing.T) {
@@ -224,10 +259,10 @@ func TestSetConfig(t *testing.T) {
 		t.Fatal("Config is not the one set")
 	}
 	// Grants stay, even over the new cap and for a removed tenant.
-	if _, ok := a.Lookup("c1"); !ok {
+	if _, ok := a.Lookup("", "c1"); !ok {
 		t.Error("grant over the new cap was dropped")
 	}
-	if _, ok := a.Lookup("g1"); !ok {
+	if _, ok := a.Lookup("", "g1"); !ok {
 		t.Error("grant of a removed tenant was dropped")
 	}
 	want := []api.TenantInfo{
@@ -245,12 +280,12 @@ func TestSetConfig(t *testing.T) {
 		t.Errorf("admit for a removed tenant: %v", err)
 	}
 	// Releasing brings a under the cap again, exactly.
-	a.Release("c1")
+	a.Release("", "c1")
 	if _, err := a.Admit(Request{Container: "c2", Tenant: "a", Memory: 500}); err != nil {
 		t.Errorf("admit up to the new cap: %v", err)
 	}
 	// Releasing the last grant of a removed tenant removes it from the list.
-	a.Release("g1")
+	a.Release("", "g1")
 	if got := a.Tenants(); len(got) != 1 || got[0].Name != "a" {
 		t.Errorf("removed tenant still listed: %+v", got)
 	}
@@ -268,14 +303,14 @@ func TestAdmissionConcurrent(t *testing.T) {
 				c := fmt.Sprintf("w%d-%d", w, i%4)
 				tenant := []string{"a", "b"}[i%2]
 				if i%3 == 2 {
-					a.Release(c)
+					a.Release("", c)
 				} else {
 					a.Admit(Request{Container: c, Tenant: tenant, Memory: uint64(i % 50)})
 				}
 				if i%50 == 0 {
 					a.SetConfig(a.Config())
 					a.Tenants()
-					a.Lookup(c)
+					a.Lookup("", c)
 				}
 			}
 		}()

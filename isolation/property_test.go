@@ -15,6 +15,7 @@ import (
 var (
 	propTenants    = []string{"a", "b", "c"}
 	propContainers = []string{"c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7"}
+	propNamespaces = []string{"", "moby", "k8s.io"}
 )
 
 // genConfig draws a configuration over some of propTenants with small caps,
@@ -46,7 +47,7 @@ func TestAdmissionModel(t *testing.T) {
 		configs := []*Config{genConfig(t, "cfg0"), genConfig(t, "cfg1"), genConfig(t, "cfg2")}
 		cfg := configs[0]
 		a := NewAdmission(cfg)
-		model := map[string]Grant{}
+		model := map[ref]Grant{} // by namespace and id: one id in two namespaces is two containers
 
 		used := func(tenant string) (n int, reserved uint64) {
 			for _, g := range model {
@@ -61,6 +62,7 @@ func TestAdmissionModel(t *testing.T) {
 		t.Repeat(map[string]func(*rapid.T){
 			"admit": func(t *rapid.T) {
 				r := Request{
+					Namespace: rapid.SampledFrom(propNamespaces).Draw(t, "namespace"),
 					Container: rapid.SampledFrom(propContainers).Draw(t, "container"),
 					Tenant:    rapid.SampledFrom(append([]string{"x"}, propTenants...)).Draw(t, "tenant"),
 					Memory: rapid.OneOf(rapid.Uint64Range(0, 110), rapid.Just(uint64(math.MaxUint64)),
@@ -71,7 +73,7 @@ func TestAdmissionModel(t *testing.T) {
 				var want error
 				expect := Grant(r)
 				tn, known := cfg.Tenants[r.Tenant]
-				_, dup := model[r.Container]
+				_, dup := model[ref{r.Namespace, r.Container}]
 				n, reserved := used(r.Tenant)
 				if known {
 					if expect.Memory == 0 {
@@ -102,7 +104,7 @@ func TestAdmissionModel(t *testing.T) {
 					if tn.Memory > 0 && reserved+g.Memory > tn.Memory {
 						t.Fatalf("admitted %d bytes over %d reserved of cap %d", g.Memory, reserved, tn.Memory)
 					}
-					model[r.Container] = g
+					model[ref{r.Namespace, r.Container}] = g
 					return
 				}
 				if !errors.Is(err, want) {
@@ -110,11 +112,11 @@ func TestAdmissionModel(t *testing.T) {
 				}
 			},
 			"release": func(t *rapid.T) {
-				c := rapid.SampledFrom(propContainers).Draw(t, "container")
+				c := ref{rapid.SampledFrom(propNamespaces).Draw(t, "namespace"), rapid.SampledFrom(propContainers).Draw(t, "container")}
 				want, held := model[c]
-				g, ok := a.Release(c)
+				g, ok := a.Release(c.namespace, c.container)
 				if ok != held || g != want {
-					t.Fatalf("release %s: got %+v %v, want %+v %v", c, g, ok, want, held)
+					t.Fatalf("release %v: got %+v %v, want %+v %v", c, g, ok, want, held)
 				}
 				delete(model, c)
 			},
@@ -129,8 +131,8 @@ func TestAdmissionModel(t *testing.T) {
 					t.Fatalf("%d grants, model has %d", len(grants), len(model))
 				}
 				for _, g := range grants {
-					if model[g.Container] != g {
-						t.Fatalf("grant %+v, model has %+v", g, model[g.Container])
+					if k := (ref{g.Namespace, g.Container}); model[k] != g {
+						t.Fatalf("grant %+v, model has %+v", g, model[k])
 					}
 				}
 				for _, info := range a.Tenants() {
@@ -152,7 +154,7 @@ func TestAdmissionModel(t *testing.T) {
 
 // countListed is how many tenants Tenants should list: the configured ones
 // and those holding grants.
-func countListed(cfg *Config, model map[string]Grant) int {
+func countListed(cfg *Config, model map[ref]Grant) int {
 	names := map[string]bool{}
 	for name := range cfg.Tenants {
 		names[name] = true
@@ -178,11 +180,11 @@ default_memory = "512MiB"
 	a := NewAdmission(cfg)
 	tenant, _ := cfg.Resolve("", "k8s.io")
 	for _, c := range []string{"c1", "c2", "c3"} {
-		g, err := a.Admit(Request{Container: c, Tenant: tenant.Name})
+		g, err := a.Admit(Request{Namespace: "k8s.io", Container: c, Tenant: tenant.Name})
 		fmt.Println(g.Memory, err)
 	}
 	// Output:
 	// 536870912 <nil>
 	// 536870912 <nil>
-	// 0 admit container "c3": tenant "team-a": requested 536870912 bytes (512.0 MiB), reserved 1073741824 bytes, cap 1073741824 bytes (1.0 GiB): quota exceeded
+	// 0 admit container "c3" of namespace "k8s.io": tenant "team-a": requested 536870912 bytes (512.0 MiB), reserved 1073741824 bytes, cap 1073741824 bytes (1.0 GiB): quota exceeded
 }

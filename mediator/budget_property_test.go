@@ -28,7 +28,7 @@ func TestContainerBudgetNeverDrifts(t *testing.T) {
 		if err != nil {
 			rt.Fatal(err)
 		}
-		defer op.Release(id)
+		defer op.Release("moby", id)
 		type live struct {
 			p    client.Ptr
 			foot uint64

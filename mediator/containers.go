@@ -19,14 +19,29 @@ import (
 	"github.com/vgpu/vgpu/isolation"
 )
 
-// DefaultContainerDir is where containers' socket directories live.
+// DefaultContainerDir is where containers' socket directories live: one
+// directory per containerd namespace, one per container id in it
+// (api.ContainerSocketDir).
 const DefaultContainerDir = "/run/vgpu/containers"
 
 // SocketName is the name of a container's socket in its directory, which
 // the runtime mounts at /run/vgpu in the container.
 const SocketName = "mediator.sock"
 
-var containerID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+// containerName is what a container id and a non-empty containerd
+// namespace must be: each is one path component of the socket directory.
+var containerName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// ctrKey names a registered container: two containers of one id in two
+// namespaces are two containers.
+type ctrKey struct{ namespace, id string }
+
+func (k ctrKey) String() string {
+	if k.namespace == "" {
+		return k.id
+	}
+	return fmt.Sprintf("%s (namespace %s)", k.id, k.namespace)
+}
 
 // container is a registered container: its grant, its own socket, and the
 // connections that came through it.
@@ -48,6 +63,14 @@ type container struct {
 	conns    map[net.Conn]struct{}
 	live     sync.WaitGroup // connections tracked and not yet torn down
 	released bool
+}
+
+func (c *container) key() ctrKey { return ctrKey{c.grant.Namespace, c.grant.Container} }
+
+// closeSocket stops accepting on the container's socket and unlinks it.
+func (c *container) closeSocket() {
+	c.listener.Close()
+	os.Remove(c.socket) // bound through /proc/self/fd: the listener cannot unlink it (listenIn)
 }
 
 func (c *container) track(nc net.Conn) bool {
@@ -86,7 +109,7 @@ func (c *container) close() bool {
 		conns = append(conns, nc)
 	}
 	c.mu.Unlock()
-	c.listener.Close() // also unlinks the socket
+	c.closeSocket()
 	for _, nc := range conns {
 		nc.Close()
 	}
@@ -133,111 +156,154 @@ func (m *Mediator) Reload() error {
 }
 
 // Register admits a container being created: it decides its tenant, checks
-// the tenant's quota and opens the container's own socket.
+// the tenant's quota and opens the container's own socket. A container is
+// named by its containerd namespace and id together; an empty namespace
+// (plain runc, without one) is a namespace of its own, whose containers'
+// directories are in api.NoNamespace.
 func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
-	if !containerID.MatchString(r.Container) {
-		return nil, fmt.Errorf("register: container id %q: want 1-128 letters, digits, '_', '.' or '-': %w", r.Container, api.ErrInvalidArgument)
+	if !containerName.MatchString(r.Container) {
+		return nil, fmt.Errorf("register: container id %q: want 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit: %w", r.Container, api.ErrInvalidArgument)
 	}
-	dir := filepath.Join(m.cfg.ContainerDir, r.Container)
+	if r.Namespace != "" && !containerName.MatchString(r.Namespace) {
+		return nil, fmt.Errorf("register %s: namespace %q: want none or 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit: %w",
+			r.Container, r.Namespace, api.ErrInvalidArgument)
+	}
+	k := ctrKey{r.Namespace, r.Container}
+	dir := api.ContainerSocketDir(m.cfg.ContainerDir, r.Namespace, r.Container)
 	if r.SocketDir != "" && filepath.Clean(r.SocketDir) != dir {
-		return nil, fmt.Errorf("register %s: socket directory %q: containers' sockets live in %s: %w", r.Container, r.SocketDir, dir, api.ErrInvalidArgument)
+		return nil, fmt.Errorf("register %v: socket directory %q: this container's socket lives in %s: %w", k, r.SocketDir, dir, api.ErrInvalidArgument)
 	}
 	if int(r.Devices) > len(m.devices) {
-		return nil, fmt.Errorf("register %s: %d devices asked, %d exist: %w", r.Container, r.Devices, len(m.devices), api.ErrInvalidArgument)
+		return nil, fmt.Errorf("register %v: %d devices asked, %d exist: %w", k, r.Devices, len(m.devices), api.ErrInvalidArgument)
 	}
 	tenant, err := m.admission.Config().Resolve(r.Tenant, r.Namespace)
 	if err != nil {
-		return nil, fmt.Errorf("register %s: %w", r.Container, err)
+		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
 	grant, err := m.admission.Admit(isolation.Request{
-		Container: r.Container, Tenant: tenant.Name, Memory: r.Memory, Compute: r.Compute, Devices: max(r.Devices, 1),
+		Namespace: r.Namespace, Container: r.Container, Tenant: tenant.Name, Memory: r.Memory, Compute: r.Compute, Devices: max(r.Devices, 1),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("register %s: %w", r.Container, err)
+		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
 	ctr, err := m.openContainer(grant, tenant, dir, int(r.Pid))
 	if err != nil {
-		m.admission.Release(r.Container)
-		return nil, fmt.Errorf("register %s: %w", r.Container, err)
+		m.admission.Release(r.Namespace, r.Container)
+		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
-	m.log.WithFields(map[string]any{"container": r.Container, "tenant": grant.Tenant, "memory": grant.Memory}).Info("container registered")
+	m.log.WithFields(map[string]any{"container": r.Container, "namespace": r.Namespace, "tenant": grant.Tenant, "memory": grant.Memory}).Info("container registered")
 	return &api.RegisterReply{Tenant: grant.Tenant, Memory: grant.Memory, Socket: ctr.socket}, nil
 }
 
+// plainDir makes directory dir if it is missing and checks that it is a
+// plain directory, not a symlink that could steer a socket elsewhere.
+func plainDir(dir string) error {
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
+	}
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("socket directory %s is not a directory: %w", dir, api.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// listenIn listens on a socket named name in directory dir, opened without
+// following a symlink. It binds through /proc/self/fd, so the socket's full
+// path may be longer than a socket address holds (108 bytes): a namespace
+// and a 64-character id below the container directory can pass it. The
+// listener does not unlink the socket when closed; its owner removes it by
+// its full path.
+func listenIn(dir, name string) (net.Listener, error) {
+	d, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	l, err := daemon.ListenUnix(fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), name), 0o666) // container processes may run as any user
+	if err != nil {
+		return nil, err
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false) // its name dies with d
+	return l, nil
+}
+
 // openContainer opens the socket of a container admitted with grant g under
-// tenant t's limits, which it keeps as they are now.
+// tenant t's limits, which it keeps as they are now. dir is its socket
+// directory, below its namespace's.
 func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir string, pid int) (*container, error) {
 	if err := os.MkdirAll(m.cfg.ContainerDir, 0o755); err != nil {
 		return nil, fmt.Errorf("container directory: %v: %w", err, api.ErrInternal)
 	}
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
-	}
-	// The runtime made the directory; it must still be a plain directory, so
+	// The runtime made the directories; they must still be plain ones, so
 	// the socket cannot be steered elsewhere through a symlink.
-	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("socket directory %s is not a directory: %w", dir, api.ErrInvalidArgument)
+	if err := plainDir(filepath.Dir(dir)); err != nil {
+		return nil, err
+	}
+	if err := plainDir(dir); err != nil {
+		return nil, err
 	}
 	sock := filepath.Join(dir, SocketName)
-	l, err := daemon.ListenUnix(sock, 0o666) // container processes may run as any user
+	l, err := listenIn(dir, SocketName)
 	if err != nil {
-		return nil, fmt.Errorf("container socket: %v: %w", err, api.ErrInternal)
+		return nil, fmt.Errorf("container socket %s: %v: %w", sock, err, api.ErrInternal)
 	}
+	k := ctrKey{g.Namespace, g.Container}
 	ctr := &container{
 		grant: g, pid: pid, socket: sock, listener: l, conns: map[net.Conn]struct{}{},
 		oversubscribe: t.Oversubscribe, dedupCharge: t.DedupCharge,
-		budget: &budget{owner: fmt.Sprintf("container %s of tenant %q", g.Container, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe)},
+		budget: &budget{owner: fmt.Sprintf("container %v of tenant %q", k, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe)},
 	}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		l.Close()
+		ctr.closeSocket()
 		return nil, fmt.Errorf("mediator closing: %w", api.ErrUnavailable)
 	}
-	m.containers[g.Container] = ctr
+	m.containers[k] = ctr
 	m.wg.Add(1)
 	m.mu.Unlock()
 	go func() {
 		defer m.wg.Done()
 		if err := m.serve(l, ctr); err != nil {
-			m.log.WithError(err).WithField("container", g.Container).Error("container socket stopped")
+			m.log.WithError(err).WithFields(map[string]any{"container": g.Container, "namespace": g.Namespace}).Error("container socket stopped")
 		}
 	}()
 	return ctr, nil
 }
 
-// Release ends a container's registration: its socket goes, its sessions
-// end and free their memory, its quota reservation is returned.
-func (m *Mediator) Release(id string) error {
-	return m.releaseIf(id, nil)
+// Release ends the registration of container id of namespace: its socket
+// goes, its sessions end and free their memory, its quota reservation is
+// returned. A container of the same id in another namespace is untouched.
+func (m *Mediator) Release(namespace, id string) error {
+	return m.releaseIf(ctrKey{namespace, id}, nil)
 }
 
-// ContainerGone is what a container engine's report that container id
-// ended (the containerd watcher's /tasks/exit, /tasks/delete,
+// ContainerGone is what a container engine's report that container id of
+// namespace ended (the containerd watcher's /tasks/exit, /tasks/delete,
 // /containers/delete) does: it releases the registration only if its init
-// process is gone too. Such a report arrives late and names an id only: by
-// then the id may have been registered again (a restarted Docker container
-// keeps its id) or may be a live container's of another namespace, and
-// neither must lose its grant and sessions. A registration without a pid is
+// process is gone too. Such a report arrives late: by then the container may
+// have been registered again (a restarted Docker container keeps its id),
+// and must not lose its grant and sessions. A registration without a pid is
 // released.
-func (m *Mediator) ContainerGone(id string) error {
-	return m.releaseIf(id, func(c *container) error {
+func (m *Mediator) ContainerGone(namespace, id string) error {
+	k := ctrKey{namespace, id}
+	return m.releaseIf(k, func(c *container) error {
 		if c.pid > 0 && alive(c.pid) {
-			return fmt.Errorf("release: container %q: its process %d is still running: %w", id, c.pid, api.ErrInvalidArgument)
+			return fmt.Errorf("release: container %v: its process %d is still running: %w", k, c.pid, api.ErrInvalidArgument)
 		}
 		return nil
 	})
 }
 
-// releaseIf releases container id if check (nil: always) approves of its
+// releaseIf releases container k if check (nil: always) approves of its
 // registration, deciding and unregistering in one critical section, so that
 // a registration made after the decision is never the one released.
-func (m *Mediator) releaseIf(id string, check func(*container) error) error {
+func (m *Mediator) releaseIf(k ctrKey, check func(*container) error) error {
 	m.mu.Lock()
-	ctr := m.containers[id]
+	ctr := m.containers[k]
 	if ctr == nil {
 		m.mu.Unlock()
-		return fmt.Errorf("release: container %q is not registered: %w", id, api.ErrInvalidArgument)
+		return fmt.Errorf("release: container %q of namespace %q is not registered: %w", k.id, k.namespace, api.ErrInvalidArgument)
 	}
 	if check != nil {
 		if err := check(ctr); err != nil {
@@ -245,14 +311,18 @@ func (m *Mediator) releaseIf(id string, check func(*container) error) error {
 			return err
 		}
 	}
-	delete(m.containers, id)
+	delete(m.containers, k)
 	m.mu.Unlock()
+	log := m.log.WithFields(map[string]any{"container": k.id, "namespace": k.namespace})
 	if !ctr.close() {
-		m.log.WithField("container", id).Warn("sessions still tearing down after 10s; returning the quota anyway")
+		log.Warn("sessions still tearing down after 10s; returning the quota anyway")
 	}
-	m.admission.Release(id)
-	os.Remove(filepath.Dir(ctr.socket)) // the runtime's directory, if empty now; the runtime removes it too
-	m.log.WithField("container", id).Info("container released")
+	m.admission.Release(k.namespace, k.id)
+	// The runtime's directory, if empty now; the runtime removes it too. The
+	// namespace's directory stays: the runtime may be making another
+	// container's directory in it.
+	os.Remove(filepath.Dir(ctr.socket))
+	log.Info("container released")
 	return nil
 }
 
@@ -268,24 +338,24 @@ func (m *Mediator) reclaimLoop() {
 		case <-tick.C:
 		}
 		m.mu.Lock()
-		var gone []string
-		for id, c := range m.containers {
+		var gone []ctrKey
+		for k, c := range m.containers {
 			if c.pid > 0 && !alive(c.pid) {
-				gone = append(gone, id)
+				gone = append(gone, k)
 			}
 		}
 		m.mu.Unlock()
-		for _, id := range gone {
-			// Checked again: id may have been released and registered
+		for _, k := range gone {
+			// Checked again: k may have been released and registered
 			// again, by a live process, since the scan.
-			err := m.releaseIf(id, func(c *container) error {
+			err := m.releaseIf(k, func(c *container) error {
 				if c.pid > 0 && !alive(c.pid) {
 					return nil
 				}
-				return fmt.Errorf("container %q was registered again: %w", id, api.ErrInvalidArgument)
+				return fmt.Errorf("container %v was registered again: %w", k, api.ErrInvalidArgument)
 			})
 			if err == nil {
-				m.log.WithField("container", id).Info("reclaimed a container that vanished without poststop")
+				m.log.WithFields(map[string]any{"container": k.id, "namespace": k.namespace}).Info("reclaimed a container that vanished without poststop")
 			}
 		}
 	}
@@ -368,16 +438,16 @@ func (c *container) admitPeer(nc net.Conn) error {
 	}
 	cred, err := peerCred(nc)
 	if err != nil {
-		return fmt.Errorf("container %s: peer credentials: %v: %w", c.grant.Container, err, api.ErrPermissionDenied)
+		return fmt.Errorf("container %v: peer credentials: %v: %w", c.key(), err, api.ErrPermissionDenied)
 	}
 	peer, err1 := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", cred.Pid))
 	init, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", c.pid))
 	if err := errors.Join(err1, err2); err != nil {
-		return fmt.Errorf("container %s: pid namespaces of peer %d and init %d: %v: %w", c.grant.Container, cred.Pid, c.pid, err, api.ErrPermissionDenied)
+		return fmt.Errorf("container %v: pid namespaces of peer %d and init %d: %v: %w", c.key(), cred.Pid, c.pid, err, api.ErrPermissionDenied)
 	}
 	if peer != init {
-		return fmt.Errorf("container %s: process %d is not in the container (pid namespace %s, the container's %s): %w",
-			c.grant.Container, cred.Pid, peer, init, api.ErrPermissionDenied)
+		return fmt.Errorf("container %v: process %d is not in the container (pid namespace %s, the container's %s): %w",
+			c.key(), cred.Pid, peer, init, api.ErrPermissionDenied)
 	}
 	return nil
 }

@@ -1,10 +1,12 @@
 package mediator_test
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -77,7 +79,7 @@ func TestContainerLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if reply.Tenant != "team-a" || reply.Memory != 32<<20 || reply.Socket != filepath.Join(cs.dir, "c1", mediator.SocketName) {
+	if reply.Tenant != "team-a" || reply.Memory != 32<<20 || reply.Socket != filepath.Join(cs.dir, "moby", "c1", mediator.SocketName) {
 		t.Fatalf("register reply %+v", reply)
 	}
 	// The container's tenant is the operator's decision; a claim is refused.
@@ -106,7 +108,7 @@ func TestContainerLifecycle(t *testing.T) {
 	}
 	inC1 := 0
 	for _, ts := range cs.med.Status().Tenants {
-		if ts.Container == "c1" && ts.Tenant == "team-a" {
+		if ts.Container == "c1" && ts.Namespace == "moby" && ts.Tenant == "team-a" {
 			inC1++
 		}
 	}
@@ -115,7 +117,8 @@ func TestContainerLifecycle(t *testing.T) {
 	}
 	// Release ends the sessions and frees everything.
 	bystander.Close()
-	if err := op.Release("c1"); err != nil {
+	wantErr(t, op.Release("", "c1"), api.ErrInvalidArgument, `"c1" of namespace ""`) // the id alone names none
+	if err := op.Release("moby", "c1"); err != nil {
 		t.Fatal(err)
 	}
 	// Release returns once the container's sessions have freed their memory.
@@ -129,7 +132,7 @@ func TestContainerLifecycle(t *testing.T) {
 	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 0 || ti.Reserved != 0 {
 		t.Fatalf("after release: %+v", ti)
 	}
-	wantErr(t, op.Release("c1"), api.ErrInvalidArgument, "c1")
+	wantErr(t, op.Release("moby", "c1"), api.ErrInvalidArgument, "c1")
 }
 
 func TestAdmission(t *testing.T) {
@@ -158,9 +161,16 @@ func TestAdmission(t *testing.T) {
 	}
 	_, err = op.Register(api.Register{Container: "f", Tenant: "nobody", Memory: 1 << 20})
 	wantErr(t, err, api.ErrPermissionDenied, "nobody")
-	// Bad ids and socket directories outside the container directory.
+	// Bad ids and namespaces, and socket directories other than the
+	// container's.
 	_, err = op.Register(api.Register{Container: "../x", Memory: 1 << 20})
 	wantErr(t, err, api.ErrInvalidArgument, "../x")
+	for _, ns := range []string{"..", ".", "a/b", "_", "-x", strings.Repeat("n", 129)} {
+		_, err = op.Register(api.Register{Container: "h", Namespace: ns, Memory: 1 << 20})
+		wantErr(t, err, api.ErrInvalidArgument, fmt.Sprintf("namespace %q", ns))
+	}
+	_, err = op.Register(api.Register{Container: "h", Namespace: "moby", Memory: 1 << 20, SocketDir: filepath.Join(cs.dir, "h")})
+	wantErr(t, err, api.ErrInvalidArgument, filepath.Join(cs.dir, "moby", "h"))
 	_, err = op.Register(api.Register{Container: "g", Memory: 1 << 20, SocketDir: "/etc"})
 	wantErr(t, err, api.ErrInvalidArgument, "/etc")
 }
@@ -213,17 +223,18 @@ func TestQuotaReload(t *testing.T) {
 	}
 }
 
-// A containerd report that a container ended arrives late and names only an
-// id: it must not release a registration of that id whose process still
-// runs (the id registered again by a restarted container, or another
-// namespace's container), and releases one whose process is gone.
+// A containerd report that a container ended arrives late: it must not
+// release a registration of that container whose process still runs (the id
+// registered again by a restarted container), nor one of another namespace,
+// and releases one whose process is gone.
 func TestContainerGoneSparesALiveRegistration(t *testing.T) {
 	cs := startContainers(t)
 	op := cs.operator(t)
 	if _, err := op.Register(api.Register{Container: "again", Namespace: "moby", Memory: 8 << 20, Pid: uint32(os.Getpid())}); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, cs.med.ContainerGone("again"), api.ErrInvalidArgument, "still running")
+	wantErr(t, cs.med.ContainerGone("moby", "again"), api.ErrInvalidArgument, "still running")
+	wantErr(t, cs.med.ContainerGone("k8s.io", "again"), api.ErrInvalidArgument, "not registered")
 	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 1 || ti.Reserved != 8<<20 {
 		t.Fatalf("a report of a live container's end released it: %+v", ti)
 	}
@@ -235,13 +246,13 @@ func TestContainerGoneSparesALiveRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The reclaim loop may have released it first: either way it goes.
-	if err := cs.med.ContainerGone("ended"); err != nil && !strings.Contains(err.Error(), "not registered") {
+	if err := cs.med.ContainerGone("moby", "ended"); err != nil && !strings.Contains(err.Error(), "not registered") {
 		t.Fatal(err)
 	}
 	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 1 || ti.Reserved != 8<<20 {
 		t.Fatalf("after the ended container's report: %+v", ti)
 	}
-	wantErr(t, cs.med.ContainerGone("ended"), api.ErrInvalidArgument, "not registered")
+	wantErr(t, cs.med.ContainerGone("moby", "ended"), api.ErrInvalidArgument, "not registered")
 }
 
 // A reload that finds the quota file missing (deleted by mistake, or caught
@@ -295,4 +306,109 @@ func TestContainerSocketRefusesOutsiders(t *testing.T) {
 	}
 	_, err = client.Dial(client.Options{Socket: r.Socket})
 	wantErr(t, err, api.ErrPermissionDenied, "not in the container")
+}
+
+// Containers are named by namespace and id: one id in two namespaces is two
+// containers, with their own sockets, tenants and grants, released each on
+// its own.
+func TestOneIDInTwoNamespaces(t *testing.T) {
+	cs := startContainers(t)
+	op := cs.operator(t)
+	// A 64-character id, as Docker's and the CRI's are, in a long namespace:
+	// the socket's path is longer than a socket address holds.
+	id := strings.Repeat("f00d", 16)
+	long := "a-rather-long-containerd-namespace.example"
+	regs := []struct {
+		ns, tenant string
+		memory     uint64
+	}{{"moby", "team-a", 8 << 20}, {"k8s.io", "shared", 4 << 20}, {long, "shared", 2 << 20}, {"", "shared", 1 << 20}}
+	sockets := map[string]string{}
+	clients := map[string]*client.Client{}
+	for _, r := range regs {
+		reply, err := op.Register(api.Register{Container: id, Namespace: r.ns, Memory: r.memory, Pid: uint32(os.Getpid())})
+		if err != nil {
+			t.Fatalf("namespace %q: %v", r.ns, err)
+		}
+		if want := filepath.Join(api.ContainerSocketDir(cs.dir, r.ns, id), mediator.SocketName); reply.Socket != want || reply.Tenant != r.tenant {
+			t.Fatalf("namespace %q: reply %+v, want socket %s, tenant %s", r.ns, reply, want, r.tenant)
+		}
+		sockets[r.ns] = reply.Socket
+		// Dialled through its directory, as a path this long cannot be.
+		d, err := os.Open(filepath.Dir(reply.Socket))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		c, err := client.Dial(client.Options{Socket: fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), mediator.SocketName)})
+		if err != nil {
+			t.Fatalf("namespace %q: dial %s: %v", r.ns, reply.Socket, err)
+		}
+		defer c.Close()
+		if _, err := c.Malloc(0, r.memory); err != nil {
+			t.Fatalf("namespace %q: allocate the grant: %v", r.ns, err)
+		}
+		clients[r.ns] = c
+	}
+	if len(sockets[long]) <= 108 {
+		t.Fatalf("socket path %s is short enough for a socket address; the test wants a longer one", sockets[long])
+	}
+	_, err := op.Register(api.Register{Container: id, Namespace: "moby", Memory: 1 << 20})
+	wantErr(t, err, api.ErrInvalidArgument, id, `namespace "moby"`)
+	seen := map[string]bool{}
+	for _, ts := range cs.med.Status().Tenants {
+		if ts.Container == id {
+			seen[ts.Namespace+"|"+ts.Tenant] = true
+		}
+	}
+	if want := map[string]bool{"moby|team-a": true, "k8s.io|shared": true, long + "|shared": true, "|shared": true}; !reflect.DeepEqual(seen, want) {
+		t.Fatalf("status shows sessions %v, want %v", seen, want)
+	}
+	want := func(tenant string, containers int, reserved uint64) {
+		t.Helper()
+		if ti := tenantInfo(t, op, tenant); ti.Containers != containers || ti.Reserved != reserved || ti.Allocated != reserved {
+			t.Fatalf("tenant %s: %+v; want %d containers, %d bytes reserved and allocated", tenant, ti, containers, reserved)
+		}
+	}
+	want("team-a", 1, 8<<20)
+	want("shared", 3, 7<<20)
+
+	// Releasing moby's leaves the others serving.
+	if err := op.Release("moby", id); err != nil {
+		t.Fatal(err)
+	}
+	want("team-a", 0, 0)
+	want("shared", 3, 7<<20)
+	if _, err := os.Stat(sockets["moby"]); !os.IsNotExist(err) {
+		t.Fatalf("moby's socket still there: %v", err)
+	}
+	for _, ns := range []string{"k8s.io", long, ""} {
+		if _, err := os.Stat(sockets[ns]); err != nil {
+			t.Fatalf("namespace %q lost its socket with moby's: %v", ns, err)
+		}
+		if _, err := clients[ns].Malloc(0, 1); !errors.Is(err, api.ErrQuotaExceeded) {
+			t.Fatalf("namespace %q: session after moby's release: %v", ns, err)
+		}
+	}
+	// The reclaim of vanished containers and containerd's reports name the
+	// namespace too.
+	wantErr(t, cs.med.ContainerGone("moby", id), api.ErrInvalidArgument, "not registered")
+	wantErr(t, cs.med.ContainerGone("k8s.io", id), api.ErrInvalidArgument, "still running")
+	for i, ns := range []string{"k8s.io", long, ""} {
+		if err := op.Release(ns, id); err != nil {
+			t.Fatalf("namespace %q: %v", ns, err)
+		}
+		if _, err := os.Stat(sockets[ns]); !os.IsNotExist(err) {
+			t.Fatalf("namespace %q: socket still there: %v", ns, err)
+		}
+		if _, err := os.Stat(filepath.Dir(sockets[ns])); !os.IsNotExist(err) {
+			t.Fatalf("namespace %q: socket directory still there: %v", ns, err)
+		}
+		if i < 2 {
+			if _, err := os.Stat(sockets[""]); err != nil {
+				t.Fatalf("the container without a namespace lost its socket: %v", err)
+			}
+		}
+	}
+	want("shared", 0, 0)
+	cs.waitIdle(t)
 }

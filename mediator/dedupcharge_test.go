@@ -183,7 +183,7 @@ func TestDedupChargeCreditsSealedWeights(t *testing.T) {
 			wantCharged(t, op, tc.tenant, 0, 0)
 			// The container's budget takes the full weights again after a
 			// session end returns a credited allocation.
-			c2, err := client.Dial(client.Options{Socket: filepath.Join(cs.dir, id, mediator.SocketName)})
+			c2, err := client.Dial(client.Options{Socket: filepath.Join(cs.dir, api.NoNamespace, id, mediator.SocketName)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -192,7 +192,7 @@ func TestDedupChargeCreditsSealedWeights(t *testing.T) {
 			c2.Close()
 			cs.waitSessionGone(t, c2.Session())
 			wantCharged(t, op, tc.tenant, 0, 0)
-			if err := op.Release(id); err != nil {
+			if err := op.Release("", id); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -286,7 +286,7 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 			if _, err := op.Register(api.Register{Container: id, Tenant: tn.name, Memory: grant}); err != nil {
 				rt.Fatal(err)
 			}
-			defer op.Release(id)
+			defer op.Release("", id)
 		}
 		unique := 100
 		for step := range rapid.IntRange(5, 30).Draw(rt, "steps") {
@@ -297,7 +297,7 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 			i := rapid.IntRange(0, 1).Draw(rt, "session")
 			s := sessions[k][i]
 			if s == nil {
-				sock := filepath.Join(cs.dir, fmt.Sprintf("drift%d-%s", run, tn.name), mediator.SocketName)
+				sock := filepath.Join(cs.dir, api.NoNamespace, fmt.Sprintf("drift%d-%s", run, tn.name), mediator.SocketName)
 				c, err := client.Dial(client.Options{Socket: sock})
 				if err != nil {
 					rt.Fatalf("step %d: dial: %v", step, err)

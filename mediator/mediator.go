@@ -114,7 +114,7 @@ type Mediator struct {
 	nextSession atomic.Uint64
 	mu          sync.Mutex
 	sessions    map[uint64]*session
-	containers  map[string]*container
+	containers  map[ctrKey]*container // by namespace and id
 	listeners   []net.Listener
 	conns       map[net.Conn]struct{}
 	closed      bool
@@ -156,7 +156,7 @@ func New(cfg Config) (*Mediator, error) {
 	}
 	m := &Mediator{
 		cfg: cfg, log: cfg.Log, admission: isolation.NewAdmission(quota), store: store,
-		sessions: map[uint64]*session{}, containers: map[string]*container{},
+		sessions: map[uint64]*session{}, containers: map[ctrKey]*container{},
 		conns: map[net.Conn]struct{}{}, stop: make(chan struct{}),
 	}
 	for i, addr := range cfg.Nodes {
@@ -280,7 +280,7 @@ func (m *Mediator) Close() error {
 		l.Close()
 	}
 	for _, c := range m.containers {
-		c.listener.Close()
+		c.closeSocket()
 	}
 	for c := range m.conns {
 		c.Close()

@@ -223,7 +223,7 @@ func (m *Mediator) operate(op api.Op, body []byte, priv bool) ([]byte, error) {
 		if err := api.Decode(body, &r); err != nil {
 			return nil, fmt.Errorf("release: %w", err)
 		}
-		return nil, m.Release(r.Container)
+		return nil, m.Release(r.Namespace, r.Container)
 	default: // OpReload
 		return nil, m.Reload()
 	}
@@ -245,16 +245,16 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	tenant, n := hello.Tenant, int(hello.Devices)
 	if ctr != nil {
 		if tenant != "" && tenant != ctr.grant.Tenant {
-			return nil, fmt.Errorf("container %s belongs to tenant %q and may not act as %q: %w",
-				ctr.grant.Container, ctr.grant.Tenant, tenant, api.ErrPermissionDenied)
+			return nil, fmt.Errorf("container %v belongs to tenant %q and may not act as %q: %w",
+				ctr.key(), ctr.grant.Tenant, tenant, api.ErrPermissionDenied)
 		}
 		tenant = ctr.grant.Tenant
 		if n == 0 {
 			n = int(ctr.grant.Devices)
 		}
 		if n > int(ctr.grant.Devices) {
-			return nil, fmt.Errorf("%d virtual devices asked, container %s was granted %d: %w",
-				n, ctr.grant.Container, ctr.grant.Devices, api.ErrPermissionDenied)
+			return nil, fmt.Errorf("%d virtual devices asked, container %v was granted %d: %w",
+				n, ctr.key(), ctr.grant.Devices, api.ErrPermissionDenied)
 		}
 	}
 	if !tenantName.MatchString(tenant) {
@@ -472,12 +472,12 @@ func (s *session) teardown() {
 
 func (s *session) status() api.TenantStatus {
 	st := s.space.Stats()
-	var ctr string
+	var ctr, ns string
 	if s.ctr != nil {
-		ctr = s.ctr.grant.Container
+		ctr, ns = s.ctr.grant.Container, s.ctr.grant.Namespace
 	}
 	return api.TenantStatus{
-		Tenant: s.tenant, Container: ctr, Session: s.id, Devices: len(s.vdevs),
+		Tenant: s.tenant, Container: ctr, Namespace: ns, Session: s.id, Devices: len(s.vdevs),
 		Allocations: st.Allocations, Allocated: st.Allocated, Mapped: st.Mapped,
 		Mapped4K: st.Mapped4K, Mapped64K: st.Mapped64K, Mapped2M: st.Mapped2M,
 		Resident: st.Resident, Evicted: st.Evicted,

@@ -60,7 +60,7 @@ func EditBundle(inv *Invocation) (bool, error) {
 	if err := inv.CheckHook(); err != nil {
 		return false, fmt.Errorf("container %s: %w", inv.ID, err)
 	}
-	if _, err := PrepareSocketDir(inv.StateDir, inv.ID); err != nil {
+	if _, err := PrepareSocketDir(inv.StateDir, inv.Namespace(), inv.ID); err != nil {
 		return false, fmt.Errorf("container %s: %w", inv.ID, err)
 	}
 	a := Attach{Request: req, ID: inv.ID, Namespace: inv.Namespace(), Socket: inv.Socket, Hook: inv.Hook, StateDir: inv.StateDir}
@@ -73,13 +73,17 @@ func EditBundle(inv *Invocation) (bool, error) {
 	return true, nil
 }
 
-// PrepareSocketDir makes the container's socket directory, stateDir/id,
-// mode 0755 (owned by the caller: root, in production), and returns it. A
-// directory left from an earlier run of the same id is reused; anything
-// else in its place (a symlink, a file) is refused.
-func PrepareSocketDir(stateDir, id string) (string, error) {
+// PrepareSocketDir makes the socket directory of container id of
+// namespace, stateDir/namespace/id (SocketDir), and its namespace's
+// directory, mode 0755 (owned by the caller: root, in production), and
+// returns it. Directories left from an earlier run are reused; anything
+// else in their place (a symlink, a file) is refused.
+func PrepareSocketDir(stateDir, namespace, id string) (string, error) {
 	if err := ValidID(id); err != nil {
 		return "", err
+	}
+	if err := ValidNamespace(namespace); err != nil {
+		return "", fmt.Errorf("container %s: %w", id, err)
 	}
 	if !filepath.IsAbs(stateDir) {
 		return "", fmt.Errorf("state directory %q: want an absolute path: %w", stateDir, api.ErrInvalidArgument)
@@ -87,21 +91,32 @@ func PrepareSocketDir(stateDir, id string) (string, error) {
 	if err := os.MkdirAll(stateDir, 0o755); err != nil {
 		return "", fmt.Errorf("state directory: %v: %w", err, api.ErrInternal)
 	}
-	dir := filepath.Join(stateDir, id)
+	dir := SocketDir(stateDir, namespace, id)
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := plainDir(d); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// plainDir makes directory dir, mode 0755, or checks that what is there is
+// a directory (not a symlink) and gives it that mode.
+func plainDir(dir string) error {
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return "", fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
+		return fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
 	}
 	fi, err := os.Lstat(dir)
 	if err != nil {
-		return "", fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
+		return fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
 	}
 	if !fi.IsDir() {
-		return "", fmt.Errorf("socket directory %s exists and is not a directory (%v): %w", dir, fi.Mode().Type(), api.ErrPermissionDenied)
+		return fmt.Errorf("socket directory %s exists and is not a directory (%v): %w", dir, fi.Mode().Type(), api.ErrPermissionDenied)
 	}
 	if err := os.Chmod(dir, 0o755); err != nil { // whatever the umask
-		return "", fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
+		return fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
 	}
-	return dir, nil
+	return nil
 }
 
 // WriteSpec replaces the file at path with spec, atomically: a temporary

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -126,7 +127,7 @@ func TestEditBundleRequest(t *testing.T) {
 		t.Errorf("bundle holds %d files; temporary file left?", len(entries))
 	}
 	s := readSpec(t, p)
-	sockDir := filepath.Join(inv.StateDir, "abc")
+	sockDir := filepath.Join(inv.StateDir, "moby", "abc")
 	if got := s.Mounts[len(s.Mounts)-1]; got.Destination != "/run/vgpu" || got.Source != sockDir ||
 		!slices.Equal(got.Options, SocketMountOptions) {
 		t.Errorf("last mount %+v", got)
@@ -204,9 +205,15 @@ func TestEditBundleRefusals(t *testing.T) {
 		{"missing hook", config(`"VGPU_MEMORY=1Gi"`, ""), "abc", func(inv *Invocation) { inv.Hook = "/nonexistent/vgpu-hook" },
 			api.ErrUnavailable, "/nonexistent/vgpu-hook"},
 		{"socket dir is a symlink", config(`"VGPU_MEMORY=1Gi"`, ""), "abc", func(inv *Invocation) {
-			os.MkdirAll(inv.StateDir, 0o755)
-			os.Symlink("/etc", filepath.Join(inv.StateDir, "abc"))
+			os.MkdirAll(filepath.Join(inv.StateDir, "moby"), 0o755)
+			os.Symlink("/etc", filepath.Join(inv.StateDir, "moby", "abc"))
 		}, api.ErrPermissionDenied, "not a directory"},
+		{"namespace dir is a symlink", config(`"VGPU_MEMORY=1Gi"`, ""), "abc", func(inv *Invocation) {
+			os.MkdirAll(inv.StateDir, 0o755)
+			os.Symlink("/etc", filepath.Join(inv.StateDir, "moby"))
+		}, api.ErrPermissionDenied, "not a directory"},
+		{"bad namespace", config(`"VGPU_MEMORY=1Gi"`, ""), "abc", func(inv *Invocation) { inv.Root = "/run/x/-bad" },
+			api.ErrInvalidArgument, `namespace "-bad"`},
 		{"not json", []byte("{"), "abc", nil, api.ErrInvalidArgument, "config.json"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -231,29 +238,49 @@ func TestEditBundleRefusals(t *testing.T) {
 
 func TestPrepareSocketDir(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "a", "state")
-	dir, err := PrepareSocketDir(state, "c1")
-	if err != nil || dir != filepath.Join(state, "c1") {
+	dir, err := PrepareSocketDir(state, "moby", "c1")
+	if err != nil || dir != filepath.Join(state, "moby", "c1") {
 		t.Fatalf("PrepareSocketDir = %q, %v", dir, err)
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := PrepareSocketDir(state, "c1"); err != nil {
+	if _, err := PrepareSocketDir(state, "moby", "c1"); err != nil {
 		t.Fatalf("reuse: %v", err)
 	}
 	if fi, _ := os.Stat(dir); fi.Mode().Perm() != 0o755 {
 		t.Fatalf("mode %v", fi.Mode().Perm())
 	}
-	os.WriteFile(filepath.Join(state, "file"), nil, 0o644)
-	if _, err := PrepareSocketDir(state, "file"); !errors.Is(err, api.ErrPermissionDenied) {
+	// One id in another namespace, and without one, is another directory.
+	for ns, want := range map[string]string{"k8s.io": filepath.Join(state, "k8s.io", "c1"), "": filepath.Join(state, api.NoNamespace, "c1")} {
+		if got, err := PrepareSocketDir(state, ns, "c1"); err != nil || got != want {
+			t.Errorf("namespace %q: PrepareSocketDir = %q, %v; want %q", ns, got, err, want)
+		}
+	}
+	os.WriteFile(filepath.Join(state, "moby", "file"), nil, 0o644)
+	if _, err := PrepareSocketDir(state, "moby", "file"); !errors.Is(err, api.ErrPermissionDenied) {
 		t.Fatalf("a file in the way: %v", err)
 	}
+	os.WriteFile(filepath.Join(state, "nsfile"), nil, 0o644)
+	if _, err := PrepareSocketDir(state, "nsfile", "c1"); !errors.Is(err, api.ErrPermissionDenied) {
+		t.Fatalf("a file in the namespace's way: %v", err)
+	}
+	os.Symlink(t.TempDir(), filepath.Join(state, "nslink"))
+	if _, err := PrepareSocketDir(state, "nslink", "c1"); !errors.Is(err, api.ErrPermissionDenied) {
+		t.Fatalf("a symlink in the namespace's way: %v", err)
+	}
 	for _, id := range []string{"", ".", "..", "a/b", "-x", ".hidden", strings.Repeat("a", 129)} {
-		if _, err := PrepareSocketDir(state, id); !errors.Is(err, api.ErrInvalidArgument) {
+		if _, err := PrepareSocketDir(state, "moby", id); !errors.Is(err, api.ErrInvalidArgument) {
 			t.Errorf("id %q: %v", id, err)
 		}
 	}
-	if _, err := PrepareSocketDir("relative", "c1"); !errors.Is(err, api.ErrInvalidArgument) {
+	for _, ns := range []string{".", "..", "a/b", "-x", "_", ".hidden", "/", strings.Repeat("a", 129)} {
+		_, err := PrepareSocketDir(state, ns, "c1")
+		if !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), fmt.Sprintf("namespace %q", ns)) {
+			t.Errorf("namespace %q: %v", ns, err)
+		}
+	}
+	if _, err := PrepareSocketDir("relative", "moby", "c1"); !errors.Is(err, api.ErrInvalidArgument) {
 		t.Errorf("relative state dir: %v", err)
 	}
 }

@@ -11,7 +11,12 @@
 //   - the edits of config.json on create, each a small Modifier composed in a
 //     Chain (SocketMount, SetEnv, AddHook), and the bundle rewrite (EditBundle);
 //   - the hook's typed command line (HookConfig) and its work on createRuntime
-//     (register with the mediator) and poststop (release) (RunHook).
+//     (register with the mediator) and poststop (release) (RunHook);
+//   - the container's socket directory on the host, StateDir/namespace/id
+//     (SocketDir; "_" for no namespace). A container is named by its
+//     containerd namespace (the base name of runc's --root) and its id
+//     together: both hook stages pass both to the mediator, and both must be
+//     plain names (ValidNamespace, ValidID).
 //
 // The OCI spec is translated once, at the edge, into our types (Request,
 // HookConfig); everything past that works on those.

@@ -52,12 +52,30 @@ func ValidID(id string) error {
 	return nil
 }
 
+// ValidNamespace checks that a containerd namespace is a plain name, like a
+// container id, fit to be a directory name under the state directory; ""
+// (no namespace: plain runc) is valid too, and is a namespace of its own
+// (its directory is api.NoNamespace).
+func ValidNamespace(ns string) error {
+	if ns != "" && !idPattern.MatchString(ns) {
+		return fmt.Errorf("container namespace %q: want none, or 1 to 128 of A-Z a-z 0-9 _ . -, starting with a letter or digit: %w",
+			ns, api.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// SocketDir is the socket directory of container id of namespace in
+// stateDir: stateDir/namespace/id (api.ContainerSocketDir).
+func SocketDir(stateDir, namespace, id string) string {
+	return api.ContainerSocketDir(stateDir, namespace, id)
+}
+
 // HookConfig is vgpu-hook's command line, typed: what the wrapper tells the
 // hook when it installs it. Args and ParseHookArgs are inverses.
 type HookConfig struct {
 	Stage     HookStage
 	Socket    string // the mediator's operator socket
-	Namespace string // createRuntime only
+	Namespace string // containerd namespace: with the id, names the container
 	Tenant    string // createRuntime only; "": the mediator decides
 	Memory    uint64 // createRuntime only
 	Compute   uint32 // createRuntime only
@@ -68,10 +86,9 @@ type HookConfig struct {
 
 // Args returns the hook's argv, program name first.
 func (c HookConfig) Args() []string {
-	args := []string{"vgpu-hook", string(c.Stage), "--socket", c.Socket}
+	args := []string{"vgpu-hook", string(c.Stage), "--socket", c.Socket, "--namespace", c.Namespace}
 	if c.Stage == StageCreateRuntime {
 		args = append(args,
-			"--namespace", c.Namespace,
 			"--tenant", c.Tenant,
 			"--memory", strconv.FormatUint(c.Memory, 10),
 			"--compute", strconv.FormatUint(uint64(c.Compute), 10),
@@ -99,10 +116,10 @@ func ParseHookArgs(argv []string) (*HookConfig, error) {
 	fs.StringVar(&c.Socket, "socket", "", "the mediator's operator socket")
 	fs.StringVar(&c.SocketDir, "socket-dir", "", "the container's socket directory")
 	fs.StringVar(&c.StateDir, "state-dir", "", "the directory of socket directories")
+	fs.StringVar(&c.Namespace, "namespace", "", "containerd namespace")
 	var devices, compute uint64
 	switch c.Stage {
 	case StageCreateRuntime:
-		fs.StringVar(&c.Namespace, "namespace", "", "containerd namespace")
 		fs.StringVar(&c.Tenant, "tenant", "", "the operator's tenant")
 		fs.Uint64Var(&c.Memory, "memory", 0, "bytes")
 		fs.Uint64Var(&compute, "compute", 0, "weight")
@@ -126,9 +143,12 @@ func ParseHookArgs(argv []string) (*HookConfig, error) {
 			return nil, fmt.Errorf("vgpu-hook %s: %s %q: want a clean absolute path: %w", c.Stage, p.name, p.v, api.ErrInvalidArgument)
 		}
 	}
-	if path.Dir(c.SocketDir) != c.StateDir {
-		return nil, fmt.Errorf("vgpu-hook %s: --socket-dir %q is not directly inside --state-dir %q: %w",
-			c.Stage, c.SocketDir, c.StateDir, api.ErrInvalidArgument)
+	if err := ValidNamespace(c.Namespace); err != nil {
+		return nil, fmt.Errorf("vgpu-hook %s: --namespace: %w", c.Stage, err)
+	}
+	if want := SocketDir(c.StateDir, c.Namespace, path.Base(c.SocketDir)); c.SocketDir != want {
+		return nil, fmt.Errorf("vgpu-hook %s: --socket-dir %q is not a container's directory of namespace %q in --state-dir %q (%s/<id>): %w",
+			c.Stage, c.SocketDir, c.Namespace, c.StateDir, path.Dir(want), api.ErrInvalidArgument)
 	}
 	return c, nil
 }
@@ -200,14 +220,15 @@ func CheckMountPoint(rootfs string) error {
 // Mediator is the mediator as the hook sees it; *client.Operator is one.
 type Mediator interface {
 	Register(api.Register) (*api.RegisterReply, error)
-	Release(container string) error
+	Release(namespace, container string) error
 	Close() error
 }
 
 // Dialer connects to the mediator's operator socket.
 type Dialer func(socket string) (Mediator, error)
 
-// RunHook does the hook's work for cfg.Stage on the container in st, and
+// RunHook does the hook's work for cfg.Stage on the container in st, of
+// namespace cfg.Namespace, and
 // writes what it did to log. It gives up when ctx ends, even while the
 // mediator does not answer.
 //
@@ -219,7 +240,7 @@ type Dialer func(socket string) (Mediator, error)
 // and is not an error: the container is gone either way.
 func RunHook(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer, log io.Writer) error {
 	if path.Base(cfg.SocketDir) != st.ID {
-		return fmt.Errorf("container %s: socket directory %s is another container's: %w", st.ID, cfg.SocketDir, api.ErrInvalidArgument)
+		return fmt.Errorf("container %s (namespace %q): socket directory %s is another container's: %w", st.ID, cfg.Namespace, cfg.SocketDir, api.ErrInvalidArgument)
 	}
 	switch cfg.Stage {
 	case StageCreateRuntime:
@@ -267,17 +288,17 @@ func register(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer
 }
 
 func release(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer, log io.Writer) error {
-	err := withMediator(ctx, cfg.Socket, dial, func(m Mediator) error { return m.Release(st.ID) })
+	err := withMediator(ctx, cfg.Socket, dial, func(m Mediator) error { return m.Release(cfg.Namespace, st.ID) })
 	rerr := RemoveSocketDir(cfg.StateDir, cfg.SocketDir)
 	switch {
 	case err == nil:
-		fmt.Fprintf(log, "vgpu-hook: container %s released\n", st.ID)
+		fmt.Fprintf(log, "vgpu-hook: container %s released (namespace %q)\n", st.ID, cfg.Namespace)
 	case errors.Is(err, api.ErrInvalidArgument), errors.Is(err, api.ErrUnavailable):
 		// Unknown to the mediator, or the mediator is not there: nothing is held.
-		fmt.Fprintf(log, "vgpu-hook: container %s: release: %v (ignored)\n", st.ID, err)
+		fmt.Fprintf(log, "vgpu-hook: container %s (namespace %q): release: %v (ignored)\n", st.ID, cfg.Namespace, err)
 		err = nil
 	default:
-		err = fmt.Errorf("release container %s: %w", st.ID, err)
+		err = fmt.Errorf("release container %s (namespace %q): %w", st.ID, cfg.Namespace, err)
 	}
 	if rerr != nil {
 		return errors.Join(err, fmt.Errorf("container %s: %w", st.ID, rerr))
@@ -327,10 +348,16 @@ func withMediator(ctx context.Context, socket string, dial Dialer, fn func(Media
 }
 
 // RemoveSocketDir removes a container's socket directory: only a directory
-// directly inside stateDir, with a plain container id for a name, and not a
-// symlink. One that is gone already is fine.
+// stateDir/namespace/id (SocketDir) with a plain namespace (or
+// api.NoNamespace) and a plain container id for names, and not a symlink.
+// One that is gone already is fine. The namespace's directory stays.
 func RemoveSocketDir(stateDir, dir string) error {
-	if filepath.Dir(dir) != filepath.Clean(stateDir) || ValidID(filepath.Base(dir)) != nil {
+	nsDir := filepath.Dir(dir)
+	ns := filepath.Base(nsDir)
+	if ns == api.NoNamespace {
+		ns = ""
+	}
+	if filepath.Dir(nsDir) != filepath.Clean(stateDir) || ValidNamespace(ns) != nil || ValidID(filepath.Base(dir)) != nil {
 		return fmt.Errorf("socket directory %s is not a container's directory in %s; not removing it: %w",
 			dir, stateDir, api.ErrPermissionDenied)
 	}

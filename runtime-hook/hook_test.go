@@ -21,10 +21,11 @@ import (
 func TestHookArgsRoundTrip(t *testing.T) {
 	for _, c := range []HookConfig{
 		{Stage: StageCreateRuntime, Socket: "/run/vgpu/mediator.sock", Namespace: "moby", Tenant: "team-a",
-			Memory: 2 << 30, Compute: 7, Devices: 2, SocketDir: "/run/vgpu/containers/abc", StateDir: "/run/vgpu/containers"},
-		{Stage: StageCreateRuntime, Socket: "/s", SocketDir: "/st/x", StateDir: "/st", Devices: 1},
-		{Stage: StageCreateRuntime, Socket: "/s", SocketDir: "/st/x", StateDir: "/st", Devices: 1<<32 - 1, Compute: 1<<32 - 1, Memory: 1<<64 - 1},
-		{Stage: StagePoststop, Socket: "/run/vgpu/mediator.sock", SocketDir: "/run/vgpu/containers/abc", StateDir: "/run/vgpu/containers"},
+			Memory: 2 << 30, Compute: 7, Devices: 2, SocketDir: "/run/vgpu/containers/moby/abc", StateDir: "/run/vgpu/containers"},
+		{Stage: StageCreateRuntime, Socket: "/s", SocketDir: "/st/_/x", StateDir: "/st", Devices: 1},
+		{Stage: StageCreateRuntime, Socket: "/s", SocketDir: "/st/_/x", StateDir: "/st", Devices: 1<<32 - 1, Compute: 1<<32 - 1, Memory: 1<<64 - 1},
+		{Stage: StagePoststop, Socket: "/run/vgpu/mediator.sock", Namespace: "k8s.io", SocketDir: "/run/vgpu/containers/k8s.io/abc", StateDir: "/run/vgpu/containers"},
+		{Stage: StagePoststop, Socket: "/s", SocketDir: "/st/_/x", StateDir: "/st"},
 	} {
 		got, err := ParseHookArgs(c.Args())
 		if err != nil {
@@ -37,7 +38,7 @@ func TestHookArgsRoundTrip(t *testing.T) {
 }
 
 func TestParseHookArgsErrors(t *testing.T) {
-	good := []string{"--socket", "/s", "--socket-dir", "/st/c", "--state-dir", "/st"}
+	good := []string{"--socket", "/s", "--socket-dir", "/st/_/c", "--state-dir", "/st"}
 	for _, tc := range []struct {
 		name string
 		argv []string
@@ -50,8 +51,13 @@ func TestParseHookArgsErrors(t *testing.T) {
 		{"relative socket", []string{"vgpu-hook", "poststop", "--socket", "s", "--socket-dir", "/st/c", "--state-dir", "/st"}, "--socket"},
 		{"missing socket dir", []string{"vgpu-hook", "poststop", "--socket", "/s", "--state-dir", "/st"}, "--socket-dir"},
 		{"unclean socket dir", []string{"vgpu-hook", "poststop", "--socket", "/s", "--socket-dir", "/st/c/../../etc", "--state-dir", "/st"}, "--socket-dir"},
-		{"socket dir elsewhere", []string{"vgpu-hook", "poststop", "--socket", "/s", "--socket-dir", "/etc/c", "--state-dir", "/st"}, "not directly inside"},
-		{"socket dir is the state dir", []string{"vgpu-hook", "poststop", "--socket", "/s", "--socket-dir", "/st", "--state-dir", "/st"}, "not directly inside"},
+		{"socket dir elsewhere", []string{"vgpu-hook", "poststop", "--socket", "/s", "--socket-dir", "/etc/c", "--state-dir", "/st"}, "not a container's directory"},
+		{"socket dir is the state dir", []string{"vgpu-hook", "poststop", "--socket", "/s", "--socket-dir", "/st", "--state-dir", "/st"}, "not a container's directory"},
+		{"socket dir without a namespace", []string{"vgpu-hook", "poststop", "--socket", "/s", "--socket-dir", "/st/c", "--state-dir", "/st"}, "not a container's directory"},
+		{"socket dir of another namespace", []string{"vgpu-hook", "poststop", "--namespace", "moby", "--socket", "/s", "--socket-dir", "/st/k8s.io/c", "--state-dir", "/st"},
+			`of namespace "moby"`},
+		{"bad namespace", []string{"vgpu-hook", "poststop", "--namespace", "..", "--socket", "/s", "--socket-dir", "/st/x/c", "--state-dir", "/st"}, `namespace ".."`},
+		{"namespace with a slash", []string{"vgpu-hook", "createRuntime", "--namespace", "a/b", "--socket", "/s", "--socket-dir", "/st/a/b/c", "--state-dir", "/st"}, `namespace "a/b"`},
 		{"compute overflow", append([]string{"vgpu-hook", "createRuntime", "--compute", "4294967296"}, good...), "--compute"},
 		{"devices not a number", append([]string{"vgpu-hook", "createRuntime", "--devices", "two"}, good...), "devices"},
 	} {
@@ -180,11 +186,11 @@ func (f *fakeMediator) Register(r api.Register) (*api.RegisterReply, error) {
 	return &api.RegisterReply{Tenant: r.Tenant, Memory: r.Memory, Socket: filepath.Join(r.SocketDir, SocketName)}, nil
 }
 
-func (f *fakeMediator) Release(c string) error {
+func (f *fakeMediator) Release(ns, c string) error {
 	f.wait()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.released = append(f.released, c)
+	f.released = append(f.released, ns+"/"+c)
 	return f.relErr
 }
 
@@ -215,7 +221,7 @@ func hookSetup(t *testing.T, stage HookStage) (*HookConfig, *specs.State) {
 	t.Helper()
 	b, _ := rootBundle(t, "rootfs")
 	state := filepath.Join(t.TempDir(), "containers")
-	dir, err := PrepareSocketDir(state, "abc")
+	dir, err := PrepareSocketDir(state, "moby", "abc")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +317,7 @@ func TestRunHookPoststop(t *testing.T) {
 			if tc.ok != (err == nil) {
 				t.Fatalf("RunHook = %v, want ok=%v", err, tc.ok)
 			}
-			if !reflect.DeepEqual(f.released, []string{"abc"}) {
+			if !reflect.DeepEqual(f.released, []string{"moby/abc"}) {
 				t.Fatalf("released %q", f.released)
 			}
 			if !strings.Contains(log.String(), tc.log) {
@@ -392,7 +398,7 @@ func TestRemoveSocketDir(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "containers")
 	outside := t.TempDir()
 	os.WriteFile(filepath.Join(outside, "precious"), []byte("x"), 0o600)
-	dir, _ := PrepareSocketDir(state, "c1")
+	dir, _ := PrepareSocketDir(state, "moby", "c1")
 	os.WriteFile(filepath.Join(dir, SocketName), nil, 0o600)
 	if err := RemoveSocketDir(state, dir); err != nil {
 		t.Fatal(err)
@@ -403,9 +409,15 @@ func TestRemoveSocketDir(t *testing.T) {
 	if err := RemoveSocketDir(state, dir); err != nil {
 		t.Fatalf("already gone: %v", err)
 	}
-	os.Symlink(outside, filepath.Join(state, "link"))
-	os.WriteFile(filepath.Join(state, "file"), nil, 0o600)
-	for _, bad := range []string{outside, filepath.Join(state, "link"), filepath.Join(state, "file"), state, filepath.Join(state, "c1", "..", "..", "x")} {
+	if _, err := os.Stat(filepath.Join(state, "moby")); err != nil {
+		t.Errorf("the namespace's directory went too: %v", err)
+	}
+	os.Symlink(outside, filepath.Join(state, "moby", "link"))
+	os.WriteFile(filepath.Join(state, "moby", "file"), nil, 0o600)
+	nons, _ := PrepareSocketDir(state, "", "c2")
+	for _, bad := range []string{outside, filepath.Join(state, "moby", "link"), filepath.Join(state, "moby", "file"), state,
+		filepath.Join(state, "moby"), filepath.Join(state, "c1"), filepath.Join(state, "-x", "c1"), filepath.Join(state, "moby", "c1", "..", "..", "x"),
+		filepath.Join(state, "moby", "c1", "deeper")} {
 		if err := RemoveSocketDir(state, bad); !errors.Is(err, api.ErrPermissionDenied) {
 			t.Errorf("RemoveSocketDir(%s) = %v", bad, err)
 		}
@@ -413,10 +425,13 @@ func TestRemoveSocketDir(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(outside, "precious")); err != nil {
 		t.Fatalf("removed outside the state directory: %v", err)
 	}
+	if err := RemoveSocketDir(state, nons); err != nil {
+		t.Fatalf("a container's directory without a namespace: %v", err)
+	}
 }
 
 func TestHookSpec(t *testing.T) {
-	h := HookConfig{Stage: StagePoststop, Socket: "/s", SocketDir: "/st/c", StateDir: "/st"}.Spec("/usr/bin/vgpu-hook")
+	h := HookConfig{Stage: StagePoststop, Socket: "/s", SocketDir: "/st/_/c", StateDir: "/st"}.Spec("/usr/bin/vgpu-hook")
 	if h.Path != "/usr/bin/vgpu-hook" || h.Timeout == nil || *h.Timeout != HookTimeout || !reflect.DeepEqual(h.Env, HookEnv) {
 		t.Fatalf("hook %+v", h)
 	}

@@ -162,8 +162,9 @@ type Attach struct {
 	StateDir  string // host directory that holds the containers' socket directories
 }
 
-// SocketDir is the container's socket directory on the host.
-func (a Attach) SocketDir() string { return path.Join(a.StateDir, a.ID) }
+// SocketDir is the container's socket directory on the host:
+// StateDir/Namespace/ID.
+func (a Attach) SocketDir() string { return SocketDir(a.StateDir, a.Namespace, a.ID) }
 
 // Modifiers returns the chain of edits that attach the container: its
 // socket directory mounted, the client's environment, and the hooks.
@@ -182,6 +183,7 @@ func (a Attach) Modifiers() Chain {
 	rel := HookConfig{
 		Stage:     StagePoststop,
 		Socket:    a.Socket,
+		Namespace: a.Namespace,
 		SocketDir: a.SocketDir(),
 		StateDir:  a.StateDir,
 	}

@@ -234,7 +234,7 @@ func TestAttachModifiers(t *testing.T) {
 		Process: &specs.Process{Env: []string{"PATH=/bin", "VGPU_MEMORY=2GiB", "VGPU_SOCKET=/run/vgpu/mediator.sock", "VGPU_DEVICES=2"}},
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
-			socketMount("/run/vgpu/containers/c1"),
+			socketMount("/run/vgpu/containers/moby/c1"),
 		},
 		Hooks: &specs.Hooks{
 			StartContainer: []specs.Hook{{Path: "/bin/other"}},
@@ -242,14 +242,14 @@ func TestAttachModifiers(t *testing.T) {
 				Path: "/usr/local/bin/vgpu-hook",
 				Args: []string{"vgpu-hook", "createRuntime", "--socket", "/run/vgpu/mediator.sock",
 					"--namespace", "moby", "--tenant", "team-a", "--memory", "2147483648", "--compute", "10", "--devices", "2",
-					"--socket-dir", "/run/vgpu/containers/c1", "--state-dir", "/run/vgpu/containers"},
+					"--socket-dir", "/run/vgpu/containers/moby/c1", "--state-dir", "/run/vgpu/containers"},
 				Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 				Timeout: intp(10),
 			}},
 			Poststop: []specs.Hook{{
 				Path: "/usr/local/bin/vgpu-hook",
-				Args: []string{"vgpu-hook", "poststop", "--socket", "/run/vgpu/mediator.sock",
-					"--socket-dir", "/run/vgpu/containers/c1", "--state-dir", "/run/vgpu/containers"},
+				Args: []string{"vgpu-hook", "poststop", "--socket", "/run/vgpu/mediator.sock", "--namespace", "moby",
+					"--socket-dir", "/run/vgpu/containers/moby/c1", "--state-dir", "/run/vgpu/containers"},
 				Env:     []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 				Timeout: intp(10),
 			}},

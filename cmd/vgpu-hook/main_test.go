@@ -157,7 +157,7 @@ func (f *fakeMediator) answer(op api.Op, body []byte) ([]byte, error) {
 		if err := api.Decode(body, &r); err != nil {
 			return nil, err
 		}
-		f.released = append(f.released, r.Container)
+		f.released = append(f.released, r.Namespace+"/"+r.Container)
 		return nil, f.relErr
 	case api.OpTenants:
 		return json.Marshal([]api.TenantInfo{{Name: "team-a", Memory: 8 << 30, Compute: 10, Containers: len(f.registered)}})
@@ -186,7 +186,7 @@ func newContainer(t *testing.T, f *fakeMediator, stage runtimehook.HookStage) *c
 		t.Fatal(err)
 	}
 	stateDir := filepath.Join(t.TempDir(), "containers")
-	dir, err := runtimehook.PrepareSocketDir(stateDir, "ctr1")
+	dir, err := runtimehook.PrepareSocketDir(stateDir, "moby", "ctr1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +320,7 @@ func TestHookPoststop(t *testing.T) {
 			f.mu.Lock()
 			released := f.released
 			f.mu.Unlock()
-			if !reflect.DeepEqual(released, []string{"ctr1"}) {
+			if !reflect.DeepEqual(released, []string{"moby/ctr1"}) {
 				t.Fatalf("released %q", released)
 			}
 			if _, err := os.Lstat(c.cfg.SocketDir); !errors.Is(err, os.ErrNotExist) {
@@ -404,9 +404,9 @@ func TestOperatorAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer o.Close()
-	reg := api.Register{Container: "c9", Namespace: "k8s.io", Memory: 1 << 30, Devices: 1, Pid: 7, SocketDir: "/run/vgpu/containers/c9"}
+	reg := api.Register{Container: "c9", Namespace: "k8s.io", Memory: 1 << 30, Devices: 1, Pid: 7, SocketDir: "/run/vgpu/containers/k8s.io/c9"}
 	reply, err := o.Register(reg)
-	if err != nil || reply.Socket != "/run/vgpu/containers/c9/mediator.sock" || reply.Memory != 1<<30 {
+	if err != nil || reply.Socket != "/run/vgpu/containers/k8s.io/c9/mediator.sock" || reply.Memory != 1<<30 {
 		t.Fatalf("Register = %+v, %v", reply, err)
 	}
 	f.mu.Lock()
@@ -415,13 +415,13 @@ func TestOperatorAdmission(t *testing.T) {
 	if _, err := o.Register(reg); !errors.Is(err, api.ErrQuotaExceeded) || !strings.Contains(err.Error(), "limit 3") {
 		t.Fatalf("refused Register: %v", err)
 	}
-	if err := o.Release("c9"); err != nil {
+	if err := o.Release("k8s.io", "c9"); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	f.mu.Lock()
 	f.relErr = fmt.Errorf("container %q is not registered: %w", "zz", api.ErrInvalidArgument)
 	f.mu.Unlock()
-	if err := o.Release("zz"); !errors.Is(err, api.ErrInvalidArgument) {
+	if err := o.Release("", "zz"); !errors.Is(err, api.ErrInvalidArgument) {
 		t.Fatalf("Release of an unknown container: %v", err)
 	}
 	ts, err := o.Tenants()
@@ -436,7 +436,7 @@ func TestOperatorAdmission(t *testing.T) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !reflect.DeepEqual(f.released, []string{"c9", "zz"}) {
+	if !reflect.DeepEqual(f.released, []string{"k8s.io/c9", "/zz"}) {
 		t.Fatalf("released %q", f.released)
 	}
 }

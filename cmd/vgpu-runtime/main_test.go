@@ -209,7 +209,7 @@ func TestCreateWithRequest(t *testing.T) {
 			if err := json.Unmarshal(raw, &s); err != nil {
 				t.Fatal(err)
 			}
-			sockDir := filepath.Join(e.state, "ctr1")
+			sockDir := filepath.Join(e.state, "moby", "ctr1")
 			if fi, err := os.Lstat(sockDir); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o755 {
 				t.Fatalf("socket directory: %v, %v", fi, err)
 			}

@@ -56,13 +56,16 @@ func status(socket string, args []string) error {
 		}
 	}
 	fmt.Fprintf(w, "\nevicted device memory on this host: %s in RAM, %s in the spill file\n\n", api.FormatSize(st.HostRAM), api.FormatSize(st.HostSpilled))
-	fmt.Fprintln(w, "TENANT\tCONTAINER\tSESSION\tALLOCATIONS\tALLOCATED\tIN 4K/64K/2M PAGES\tRESIDENT\tEVICTED\tTLB HITS\tIN\tOUT\tLAUNCHES")
+	fmt.Fprintln(w, "TENANT\tNAMESPACE/CONTAINER\tSESSION\tALLOCATIONS\tALLOCATED\tIN 4K/64K/2M PAGES\tRESIDENT\tEVICTED\tTLB HITS\tIN\tOUT\tLAUNCHES")
 	for _, t := range st.Tenants {
 		ctr := t.Container
 		if ctr == "" {
 			ctr = "-"
 		} else if len(ctr) > 12 {
 			ctr = ctr[:12]
+		}
+		if t.Namespace != "" { // one id may be used in several namespaces
+			ctr = t.Namespace + "/" + ctr
 		}
 		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s / %s / %s\t%s\t%s\t%.1f%%\t%s\t%s\t%d\n", t.Tenant, ctr, t.Session, t.Allocations,
 			api.FormatSize(t.Allocated), api.FormatSize(t.Mapped4K), api.FormatSize(t.Mapped64K), api.FormatSize(t.Mapped2M),

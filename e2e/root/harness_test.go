@@ -23,9 +23,11 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 )
 
-// dirPrefix names the run's directory in /tmp. It is short on purpose: a
-// container's socket is <dir>/c/<64-hex-id>/mediator.sock and must fit in
-// sun_path (108 bytes).
+// dirPrefix names the run's directory in /tmp. It is short on purpose:
+// the run's own sockets (containerd's, dockerd's, the mediator's) must fit
+// in sun_path (108 bytes). Containers' sockets,
+// <dir>/c/<namespace>/<64-hex-id>/mediator.sock, may not; the mediator
+// binds them through their directory.
 const dirPrefix = "vgpu-e2e-"
 
 // Image names and the tenants of the quota file.

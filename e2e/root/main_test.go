@@ -9,8 +9,9 @@
 // (CI) a missing prerequisite is a failure instead.
 //
 // Everything is private to one run, under one short directory
-// /tmp/vgpu-e2e-NNN (unix socket paths must stay under 108 bytes, and
-// container sockets live at <dir>/c/<64-hex-id>/mediator.sock): a containerd
+// /tmp/vgpu-e2e-NNN (container sockets live at
+// <dir>/c/<namespace>/<64-hex-id>/mediator.sock, which the mediator binds
+// through its directory, as the path may pass sun_path's 108 bytes): a containerd
 // with its own root, state, socket and config (CRI off); a dockerd on that
 // containerd with its own data-root, exec-root, socket, pidfile and
 // daemon.json that registers the runtime "vgpu"; the mediator and node. No
@@ -246,14 +247,29 @@ func (h *harness) use(tb testing.TB) string {
 			held = append(held, fmt.Sprintf("tenant %q: %d containers, %d bytes reserved, %d allocated", t.Name, t.Containers, t.Reserved, t.Allocated))
 		}
 	}
-	if ents, err := os.ReadDir(h.ctrDir); err == nil && len(ents) > 0 {
-		var names []string
-		for _, e := range ents {
-			names = append(names, e.Name())
-		}
+	if names := containerDirs(h.ctrDir); len(names) > 0 {
 		held = append(held, fmt.Sprintf("left in %s: %s", h.ctrDir, strings.Join(names, ", ")))
 	}
 	return strings.Join(held, "; ")
+}
+
+// containerDirs lists what is in dir, the containers' socket directories,
+// as namespace/id: a namespace's directory stays after its containers'
+// go, and is not listed when empty.
+func containerDirs(dir string) []string {
+	nss, _ := os.ReadDir(dir)
+	var names []string
+	for _, ns := range nss {
+		if !ns.IsDir() {
+			names = append(names, ns.Name())
+			continue
+		}
+		ents, _ := os.ReadDir(filepath.Join(dir, ns.Name()))
+		for _, e := range ents {
+			names = append(names, ns.Name()+"/"+e.Name())
+		}
+	}
+	return names
 }
 
 // waitIdle waits up to within for the mediator to hold nothing, and returns

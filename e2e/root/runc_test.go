@@ -285,8 +285,9 @@ func TestRuntimePassesRuncLifecycleThrough(t *testing.T) {
 		}
 		t.Fatalf("vgpu-runtime differs from runc at %d steps:\n%s", len(diff), strings.Join(diff, "\n\n"))
 	}
-	if ents, _ := os.ReadDir(h.ctrDir); len(ents) > 0 {
-		t.Errorf("vgpu-runtime left state for a container without a request in %s: %v", h.ctrDir, ents)
+	_, err := os.Lstat(filepath.Join(h.ctrDir, "vgpu")) // the namespace: runc --root's base name
+	if left := containerDirs(h.ctrDir); len(left) > 0 || err == nil {
+		t.Errorf("vgpu-runtime left state for a container without a request in %s: %v (namespace directory: %v)", h.ctrDir, left, err)
 	}
 }
 
@@ -315,9 +316,9 @@ func TestRuntimeAttachesARequestingBundle(t *testing.T) {
 		t.Errorf("process env after create lacks VGPU_SOCKET=/run/vgpu/mediator.sock: %q", s.Process.Env)
 	}
 	if !slices.ContainsFunc(s.Mounts, func(m specs.Mount) bool {
-		return m.Destination == "/run/vgpu" && m.Source == filepath.Join(h.ctrDir, id)
+		return m.Destination == "/run/vgpu" && m.Source == filepath.Join(h.ctrDir, "request", id) // namespace: runc --root's base name
 	}) {
-		t.Errorf("no mount of %s at /run/vgpu after create: %+v", filepath.Join(h.ctrDir, id), s.Mounts)
+		t.Errorf("no mount of %s at /run/vgpu after create: %+v", filepath.Join(h.ctrDir, "request", id), s.Mounts)
 	}
 	hookPath := func(hs []specs.Hook) bool {
 		return slices.ContainsFunc(hs, func(hk specs.Hook) bool { return hk.Path == h.binPath("vgpu-hook") })
