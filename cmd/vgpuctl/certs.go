@@ -3,10 +3,13 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 
+	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/internal/pki"
 )
 
@@ -16,39 +19,65 @@ func (s *stringList) String() string     { return strings.Join(*s, ",") }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 const certsUsage = `usage: vgpuctl certs init --dir DIR [--node-host H]... [--mediator NAME] [--force]
+       vgpuctl certs issue --dir DIR (--node NAME --host H [--host H]... | --mediator NAME) [--force]
 
-Creates the cluster CA and a node and a mediator certificate for mutual TLS
-between mediators and nodes: ca.pem, ca-key.pem, node.pem, node-key.pem,
-mediator.pem, mediator-key.pem (keys 0600). Existing files are kept unless
---force.
+init creates the cluster CA and a node and a mediator certificate for mutual
+TLS between mediators and nodes: ca.pem, ca-key.pem, node.pem, node-key.pem,
+mediator.pem, mediator-key.pem (keys 0600).
+
+issue signs one more certificate with the CA that init wrote in DIR: a node
+certificate naming its hosts (node-NAME.pem, node-NAME-key.pem) or a mediator
+certificate (mediator-NAME.pem, mediator-NAME-key.pem).
+
+Existing files are kept unless --force.
 `
 
 // certsCmd is "vgpuctl certs": it needs no mediator (socket is unused).
 func certsCmd(_ string, args []string) error {
-	if len(args) == 0 || args[0] != "init" {
+	return certs(os.Stdout, args)
+}
+
+func certs(w io.Writer, args []string) error {
+	sub := map[string]func(io.Writer, []string) error{"init": certsInit, "issue": certsIssue}
+	if len(args) == 0 || sub[args[0]] == nil {
 		fmt.Fprint(os.Stderr, certsUsage)
 		if len(args) == 0 {
-			return fmt.Errorf("certs: missing subcommand (init)")
+			return fmt.Errorf("certs: missing subcommand (init, issue)")
 		}
-		return fmt.Errorf("certs: unknown subcommand %q (init)", args[0])
+		return fmt.Errorf("certs: unknown subcommand %q (init, issue)", args[0])
 	}
-	fs := flag.NewFlagSet("certs init", flag.ContinueOnError)
+	return sub[args[0]](w, args[1:])
+}
+
+// certsFlags is a flag set for "certs SUB" with the flags every subcommand has.
+func certsFlags(sub string) (fs *flag.FlagSet, dir *string, force *bool) {
+	fs = flag.NewFlagSet("certs "+sub, flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), certsUsage); fs.PrintDefaults() }
-	dir := fs.String("dir", "", "directory to write the certificates into (created 0700)")
+	dir = fs.String("dir", "", "directory of the certificates (init creates it 0700)")
+	force = fs.Bool("force", false, "replace existing files")
+	return fs, dir, force
+}
+
+// parseCerts parses args and returns --dir made absolute.
+func parseCerts(fs *flag.FlagSet, dir *string, args []string) (string, error) {
+	if err := fs.Parse(args); err != nil {
+		return "", err
+	}
+	if fs.NArg() > 0 {
+		return "", fmt.Errorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	if *dir == "" {
+		return "", fmt.Errorf("%s: --dir is required", fs.Name())
+	}
+	return filepath.Abs(*dir)
+}
+
+func certsInit(w io.Writer, args []string) error {
+	fs, dir, force := certsFlags("init")
 	var hosts stringList
 	fs.Var(&hosts, "node-host", "address or DNS name mediators dial the node by, a SAN of the node certificate; repeat for several (default 127.0.0.1, ::1, localhost)")
 	med := fs.String("mediator", "mediator", "the mediator's name in its certificate (CN mediator:NAME, URI vgpu://mediator/NAME)")
-	force := fs.Bool("force", false, "replace existing files")
-	if err := fs.Parse(args[1:]); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("certs init: unexpected argument %q", fs.Arg(0))
-	}
-	if *dir == "" {
-		return fmt.Errorf("certs init: --dir is required")
-	}
-	abs, err := filepath.Abs(*dir)
+	abs, err := parseCerts(fs, dir, args)
 	if err != nil {
 		return err
 	}
@@ -60,19 +89,110 @@ func certsCmd(_ string, args []string) error {
 	if len(shown) == 0 {
 		shown = pki.DefaultNodeHosts
 	}
-	fmt.Printf(`wrote a cluster CA and certificates to %s
+	fmt.Fprintf(w, `wrote a cluster CA and certificates to %s
   node certificate for: %s
   mediator certificate: mediator:%s
 
-on each node host (node.pem, node-key.pem, ca.pem):
-  vgpu-node --listen HOST:7070 --tls-cert %s --tls-key %s --tls-ca %s
-
-on each mediator host (mediator.pem, mediator-key.pem, ca.pem):
-  vgpu-mediator --node HOST:7070 --node-tls-cert %s --node-tls-key %s --node-tls-ca %s
-
-HOST must be one of the node certificate's names. Keep %s off every daemon's host:
-it signs certificates and is needed only to make more.
-`, abs, strings.Join(shown, ", "), *med,
-		f.NodeCert, f.NodeKey, f.CA, f.MediatorCert, f.MediatorKey, f.CA, f.CAKey)
+`, abs, strings.Join(shown, ", "), *med)
+	printNodeFlags(w, "each node host", f.NodeCert, f.NodeKey, f.CA)
+	fmt.Fprintln(w)
+	printMediatorFlags(w, "each mediator host", f.MediatorCert, f.MediatorKey, f.CA)
+	fmt.Fprintln(w)
+	printHostNote(w, f.CAKey)
 	return nil
+}
+
+func certsIssue(w io.Writer, args []string) error {
+	fs, dir, force := certsFlags("issue")
+	node := fs.String("node", "", "issue a node certificate for the node NAME (CN node:NAME)")
+	var hosts stringList
+	fs.Var(&hosts, "host", "with --node: address or DNS name mediators dial the node by, a SAN of its certificate; at least one, repeat for several")
+	med := fs.String("mediator", "", "issue a mediator certificate for the mediator NAME (CN mediator:NAME, URI vgpu://mediator/NAME)")
+	abs, err := parseCerts(fs, dir, args)
+	if err != nil {
+		return err
+	}
+	var role, name string
+	switch {
+	case *node != "" && *med != "":
+		return fmt.Errorf("certs issue: both --node %q and --mediator %q given; issue one certificate at a time: %w", *node, *med, api.ErrInvalidArgument)
+	case *node != "":
+		role, name = "node", *node
+		if len(hosts) == 0 {
+			return fmt.Errorf("certs issue: node %q: give at least one --host that mediators dial it by: %w", name, api.ErrInvalidArgument)
+		}
+	case *med != "":
+		role, name = "mediator", *med
+		if len(hosts) > 0 {
+			return fmt.Errorf("certs issue: --host %q is for a node certificate, not a mediator's: %w", hosts[0], api.ErrInvalidArgument)
+		}
+	default:
+		return fmt.Errorf("certs issue: say what to issue: --node NAME --host H, or --mediator NAME: %w", api.ErrInvalidArgument)
+	}
+	if err := checkCertName(role, name); err != nil {
+		return fmt.Errorf("certs issue: %w", err)
+	}
+	f := pki.Paths(abs)
+	ca, err := pki.LoadCA(f.CA, f.CAKey)
+	if err != nil {
+		return fmt.Errorf("certs issue: %w (run vgpuctl certs init --dir %s first)", err, abs)
+	}
+	var pair pki.Pair
+	var cert, key string
+	if role == "node" {
+		pair, err = ca.IssueNode(name, hosts)
+		cert, key = pki.NodeFiles(abs, name)
+	} else {
+		pair, err = ca.IssueMediator(name)
+		cert, key = pki.MediatorFiles(abs, name)
+	}
+	if err != nil {
+		return fmt.Errorf("certs issue: %w", err)
+	}
+	if err := pki.WritePair(cert, key, pair, *force); err != nil {
+		return fmt.Errorf("certs issue: %w", err)
+	}
+	if role == "node" {
+		fmt.Fprintf(w, "wrote node certificate node:%s for: %s\n\n", name, strings.Join(hosts, ", "))
+		printNodeFlags(w, "node "+name, cert, key, f.CA)
+		fmt.Fprintln(w)
+		printHostNote(w, f.CAKey)
+	} else {
+		fmt.Fprintf(w, "wrote mediator certificate mediator:%s\n\n", name)
+		printMediatorFlags(w, "mediator "+name, cert, key, f.CA)
+	}
+	return nil
+}
+
+// certName is what a node or mediator name in a file name may be: a plain
+// single path component.
+var certName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// checkCertName refuses a name that is not certName, or that would make
+// another certificate's file name: "key" (node-key.pem is init's key) or a
+// name ending in "-key" (node-a-key.pem is node a's key).
+func checkCertName(role, name string) error {
+	low := strings.ToLower(name)
+	if !certName.MatchString(name) || low == "key" || strings.HasSuffix(low, "-key") {
+		return fmt.Errorf("%s name %q: want 1-128 of A-Z a-z 0-9 _ . -, starting with a letter or digit, not \"key\" nor ending in \"-key\": %w", role, name, api.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// printNodeFlags says which files go where and the vgpu-node flags for them.
+func printNodeFlags(w io.Writer, where, cert, key, ca string) {
+	fmt.Fprintf(w, "on %s (%s, %s, %s):\n  vgpu-node --listen HOST:7070 --tls-cert %s --tls-key %s --tls-ca %s\n",
+		where, filepath.Base(cert), filepath.Base(key), filepath.Base(ca), cert, key, ca)
+}
+
+// printMediatorFlags is printNodeFlags for vgpu-mediator.
+func printMediatorFlags(w io.Writer, where, cert, key, ca string) {
+	fmt.Fprintf(w, "on %s (%s, %s, %s):\n  vgpu-mediator --node HOST:7070 --node-tls-cert %s --node-tls-key %s --node-tls-ca %s\n",
+		where, filepath.Base(cert), filepath.Base(key), filepath.Base(ca), cert, key, ca)
+}
+
+func printHostNote(w io.Writer, caKey string) {
+	fmt.Fprintf(w, `HOST must be one of the node certificate's names. Keep %s off every daemon's host:
+it signs certificates and is needed only to make more.
+`, caKey)
 }

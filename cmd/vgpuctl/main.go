@@ -22,6 +22,8 @@ commands:
                     add the vgpu runtimes to Docker or containerd; prints what to restart
   certs init --dir DIR [--node-host H]... [--mediator NAME] [--force]
                     create the cluster CA and node/mediator certificates for mutual TLS
+  certs issue --dir DIR (--node NAME --host H [--host H]... | --mediator NAME) [--force]
+                    one more node or mediator certificate from the CA in DIR
   demo              three tenants compute at once; every result is checked
   bench [--json] [--out DIR] [--max-size SIZE] [--tenants 1,2,4,8] ...
                     data path against raw baselines measured in the same run, as

@@ -269,18 +269,9 @@ func Init(opt InitOptions) (Files, error) {
 		return Files{}, fmt.Errorf("certificate directory: none given")
 	}
 	f := Paths(opt.Dir)
-	all := []string{f.CA, f.CAKey, f.NodeCert, f.NodeKey, f.MediatorCert, f.MediatorKey}
 	if !opt.Force {
-		var exist []string
-		for _, p := range all {
-			if _, err := os.Lstat(p); err == nil {
-				exist = append(exist, p)
-			} else if !errors.Is(err, fs.ErrNotExist) {
-				return f, err
-			}
-		}
-		if len(exist) > 0 {
-			return f, fmt.Errorf("%s: %w; not overwriting (use --force to replace them)", strings.Join(exist, ", "), ErrExists)
+		if err := refuseExisting(f.CA, f.CAKey, f.NodeCert, f.NodeKey, f.MediatorCert, f.MediatorKey); err != nil {
+			return f, err
 		}
 	}
 	ca, err := NewCA("")
@@ -299,20 +290,68 @@ func Init(opt InitOptions) (Files, error) {
 		return f, err
 	}
 	writes := []struct {
-		path string
-		data []byte
-		mode os.FileMode
+		cert, key string
+		pair      Pair
 	}{
-		{f.CA, ca.Pair.CertPEM, 0o644}, {f.CAKey, ca.Pair.KeyPEM, 0o600},
-		{f.NodeCert, node.CertPEM, 0o644}, {f.NodeKey, node.KeyPEM, 0o600},
-		{f.MediatorCert, med.CertPEM, 0o644}, {f.MediatorKey, med.KeyPEM, 0o600},
+		{f.CA, f.CAKey, ca.Pair}, {f.NodeCert, f.NodeKey, node}, {f.MediatorCert, f.MediatorKey, med},
 	}
 	for _, w := range writes {
-		if err := WriteFile(w.path, w.data, w.mode, opt.Force); err != nil {
+		if err := WritePair(w.cert, w.key, w.pair, opt.Force); err != nil {
 			return f, err
 		}
 	}
 	return f, nil
+}
+
+// NodeFiles returns the certificate and key files of a node certificate
+// issued for name into dir: node-NAME.pem and node-NAME-key.pem, beside
+// Init's node.pem and node-key.pem. name must be a plain file-name part.
+func NodeFiles(dir, name string) (cert, key string) {
+	return named(dir, NodeCertFile, name)
+}
+
+// MediatorFiles is NodeFiles for a mediator certificate:
+// mediator-NAME.pem and mediator-NAME-key.pem.
+func MediatorFiles(dir, name string) (cert, key string) {
+	return named(dir, MediatorCertFile, name)
+}
+
+// named turns "node.pem" into dir/node-NAME.pem and dir/node-NAME-key.pem.
+func named(dir, certFile, name string) (cert, key string) {
+	stem := strings.TrimSuffix(certFile, ".pem") + "-" + name
+	return filepath.Join(dir, stem+".pem"), filepath.Join(dir, stem+"-key.pem")
+}
+
+// refuseExisting fails, naming them and wrapping ErrExists, if any of paths
+// exists.
+func refuseExisting(paths ...string) error {
+	var exist []string
+	for _, p := range paths {
+		if _, err := os.Lstat(p); err == nil {
+			exist = append(exist, p)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	if len(exist) > 0 {
+		return fmt.Errorf("%s: %w; not overwriting (use --force to replace them)", strings.Join(exist, ", "), ErrExists)
+	}
+	return nil
+}
+
+// WritePair writes p's certificate to certFile (0644) and its key to
+// keyFile (0600), as WriteFile does. Without force it writes neither if
+// either exists.
+func WritePair(certFile, keyFile string, p Pair, force bool) error {
+	if !force {
+		if err := refuseExisting(certFile, keyFile); err != nil {
+			return err
+		}
+	}
+	if err := WriteFile(certFile, p.CertPEM, 0o644, force); err != nil {
+		return err
+	}
+	return WriteFile(keyFile, p.KeyPEM, 0o600, force)
 }
 
 // WriteFile writes data to path with exactly mode. Without force it fails

@@ -313,3 +313,24 @@ func TestIssueRefusesBadNames(t *testing.T) {
 		t.Error("empty node host issued")
 	}
 }
+
+func TestWritePairWritesNeitherIfEitherExists(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := NodeFiles(dir, "n1")
+	if err := os.WriteFile(key, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := Pair{CertPEM: []byte("cert"), KeyPEM: []byte("key")}
+	if err := WritePair(cert, key, p, false); !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), key) {
+		t.Fatalf("WritePair over an existing key: %v", err)
+	}
+	if _, err := os.Stat(cert); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("certificate written although the key exists: %v", err)
+	}
+	if err := WritePair(cert, key, p, true); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(key); string(b) != "key" {
+		t.Fatalf("key after force: %q", b)
+	}
+}
