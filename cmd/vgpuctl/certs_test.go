@@ -5,16 +5,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/internal/pki"
+	"github.com/vgpu/vgpu/internal/pki/pkitest"
 )
 
 // runCerts runs "vgpuctl certs ARGS..." and returns what it printed.
@@ -35,41 +33,14 @@ func initCerts(t *testing.T) string {
 	return dir
 }
 
-// handshake connects a client with cli to a server with srv on loopback
-// (dialled as addrHost) and returns both sides' errors. The server writes a
-// byte the client reads: in TLS 1.3 a client learns of a refused
-// certificate only when it reads.
+// handshake is pkitest.Handshake, failing t if the server cannot listen.
 func handshake(t *testing.T, srv, cli *tls.Config, addrHost string) (srvErr, cliErr error) {
 	t.Helper()
-	l, err := tls.Listen("tcp", "127.0.0.1:0", srv)
+	srvErr, cliErr, err := pkitest.Handshake(srv, cli, addrHost)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	done := make(chan error, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			done <- err
-			return
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		if err := c.(*tls.Conn).Handshake(); err != nil {
-			done <- err
-			return
-		}
-		_, err = c.Write([]byte{1})
-		done <- err
-	}()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
-	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", net.JoinHostPort(addrHost, port), cli)
-	if err == nil {
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		_, err = io.ReadFull(c, make([]byte, 1))
-		c.Close()
-	}
-	return <-done, err
+	return srvErr, cliErr
 }
 
 func TestCertsIssue(t *testing.T) {

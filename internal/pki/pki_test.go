@@ -12,43 +12,18 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vgpu/vgpu/internal/pki/pkitest"
 )
 
-// handshake runs a TLS server with srv on loopback and a client with cli
-// dialling addrHost, and returns both sides' errors. A successful server
-// writes one byte, which the client reads: in TLS 1.3 the client learns that
-// the server refused its certificate only when it reads.
+// handshake is pkitest.Handshake, failing t if the server cannot listen.
 func handshake(t *testing.T, srv, cli *tls.Config, addrHost string) (srvErr, cliErr error) {
 	t.Helper()
-	l, err := tls.Listen("tcp", "127.0.0.1:0", srv)
+	srvErr, cliErr, err := pkitest.Handshake(srv, cli, addrHost)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	done := make(chan error, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			done <- err
-			return
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		if err := c.(*tls.Conn).Handshake(); err != nil {
-			done <- err
-			return
-		}
-		_, err = c.Write([]byte{1})
-		done <- err
-	}()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
-	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", net.JoinHostPort(addrHost, port), cli)
-	if err == nil {
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		_, err = io.ReadFull(c, make([]byte, 1))
-		c.Close()
-	}
-	return <-done, err
+	return srvErr, cliErr
 }
 
 func initDir(t *testing.T, opt InitOptions) Files {
