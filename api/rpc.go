@@ -16,6 +16,7 @@ type Call struct {
 	into []byte
 	done chan struct{}
 	then func(*Call) // run once the call completes, by whoever completes it
+	rpc  *RPC        // set where waiters read replies (NewRPCCallerReads)
 }
 
 // finish runs c's continuation, which may still change Err and Body, and
@@ -30,10 +31,33 @@ func (c *Call) finish() {
 // Done is closed once the call has completed.
 func (c *Call) Done() <-chan struct{} { return c.done }
 
-// Wait blocks until the call completes and returns its error.
+// Wait blocks until the call completes and returns its error. On an RPC
+// of NewRPCCallerReads, a waiter that finds nobody reading reads replies
+// itself until its own has come.
 func (c *Call) Wait() error {
-	<-c.done
-	return c.Err
+	r := c.rpc
+	if r == nil {
+		<-c.done
+		return c.Err
+	}
+	for {
+		select {
+		case <-c.done:
+			return c.Err
+		case <-r.role:
+			r.readWhile(func() bool { return !isDone(c) })
+			r.role <- struct{}{}
+		}
+	}
+}
+
+func isDone(c *Call) bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // RPC issues pipelined requests over one Conn and matches replies to them by
@@ -48,6 +72,11 @@ type RPC struct {
 	err     error // set once the connection has failed
 	closed  chan struct{}
 	push    func(*RPC, Op, []byte) // notices from the peer (FlagPush); nil: they are a protocol error
+
+	// Where callers read (NewRPCCallerReads): role holds a token while
+	// nobody reads; help wakes the helper reader.
+	role chan struct{}
+	help chan struct{}
 }
 
 // NewRPC starts reading replies from conn. name identifies the peer in errors.
@@ -61,6 +90,58 @@ func NewRPCPush(conn *Conn, name string, push func(*RPC, Op, []byte)) *RPC {
 	r := &RPC{conn: conn, name: name, pending: map[uint64]*Call{}, closed: make(chan struct{}), push: push}
 	go r.readLoop()
 	return r
+}
+
+// NewRPCCallerReads is NewRPC for a peer that only answers (no notices),
+// where the goroutine that waits for a reply reads it itself. A reader
+// goroutine that hands each reply to its waiter costs a thread wake-up per
+// call, which is most of a small call's cost on a loaded host. A helper
+// goroutine reads instead only while more than one call is in flight, so
+// replies nobody waits for yet cannot pile up unread. So a call's Done
+// closes once its reply has been read: while more than one call is in
+// flight, or while some goroutine is in Wait (Call, CallFD).
+func NewRPCCallerReads(conn *Conn, name string) *RPC {
+	r := &RPC{conn: conn, name: name, pending: map[uint64]*Call{}, closed: make(chan struct{}),
+		role: make(chan struct{}, 1), help: make(chan struct{}, 1)}
+	r.role <- struct{}{}
+	go r.helpLoop()
+	return r
+}
+
+// helpLoop reads replies while more than one call is in flight, so that
+// one caller's reply waits for nobody's Wait.
+func (r *RPC) helpLoop() {
+	for {
+		select {
+		case <-r.help:
+		case <-r.closed:
+			return
+		}
+		select {
+		case <-r.role:
+		case <-r.closed:
+			return
+		}
+		r.readWhile(r.crowded)
+		r.role <- struct{}{}
+	}
+}
+
+// crowded says whether more than one call is in flight.
+func (r *RPC) crowded() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err == nil && len(r.pending) > 1
+}
+
+// readWhile reads frames while more is true, as the holder of the role.
+func (r *RPC) readWhile(more func() bool) {
+	for more() {
+		if err := r.readOne(); err != nil {
+			r.fail(err)
+			return
+		}
+	}
 }
 
 // Go sends a request whose body is parts and returns without waiting. If into
@@ -102,6 +183,9 @@ func (r *RPC) register(op Op, into []byte) *Call {
 
 func (r *RPC) registerThen(op Op, into []byte, then func(*Call)) *Call {
 	c := &Call{Op: op, into: into, done: make(chan struct{}), then: then}
+	if r.role != nil {
+		c.rpc = r
+	}
 	r.mu.Lock()
 	if r.err != nil {
 		c.Err = r.err
@@ -109,10 +193,17 @@ func (r *RPC) registerThen(op Op, into []byte, then func(*Call)) *Call {
 		c.finish()
 		return c
 	}
-	defer r.mu.Unlock()
 	r.next++
 	c.id = r.next
 	r.pending[c.id] = c
+	crowded := len(r.pending) > 1
+	r.mu.Unlock()
+	if crowded && r.help != nil {
+		select {
+		case r.help <- struct{}{}:
+		default: // already woken
+		}
+	}
 	return c
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -57,17 +58,48 @@ func serve(t *testing.T, handler func(c *Conn)) string {
 	return ln.Addr().String()
 }
 
-// dial connects an RPC to addr; the test's cleanup closes it (before the
-// server's cleanup waits, since cleanups run last-in first-out).
-func dial(t *testing.T, addr string) *RPC {
-	t.Helper()
-	nc, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
+// A dialer connects an RPC to addr; the test's cleanup closes it (before
+// the server's cleanup waits, since cleanups run last-in first-out).
+type dialer func(t *testing.T, addr string) *RPC
+
+func dialWith(newRPC func(*Conn, string) *RPC) dialer {
+	return func(t *testing.T, addr string) *RPC {
+		t.Helper()
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := newRPC(NewConn(nc), "test-server")
+		t.Cleanup(func() { r.Close() })
+		return r
 	}
-	r := NewRPC(NewConn(nc), "test-server")
-	t.Cleanup(func() { r.Close() })
-	return r
+}
+
+// dial connects an RPC whose reader goroutine reads every reply.
+var dial = dialWith(NewRPC)
+
+// rpcModes are the two ways an RPC reads replies.
+var rpcModes = []struct {
+	name string
+	dial dialer
+}{{"reader", dial}, {"caller-reads", dialWith(NewRPCCallerReads)}}
+
+// TestRPC runs the RPC's tests for both ways of reading replies.
+func TestRPC(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		test func(*testing.T, dialer)
+	}{
+		{"PipelineReverse", testRPCPipelineReverse}, {"Concurrent", testRPCConcurrent}, {"Into", testRPCInto},
+		{"IntoWrongLength", testRPCIntoWrongLength}, {"ReplyTooLarge", testRPCReplyTooLarge},
+		{"RequestTooLarge", testRPCRequestTooLarge}, {"PeerGone", testRPCPeerGone}, {"Close", testRPCClose},
+		{"ErrorReply", testRPCErrorReply}, {"ProtocolViolations", testRPCProtocolViolations},
+		{"BodyTimeout", testRPCBodyTimeout}, {"IntoSkipStalls", testRPCIntoSkipStalls},
+	} {
+		for _, m := range rpcModes {
+			t.Run(tc.name+"/"+m.name, func(t *testing.T) { tc.test(t, m.dial) })
+		}
+	}
 }
 
 // dialRaw connects a plain TCP connection to addr.
@@ -105,9 +137,11 @@ func rawHeader(n uint32, op Op, flags uint16, id uint64) []byte {
 // than hanging it.
 func waitCall(t *testing.T, c *Call) error {
 	t.Helper()
+	got := make(chan error, 1)
+	go func() { got <- c.Wait() }()
 	select {
-	case <-c.Done():
-		return c.Err
+	case err := <-got:
+		return err
 	case <-time.After(10 * time.Second):
 		t.Fatalf("call %v never completed", c.Op)
 		return nil
@@ -127,9 +161,9 @@ func echo(c *Conn) {
 	}
 }
 
-// TestRPCPipelineReverse: 1000 requests go out before any reply; the server
+// testRPCPipelineReverse: 1000 requests go out before any reply; the server
 // reads them all, then answers last first; every call gets its own reply.
-func TestRPCPipelineReverse(t *testing.T) {
+func testRPCPipelineReverse(t *testing.T, dial dialer) {
 	const n = 1000
 	addr := serve(t, func(c *Conn) {
 		type req struct {
@@ -176,8 +210,8 @@ func TestRPCPipelineReverse(t *testing.T) {
 	}
 }
 
-// TestRPCConcurrent: many goroutines share one RPC.
-func TestRPCConcurrent(t *testing.T) {
+// testRPCConcurrent: many goroutines share one RPC.
+func testRPCConcurrent(t *testing.T, dial dialer) {
 	r := dial(t, serve(t, echo))
 	var wg sync.WaitGroup
 	for g := 0; g < 16; g++ {
@@ -197,8 +231,8 @@ func TestRPCConcurrent(t *testing.T) {
 	wg.Wait()
 }
 
-// TestRPCInto: a reply is read straight into the caller's buffer.
-func TestRPCInto(t *testing.T) {
+// testRPCInto: a reply is read straight into the caller's buffer.
+func testRPCInto(t *testing.T, dial dialer) {
 	r := dial(t, serve(t, echo))
 	for _, n := range []int{0, 1, 4096, MaxChunk, MaxBody} {
 		payload := make([]byte, n)
@@ -219,9 +253,9 @@ func TestRPCInto(t *testing.T) {
 	}
 }
 
-// TestRPCIntoWrongLength: a reply longer or shorter than into fails that call
+// testRPCIntoWrongLength: a reply longer or shorter than into fails that call
 // with ErrProtocol; the frame is skipped, so the connection carries on.
-func TestRPCIntoWrongLength(t *testing.T) {
+func testRPCIntoWrongLength(t *testing.T, dial dialer) {
 	// The server answers each request with as many bytes as its body says.
 	addr := serve(t, func(c *Conn) {
 		for {
@@ -295,9 +329,9 @@ func TestReadHeaderTooLarge(t *testing.T) {
 	}
 }
 
-// TestRPCReplyTooLarge: a reply header over MaxBody fails the calls with
+// testRPCReplyTooLarge: a reply header over MaxBody fails the calls with
 // ErrProtocol and drops the connection, which cannot resync.
-func TestRPCReplyTooLarge(t *testing.T) {
+func testRPCReplyTooLarge(t *testing.T, dial dialer) {
 	addr := serve(t, func(c *Conn) {
 		h, _, err := readFrame(c)
 		if err != nil {
@@ -355,8 +389,8 @@ func TestWriteFrameTooLarge(t *testing.T) {
 	}
 }
 
-// TestRPCRequestTooLarge: an oversized request fails alone, at once.
-func TestRPCRequestTooLarge(t *testing.T) {
+// testRPCRequestTooLarge: an oversized request fails alone, at once.
+func testRPCRequestTooLarge(t *testing.T, dial dialer) {
 	r := dial(t, serve(t, echo))
 	c := r.Go(OpCopyToDevice, nil, make([]byte, MaxBody), []byte{1})
 	select {
@@ -372,10 +406,10 @@ func TestRPCRequestTooLarge(t *testing.T) {
 	}
 }
 
-// TestRPCPeerGone: however the server goes away — a clean close, a reset,
+// testRPCPeerGone: however the server goes away — a clean close, a reset,
 // mid-header or mid-body — every pending call fails with ErrUnavailable and
 // later calls fail at once.
-func TestRPCPeerGone(t *testing.T) {
+func testRPCPeerGone(t *testing.T, dial dialer) {
 	const pending = 10
 	for name, leave := range map[string]func(c *Conn, last Header){
 		"close": func(c *Conn, _ Header) {},
@@ -440,8 +474,8 @@ func TestRPCPeerGone(t *testing.T) {
 	}
 }
 
-// TestRPCClose: closing the RPC fails what is pending and what comes later.
-func TestRPCClose(t *testing.T) {
+// testRPCClose: closing the RPC fails what is pending and what comes later.
+func testRPCClose(t *testing.T, dial dialer) {
 	addr := serve(t, func(c *Conn) { io.Copy(io.Discard, c.NetConn()) })
 	r := dial(t, addr)
 	c := r.Go(OpSynchronize, nil, Encode(&StreamReq{Stream: 3}))
@@ -457,9 +491,9 @@ func TestRPCClose(t *testing.T) {
 	}
 }
 
-// TestRPCErrorReply: an error reply carries its code and message to the
+// testRPCErrorReply: an error reply carries its code and message to the
 // caller; the calls around it are unaffected.
-func TestRPCErrorReply(t *testing.T) {
+func testRPCErrorReply(t *testing.T, dial dialer) {
 	failure := fmt.Errorf("malloc of %d bytes on device %d: %w", uint64(1)<<40, 3, ErrOutOfMemory)
 	addr := serve(t, func(c *Conn) {
 		for {
@@ -500,9 +534,9 @@ func TestRPCErrorReply(t *testing.T) {
 	}
 }
 
-// TestRPCProtocolViolations: a request where a reply is due, or a reply to
+// testRPCProtocolViolations: a request where a reply is due, or a reply to
 // no request, is a protocol error that drops the connection.
-func TestRPCProtocolViolations(t *testing.T) {
+func testRPCProtocolViolations(t *testing.T, dial dialer) {
 	for name, answer := range map[string]func(c *Conn, h Header){
 		"request instead of reply": func(c *Conn, h Header) { c.WriteFrame(h.Op, 0, h.ID) },
 		"reply to unknown id":      func(c *Conn, h Header) { c.WriteFrame(h.Op, FlagReply, h.ID+1000) },
@@ -592,9 +626,9 @@ func TestBodyTimeoutReset(t *testing.T) {
 	}
 }
 
-// TestRPCBodyTimeout: a reply that stalls mid-body fails the calls with
+// testRPCBodyTimeout: a reply that stalls mid-body fails the calls with
 // ErrUnavailable within BodyTimeout and drops the connection.
-func TestRPCBodyTimeout(t *testing.T) {
+func testRPCBodyTimeout(t *testing.T, dial dialer) {
 	for _, into := range []bool{false, true} {
 		t.Run(fmt.Sprintf("into=%v", into), func(t *testing.T) {
 			stop := make(chan struct{})
@@ -631,9 +665,9 @@ func TestRPCBodyTimeout(t *testing.T) {
 	}
 }
 
-// TestRPCIntoSkipStalls: a wrong-length reply whose body then stalls fails
+// testRPCIntoSkipStalls: a wrong-length reply whose body then stalls fails
 // its call as a protocol error and drops the connection like any stalled body.
-func TestRPCIntoSkipStalls(t *testing.T) {
+func testRPCIntoSkipStalls(t *testing.T, dial dialer) {
 	stop := make(chan struct{})
 	addr := serve(t, func(c *Conn) {
 		h, _, err := readFrame(c)
@@ -654,4 +688,96 @@ func TestRPCIntoSkipStalls(t *testing.T) {
 		t.Fatalf("call behind a stalled reply: %v, want ErrUnavailable", err)
 	}
 	<-r.Closed()
+}
+
+// TestRPCCallerReadsWaiterReads: with one call in flight, its reply is read
+// by the goroutine in Wait, not handed over by another (the continuation
+// runs on whoever reads the reply).
+func TestRPCCallerReadsWaiterReads(t *testing.T) {
+	r := rpcModes[1].dial(t, serve(t, echo))
+	for i := range 20 {
+		var stack string
+		c := r.GoThen(OpFree, nil, func(*Call) {
+			b := make([]byte, 64<<10)
+			stack = string(b[:runtime.Stack(b, false)])
+		}, []byte("x"))
+		if err := c.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(stack, "(*Call).Wait") {
+			t.Fatalf("call %d: its reply was read by another goroutine:\n%s", i, stack)
+		}
+	}
+}
+
+// TestRPCCallerReadsHelper: replies nobody waits for are read as long as
+// more than one call is in flight, so their Done channels close.
+func TestRPCCallerReadsHelper(t *testing.T) {
+	r := rpcModes[1].dial(t, serve(t, echo))
+	calls := make([]*Call, 50)
+	for i := range calls {
+		calls[i] = r.Go(OpFree, nil, []byte(fmt.Sprint(i)))
+	}
+	// All but the last finish without a Wait; the last, once alone, waits
+	// for a reader.
+	for i, c := range calls[:len(calls)-1] {
+		select {
+		case <-c.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("call %d of %d in flight never completed without a Wait", i, len(calls))
+		}
+		if c.Err != nil || string(c.Body) != fmt.Sprint(i) {
+			t.Fatalf("call %d: %q, %v", i, c.Body, c.Err)
+		}
+	}
+	last := calls[len(calls)-1]
+	if err := waitCall(t, last); err != nil || string(last.Body) != fmt.Sprint(len(calls)-1) {
+		t.Fatalf("last call: %q, %v", last.Body, err)
+	}
+}
+
+// TestRPCCallerReadsCloseWhileReading: Close ends a Wait that is blocked
+// reading a reply that never comes.
+func TestRPCCallerReadsCloseWhileReading(t *testing.T) {
+	addr := serve(t, func(c *Conn) { io.Copy(io.Discard, c.NetConn()) })
+	r := rpcModes[1].dial(t, addr)
+	c := r.Go(OpSynchronize, nil)
+	got := make(chan error, 1)
+	go func() { got <- c.Wait() }()
+	time.Sleep(50 * time.Millisecond) // let it block in the read
+	r.Close()
+	select {
+	case err := <-got:
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Wait after Close: %v, want ErrUnavailable", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not end a Wait blocked reading")
+	}
+}
+
+// TestRPCCallerReadsMixed: goroutines mixing single calls, pipelined ones
+// waited for out of order, and calls left for the helper, all get their own
+// replies (run it with -race).
+func TestRPCCallerReadsMixed(t *testing.T) {
+	r := rpcModes[1].dial(t, serve(t, echo))
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				var calls []*Call
+				for k := range 1 + (g+i)%4 {
+					calls = append(calls, r.Go(OpFree, nil, []byte(fmt.Sprintf("%d-%d-%d", g, i, k))))
+				}
+				for k := len(calls) - 1; k >= 0; k-- {
+					c := calls[k]
+					if err := waitCall(t, c); err != nil || string(c.Body) != fmt.Sprintf("%d-%d-%d", g, i, k) {
+						t.Errorf("goroutine %d, round %d, call %d: %q, %v", g, i, k, c.Body, err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -91,7 +91,7 @@ func dial(socket string, hello api.Hello) (*api.RPC, *api.HelloReply, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to mediator at %s: %v: %w", socket, err, api.ErrUnavailable)
 	}
-	rpc := api.NewRPC(api.NewConn(nc), "mediator "+socket)
+	rpc := api.NewRPCCallerReads(api.NewConn(nc), "mediator "+socket)
 	body, err := rpc.Call(api.OpHello, nil, api.Encode(&hello))
 	if err != nil {
 		rpc.Close()
