@@ -384,7 +384,10 @@ func (c *conn) readLoop(queue chan<- request) error {
 		// objects, which wait for acknowledgements this reader may have to
 		// take.
 		if idle && r.pool == nil && h.Op != api.OpNodeLaunch && h.Op != api.OpNodeBatch && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke {
-			more := c.c.Arrived() >= api.HeaderSize
+			// Only what this reader has buffered counts: asking the kernel
+			// would cost a system call per small request, and a burst's
+			// next frames are read along with this one.
+			more := c.c.Buffered() >= api.HeaderSize
 			if more && !held {
 				c.c.Hold()
 				held = true
