@@ -57,6 +57,14 @@ const (
 	// end. A mediator's session pins once per import of the object, and
 	// once more while it moves one to a newer version.
 	MaxPins = 1024
+	// MaxPinnedVersions bounds the older versions of one versioned object
+	// that the node keeps for readers who pinned them. Each is a copy of the
+	// object in the node's host memory that no tenant's quota counts, so
+	// without it a reader that never unpinned would make every publish cost
+	// memory: a publish that would keep more fails with
+	// api.ErrQuotaExceeded, and the node keeps at most this many versions
+	// besides the published one.
+	MaxPinnedVersions = 8
 )
 
 // epoch is the origin of the node's clock for leases.
@@ -555,6 +563,10 @@ func (c *conn) publish(m *api.NodeObject) (uint64, error) {
 		return 0, err
 	}
 	defer o.mu.Unlock()
+	if n := o.home.PinnedVersions(); n > MaxPinnedVersions {
+		return 0, fmt.Errorf("shared object %d: readers pin %d of its versions, more than the %d older ones the node keeps besides the published one; publish again once they unpin: %w",
+			o.id, n, MaxPinnedVersions, api.ErrQuotaExceeded)
+	}
 	snap, err := o.snapshot()
 	if err != nil {
 		return 0, err

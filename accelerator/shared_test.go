@@ -262,3 +262,48 @@ func TestNodeVersionPinsAreCounted(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// Readers cannot make the node keep versions without end: once they pin
+// MaxPinnedVersions distinct versions, publishing fails with quota-exceeded
+// and keeps nothing more; an unpin lets the exporter publish again.
+func TestNodePinnedVersionsAreBounded(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alpha")
+	id := exportFrame(t, a, api.ModeVersioned, api.Grant{Tenant: "beta"})
+	b := tn.importAs(t, "beta", id)
+	publish := func() error {
+		_, err := a.call(api.OpNodePublish, &api.NodeObject{Object: id})
+		return err
+	}
+	for i := range MaxPinnedVersions {
+		if _, err := b.call(api.OpNodePin, &api.NodeObject{Object: id}); err != nil {
+			t.Fatalf("pin %d: %v", i+1, err)
+		}
+		if err := publish(); err != nil {
+			t.Fatalf("publish with %d versions pinned: %v", i+1, err)
+		}
+	}
+	versions := func() int { return a.status().Coherence.Versions }
+	if got := versions(); got != MaxPinnedVersions+1 {
+		t.Fatalf("the node keeps %d versions, want %d pinned and the published one", got, MaxPinnedVersions)
+	}
+	// The published version may still be pinned, by any number of pins.
+	for range 3 {
+		if _, err := b.call(api.OpNodePin, &api.NodeObject{Object: id}); err != nil {
+			t.Fatalf("pin of the published version with %d pinned: %v", MaxPinnedVersions, err)
+		}
+	}
+	wantErr(t, publish(), api.ErrQuotaExceeded, fmt.Sprint(id), fmt.Sprint(MaxPinnedVersions+1), "unpin")
+	if got := versions(); got != MaxPinnedVersions+1 {
+		t.Fatalf("a refused publish left %d versions, want %d", got, MaxPinnedVersions+1)
+	}
+	if _, err := b.call(api.OpNodeUnpin, &api.NodeVersion{Object: id, Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := publish(); err != nil {
+		t.Fatalf("publish once a version was unpinned: %v", err)
+	}
+	if got := versions(); got != MaxPinnedVersions+1 {
+		t.Fatalf("the node keeps %d versions, want %d", got, MaxPinnedVersions+1)
+	}
+}

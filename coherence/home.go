@@ -335,6 +335,15 @@ func (h *Home) Pins(c CacheID) int {
 	return n
 }
 
+// PinnedVersions is how many distinct versions some cache pins.
+func (h *Home) PinnedVersions() int {
+	vs := map[uint64]bool{}
+	for k := range h.pins {
+		vs[k.version] = true
+	}
+	return len(vs)
+}
+
 // Unpin undoes one Pin of version by cache c.
 func (h *Home) Unpin(c CacheID, version uint64) error {
 	k := pin{c, version}
