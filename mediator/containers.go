@@ -17,6 +17,7 @@ import (
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/isolation"
+	"github.com/vgpu/vgpu/memory"
 )
 
 // DefaultContainerDir is where containers' socket directories live: one
@@ -54,6 +55,10 @@ type container struct {
 	// oversubscribe is the tenant's factor when the container registered;
 	// each session keeps at most grant.Memory resident.
 	oversubscribe float64
+	// resident counts the frames its sessions hold when it oversubscribes
+	// (nil otherwise), so that together they keep at most grant.Memory on
+	// devices, as processes share one GPU's memory (frameSource.Grant).
+	resident *budget
 	// dedupCharge is the tenant's dedup_charge when the container
 	// registered: the share of a frame its budget is charged for a sealed
 	// weight frame stored once (dedup.go).
@@ -252,6 +257,12 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 		grant: g, pid: pid, socket: sock, listener: l, conns: map[net.Conn]struct{}{},
 		oversubscribe: t.Oversubscribe, dedupCharge: t.DedupCharge,
 		budget: &budget{owner: fmt.Sprintf("container %v of tenant %q", k, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe)},
+	}
+	if t.Oversubscribe > 1 && g.Memory > 0 {
+		// Whole frames, at least one, as each session's own cap
+		// (memory.Space.Oversubscribe).
+		ctr.resident = &budget{owner: fmt.Sprintf("resident memory of container %v of tenant %q", k, g.Tenant),
+			limit: max(1, g.Memory/memory.FrameSize) * memory.FrameSize}
 	}
 	m.mu.Lock()
 	if m.closed {

@@ -2,6 +2,9 @@ package mediator_test
 
 import (
 	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
@@ -112,4 +115,78 @@ func firstDiff(a, b []byte) int {
 		}
 	}
 	return -1
+}
+
+// A container's sessions share its resident memory as processes share one
+// GPU's: with a grant of 8 MiB oversubscribed twice, two sessions together
+// keep at most 8 MiB on the device. The second finds it held by the first
+// and gets out-of-memory when it touches its buffer, until the first frees.
+func TestContainerSessionsShareResidentMemory(t *testing.T) {
+	quota := filepath.Join(t.TempDir(), "q.toml")
+	if err := os.WriteFile(quota, []byte("[tenants.over]\nmemory = \"64MiB\"\noversubscribe = 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startWith(t, 256<<20, func(c *mediator.Config) { c.Quota, c.HostMemory = quota, 64<<20 })
+	op, err := client.DialOperator(s.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	const grant = 8 << 20
+	reply, err := op.Register(api.Register{Container: "c1", Tenant: "over", Memory: grant, Pid: uint32(os.Getpid())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func() *client.Client {
+		c, err := client.Dial(client.Options{Socket: reply.Socket})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	resident := func() (total uint64) {
+		for _, ts := range s.med.Status().Tenants {
+			if ts.Container == "c1" {
+				total += ts.Resident
+			}
+		}
+		return total
+	}
+	a, b := dial(), dial()
+	fill := func(c *client.Client, p client.Ptr, v byte) error {
+		st := c.Stream()
+		st.Memset(p, v, grant)
+		return st.Synchronize()
+	}
+	pa, err := a.Malloc(0, grant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fill(a, pa, 1); err != nil {
+		t.Fatal(err)
+	}
+	pb, err := b.Malloc(0, grant) // within grant × 2, so it is given, not resident
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, fill(b, pb, 2), api.ErrOutOfMemory, "resident memory of container c1", fmt.Sprint(grant))
+	if got := resident(); got > grant {
+		t.Fatalf("the container's sessions keep %d bytes resident, its grant is %d", got, grant)
+	}
+	if err := a.Free(pa); err != nil {
+		t.Fatal(err)
+	}
+	if err := fill(b, pb, 2); err != nil {
+		t.Fatalf("once the other session freed its buffer: %v", err)
+	}
+	got := make([]byte, grant)
+	st := b.Stream()
+	st.CopyFromDevice(got, pb)
+	if err := st.Synchronize(); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{2}, grant)) {
+		t.Fatalf("read back: %v", err)
+	}
+	if got := resident(); got > grant {
+		t.Fatalf("the container's sessions keep %d bytes resident, its grant is %d", got, grant)
+	}
 }

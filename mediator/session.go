@@ -340,7 +340,20 @@ func (m *Mediator) nodeTenant(tenant string, ctr *container) nodeTenant {
 // the session's own connection, so the node ties them to this tenant.
 type frameSource struct{ s *session }
 
-func (f frameSource) Grant(dev uint32, n int) ([]uint64, error) {
+func (f frameSource) Grant(dev uint32, n int) (_ []uint64, err error) {
+	// A container's sessions hold its resident memory together: a grant
+	// past it is refused as a full device would refuse it, so the space
+	// evicts its own chunks or fails with out-of-memory.
+	if q := f.resident(); q != nil {
+		if err := q.reserve(uint64(n) * memory.FrameSize); err != nil {
+			return nil, fmt.Errorf("%v: %w", err, api.ErrOutOfMemory)
+		}
+		defer func() {
+			if err != nil {
+				q.release(uint64(n) * memory.FrameSize)
+			}
+		}()
+	}
 	v := f.s.vdevs[dev]
 	body, err := v.rpc.Call(api.OpNodeAlloc, nil, api.Encode(&api.NodeAlloc{Device: v.dev.info.Index, Count: uint32(n)}))
 	if err != nil {
@@ -398,10 +411,24 @@ func waitAll(calls []*api.Call) error {
 	return first
 }
 
+// Return gives frames back to the node. They count no longer against the
+// container's resident memory even if the node does not answer: the space
+// forgets them, and the node frees them when the connection ends.
 func (f frameSource) Return(dev uint32, frames []uint64) error {
+	if q := f.resident(); q != nil {
+		defer q.release(uint64(len(frames)) * memory.FrameSize)
+	}
 	v := f.s.vdevs[dev]
 	_, err := v.rpc.Call(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames}))
 	return err
+}
+
+// resident is the container's count of resident memory, if it has one.
+func (f frameSource) resident() *budget {
+	if f.s.ctr == nil {
+		return nil
+	}
+	return f.s.ctr.resident
 }
 
 // run answers the hello, serves requests until the tenant goes, then

@@ -191,9 +191,12 @@ func (s *Space) plan(p *faultPlan) error {
 			reuse[dev] = reuse[dev][1:]
 		}
 		reused, granted := i-first, 0
+		var short error // why the source granted fewer frames than asked
 		if i < last {
 			s.mu.Unlock() // never across a source call
-			frames, err := s.grantSome(dev, last-i)
+			var frames []uint64
+			var err error
+			frames, short, err = s.grantSome(dev, last-i)
 			s.mu.Lock()
 			for _, f := range frames {
 				p.granted = append(p.granted, devFrame{dev, f})
@@ -208,8 +211,8 @@ func (s *Space) plan(p *faultPlan) error {
 		if i < last { // the device is full: evict to make room
 			more := s.coldest(s.resident[dev], last-i, lastRank)
 			if len(more) < last-i {
-				return fmt.Errorf("device %d is full: %d frames wanted for chunks to fault in, %d granted, and only %d resident chunks of the device outside the range may be evicted: %w",
-					dev, want[dev], granted, reused+len(more), api.ErrOutOfMemory)
+				return fmt.Errorf("device %d: %d frames wanted for chunks to fault in, %d granted (%v), and only %d resident chunks of the device outside the range may be evicted: %w",
+					dev, want[dev], granted, short, reused+len(more), api.ErrOutOfMemory)
 			}
 			for _, v := range more {
 				p.victims = append(p.victims, v)
@@ -283,9 +286,10 @@ func (s *Space) coldest(list []*chunk, k, maxRank int) []*chunk {
 
 // grantSome grants up to n frames of dev, recording them as held: all at
 // once if it can, else one at a time until the device is full. It fails
-// only for errors other than out-of-memory, returning what it got so far.
-func (s *Space) grantSome(dev uint32, n int) ([]uint64, error) {
-	frames, err := s.grant(dev, n)
+// only for errors other than out-of-memory, returning what it got so far;
+// short is the out-of-memory error that stopped it short of n, if any.
+func (s *Space) grantSome(dev uint32, n int) (frames []uint64, short, err error) {
+	frames, err = s.grant(dev, n)
 	if errors.Is(err, api.ErrOutOfMemory) && n > 1 {
 		frames, err = nil, nil
 		for len(frames) < n {
@@ -302,9 +306,9 @@ func (s *Space) grantSome(dev uint32, n int) ([]uint64, error) {
 		s.held[devFrame{dev, f}] = true
 	}
 	if errors.Is(err, api.ErrOutOfMemory) {
-		err = nil
+		short, err = err, nil
 	}
-	return frames, err
+	return frames, short, err
 }
 
 // undo reverses a fault-in plan that has not committed: it drops the

@@ -222,7 +222,7 @@ func TestOversubscribeFull(t *testing.T) {
 	}
 	// Device full and nothing else to evict: the other chunk is in the range.
 	_, err = s.TranslateAll([]Range{{VA: a, Len: 1}, {VA: b, Len: 1}})
-	wantErr(t, "device full", err, api.ErrOutOfMemory, "device 0 is full")
+	wantErr(t, "device full", err, api.ErrOutOfMemory, "device 0", "fewer free", "may be evicted")
 
 	// The same with a quota: over it is quota exceeded, not out of memory.
 	q := NewSpace(newFakeNode(1).lease(0), 2*Page2M)
