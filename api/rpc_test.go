@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 
 // serve listens on loopback TCP and runs handler on the first connection,
 // closing it when handler returns. The test's cleanup waits for handler.
-func serve(t *testing.T, handler func(c *Conn)) string {
+func serve(t testing.TB, handler func(c *Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -60,10 +60,10 @@ func serve(t *testing.T, handler func(c *Conn)) string {
 
 // A dialer connects an RPC to addr; the test's cleanup closes it (before
 // the server's cleanup waits, since cleanups run last-in first-out).
-type dialer func(t *testing.T, addr string) *RPC
+type dialer func(t testing.TB, addr string) *RPC
 
 func dialWith(newRPC func(*Conn, string) *RPC) dialer {
-	return func(t *testing.T, addr string) *RPC {
+	return func(t testing.TB, addr string) *RPC {
 		t.Helper()
 		nc, err := net.Dial("tcp", addr)
 		if err != nil {
