@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"runtime"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"pgregory.net/rapid"
 )
 
 // testBodyTimeout replaces BodyTimeout for the whole test binary. It is set
@@ -780,4 +783,103 @@ func TestRPCCallerReadsMixed(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// shuffler answers requests in a random order: it gathers what arrives
+// until the connection has been quiet for a moment, then answers all of it
+// shuffled, each with its own body.
+func shuffler(seed uint64) func(c *Conn) {
+	return func(c *Conn) {
+		rng := mrand.New(mrand.NewPCG(seed, 1))
+		type req struct {
+			h    Header
+			body []byte
+		}
+		var held []req
+		for {
+			_ = c.NetConn().SetReadDeadline(time.Now().Add(300 * time.Microsecond))
+			h, err := c.ReadHeader()
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				rng.Shuffle(len(held), func(i, j int) { held[i], held[j] = held[j], held[i] })
+				for _, r := range held {
+					if c.Reply(r.h, r.body) != nil {
+						return
+					}
+				}
+				held = held[:0]
+				continue
+			}
+			if err != nil {
+				return
+			}
+			_ = c.NetConn().SetReadDeadline(time.Time{})
+			body := make([]byte, h.Len)
+			if c.ReadBody(body) != nil {
+				return
+			}
+			held = append(held, req{h, body})
+		}
+	}
+}
+
+// TestRPCCallerReadsAnyOrder: goroutines issuing calls, waiting for some out
+// of order and leaving others to the helper, each get their own reply, in
+// whatever order the server answers, and nobody waits forever (property
+// test over the actions and the server's order).
+func TestRPCCallerReadsAnyOrder(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		seed := rapid.Uint64().Draw(rt, "seed")
+		plans := rapid.SliceOfN(rapid.SliceOfN(rapid.IntRange(0, 3), 1, 20), 1, 4).Draw(rt, "plans")
+		r := rpcModes[1].dial(t, serve(t, shuffler(seed)))
+		errs := make(chan error, len(plans))
+		for g, plan := range plans {
+			go func() {
+				var kept []*Call
+				var want []string
+				check := func(c *Call, w string) error {
+					if err := c.Wait(); err != nil || string(c.Body) != w {
+						return fmt.Errorf("goroutine %d: call for %q: %q, %v", g, w, c.Body, err)
+					}
+					return nil
+				}
+				for i, a := range plan {
+					msg := fmt.Sprintf("%d.%d", g, i)
+					switch a {
+					case 0, 1: // issue and keep
+						kept, want = append(kept, r.Go(OpFree, nil, []byte(msg))), append(want, msg)
+					case 2: // a call of its own
+						if body, err := r.Call(OpFree, nil, []byte(msg)); err != nil || string(body) != msg {
+							errs <- fmt.Errorf("goroutine %d: Call %q: %q, %v", g, msg, body, err)
+							return
+						}
+					case 3: // wait for the latest kept call, out of order
+						if k := len(kept) - 1; k >= 0 {
+							if err := check(kept[k], want[k]); err != nil {
+								errs <- err
+								return
+							}
+							kept, want = kept[:k], want[:k]
+						}
+					}
+				}
+				for k := range kept {
+					if err := check(kept[k], want[k]); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range plans {
+			select {
+			case err := <-errs:
+				if err != nil {
+					rt.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				rt.Fatal("a call never completed")
+			}
+		}
+	})
 }
