@@ -1,6 +1,7 @@
 package mediator
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -57,7 +59,7 @@ type container struct {
 	oversubscribe float64
 	// resident counts the frames its sessions hold when it oversubscribes
 	// (nil otherwise), so that together they keep at most grant.Memory on
-	// devices, as processes share one GPU's memory (frameSource.Grant).
+	// devices (frameSource.Grant, reserveResident).
 	resident *budget
 	// dedupCharge is the tenant's dedup_charge when the container
 	// registered: the share of a frame its budget is charged for a sealed
@@ -65,12 +67,77 @@ type container struct {
 	dedupCharge float64
 
 	mu       sync.Mutex
+	sessions map[*session]struct{} // open, for reserveResident
 	conns    map[net.Conn]struct{}
 	live     sync.WaitGroup // connections tracked and not yet torn down
 	released bool
 }
 
 func (c *container) key() ctrKey { return ctrKey{c.grant.Namespace, c.grant.Container} }
+
+// reclaimTries bounds how often reserveResident goes round the other
+// sessions, reclaimPause apart, while some are busy issuing.
+const (
+	reclaimTries = 20
+	reclaimPause = time.Millisecond
+)
+
+// reserveResident reserves n frames of the container's resident memory for
+// session s. Where its other sessions hold it all, it first evicts their
+// coldest chunks, as one device's memory is shared by its processes' pages.
+// A sibling amid issuing (its issueMu held) is not waited for, since it may
+// itself be waiting here for s: it is tried again a few times, and if the
+// memory is still held, the grant fails with out-of-memory.
+func (c *container) reserveResident(s *session, n int) error {
+	bytes := uint64(n) * memory.FrameSize
+	err := c.resident.reserve(bytes)
+	for try := 0; err != nil && try < reclaimTries; try++ {
+		if try > 0 {
+			time.Sleep(reclaimPause)
+		}
+		busy := c.reclaim(s, n)
+		if err = c.resident.reserve(bytes); err != nil && !busy {
+			break // nobody was busy: trying again changes nothing
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%v: %w", err, api.ErrOutOfMemory)
+	}
+	return nil
+}
+
+// reclaim evicts the coldest chunks of the container's sessions other than
+// s, those holding the most first, until n frames are free, and reports
+// whether it passed over a session that was busy issuing.
+func (c *container) reclaim(s *session, n int) (busy bool) {
+	c.mu.Lock()
+	others := make([]*session, 0, len(c.sessions))
+	for o := range c.sessions {
+		if o != s {
+			others = append(others, o)
+		}
+	}
+	c.mu.Unlock()
+	slices.SortFunc(others, func(a, b *session) int {
+		return cmp.Compare(b.space.Stats().Frames, a.space.Stats().Frames)
+	})
+	for _, o := range others {
+		short := n - int((c.resident.limit-c.resident.inUse())/memory.FrameSize)
+		if short <= 0 {
+			return false
+		}
+		if !o.issueMu.TryLock() {
+			busy = true
+			continue
+		}
+		_, err := o.space.Shrink(short)
+		o.issueMu.Unlock()
+		if err != nil {
+			o.log.WithError(err).Info("evicting for another session of the container failed")
+		}
+	}
+	return busy
+}
 
 // closeSocket stops accepting on the container's socket and unlinks it.
 func (c *container) closeSocket() {
@@ -254,7 +321,7 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 	}
 	k := ctrKey{g.Namespace, g.Container}
 	ctr := &container{
-		grant: g, pid: pid, socket: sock, listener: l, conns: map[net.Conn]struct{}{},
+		grant: g, pid: pid, socket: sock, listener: l, conns: map[net.Conn]struct{}{}, sessions: map[*session]struct{}{},
 		oversubscribe: t.Oversubscribe, dedupCharge: t.DedupCharge,
 		budget: &budget{owner: fmt.Sprintf("container %v of tenant %q", k, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe)},
 	}

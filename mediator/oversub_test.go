@@ -2,9 +2,11 @@ package mediator_test
 
 import (
 	"bytes"
-	"fmt"
+	"errors"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
@@ -119,8 +121,9 @@ func firstDiff(a, b []byte) int {
 
 // A container's sessions share its resident memory as processes share one
 // GPU's: with a grant of 8 MiB oversubscribed twice, two sessions together
-// keep at most 8 MiB on the device. The second finds it held by the first
-// and gets out-of-memory when it touches its buffer, until the first frees.
+// keep at most 8 MiB on the device. When one needs frames the other holds,
+// the other's coldest chunks are evicted for it; both read back what they
+// wrote.
 func TestContainerSessionsShareResidentMemory(t *testing.T) {
 	quota := filepath.Join(t.TempDir(), "q.toml")
 	if err := os.WriteFile(quota, []byte("[tenants.over]\nmemory = \"64MiB\"\noversubscribe = 2\n"), 0o644); err != nil {
@@ -153,40 +156,122 @@ func TestContainerSessionsShareResidentMemory(t *testing.T) {
 		}
 		return total
 	}
-	a, b := dial(), dial()
-	fill := func(c *client.Client, p client.Ptr, v byte) error {
+	fill := func(c *client.Client, p client.Ptr, v byte) {
+		t.Helper()
 		st := c.Stream()
 		st.Memset(p, v, grant)
-		return st.Synchronize()
+		if err := st.Synchronize(); err != nil {
+			t.Fatalf("fill with %d: %v", v, err)
+		}
+		if got := resident(); got > grant {
+			t.Fatalf("the container's sessions keep %d bytes resident, its grant is %d", got, grant)
+		}
 	}
+	check := func(c *client.Client, p client.Ptr, v byte) {
+		t.Helper()
+		got := make([]byte, grant)
+		st := c.Stream()
+		st.CopyFromDevice(got, p)
+		if err := st.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		if i := firstDiff(got, bytes.Repeat([]byte{v}, grant)); i >= 0 {
+			t.Fatalf("byte %d reads %d, want %d", i, got[i], v)
+		}
+		if got := resident(); got > grant {
+			t.Fatalf("the container's sessions keep %d bytes resident, its grant is %d", got, grant)
+		}
+	}
+	a, b := dial(), dial()
 	pa, err := a.Malloc(0, grant)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fill(a, pa, 1); err != nil {
-		t.Fatal(err)
-	}
-	pb, err := b.Malloc(0, grant) // within grant × 2, so it is given, not resident
+	fill(a, pa, 1)
+	pb, err := b.Malloc(0, grant) // within grant × 2; it starts evicted
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, fill(b, pb, 2), api.ErrOutOfMemory, "resident memory of container c1", fmt.Sprint(grant))
-	if got := resident(); got > grant {
-		t.Fatalf("the container's sessions keep %d bytes resident, its grant is %d", got, grant)
-	}
-	if err := a.Free(pa); err != nil {
+	fill(b, pb, 2)  // takes a's frames
+	check(a, pa, 1) // and a takes them back
+	check(b, pb, 2)
+	// Together they allocate no more than the grant times the factor.
+	_, err = a.Malloc(0, 1)
+	wantErr(t, err, api.ErrQuotaExceeded)
+}
+
+// Three sessions of one container whose buffers together are 1.5 times its
+// resident grant fill and read back their buffers at once: every read
+// holds what its session last wrote, the container never keeps more than
+// its grant resident, and a command that finds the others holding every
+// frame fails alone with out-of-memory (run it with -race).
+func TestContainerSessionsReclaimConcurrently(t *testing.T) {
+	quota := filepath.Join(t.TempDir(), "q.toml")
+	if err := os.WriteFile(quota, []byte("[tenants.over]\nmemory = \"64MiB\"\noversubscribe = 2\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := fill(b, pb, 2); err != nil {
-		t.Fatalf("once the other session freed its buffer: %v", err)
+	s := startWith(t, 256<<20, func(c *mediator.Config) { c.Quota, c.HostMemory = quota, 64<<20 })
+	op, err := client.DialOperator(s.socket)
+	if err != nil {
+		t.Fatal(err)
 	}
-	got := make([]byte, grant)
-	st := b.Stream()
-	st.CopyFromDevice(got, pb)
-	if err := st.Synchronize(); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{2}, grant)) {
-		t.Fatalf("read back: %v", err)
+	defer op.Close()
+	const grant, size, rounds = 8 << 20, 4 << 20, 15
+	reply, err := op.Register(api.Register{Container: "c1", Tenant: "over", Memory: grant, Pid: uint32(os.Getpid())})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := resident(); got > grant {
-		t.Fatalf("the container's sessions keep %d bytes resident, its grant is %d", got, grant)
+	var wg sync.WaitGroup
+	var oom atomic.Int64
+	for g := range 3 {
+		c, err := client.Dial(client.Options{Socket: reply.Socket})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		p, err := c.Malloc(0, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			st := c.Stream()
+			got := make([]byte, size)
+			want := byte(0) // what the buffer holds: it starts zero
+			for r := range rounds {
+				v := byte(g*rounds + r + 1)
+				st.Memset(p, v, size)
+				if err := st.Synchronize(); errors.Is(err, api.ErrOutOfMemory) {
+					oom.Add(1)
+				} else if err != nil {
+					t.Errorf("session %d, round %d: fill: %v", g, r, err)
+					return
+				} else {
+					want = v
+				}
+				st.CopyFromDevice(got, p)
+				if err := st.Synchronize(); errors.Is(err, api.ErrOutOfMemory) {
+					oom.Add(1)
+					continue
+				} else if err != nil {
+					t.Errorf("session %d, round %d: read: %v", g, r, err)
+					return
+				}
+				if i := firstDiff(got, bytes.Repeat([]byte{want}, size)); i >= 0 {
+					t.Errorf("session %d, round %d: byte %d reads %d, want %d", g, r, i, got[i], want)
+					return
+				}
+			}
+		})
 	}
+	wg.Wait()
+	var resident uint64
+	for _, ts := range s.med.Status().Tenants {
+		if ts.Container == "c1" {
+			resident += ts.Resident
+		}
+	}
+	if resident > grant {
+		t.Fatalf("the container's sessions keep %d bytes resident, its grant is %d", resident, grant)
+	}
+	t.Logf("%d of %d commands found every frame held", oom.Load(), 3*2*rounds)
 }

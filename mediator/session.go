@@ -310,6 +310,11 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	m.mu.Lock()
 	m.sessions[s.id] = s
 	m.mu.Unlock()
+	if ctr != nil {
+		ctr.mu.Lock()
+		ctr.sessions[s] = struct{}{}
+		ctr.mu.Unlock()
+	}
 	return s, nil
 }
 
@@ -342,11 +347,12 @@ type frameSource struct{ s *session }
 
 func (f frameSource) Grant(dev uint32, n int) (_ []uint64, err error) {
 	// A container's sessions hold its resident memory together: a grant
-	// past it is refused as a full device would refuse it, so the space
-	// evicts its own chunks or fails with out-of-memory.
+	// past it takes frames from the others' coldest chunks, or is refused
+	// as a full device would refuse it, so the space evicts its own chunks
+	// or fails with out-of-memory.
 	if q := f.resident(); q != nil {
-		if err := q.reserve(uint64(n) * memory.FrameSize); err != nil {
-			return nil, fmt.Errorf("%v: %w", err, api.ErrOutOfMemory)
+		if err := f.s.ctr.reserveResident(f.s, n); err != nil {
+			return nil, err
 		}
 		defer func() {
 			if err != nil {
@@ -454,6 +460,11 @@ func (s *session) run(hello api.Header) {
 }
 
 func (s *session) teardown() {
+	if s.ctr != nil {
+		s.ctr.mu.Lock()
+		delete(s.ctr.sessions, s)
+		s.ctr.mu.Unlock()
+	}
 	s.end(false) // ends bandwidth waits: stopping a stream never waits on one
 	s.mu.Lock()
 	streams := s.streams

@@ -428,10 +428,29 @@ func (s *Space) mapChunk(c *chunk) {
 	})
 }
 
+// Shrink evicts up to n of the space's resident chunks, coldest first (see
+// colder), saving their contents to the store and returning their frames
+// to the source, and says how many it evicted. The owner of spaces that
+// share a budget of frames (a container's sessions) uses it to move frames
+// from one to another; like any eviction, it must not come between another
+// command's translation and its send.
+func (s *Space) Shrink(n int) (evicted int, err error) {
+	for evicted < n {
+		ok, err := s.evict(0)
+		if ok {
+			evicted++
+		}
+		if err != nil || !ok {
+			return evicted, err
+		}
+	}
+	return evicted, nil
+}
+
 // evict evicts the resident chunk that contains va or, with va 0, the
 // coldest resident chunk (see colder), and returns its frame. It reports
-// whether it evicted one; on failure nothing changes. Tests use it to
-// interleave evictions with everything else.
+// whether it evicted one; on failure nothing changes. Shrink uses it, and
+// tests, to interleave evictions with everything else.
 func (s *Space) evict(va uint64) (bool, error) {
 	s.allocMu.Lock()
 	defer s.allocMu.Unlock()
