@@ -119,12 +119,11 @@ func firstDiff(a, b []byte) int {
 	return -1
 }
 
-// A container's sessions share its resident memory as processes share one
-// GPU's: with a grant of 8 MiB oversubscribed twice, two sessions together
-// keep at most 8 MiB on the device. When one needs frames the other holds,
-// the other's coldest chunks are evicted for it; both read back what they
-// wrote.
-func TestContainerSessionsShareResidentMemory(t *testing.T) {
+// startOversubscribedContainer runs a mediator whose tenant "over" may
+// oversubscribe twice, registers container c1 of it with a grant of grant
+// bytes, and returns the system and the container's socket.
+func startOversubscribedContainer(t *testing.T, grant uint64) (*system, string) {
+	t.Helper()
 	quota := filepath.Join(t.TempDir(), "q.toml")
 	if err := os.WriteFile(quota, []byte("[tenants.over]\nmemory = \"64MiB\"\noversubscribe = 2\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -135,13 +134,23 @@ func TestContainerSessionsShareResidentMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer op.Close()
-	const grant = 8 << 20
 	reply, err := op.Register(api.Register{Container: "c1", Tenant: "over", Memory: grant, Pid: uint32(os.Getpid())})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, reply.Socket
+}
+
+// A container's sessions share its resident memory as processes share one
+// GPU's: with a grant of 8 MiB oversubscribed twice, two sessions together
+// keep at most 8 MiB on the device. When one needs frames the other holds,
+// the other's coldest chunks are evicted for it; both read back what they
+// wrote.
+func TestContainerSessionsShareResidentMemory(t *testing.T) {
+	const grant = 8 << 20
+	s, socket := startOversubscribedContainer(t, grant)
 	dial := func() *client.Client {
-		c, err := client.Dial(client.Options{Socket: reply.Socket})
+		c, err := client.Dial(client.Options{Socket: socket})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,25 +215,12 @@ func TestContainerSessionsShareResidentMemory(t *testing.T) {
 // its grant resident, and a command that finds the others holding every
 // frame fails alone with out-of-memory (run it with -race).
 func TestContainerSessionsReclaimConcurrently(t *testing.T) {
-	quota := filepath.Join(t.TempDir(), "q.toml")
-	if err := os.WriteFile(quota, []byte("[tenants.over]\nmemory = \"64MiB\"\noversubscribe = 2\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	s := startWith(t, 256<<20, func(c *mediator.Config) { c.Quota, c.HostMemory = quota, 64<<20 })
-	op, err := client.DialOperator(s.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Close()
 	const grant, size, rounds = 8 << 20, 4 << 20, 15
-	reply, err := op.Register(api.Register{Container: "c1", Tenant: "over", Memory: grant, Pid: uint32(os.Getpid())})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, socket := startOversubscribedContainer(t, grant)
 	var wg sync.WaitGroup
 	var oom atomic.Int64
 	for g := range 3 {
-		c, err := client.Dial(client.Options{Socket: reply.Socket})
+		c, err := client.Dial(client.Options{Socket: socket})
 		if err != nil {
 			t.Fatal(err)
 		}
