@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -458,5 +459,46 @@ func TestSchedBusyRunnerYieldsHostCPU(t *testing.T) {
 	job("a", 3)
 	if want := []int{0, 0, 0}; !slices.Equal(seen, want) {
 		t.Errorf("after the other tenant left, slices ran at nice %v, want %v", seen, want)
+	}
+}
+
+// On a host of more than two cores a slice's other workers run at the
+// lowest priority too while the busy runner dispatches, and as ordinary
+// goroutines otherwise.
+func TestSchedBusySliceWorkersYieldHostCPU(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4)) // sliceWorkers: 3
+	h := newSchedHarness(t)
+	var seen []int // a worker's nice value; -1: no spawn, an ordinary goroutine
+	job := func(tenant string, slices int) {
+		t.Helper()
+		i := 0
+		err := h.s.run(tenantShare{name: tenant}, func() (int, bool, error) {
+			spawn := h.s.sliceSpawn()
+			if spawn == nil {
+				seen = append(seen, -1)
+			} else {
+				got := make(chan int)
+				spawn(func() {
+					p, _ := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+					got <- 20 - p
+				})
+				seen = append(seen, <-got)
+			}
+			i++
+			return 1, i < slices, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	job("a", 3)
+	if want := []int{-1, -1, -1}; !slices.Equal(seen, want) {
+		t.Errorf("one tenant's slices: workers %v, want %v", seen, want)
+	}
+	seen = nil
+	job("b", 1)
+	job("a", 4)
+	if want := []int{-1, -1, 19, 19, 19}; !slices.Equal(seen, want) {
+		t.Errorf("beside another tenant: workers %v, want %v", seen, want)
 	}
 }
