@@ -1,8 +1,6 @@
 package root
 
 import (
-	"context"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -21,16 +19,7 @@ func TestNetlabCoherentBufferIsLinearizable(t *testing.T) {
 	lab := netlab.New(t, "node", "m0", "m1", "m2")
 	bin := netlabBinaries(t)
 	nodeAddr := lab.Addr("node", 7070)
-	node := lab.Start("node", bin["vgpu-node"], "--listen", nodeAddr, "--devices", "1", "--memory", "256MiB", "--log-level", "warn")
-	if err := node.WaitUp(10*time.Second, func() bool {
-		c, err := lab.Dial(context.Background(), "m0", "tcp", nodeAddr, time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	startLabNode(t, lab, bin, "node", nodeAddr, "m0", "--devices", "1", "--memory", "256MiB", "--log-level", "warn")
 	dir := t.TempDir()
 	var sockets []string
 	var mediators []*netlab.Proc
@@ -39,12 +28,7 @@ func TestNetlabCoherentBufferIsLinearizable(t *testing.T) {
 		// overtake each other; jitter varies each one's.
 		lab.Shape(m, netlab.Netem{Delay: time.Duration(100*(i+1)) * time.Microsecond, Jitter: 50 * time.Microsecond})
 		sock := filepath.Join(dir, m+".sock")
-		med := lab.Start(m, bin["vgpu-mediator"], "--socket", sock, "--node", nodeAddr,
-			"--state-dir", filepath.Join(dir, m+"-state"), "--container-dir", filepath.Join(dir, m+"-containers"),
-			"--quota", "", "--containerd", "", "--log-level", "warn")
-		if err := med.WaitUp(15*time.Second, func() bool { _, err := os.Stat(sock); return err == nil }); err != nil {
-			t.Fatal(err)
-		}
+		med := startLabMediator(t, lab, bin, m, sock, dir, "--node", nodeAddr, "--log-level", "warn")
 		sockets = append(sockets, sock)
 		mediators = append(mediators, med)
 	}

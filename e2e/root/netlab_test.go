@@ -31,24 +31,14 @@ func TestNetlabTwoMediators(t *testing.T) {
 	shaper, why := lab.Shaper()
 	t.Logf("netlab shaper: %s (%s)", shaper, why)
 	bin := netlabBinaries(t)
-	ctx := context.Background()
 
 	const port = 7070
 	// The cut below lasts the mediator's dial timeout and more; m1's idle
 	// session outlives it only if neither end gives up on the other first.
 	const peerTimeout = mediator.DialTimeout + time.Minute
 	nodeAddr := lab.Addr("node", port)
-	node := lab.Start("node", bin["vgpu-node"], "--listen", nodeAddr, "--devices", "1", "--memory", "256MiB",
+	startLabNode(t, lab, bin, "node", nodeAddr, "m2", "--devices", "1", "--memory", "256MiB",
 		"--mediator-timeout", peerTimeout.String(), "--log-level", "warn")
-	if err := node.WaitUp(10*time.Second, func() bool {
-		c, err := lab.Dial(ctx, "m2", "tcp", nodeAddr, time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	}); err != nil {
-		t.Fatal(err)
-	}
 	// Shaped before the mediator starts, so that all its connections to
 	// the node cross the delay.
 	const delay = 2 * time.Millisecond
@@ -59,12 +49,7 @@ func TestNetlabTwoMediators(t *testing.T) {
 	for _, m := range []string{"m1", "m2"} {
 		sock := filepath.Join(dir, m+".sock")
 		sockets[m] = sock
-		med := lab.Start(m, bin["vgpu-mediator"], "--socket", sock, "--node", nodeAddr, "--node-timeout", peerTimeout.String(),
-			"--state-dir", filepath.Join(dir, m+"-state"), "--container-dir", filepath.Join(dir, m+"-containers"),
-			"--quota", "", "--containerd", "", "--log-level", "info")
-		if err := med.WaitUp(15*time.Second, func() bool { _, err := os.Stat(sock); return err == nil }); err != nil {
-			t.Fatal(err)
-		}
+		startLabMediator(t, lab, bin, m, sock, dir, "--node", nodeAddr, "--node-timeout", peerTimeout.String(), "--log-level", "info")
 	}
 
 	// Sessions live in this process; a Unix socket is a file, the same
@@ -206,6 +191,37 @@ func (s *netlabSession) fastest(n int) (time.Duration, error) {
 		}
 	}
 	return best, nil
+}
+
+// startLabNode starts vgpu-node on host, listening on addr with args
+// besides, and waits until host from can connect to it.
+func startLabNode(t *testing.T, lab *netlab.Lab, bin map[string]string, host, addr, from string, args ...string) *netlab.Proc {
+	t.Helper()
+	p := lab.Start(host, bin["vgpu-node"], append([]string{"--listen", addr}, args...)...)
+	if err := p.WaitUp(10*time.Second, func() bool {
+		c, err := lab.Dial(context.Background(), from, "tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// startLabMediator starts vgpu-mediator on host, serving the Unix socket
+// sock, its state and container directories under dir, no quota file and
+// no containerd, with args besides, and waits for the socket.
+func startLabMediator(t *testing.T, lab *netlab.Lab, bin map[string]string, host, sock, dir string, args ...string) *netlab.Proc {
+	t.Helper()
+	p := lab.Start(host, bin["vgpu-mediator"], append([]string{"--socket", sock,
+		"--state-dir", filepath.Join(dir, host+"-state"), "--container-dir", filepath.Join(dir, host+"-containers"),
+		"--quota", "", "--containerd", ""}, args...)...)
+	if err := p.WaitUp(15*time.Second, func() bool { _, err := os.Stat(sock); return err == nil }); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // netlabBinaries returns the paths of vgpu-node, vgpu-mediator and the

@@ -1,7 +1,6 @@
 package root
 
 import (
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -23,33 +22,19 @@ import (
 func TestNetlabNodeTimeout(t *testing.T) {
 	lab := netlab.New(t, "n1", "n2", "m")
 	bin := netlabBinaries(t)
-	ctx := context.Background()
 	const bound = 2 * time.Second
 
 	const port = 7070
 	nodes := map[string]*netlab.Proc{}
 	for _, n := range []string{"n1", "n2"} {
 		addr := lab.Addr(n, port)
-		nodes[n] = lab.Start(n, bin["vgpu-node"], "--listen", addr, "--devices", "1", "--memory", "64MiB",
+		nodes[n] = startLabNode(t, lab, bin, n, addr, "m", "--devices", "1", "--memory", "64MiB",
 			"--mediator-timeout", bound.String(), "--log-level", "info")
-		if err := nodes[n].WaitUp(10*time.Second, func() bool {
-			c, err := lab.Dial(ctx, "m", "tcp", addr, time.Second)
-			if err == nil {
-				c.Close()
-			}
-			return err == nil
-		}); err != nil {
-			t.Fatal(err)
-		}
 	}
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "m.sock")
-	med := lab.Start("m", bin["vgpu-mediator"], "--socket", sock, "--node", lab.Addr("n1", port), "--node", lab.Addr("n2", port),
-		"--node-timeout", bound.String(), "--state-dir", filepath.Join(dir, "state"), "--container-dir", filepath.Join(dir, "containers"),
-		"--quota", "", "--containerd", "", "--log-level", "info")
-	if err := med.WaitUp(15*time.Second, func() bool { _, err := os.Stat(sock); return err == nil }); err != nil {
-		t.Fatal(err)
-	}
+	startLabMediator(t, lab, bin, "m", sock, dir, "--node", lab.Addr("n1", port), "--node", lab.Addr("n2", port),
+		"--node-timeout", bound.String(), "--log-level", "info")
 	// Sessions go to the least used device, the first node's first: a's
 	// device is n1's, b's n2's.
 	sessions := map[string]*netlabSession{}
