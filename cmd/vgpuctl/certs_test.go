@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"os"
@@ -31,16 +30,6 @@ func initCerts(t *testing.T) string {
 		t.Fatalf("certs init: %v\n%s", err, out)
 	}
 	return dir
-}
-
-// handshake is pkitest.Handshake, failing t if the server cannot listen.
-func handshake(t *testing.T, srv, cli *tls.Config, addrHost string) (srvErr, cliErr error) {
-	t.Helper()
-	srvErr, cliErr, err := pkitest.Handshake(srv, cli, addrHost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return srvErr, cliErr
 }
 
 func TestCertsIssue(t *testing.T) {
@@ -81,15 +70,15 @@ func TestCertsIssue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if se, ce := handshake(t, srv, cli, "127.0.0.1"); se != nil || ce != nil {
+	if se, ce := pkitest.Handshake(t, srv, cli, "127.0.0.1"); se != nil || ce != nil {
 		t.Fatalf("new mediator to new node: server %v, client %v", se, ce)
 	}
 	initSrv, _ := pki.NodeConfig(f.NodeCert, f.NodeKey, f.CA)
 	initCli, _ := pki.MediatorConfig(f.MediatorCert, f.MediatorKey, f.CA)
-	if se, ce := handshake(t, srv, initCli, "127.0.0.1"); se != nil || ce != nil {
+	if se, ce := pkitest.Handshake(t, srv, initCli, "127.0.0.1"); se != nil || ce != nil {
 		t.Fatalf("init's mediator to new node: server %v, client %v", se, ce)
 	}
-	if se, ce := handshake(t, initSrv, cli, "127.0.0.1"); se != nil || ce != nil {
+	if se, ce := pkitest.Handshake(t, initSrv, cli, "127.0.0.1"); se != nil || ce != nil {
 		t.Fatalf("new mediator to init's node: server %v, client %v", se, ce)
 	}
 	// A node certificate is no client certificate.

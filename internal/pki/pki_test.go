@@ -16,16 +16,6 @@ import (
 	"github.com/vgpu/vgpu/internal/pki/pkitest"
 )
 
-// handshake is pkitest.Handshake, failing t if the server cannot listen.
-func handshake(t *testing.T, srv, cli *tls.Config, addrHost string) (srvErr, cliErr error) {
-	t.Helper()
-	srvErr, cliErr, err := pkitest.Handshake(srv, cli, addrHost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return srvErr, cliErr
-}
-
 func initDir(t *testing.T, opt InitOptions) Files {
 	t.Helper()
 	if opt.Dir == "" {
@@ -66,10 +56,10 @@ func TestInitWritesAVerifyingSet(t *testing.T) {
 	if cli.MinVersion != tls.VersionTLS13 || srv.MinVersion != tls.VersionTLS13 || srv.ClientAuth != tls.RequireAndVerifyClientCert {
 		t.Fatalf("configs: min versions %x/%x, client auth %v", cli.MinVersion, srv.MinVersion, srv.ClientAuth)
 	}
-	if se, ce := handshake(t, srv, cli, "127.0.0.1"); se != nil || ce != nil {
+	if se, ce := pkitest.Handshake(t, srv, cli, "127.0.0.1"); se != nil || ce != nil {
 		t.Fatalf("mediator to node: server %v, client %v", se, ce)
 	}
-	if se, ce := handshake(t, srv, cli, "localhost"); se != nil || ce != nil {
+	if se, ce := pkitest.Handshake(t, srv, cli, "localhost"); se != nil || ce != nil {
 		t.Fatalf("mediator to node by name: server %v, client %v", se, ce)
 	}
 	// The node certificate names the default hosts; the mediator's its name.
@@ -181,7 +171,7 @@ func TestNodeRefusesAllButMediators(t *testing.T) {
 				}
 				return &tc.certs[0], nil
 			}
-			se, ce := handshake(t, srv, cli, "127.0.0.1")
+			se, ce := pkitest.Handshake(t, srv, cli, "127.0.0.1")
 			if se == nil || ce == nil || !strings.Contains(se.Error(), tc.want) {
 				t.Fatalf("server error %v (want %q), client error %v", se, tc.want, ce)
 			}
@@ -221,7 +211,7 @@ func TestMediatorRefusesWrongServers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The node's certificate does not name 127.0.0.1.
-	if _, ce := handshake(t, srv, cli, "127.0.0.1"); ce == nil || !strings.Contains(ce.Error(), "127.0.0.1") {
+	if _, ce := pkitest.Handshake(t, srv, cli, "127.0.0.1"); ce == nil || !strings.Contains(ce.Error(), "127.0.0.1") {
 		t.Fatalf("node certificate without the dialled host: client error %v", ce)
 	}
 	// A node of another CA.
@@ -229,7 +219,7 @@ func TestMediatorRefusesWrongServers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ce := handshake(t, foreignSrv, cli, "127.0.0.1"); ce == nil || !strings.Contains(ce.Error(), "unknown authority") {
+	if _, ce := pkitest.Handshake(t, foreignSrv, cli, "127.0.0.1"); ce == nil || !strings.Contains(ce.Error(), "unknown authority") {
 		t.Fatalf("node of another CA: client error %v", ce)
 	}
 	// A mediator certificate presented as a server.
@@ -237,7 +227,7 @@ func TestMediatorRefusesWrongServers(t *testing.T) {
 	mp, _ := ca.IssueMediator("imposter")
 	mc, _ := mp.TLSCertificate()
 	imp := NodeConfigFor(mc, ca.Pool())
-	if _, ce := handshake(t, imp, cli, "127.0.0.1"); ce == nil {
+	if _, ce := pkitest.Handshake(t, imp, cli, "127.0.0.1"); ce == nil {
 		t.Fatal("mediator accepted a mediator certificate as a node")
 	}
 }

@@ -7,18 +7,20 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"testing"
 	"time"
 )
 
 // Handshake runs a TLS server with srv on loopback and a client with cli
-// dialling addrHost, and returns both sides' errors, or err if the server
-// could not listen. A successful server writes one byte, which the client
-// reads: in TLS 1.3 the client learns that the server refused its
+// dialling addrHost, and returns both sides' errors; it fails t if the
+// server cannot listen. A successful server writes one byte, which the
+// client reads: in TLS 1.3 the client learns that the server refused its
 // certificate only when it reads.
-func Handshake(srv, cli *tls.Config, addrHost string) (srvErr, cliErr, err error) {
+func Handshake(t testing.TB, srv, cli *tls.Config, addrHost string) (srvErr, cliErr error) {
+	t.Helper()
 	l, err := tls.Listen("tcp", "127.0.0.1:0", srv)
 	if err != nil {
-		return nil, nil, err
+		t.Fatal(err)
 	}
 	defer l.Close()
 	done := make(chan error, 1)
@@ -44,5 +46,5 @@ func Handshake(srv, cli *tls.Config, addrHost string) (srvErr, cliErr, err error
 		_, cerr = io.ReadFull(c, make([]byte, 1))
 		c.Close()
 	}
-	return <-done, cerr, nil
+	return <-done, cerr
 }
