@@ -267,9 +267,11 @@ func BenchmarkNoisyNeighbour(b *testing.B) {
 	b.ReportMetric(float64(percentile(alone, 0.5).Microseconds()), "p50-alone-µs")
 	b.ReportMetric(float64(percentile(alone, 0.9).Microseconds()), "p90-alone-µs")
 	b.ReportMetric(float64(pa.Microseconds()), "p99-alone-µs")
+	b.ReportMetric(float64(percentile(alone, 0.999).Microseconds()), "p99.9-alone-µs")
 	b.ReportMetric(float64(percentile(noisy, 0.5).Microseconds()), "p50-noisy-µs")
 	b.ReportMetric(float64(percentile(noisy, 0.9).Microseconds()), "p90-noisy-µs")
 	b.ReportMetric(float64(pn.Microseconds()), "p99-noisy-µs")
+	b.ReportMetric(float64(percentile(noisy, 0.999).Microseconds()), "p99.9-noisy-µs")
 	b.ReportMetric(ratio, "p99-ratio")
 	if ratio > 2 {
 		b.Logf("target missed: victim p99 %v beside a flood, %v alone: %.2f×", pn, pa, ratio)

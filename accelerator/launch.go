@@ -174,7 +174,6 @@ func (r *launchRun) step() (completed int, more bool, err error) {
 	clock := r.d.sched.clock
 	start := clock.now()
 	for {
-		r.plan.SetSpawn(r.d.sched.sliceSpawn())
 		more, err := r.plan.Step()
 		if err == nil && !more && r.finish != nil {
 			err = r.finish()

@@ -55,15 +55,16 @@ package accelerator
 // launch) cost no thread hand-off, and while one tenant alone uses the
 // device, which has nobody to be isolated from. While a job that ran a slice
 // has more (a long kernel) and another tenant used the device within
-// sharedWindow, the busy runner, a goroutine locked to a thread of the lowest
-// CPU priority, dispatches every tenant's slices, and hands back once either
-// ends. On the sim backend slices burn host CPU that a real device would
-// not: at the lowest priority they never keep the node's network path
-// (reading a victim's request, writing its reply) waiting for a core, so a
-// tenant flooding long kernels does not hold up another's requests through
-// the host's CPU scheduler. A slice's other workers (sliceWorkers, on hosts
-// of more than two cores) run on a pool of threads at the same priority
-// while the busy runner dispatches (lowPool, made on first use). The runner
+// sharedWindow, the busy runner, a goroutine locked to a thread of its own,
+// dispatches every tenant's slices, and hands back once either ends. On the
+// sim backend slices burn host CPU back to back that a real device would
+// not; on a goroutine of the Go scheduler they held up the node's network
+// path (reading a victim's request, writing its reply) by milliseconds,
+// while on a thread of their own the host's CPU scheduler shares the cores
+// (docs/benchmarks.md). The thread keeps the node's CPU priority: at the
+// lowest one, a victim's own slice, and the flood's slice it waits for,
+// waited for a core behind the node's other threads, and its p99.9 went
+// from about 0.5 ms to 1-4 ms. The runner
 // holds scheduler.mu only briefly, but a host saturated by other work can
 // leave it waiting for a core with it.
 //
@@ -76,12 +77,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/vgpu/vgpu/accelerator/kernels"
 	"github.com/vgpu/vgpu/api"
 )
 
@@ -194,43 +191,6 @@ type scheduler struct {
 	started     bool
 	closed      bool
 	runners     sync.WaitGroup
-
-	// low runs the other workers of the busy runner's slices on threads of
-	// the lowest priority; made on its first slice that can use them.
-	// busyStep is set while the busy runner runs a step.
-	low      atomic.Pointer[lowPool]
-	busyStep atomic.Bool
-}
-
-// lowPool runs functions on goroutines locked to threads of the lowest CPU
-// priority, as many at once as it has: the workers a slice starts beside
-// its runner's (kernels.Spawn), never more than sliceWorkers()-1.
-type lowPool struct{ work chan func() }
-
-func newLowPool(n int) *lowPool {
-	p := &lowPool{work: make(chan func(), n)}
-	for range n {
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread ends with the pool
-			_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
-			for f := range p.work {
-				f()
-			}
-		}()
-	}
-	return p
-}
-
-func (p *lowPool) spawn(f func()) { p.work <- f }
-
-// sliceSpawn is how the step being run starts its slices' other workers:
-// on the low pool while the busy runner runs it, else as ordinary
-// goroutines (nil). Only one runner runs a step at a time.
-func (s *scheduler) sliceSpawn() kernels.Spawn {
-	if p := s.low.Load(); p != nil && s.busyStep.Load() {
-		return p.spawn
-	}
-	return nil
 }
 
 func newScheduler(c clock) *scheduler {
@@ -357,9 +317,6 @@ func (s *scheduler) close() {
 	poke(s.wake)
 	poke(s.busyWake)
 	s.runners.Wait()
-	if p := s.low.Load(); p != nil {
-		close(p.work)
-	}
 }
 
 // pick returns the account whose slice runs next, or, when every backlogged
@@ -416,14 +373,9 @@ func (s *scheduler) pick() (*account, time.Duration) {
 func (s *scheduler) runner(busy bool) {
 	defer s.runners.Done()
 	wake := s.wake
-	lowN := 0 // the low pool's size; asked once: GOMAXPROCS takes a runtime lock
 	if busy {
 		wake = s.busyWake
-		lowN = sliceWorkers() - 1
 		runtime.LockOSThread() // never unlocked: the thread ends with the runner
-		// Best effort: where the priority cannot be lowered (a seccomp
-		// profile, say) slices still run, only at the node's priority.
-		_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
 	}
 	for {
 		s.mu.Lock()
@@ -470,14 +422,9 @@ func (s *scheduler) runner(busy bool) {
 		j := a.jobs[0]
 		s.mu.Unlock()
 
-		if busy && lowN > 0 && s.low.Load() == nil {
-			s.low.Store(newLowPool(lowN))
-		}
-		s.busyStep.Store(busy)
 		start := s.clock.now()
 		completed, more, err := guardStep(j.step)
 		used := s.clock.now() - start
-		s.busyStep.Store(false)
 
 		s.mu.Lock()
 		a.used += used

@@ -23,7 +23,7 @@ func planFillF32(args []Value, maxWork int) (*Plan, error) {
 		return nil, c.err
 	}
 	value := args[2].F32
-	return evenPlan(len(x), vectorCost, maxWork, func(lo, hi int, _ workers) error {
+	return evenPlan(len(x), vectorCost, maxWork, func(lo, hi, _ int) error {
 		s := x[lo:hi]
 		for i := range s {
 			s[i] = value
@@ -54,7 +54,7 @@ func planSaxpy(args []Value, maxWork int) (*Plan, error) {
 	y = y[:len(x)]
 	// Slices run in order, so the elements are still updated in index
 	// order, as Doc promises for overlapping x and y.
-	return evenPlan(len(x), vectorCost, maxWork, func(lo, hi int, _ workers) error {
+	return evenPlan(len(x), vectorCost, maxWork, func(lo, hi, _ int) error {
 		ys := y[lo:hi]
 		for i, xv := range x[lo:hi] {
 			// The conversion forbids fusing into an FMA, whose single
@@ -91,7 +91,7 @@ func planReduceSumF32(args []Value, maxWork int) (*Plan, error) {
 	// the sum, keep the order, and so the result, fixed. out is written once,
 	// by the last slice, as when the kernel ran whole.
 	var sum float64
-	p := evenPlan(len(x), vectorCost, maxWork, func(lo, hi int, _ workers) error {
+	p := evenPlan(len(x), vectorCost, maxWork, func(lo, hi, _ int) error {
 		for _, v := range x[lo:hi] {
 			sum += float64(v)
 		}

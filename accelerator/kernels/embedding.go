@@ -70,7 +70,7 @@ func planEmbeddingBagSum(args []Value, maxWork int) (*Plan, error) {
 		work = min(work+cost, maxWork)
 	}
 	bounds = append(bounds, nbags)
-	return &Plan{n: len(bounds) - 1, slice: func(i int, w workers) error {
+	return &Plan{n: len(bounds) - 1, slice: func(i, workers int) error {
 		lo, hi := bounds[i], bounds[i+1]
 		// The per-bag cost estimate is the slice's mean, as a whole
 		// launch's was: nidx/nbags + 1 index reads and adds of dim floats.
@@ -78,7 +78,7 @@ func planEmbeddingBagSum(args []Value, maxWork int) (*Plan, error) {
 		if hi < nbags {
 			n = int(offsets[hi]) - int(offsets[lo])
 		}
-		return parallelForN(w, hi-lo, satMul(max(n, 0)/(hi-lo)+1, dim), func(l, h int) error {
+		return parallelForN(workers, hi-lo, satMul(max(n, 0)/(hi-lo)+1, dim), func(l, h int) error {
 			return sumBags(out, table, indices, offsets, dim, lo+l, lo+h)
 		})
 	}}, nil

@@ -22,18 +22,17 @@ const minChunkWork = 1 << 16
 // recover up the caller's stack can catch a panic on another goroutine, and
 // an uncaught one would end the node and every tenant's work on it.
 func parallelFor(n, cost int, fn func(lo, hi int) error) error {
-	return parallelForN(workers{n: runtime.GOMAXPROCS(0)}, n, cost, fn)
+	return parallelForN(runtime.GOMAXPROCS(0), n, cost, fn)
 }
 
-// parallelForN is parallelFor with at most w.n goroutines (at least one),
-// those beside the caller's started by w.spawn.
-func parallelForN(w workers, n, cost int, fn func(lo, hi int) error) error {
+// parallelForN is parallelFor with at most workers goroutines (at least one).
+func parallelForN(workers, n, cost int, fn func(lo, hi int) error) error {
 	perChunk := max(1, minChunkWork/max(cost, 1))
 	chunks := n / perChunk
 	if n%perChunk != 0 {
 		chunks++
 	}
-	chunks = min(chunks, max(w.n, 1))
+	chunks = min(chunks, max(workers, 1))
 	if chunks <= 1 {
 		return guard(fn, 0, n)
 	}
@@ -45,16 +44,7 @@ func parallelForN(w workers, n, cost int, fn func(lo, hi int) error) error {
 	var wg sync.WaitGroup
 	for c := 1; c < chunks; c++ {
 		lo, hi := bounds(c)
-		work := func() { errs[c] = guard(fn, lo, hi) }
-		if w.spawn == nil {
-			wg.Go(work)
-			continue
-		}
-		wg.Add(1)
-		w.spawn(func() {
-			defer wg.Done()
-			work()
-		})
+		wg.Go(func() { errs[c] = guard(fn, lo, hi) })
 	}
 	lo, hi := bounds(0)
 	errs[0] = guard(fn, lo, hi)

@@ -27,32 +27,15 @@ import (
 type Plan struct {
 	kernel  string
 	n       int
-	slice   func(i int, w workers) error
+	slice   func(i, workers int) error
 	next    int
-	workers int   // 0: GOMAXPROCS
-	spawn   Spawn // nil: go statements
-}
-
-// Spawn runs f on another goroutine: a slice's workers beyond the caller's
-// start through it.
-type Spawn func(f func())
-
-// workers is how a slice may spread over goroutines: at most n of them, the
-// ones beside the caller's started by spawn (nil: go statements).
-type workers struct {
-	n     int
-	spawn Spawn
+	workers int // 0: GOMAXPROCS
 }
 
 // SetWorkers bounds the goroutines each later slice may use (n < 1: as
 // many as GOMAXPROCS, the default). Results do not depend on it. A node
 // uses it to leave host cores to its network path, as a real device would.
 func (p *Plan) SetWorkers(n int) { p.workers = max(n, 0) }
-
-// SetSpawn sets how later slices start their other workers (nil: go
-// statements, the default). Results do not depend on it. A node uses it to
-// run them on threads of its choosing, at a lower CPU priority.
-func (p *Plan) SetSpawn(s Spawn) { p.spawn = s }
 
 // Len is the number of slices; 0 means the launch has nothing to do.
 func (p *Plan) Len() int { return p.n }
@@ -66,11 +49,11 @@ func (p *Plan) Step() (more bool, err error) {
 	}
 	i := p.next
 	p.next++
-	n := p.workers
-	if n == 0 {
-		n = runtime.GOMAXPROCS(0)
+	workers := p.workers
+	if workers == 0 {
+		workers = runtime.GOMAXPROCS(0)
 	}
-	if err := p.slice(i, workers{n: n, spawn: p.spawn}); err != nil {
+	if err := p.slice(i, workers); err != nil {
 		p.next = p.n
 		return false, fmt.Errorf("%s: %w", p.kernel, err)
 	}
@@ -100,21 +83,21 @@ const vectorCost = 4
 
 // evenPlan cuts items of cost each into slices of at most maxWork (at least
 // one item each) and runs fn over each slice's range.
-func evenPlan(items, cost, maxWork int, fn func(lo, hi int, w workers) error) *Plan {
+func evenPlan(items, cost, maxWork int, fn func(lo, hi, workers int) error) *Plan {
 	per := max(1, maxWork/max(cost, 1))
 	n := items / per
 	if items%per != 0 {
 		n++
 	}
-	return &Plan{n: n, slice: func(i int, w workers) error {
+	return &Plan{n: n, slice: func(i, workers int) error {
 		lo := i * per
-		return fn(lo, lo+min(per, items-lo), w)
+		return fn(lo, lo+min(per, items-lo), workers)
 	}}
 }
 
 // whole is a plan of one slice that runs fn.
 func whole(fn func() error) *Plan {
-	return &Plan{n: 1, slice: func(int, workers) error { return fn() }}
+	return &Plan{n: 1, slice: func(int, int) error { return fn() }}
 }
 
 // unbounded is maxWork for Run: the whole launch in one slice where the

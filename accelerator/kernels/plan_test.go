@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"sync/atomic"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -187,45 +186,4 @@ func TestPlanSliceWork(t *testing.T) {
 	if err != nil || p.Len() != 0 {
 		t.Errorf("empty sgemm: %d slices, %v", p.Len(), err)
 	}
-}
-
-// TestPlanSpawn: a slice's workers beside the caller's start through the
-// plan's Spawn, and the bits are still Run's.
-func TestPlanSpawn(t *testing.T) {
-	const m, n, kk = 256, 64, 64
-	args := func() []Value {
-		r := rand.New(rand.NewPCG(11, 12))
-		rnd := func(n int) []float32 {
-			xs := make([]float32, n)
-			for i := range xs {
-				xs[i] = float32(r.NormFloat64())
-			}
-			return xs
-		}
-		return []Value{i64Arg(m), i64Arg(n), i64Arg(kk), f32Arg(1), f32sArg(rnd(m * kk)...), f32sArg(rnd(kk * n)...), f32Arg(0.5), f32sArg(rnd(m * n)...)}
-	}
-	k := mustLookup(t, "sgemm")
-	want := args()
-	if err := k.Run(want); err != nil {
-		t.Fatal(err)
-	}
-	got := args()
-	p, err := k.Plan(got, 1<<30)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.SetWorkers(4)
-	var spawned atomic.Int32
-	p.SetSpawn(func(f func()) { spawned.Add(1); go f() })
-	for more := p.Len() > 0; more; {
-		if more, err = p.Step(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// One slice of 256 rows of 64·65 multiply-adds: four workers, three
-	// of them spawned.
-	if s := spawned.Load(); p.Len() != 1 || s != 3 {
-		t.Errorf("%d slices, %d workers spawned; want 1 slice and 3", p.Len(), s)
-	}
-	sameBits(t, "sgemm", floatsOf(got[7].Buf), floatsOf(want[7].Buf))
 }

@@ -40,8 +40,8 @@ func planSgemm(args []Value, maxWork int) (*Plan, error) {
 	// Rows are independent, so any split, into slices and within a slice
 	// across goroutines, gives the same bits.
 	cost := satMul(n, k+1)
-	return evenPlan(m, cost, maxWork, func(lo, hi int, w workers) error {
-		return parallelForN(w, hi-lo, cost, func(l, h int) error {
+	return evenPlan(m, cost, maxWork, func(lo, hi, workers int) error {
+		return parallelForN(workers, hi-lo, cost, func(l, h int) error {
 			l, h = lo+l, lo+h
 			sgemmRows(cm[l*n:h*n], a[l*k:h*k], b, n, k, alpha, beta)
 			return nil
