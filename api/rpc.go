@@ -28,7 +28,10 @@ func (c *Call) finish() {
 	close(c.done)
 }
 
-// Done is closed once the call has completed.
+// Done is closed once the call has completed. On an RPC of
+// NewRPCCallerReads a lone call's reply is read only by Wait (or by the
+// helper while other calls are pending): select on Done alone, with no
+// Wait, may never see it close.
 func (c *Call) Done() <-chan struct{} { return c.done }
 
 // Wait blocks until the call completes and returns its error. On an RPC
@@ -162,8 +165,10 @@ func (r *RPC) Go(op Op, into []byte, parts ...[]byte) *Call {
 
 // GoThen is Go with a continuation: then runs once the reply has arrived,
 // before the call is marked done, on the goroutine that reads replies (or
-// on the caller's, if the call fails at once). It must not block for long: replies to every other call
-// wait behind it. Unlike Go, it leaves the request in the connection's
+// on the caller's, if the call fails at once). On an RPC of
+// NewRPCCallerReads that may be any goroutine in Wait, whatever locks it
+// holds. It must not block for long: replies to every other call wait
+// behind it. Unlike Go, it leaves the request in the connection's
 // buffer while the connection is held (Hold).
 func (r *RPC) GoThen(op Op, into []byte, then func(*Call), parts ...[]byte) *Call {
 	c := r.registerThen(op, into, then)
@@ -284,7 +289,7 @@ func (r *RPC) lost(err error) error {
 	if CodeOf(err) != CodeInternal {
 		return err
 	}
-	return fmt.Errorf("connection to %s lost: %v: %w", r.name, err, ErrUnavailable)
+	return fmt.Errorf("connection to %s lost: %w: %w", r.name, err, ErrUnavailable)
 }
 
 func (r *RPC) readOne() error {
@@ -315,6 +320,11 @@ func (r *RPC) readOne() error {
 		body := make([]byte, h.Len)
 		if err = r.conn.ReadBody(body); err == nil {
 			c.Err = DecodeError(body)
+			if re := (*RemoteError)(nil); !errors.As(c.Err, &re) {
+				// A body that is no error: this call fails, and as the
+				// frame was well formed, the connection carries on.
+				c.Err = fmt.Errorf("%s: error reply to %v (request %d): %w", r.name, h.Op, h.ID, c.Err)
+			}
 		}
 	case c.into != nil:
 		if int(h.Len) != len(c.into) {

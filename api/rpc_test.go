@@ -538,12 +538,16 @@ func testRPCErrorReply(t *testing.T, dial dialer) {
 }
 
 // testRPCProtocolViolations: a request where a reply is due, or a reply to
-// no request, is a protocol error that drops the connection.
+// no request, is a protocol error that drops the connection; an error reply
+// whose body is no error fails its call alone, naming it.
 func testRPCProtocolViolations(t *testing.T, dial dialer) {
-	for name, answer := range map[string]func(c *Conn, h Header){
-		"request instead of reply": func(c *Conn, h Header) { c.WriteFrame(h.Op, 0, h.ID) },
-		"reply to unknown id":      func(c *Conn, h Header) { c.WriteFrame(h.Op, FlagReply, h.ID+1000) },
-		"bad error body":           func(c *Conn, h Header) { c.WriteFrame(h.Op, FlagReply|FlagError, h.ID, []byte{1}) },
+	for name, tc := range map[string]struct {
+		answer func(c *Conn, h Header)
+		drops  bool
+	}{
+		"request instead of reply": {func(c *Conn, h Header) { c.WriteFrame(h.Op, 0, h.ID) }, true},
+		"reply to unknown id":      {func(c *Conn, h Header) { c.WriteFrame(h.Op, FlagReply, h.ID+1000) }, true},
+		"bad error body":           {func(c *Conn, h Header) { c.WriteFrame(h.Op, FlagReply|FlagError, h.ID, []byte{1}) }, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			addr := serve(t, func(c *Conn) {
@@ -551,13 +555,26 @@ func testRPCProtocolViolations(t *testing.T, dial dialer) {
 				if err != nil {
 					return
 				}
-				answer(c, h)
-				io.Copy(io.Discard, c.NetConn())
+				tc.answer(c, h)
+				echo(c)
 			})
 			r := dial(t, addr)
 			c := r.Go(OpStatus, nil)
 			if err := waitCall(t, c); !errors.Is(err, ErrProtocol) {
 				t.Fatalf("%s: %v, want ErrProtocol", name, err)
+			} else if !tc.drops && !strings.Contains(err.Error(), fmt.Sprintf("%v (request %d)", OpStatus, c.id)) {
+				t.Fatalf("%s: %v, want the op and request named", name, err)
+			}
+			if tc.drops {
+				select {
+				case <-r.Closed():
+				case <-time.After(10 * time.Second):
+					t.Fatalf("%s: the connection stayed open", name)
+				}
+				return
+			}
+			if body, err := r.Call(OpFree, nil, []byte("next")); err != nil || string(body) != "next" {
+				t.Fatalf("%s: the next call: %q, %v", name, body, err)
 			}
 		})
 	}
@@ -654,7 +671,7 @@ func testRPCBodyTimeout(t *testing.T, dial dialer) {
 			other := r.Go(OpNodeRead, nil, []byte("other"))
 			err := waitCall(t, c)
 			elapsed := time.Since(start)
-			if !errors.Is(err, ErrUnavailable) || !errors.Is(err, os.ErrDeadlineExceeded) && !strings.Contains(err.Error(), "timeout") {
+			if !errors.Is(err, ErrUnavailable) || !errors.Is(err, os.ErrDeadlineExceeded) {
 				t.Fatalf("stalled reply: %v, want ErrUnavailable naming the timeout", err)
 			}
 			if elapsed > BodyTimeout+5*time.Second {
@@ -747,7 +764,12 @@ func TestRPCCallerReadsCloseWhileReading(t *testing.T) {
 	c := r.Go(OpSynchronize, nil)
 	got := make(chan error, 1)
 	go func() { got <- c.Wait() }()
-	time.Sleep(50 * time.Millisecond) // let it block in the read
+	// Close once the waiter holds the read token, blocked in the read.
+	for deadline := time.Now().Add(10 * time.Second); len(r.role) != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never took the read token")
+		}
+	}
 	r.Close()
 	select {
 	case err := <-got:
@@ -831,6 +853,7 @@ func TestRPCCallerReadsAnyOrder(t *testing.T) {
 		seed := rapid.Uint64().Draw(rt, "seed")
 		plans := rapid.SliceOfN(rapid.SliceOfN(rapid.IntRange(0, 3), 1, 20), 1, 4).Draw(rt, "plans")
 		r := rpcModes[1].dial(t, serve(t, shuffler(seed)))
+		defer r.Close() // ends the server too: one connection per draw
 		errs := make(chan error, len(plans))
 		for g, plan := range plans {
 			go func() {

@@ -22,6 +22,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,11 +69,16 @@ func Dial(opt Options) (*Client, error) {
 	if opt.Tenant == "" {
 		opt.Tenant = os.Getenv("VGPU_TENANT")
 	}
+	if opt.Devices < 0 {
+		return nil, fmt.Errorf("devices %d: want a positive whole number: %w", opt.Devices, api.ErrInvalidArgument)
+	}
 	if opt.Devices == 0 {
 		if v := os.Getenv("VGPU_DEVICES"); v != "" {
-			if _, err := fmt.Sscanf(v, "%d", &opt.Devices); err != nil || opt.Devices < 1 {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+			if err != nil || n < 1 {
 				return nil, fmt.Errorf("VGPU_DEVICES=%q: want a positive whole number: %w", v, api.ErrInvalidArgument)
 			}
+			opt.Devices = int(n)
 		}
 	}
 	rpc, reply, err := dial(opt.Socket, api.Hello{

@@ -5,6 +5,7 @@ import (
 	"math"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -12,10 +13,16 @@ import (
 )
 
 func TestDialNamesBadEnvironment(t *testing.T) {
-	t.Setenv("VGPU_DEVICES", "two")
-	_, err := Dial(Options{Socket: filepath.Join(t.TempDir(), "none")})
-	if !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), `"two"`) {
-		t.Fatalf("VGPU_DEVICES=two: %v", err)
+	for _, v := range []string{"two", "2x", "1.9", "3 devices", "0", "-1", "4294967296"} {
+		t.Setenv("VGPU_DEVICES", v)
+		_, err := Dial(Options{Socket: filepath.Join(t.TempDir(), "none")})
+		if !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), strconv.Quote(v)) {
+			t.Errorf("VGPU_DEVICES=%s: %v", v, err)
+		}
+	}
+	_, err := Dial(Options{Socket: filepath.Join(t.TempDir(), "none"), Devices: -1})
+	if !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), "-1") {
+		t.Errorf("Devices -1: %v", err)
 	}
 }
 
