@@ -154,6 +154,12 @@ func (c *conn) sealFrames(d *device, frames []uint64) (*api.NodeSealReply, error
 	if err := d.frames.checkOwned(c.owner, frames); err != nil {
 		return nil, fmt.Errorf("%s: seal: %w", d.Info().Name, err)
 	}
+	for _, f := range frames {
+		if !d.frames.isSealed(f) && d.frames.inObject(f) {
+			// An object's writes would change it behind the seal.
+			return nil, fmt.Errorf("%s: seal: frame %#x is part of a shared object: %w", d.Info().Name, f, api.ErrPermissionDenied)
+		}
+	}
 	x := c.node.content
 	reply := &api.NodeSealReply{StoredOnce: make([]bool, len(frames))}
 	for i, f := range frames {

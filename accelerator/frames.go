@@ -20,10 +20,13 @@ type owner uint64
 //
 // Invariants: a frame has at most one owner; a frame is scrubbed between
 // owners (by the caller of release, before the frame is marked free); only a
-// held frame is sealed, and it is unsealed (unseal) before it is released.
+// held frame is sealed, and it is unsealed (unseal) before it is released;
+// a frame in a shared object that may be written (coherent or versioned) is
+// never sealed, so the content index's hashes hold (shared.go, content.go).
 type frameTable struct {
 	mu     sync.RWMutex
 	owners []owner              // by frame number
+	held   map[owner]int        // frames each owner holds
 	sealed []bool               // by frame number
 	shared map[int][]api.Extent // by frame number: the runs of it in shared objects (shared.go)
 	free   int
@@ -32,7 +35,7 @@ type frameTable struct {
 
 func newFrameTable(memory uint64) *frameTable {
 	n := int(memory / FrameSize)
-	return &frameTable{owners: make([]owner, n), sealed: make([]bool, n), shared: map[int][]api.Extent{}, free: n}
+	return &frameTable{owners: make([]owner, n), held: map[owner]int{}, sealed: make([]bool, n), shared: map[int][]api.Extent{}, free: n}
 }
 
 // alloc grants n frames to o: one contiguous run, found first-fit from the
@@ -63,6 +66,7 @@ func (t *frameTable) alloc(o owner, n int) ([]uint64, error) {
 		t.owners[f] = o
 		frames[i] = f * FrameSize
 	}
+	t.held[o] += n
 	t.free -= n
 	return frames, nil
 }
@@ -122,6 +126,10 @@ func (t *frameTable) release(addrs []uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, a := range addrs {
+		o := t.owners[a/FrameSize]
+		if t.held[o]--; t.held[o] == 0 {
+			delete(t.held, o)
+		}
 		t.owners[a/FrameSize] = 0
 	}
 	t.free += len(addrs)
@@ -140,7 +148,11 @@ func (t *frameTable) ownedBy(o owner) []uint64 {
 	return out
 }
 
-// checkAccess verifies that every byte of xs lies in frames o owns.
+// checkAccess verifies that every byte of xs lies in frames o owns, and
+// that xs come to no more bytes than o holds: an honest list names each
+// byte once, and one that repeats them must not turn into more work or
+// host memory (a fill, a gathered launch argument, an object's snapshot)
+// than the memory o was granted.
 func (t *frameTable) checkAccess(o owner, xs []api.Extent) error { return t.check(o, xs, false) }
 
 // checkWrite is checkAccess for memory to be changed: no byte of xs may lie
@@ -151,6 +163,8 @@ func (t *frameTable) check(o owner, xs []api.Extent, write bool) error {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	limit := uint64(len(t.owners)) * FrameSize
+	held := uint64(t.held[o]) * FrameSize
+	var total uint64 // at most 65536 extents of at most limit bytes each: no overflow
 	for _, x := range xs {
 		if x.Len == 0 {
 			continue
@@ -172,6 +186,9 @@ func (t *frameTable) check(o owner, xs []api.Extent, write bool) error {
 					}
 				}
 			}
+		}
+		if total += x.Len; total > held {
+			return fmt.Errorf("%d extents come to more than the %d bytes this connection holds on the device (extent [%#x, +%d) passes it): %w", len(xs), held, x.Addr, x.Len, api.ErrInvalidArgument)
 		}
 	}
 	return nil
@@ -204,6 +221,14 @@ func (t *frameTable) unseal(addrs []uint64) []uint64 {
 		}
 	}
 	return out
+}
+
+// inObject reports whether any byte of the frame at addr is part of a
+// shared object.
+func (t *frameTable) inObject(addr uint64) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.shared[int(addr/FrameSize)]) > 0
 }
 
 // isShared reports whether any byte of xs is part of a shared object.

@@ -234,6 +234,7 @@ type conn struct {
 	share   tenantShare // tenant, weight and compute cap from the Hello
 	log     logrus.FieldLogger
 	pending atomic.Int64 // requests queued for or running in the executor
+	exports int          // objects exported and not ended; under objectTable.mu
 }
 
 type request struct {

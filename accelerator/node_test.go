@@ -328,7 +328,7 @@ func TestNodeBadRequests(t *testing.T) {
 		{"n past the buffer", launch("fill_f32", bufArg(mine...), i64Arg(5), f32Arg(1)), api.ErrInvalidArgument, []string{"fill_f32", "16 bytes"}},
 		{"negative n", launch("fill_f32", bufArg(mine...), i64Arg(-1), f32Arg(1)), api.ErrInvalidArgument, []string{"n = -1"}},
 		// Repeated extents adding up to 234 GiB: refused, not allocated.
-		{"buffer bigger than the device", launch("fill_f32", bufArg(slices.Repeat([]api.Extent{ext(own[0], 0, 2*FrameSize)}, 60000)...), i64Arg(1), f32Arg(1)), api.ErrInvalidArgument, []string{"60000 extents", strconv.Itoa(testMemory)}},
+		{"buffer bigger than the device", launch("fill_f32", bufArg(slices.Repeat([]api.Extent{ext(own[0], 0, 2*FrameSize)}, 60000)...), i64Arg(1), f32Arg(1)), api.ErrInvalidArgument, []string{"60000 extents", "bytes this connection holds"}},
 		{"empty extent beyond memory", launch("fill_f32", bufArg(ext(testMemory+FrameSize, 0, 0), ext(own[0], 0, 4)), i64Arg(1), f32Arg(1)), api.ErrInvalidAddress, []string{hex(testMemory + FrameSize)}},
 	}
 	for _, dev := range []uint32{testDevices, 1 << 31} {

@@ -31,6 +31,7 @@ package accelerator
 // for a lock of this file.
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -65,6 +66,11 @@ const (
 	// api.ErrQuotaExceeded, and the node keeps at most this many versions
 	// besides the published one.
 	MaxPinnedVersions = 8
+	// MaxObjects bounds the objects one connection has exported and not
+	// yet ended: each costs the node a directory and bookkeeping that
+	// the connection's frames do not count (a mediator exports at most
+	// 256 buffers per session).
+	MaxObjects = 1024
 )
 
 // epoch is the origin of the node's clock for leases.
@@ -175,11 +181,34 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	if !m.Mode.Valid() || m.Mode == api.ModePrivate {
 		return 0, fmt.Errorf("export in mode %v: want immutable, versioned or coherent: %w", m.Mode, api.ErrInvalidArgument)
 	}
+	t := c.node.objects
+	t.mu.Lock()
+	if c.exports >= MaxObjects {
+		t.mu.Unlock()
+		return 0, fmt.Errorf("export: this connection has %d shared objects, the limit: %w", MaxObjects, api.ErrQuotaExceeded)
+	}
+	c.exports++ // taken back below unless the object is made
+	t.mu.Unlock()
+	made := false
+	defer func() {
+		if !made {
+			t.mu.Lock()
+			c.exports--
+			t.mu.Unlock()
+		}
+	}()
 	size := api.ExtentsLen(m.Extents)
 	if size == 0 {
 		return 0, fmt.Errorf("export of 0 bytes: %w", api.ErrInvalidArgument)
 	}
-	if err := d.frames.checkAccess(c.owner, m.Extents); err != nil {
+	if err := checkDistinct(m.Extents); err != nil {
+		return 0, fmt.Errorf("%s: export: %w", d.Info().Name, err)
+	}
+	check := d.frames.checkWrite // the object's writes go to these bytes
+	if m.Mode == api.ModeImmutable {
+		check = d.frames.checkAccess // sealed below, if not already
+	}
+	if err := check(c.owner, m.Extents); err != nil {
 		return 0, fmt.Errorf("%s: export: %w", d.Info().Name, err)
 	}
 	if d.frames.isShared(m.Extents) {
@@ -225,7 +254,6 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 		}
 	}
 	d.frames.share(m.Extents, true)
-	t := c.node.objects
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	// Random ids: a mediator that outlives a restart of this node must not
@@ -234,14 +262,34 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 		o.id = randomID()
 	}
 	t.byID[o.id] = o
+	made = true
 	return o.id, nil
 }
 
-// framesOf lists the frames extents touch, once each, in order.
+// checkDistinct refuses an object's extents that are empty or overlap: an
+// object's page is one place in device memory.
+func checkDistinct(xs []api.Extent) error {
+	sorted := slices.Clone(xs)
+	slices.SortFunc(sorted, func(a, b api.Extent) int { return cmp.Compare(a.Addr, b.Addr) })
+	for i, x := range sorted {
+		if x.Len == 0 {
+			return fmt.Errorf("extent [%#x, +0) is empty: %w", x.Addr, api.ErrInvalidArgument)
+		}
+		if i > 0 {
+			if p := sorted[i-1]; x.Addr-p.Addr < p.Len {
+				return fmt.Errorf("extents [%#x, +%d) and [%#x, +%d) overlap: %w", p.Addr, p.Len, x.Addr, x.Len, api.ErrInvalidArgument)
+			}
+		}
+	}
+	return nil
+}
+
+// framesOf lists the frames extents touch, once each, in order; an empty
+// extent touches none.
 func framesOf(xs []api.Extent) []uint64 {
 	var out []uint64
 	for _, x := range xs {
-		for f := x.Addr &^ (FrameSize - 1); f < x.Addr+x.Len; f += FrameSize {
+		for f := x.Addr &^ (FrameSize - 1); x.Len > 0 && f < x.Addr+x.Len; f += FrameSize {
 			if len(out) == 0 || out[len(out)-1] != f {
 				out = append(out, f)
 			}
@@ -645,6 +693,7 @@ func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
 		o.mu.Lock()
 		if o.exporter == c && end(o) {
 			o.gone = true
+			c.exports--
 			delete(t.byID, id)
 			t.ending[id] = o
 			o.changed.Broadcast()

@@ -1,7 +1,11 @@
 package accelerator
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"fmt"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -305,5 +309,125 @@ func TestNodePinnedVersionsAreBounded(t *testing.T) {
 	}
 	if got := versions(); got != MaxPinnedVersions+1 {
 		t.Fatalf("the node keeps %d versions, want %d", got, MaxPinnedVersions+1)
+	}
+}
+
+// export is an export of xs by c, as the test gives it.
+func (c *client) export(mode api.Mode, xs ...api.Extent) (uint64, error) {
+	body, err := c.call(api.OpNodeExport, &api.NodeExport{Extents: xs, Mode: mode})
+	var obj api.NodeObject
+	if err == nil {
+		err = api.Decode(body, &obj)
+	}
+	return obj.Object, err
+}
+
+// An export's extents are checked whole: an empty extent anywhere (which
+// names a frame without touching it) or extents that overlap are refused,
+// naming them, and seal nothing; the node serves on.
+func TestNodeExportRefusesEmptyAndOverlappingExtents(t *testing.T) {
+	tn := startNode(t)
+	a, b := tn.connect(t, "alpha"), tn.connect(t, "beta")
+	af, bf := a.alloc(0, 1)[0], b.alloc(0, 1)[0]
+	beyond := uint64(testMemory) * 4
+	for _, mode := range []api.Mode{api.ModeImmutable, api.ModeCoherent} {
+		_, err := a.export(mode, ext(beyond, 1, 0), ext(af, 0, 4096))
+		wantErr(t, err, api.ErrInvalidArgument, hex(beyond+1), "empty")
+		_, err = a.export(mode, ext(bf, 1, 0), ext(af, 0, 4096))
+		wantErr(t, err, api.ErrInvalidArgument, hex(bf+1), "empty")
+		_, err = a.export(mode, ext(af, 0, 4096), ext(af, 2048, 4096))
+		wantErr(t, err, api.ErrInvalidArgument, "overlap", hex(af), hex(af+2048))
+		_, err = a.export(mode, slices.Repeat([]api.Extent{ext(af, 0, 4096)}, 16)...)
+		wantErr(t, err, api.ErrInvalidArgument, "overlap")
+	}
+	// Nothing was sealed: beta still writes its frame, alpha its own.
+	b.mustWrite(0, []api.Extent{ext(bf, 0, 4)}, []byte{1, 2, 3, 4})
+	a.mustWrite(0, []api.Extent{ext(af, 0, 4)}, []byte{1, 2, 3, 4})
+	if _, err := a.export(api.ModeImmutable, ext(af, 0, 4096)); err != nil {
+		t.Fatalf("a good export after bad ones: %v", err)
+	}
+}
+
+// A sealed frame, which the content index may have aliased to another
+// tenant's frames, never becomes writable through an object: it is not
+// exported as a coherent or versioned object, and a frame of such an
+// object is not sealed. So a tenant whose frame was deduplicated against
+// another's sealed weights reads those weights, whatever the sealer does.
+func TestNodeSealedFramesAreNotWrittenThroughObjects(t *testing.T) {
+	tn := startNode(t)
+	a, b := tn.connect(t, "alpha"), tn.connect(t, "beta")
+	af, bf := a.alloc(0, 1)[0], b.alloc(0, 1)[0]
+	weights := bytes.Repeat([]byte{0x5a}, FrameSize)
+	a.writeFrame(0, af, weights)
+	if err := a.seal(0, af); err != nil {
+		t.Fatal(err)
+	}
+	if hit, err := b.dedup(0, []uint64{bf}, sha256.Sum256(weights)); err != nil || !hit[0] {
+		t.Fatalf("dedup of the sealed weights: %v, %v", hit, err)
+	}
+	for _, mode := range []api.Mode{api.ModeCoherent, api.ModeVersioned} {
+		_, err := a.export(mode, ext(af, 0, FrameSize))
+		wantErr(t, err, api.ErrPermissionDenied, hex(af), "sealed")
+	}
+	if !bytes.Equal(b.mustRead(0, ext(bf, 0, 64)), weights[:64]) {
+		t.Fatal("the deduplicated frame no longer reads the sealed weights")
+	}
+
+	// The other order: a frame in a coherent object is not sealed.
+	g := a.alloc(0, 1)[0]
+	if _, err := a.export(api.ModeCoherent, ext(g, 0, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, a.seal(0, g), api.ErrPermissionDenied, hex(g), "shared object")
+	// An immutable object's frames are sealed already; sealing them again
+	// is allowed and changes nothing.
+	h := a.alloc(0, 1)[0]
+	if _, err := a.export(api.ModeImmutable, ext(h, 0, FrameSize)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.seal(0, h); err != nil {
+		t.Fatalf("seal a frame of an immutable object: %v", err)
+	}
+}
+
+// A connection holds at most MaxObjects objects it exported; one more is
+// refused with quota-exceeded, and ending one makes room.
+func TestNodeObjectsPerConnectionAreBounded(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alpha")
+	f := a.alloc(0, 1)[0]
+	for i := range uint64(MaxObjects) {
+		if _, err := a.export(api.ModeCoherent, ext(f, i, 1)); err != nil {
+			t.Fatalf("export %d: %v", i, err)
+		}
+	}
+	_, err := a.export(api.ModeCoherent, ext(f, MaxObjects, 1))
+	wantErr(t, err, api.ErrQuotaExceeded, strconv.Itoa(MaxObjects))
+	// Another connection has its own count.
+	other := tn.connect(t, "alpha")
+	if _, err := other.export(api.ModeCoherent, ext(other.alloc(0, 1)[0], 0, 1)); err != nil {
+		t.Fatalf("another connection's export: %v", err)
+	}
+	// Freeing the frame ends its objects.
+	if err := a.free(0, f); err != nil {
+		t.Fatal(err)
+	}
+	g := a.alloc(0, 1)[0]
+	if _, err := a.export(api.ModeCoherent, ext(g, 0, 1)); err != nil {
+		t.Fatalf("export after the objects ended: %v", err)
+	}
+}
+
+// Extents that name the connection's bytes more than once, adding up to
+// more than it holds, do not turn into more work or memory than it holds:
+// a fill of them is refused, naming the count.
+func TestNodeRepeatedExtentsAreBoundedByHeldMemory(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alpha")
+	f := a.alloc(0, 1)[0]
+	xs := slices.Repeat([]api.Extent{ext(f, 0, FrameSize)}, 2)
+	wantErr(t, a.fill(0, 7, xs...), api.ErrInvalidArgument, "2 extents", strconv.Itoa(FrameSize))
+	if err := a.fill(0, 7, ext(f, 0, FrameSize/2), ext(f, FrameSize/2, FrameSize/2)); err != nil {
+		t.Fatalf("a fill of the whole frame in two extents: %v", err)
 	}
 }
