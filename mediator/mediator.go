@@ -226,21 +226,29 @@ func (m *Mediator) serve(l net.Listener, ctr *container) error {
 		m.listeners = append(m.listeners, l)
 	}
 	m.mu.Unlock()
+	var pause time.Duration
 	for {
 		nc, err := l.Accept()
 		if err != nil {
 			m.mu.Lock()
 			closed := m.closed
 			m.mu.Unlock()
-			if closed || (ctr != nil && errors.Is(err, net.ErrClosed)) {
+			if closed || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			// Out of descriptors (EMFILE), say: whoever used them up, this
+			// socket must serve again once they are back, so wait and
+			// retry rather than give the socket up.
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			m.log.WithError(err).WithField("socket", l.Addr().String()).Warnf("accept failed; retrying in %v", pause)
+			select {
+			case <-time.After(pause):
 				continue
+			case <-m.stop:
+				return nil
 			}
-			return fmt.Errorf("accept on %s: %w", l.Addr(), err)
 		}
+		pause = 0
 		m.mu.Lock()
 		if m.closed {
 			m.mu.Unlock()
