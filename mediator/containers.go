@@ -65,6 +65,7 @@ type container struct {
 	// registered: the share of a frame its budget is charged for a sealed
 	// weight frame stored once (dedup.go).
 	dedupCharge float64
+	hostMapped  budget // bytes of its sessions' host regions (hostmem.go)
 
 	mu       sync.Mutex
 	sessions map[*session]struct{} // open, for reserveResident
@@ -145,15 +146,29 @@ func (c *container) closeSocket() {
 	os.Remove(c.socket) // bound through /proc/self/fd: the listener cannot unlink it (listenIn)
 }
 
-func (c *container) track(nc net.Conn) bool {
+// MaxContainerConns bounds the connections open on a container's socket:
+// each holds a descriptor and may hold a session, so without a bound one
+// container could use up what the mediator serves everyone with.
+const MaxContainerConns = 256
+
+// errReleased is track's answer for a container released while a
+// connection was being accepted.
+var errReleased = errors.New("container released")
+
+// track counts nc as one of the container's connections, unless the
+// container was released or has MaxContainerConns open.
+func (c *container) track(nc net.Conn) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.released {
-		return false
+		return errReleased
+	}
+	if len(c.conns) >= MaxContainerConns {
+		return fmt.Errorf("container %v has %d connections open, the limit: %w", c.key(), len(c.conns), api.ErrQuotaExceeded)
 	}
 	c.conns[nc] = struct{}{}
 	c.live.Add(1)
-	return true
+	return nil
 }
 
 // untrack is called once a connection's session has been torn down.
@@ -323,7 +338,8 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 	ctr := &container{
 		grant: g, pid: pid, socket: sock, listener: l, conns: map[net.Conn]struct{}{}, sessions: map[*session]struct{}{},
 		oversubscribe: t.Oversubscribe, dedupCharge: t.DedupCharge,
-		budget: &budget{owner: fmt.Sprintf("container %v of tenant %q", k, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe)},
+		budget:     &budget{owner: fmt.Sprintf("container %v of tenant %q", k, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe)},
+		hostMapped: budget{owner: fmt.Sprintf("host regions of container %v", k), limit: MaxHostMappedPerContainer},
 	}
 	if t.Oversubscribe > 1 && g.Memory > 0 {
 		// Whole frames, at least one, as each session's own cap

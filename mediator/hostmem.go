@@ -1,6 +1,7 @@
 package mediator
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -23,10 +24,20 @@ import (
 // streams have drained, and commands look it up when they execute, so none
 // reads a region after it is gone.
 
-// Limits on a session's host regions.
+// Limits on host regions. A mapping costs the mediator address space
+// only, not memory, but address space is finite (128 TiB for a process on
+// x86-64) and the mediator's own heap needs it too: the bytes mapped are
+// bounded per session, per container (all its sessions) and for the whole
+// mediator, so no tenant can leave the mediator unable to allocate.
 const (
 	MaxHostRegions    = 64
 	maxHostRegionSize = 1 << 40
+	// MaxHostMappedPerContainer bounds the bytes of host regions a
+	// container's sessions have mapped together.
+	MaxHostMappedPerContainer = 1 << 40
+	// MaxHostMapped bounds the bytes of host regions mapped in the
+	// mediator, all sessions together.
+	MaxHostMapped = 32 << 40
 )
 
 type hostRegion struct {
@@ -71,16 +82,50 @@ func (s *session) registerHost(body []byte) (uint32, error) {
 	if n >= MaxHostRegions {
 		return 0, fmt.Errorf("session has %d host regions, the limit: %w", n, api.ErrInvalidArgument)
 	}
+	budgets := s.hostBudgets()
+	for i, b := range budgets {
+		if err := b.reserve(m.Size); err != nil {
+			for _, r := range budgets[:i] {
+				r.release(m.Size)
+			}
+			return 0, fmt.Errorf("host region of %d bytes: %w", m.Size, err)
+		}
+	}
 	mem, err := unix.Mmap(fd, 0, int(m.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
+		for _, b := range budgets {
+			b.release(m.Size)
+		}
+		if errors.Is(err, unix.ENOMEM) {
+			return 0, fmt.Errorf("map host region of %d bytes: %v: %w", m.Size, err, api.ErrOutOfMemory)
+		}
 		return 0, fmt.Errorf("map host region of %d bytes: %v: %w", m.Size, err, api.ErrInvalidArgument)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.nextRegion++
+	for s.nextRegion++; s.nextRegion == 0 || s.regions[s.nextRegion] != nil; s.nextRegion++ {
+	}
 	r := &hostRegion{id: s.nextRegion, mem: mem}
 	s.regions[r.id] = r
 	return r.id, nil
+}
+
+// hostBudgets are the budgets a region of s is charged to: its
+// container's, if any, and the mediator's. A host-socket session (the
+// host's own programs) is bounded by its region limits and the mediator's.
+func (s *session) hostBudgets() []*budget {
+	if s.ctr != nil {
+		return []*budget{&s.ctr.hostMapped, &s.m.hostMapped}
+	}
+	return []*budget{&s.m.hostMapped}
+}
+
+// unmap unmaps r and gives its bytes back to the budgets.
+func (s *session) unmap(r *hostRegion) error {
+	for _, b := range s.hostBudgets() {
+		b.release(uint64(len(r.mem)))
+	}
+	return unix.Munmap(r.mem)
 }
 
 // unregisterHost unmaps a region once the work queued before is done.
@@ -97,7 +142,7 @@ func (s *session) unregisterHost(body []byte) error {
 	if r == nil {
 		return fmt.Errorf("host region %d does not exist: %w", m.Region, api.ErrInvalidArgument)
 	}
-	return unix.Munmap(r.mem)
+	return s.unmap(r)
 }
 
 // unmapAll unmaps every region; the session's streams have stopped.
@@ -105,7 +150,7 @@ func (s *session) unmapAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, r := range s.regions {
-		_ = unix.Munmap(r.mem)
+		_ = s.unmap(r)
 		delete(s.regions, id)
 	}
 }

@@ -108,8 +108,9 @@ type Mediator struct {
 	devices []*device
 	catalog map[string]api.KernelInfo
 
-	admission *isolation.Admission
-	store     *memory.HostStore // evicted device memory of every session
+	admission  *isolation.Admission
+	store      *memory.HostStore // evicted device memory of every session
+	hostMapped budget            // bytes of every session's host regions (hostmem.go)
 
 	nextSession atomic.Uint64
 	mu          sync.Mutex
@@ -158,6 +159,7 @@ func New(cfg Config) (*Mediator, error) {
 		cfg: cfg, log: cfg.Log, admission: isolation.NewAdmission(quota), store: store,
 		sessions: map[uint64]*session{}, containers: map[ctrKey]*container{},
 		conns: map[net.Conn]struct{}{}, stop: make(chan struct{}),
+		hostMapped: budget{owner: "host regions of the mediator's sessions", limit: MaxHostMapped},
 	}
 	for i, addr := range cfg.Nodes {
 		n, catalog, err := connectNode(addr, cfg.NodeTLS, cfg.NodeTimeout)
@@ -258,8 +260,17 @@ func (m *Mediator) serve(l net.Listener, ctr *container) error {
 		m.conns[nc] = struct{}{}
 		m.wg.Add(1)
 		m.mu.Unlock()
-		if ctr != nil && !ctr.track(nc) {
-			nc.Close() // released while this connection was being accepted
+		if ctr != nil {
+			if err := ctr.track(nc); err != nil {
+				go func() {
+					defer m.wg.Done()
+					m.refuse(nc, err)
+					m.mu.Lock()
+					delete(m.conns, nc)
+					m.mu.Unlock()
+				}()
+				continue
+			}
 		}
 		go func() {
 			defer m.wg.Done()
@@ -271,6 +282,21 @@ func (m *Mediator) serve(l net.Listener, ctr *container) error {
 			delete(m.conns, nc)
 			m.mu.Unlock()
 		}()
+	}
+}
+
+// refuse answers a connection's hello with err, within a second, and
+// closes it; a connection to a released container is only closed.
+func (m *Mediator) refuse(nc net.Conn, err error) {
+	defer nc.Close()
+	if errors.Is(err, errReleased) {
+		return
+	}
+	m.log.WithError(err).Warn("connection refused")
+	_ = nc.SetDeadline(time.Now().Add(time.Second))
+	c := api.NewConn(nc)
+	if h, _, herr := readHello(c); herr == nil || h.Op != 0 {
+		_ = c.ReplyError(h, err)
 	}
 }
 

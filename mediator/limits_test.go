@@ -1,0 +1,161 @@
+package mediator
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/accelerator"
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+)
+
+// startLimited is a mediator on one sim node, serving on a socket, with
+// containers c1 and c2 of tenant t registered; it returns the mediator and
+// the containers' sockets.
+func startLimited(t *testing.T) (*Mediator, []string) {
+	t.Helper()
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	n, addr, err := accelerator.StartSim("127.0.0.1:0", 1, 64<<20, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	tmp, err := os.MkdirTemp("", "vgpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	quota := filepath.Join(tmp, "q.toml")
+	if err := os.WriteFile(quota, []byte("[tenants.t]\nmemory = \"32MiB\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Config{Nodes: []string{addr.String()}, Quota: quota, ContainerDir: filepath.Join(tmp, "c"), StateDir: tmp, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	sock := filepath.Join(tmp, "m.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go m.Serve(l)
+	var sockets []string
+	for _, id := range []string{"c1", "c2"} {
+		r, err := m.Register(api.Register{Container: id, Tenant: "t", Memory: 8 << 20, Devices: 1, Pid: uint32(os.Getpid())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sockets = append(sockets, r.Socket)
+	}
+	return m, sockets
+}
+
+func dialAt(t *testing.T, socket string) *client.Client {
+	t.Helper()
+	c, err := client.Dial(client.Options{Socket: socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Host regions cost the mediator address space: a container's sessions
+// together, and all sessions of the mediator, map at most so many bytes;
+// past either bound a registration fails with quota-exceeded naming it,
+// and freeing a region, or ending its session, gives its bytes back.
+func TestHostRegionsAreBounded(t *testing.T) {
+	m, sockets := startLimited(t)
+	const mib = 1 << 20
+	m.mu.Lock()
+	for _, c := range m.containers {
+		c.hostMapped.limit = 8 * mib
+	}
+	m.mu.Unlock()
+	m.hostMapped.limit = 12 * mib
+
+	a1, a2 := dialAt(t, sockets[0]), dialAt(t, sockets[0])
+	r1, err := a1.HostAlloc(4 * mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a2.HostAlloc(4 * mib); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a2.HostAlloc(mib)
+	if !errors.Is(err, api.ErrQuotaExceeded) || !strings.Contains(err.Error(), "host regions of container c1") {
+		t.Fatalf("past the container's bound: %v", err)
+	}
+	b := dialAt(t, sockets[1])
+	if _, err := b.HostAlloc(4 * mib); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.HostAlloc(mib)
+	if !errors.Is(err, api.ErrQuotaExceeded) || !strings.Contains(err.Error(), "host regions of the mediator") {
+		t.Fatalf("past the mediator's bound: %v", err)
+	}
+	if err := a1.HostFree(r1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.HostAlloc(4 * mib); err != nil {
+		t.Fatalf("after a free: %v", err)
+	}
+	a2.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for m.hostMapped.inUse() != 8*mib {
+		if time.Now().After(deadline) {
+			t.Fatalf("after a session ended the mediator counts %d bytes mapped, want %d", m.hostMapped.inUse(), 8*mib)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A container's socket serves at most MaxContainerConns connections at
+// once; one more is answered with quota-exceeded naming the container, and
+// the others are served on.
+func TestContainerConnectionsAreBounded(t *testing.T) {
+	_, sockets := startLimited(t)
+	var held []net.Conn
+	for range MaxContainerConns - 1 {
+		nc, err := net.Dial("unix", sockets[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, nc)
+	}
+	c := dialAt(t, sockets[0]) // the last one allowed
+	_, err := client.Dial(client.Options{Socket: sockets[0]})
+	if !errors.Is(err, api.ErrQuotaExceeded) || !strings.Contains(err.Error(), "c1") {
+		t.Fatalf("one connection too many: %v", err)
+	}
+	if _, err := c.Malloc(0, 4096); err != nil {
+		t.Fatalf("a session of the container, at its bound: %v", err)
+	}
+	dialAt(t, sockets[1]) // another container is not affected
+	held[0].Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c2, err := client.Dial(client.Options{Socket: sockets[0]})
+		if err == nil {
+			c2.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a connection closed: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, nc := range held[1:] {
+		nc.Close()
+	}
+}
