@@ -23,18 +23,27 @@ const ContainerdRestart = "systemctl restart containerd   # containerd reads con
 // the runc binary it runs.
 const RuncV2 = "io.containerd.runc.v2"
 
+// PodAnnotations is the pod_annotations pattern of the vgpu runtimes: the
+// CRI copies a pod's annotations into its containers' OCI specs only for
+// keys that match one of the runtime's patterns (path.Match), and vgpu.io/*
+// are the request annotations vgpu-runtime reads.
+const PodAnnotations = "vgpu.io/*"
+
 // InstallContainerd adds the vgpu runtimes to containerd's config.toml, for
 // the CRI plugin (Kubernetes RuntimeClass handlers "vgpu", "vgpu-<tenant>").
 // For config version 2 (containerd 1.6, 1.7):
 //
 //	[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.vgpu]
 //	  runtime_type = "io.containerd.runc.v2"
+//	  pod_annotations = ["vgpu.io/*"]
 //	  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.vgpu.options]
 //	    BinaryName = "/usr/local/bin/vgpu-runtime"
 //
 // Version 1 files get the same tables under plugins.cri, version 3 files
 // (containerd 2) under plugins."io.containerd.cri.v1.runtime"; a missing or
-// empty file becomes a version 2 file. The runc.v2 options cannot carry
+// empty file becomes a version 2 file. pod_annotations passes a pod's
+// vgpu.io/* annotations (its request) to its containers; an operator's other
+// patterns there are kept. The runc.v2 options cannot carry
 // arguments, so runtime "vgpu-<tenant>" runs "<runtime path>-<tenant>":
 // the operator makes it a symlink to vgpu-runtime (the Result's Notes say
 // how), and vgpu-runtime takes the tenant from its own name. When the
@@ -187,7 +196,7 @@ func editConfigTOML(path string, data []byte, rts []Runtime) (*tomlEdit, error) 
 			return nil, err
 		}
 		if cur == nil {
-			setTable(expected, key, map[string]any{"runtime_type": RuncV2, "options": wantOpts})
+			setTable(expected, key, map[string]any{"runtime_type": RuncV2, "pod_annotations": []any{PodAnnotations}, "options": wantOpts})
 			writeRuntimeTOML(&appendText, key, rt, wantOpts)
 			e.actions = append(e.actions, fmt.Sprintf("added runtime %q: %s", rt.Name, describeContainerd(rt.Binary, systemd)))
 			continue
@@ -196,14 +205,19 @@ func editConfigTOML(path string, data []byte, rts []Runtime) (*tomlEdit, error) 
 		if err != nil {
 			return nil, err
 		}
-		if cur["runtime_type"] == RuncV2 && subset(wantOpts, curOpts) {
+		pods, podsOK, err := podAnnotations(path, key, cur["pod_annotations"])
+		if err != nil {
+			return nil, err
+		}
+		if cur["runtime_type"] == RuncV2 && subset(wantOpts, curOpts) && podsOK {
 			e.actions = append(e.actions, fmt.Sprintf("runtime %q already in place: %s", rt.Name, describeContainerd(rt.Binary, systemd)))
 			continue
 		}
-		// Present and different: update the two settings, keep the rest of
-		// the runtime's table.
+		// Present and different: update the three settings, keep the rest
+		// of the runtime's table.
 		upd := deepCopy(cur)
 		upd["runtime_type"] = RuncV2
+		upd["pod_annotations"] = pods
 		o := map[string]any{}
 		if curOpts != nil {
 			o = deepCopy(curOpts)
@@ -211,7 +225,8 @@ func editConfigTOML(path string, data []byte, rts []Runtime) (*tomlEdit, error) 
 		maps.Copy(o, wantOpts)
 		upd["options"] = o
 		setTable(expected, key, upd)
-		e.actions = append(e.actions, fmt.Sprintf("updated runtime %q: was runtime_type = %s, options = %s; now %s", rt.Name, showTOML(cur["runtime_type"]), showTOML(curOpts), describeContainerd(rt.Binary, systemd)))
+		e.actions = append(e.actions, fmt.Sprintf("updated runtime %q: was runtime_type = %s, pod_annotations = %s, options = %s; now %s",
+			rt.Name, showTOML(cur["runtime_type"]), showTOML(cur["pod_annotations"]), showTOML(curOpts), describeContainerd(rt.Binary, systemd)))
 		update = true
 	}
 	if disabled, ok := doc["disabled_plugins"].([]any); ok {
@@ -261,6 +276,32 @@ func editConfigTOML(path string, data []byte, rts []Runtime) (*tomlEdit, error) 
 	e.rewritten = true
 	e.actions = append(e.actions, "the file was parsed and written again to update the runtimes: every setting is kept, comments and layout are not")
 	return e, nil
+}
+
+// podAnnotations returns a runtime's pod_annotations v with PodAnnotations
+// in it (the operator's patterns kept, in order), and whether it was there
+// already.
+func podAnnotations(path string, key []string, v any) ([]any, bool, error) {
+	if v == nil {
+		return []any{PodAnnotations}, false, nil
+	}
+	k := tomlKey(append(slices.Clone(key), "pod_annotations"))
+	l, ok := v.([]any)
+	if !ok {
+		return nil, false, &ConfigError{Path: path, Msg: fmt.Sprintf("%s is %s (%T), want an array of strings", k, showTOML(v), v)}
+	}
+	found := false
+	for _, p := range l {
+		s, ok := p.(string)
+		if !ok {
+			return nil, false, &ConfigError{Path: path, Msg: fmt.Sprintf("%s holds %s (%T), want strings", k, showTOML(p), p)}
+		}
+		found = found || s == PodAnnotations
+	}
+	if found {
+		return l, true, nil
+	}
+	return append(slices.Clone(l), PodAnnotations), false, nil
 }
 
 // parseTOML parses data; errors are *ConfigError with the parser's line and
@@ -391,6 +432,7 @@ func writeRuntimeTOML(b *strings.Builder, key []string, rt Runtime, opts map[str
 	}
 	fmt.Fprintf(b, "[%s]\n", tomlKey(key))
 	fmt.Fprintf(b, "  runtime_type = %s\n", tomlString(RuncV2))
+	fmt.Fprintf(b, "  pod_annotations = [%s]   # passes the pod's vgpu.io/* annotations (its request) to its containers\n", tomlString(PodAnnotations))
 	fmt.Fprintf(b, "  [%s]\n", tomlKey(append(slices.Clone(key), "options")))
 	fmt.Fprintf(b, "    BinaryName = %s\n", tomlString(opts["BinaryName"].(string)))
 	if opts["SystemdCgroup"] == true {
@@ -403,7 +445,7 @@ func describeContainerd(binary string, systemd bool) string {
 	if systemd {
 		s += ", SystemdCgroup true (as the default runtime)"
 	}
-	return s
+	return s + ", pod_annotations with " + tomlString(PodAnnotations)
 }
 
 // showTOML shows a value found in the file, tables as inline tables.
@@ -420,6 +462,12 @@ func showTOML(v any) string {
 			parts = append(parts, tomlKey([]string{k})+" = "+showTOML(v[k]))
 		}
 		return "{" + strings.Join(parts, ", ") + "}"
+	case []any:
+		parts := make([]string, len(v))
+		for i := range v {
+			parts[i] = showTOML(v[i])
+		}
+		return "[" + strings.Join(parts, ", ") + "]"
 	case string:
 		return tomlString(v)
 	}

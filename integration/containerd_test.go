@@ -55,7 +55,8 @@ oom_score = -999
   "io.containerd.timeout.shim.cleanup" = "5s"
 `
 
-// vgpuTables is the runtime tables an install adds to a version 2 file.
+// vgpuTables is the runtime tables an install adds (under the runtimes
+// table of the file's version).
 func vgpuTables(binary string, systemd bool, tenants ...string) map[string]any {
 	opts := func(b string) map[string]any {
 		o := map[string]any{"BinaryName": b}
@@ -64,9 +65,10 @@ func vgpuTables(binary string, systemd bool, tenants ...string) map[string]any {
 		}
 		return o
 	}
-	m := map[string]any{"vgpu": map[string]any{"runtime_type": RuncV2, "options": opts(binary)}}
+	pods := func() []any { return []any{"vgpu.io/*"} }
+	m := map[string]any{"vgpu": map[string]any{"runtime_type": RuncV2, "pod_annotations": pods(), "options": opts(binary)}}
 	for _, t := range tenants {
-		m["vgpu-"+t] = map[string]any{"runtime_type": RuncV2, "options": opts(binary + "-" + t)}
+		m["vgpu-"+t] = map[string]any{"runtime_type": RuncV2, "pod_annotations": pods(), "options": opts(binary + "-" + t)}
 	}
 	return m
 }
@@ -178,7 +180,7 @@ func TestInstallContainerd(t *testing.T) {
 			},
 			appended: true,
 			check: func(t *testing.T, _, after []byte) {
-				if !strings.Contains(string(after), "\n[plugins.cri.containerd.runtimes.vgpu]\n") {
+				if !strings.Contains(string(after), "\n[plugins.cri.containerd.runtimes.vgpu]\n  runtime_type = \"io.containerd.runc.v2\"\n  pod_annotations = [\"vgpu.io/*\"]") {
 					t.Errorf("want a version 1 table:\n%s", after)
 				}
 			},
@@ -194,16 +196,34 @@ func TestInstallContainerd(t *testing.T) {
 		},
 		{
 			name:   "already installed",
-			before: ptr(debianConfig + "\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu]\n  runtime_type = \"io.containerd.runc.v2\"\n  privileged_without_host_devices = false\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu.options]\n    BinaryName = \"/usr/local/bin/vgpu-runtime\"\n    Root = \"\"\n"),
+			before: ptr(debianConfig + "\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu]\n  runtime_type = \"io.containerd.runc.v2\"\n  privileged_without_host_devices = false\n  pod_annotations = [\"example.com/*\", \"vgpu.io/*\"]\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu.options]\n    BinaryName = \"/usr/local/bin/vgpu-runtime\"\n    Root = \"\"\n"),
 			want: func(t *testing.T) map[string]any {
 				m := with(t, debianConfig, v2Runtimes, vgpuTables(rp, false))
 				vg := m["plugins"].(map[string]any)["io.containerd.grpc.v1.cri"].(map[string]any)["containerd"].(map[string]any)["runtimes"].(map[string]any)["vgpu"].(map[string]any)
 				vg["privileged_without_host_devices"] = false
+				vg["pod_annotations"] = []any{"example.com/*", "vgpu.io/*"}
 				vg["options"].(map[string]any)["Root"] = ""
 				return m
 			},
 			appended:   true, // unchanged, trivially
 			wantAction: []string{`runtime "vgpu" already in place`},
+		},
+		{
+			// Without the pattern, the CRI drops a pod's vgpu.io/*
+			// annotations: the runtime is not in place.
+			name:    "pod_annotations is added, the operator's patterns kept",
+			before:  ptr(debianConfig + "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu]\n  runtime_type = \"io.containerd.runc.v2\"\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu.options]\n    BinaryName = \"/usr/local/bin/vgpu-runtime\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu-alice]\n  runtime_type = \"io.containerd.runc.v2\"\n  pod_annotations = [\"example.com/*\"]\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu-alice.options]\n    BinaryName = \"/usr/local/bin/vgpu-runtime-alice\"\n"),
+			tenants: []string{"alice"},
+			want: func(t *testing.T) map[string]any {
+				m := with(t, debianConfig, v2Runtimes, vgpuTables(rp, false, "alice"))
+				m["plugins"].(map[string]any)["io.containerd.grpc.v1.cri"].(map[string]any)["containerd"].(map[string]any)["runtimes"].(map[string]any)["vgpu-alice"].(map[string]any)["pod_annotations"] = []any{"example.com/*", "vgpu.io/*"}
+				return m
+			},
+			wantAction: []string{
+				`updated runtime "vgpu": was runtime_type = "io.containerd.runc.v2", pod_annotations = (none), options = {BinaryName = "/usr/local/bin/vgpu-runtime"}; now runtime_type io.containerd.runc.v2, BinaryName /usr/local/bin/vgpu-runtime, pod_annotations with "vgpu.io/*"`,
+				`updated runtime "vgpu-alice": was runtime_type = "io.containerd.runc.v2", pod_annotations = ["example.com/*"], options = {BinaryName = "/usr/local/bin/vgpu-runtime-alice"}`,
+				"parsed and written again",
+			},
 		},
 		{
 			name: "changed path is updated by a rewrite, other settings kept",
@@ -220,11 +240,10 @@ func TestInstallContainerd(t *testing.T) {
 			want: func(t *testing.T) map[string]any {
 				m := with(t, othersConfig, v2Runtimes, vgpuTables(rp, true))
 				vg := m["plugins"].(map[string]any)["io.containerd.grpc.v1.cri"].(map[string]any)["containerd"].(map[string]any)["runtimes"].(map[string]any)["vgpu"].(map[string]any)
-				vg["pod_annotations"] = []any{"vgpu.io/*"}
 				vg["options"].(map[string]any)["NoPivotRoot"] = true
 				return m
 			},
-			wantAction: []string{`updated runtime "vgpu": was runtime_type = "io.containerd.runc.v2", options = {BinaryName = "/opt/vgpu/vgpu-runtime", NoPivotRoot = true, SystemdCgroup = true}; now runtime_type io.containerd.runc.v2, BinaryName /usr/local/bin/vgpu-runtime, SystemdCgroup true`, "parsed and written again"},
+			wantAction: []string{`updated runtime "vgpu": was runtime_type = "io.containerd.runc.v2", pod_annotations = ["vgpu.io/*"], options = {BinaryName = "/opt/vgpu/vgpu-runtime", NoPivotRoot = true, SystemdCgroup = true}; now runtime_type io.containerd.runc.v2, BinaryName /usr/local/bin/vgpu-runtime, SystemdCgroup true`, "parsed and written again"},
 		},
 		{
 			name:   "runtime without options is updated",
@@ -232,7 +251,7 @@ func TestInstallContainerd(t *testing.T) {
 			want: func(t *testing.T) map[string]any {
 				return with(t, debianConfig, v2Runtimes, vgpuTables(rp, false))
 			},
-			wantAction: []string{`updated runtime "vgpu": was runtime_type = "io.containerd.runc.v1", options = (none)`},
+			wantAction: []string{`updated runtime "vgpu": was runtime_type = "io.containerd.runc.v1", pod_annotations = (none), options = (none)`},
 		},
 		{
 			name: "inline runtimes table cannot take appended text",
@@ -381,6 +400,8 @@ func TestInstallContainerdErrors(t *testing.T) {
 		{name: "unknown version", before: "version = 4\n", wantMsg: "config version 4 is not one vgpu knows"},
 		{name: "version not a number", before: "version = \"2\"\n", wantMsg: "version is 2 (string), want an integer"},
 		{name: "runtimes not a table", before: "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\nruntimes = 1\n", wantMsg: `plugins."io.containerd.grpc.v1.cri".containerd.runtimes is int64, want a table`},
+		{name: "pod_annotations not an array", before: "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu]\npod_annotations = \"vgpu.io/*\"\n", wantMsg: `runtimes.vgpu.pod_annotations is "vgpu.io/*" (string), want an array of strings`},
+		{name: "pod_annotations not strings", before: "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu]\npod_annotations = [\"a/*\", 1]\n", wantMsg: `runtimes.vgpu.pod_annotations holds 1 (int64), want strings`},
 		{name: "vgpu options not a table", before: "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu]\noptions = \"x\"\n", wantMsg: `runtimes.vgpu.options is string, want a table`},
 	}
 	for _, tc := range tests {

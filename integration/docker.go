@@ -22,9 +22,15 @@ const DockerRestart = "systemctl reload docker   # sends SIGHUP: dockerd re-read
 //	}
 //
 // It creates the file when missing and keeps every other key and runtime,
-// in their order. Members of a vgpu runtime other than "path" and
-// "runtimeArgs" are kept too. The file is pretty-printed with the
-// indentation it had (two spaces for a new file).
+// in their order. Of a vgpu runtime already there, it sets "path" and, of
+// "runtimeArgs", manages only the --vgpu-tenant pair ("--vgpu-tenant t" or
+// "--vgpu-tenant=t"): it is set to the runtime's tenant (appended when
+// absent) or, for the plain runtime, removed, and every other argument the
+// operator added (--vgpu-socket, say) stays, in order; a "runtimeArgs" that
+// is not a list of strings is replaced. It removes "runtimeType" and
+// "options", which dockerd refuses beside "path", and keeps any other
+// member. The file is pretty-printed with the indentation it had (two
+// spaces for a new file).
 func InstallDocker(opts InstallOptions) (*Result, error) {
 	rts, real, before, existed, err := loadInstall(opts, DefaultDockerConfig)
 	if err != nil {
@@ -94,38 +100,24 @@ func editDaemonJSON(path string, data []byte, rts []Runtime) ([]byte, []string, 
 			return nil, nil, err
 		}
 		if i < 0 {
-			v, err := marshalRuntime(nil, rt)
+			v, err := marshalRuntime(nil, rt.Path, rt.Args, nil)
 			if err != nil {
 				return nil, nil, err
 			}
 			runtimes = append(runtimes, member{rt.Name, v})
-			actions = append(actions, fmt.Sprintf("added runtime %q: %s", rt.Name, describeDocker(rt)))
+			actions = append(actions, fmt.Sprintf("added runtime %q: %s", rt.Name, describeDocker(rt.Path, rt.Args)))
 			changed = true
 			continue
 		}
-		where := "runtimes." + rt.Name
-		old, err := parseObject(path, runtimes[i].value, where)
+		v, action, err := updateDockerRuntime(path, runtimes[i].value, rt)
 		if err != nil {
 			return nil, nil, err
 		}
-		var cur struct {
-			Path        any `json:"path"`
-			RuntimeArgs any `json:"runtimeArgs"`
+		actions = append(actions, action)
+		if v != nil {
+			runtimes[i].value = v
+			changed = true
 		}
-		if err := json.Unmarshal(runtimes[i].value, &cur); err != nil {
-			return nil, nil, &ConfigError{Path: path, Msg: fmt.Sprintf("%s: %v", where, err)}
-		}
-		if equalJSON(cur.Path, rt.Path) && equalArgs(cur.RuntimeArgs, rt.Args) {
-			actions = append(actions, fmt.Sprintf("runtime %q already in place: %s", rt.Name, describeDocker(rt)))
-			continue
-		}
-		v, err := marshalRuntime(old, rt)
-		if err != nil {
-			return nil, nil, err
-		}
-		runtimes[i].value = v
-		actions = append(actions, fmt.Sprintf("updated runtime %q: was %s, now %s", rt.Name, describeOld(cur.Path, cur.RuntimeArgs), describeDocker(rt)))
-		changed = true
 	}
 	if !changed {
 		return data, actions, nil
@@ -220,21 +212,135 @@ func findMember(path string, ms []member, key, where string) (int, error) {
 	return at, nil
 }
 
+// pathConflicts are the members of a runtime that dockerd refuses beside
+// "path" ("cannot configure both path and runtimeType for the same
+// runtime"): they belong to a shim runtime.
+var pathConflicts = []string{"runtimeType", "options"}
+
+// updateDockerRuntime returns the new value of rt's existing entry raw, nil
+// when it is in place, and the action line that says so or what changed.
+func updateDockerRuntime(path string, raw json.RawMessage, rt Runtime) (json.RawMessage, string, error) {
+	where := "runtimes." + rt.Name
+	old, err := parseObject(path, raw, where)
+	if err != nil {
+		return nil, "", err
+	}
+	// The members edited must be there once: the edit would change the
+	// first, dockerd reads the last.
+	for _, k := range []string{"path", "runtimeArgs"} {
+		if _, err := findMember(path, old, k, where); err != nil {
+			return nil, "", err
+		}
+	}
+	var cur struct {
+		Path        any `json:"path"`
+		RuntimeArgs any `json:"runtimeArgs"`
+	}
+	if err := json.Unmarshal(raw, &cur); err != nil {
+		return nil, "", &ConfigError{Path: path, Msg: fmt.Sprintf("%s: %v", where, err)}
+	}
+	args, argsOK := stringList(cur.RuntimeArgs)
+	want := rt.Args
+	if argsOK {
+		want = withTenant(args, rt.Tenant)
+	}
+	var removed []string
+	for _, m := range old {
+		if slices.Contains(pathConflicts, m.key) {
+			removed = append(removed, fmt.Sprintf("%q: %s", m.key, compactJSON(m.value)))
+		}
+	}
+	if equalJSON(cur.Path, rt.Path) && argsOK && slices.Equal(args, want) && len(removed) == 0 {
+		return nil, fmt.Sprintf("runtime %q already in place: %s", rt.Name, describeDocker(rt.Path, want)), nil
+	}
+	v, err := marshalRuntime(old, rt.Path, want, pathConflicts)
+	if err != nil {
+		return nil, "", err
+	}
+	action := fmt.Sprintf("updated runtime %q: was %s, now %s", rt.Name, describeOld(cur.Path, cur.RuntimeArgs), describeDocker(rt.Path, want))
+	if !argsOK {
+		action += "; runtimeArgs was not a list of strings and was replaced"
+	}
+	if len(removed) > 0 {
+		action += fmt.Sprintf("; removed %s: dockerd refuses them beside \"path\"", strings.Join(removed, ", "))
+	}
+	return v, action, nil
+}
+
+// stringList returns a decoded runtimeArgs as strings; absent and null are
+// an empty list. It reports false for anything but a list of strings.
+func stringList(v any) ([]string, bool) {
+	if v == nil {
+		return nil, true
+	}
+	l, ok := v.([]any)
+	if !ok {
+		return nil, false
+	}
+	out := make([]string, len(l))
+	for i, e := range l {
+		if out[i], ok = e.(string); !ok {
+			return nil, false
+		}
+	}
+	return out, true
+}
+
+// withTenant returns args with the tenant pair (TenantFlag and its value,
+// as two arguments or joined by '=') saying tenant, or gone when tenant is
+// "". The first pair is replaced in place (kept as written when it already
+// says tenant), later ones are dropped; with none, the pair is appended.
+// Every other argument stays, in order: the operator's --vgpu-socket and
+// the like are not the installer's to remove.
+func withTenant(args []string, tenant string) []string {
+	out := []string{}
+	placed := false
+	for i := 0; i < len(args); i++ {
+		var pair []string // the tenant pair as written
+		var v string
+		switch a := args[i]; {
+		case strings.HasPrefix(a, TenantFlag+"="):
+			pair, v = args[i:i+1], strings.TrimPrefix(a, TenantFlag+"=")
+		case a == TenantFlag && i+1 < len(args):
+			pair, v = args[i:i+2], args[i+1]
+			i++
+		case a == TenantFlag:
+			continue // no value, so vgpu-runtime would refuse it
+		default:
+			out = append(out, a)
+			continue
+		}
+		if tenant == "" || placed {
+			continue
+		}
+		placed = true
+		if v != tenant {
+			pair = []string{TenantFlag, tenant}
+		}
+		out = append(out, pair...)
+	}
+	if tenant != "" && !placed {
+		out = append(out, TenantFlag, tenant)
+	}
+	return out
+}
+
 // marshalRuntime returns the runtime's JSON object: old's members in their
-// order with "path" and "runtimeArgs" set (runtimeArgs dropped when rt has
-// none), and the ones old lacks appended.
-func marshalRuntime(old []member, rt Runtime) (json.RawMessage, error) {
-	p, err := marshalValue(rt.Path)
+// order with "path" and "runtimeArgs" set (runtimeArgs dropped when args is
+// empty), the ones old lacks appended, and the members named in drop
+// removed.
+func marshalRuntime(old []member, path string, args []string, drop []string) (json.RawMessage, error) {
+	p, err := marshalValue(path)
 	if err != nil {
 		return nil, err
 	}
-	var args json.RawMessage
-	if len(rt.Args) > 0 {
-		if args, err = marshalValue(rt.Args); err != nil {
+	var a json.RawMessage
+	if len(args) > 0 {
+		if a, err = marshalValue(args); err != nil {
 			return nil, err
 		}
 	}
-	ms := slices.Clone(old)
+	ms := slices.DeleteFunc(slices.Clone(old), func(m member) bool { return slices.Contains(drop, m.key) })
 	set := func(key string, v json.RawMessage) {
 		i := slices.IndexFunc(ms, func(m member) bool { return m.key == key })
 		switch {
@@ -247,7 +353,7 @@ func marshalRuntime(old []member, rt Runtime) (json.RawMessage, error) {
 		}
 	}
 	set("path", p)
-	set("runtimeArgs", args)
+	set("runtimeArgs", a)
 	return marshalObject(ms)
 }
 
@@ -287,29 +393,21 @@ func equalJSON(v any, s string) bool {
 	return ok && got == s
 }
 
-// equalArgs compares runtimeArgs as decoded (absent, null and [] are equal).
-func equalArgs(v any, want []string) bool {
-	if v == nil {
-		return len(want) == 0
+func describeDocker(path string, args []string) string {
+	if len(args) == 0 {
+		return "path " + path
 	}
-	got, ok := v.([]any)
-	if !ok || len(got) != len(want) {
-		return false
-	}
-	for i := range got {
-		if s, ok := got[i].(string); !ok || s != want[i] {
-			return false
-		}
-	}
-	return true
+	a, _ := marshalValue(args)
+	return fmt.Sprintf("path %s, runtimeArgs %s", path, a)
 }
 
-func describeDocker(rt Runtime) string {
-	if len(rt.Args) == 0 {
-		return "path " + rt.Path
+// compactJSON shows a value as found in the file, on one line.
+func compactJSON(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return string(raw)
 	}
-	args, _ := marshalValue(rt.Args)
-	return fmt.Sprintf("path %s, runtimeArgs %s", rt.Path, args)
+	return b.String()
 }
 
 // describeOld shows a runtime's path and runtimeArgs as found in the file.

@@ -128,12 +128,66 @@ func TestInstallDocker(t *testing.T) {
 		},
 		{
 			name:   "changed path is updated, other members kept",
-			before: ptr(`{"runtimes": {"vgpu": {"x-note": 1, "path": "/opt/old/vgpu-runtime", "runtimeArgs": ["--old"]}, "runc": {"path": "runc"}}}`),
+			before: ptr(`{"runtimes": {"vgpu": {"x-note": 1, "path": "/opt/old/vgpu-runtime", "runtimeArgs": ["--vgpu-tenant", "old"]}, "runc": {"path": "runc"}}}`),
 			want: map[string]any{"runtimes": map[string]any{
 				"vgpu": map[string]any{"x-note": 1.0, "path": rp},
 				"runc": map[string]any{"path": "runc"},
 			}},
-			wantAction: []string{`updated runtime "vgpu": was path "/opt/old/vgpu-runtime", runtimeArgs ["--old"], now path /usr/local/bin/vgpu-runtime`},
+			wantAction: []string{`updated runtime "vgpu": was path "/opt/old/vgpu-runtime", runtimeArgs ["--vgpu-tenant","old"], now path /usr/local/bin/vgpu-runtime`},
+		},
+		{
+			// dockerd refuses "path" beside "runtimeType" or "options".
+			name: "runtimeType and options are removed beside path",
+			before: ptr(`{"runtimes": {
+				"vgpu": {"runtimeType": "io.containerd.runc.v2", "x-note": 1, "path": "/usr/local/bin/vgpu-runtime", "options": {"BinaryName": "/usr/local/bin/vgpu-runtime"}},
+				"vgpu-alice": {"path": "/usr/local/bin/vgpu-runtime", "runtimeArgs": ["--vgpu-tenant", "alice"], "runtimeType": ""},
+				"vgpu-bob": {"runtimeType": "io.containerd.runsc.v1", "options": {"TypeUrl": "io.containerd.runsc.v1.options"}}}}`),
+			tenants: []string{"alice", "bob"},
+			want: map[string]any{"runtimes": map[string]any{
+				"vgpu":       map[string]any{"x-note": 1.0, "path": rp},
+				"vgpu-alice": map[string]any{"path": rp, "runtimeArgs": []any{"--vgpu-tenant", "alice"}},
+				"vgpu-bob":   map[string]any{"path": rp, "runtimeArgs": []any{"--vgpu-tenant", "bob"}},
+			}},
+			wantAction: []string{
+				`updated runtime "vgpu": was path "/usr/local/bin/vgpu-runtime", now path /usr/local/bin/vgpu-runtime; removed "runtimeType": "io.containerd.runc.v2", "options": {"BinaryName":"/usr/local/bin/vgpu-runtime"}: dockerd refuses them beside "path"`,
+				`updated runtime "vgpu-alice": was path "/usr/local/bin/vgpu-runtime", runtimeArgs ["--vgpu-tenant","alice"], now path /usr/local/bin/vgpu-runtime, runtimeArgs ["--vgpu-tenant","alice"]; removed "runtimeType": ""`,
+				`updated runtime "vgpu-bob": was path null, now path /usr/local/bin/vgpu-runtime, runtimeArgs ["--vgpu-tenant","bob"]; removed "runtimeType": "io.containerd.runsc.v1", "options": {"TypeUrl":"io.containerd.runsc.v1.options"}`,
+			},
+		},
+		{
+			// Only the --vgpu-tenant pair is the installer's; both forms
+			// of it are recognised.
+			name: "the operator's runtimeArgs are kept",
+			before: ptr(`{"runtimes": {
+				"vgpu": {"path": "/usr/local/bin/vgpu-runtime", "runtimeArgs": ["--vgpu-socket", "/run/x.sock", "--vgpu-tenant=bob", "--vgpu-state=/run/s"]},
+				"vgpu-alice": {"path": "/opt/old", "runtimeArgs": ["--vgpu-hook=/opt/hook", "--vgpu-tenant", "bob", "--vgpu-runtime", "/usr/bin/crun", "--vgpu-tenant=carol"]},
+				"vgpu-bob": {"path": "/usr/local/bin/vgpu-runtime", "runtimeArgs": ["--vgpu-socket=/run/y.sock"]},
+				"vgpu-carol": {"path": "/usr/local/bin/vgpu-runtime", "runtimeArgs": ["--vgpu-tenant=carol", "--vgpu-state", "/s"]}}}`),
+			tenants: []string{"alice", "bob", "carol"},
+			want: map[string]any{"runtimes": map[string]any{
+				"vgpu":       map[string]any{"path": rp, "runtimeArgs": []any{"--vgpu-socket", "/run/x.sock", "--vgpu-state=/run/s"}},
+				"vgpu-alice": map[string]any{"path": rp, "runtimeArgs": []any{"--vgpu-hook=/opt/hook", "--vgpu-tenant", "alice", "--vgpu-runtime", "/usr/bin/crun"}},
+				"vgpu-bob":   map[string]any{"path": rp, "runtimeArgs": []any{"--vgpu-socket=/run/y.sock", "--vgpu-tenant", "bob"}},
+				"vgpu-carol": map[string]any{"path": rp, "runtimeArgs": []any{"--vgpu-tenant=carol", "--vgpu-state", "/s"}},
+			}},
+			wantAction: []string{
+				`updated runtime "vgpu": was path "/usr/local/bin/vgpu-runtime", runtimeArgs ["--vgpu-socket","/run/x.sock","--vgpu-tenant=bob","--vgpu-state=/run/s"], now path /usr/local/bin/vgpu-runtime, runtimeArgs ["--vgpu-socket","/run/x.sock","--vgpu-state=/run/s"]`,
+				`updated runtime "vgpu-alice"`,
+				`updated runtime "vgpu-bob"`,
+				`runtime "vgpu-carol" already in place: path /usr/local/bin/vgpu-runtime, runtimeArgs ["--vgpu-tenant=carol","--vgpu-state","/s"]`,
+			},
+		},
+		{
+			name: "runtimeArgs that is not a list of strings is replaced",
+			before: ptr(`{"runtimes": {
+				"vgpu": {"path": "/usr/local/bin/vgpu-runtime", "runtimeArgs": [1]},
+				"vgpu-alice": {"path": "/usr/local/bin/vgpu-runtime", "runtimeArgs": "--vgpu-tenant alice"}}}`),
+			tenants: []string{"alice"},
+			want:    map[string]any{"runtimes": vgpuDocker(rp, "alice")},
+			wantAction: []string{
+				`updated runtime "vgpu": was path "/usr/local/bin/vgpu-runtime", runtimeArgs [1], now path /usr/local/bin/vgpu-runtime; runtimeArgs was not a list of strings and was replaced`,
+				`updated runtime "vgpu-alice": was path "/usr/local/bin/vgpu-runtime", runtimeArgs "--vgpu-tenant alice", now path /usr/local/bin/vgpu-runtime, runtimeArgs ["--vgpu-tenant","alice"]; runtimeArgs was not a list of strings and was replaced`,
+			},
 		},
 		{
 			name:    "changed tenant args are updated",
@@ -227,6 +281,7 @@ func TestInstallDockerErrors(t *testing.T) {
 		{name: "vgpu runtime not an object", before: `{"runtimes": {"vgpu": ["x"]}}`, wantMsg: "runtimes.vgpu is an array"},
 		{name: "duplicate runtimes", before: `{"runtimes": {}, "runtimes": {}}`, wantMsg: `key "runtimes" is given twice`},
 		{name: "duplicate runtime", before: `{"runtimes": {"vgpu": {}, "vgpu": {}}}`, wantMsg: `key "runtimes.vgpu" is given twice`},
+		{name: "duplicate runtimeArgs", before: `{"runtimes": {"vgpu": {"runtimeArgs": [], "path": "/x", "runtimeArgs": []}}}`, wantMsg: `key "runtimes.vgpu.runtimeArgs" is given twice`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -238,6 +293,28 @@ func TestInstallDockerErrors(t *testing.T) {
 				t.Errorf("file changed on error:\n%s", got)
 			}
 		})
+	}
+}
+
+func TestWithTenant(t *testing.T) {
+	for _, tc := range []struct {
+		args   []string
+		tenant string
+		want   []string
+	}{
+		{nil, "", []string{}},
+		{nil, "a", []string{"--vgpu-tenant", "a"}},
+		{[]string{"--x", "--vgpu-tenant"}, "", []string{"--x"}},
+		{[]string{"--vgpu-tenant", "--x"}, "a", []string{"--vgpu-tenant", "a"}}, // "--x" is the pair's value
+		{[]string{"--x", "--vgpu-tenant"}, "a", []string{"--x", "--vgpu-tenant", "a"}},
+		{[]string{"--vgpu-tenant=", "--y"}, "a", []string{"--vgpu-tenant", "a", "--y"}},
+		{[]string{"--vgpu-tenant=a", "--vgpu-tenant", "b"}, "a", []string{"--vgpu-tenant=a"}},
+		{[]string{"--vgpu-tenant", "b", "--vgpu-tenant=a"}, "a", []string{"--vgpu-tenant", "a"}},
+		{[]string{"--vgpu-tenants=a", "--vgpu-tenant-x"}, "", []string{"--vgpu-tenants=a", "--vgpu-tenant-x"}},
+	} {
+		if got := withTenant(tc.args, tc.tenant); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("withTenant(%q, %q) = %q, want %q", tc.args, tc.tenant, got, tc.want)
+		}
 	}
 }
 

@@ -20,7 +20,8 @@ import (
 // config.json and, if the container asks for a vGPU, makes its socket
 // directory and rewrites config.json through the Attach chain. It reports
 // whether it rewrote the file; a container that asks for nothing is left
-// alone, byte for byte. inv must have had Settings applied.
+// alone, byte for byte, and a failure leaves no socket directory behind.
+// inv must have had Settings applied.
 func EditBundle(inv *Invocation) (bool, error) {
 	bundle := inv.Bundle
 	if bundle == "" {
@@ -60,14 +61,21 @@ func EditBundle(inv *Invocation) (bool, error) {
 	if err := inv.CheckHook(); err != nil {
 		return false, fmt.Errorf("container %s: %w", inv.ID, err)
 	}
-	if _, err := PrepareSocketDir(inv.StateDir, inv.Namespace(), inv.ID); err != nil {
-		return false, fmt.Errorf("container %s: %w", inv.ID, err)
-	}
+	// The spec is edited in memory first: a refusal there leaves nothing
+	// on the host.
 	a := Attach{Request: req, ID: inv.ID, Namespace: inv.Namespace(), Socket: inv.Socket, Hook: inv.Hook, StateDir: inv.StateDir}
 	if err := a.Modifiers().Modify(&spec); err != nil {
 		return false, fmt.Errorf("container %s: %w", inv.ID, err)
 	}
+	dir, err := PrepareSocketDir(inv.StateDir, inv.Namespace(), inv.ID)
+	if err != nil {
+		return false, fmt.Errorf("container %s: %w", inv.ID, err)
+	}
 	if err := WriteSpec(cfgPath, &spec); err != nil {
+		// runc will not run, so no poststop hook will remove the directory.
+		// os.Remove takes it only when empty: one that holds a socket is
+		// another container's, should the id be in use.
+		os.Remove(dir)
 		return false, fmt.Errorf("container %s: %w", inv.ID, err)
 	}
 	return true, nil

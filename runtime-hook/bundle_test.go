@@ -78,6 +78,8 @@ func TestEditBundleNoRequestIsByteIdentical(t *testing.T) {
 		{"other annotations", `"PATH=/bin","HOME=/root"`, `"io.kubernetes.pod.name":"p","org.opencontainers.image.ref":"x"`},
 		{"empty values", `"VGPU_MEMORY=","PATH=/bin"`, `"vgpu.io/devices":""`},
 		{"own tenant restated", `"VGPU_TENANT=team-a"`, ""},
+		{"kubernetes sandbox with the pod's request", `"PATH=/bin"`,
+			`"io.kubernetes.cri.container-type":"sandbox","vgpu.io/memory":"1GiB","vgpu.io/devices":"2"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Odd spacing, key order and a field specs.Spec does not know:
@@ -172,6 +174,85 @@ func TestEditBundleRequest(t *testing.T) {
 	if after, _ := os.ReadFile(p); !bytes.Equal(before, after) {
 		t.Errorf("a second edit changed the spec:\n%s\n%s", before, after)
 	}
+}
+
+// unwritableBundle moves inv's bundle to a path so long that config.json
+// (the path plus 12 bytes) is within Linux's PATH_MAX of 4095 bytes but a
+// temporary file beside it (at least 20 more) is not: WriteSpec fails,
+// whoever runs the test (root ignores a read-only bundle).
+func unwritableBundle(t *testing.T, inv *Invocation, cfg []byte) {
+	t.Helper()
+	b := t.TempDir()
+	for len(b) < 4078 { // ends 4078 to 4080 bytes long
+		b = filepath.Join(b, strings.Repeat("b", min(200, 4080-len(b)-1)))
+	}
+	if err := os.MkdirAll(b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(b, "config.json"), cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inv.Bundle = b
+}
+
+// TestEditBundleFailureLeavesNoSocketDir: a create that fails never runs
+// runc, so no poststop hook would remove a socket directory made for it.
+func TestEditBundleFailureLeavesNoSocketDir(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		cfg       []byte
+		unwritten bool // WriteSpec fails
+		err       error
+		msg       string
+	}{
+		{"spec edit refused", []byte(`{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"vgpu.io/memory":"1GiB"}}`),
+			false, api.ErrInvalidArgument, "no process"},
+		{"config.json not written", config(`"VGPU_MEMORY=1GiB"`, ""), true, api.ErrInternal, "file name too long"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inv, p := bundle(t, tc.cfg, "abc")
+			if tc.unwritten {
+				unwritableBundle(t, inv, tc.cfg)
+				p = filepath.Join(inv.Bundle, "config.json")
+			}
+			edited, err := EditBundle(inv)
+			if edited || !errors.Is(err, tc.err) || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("EditBundle = %v, %v; want %v naming %q", edited, err, tc.err, tc.msg)
+			}
+			if dir := filepath.Join(inv.StateDir, "moby", "abc"); fileExists(dir) {
+				t.Errorf("socket directory %s left behind", dir)
+			}
+			if got, _ := os.ReadFile(p); !bytes.Equal(got, tc.cfg) {
+				t.Errorf("config.json changed on a failure")
+			}
+			if entries, _ := os.ReadDir(filepath.Dir(p)); len(entries) != 1 {
+				t.Errorf("bundle holds %d files; temporary file left?", len(entries))
+			}
+		})
+	}
+
+	// A directory that holds something (a live container's socket, should
+	// the id be in use) stays.
+	inv, _ := bundle(t, config(`"VGPU_MEMORY=1GiB"`, ""), "abc")
+	unwritableBundle(t, inv, config(`"VGPU_MEMORY=1GiB"`, ""))
+	sock := filepath.Join(inv.StateDir, "moby", "abc", SocketName)
+	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(sock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EditBundle(inv); !errors.Is(err, api.ErrInternal) {
+		t.Fatalf("EditBundle = %v, want the write to fail", err)
+	}
+	if !fileExists(sock) {
+		t.Errorf("a directory in use was removed")
+	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
 }
 
 func TestEditBundleRelativeBundle(t *testing.T) {

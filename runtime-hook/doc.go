@@ -5,7 +5,9 @@
 // It owns:
 //   - the request interface: VGPU_MEMORY / VGPU_COMPUTE / VGPU_DEVICES in the
 //     container's environment, or the annotations vgpu.io/memory,
-//     vgpu.io/compute, vgpu.io/devices, which win (ParseRequest);
+//     vgpu.io/compute, vgpu.io/devices, which win (ParseRequest); a
+//     Kubernetes pod's sandbox, which the CRI gives the pod's annotations
+//     too, never asks;
 //   - the wrapper's command line: its own --vgpu-* flags are taken out, runc's
 //     are passed on unchanged and in order (ParseArgs);
 //   - the edits of config.json on create, each a small Modifier composed in a

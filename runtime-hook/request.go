@@ -19,6 +19,14 @@ const (
 	AnnotationTenant  = "vgpu.io/tenant"  // a claim; only the operator's tenant is accepted
 )
 
+// The annotation by which containerd's CRI tells a pod's sandbox (its pause
+// container) from the pod's containers. The runtime's pod_annotations copies
+// the pod's vgpu.io/* annotations into both; only the containers ask.
+const (
+	AnnotationContainerType = "io.kubernetes.cri.container-type"
+	ContainerTypeSandbox    = "sandbox"
+)
+
 // Environment variables of the container's process: the request (as the
 // annotations), and what the wrapper sets for the client SDK.
 const (
@@ -107,7 +115,10 @@ func lookup(spec *specs.Spec, k requestKey) (setting, bool, error) {
 }
 
 // ParseRequest reads a container's vGPU request from its spec. It returns
-// nil, nil when the container asks for nothing. operatorTenant is the
+// nil, nil when the container asks for nothing, and for a Kubernetes pod's
+// sandbox, which carries the pod's annotations but runs no program of the
+// pod: attaching it would charge the tenant a second time. (A container
+// that calls itself a sandbox only opts out.) operatorTenant is the
 // tenant the operator gave this runtime ("" for none); a container that
 // names another tenant, by VGPU_TENANT or vgpu.io/tenant, is refused with
 // ErrPermissionDenied, whether or not it asks for a vGPU. Malformed values
@@ -115,6 +126,9 @@ func lookup(spec *specs.Spec, k requestKey) (setting, bool, error) {
 func ParseRequest(spec *specs.Spec, operatorTenant string) (*Request, error) {
 	if spec == nil {
 		return nil, fmt.Errorf("no spec: %w", api.ErrInvalidArgument)
+	}
+	if spec.Annotations[AnnotationContainerType] == ContainerTypeSandbox {
+		return nil, nil
 	}
 	if err := checkTenantClaims(spec, operatorTenant); err != nil {
 		return nil, err

@@ -62,6 +62,10 @@ func TestParseRequest(t *testing.T) {
 		{"empty tenant claim", specWith([]string{"VGPU_TENANT=", "VGPU_DEVICES=1"}, AnnotationTenant, ""), "team-a",
 			&Request{Tenant: "team-a", Devices: 1}},
 		{"max devices", specWith([]string{"VGPU_DEVICES=4294967295"}), "", &Request{Devices: 1<<32 - 1}},
+		// A pod's annotations reach its sandbox too: only its containers ask.
+		{"kubernetes sandbox", specWith(nil, AnnotationContainerType, "sandbox", AnnotationMemory, "1Gi", AnnotationTenant, "team-b"), "team-a", nil},
+		{"kubernetes container", specWith(nil, AnnotationContainerType, "container", AnnotationMemory, "1Gi"), "team-a",
+			&Request{Tenant: "team-a", Memory: 1 << 30, Devices: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseRequest(tc.spec, tc.tenant)
