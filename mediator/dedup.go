@@ -2,6 +2,7 @@ package mediator
 
 import (
 	"crypto/sha256"
+	"errors"
 	"fmt"
 
 	"github.com/vgpu/vgpu/api"
@@ -56,16 +57,30 @@ func (s *session) seal(body []byte) error {
 	if err != nil {
 		return err
 	}
-	var frames []uint64
-	for va := alignUp(m.Addr); va+memory.FrameSize <= end; va += memory.FrameSize {
-		_, xs, err := s.space.Translate(va, memory.FrameSize)
-		if err != nil {
-			return fmt.Errorf("seal %#x: %w", m.Addr, err)
-		}
-		frames = append(frames, xs[0].Addr)
+	first, last := alignUp(m.Addr), end&^(memory.FrameSize-1)
+	if last <= first {
+		return nil // no whole frame to seal
 	}
-	if len(frames) == 0 {
+	// In one translation, so that the frames are resident together: one at
+	// a time, a later one could evict an earlier chunk, and the list would
+	// name a frame returned or reused since. The space keeps the sealed
+	// frames from being reused: the node refuses to write them.
+	ts, err := s.space.TranslateAll([]memory.Range{{VA: first, Len: last - first, SealFrames: true}})
+	if errors.Is(err, api.ErrOutOfMemory) {
+		// A weight larger than the session may keep resident (or than its
+		// device holds now): sealed in the space, as asked, but not on the
+		// node, so its frames are neither shared nor credited.
+		s.log.WithError(err).Debug("weight sealed in the session only")
 		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("seal %#x: %w", m.Addr, err)
+	}
+	var frames []uint64
+	for _, x := range ts[0].Extents {
+		for a := x.Addr; a < x.Addr+x.Len; a += memory.FrameSize {
+			frames = append(frames, a)
+		}
 	}
 	v := s.vdevs[dev]
 	answer, err := v.rpc.Call(api.OpNodeSeal, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames}))

@@ -120,21 +120,22 @@ func firstDiff(a, b []byte) int {
 }
 
 // startOversubscribedContainer runs a mediator whose tenant "over" may
-// oversubscribe twice, registers container c1 of it with a grant of grant
-// bytes, and returns the system and the container's socket.
-func startOversubscribedContainer(t *testing.T, grant uint64) (*system, string) {
+// oversubscribe twice, in front of one node with devs devices, registers
+// container c1 of it with a grant of grant bytes and devs devices, and
+// returns the system and the container's socket.
+func startOversubscribedContainer(t *testing.T, grant uint64, devs int) (*system, string) {
 	t.Helper()
 	quota := filepath.Join(t.TempDir(), "q.toml")
 	if err := os.WriteFile(quota, []byte("[tenants.over]\nmemory = \"64MiB\"\noversubscribe = 2\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := startWith(t, 256<<20, func(c *mediator.Config) { c.Quota, c.HostMemory = quota, 64<<20 })
+	s := startNodes(t, 1, devs, 256<<20, func(c *mediator.Config) { c.Quota, c.HostMemory = quota, 64<<20 })
 	op, err := client.DialOperator(s.socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer op.Close()
-	reply, err := op.Register(api.Register{Container: "c1", Tenant: "over", Memory: grant, Pid: uint32(os.Getpid())})
+	reply, err := op.Register(api.Register{Container: "c1", Tenant: "over", Memory: grant, Devices: uint32(devs), Pid: uint32(os.Getpid())})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func startOversubscribedContainer(t *testing.T, grant uint64) (*system, string) 
 // wrote.
 func TestContainerSessionsShareResidentMemory(t *testing.T) {
 	const grant = 8 << 20
-	s, socket := startOversubscribedContainer(t, grant)
+	s, socket := startOversubscribedContainer(t, grant, 1)
 	dial := func() *client.Client {
 		c, err := client.Dial(client.Options{Socket: socket})
 		if err != nil {
@@ -216,7 +217,7 @@ func TestContainerSessionsShareResidentMemory(t *testing.T) {
 // frame fails alone with out-of-memory (run it with -race).
 func TestContainerSessionsReclaimConcurrently(t *testing.T) {
 	const grant, size, rounds = 8 << 20, 4 << 20, 15
-	s, socket := startOversubscribedContainer(t, grant)
+	s, socket := startOversubscribedContainer(t, grant, 1)
 	var wg sync.WaitGroup
 	var oom atomic.Int64
 	for g := range 3 {
@@ -270,4 +271,121 @@ func TestContainerSessionsReclaimConcurrently(t *testing.T) {
 		t.Fatalf("the container's sessions keep %d bytes resident, its grant is %d", resident, grant)
 	}
 	t.Logf("%d of %d commands found every frame held", oom.Load(), 3*2*rounds)
+}
+
+// A sealed weight's frames are read-only on its node until they go back to
+// it, so a fault-in that evicts the weight must not reuse its frame: with
+// room for one chunk, memsetting a second buffer evicts the sealed weight
+// and still succeeds, and the weight faults back in intact.
+func TestFaultInAfterASealedWeight(t *testing.T) {
+	s := startOversubscribed(t, 64<<20, frame, 2, 16<<20)
+	c := s.dial(t, "t", 1)
+	weights := randomBytes(11, frame)
+	w, _ := upload(t, c, weights)
+	if err := c.Seal(w); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Malloc(0, frame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stream()
+	st.Memset(b, 3, frame)
+	if err := st.Synchronize(); err != nil {
+		t.Fatalf("memset of a buffer that evicts a sealed weight: %v", err)
+	}
+	got := make([]byte, frame)
+	st.CopyFromDevice(got, w)
+	if err := st.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(got, weights); i >= 0 {
+		t.Fatalf("weight byte %d reads %d, want %d", i, got[i], weights[i])
+	}
+	st.CopyFromDevice(got, b)
+	if err := st.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(got, bytes.Repeat([]byte{3}, frame)); i >= 0 {
+		t.Fatalf("byte %d of the memset buffer reads %d, want 3", i, got[i])
+	}
+}
+
+// A weight sealed in a space with room for fewer chunks than it spans
+// cannot have its frames resident together: it is sealed in the session
+// (read-only), not on the node, rather than naming to the node frames that
+// an eviction returned or gave to another chunk; it reads back intact.
+func TestSealOfAWeightLargerThanTheResidentCap(t *testing.T) {
+	s := startOversubscribed(t, 64<<20, 2*frame, 2, 16<<20)
+	c := s.dial(t, "t", 1)
+	const size = 3 * frame
+	weights := randomBytes(12, size)
+	w, err := c.MallocWith(0, size, client.AllocOptions{Hint: api.HintWeight})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stream()
+	for off := uint64(0); off < size; off += frame {
+		st.CopyToDevice(w.Add(off), weights[off:off+frame])
+	}
+	if err := st.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Seal(w); err != nil {
+		t.Fatalf("seal a weight larger than the resident cap: %v", err)
+	}
+	st.Memset(w, 0, 4)
+	wantErr(t, st.Synchronize(), api.ErrPermissionDenied)
+	got := make([]byte, frame)
+	for off := uint64(0); off < size; off += frame {
+		st.CopyFromDevice(got, w.Add(off))
+		if err := st.Synchronize(); err != nil {
+			t.Fatalf("read %d bytes at offset %d of the weight: %v", frame, off, err)
+		}
+		if i := firstDiff(got, weights[off:off+frame]); i >= 0 {
+			t.Fatalf("weight byte %d reads %d, want %d", off+uint64(i), got[i], weights[off+uint64(i)])
+		}
+	}
+}
+
+// A fault-in evicts what the resident cap requires before it asks for
+// frames, so a container whose grant is held on one device can fault in on
+// another: the grant counts the victims' frames only until they go back.
+func TestContainerFaultInOnAnotherDevice(t *testing.T) {
+	const grant = 2 * frame
+	_, socket := startOversubscribedContainer(t, grant, 2)
+	c, err := client.Dial(client.Options{Socket: socket, Devices: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fill := func(dev int, size uint64, v byte) client.Ptr {
+		t.Helper()
+		p, err := c.Malloc(dev, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := c.Stream()
+		st.Memset(p, v, size)
+		if err := st.Synchronize(); err != nil {
+			t.Fatalf("memset %d bytes on device %d: %v", size, dev, err)
+		}
+		return p
+	}
+	check := func(p client.Ptr, size uint64, v byte) {
+		t.Helper()
+		got := make([]byte, size)
+		st := c.Stream()
+		st.CopyFromDevice(got, p)
+		if err := st.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		if i := firstDiff(got, bytes.Repeat([]byte{v}, int(size))); i >= 0 {
+			t.Fatalf("byte %d reads %d, want %d", i, got[i], v)
+		}
+	}
+	a := fill(0, grant, 1)
+	b := fill(1, frame, 2)
+	check(a, grant, 1)
+	check(b, frame, 2)
 }

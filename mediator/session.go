@@ -293,7 +293,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 		}
 		s.vdevs = append(s.vdevs, vdev{dev: d, rpc: rpc})
 	}
-	s.space = memory.NewSpace(frameSource{s}, 0)
+	s.space = memory.NewSpace(newFrameSource(s), 0)
 	resident, factor := m.cfg.TenantMemory, m.cfg.Oversubscribe
 	s.budget = &budget{owner: fmt.Sprintf("session %d of tenant %q", s.id, s.tenant), limit: virtual(resident, factor)}
 	if ctr != nil {
@@ -342,10 +342,27 @@ func (m *Mediator) nodeTenant(tenant string, ctr *container) nodeTenant {
 }
 
 // frameSource leases frames from the node behind each virtual device, over
-// the session's own connection, so the node ties them to this tenant.
-type frameSource struct{ s *session }
+// the session's own connection, so the node ties them to this tenant. It
+// checks each grant and records the frames the space holds, so that the
+// container's count of resident memory holds exactly those whatever a node
+// answers.
+type frameSource struct {
+	s *session
 
-func (f frameSource) Grant(dev uint32, n int) (_ []uint64, err error) {
+	mu   sync.Mutex
+	held map[devFrame]bool // granted and not returned since
+}
+
+type devFrame struct {
+	dev   uint32
+	frame uint64
+}
+
+func newFrameSource(s *session) *frameSource {
+	return &frameSource{s: s, held: make(map[devFrame]bool)}
+}
+
+func (f *frameSource) Grant(dev uint32, n int) (_ []uint64, err error) {
 	// A container's sessions hold its resident memory together: a grant
 	// past it takes frames from the others' coldest chunks, or is refused
 	// as a full device would refuse it, so the space evicts its own chunks
@@ -361,22 +378,62 @@ func (f frameSource) Grant(dev uint32, n int) (_ []uint64, err error) {
 		}()
 	}
 	v := f.s.vdevs[dev]
+	addr := f.s.m.nodes[v.dev.node].addr
 	body, err := v.rpc.Call(api.OpNodeAlloc, nil, api.Encode(&api.NodeAlloc{Device: v.dev.info.Index, Count: uint32(n)}))
 	if err != nil {
 		return nil, err
 	}
 	var frames api.NodeFrames
 	if err := api.Decode(body, &frames); err != nil {
-		return nil, fmt.Errorf("node %s: frames reply: %w", f.s.m.nodes[v.dev.node].addr, err)
+		return nil, fmt.Errorf("node %s: frames reply: %w", addr, err)
 	}
-	if len(frames.Frames) != n {
-		return nil, fmt.Errorf("node %s granted %d frames, %d asked: %w", f.s.m.nodes[v.dev.node].addr, len(frames.Frames), n, api.ErrProtocol)
+	if ours, err := f.hold(dev, frames.Frames, n); err != nil {
+		err = fmt.Errorf("node %s: grant of %d frames: %w", addr, n, err)
+		if len(ours) > 0 {
+			_, rerr := v.rpc.Call(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: ours}))
+			if rerr != nil {
+				err = errors.Join(err, fmt.Errorf("return the %d frames of that grant to node %s: %w", len(ours), addr, rerr))
+			}
+		}
+		return nil, err
 	}
 	return frames.Frames, nil
 }
 
+// hold records frames, the node's answer to a grant of n frames of dev,
+// as held. It refuses an answer with a frame misaligned, repeated or held
+// already, which would alias memory, or with other than n frames; it then
+// returns the frames certainly granted (aligned, distinct, not held), which
+// the caller gives back to the node.
+func (f *frameSource) hold(dev uint32, frames []uint64, n int) (ours []uint64, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	seen := make(map[uint64]bool, len(frames))
+	for _, fr := range frames {
+		switch {
+		case fr%memory.FrameSize != 0:
+			err = fmt.Errorf("frame %#x is not a multiple of %#x: %w", fr, memory.FrameSize, api.ErrProtocol)
+		case seen[fr] || f.held[devFrame{dev, fr}]:
+			err = fmt.Errorf("frame %#x is granted twice: %w", fr, api.ErrProtocol)
+		default:
+			seen[fr] = true
+			ours = append(ours, fr)
+		}
+	}
+	if err == nil && len(frames) != n {
+		err = fmt.Errorf("%d frames granted: %w", len(frames), api.ErrProtocol)
+	}
+	if err != nil {
+		return ours, err
+	}
+	for _, fr := range frames {
+		f.held[devFrame{dev, fr}] = true
+	}
+	return nil, nil
+}
+
 // Read copies a frame's contents out, for eviction to host memory.
-func (f frameSource) Read(dev uint32, frame uint64, p []byte) error {
+func (f *frameSource) Read(dev uint32, frame uint64, p []byte) error {
 	v := f.s.vdevs[dev]
 	calls := make([]*api.Call, 0, memory.FrameSize/api.MaxChunk)
 	for off := 0; off < len(p); off += api.MaxChunk {
@@ -388,7 +445,7 @@ func (f frameSource) Read(dev uint32, frame uint64, p []byte) error {
 }
 
 // Write fills a frame with p, for fault-in from host memory.
-func (f frameSource) Write(dev uint32, frame uint64, p []byte) error {
+func (f *frameSource) Write(dev uint32, frame uint64, p []byte) error {
 	v := f.s.vdevs[dev]
 	calls := make([]*api.Call, 0, memory.FrameSize/api.MaxChunk)
 	for off := 0; off < len(p); off += api.MaxChunk {
@@ -400,7 +457,7 @@ func (f frameSource) Write(dev uint32, frame uint64, p []byte) error {
 }
 
 // Zero clears a frame that is reused for a chunk never written.
-func (f frameSource) Zero(dev uint32, frame uint64) error {
+func (f *frameSource) Zero(dev uint32, frame uint64) error {
 	v := f.s.vdevs[dev]
 	_, err := v.rpc.Call(api.OpNodeFill, nil, api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: []api.Extent{{Addr: frame, Len: memory.FrameSize}}}))
 	return err
@@ -420,9 +477,18 @@ func waitAll(calls []*api.Call) error {
 // Return gives frames back to the node. They count no longer against the
 // container's resident memory even if the node does not answer: the space
 // forgets them, and the node frees them when the connection ends.
-func (f frameSource) Return(dev uint32, frames []uint64) error {
+func (f *frameSource) Return(dev uint32, frames []uint64) error {
+	f.mu.Lock()
+	var released uint64
+	for _, fr := range frames {
+		if f.held[devFrame{dev, fr}] {
+			delete(f.held, devFrame{dev, fr})
+			released += memory.FrameSize
+		}
+	}
+	f.mu.Unlock()
 	if q := f.resident(); q != nil {
-		defer q.release(uint64(len(frames)) * memory.FrameSize)
+		defer q.release(released)
 	}
 	v := f.s.vdevs[dev]
 	_, err := v.rpc.Call(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames}))
@@ -430,7 +496,7 @@ func (f frameSource) Return(dev uint32, frames []uint64) error {
 }
 
 // resident is the container's count of resident memory, if it has one.
-func (f frameSource) resident() *budget {
+func (f *frameSource) resident() *budget {
 	if f.s.ctr == nil {
 		return nil
 	}

@@ -12,7 +12,8 @@ import (
 // any Return, Read, Write or Zero of a frame the caller does not hold (a
 // double return, or one that would touch another tenant's memory), and
 // keeps the bytes of written frames so data can be checked through
-// translations; Return scrubs them.
+// translations; Return scrubs them. Like a node, it refuses to write or
+// clear a frame sealed (seal) until it is returned.
 type fakeNode struct {
 	mu       sync.Mutex
 	capacity int  // frames per device
@@ -28,6 +29,7 @@ type fakeNode struct {
 	reads, writes, zeros int
 	owner                map[devFrame]int
 	data                 map[devFrame][]byte
+	sealed               map[devFrame]bool
 	returns              map[int][]devFrame // every frame each lessee returned, in order
 	violations           []string
 }
@@ -37,6 +39,7 @@ func newFakeNode(capacity int) *fakeNode {
 		capacity: capacity,
 		owner:    make(map[devFrame]int),
 		data:     make(map[devFrame][]byte),
+		sealed:   make(map[devFrame]bool),
 		returns:  make(map[int][]devFrame),
 	}
 }
@@ -102,6 +105,7 @@ func (l lease) Return(dev uint32, frames []uint64) error {
 		}
 		delete(n.owner, k)
 		delete(n.data, k)
+		delete(n.sealed, k)
 		n.returns[l.id] = append(n.returns[l.id], k)
 	}
 	return n.failReturn
@@ -118,6 +122,10 @@ func (l lease) access(op string, dev uint32, frame uint64, p []byte) error {
 	if o, ok := n.owner[devFrame{dev, frame}]; !ok || o != l.id || frame%FrameSize != 0 {
 		n.violations = append(n.violations, fmt.Sprintf("lessee %d: %s of frame %#x of device %d, which it does not hold", l.id, op, frame, dev))
 		return fmt.Errorf("%s frame %#x of device %d: not held: %w", op, frame, dev, api.ErrInvalidAddress)
+	}
+	if op != "read" && n.sealed[devFrame{dev, frame}] {
+		n.violations = append(n.violations, fmt.Sprintf("lessee %d: %s of sealed frame %#x of device %d", l.id, op, frame, dev))
+		return fmt.Errorf("%s frame %#x of device %d: sealed: %w", op, frame, dev, api.ErrPermissionDenied)
 	}
 	if p != nil && len(p) != FrameSize {
 		n.violations = append(n.violations, fmt.Sprintf("lessee %d: %s of %d bytes", l.id, op, len(p)))
@@ -170,6 +178,23 @@ func (l lease) Zero(dev uint32, frame uint64) error {
 	n.zeros++
 	clear(n.data[devFrame{dev, frame}])
 	return nil
+}
+
+// seal makes the frames of xs, which lessee l must hold, read-only until
+// they are returned, as a node's seal does.
+func (l lease) seal(dev uint32, xs []api.Extent) {
+	n := l.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, x := range xs {
+		for f := x.Addr; f < x.Addr+x.Len; f += FrameSize {
+			if o, ok := n.owner[devFrame{dev, f}]; !ok || o != l.id || f%FrameSize != 0 {
+				n.violations = append(n.violations, fmt.Sprintf("lessee %d: seal of frame %#x of device %d, which it does not hold", l.id, f, dev))
+				continue
+			}
+			n.sealed[devFrame{dev, f}] = true
+		}
+	}
 }
 
 // free returns the number of frames of dev no lessee holds.

@@ -136,6 +136,29 @@ func (h *harness) checkUnchanged(what string, m *model, before snapshot) {
 	}
 }
 
+// checkOnlyEvicted verifies that a failed translation left no trace but
+// evictions: a fault-in evicts the victims whose frames it gives back
+// before it asks for frames, and they stay evicted if it then fails.
+func (h *harness) checkOnlyEvicted(what string, m *model, before snapshot) {
+	h.t.Helper()
+	after := h.snap(m)
+	a, b := after.st, before.st
+	evicted := int(a.Evictions - b.Evictions)
+	switch {
+	case a.Allocations != b.Allocations || a.Allocated != b.Allocated || a.Faults != b.Faults:
+		h.t.Fatalf("%s changed more than residency: %+v, was %+v", what, a, b)
+	case b.Frames-a.Frames != evicted || a.Evicted-b.Evicted != uint64(evicted)*Page2M:
+		h.t.Fatalf("%s evicted %d chunks, but holds %d frames, was %d: %+v, was %+v", what, evicted, a.Frames, b.Frames, a, b)
+	case after.keys-before.keys != int(a.WriteBacks-b.WriteBacks):
+		h.t.Fatalf("%s wrote back %d chunks, but the store has %d entries, had %d", what, a.WriteBacks-b.WriteBacks, after.keys, before.keys)
+	}
+	for f := range after.held {
+		if !before.held[f] {
+			h.t.Fatalf("%s left frame %#x of device %d held, which it did not hold before", what, f.frame, f.dev)
+		}
+	}
+}
+
 // alloc allocates size bytes on dev with hint in space si, checks the
 // outcome and writes every page of the new allocation, which it returns
 // (nil if the allocation failed).
@@ -250,7 +273,7 @@ func (h *harness) touch(m *model, a *liveAlloc, off, n uint64, write bool) ([]ap
 		if must != "" || !errors.Is(err, api.ErrOutOfMemory) {
 			h.t.Fatalf("space %d: translate %#x+%d: %v (must succeed: %s)", m.id, a.va+off, n, err, must)
 		}
-		h.checkUnchanged("failed translate", m, before)
+		h.checkOnlyEvicted("failed translate", m, before)
 		return nil, false
 	}
 	if dev != a.dev {
@@ -376,7 +399,7 @@ func (h *harness) translateAll(si int, picks []int, offs []uint64, writes []bool
 		if must || !errors.Is(err, api.ErrOutOfMemory) {
 			h.t.Fatalf("space %d: translate %v: %v (must succeed: %v)", m.id, rs, err, must)
 		}
-		h.checkUnchanged("failed translate of several ranges", m, before)
+		h.checkOnlyEvicted("failed translate of several ranges", m, before)
 		return
 	}
 	for i, r := range rs {
@@ -545,6 +568,38 @@ func (h *harness) sealAlloc(si int, a *liveAlloc, off uint64) {
 	if hint, sealed, err := m.sp.Hint(va); err != nil || hint != a.hint || !sealed {
 		h.t.Fatalf("space %d: hint of %#x in sealed allocation %#x of hint %v: %v, sealed %v, %v", m.id, va, a.va, a.hint, hint, sealed, err)
 	}
+}
+
+// sealFrames seals the pick-th live allocation of space si, then its whole
+// chunks at the source, as the mediator seals a weight on its node. The
+// node then refuses to refill those frames, and check reports any fault-in
+// that tries.
+func (h *harness) sealFrames(si, pick int) {
+	h.t.Helper()
+	m := h.spaces[si]
+	a := m.pick(pick)
+	if a == nil {
+		return
+	}
+	h.sealAlloc(si, a, 0)
+	first, last := (a.va+Page2M-1)&^(Page2M-1), (a.va+a.want)&^(Page2M-1)
+	if last <= first {
+		return
+	}
+	must := h.mustFit(m, a, first-a.va, last-first)
+	before := h.snap(m)
+	ts, err := m.sp.TranslateAll([]Range{{VA: first, Len: last - first, SealFrames: true}})
+	if err != nil {
+		if must != "" || !errors.Is(err, api.ErrOutOfMemory) {
+			h.t.Fatalf("space %d: translate %#x+%d to seal its frames: %v (must succeed: %s)", m.id, first, last-first, err, must)
+		}
+		h.checkOnlyEvicted("failed translate to seal frames", m, before)
+		return
+	}
+	if want := h.walkExtents(m, first, last-first); !slices.Equal(ts[0].Extents, want) {
+		h.t.Fatalf("space %d: translate %#x+%d to seal its frames = %v, the page table says %v", m.id, first, last-first, ts[0].Extents, want)
+	}
+	h.node.lease(m.id).seal(a.dev, ts[0].Extents)
 }
 
 // failingIO translates (whole pages of) part of an allocation while the

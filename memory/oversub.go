@@ -45,31 +45,34 @@ type planFrame struct {
 	reused bool
 }
 
-// faultPlan is what faultIn does, worked out before it changes anything.
+// faultPlan is what faultIn does, worked out as it goes.
 type faultPlan struct {
 	need    []*chunk    // evicted chunks to fault in, by device, then address
 	frames  []planFrame // need[i] goes to frames[i]
-	victims []*chunk    // resident chunks to evict
+	victims []*chunk    // resident chunks to evict, whose frames need reuses
 	keys    []uint64    // the store keys of victims saved so far
-	spare   []devFrame  // victims' frames that no fault-in reuses
 	granted []devFrame  // frames granted for the fault-in
 }
 
 // faultIn makes every chunk of the valid ranges rs resident. The caller
 // holds allocMu.
 //
-// It first plans: which frames the evicted chunks go to (victims' frames
-// of the same device, then fresh grants), and which resident chunks outside
-// the ranges to evict, in the order of colder, to stay within the cap or
-// because the device is full. It saves the victims' contents to the store,
-// but for clean ones, whose entries it kept. Up to here a failure undoes
-// everything: grants are returned, saved entries dropped, and the space is
-// as it was. Then it commits: unmaps the victims, fills each frame (the
-// stored contents, or zeros for a reused frame) and maps the chunk, keeping
-// the entry of a chunk whose allocations are all sealed. A source or store
-// failure while filling leaves
-// the victims evicted and the chunks not yet filled evicted, with their
-// contents intact, returns the frames left over and reports the error.
+// It first plans: which resident chunks outside the ranges to evict, in
+// the order of colder, to stay within the cap, and which frames the evicted
+// chunks go to: victims' frames of the same device, then fresh grants, then
+// the frames of more victims of the device if it is full. A victim's frame
+// that no chunk reuses, or that the source sealed, goes back to the source
+// before the grants, so that they find the room it leaves (a container's
+// resident memory, a full device): such victims are evicted at once, and
+// stay evicted whatever follows. Then it saves the contents of the victims
+// whose frames are reused to the store, but for clean ones, whose entries
+// it kept. Up to here a failure undoes the rest: grants are returned, saved
+// entries dropped. Then it commits: unmaps those victims, fills each frame
+// (the stored contents, or zeros for a reused frame) and maps the chunk,
+// keeping the entry of a chunk whose allocations are all sealed. A source
+// or store failure while filling leaves the victims evicted and the chunks
+// not yet filled evicted, with their contents intact, returns the frames
+// left over and reports the error.
 func (s *Space) faultIn(rs []Range) error {
 	s.pinEpoch++
 	p := &faultPlan{}
@@ -120,7 +123,6 @@ func (s *Space) faultIn(rs []Range) error {
 			for j, f := range p.frames[i:] {
 				left = append(left, devFrame{p.need[i+j].dev, f.frame})
 			}
-			left = append(left, p.spare...)
 			for _, f := range left {
 				delete(s.held, f) // granted frames were recorded as held
 			}
@@ -138,96 +140,148 @@ func (s *Space) faultIn(rs []Range) error {
 			s.dropKey(c)
 		}
 	}
-	return s.returnFrames("of evicted chunks", p.spare)
+	return nil
 }
 
-// plan chooses the frames for p.need and the victims that free them.
+// plan chooses the frames for p.need and the victims that free them, and
+// evicts at once the victims whose frames go back to the source.
 func (s *Space) plan(p *faultPlan) error {
-	s.mu.Lock() // for chunk.lru
-	defer s.mu.Unlock()
 	want := make(map[uint32]int) // chunks to fault in, per device
-	var devs []uint32
 	for _, c := range p.need {
-		if want[c.dev] == 0 {
-			devs = append(devs, c.dev)
-		}
 		want[c.dev]++
 	}
-	// Stay within the cap, class by class, evicting chunks of the devices
-	// that need frames first within a class, since their frames can be
-	// reused as they are.
-	if s.maxFrames != 0 {
-		excess := s.frames + len(p.need) - s.maxFrames
-		all := s.residentChunks()
-		taken := make(map[uint32]int) // victims per device
-		pick := func(list []*chunk, k, rank int) {
-			for _, v := range s.coldest(list, k, rank) {
-				taken[v.dev]++
-				p.victims = append(p.victims, v)
-			}
-		}
-		for rank := 0; rank <= lastRank && len(p.victims) < excess; rank++ {
-			for _, dev := range devs {
-				pick(s.resident[dev], min(excess-len(p.victims), want[dev]-taken[dev]), rank)
-			}
-			pick(all, excess-len(p.victims), rank)
-		}
-		if len(p.victims) < excess { // cannot happen: the ranges fit the cap
-			return fmt.Errorf("%d chunks to fault in, only %d of %d resident chunks may be evicted: %w",
-				len(p.need), len(p.victims), s.frames, api.ErrOutOfMemory)
+	s.mu.Lock() // for chunk.lru and chunk.frameSealed
+	victims, err := s.capVictims(p, want)
+	reuse := make(map[uint32][]*chunk)
+	var back []*chunk
+	for _, v := range victims {
+		if !v.frameSealed && len(reuse[v.dev]) < want[v.dev] {
+			reuse[v.dev] = append(reuse[v.dev], v)
+		} else {
+			back = append(back, v)
 		}
 	}
-	reuse := make(map[uint32][]uint64)
-	for _, v := range p.victims {
-		reuse[v.dev] = append(reuse[v.dev], v.frame)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := s.evictNow(back); err != nil {
+		return err
 	}
 	p.frames = make([]planFrame, len(p.need))
 	for first := 0; first < len(p.need); {
 		dev := p.need[first].dev
 		last := first + want[dev]
 		i := first
-		for ; i < last && len(reuse[dev]) > 0; i++ {
-			p.frames[i] = planFrame{frame: reuse[dev][0], reused: true}
-			reuse[dev] = reuse[dev][1:]
+		reuseFrame := func(v *chunk) {
+			p.victims = append(p.victims, v)
+			p.frames[i] = planFrame{frame: v.frame, reused: true}
+			i++
 		}
-		reused, granted := i-first, 0
-		var short error // why the source granted fewer frames than asked
-		if i < last {
-			s.mu.Unlock() // never across a source call
-			var frames []uint64
-			var err error
-			frames, short, err = s.grantSome(dev, last-i)
-			s.mu.Lock()
+		// grant asks for up to k frames for the chunks from i on; short is
+		// why it got fewer.
+		grant := func(k int) (short, err error) {
+			if k == 0 {
+				return nil, nil
+			}
+			frames, short, err := s.grantSome(dev, k)
 			for _, f := range frames {
 				p.granted = append(p.granted, devFrame{dev, f})
 				p.frames[i] = planFrame{frame: f}
 				i++
 			}
-			if err != nil {
+			return short, err
+		}
+		for _, v := range reuse[dev] {
+			reuseFrame(v)
+		}
+		reused := i - first
+		short, err := grant(last - i)
+		if err != nil {
+			return err
+		}
+		if missing := last - i; missing > 0 { // the device is full: evict to make room
+			s.mu.Lock()
+			more := s.coldest(s.resident[dev], missing, lastRank)
+			var sealed []*chunk
+			if len(more) == missing {
+				for _, v := range more {
+					if v.frameSealed {
+						sealed = append(sealed, v)
+					} else {
+						reuseFrame(v)
+					}
+				}
+			}
+			s.mu.Unlock()
+			if len(more) < missing {
+				return fmt.Errorf("device %d: %d frames wanted for chunks to fault in, %d granted (%v), and only %d resident chunks of the device outside the range may be evicted: %w",
+					dev, want[dev], want[dev]-reused-missing, short, reused+len(more), api.ErrOutOfMemory)
+			}
+			// A sealed frame cannot be refilled: return it and ask again.
+			if err := s.evictNow(sealed); err != nil {
 				return err
 			}
-			granted = len(frames)
-		}
-		if i < last { // the device is full: evict to make room
-			more := s.coldest(s.resident[dev], last-i, lastRank)
-			if len(more) < last-i {
-				return fmt.Errorf("device %d: %d frames wanted for chunks to fault in, %d granted (%v), and only %d resident chunks of the device outside the range may be evicted: %w",
-					dev, want[dev], granted, short, reused+len(more), api.ErrOutOfMemory)
-			}
-			for _, v := range more {
-				p.victims = append(p.victims, v)
-				p.frames[i] = planFrame{frame: v.frame, reused: true}
-				i++
+			if short, err := grant(len(sealed)); err != nil {
+				return err
+			} else if i < last {
+				return fmt.Errorf("device %d: %d frames wanted for chunks to fault in, %d still missing after returning %d sealed frames of evicted chunks (%v): %w",
+					dev, want[dev], last-i, len(sealed), short, api.ErrOutOfMemory)
 			}
 		}
 		first = last
 	}
-	for dev, frames := range reuse {
-		for _, f := range frames {
-			p.spare = append(p.spare, devFrame{dev, f})
+	return nil
+}
+
+// capVictims picks the resident chunks to evict to stay within the cap,
+// class by class, evicting chunks of the devices that need frames first
+// within a class, since their frames can be reused as they are. The caller
+// holds mu and allocMu.
+func (s *Space) capVictims(p *faultPlan, want map[uint32]int) ([]*chunk, error) {
+	if s.maxFrames == 0 {
+		return nil, nil
+	}
+	excess := s.frames + len(p.need) - s.maxFrames
+	all := s.residentChunks()
+	devs := slices.Sorted(maps.Keys(want))
+	taken := make(map[uint32]int) // victims per device
+	var victims []*chunk
+	pick := func(list []*chunk, k, rank int) {
+		for _, v := range s.coldest(list, k, rank) {
+			taken[v.dev]++
+			victims = append(victims, v)
 		}
 	}
-	return nil
+	for rank := 0; rank <= lastRank && len(victims) < excess; rank++ {
+		for _, dev := range devs {
+			pick(s.resident[dev], min(excess-len(victims), want[dev]-taken[dev]), rank)
+		}
+		pick(all, excess-len(victims), rank)
+	}
+	if len(victims) < excess { // cannot happen: the ranges fit the cap
+		return nil, fmt.Errorf("%d chunks to fault in, only %d of %d resident chunks may be evicted: %w",
+			len(p.need), len(victims), s.frames, api.ErrOutOfMemory)
+	}
+	return victims, nil
+}
+
+// evictNow evicts the resident chunks vs and returns their frames. On
+// failure, those evicted before it stay evicted.
+func (s *Space) evictNow(vs []*chunk) error {
+	var freed []devFrame
+	var err error
+	for _, v := range vs {
+		var key uint64
+		if key, err = s.save(v); err != nil {
+			break
+		}
+		s.mu.Lock()
+		s.evictLocked(v, key)
+		s.mu.Unlock()
+		freed = append(freed, devFrame{v.dev, v.frame})
+	}
+	return errors.Join(err, s.returnFrames("of evicted chunks", freed))
 }
 
 // evictRank is the eviction class of each hint: lower ranks are evicted
@@ -408,7 +462,7 @@ func (s *Space) evictLocked(c *chunk, key uint64) {
 	})
 	s.tlb.invalidate(c.va, Page2M)
 	s.dropResident(c)
-	c.resident, c.stored, c.key = false, true, key
+	c.resident, c.stored, c.key, c.frameSealed = false, true, key, false
 	s.evicted++
 	s.evictions++
 }
@@ -475,12 +529,6 @@ func (s *Space) evict(va uint64) (bool, error) {
 	if c == nil || !c.resident {
 		return false, nil
 	}
-	key, err := s.save(c)
-	if err != nil {
-		return false, err
-	}
-	s.mu.Lock()
-	s.evictLocked(c, key)
-	s.mu.Unlock()
-	return true, s.returnFrames("of an evicted chunk", []devFrame{{c.dev, c.frame}})
+	err := s.evictNow([]*chunk{c})
+	return !c.resident, err
 }

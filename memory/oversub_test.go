@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 
@@ -277,6 +278,94 @@ func TestFaultAcrossDevices(t *testing.T) {
 	held := node.held(0)
 	if len(held) != 1 || !held[devFrame{0, mustTranslate(t, s, a, 1)[0].Addr &^ (FrameSize - 1)}] {
 		t.Fatalf("space holds %v; want only device 0's frame", held)
+	}
+}
+
+// cappedLease is a lease whose lessee may hold at most max frames in all,
+// as a container's sessions hold at most its grant: a grant past it fails
+// as a full device's does.
+type cappedLease struct {
+	lease
+	max int
+}
+
+func (c cappedLease) Grant(dev uint32, n int) ([]uint64, error) {
+	if held := len(c.n.held(c.id)); held+n > c.max {
+		return nil, fmt.Errorf("%d frames held, %d more wanted, at most %d: %w", held, n, c.max, api.ErrOutOfMemory)
+	}
+	return c.lease.Grant(dev, n)
+}
+
+// TestFaultReturnsVictimsBeforeGrant: a victim of the cap whose frame no
+// fault-in reuses (here, on another device) goes back to the source before
+// the fault-in asks for frames, so a source that counts what the space
+// holds grants them.
+func TestFaultReturnsVictimsBeforeGrant(t *testing.T) {
+	node := newFakeNode(4)
+	s := NewSpace(cappedLease{node.lease(0), 1}, 0)
+	s.Oversubscribe(newStore(t, 8, false), FrameSize)
+	a := mustAlloc(t, s, 0, Page2M)
+	b := mustAlloc(t, s, 1, Page2M) // evicted: the cap is one frame
+	writeVA(t, node, s, a, pattern(1, Page2M))
+	writeVA(t, node, s, b, pattern(2, Page2M))
+	for i, va := range []uint64{a, b} {
+		if got := readVA(t, node, s, va, Page2M); !bytes.Equal(got, pattern(uint64(i+1), Page2M)) {
+			t.Fatalf("chunk on device %d lost its data", i)
+		}
+	}
+	if st := s.Stats(); st.Frames != 1 || st.Evictions != 3 || len(node.violations) != 0 {
+		t.Errorf("after faulting in on each device in turn: %+v, %v", st, node.violations)
+	}
+}
+
+// TestSealedFramesAreNotReused: a fault-in never refills a frame the source
+// sealed (it would refuse), whether the cap or a full device makes it evict
+// the sealed chunk: it returns the frame and takes a fresh one.
+func TestSealedFramesAreNotReused(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		frames   int    // of the device
+		resident uint64 // the cap
+	}{
+		{"under the cap", 4, FrameSize},
+		{"device full", 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := newFakeNode(tc.frames)
+			s := NewSpace(node.lease(0), 0)
+			s.Oversubscribe(newStore(t, 8, false), tc.resident)
+			w := mustAllocHint(t, s, 0, Page2M, api.HintWeight)
+			writeVA(t, node, s, w, pattern(1, Page2M))
+			seal := []Range{{VA: w, Len: Page2M, SealFrames: true}}
+			_, err := s.TranslateAll(seal)
+			wantErr(t, "seal frames of an unsealed allocation", err, api.ErrInvalidArgument, "not sealed")
+			if err := s.Seal(w); err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.TranslateAll([]Range{{VA: w, Len: Page4K, SealFrames: true}})
+			wantErr(t, "seal frames of part of a chunk", err, api.ErrInvalidArgument, "not whole chunks")
+			ts, err := s.TranslateAll(seal)
+			if err != nil {
+				t.Fatal(err)
+			}
+			node.lease(0).seal(ts[0].Dev, ts[0].Extents)
+			sealed := devFrame{0, ts[0].Extents[0].Addr}
+
+			b := mustAlloc(t, s, 0, Page2M) // evicted: no room
+			writeVA(t, node, s, b, pattern(2, Page2M))
+			if got := readVA(t, node, s, w, Page2M); !bytes.Equal(got, pattern(1, Page2M)) {
+				t.Fatal("the sealed chunk lost its data")
+			}
+			if got := readVA(t, node, s, b, Page2M); !bytes.Equal(got, pattern(2, Page2M)) {
+				t.Fatal("the other chunk lost its data")
+			}
+			if len(node.violations) != 0 {
+				t.Fatal(node.violations)
+			}
+			if st := s.Stats(); st.Evictions != 3 || !slices.Contains(node.returns[0], sealed) {
+				t.Errorf("sealed frame %#x not returned (returns %v): %+v", sealed.frame, node.returns[0], st)
+			}
+		})
 	}
 }
 

@@ -89,6 +89,10 @@ type chunk struct {
 	ri        int    // index in Space.resident while resident
 	lru       uint64 // Space.tick when last translated
 	pin       uint64 // Space.pinEpoch while a fault-in must not evict it
+	// frameSealed says the source made frame read-only (Range.SealFrames),
+	// as it stays until it is returned: no other chunk may reuse it. Set
+	// under mu alone, as a translation of resident chunks holds no more.
+	frameSealed bool
 }
 
 // findFree returns the first page index, a multiple of align, that starts

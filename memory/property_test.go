@@ -68,6 +68,9 @@ func TestSpaceModel(t *testing.T) {
 			"seal": func(rt *rapid.T) {
 				h.seal(space.Draw(rt, "space"), pick.Draw(rt, "pick"), any64.Draw(rt, "off"))
 			},
+			"sealFrames": func(rt *rapid.T) {
+				h.sealFrames(space.Draw(rt, "space"), pick.Draw(rt, "pick"))
+			},
 			"free": func(rt *rapid.T) {
 				h.free(space.Draw(rt, "space"), pick.Draw(rt, "pick"))
 			},

@@ -47,8 +47,8 @@
 //   - A chunk is held exactly while a live allocation has a page in it. A
 //     frame is held exactly while it backs a resident chunk: it goes back to
 //     the source when its chunk's last page is freed or the chunk is evicted
-//     (unless a fault-in reuses it at once), and each frame is returned at
-//     most once.
+//     (unless a fault-in reuses it at once, which it never does with a frame
+//     the source sealed), and each frame is returned at most once.
 //   - A chunk holds at most one Store key. An evicted chunk holds one
 //     exactly if it was ever resident. A resident chunk holds one only while
 //     every live allocation in it is sealed (chunk.unsealed, the pages of
@@ -649,6 +649,11 @@ type Range struct {
 	// Write says the command writes the range, which is refused if it lies
 	// in a sealed allocation.
 	Write bool
+	// SealFrames says the command makes the frames of the range read-only
+	// at the source (a node's seal), as they stay until returned: a fault-in
+	// then never reuses them for another chunk, since it could not fill
+	// them. The range must be whole chunks of a sealed allocation.
+	SealFrames bool
 }
 
 // Translation is where a Range lives: its device and physical runs.
@@ -762,6 +767,17 @@ func (s *Space) resolve(r Range, end func(*allocation) uint64) (*allocation, err
 	if r.Write && a.sealed {
 		return nil, fmt.Errorf("translate %#x+%d for writing: the allocation at %#x is sealed: %w", va, n, a.va, api.ErrPermissionDenied)
 	}
+	if r.SealFrames {
+		// Frames are sealed whole, so a range that were not whole chunks
+		// would seal other allocations' pages, and an unsealed allocation
+		// may still be written.
+		switch {
+		case va%Page2M != 0 || n%Page2M != 0:
+			return nil, fmt.Errorf("translate %#x+%d to seal its frames: not whole chunks of %d bytes: %w", va, n, Page2M, api.ErrInvalidArgument)
+		case !a.sealed:
+			return nil, fmt.Errorf("translate %#x+%d to seal its frames: the allocation at %#x is not sealed: %w", va, n, a.va, api.ErrInvalidArgument)
+		}
+	}
 	return a, nil
 }
 
@@ -780,7 +796,8 @@ func (s *Space) touch(rs []Range) bool {
 	return all
 }
 
-// extents translates each range into ts. The caller holds mu.
+// extents translates each range into ts, and marks the chunks of ranges
+// with SealFrames as holding sealed frames. The caller holds mu.
 func (s *Space) extents(rs []Range, ts []Translation, end func(*allocation) uint64) error {
 	for k, r := range rs {
 		a, err := s.resolve(r, end)
@@ -806,6 +823,11 @@ func (s *Space) extents(rs []Range, ts []Translation, end func(*allocation) uint
 			cur = next
 		}
 		ts[k] = Translation{Dev: a.dev, Extents: xs}
+		if r.SealFrames {
+			for cva := va; cva < stop; cva += Page2M {
+				s.chunks[cva].frameSealed = true
+			}
+		}
 	}
 	return nil
 }
