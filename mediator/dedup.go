@@ -155,6 +155,12 @@ func (st *stream) dedup(m *api.CopyHost, src []byte, c *completion, idx int) (de
 	if hint, sealed, err := s.space.Hint(m.Addr); err != nil || hint != api.HintWeight || sealed {
 		return dedupSet{}, nil // a bad or sealed destination fails when written
 	}
+	if _, end, err := s.space.Span(m.Addr); err != nil || m.Len > end-m.Addr {
+		// Hash nothing the copy cannot write: a copy past its allocation
+		// fails when written, and must not first cost a hash of up to a
+		// region's bytes.
+		return dedupSet{}, nil
+	}
 	req := api.NodeDedup{}
 	for off := first; off+memory.FrameSize <= m.Len; off += memory.FrameSize {
 		req.Hashes = append(req.Hashes, sha256.Sum256(src[off:off+memory.FrameSize]))

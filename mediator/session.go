@@ -877,10 +877,7 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 			}
 			return false, s.c.Reply(h) // an import: the exporter's memory stays
 		}
-		if _, err := s.unshare(m.Addr, false); err != nil {
-			s.log.WithError(err).Info("ending a shared object failed; it ends with its frames")
-		}
-		if err := s.free(m.Addr); err != nil {
+		if err := s.freeShared(m.Addr); err != nil {
 			return false, err
 		}
 		s.forgetWithStream(m.Addr)
@@ -975,11 +972,21 @@ func (s *session) destroyStream(id uint32) error {
 	}
 	var errs []error
 	for _, va := range owned {
-		if err := s.free(va); err != nil && !errors.Is(err, api.ErrInvalidAddress) { // freed by the tenant already
+		if err := s.freeShared(va); err != nil && !errors.Is(err, api.ErrInvalidAddress) { // freed by the tenant already
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// freeShared frees the allocation at va, first ending the object it was
+// exported as, if any: the object's frames may outlive the allocation (a
+// small one shares its chunk), and the importers must lose it with it.
+func (s *session) freeShared(va uint64) error {
+	if _, err := s.unshare(va, false); err != nil {
+		s.log.WithError(err).Info("ending a shared object failed; it ends with its frames")
+	}
+	return s.free(va)
 }
 
 // drainAll waits until every stream has completed the work queued so far.

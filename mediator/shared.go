@@ -279,6 +279,10 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 			return nil, fmt.Errorf("grant to tenant %q: not a tenant name: %w", g.Tenant, api.ErrInvalidArgument)
 		}
 	}
+	// A whole allocation, so that its free (at its start) ends the object.
+	if err := s.space.CheckStart("export", m.Addr); err != nil {
+		return nil, err
+	}
 	s.drainAll()
 	s.issueMu.Lock()
 	defer s.issueMu.Unlock()

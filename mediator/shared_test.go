@@ -417,3 +417,56 @@ func TestSharedVersionedImportsPinTheirOwnVersions(t *testing.T) {
 		t.Fatalf("the node keeps %d versions (%d bytes) once nobody pins version 1, want 1 (%d bytes)", st.Versions, st.VersionBytes, n)
 	}
 }
+
+// A buffer freed with its stream ends the object it was exported as, as a
+// free does: its importers lose it, and its bytes (a small buffer shares
+// its chunk) are the exporter's to reuse.
+func TestSharedBufferFreedWithItsStreamEndsItsObject(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	a := sys.dial(t, "alpha", 1)
+	st, err := a.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := a.MallocWith(0, 8<<10, client.AllocOptions{FreeWith: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh, err := a.Export(p, api.ModeCoherent, api.Grant{Tenant: "beta", Write: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := sys.dial(t, "beta", 1)
+	q, _, err := b.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(b, q, []byte("after the free")); err == nil {
+		t.Fatal("the importer wrote a buffer freed with its stream")
+	}
+	// The freed bytes are the exporter's again: a new buffer there is
+	// written normally, not refused as part of an object.
+	r, err := a.Malloc(0, 8<<10)
+	if err != nil {
+		t.Fatalf("malloc after the stream's free: %v", err)
+	}
+	if err := write(a, r, []byte("mine")); err != nil {
+		t.Fatalf("write a new buffer: %v", err)
+	}
+}
+
+// Only a whole allocation is exported: one exported from inside would not
+// end with the allocation's free.
+func TestSharedExportOfAnInteriorAddressIsRefused(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	a := sys.dial(t, "alpha", 1)
+	p, err := a.Malloc(0, 8<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Export(p.Add(4096), api.ModeCoherent, api.Grant{Tenant: "beta"})
+	wantErr(t, err, api.ErrInvalidAddress, "not the start of an allocation")
+}

@@ -534,6 +534,15 @@ func (s *Space) startOf(op string, va uint64) (int, error) {
 	return i, nil
 }
 
+// CheckStart verifies that va is where a live allocation starts, as op
+// (one that acts on a whole allocation, as Free does) needs.
+func (s *Space) CheckStart(op string, va uint64) error {
+	s.allocMu.Lock()
+	defer s.allocMu.Unlock()
+	_, err := s.startOf(op, va)
+	return err
+}
+
 // segments yields the part of a in each of its chunks, in order. The caller
 // holds allocMu.
 func (s *Space) segments(a *allocation) iter.Seq[segment] {
