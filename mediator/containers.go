@@ -149,7 +149,7 @@ func (c *container) closeSocket() {
 // MaxContainerConns bounds the connections open on a container's socket:
 // each holds a descriptor and may hold a session, so without a bound one
 // container could use up what the mediator serves everyone with.
-const MaxContainerConns = 256
+const MaxContainerConns = 64
 
 // errReleased is track's answer for a container released while a
 // connection was being accepted.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -540,5 +541,49 @@ func TestHostMemoryCopiesKeepStreamOrder(t *testing.T) {
 		if !bytes.Equal(got, data) {
 			t.Fatalf("round %d: a copy out of host memory overtook the copy into it", round)
 		}
+	}
+}
+
+// A session's graphs hold at most MaxGraphCommands commands together (a
+// decoded command costs the mediator far more than its bytes on the wire):
+// one more is refused with quota-exceeded naming the bound, and destroying
+// a graph makes room.
+func TestGraphCommandsAreBounded(t *testing.T) {
+	sys := start(t, 1, 1, 16<<20, 0)
+	c := sys.dial(t, "acme", 1)
+	x, err := c.Malloc(0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.Stream()
+	capture := func(n int) (*client.Graph, error) {
+		t.Helper()
+		if err := s.BeginCapture(); err != nil {
+			t.Fatal(err)
+		}
+		for range n {
+			s.Memset(x, 1, 1)
+		}
+		return s.EndCapture()
+	}
+	big, err := capture(mediator.MaxGraphCommands - 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := capture(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = capture(1)
+	wantErr(t, err, api.ErrQuotaExceeded, strconv.Itoa(mediator.MaxGraphCommands))
+	if err := big.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := capture(2); err != nil {
+		t.Fatalf("after a graph was destroyed: %v", err)
+	}
+	s.Replay(small)
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
 	}
 }

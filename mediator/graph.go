@@ -12,8 +12,13 @@ import (
 // every replay, since memory may have moved. Its payloads are copied out
 // of the request, whose buffer is reused.
 
-// MaxGraphs bounds the graphs one session holds.
-const MaxGraphs = 256
+// MaxGraphs bounds the graphs one session holds, and MaxGraphCommands
+// their commands together: each decoded command takes some 300 bytes of
+// the mediator's memory, where a launch on the wire may take 18.
+const (
+	MaxGraphs        = 256
+	MaxGraphCommands = 1 << 14
+)
 
 func (s *session) createGraph(body []byte) (uint32, error) {
 	_, cmds, err := s.decodeCommands(append([]byte(nil), body...), nil)
@@ -30,6 +35,11 @@ func (s *session) createGraph(body []byte) (uint32, error) {
 	if len(s.graphs) >= MaxGraphs {
 		return 0, fmt.Errorf("session has %d graphs, the limit: %w", len(s.graphs), api.ErrInvalidArgument)
 	}
+	if s.graphCmds+len(cmds) > MaxGraphCommands {
+		return 0, fmt.Errorf("graph of %d commands: the session's graphs hold %d, and may hold %d in all: %w",
+			len(cmds), s.graphCmds, MaxGraphCommands, api.ErrQuotaExceeded)
+	}
+	s.graphCmds += len(cmds)
 	id := s.nextGraph + 1
 	for s.graphs[id] != nil || id == 0 { // ids wrap; never replace a live graph
 		id++
@@ -50,6 +60,7 @@ func (s *session) destroyGraph(body []byte) error {
 	if s.graphs[m.Graph] == nil {
 		return fmt.Errorf("graph %d does not exist: %w", m.Graph, api.ErrInvalidArgument)
 	}
+	s.graphCmds -= len(s.graphs[m.Graph])
 	delete(s.graphs, m.Graph)
 	return nil
 }

@@ -18,9 +18,12 @@ import (
 // queue (streamDepth commands) and the stream keeps at most streamDepth more
 // in flight on the nodes, so a session has at most
 // MaxStreams × 2 × streamDepth commands accepted and not yet answered. When
-// the queue of the stream a command names is full, the reader stops reading
-// the socket until there is room: a tenant that floods requests fills its
-// own socket and slows only itself.
+// the queue of the stream a command names is full, or the session's queues
+// hold maxQueuedCmds decoded commands (a batch counts each of its own), the
+// reader stops reading the socket until there is room: a tenant that floods
+// requests fills its own socket and slows only itself, and the mediator's
+// memory for a session's queued commands stays bounded (a decoded command
+// takes some 300 bytes, a batch's commands on the wire as few as 18).
 //
 // Frames: a header announcing more than api.MaxBody drops the connection,
 // and so does a body that stalls past api.BodyTimeout (api.Conn.ReadBody).
@@ -49,6 +52,10 @@ var ReplyTimeout = 30 * time.Second
 // hangupPoll is how often a reader blocked on a full stream queue checks
 // whether its tenant has gone.
 const hangupPoll = 50 * time.Millisecond
+
+// maxQueuedCmds bounds the decoded commands a session's stream queues
+// hold; a batch larger than it still enters a session with none queued.
+const maxQueuedCmds = 1 << 14
 
 // errHungUp ends a session whose tenant closed its connection while the
 // reader waited for room in a stream's queue.
@@ -105,23 +112,35 @@ func hungUp(nc net.Conn) bool {
 	return hung
 }
 
-// enqueue hands cmd to st, waiting while its queue is full. If the tenant
+// enqueue hands cmd to st, waiting while its queue is full or the session's
+// queues hold too many decoded commands for it (maxQueuedCmds). If the tenant
 // hangs up meanwhile, the session is marked gone (its queued work is then
 // skipped and its waits for bandwidth end) and a command is dropped with
 // errHungUp; a barrier is still queued, so that what waits on it returns
 // only once the stream's earlier work is done.
 func (s *session) enqueue(st *stream, cmd command) error {
-	select {
-	case st.cmds <- cmd:
-		return nil
-	default:
+	n := cmd.weight()
+	fits := func() bool { q := s.queuedCmds.Load(); return n == 0 || q <= 0 || q+n <= maxQueuedCmds }
+	if fits() {
+		select {
+		case st.cmds <- cmd:
+			s.queuedCmds.Add(n)
+			return nil
+		default:
+		}
 	}
 	tick := time.NewTicker(hangupPoll)
 	defer tick.Stop()
 	for {
+		var send chan command // nil, so not chosen, while the session is full
+		if fits() {
+			send = st.cmds
+		}
 		select {
-		case st.cmds <- cmd:
+		case send <- cmd:
+			s.queuedCmds.Add(n)
 			return nil
+		case <-s.room:
 		case <-tick.C:
 			if !s.gone.Load() && hungUp(s.c.NetConn()) {
 				s.end(true)
@@ -130,6 +149,19 @@ func (s *session) enqueue(st *stream, cmd command) error {
 				}
 			}
 		}
+	}
+}
+
+// dequeued gives back the room of n decoded commands an executor has run,
+// waking a reader waiting for it.
+func (s *session) dequeued(n int64) {
+	if n == 0 {
+		return
+	}
+	s.queuedCmds.Add(-n)
+	select {
+	case s.room <- struct{}{}:
+	default:
 	}
 }
 

@@ -159,3 +159,44 @@ func TestContainerConnectionsAreBounded(t *testing.T) {
 		nc.Close()
 	}
 }
+
+// A session's stream queues hold at most maxQueuedCmds decoded commands:
+// past it the reader waits (and so stops reading the tenant's socket)
+// until an executor has run some. A batch larger than the bound still
+// enters an empty session, and a drain's barrier never waits for room.
+func TestQueuedCommandsAreBounded(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	s := &session{c: api.NewConn(a), room: make(chan struct{}, 1)}
+	st := &stream{s: s, cmds: make(chan command, streamDepth)}
+	batch := func(n int) command { return command{op: api.OpBatch, subs: make([]command, n)} }
+
+	if err := s.enqueue(st, batch(maxQueuedCmds+10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.enqueue(st, command{barrier: make(chan struct{})}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.enqueue(st, command{op: api.OpLaunch}) }()
+	select {
+	case err := <-done:
+		t.Fatalf("a command entered a full session: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	// The executor runs the batch: room for the launch.
+	first := <-st.cmds
+	s.dequeued(first.weight())
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the launch still waits after the batch ran")
+	}
+	if q := s.queuedCmds.Load(); q != 1 {
+		t.Fatalf("%d commands counted queued, want 1 (the launch)", q)
+	}
+}

@@ -67,6 +67,7 @@ type session struct {
 	regions    map[uint32]*hostRegion // hostmem.go
 	nextRegion uint32
 	graphs     map[uint32][]command // graph.go
+	graphCmds  int                  // commands of all graphs, at most MaxGraphCommands
 	nextGraph  uint32
 	withStream map[uint32][]uint64 // allocations freed with their stream
 	shared     []*sharedRange      // exported and imported buffers (shared.go)
@@ -86,6 +87,11 @@ type session struct {
 	// holds: request bodies read and not yet sent on, and replies of copies
 	// from the device not yet written (limits.go).
 	inBufs, outBufs chan struct{}
+	// queuedCmds counts the decoded commands handed to the streams'
+	// executors and not yet run, at most maxQueuedCmds (limits.go); room
+	// is poked when it drops.
+	queuedCmds atomic.Int64
+	room       chan struct{}
 }
 
 // end marks the session as ending, which cuts short waits for bandwidth;
@@ -274,7 +280,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 		m: m, id: m.nextSession.Add(1), tenant: tenant, c: c,
 		streams: map[uint32]*stream{}, nextStream: 1,
 		regions: map[uint32]*hostRegion{}, graphs: map[uint32][]command{}, withStream: map[uint32][]uint64{},
-		extra: map[int]*api.RPC{}, credits: map[uint64]uint64{},
+		extra: map[int]*api.RPC{}, credits: map[uint64]uint64{}, room: make(chan struct{}, 1),
 	}
 	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
 	rpcs := map[int]*api.RPC{}

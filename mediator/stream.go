@@ -39,6 +39,19 @@ type command struct {
 	barrier chan struct{} // set for an internal drain marker: no reply
 }
 
+// weight is how many decoded commands cmd holds in a queue (limits.go):
+// a batch's own, one for any other command, none for a drain's barrier. A
+// graph launch's commands are the graph's, counted with it (graph.go).
+func (cmd *command) weight() int64 {
+	switch {
+	case cmd.barrier != nil:
+		return 0
+	case cmd.op == api.OpBatch:
+		return int64(len(cmd.subs))
+	}
+	return 1
+}
+
 // inBatch says which operations a batch or graph may carry: those whose
 // reply is empty (a copy from the device into the reply needs a request of
 // its own).
@@ -331,6 +344,7 @@ func (st *stream) execute() {
 			st.run(&cmd)
 		}
 		st.queued.Add(-1)
+		st.s.dequeued(cmd.weight())
 	}
 }
 
