@@ -77,7 +77,8 @@ func (a *Admission) SetConfig(cfg *Config) {
 
 // Admit reserves memory for a container against its tenant's cap. It fails
 // with api.ErrQuotaExceeded where the tenant's reservations would pass its
-// memory cap or its containers its max_containers, and with
+// memory cap, its containers its max_containers, or the container asks for
+// a compute weight above its tenant's, and with
 // api.ErrInvalidArgument for an empty container id, a container already
 // admitted (the same id in the same namespace), a tenant
 // the configuration does not define, or a request for no memory where the
@@ -105,6 +106,12 @@ func (a *Admission) Admit(r Request) (Grant, error) {
 	}
 	if g.Compute == 0 {
 		g.Compute = t.Compute
+	}
+	if g.Compute > t.Compute {
+		// The node shares device time by tenant: a container's weight
+		// would be its whole tenant's, and its siblings'.
+		return Grant{}, fmt.Errorf("admit container %v: asks for compute weight %d, above tenant %q's compute of %d: %w",
+			k, g.Compute, r.Tenant, t.Compute, api.ErrQuotaExceeded)
 	}
 	u := a.use[r.Tenant]
 	if u == nil {

@@ -56,6 +56,13 @@ func TestAdmit(t *testing.T) {
 			{admit: req("c2", "a", 400), grant: &Grant{Container: "c2", Tenant: "a", Memory: 400, Compute: 7}},
 			{admit: req("c3", "a", 1), want: api.ErrQuotaExceeded},
 		}},
+		{"compute at most the tenant's", []step{
+			{admit: &Request{Container: "c1", Tenant: "a", Memory: 1, Compute: 8}, want: api.ErrQuotaExceeded,
+				msg: `admit container "c1": asks for compute weight 8, above tenant "a"'s compute of 7: quota exceeded`},
+			{admit: &Request{Container: "c1", Tenant: "a", Memory: 1, Compute: 4000000000}, want: api.ErrQuotaExceeded},
+			{admit: &Request{Container: "c1", Tenant: "a", Memory: 1, Compute: 3}, grant: &Grant{Container: "c1", Tenant: "a", Memory: 1, Compute: 3}},
+			{admit: &Request{Container: "c2", Tenant: "a", Memory: 1, Compute: 7}, grant: &Grant{Container: "c2", Tenant: "a", Memory: 1, Compute: 7}},
+		}},
 		{"single request at and over the cap", []step{
 			{admit: req("c1", "a", 1001), want: api.ErrQuotaExceeded},
 			{admit: req("c1", "a", 1000), grant: &Grant{Container: "c1", Tenant: "a", Memory: 1000, Compute: 7}},

@@ -87,6 +87,8 @@ func TestAdmissionModel(t *testing.T) {
 				switch {
 				case !known, dup, expect.Memory == 0:
 					want = api.ErrInvalidArgument
+				case expect.Compute > tn.Compute:
+					want = api.ErrQuotaExceeded
 				case tn.MaxContainers > 0 && n >= tn.MaxContainers:
 					want = api.ErrQuotaExceeded
 				case tn.Memory > 0 && (carry != 0 || sum > tn.Memory):

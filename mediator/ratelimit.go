@@ -95,6 +95,18 @@ func (b *bucket) reserve(rate, n uint64, now int64) int64 {
 	return max(now, b.empty)
 }
 
+// refund gives back n bytes reserved at rate that never passed. Charges
+// made since keep their times; later ones find the bucket fuller. Nothing
+// is given back if the rate has changed since.
+func (b *bucket) refund(rate, n uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if rate == 0 || rate != b.rate {
+		return
+	}
+	b.empty -= costNs(n, rate, false)
+}
+
 // fullAt is the time (ns) from which the bucket holds its whole burst.
 func (b *bucket) fullAt() int64 {
 	b.mu.Lock()
@@ -205,7 +217,13 @@ func (m *Mediator) bandwidth(tenant string) uint64 {
 // closed (the session ends), which fails with api.ErrUnavailable. If it
 // must wait, it calls before first.
 func (l *limiter) wait(n uint64, done <-chan struct{}, before func()) error {
-	at := l.b.reserve(l.m.bandwidth(l.tenant), n, monoNow())
+	select {
+	case <-done: // the session is ending: charge nothing that will not move
+		return fmt.Errorf("session of tenant %q ended before %d bytes were copied: %w", l.tenant, n, api.ErrUnavailable)
+	default:
+	}
+	rate := l.m.bandwidth(l.tenant)
+	at := l.b.reserve(rate, n, monoNow())
 	d := time.Duration(at - monoNow())
 	if d <= 0 {
 		return nil
@@ -219,6 +237,7 @@ func (l *limiter) wait(n uint64, done <-chan struct{}, before func()) error {
 	case <-t.C:
 		return nil
 	case <-done:
+		l.b.refund(rate, n) // they never move: the tenant's other sessions need not wait for them
 		return fmt.Errorf("session of tenant %q ended while %d bytes waited for bandwidth: %w", l.tenant, n, api.ErrUnavailable)
 	}
 }

@@ -1,12 +1,14 @@
 package mediator
 
 import (
+	"errors"
 	"testing"
 	"time"
 
 	"pgregory.net/rapid"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/isolation"
 )
 
 // TestBucketWindowBound checks the bucket against a fake clock: whatever the
@@ -143,6 +145,36 @@ func TestLimiterOutlivesSessionsUntilFull(t *testing.T) {
 			t.Fatal("the limiter of a tenant without sessions is still kept after its bucket refilled")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Bytes that never move cost the tenant's bucket nothing: a copy of a
+// session already ending is not charged, and one whose wait the session's
+// end cuts short is given back, so the tenant's other sessions do not wait
+// for them.
+func TestLimiterChargesOnlyBytesThatMove(t *testing.T) {
+	const rate = 8 << 20
+	m := &Mediator{cfg: Config{TenantBandwidth: rate}, admission: isolation.NewAdmission(isolation.Default())}
+	l := m.limiter("t")
+	defer l.release()
+	ended := make(chan struct{})
+	close(ended)
+	if err := l.wait(64<<20, ended, nil); !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("a copy of an ended session: %v", err)
+	}
+	if at := l.b.reserve(rate, 1, monoNow()); at > monoNow() {
+		t.Fatalf("an ended session's copy was charged: the next byte waits %v", time.Duration(at-monoNow()))
+	}
+	ending := make(chan struct{})
+	waited := make(chan error, 1)
+	go func() { waited <- l.wait(64<<20, ending, nil) }() // 8 s at the rate
+	time.Sleep(50 * time.Millisecond)
+	close(ending)
+	if err := <-waited; !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("a wait cut short: %v", err)
+	}
+	if at := l.b.reserve(rate, 1<<20, monoNow()); time.Duration(at-monoNow()) > time.Second {
+		t.Fatalf("bytes that never moved were kept: 1 MiB waits %v", time.Duration(at-monoNow()))
 	}
 }
 

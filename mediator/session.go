@@ -287,7 +287,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	for _, d := range devs {
 		rpc := rpcs[d.node]
 		if rpc == nil {
-			rpc, _, err = dialNode(m.nodes[d.node].addr, m.nodeTenant(s.tenant, ctr), m.cfg.NodeTLS, m.nodes[d.node].cache.push)
+			rpc, _, err = dialNode(m.nodes[d.node].addr, m.nodeTenant(s.tenant), m.cfg.NodeTLS, m.nodes[d.node].cache.push)
 			if err != nil {
 				for _, r := range rpcs {
 					r.Close()
@@ -334,15 +334,14 @@ func virtual(resident uint64, factor float64) uint64 {
 }
 
 // nodeTenant is how a session's node connections present its tenant: the
-// container's granted weight, else the quota file's, and its compute cap;
-// with the mediator's NodeTimeout.
-func (m *Mediator) nodeTenant(tenant string, ctr *container) nodeTenant {
+// quota file's weight and compute cap, with the mediator's NodeTimeout. A
+// node shares device time by tenant, so a container's own compute request
+// (at most its tenant's, isolation.Admit) does not change it: that would
+// set the weight of all its tenant's containers.
+func (m *Mediator) nodeTenant(tenant string) nodeTenant {
 	t := nodeTenant{name: tenant, weight: 1, timeout: m.cfg.NodeTimeout}
 	if q := m.admission.Config().Tenants[tenant]; q != nil {
 		t.weight, t.computeMax = max(q.Compute, 1), float32(q.ComputeMax)
-	}
-	if ctr != nil && ctr.grant.Compute > 0 {
-		t.weight = ctr.grant.Compute
 	}
 	return t
 }

@@ -418,7 +418,7 @@ func (s *session) nodeRPC(idx int) (*api.RPC, error) {
 		return rpc, nil
 	}
 	n := s.m.nodes[idx]
-	rpc, _, err := dialNode(n.addr, s.m.nodeTenant(s.tenant, s.ctr), s.m.cfg.NodeTLS, n.cache.push)
+	rpc, _, err := dialNode(n.addr, s.m.nodeTenant(s.tenant), s.m.cfg.NodeTLS, n.cache.push)
 	if err != nil {
 		return nil, err
 	}

@@ -391,7 +391,16 @@ func (st *stream) issueOne(cmd *command, c *completion, idx int) {
 	}
 	// Bandwidth is paid for before the session's lock is taken, so a
 	// wait holds up this stream alone.
-	if n := st.charge(cmd); n > 0 {
+	n := st.charge(cmd)
+	if n == 0 && cmd.op == api.OpCopyDevice {
+		// Its source lay in no allocation when it was to be paid for: it
+		// fails now, as its translation would, rather than pass unpaid
+		// if an allocation made meanwhile covers it by then.
+		m := &cmd.devCopy
+		c.fail(idx, cmd.op, fmt.Errorf("device copy of %d bytes from %#x: not within one live allocation: %w", m.Len, m.Src, api.ErrInvalidAddress))
+		return
+	}
+	if n > 0 {
 		if err := st.s.bw.wait(n, st.s.ending, st.unblock); err != nil {
 			c.fail(idx, cmd.op, err)
 			return
