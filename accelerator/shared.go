@@ -20,8 +20,10 @@ package accelerator
 // Invariants:
 //   - A connection reads or writes an object only with a grant: the
 //     exporter always; another connection if its tenant is granted (to
-//     write, granted writing). A revoked grant fails the next access.
-//   - Data of an object changes only in commitWrite, under the object's
+//     write, granted writing). A revoked grant fails the next access, and
+//     a write still waiting to be applied when it is revoked is not
+//     applied: once a revocation returns, the tenant changes nothing.
+//   - Data of an object changes only in commitReady, under the object's
 //     lock, for a write the directory has committed: no cache anywhere then
 //     holds an unexpired copy of the page at an older version.
 //
@@ -159,6 +161,7 @@ var revocations atomic.Uint64
 
 // objWrite is a write waiting for its commit; whoever commits it applies it.
 type objWrite struct {
+	writer  *conn // whose grant must still hold when it is applied
 	off     uint64
 	payload []byte
 	version uint64
@@ -322,17 +325,25 @@ func (c *conn) object(id uint64, write bool) (*object, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := o.may(c, write); err != nil {
+		o.mu.Unlock()
+		return nil, err
+	}
+	return o, nil
+}
+
+// may says why c may not use o (to write, if write), or nil if it may.
+// The caller holds o.mu.
+func (o *object) may(c *conn, write bool) error {
 	w, granted := o.grants[c.tenant]
 	switch {
 	case o.exporter == c:
 	case !granted:
-		o.mu.Unlock()
-		return nil, fmt.Errorf("shared object %d: tenant %q has no grant: %w", id, c.tenant, api.ErrPermissionDenied)
+		return fmt.Errorf("shared object %d: tenant %q has no grant: %w", o.id, c.tenant, api.ErrPermissionDenied)
 	case write && !w:
-		o.mu.Unlock()
-		return nil, fmt.Errorf("shared object %d: tenant %q may only read it: %w", id, c.tenant, api.ErrPermissionDenied)
+		return fmt.Errorf("shared object %d: tenant %q may only read it: %w", o.id, c.tenant, api.ErrPermissionDenied)
 	}
-	return o, nil
+	return nil
 }
 
 func (c *conn) importObject(m *api.NodeObject) (*api.NodeImportReply, error) {
@@ -359,6 +370,14 @@ func (c *conn) revoke(m *api.NodeRevoke) error {
 		return fmt.Errorf("shared object %d: tenant %q has no grant: %w", m.Object, m.Tenant, api.ErrInvalidArgument)
 	}
 	delete(o.grants, m.Tenant)
+	// The tenant's pins go with its grant: it may read no version, and
+	// they would hold up the exporter's publishes (MaxPinnedVersions).
+	for id, rc := range o.importers {
+		if rc.tenant == m.Tenant && rc != o.exporter {
+			o.home.Forget(id)
+		}
+	}
+	o.prune()
 	o.tell(m.Tenant)
 	return nil
 }
@@ -516,7 +535,7 @@ func (c *conn) writeObject(h api.Header, m *api.NodeObjAccess) error {
 		o.mu.Unlock()
 		return err
 	}
-	mine := &objWrite{off: m.Off, payload: m.Payload}
+	mine := &objWrite{writer: c, off: m.Off, payload: m.Payload}
 	o.data[w.ID] = mine
 	var to []*conn
 	for _, r := range w.Inval {
@@ -559,7 +578,10 @@ func (c *conn) writeObject(h api.Header, m *api.NodeObjAccess) error {
 }
 
 // commitReady applies and commits every write of page the directory lets
-// through now. The caller holds o.mu.
+// through now. A write whose writer lost its grant while it waited (for
+// another reader's acknowledgement) is not applied, since its revocation
+// has returned to the exporter; it is still committed, so the writes
+// behind it go ahead. The caller holds o.mu.
 func (o *object) commitReady(page uint32) {
 	for {
 		w, ok := o.home.Ready(page, now())
@@ -570,7 +592,9 @@ func (o *object) commitReady(page uint32) {
 		delete(o.data, w.ID)
 		var err error
 		if ow != nil {
-			err = o.dev.Write(subExtents(o.xs, ow.off, uint64(len(ow.payload))), ow.payload)
+			if err = o.may(ow.writer, true); err == nil {
+				err = o.dev.Write(subExtents(o.xs, ow.off, uint64(len(ow.payload))), ow.payload)
+			}
 		}
 		w, cerr := o.home.Commit(page)
 		if ow != nil {
@@ -644,8 +668,9 @@ func (c *conn) pin(m *api.NodeObject) (uint64, error) {
 }
 
 // unpin undoes one pin of a version by c, and frees the version if
-// nobody else needs it. It needs no grant: an importer whose grant was
-// revoked still lets go of what it holds.
+// nobody else needs it. It needs no grant: a revocation dropped the
+// revoked importer's pins, so its unpins, which may cross the
+// revocation, have nothing left to undo and succeed.
 func (c *conn) unpin(m *api.NodeVersion) error {
 	o, err := c.node.objects.lookup(m.Object)
 	if err != nil {
@@ -653,15 +678,21 @@ func (c *conn) unpin(m *api.NodeVersion) error {
 	}
 	defer o.mu.Unlock()
 	if err := o.home.Unpin(cacheID(c), m.Version); err != nil {
+		if o.may(c, false) != nil {
+			return nil
+		}
 		return fmt.Errorf("shared object %d: %w", o.id, err)
 	}
 	o.prune()
 	return nil
 }
 
-// invalAck takes a reader's acknowledgement.
+// invalAck takes a reader's acknowledgement. It needs no grant: a reader
+// revoked while it held a lease is still invalidated, and a write would
+// otherwise wait out the lease; the directory counts only acknowledgements
+// from the caches it waits for.
 func (c *conn) invalAck(m *api.NodeInval) error {
-	o, err := c.object(m.Object, false)
+	o, err := c.node.objects.lookup(m.Object)
 	if err != nil {
 		return err
 	}

@@ -13,21 +13,30 @@ import (
 )
 
 // importer is a mediator connection that imported an object and keeps the
-// revocations the node pushes, for the test to acknowledge when it likes.
+// revocations and invalidations the node pushes, for the test to
+// acknowledge when it likes (invalidations past the first 16 are dropped).
 type importer struct {
 	*client
 	revoked chan api.NodeRevoke
+	invals  chan api.NodeInval
 }
 
 // importAs connects as tenant with a push handler and imports object id.
 func (tn *testNode) importAs(t *testing.T, tenant string, id uint64) *importer {
 	t.Helper()
-	im := &importer{revoked: make(chan api.NodeRevoke, 16)}
+	im := &importer{revoked: make(chan api.NodeRevoke, 16), invals: make(chan api.NodeInval, 16)}
 	conn := tn.dialRaw(t)
 	rpc := api.NewRPCPush(conn, "node "+tn.addr, func(_ *api.RPC, op api.Op, body []byte) {
 		var m api.NodeRevoke
-		if op == api.OpNodeRevoked && api.Decode(body, &m) == nil {
+		var inval api.NodeInval
+		switch {
+		case op == api.OpNodeRevoked && api.Decode(body, &m) == nil:
 			im.revoked <- m
+		case op == api.OpNodeInval && api.Decode(body, &inval) == nil:
+			select {
+			case im.invals <- inval:
+			default:
+			}
 		}
 	})
 	t.Cleanup(func() { rpc.Close() })
@@ -248,7 +257,8 @@ func TestNodeVersionPinsAreCounted(t *testing.T) {
 	if got := versions(); got != 2 {
 		t.Fatalf("the node keeps %d versions, want 2 (the published one and beta's)", got)
 	}
-	// An importer whose grant was revoked still lets go of its pins.
+	// An importer whose grant was revoked may still unpin: the revocation
+	// dropped its pins, and the unpin that crosses it succeeds.
 	revoke := a.rpc.Go(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: id, Tenant: "beta"}))
 	b.ack(b.next())
 	if err := revoke.Wait(); err != nil {
@@ -267,15 +277,16 @@ func TestNodeVersionPinsAreCounted(t *testing.T) {
 	}
 }
 
-// Readers cannot make the node keep versions without end: once they pin
-// MaxPinnedVersions distinct versions, publishing fails with quota-exceeded
-// and keeps nothing more; an unpin lets the exporter publish again.
-func TestNodePinnedVersionsAreBounded(t *testing.T) {
+// pinnedVersions exports a versioned object of alpha's, imported by beta,
+// which pins MaxPinnedVersions versions, each then replaced by a publish;
+// publish publishes the object again.
+func pinnedVersions(t *testing.T) (a *client, b *importer, id uint64, publish func() error) {
+	t.Helper()
 	tn := startNode(t)
-	a := tn.connect(t, "alpha")
-	id := exportFrame(t, a, api.ModeVersioned, api.Grant{Tenant: "beta"})
-	b := tn.importAs(t, "beta", id)
-	publish := func() error {
+	a = tn.connect(t, "alpha")
+	id = exportFrame(t, a, api.ModeVersioned, api.Grant{Tenant: "beta"})
+	b = tn.importAs(t, "beta", id)
+	publish = func() error {
 		_, err := a.call(api.OpNodePublish, &api.NodeObject{Object: id})
 		return err
 	}
@@ -287,6 +298,14 @@ func TestNodePinnedVersionsAreBounded(t *testing.T) {
 			t.Fatalf("publish with %d versions pinned: %v", i+1, err)
 		}
 	}
+	return a, b, id, publish
+}
+
+// Readers cannot make the node keep versions without end: once they pin
+// MaxPinnedVersions distinct versions, publishing fails with quota-exceeded
+// and keeps nothing more; an unpin lets the exporter publish again.
+func TestNodePinnedVersionsAreBounded(t *testing.T) {
+	a, b, id, publish := pinnedVersions(t)
 	versions := func() int { return a.status().Coherence.Versions }
 	if got := versions(); got != MaxPinnedVersions+1 {
 		t.Fatalf("the node keeps %d versions, want %d pinned and the published one", got, MaxPinnedVersions)
@@ -429,5 +448,112 @@ func TestNodeRepeatedExtentsAreBoundedByHeldMemory(t *testing.T) {
 	wantErr(t, a.fill(0, 7, xs...), api.ErrInvalidArgument, "2 extents", strconv.Itoa(FrameSize))
 	if err := a.fill(0, 7, ext(f, 0, FrameSize/2), ext(f, FrameSize/2, FrameSize/2)); err != nil {
 		t.Fatalf("a fill of the whole frame in two extents: %v", err)
+	}
+}
+
+// A write by a tenant whose grant is revoked while the write waits (for
+// another reader's acknowledgement) is not applied once the revocation has
+// returned: it fails with permission-denied, naming the tenant, and the
+// object's next write goes ahead.
+func TestNodeWriteOfARevokedWriterIsNotApplied(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alpha")
+	id := exportFrame(t, a, api.ModeCoherent, api.Grant{Tenant: "beta", Write: true}, api.Grant{Tenant: "gamma"})
+	b := tn.importAs(t, "beta", id)
+	g := tn.importAs(t, "gamma", id) // holds a lease and never acknowledges
+	page := func(c *client) []byte {
+		t.Helper()
+		body, err := c.call(api.OpNodeObjRead, &api.NodeObjAccess{Object: id, Len: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return body[len(body)-16:]
+	}
+	before := page(g.client)
+	write := b.rpc.Go(api.OpNodeObjWrite, nil, api.Encode(&api.NodeObjAccess{Object: id, Payload: bytes.Repeat([]byte{0xbe}, 16)}))
+	o := tn.objectByID(id)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		o.mu.Lock()
+		began := o.home.Stats().Writes == 1
+		o.mu.Unlock()
+		if began {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("beta's write did not reach the directory within 5s")
+		}
+	}
+	revoke := a.rpc.Go(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: id, Tenant: "beta"}))
+	b.ack(b.next())
+	if err := revoke.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, write.Wait(), api.ErrPermissionDenied, fmt.Sprint(id), `"beta"`)
+	if got := page(a); !bytes.Equal(got, before) {
+		t.Fatalf("after the revocation of beta's grant its write landed: %x, was %x", got, before)
+	}
+	body, err := a.call(api.OpNodeObjWrite, &api.NodeObjAccess{Object: id, Payload: []byte("alpha")})
+	var grant api.NodeGrant
+	if err == nil {
+		err = api.Decode(body, &grant)
+	}
+	if err != nil || grant.Version != 2 {
+		t.Fatalf("the exporter's write after the refused one: version %d, %v; want version 2", grant.Version, err)
+	}
+}
+
+// Revoking a tenant's grant drops its pins of a versioned object, so a
+// reader that pinned the most versions the node keeps no longer holds up
+// the exporter's publishes once revoked.
+func TestNodeRevocationDropsTheRevokedPins(t *testing.T) {
+	a, b, id, publish := pinnedVersions(t)
+	if _, err := b.call(api.OpNodePin, &api.NodeObject{Object: id}); err != nil {
+		t.Fatalf("pin of the published version: %v", err)
+	}
+	wantErr(t, publish(), api.ErrQuotaExceeded, fmt.Sprint(id))
+	revoke := a.rpc.Go(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: id, Tenant: "beta"}))
+	b.ack(b.next())
+	if err := revoke.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.status().Coherence.Versions; got != 1 {
+		t.Fatalf("the node keeps %d versions after the only reader was revoked, want 1", got)
+	}
+	if err := publish(); err != nil {
+		t.Fatalf("publish after the revocation of the reader that pinned versions: %v", err)
+	}
+}
+
+// A reader revoked while it holds a lease still acknowledges the
+// invalidation of the page, and the write goes ahead on that
+// acknowledgement rather than wait out the lease.
+func TestNodeRevokedReaderAcknowledgesInvalidations(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alpha")
+	id := exportFrame(t, a, api.ModeCoherent, api.Grant{Tenant: "gamma"})
+	g := tn.importAs(t, "gamma", id)
+	if _, err := g.call(api.OpNodeObjRead, &api.NodeObjAccess{Object: id, Len: 16}); err != nil {
+		t.Fatal(err)
+	}
+	revoke := a.rpc.Go(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: id, Tenant: "gamma"}))
+	g.ack(g.next())
+	if err := revoke.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	write := a.rpc.Go(api.OpNodeObjWrite, nil, api.Encode(&api.NodeObjAccess{Object: id, Payload: []byte("alpha")}))
+	var inval api.NodeInval
+	select {
+	case inval = <-g.invals:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no invalidation pushed to the revoked reader within 5s")
+	}
+	if _, err := g.call(api.OpNodeInvalAck, &inval); err != nil {
+		t.Fatalf("the revoked reader's acknowledgement: %v", err)
+	}
+	if err := write.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.status().Coherence; st.Expired != 0 {
+		t.Fatalf("the write waited out %d leases, although the reader acknowledged", st.Expired)
 	}
 }

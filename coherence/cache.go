@@ -278,9 +278,15 @@ func (c *Cache) Invalidate(obj uint64, page uint32, version uint64) {
 	c.tidy(o, obj)
 }
 
-// Drop forgets obj, whose buffer is gone: its copies, that it is sealed,
-// and its reads and writes in flight, which Fill, AbortRead and
-// FinishWrite then refuse.
+// Drop forgets obj's copies and that it is sealed: its buffer is gone, or
+// a tenant of this mediator lost its grant and the others read it again
+// from the home. Its reads and writes in flight stay recorded, so that
+// each Fill, AbortRead and FinishWrite still ends its own StartRead or
+// StartWrite: forgetting them would let a late reply or acknowledgement
+// end a later read or write of the key, and a reply older than that
+// write be cached. A reply to a read in flight may still be cached, as it
+// would have been without the Drop (for an object that is gone, nobody
+// looks it up again and it waits for eviction).
 func (c *Cache) Drop(obj uint64) {
 	o := c.objects[obj]
 	if o == nil {
@@ -289,5 +295,6 @@ func (c *Cache) Drop(obj uint64) {
 	for k := range o.entries {
 		c.remove(o, k)
 	}
-	delete(c.objects, obj)
+	o.sealed = false
+	c.tidy(o, obj)
 }

@@ -207,11 +207,109 @@ func TestCacheSealAndDrop(t *testing.T) {
 	if err := c.StartWrite(1, 0); err != nil {
 		t.Errorf("write after Drop of a sealed object: %v", err)
 	}
-	if _, err := c.Fill(tk, ReadGrant{Lease: Forever}, nil, 0); !errors.Is(err, api.ErrInvalidArgument) {
-		t.Errorf("Fill of a read of a dropped object: %v", err)
-	}
 	if st := c.Stats(); st.Bytes != 0 || st.Pages != 0 {
 		t.Errorf("stats after Drop %+v", st)
+	}
+	// What was in flight at the Drop still ends.
+	if _, err := c.Fill(tk, ReadGrant{Lease: Forever}, nil, 0); err != nil {
+		t.Errorf("Fill of a read in flight at the Drop: %v", err)
+	}
+	if err := c.FinishWrite(1, 0, 0); err != nil {
+		t.Errorf("FinishWrite of a write begun after the Drop: %v", err)
+	}
+}
+
+// TestCacheDropKeepsReadsInFlight: a Drop (another tenant of the mediator
+// is revoked) while a read is in flight does not forget it. Otherwise the
+// Inval of a write that follows finds nothing to raise the floor of, and
+// the old reply, arriving after a later read of the page began, is cached
+// as current after the write was acknowledged.
+func TestCacheDropKeepsReadsInFlight(t *testing.T) {
+	h := newHome(t, HomeConfig{Mode: api.ModeCoherent, Pages: 1, Lease: 200 * time.Millisecond})
+	c := newCache(t, 1<<10, 0)
+	const reader, writer = CacheID(1), CacheID(2)
+	k := Key{Object: 7}
+	old := c.StartRead(k, 0)
+	g, err := h.Read(reader, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Drop(7) // the reply is still on its way
+	w, err := h.BeginWrite(writer, 0, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Invalidate(7, 0, w.Version)
+	if err := h.InvalAck(reader, 0, w.Version); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h.Ready(0, time.Millisecond); !ok {
+		t.Fatal("the write is not ready once its invalidation is acknowledged")
+	}
+	if w, err = h.Commit(0); err != nil {
+		t.Fatal(err)
+	}
+	c.StartRead(k, 2*time.Millisecond) // another session reads the page
+	if _, err := c.Fill(old, g, []byte("old"), 3*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if data, v, ok := c.Lookup(k, 4*time.Millisecond); ok && v < w.Version {
+		t.Errorf("after write v%d was acknowledged, the cache serves v%d %q", w.Version, v, data)
+	}
+}
+
+// TestCacheDropKeepsWritesInFlight: the acknowledgement of a write sent
+// before a Drop ends that write, not one sent after it, so the later
+// writer's own read, answered before its write, is not cached as current.
+func TestCacheDropKeepsWritesInFlight(t *testing.T) {
+	h := newHome(t, HomeConfig{Mode: api.ModeCoherent, Pages: 1, Lease: 200 * time.Millisecond})
+	c := newCache(t, 1<<10, 0)
+	const first, second = CacheID(1), CacheID(2) // two connections of one mediator
+	k := Key{Object: 7}
+	commit := func(w Write, now time.Duration) Write {
+		t.Helper()
+		if _, ok := h.Ready(0, now); !ok {
+			t.Fatalf("write %d is not ready", w.ID)
+		}
+		w, err := h.Commit(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	if err := c.StartWrite(7, 0); err != nil {
+		t.Fatal(err)
+	}
+	w1, err := h.BeginWrite(first, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1 = commit(w1, 0) // its acknowledgement is on its way
+	c.Drop(7)
+	rd := c.StartRead(k, time.Millisecond)
+	g, err := h.Read(second, 0, 0, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartWrite(7, 0); err != nil {
+		t.Fatal(err)
+	}
+	w2, err := h.BeginWrite(second, 0, 2*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2 = commit(w2, 2*time.Millisecond)
+	if err := c.FinishWrite(7, 0, w1.Version); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Fill(rd, g, []byte("v1"), 3*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.FinishWrite(7, 0, w2.Version); err != nil {
+		t.Fatalf("the acknowledgement of the write begun after the Drop: %v", err)
+	}
+	if _, v, ok := c.Lookup(k, 4*time.Millisecond); ok && v < w2.Version {
+		t.Errorf("after write v%d was acknowledged, the cache serves v%d", w2.Version, v)
 	}
 }
 

@@ -14,8 +14,9 @@ var fullModel = flag.Bool("coherence.full", false, "also explore the larger mode
 // the real Home and Cache. From each state any enabled action may come
 // next: a client read or write on any live cache, delivery of any message
 // in flight (so messages are reordered arbitrarily), a commit by the node,
-// a clock tick, and, once per run, the crash of a cache, which then
-// processes nothing while its messages already sent are still delivered.
+// a clock tick, once per run the crash of a cache, which then processes
+// nothing while its messages already sent are still delivered, and in one
+// configuration a Drop of the object by a cache.
 // In every reachable state it asserts the invariants (world.check):
 //
 //   - single writer, multiple readers: one write in progress per page, and
@@ -182,7 +183,9 @@ func (cov *coverage) note(w *world) {
 
 // TestModel explores small configurations, each with a lease of 2 ticks,
 // reads of every cache and page in flight one at a time, one write in
-// flight per cache, a budget of client writes in all, and one crash. Some
+// flight per cache, a budget of client writes in all, and one crash; one
+// also lets a cache Drop the object once, as a mediator does when another
+// of its tenants is revoked, with reads and writes in flight. Some
 // give caches roles (only read, only write) or limit a cache to one read
 // in flight to keep the state space small; -short keeps the first two,
 // -coherence.full adds larger ones without those limits.
@@ -196,6 +199,7 @@ func TestModel(t *testing.T) {
 		{caches: 3, pages: 1, writes: 1, eager: true, readOnly: 2, writeOnly: 1},
 		{caches: 2, pages: 2, writes: 1, eager: true, writeOnly: 1, maxCacheReads: 1},
 		{caches: 2, pages: 2, writes: 1, eager: true, writeOnly: 1, maxCacheReads: 1, capacity: 2},
+		{caches: 2, pages: 1, writes: 1, drops: 1},
 	}
 	if testing.Short() {
 		confs = confs[:2]
@@ -228,6 +232,9 @@ func TestModel(t *testing.T) {
 		}
 		if !conf.eager {
 			name += ",delayedcommit"
+		}
+		if conf.drops > 0 {
+			name += fmt.Sprintf(",drops=%d", conf.drops)
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

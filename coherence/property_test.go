@@ -10,9 +10,10 @@ import (
 // TestPropertyCoherent runs random operation sequences on larger worlds
 // than the model checker can explore: up to 4 caches and 3 pages, several
 // reads and writes in flight per cache, small caches that evict, a crash,
-// and clocks that each run at their own rate (±1%) from their own offset,
-// with a margin that covers the drift. The world's invariants hold after
-// every step, and once it is left to drain, every write commits.
+// Drops of the object with reads and writes in flight, and clocks that
+// each run at their own rate (±1%) from their own offset, with a margin
+// that covers the drift. The world's invariants hold after every step,
+// and once it is left to drain, every write commits.
 func TestPropertyCoherent(t *testing.T) {
 	const lease = 100
 	rapid.Check(t, func(t *rapid.T) {
@@ -23,6 +24,7 @@ func TestPropertyCoherent(t *testing.T) {
 			lease:     lease,
 			margin:    5, // ≥ 2·1%·lease, and the clocks' rounding
 			crash:     rapid.Bool().Draw(t, "crash"),
+			drops:     rapid.IntRange(0, 2).Draw(t, "drops"),
 			maxReads:  rapid.IntRange(1, 3).Draw(t, "maxReads"),
 			maxWrites: rapid.IntRange(1, 2).Draw(t, "maxWrites"),
 			eager:     rapid.Bool().Draw(t, "eager"),

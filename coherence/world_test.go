@@ -29,6 +29,7 @@ type wconf struct {
 	lease, margin time.Duration
 	capacity      int64
 	crash         bool // one cache may crash
+	drops         int  // Drops of the object, by any cache, in a run
 	maxReads      int  // reads in flight per cache and page
 	maxCacheReads int  // reads in flight per cache, if not 0
 	maxWrites     int  // writes in flight per cache
@@ -104,6 +105,7 @@ type world struct {
 	log     []string // per page: the ids of the writes committed, in order
 	caches  []*Cache
 	crashed int // the crashed cache, or -1
+	dropped int // Drops so far
 	reads   [][]int
 	writes  []int
 	issued  int // client writes issued
@@ -184,6 +186,7 @@ const (
 	aDeliver                // deliver msgs[i]
 	aCommit                 // the node commits page i
 	aCrash                  // cache i crashes
+	aDrop                   // cache i drops the object (its mediator ended another tenant's import)
 )
 
 type action struct {
@@ -207,6 +210,9 @@ func (w *world) actions(as []action) []action {
 		}
 		if w.conf.crash && w.crashed < 0 {
 			as = append(as, action{aCrash, c, 0})
+		}
+		if w.dropped < w.conf.drops {
+			as = append(as, action{aDrop, c, 0})
 		}
 	}
 	for i := range w.msgs {
@@ -320,6 +326,9 @@ func (w *world) step(a action) error {
 	case aCrash:
 		w.crashed = a.i
 		w.msgs = slices.DeleteFunc(w.msgs, func(m msg) bool { return !m.kind.toHome() && m.cache == a.i })
+	case aDrop:
+		w.mutCache(a.i).Drop(obj)
+		w.dropped++
 	}
 	return nil
 }
@@ -371,6 +380,8 @@ func (w *world) describe(a action) string {
 		return fmt.Sprintf("t=%d: deliver %v", w.now, w.msgs[a.i])
 	case aCommit:
 		return fmt.Sprintf("t=%d: node commits page %d", w.now, a.i)
+	case aDrop:
+		return fmt.Sprintf("t=%d: cache %d drops the object", w.now, a.i)
 	default:
 		return fmt.Sprintf("t=%d: cache %d crashes", w.now, a.i)
 	}
@@ -721,6 +732,7 @@ func (w *world) key() string {
 		k.u(0)
 	}
 	k.u(uint64(w.issued))
+	k.u(uint64(w.dropped))
 	for _, c := range order {
 		k.flag(w.readOnly(c))
 		k.flag(w.writeOnly(c))

@@ -30,7 +30,7 @@ import (
 // an imported range takes copies only.
 //
 // Lock order: a pageCache's mu is a leaf, held across cache calls only,
-// never across a node call.
+// never across a node call or a wait for one (replies' callbacks take it).
 
 // CacheMemory is the default host memory a mediator's cache of shared
 // pages may use, split among its nodes.
@@ -224,7 +224,8 @@ type pendingImport struct {
 }
 
 // sharedAt returns the shared range holding [va, va+n), if va lies in one;
-// a range that starts in one and leaves it is refused.
+// a range that starts in one and leaves it is refused, as is one that has
+// ended or whose node connection is closed.
 func (s *session) sharedAt(va, n uint64) (*sharedRange, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -235,6 +236,15 @@ func (s *session) sharedAt(va, n uint64) (*sharedRange, error) {
 			}
 			if err := r.ended.Load(); err != nil {
 				return nil, *err
+			}
+			select {
+			case <-r.rpc.Closed():
+				// The node forgot the connection's grants and pins with it,
+				// and pushes a later revocation to nobody: copies cached
+				// here must not outlive it.
+				return nil, fmt.Errorf("shared object %d: the connection to node %s it was reached through is lost: %w",
+					r.object, s.m.nodes[r.node].addr, api.ErrUnavailable)
+			default:
 			}
 			return r, nil
 		}
@@ -510,6 +520,13 @@ func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completi
 	pc := st.s.m.nodes[r.node].cache
 	misses := 0
 	_ = r.pages(off, uint64(len(dst)), func(page uint32, inPage, at, k uint64) error {
+		if misses == readsInFlight {
+			// Bounds the page buffers a copy holds at once. Waited for
+			// without pc.mu, which the replies' callbacks take.
+			st.unblock()
+			st.calls.wait()
+			misses = 0
+		}
 		version := r.version.Load() // 0 but for versioned buffers
 		key := coherence.Key{Object: r.object, Version: version, Page: page}
 		pc.mu.Lock()
@@ -520,10 +537,7 @@ func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completi
 			st.s.sharedHits.Add(1)
 			return nil
 		}
-		if misses++; misses%readsInFlight == 0 {
-			st.unblock()
-			st.calls.wait() // bounds the page buffers a copy holds at once
-		}
+		misses++
 		t := pc.cache.StartRead(key, mnow())
 		pc.mu.Unlock()
 		st.s.sharedMisses.Add(1)

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
@@ -244,19 +245,19 @@ func TestSharedVersionedBufferReadersPinAVersion(t *testing.T) {
 	wantErr(t, err, api.ErrInvalidArgument, "versioned")
 }
 
-// relay forwards connections to the node at addr, frame by frame, but
-// answers the first request of op itself with an error; it returns its
-// address.
-func relay(t *testing.T, addr string, op api.Op) string {
+// proxy forwards connections to the node at addr, frame by frame, and
+// returns its address. intercept sees each frame a mediator sends, with
+// both sides of its connection (the mediator's, the node's); when it
+// returns true it has answered the frame itself and the node never sees it.
+func proxy(t *testing.T, addr string, intercept func(med *api.Conn, mc, nc net.Conn, h api.Header, body []byte) bool) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var (
-		mu     sync.Mutex
-		open   []net.Conn
-		failed atomic.Bool
+		mu   sync.Mutex
+		open []net.Conn
 	)
 	track := func(c net.Conn) {
 		mu.Lock()
@@ -273,7 +274,7 @@ func relay(t *testing.T, addr string, op api.Op) string {
 	})
 	// copyFrames copies frames from one side to the other until either
 	// fails; answer, if it returns true, has answered the frame itself.
-	copyFrames := func(from, to *api.Conn, answer func(api.Header) bool) {
+	copyFrames := func(from, to *api.Conn, answer func(api.Header, []byte) bool) {
 		defer from.Close()
 		defer to.Close()
 		for {
@@ -285,7 +286,7 @@ func relay(t *testing.T, addr string, op api.Op) string {
 			if from.ReadBody(body) != nil {
 				return
 			}
-			if answer(h) {
+			if answer(h, body) {
 				continue
 			}
 			if to.WriteFrame(h.Op, h.Flags, h.ID, body) != nil {
@@ -307,17 +308,25 @@ func relay(t *testing.T, addr string, op api.Op) string {
 			track(mc)
 			track(nc)
 			med, node := api.NewConn(mc), api.NewConn(nc)
-			go copyFrames(node, med, func(api.Header) bool { return false })
-			go copyFrames(med, node, func(h api.Header) bool {
-				if h.Op != op || !failed.CompareAndSwap(false, true) {
-					return false
-				}
-				_ = med.ReplyError(h, fmt.Errorf("relay refuses %v: %w", op, api.ErrUnavailable))
-				return true
-			})
+			go copyFrames(node, med, func(api.Header, []byte) bool { return false })
+			go copyFrames(med, node, func(h api.Header, body []byte) bool { return intercept(med, mc, nc, h, body) })
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// relay is a proxy to the node at addr that answers the first request of
+// op itself with an error.
+func relay(t *testing.T, addr string, op api.Op) string {
+	t.Helper()
+	var failed atomic.Bool
+	return proxy(t, addr, func(med *api.Conn, _, _ net.Conn, h api.Header, _ []byte) bool {
+		if h.Op != op || !failed.CompareAndSwap(false, true) {
+			return false
+		}
+		_ = med.ReplyError(h, fmt.Errorf("relay refuses %v: %w", op, api.ErrUnavailable))
+		return true
+	})
 }
 
 // An export whose pin fails leaves nothing behind on the node: the buffer
@@ -469,4 +478,122 @@ func TestSharedExportOfAnInteriorAddressIsRefused(t *testing.T) {
 	}
 	_, err = a.Export(p.Add(4096), api.ModeCoherent, api.Grant{Tenant: "beta"})
 	wantErr(t, err, api.ErrInvalidAddress, "not the start of an allocation")
+}
+
+// A copy of more uncached pages of a shared buffer than a copy keeps in
+// flight (16 MiB) waits for the first ones' replies partway; their
+// callbacks take the page cache's lock, so the copy must not hold it while
+// it waits.
+func TestSharedReadOfManyUncachedPagesCompletes(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	a := sys.dial(t, "alpha", 1)
+	const n = 17 << 20 // 272 pages
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(11, n)
+	if err := write(a, p, data); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Export(p, api.ModeCoherent); err != nil {
+		t.Fatal(err)
+	}
+	dst, err := a.HostAlloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		s := a.Stream()
+		s.CopyFromDevice(dst, p)
+		done <- s.Synchronize()
+	}()
+	select {
+	case err := <-done:
+		if err != nil || !bytes.Equal(dst, data) {
+			t.Fatalf("copy of %d bytes of a shared buffer into host memory: %v", n, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a copy of %d bytes of a shared buffer into host memory is stuck after 10s", n)
+	}
+}
+
+// tenantRelay is a proxy to the node at addr. It returns its address and
+// cut, which closes the connections whose hello named tenant, as a network
+// fault or the node dropping them would.
+func tenantRelay(t *testing.T, addr string) (string, func(tenant string)) {
+	t.Helper()
+	var mu sync.Mutex
+	byTenant := map[string][]net.Conn{}
+	a := proxy(t, addr, func(_ *api.Conn, mc, nc net.Conn, h api.Header, body []byte) bool {
+		var hello api.Hello
+		if h.Op == api.OpHello && api.Decode(body, &hello) == nil {
+			mu.Lock()
+			byTenant[hello.Tenant] = append(byTenant[hello.Tenant], mc, nc)
+			mu.Unlock()
+		}
+		return false
+	})
+	return a, func(tenant string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range byTenant[tenant] {
+			c.Close()
+		}
+	}
+}
+
+// An importer whose connection to the node is lost reads nothing more of
+// the object, not even what its mediator cached: the node forgot the
+// connection, so a revocation would reach nobody.
+func TestSharedImportEndsWithItsNodeConnection(t *testing.T) {
+	var cut func(string)
+	sys := startWith(t, 64<<20, func(c *mediator.Config) { c.Nodes[0], cut = tenantRelay(t, c.Nodes[0]) })
+	m2 := sys.another(t, "m2")
+	a := sys.dial(t, "alpha", 1)
+	const n = 128 << 10
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(9, n)
+	if err := write(a, p, data); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := a.Export(p, api.ModeImmutable, api.Grant{Tenant: "beta"}, api.Grant{Tenant: "gamma"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, g := m2.dial(t, "beta", 1), m2.dial(t, "gamma", 1)
+	q, _, err := b.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := g.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := read(t, b, q, n); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("beta reads: %v", err)
+	}
+	cut("beta") // beta's session lives on
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err = read(t, b, q, n)
+		if err != nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	wantErr(t, err, api.ErrUnavailable, fmt.Sprint(sh.Object), "lost")
+	if err := a.Revoke(p, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = read(t, b, q, n)
+	wantErr(t, err, api.ErrUnavailable, fmt.Sprint(sh.Object))
+	// Another tenant of the mediator, whose connection lives, reads on.
+	if got, err := read(t, g, r, n); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("gamma reads: %v", err)
+	}
 }
