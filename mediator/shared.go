@@ -237,14 +237,12 @@ func (s *session) sharedAt(va, n uint64) (*sharedRange, error) {
 			if err := r.ended.Load(); err != nil {
 				return nil, *err
 			}
-			select {
-			case <-r.rpc.Closed():
+			if closed(r.rpc) {
 				// The node forgot the connection's grants and pins with it,
 				// and pushes a later revocation to nobody: copies cached
 				// here must not outlive it.
 				return nil, fmt.Errorf("shared object %d: the connection to node %s it was reached through is lost: %w",
 					r.object, s.m.nodes[r.node].addr, api.ErrUnavailable)
-			default:
 			}
 			return r, nil
 		}
@@ -421,10 +419,12 @@ func (s *session) nodeRPC(idx int) (*api.RPC, error) {
 			return v.rpc, nil
 		}
 	}
+	// A lost connection is replaced: the imports made over it stay
+	// refused (sharedAt), new ones go over the new one.
 	s.mu.Lock()
 	rpc := s.extra[idx]
 	s.mu.Unlock()
-	if rpc != nil {
+	if rpc != nil && !closed(rpc) {
 		return rpc, nil
 	}
 	n := s.m.nodes[idx]
@@ -434,12 +434,22 @@ func (s *session) nodeRPC(idx int) (*api.RPC, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old := s.extra[idx]; old != nil {
+	if old := s.extra[idx]; old != nil && !closed(old) {
 		rpc.Close()
 		return old, nil
 	}
 	s.extra[idx] = rpc
 	return rpc, nil
+}
+
+// closed reports whether rpc's connection has ended.
+func closed(rpc *api.RPC) bool {
+	select {
+	case <-rpc.Closed():
+		return true
+	default:
+		return false
+	}
 }
 
 // revoke withdraws a tenant's grant to a buffer the session exported.

@@ -597,3 +597,50 @@ func TestSharedImportEndsWithItsNodeConnection(t *testing.T) {
 		t.Fatalf("gamma reads: %v", err)
 	}
 }
+
+// A session that imports from a node it has no device on does so over a
+// connection of its own; once that connection is lost, the imports made
+// over it fail, and a new import dials again.
+func TestSharedImportRedialsALostConnection(t *testing.T) {
+	var cut func(string)
+	sys := startNodes(t, 2, 1, 64<<20, func(c *mediator.Config) { c.Nodes[0], cut = tenantRelay(t, c.Nodes[0]) })
+	a := sys.dial(t, "alpha", 1) // the least used device: node 0's
+	b := sys.dial(t, "beta", 1)  // then node 1's
+	if devs := b.Devices(); devs[0].Node == a.Devices()[0].Node {
+		t.Fatalf("alpha and beta both on node %s", devs[0].Node)
+	}
+	const n = 64 << 10
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(10, n)
+	if err := write(a, p, data); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := a.Export(p, api.ModeImmutable, api.Grant{Tenant: "beta"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, _, err := b.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut("beta")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err = read(t, b, q, n)
+		if err != nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	wantErr(t, err, api.ErrUnavailable, "lost")
+	r, _, err := b.Import(sh)
+	if err != nil {
+		t.Fatalf("import again after the connection was lost: %v", err)
+	}
+	if got, err := read(t, b, r, n); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read the new import: %v", err)
+	}
+}
