@@ -42,10 +42,18 @@ var watchFilters = []string{
 	`topic=="` + TopicContainerDelete + `"`,
 }
 
+// Gone is a container that containerd reports ended: its namespace, id
+// and, where the event says (a task's exit or delete), its init process's
+// pid, else 0.
+type Gone struct {
+	Namespace, ID string
+	Pid           uint32
+}
+
 // WatchContainerd follows the events of the containerd at address (a socket
-// path, with or without "unix://") in every namespace, and calls
-// gone(namespace, containerID) when a container ends: its init process
-// exited (/tasks/exit whose process is the container's own; an exec'd
+// path, with or without "unix://") in every namespace, and calls gone
+// when a container ends: its init process exited (/tasks/exit whose
+// process is the container's own; an exec'd
 // process that exits is not the container's end), its task was deleted
 // (/tasks/delete) or its record was deleted (/containers/delete). So the
 // mediator learns within a moment of containers that vanished without a
@@ -62,13 +70,13 @@ var watchFilters = []string{
 // It returns ctx.Err() when ctx ends, and at once an error matching
 // api.ErrInvalidArgument when address is empty or gone is nil. A nil log
 // logs through logrus's standard logger.
-func WatchContainerd(ctx context.Context, address string, log logrus.FieldLogger, gone func(namespace, containerID string)) error {
+func WatchContainerd(ctx context.Context, address string, log logrus.FieldLogger, gone func(Gone)) error {
 	return watchContainerd(ctx, address, log, gone, nil)
 }
 
 // watchContainerd is WatchContainerd; connected, when not nil, is called
 // after each successful connection (tests wait on it).
-func watchContainerd(ctx context.Context, address string, log logrus.FieldLogger, gone func(namespace, containerID string), connected func()) error {
+func watchContainerd(ctx context.Context, address string, log logrus.FieldLogger, gone func(Gone), connected func()) error {
 	if address == "" {
 		return fmt.Errorf("containerd address is empty: %w", api.ErrInvalidArgument)
 	}
@@ -122,7 +130,7 @@ func watchContainerd(ctx context.Context, address string, log logrus.FieldLogger
 
 // watchOnce connects, subscribes and delivers events until the stream or
 // ctx ends. It calls connected once containerd has answered.
-func watchOnce(ctx context.Context, path string, log logrus.FieldLogger, gone func(string, string), connected func()) error {
+func watchOnce(ctx context.Context, path string, log logrus.FieldLogger, gone func(Gone), connected func()) error {
 	// containerd's dialer re-dials a missing socket every 10 ms until its
 	// timeout; a stat is cheaper and says the same.
 	if _, err := os.Stat(path); err != nil {
@@ -155,8 +163,8 @@ func watchOnce(ctx context.Context, path string, log logrus.FieldLogger, gone fu
 			}
 			return fmt.Errorf("containerd events: %w: %w", err, api.ErrUnavailable)
 		case env := <-evs:
-			if ns, id, ok := containerGone(env, log); ok {
-				gone(ns, id)
+			if g, ok := containerGone(env, log); ok {
+				gone(g)
 			}
 		}
 	}
@@ -164,34 +172,35 @@ func watchOnce(ctx context.Context, path string, log logrus.FieldLogger, gone fu
 
 // containerGone decodes an envelope and tells which container, if any, it
 // says has ended.
-func containerGone(env *events.Envelope, log logrus.FieldLogger) (namespace, id string, ok bool) {
+func containerGone(env *events.Envelope, log logrus.FieldLogger) (Gone, bool) {
 	if env == nil || env.Event == nil {
-		return "", "", false
+		return Gone{}, false
 	}
 	v, err := typeurl.UnmarshalAny(env.Event)
 	if err != nil {
 		log.WithError(err).WithField("topic", env.Topic).Debug("undecodable containerd event")
-		return "", "", false
+		return Gone{}, false
 	}
+	g := Gone{Namespace: env.Namespace}
 	switch e := v.(type) {
 	case *apievents.TaskExit:
 		// The init process's ID is the container's; an exec's is its own.
 		if e.ID != e.ContainerID {
-			return "", "", false
+			return Gone{}, false
 		}
-		id = e.ContainerID
+		g.ID, g.Pid = e.ContainerID, e.Pid
 	case *apievents.TaskDelete:
 		if e.ID != "" && e.ID != e.ContainerID {
-			return "", "", false
+			return Gone{}, false
 		}
-		id = e.ContainerID
+		g.ID, g.Pid = e.ContainerID, e.Pid
 	case *apievents.ContainerDelete:
-		id = e.ID
+		g.ID = e.ID
 	default:
-		return "", "", false
+		return Gone{}, false
 	}
-	if id == "" {
-		return "", "", false
+	if g.ID == "" {
+		return Gone{}, false
 	}
-	return env.Namespace, id, true
+	return g, true
 }

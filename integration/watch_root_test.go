@@ -94,7 +94,7 @@ func TestWatchContainerdReal(t *testing.T) {
 	connected := make(chan struct{}, 4)
 	done := make(chan error, 1)
 	go func() {
-		done <- watchContainerd(ctx, sock, log, func(ns, id string) { gone <- ns + "/" + id }, func() { connected <- struct{}{} })
+		done <- watchContainerd(ctx, sock, log, func(g Gone) { gone <- g.Namespace + "/" + g.ID }, func() { connected <- struct{}{} })
 	}()
 	defer func() {
 		cancel()

@@ -35,27 +35,28 @@ func TestContainerGone(t *testing.T) {
 		return &events.Envelope{Namespace: ns, Topic: topic, Event: a}
 	}
 	tests := []struct {
-		name   string
-		env    *events.Envelope
-		wantID string // "" when the event is not a container's end
+		name    string
+		env     *events.Envelope
+		wantID  string // "" when the event is not a container's end
+		wantPid uint32
 	}{
-		{"init exit", env("k8s.io", TopicTaskExit, &apievents.TaskExit{ContainerID: "c1", ID: "c1", Pid: 42}), "c1"},
-		{"exec exit", env("k8s.io", TopicTaskExit, &apievents.TaskExit{ContainerID: "c1", ID: "exec-1", Pid: 43}), ""},
-		{"task delete", env("k8s.io", TopicTaskDelete, &apievents.TaskDelete{ContainerID: "c1", ID: "c1"}), "c1"},
-		{"task delete without id", env("k8s.io", TopicTaskDelete, &apievents.TaskDelete{ContainerID: "c1"}), "c1"},
-		{"exec delete", env("k8s.io", TopicTaskDelete, &apievents.TaskDelete{ContainerID: "c1", ID: "exec-1"}), ""},
-		{"container delete", env("k8s.io", TopicContainerDelete, &apievents.ContainerDelete{ID: "c1"}), "c1"},
-		{"other event", env("k8s.io", "/tasks/start", &apievents.TaskStart{ContainerID: "c1", Pid: 42}), ""},
-		{"empty id", env("k8s.io", TopicContainerDelete, &apievents.ContainerDelete{}), ""},
-		{"no event", &events.Envelope{Namespace: "k8s.io", Topic: TopicTaskExit}, ""},
-		{"undecodable", &events.Envelope{Namespace: "k8s.io", Topic: TopicTaskExit, Event: typeurl.MarshalProto(mustAny(t))}, ""},
-		{"nil", nil, ""},
+		{"init exit", env("k8s.io", TopicTaskExit, &apievents.TaskExit{ContainerID: "c1", ID: "c1", Pid: 42}), "c1", 42},
+		{"exec exit", env("k8s.io", TopicTaskExit, &apievents.TaskExit{ContainerID: "c1", ID: "exec-1", Pid: 43}), "", 0},
+		{"task delete", env("k8s.io", TopicTaskDelete, &apievents.TaskDelete{ContainerID: "c1", ID: "c1", Pid: 42}), "c1", 42},
+		{"task delete without id", env("k8s.io", TopicTaskDelete, &apievents.TaskDelete{ContainerID: "c1"}), "c1", 0},
+		{"exec delete", env("k8s.io", TopicTaskDelete, &apievents.TaskDelete{ContainerID: "c1", ID: "exec-1"}), "", 0},
+		{"container delete", env("k8s.io", TopicContainerDelete, &apievents.ContainerDelete{ID: "c1"}), "c1", 0},
+		{"other event", env("k8s.io", "/tasks/start", &apievents.TaskStart{ContainerID: "c1", Pid: 42}), "", 0},
+		{"empty id", env("k8s.io", TopicContainerDelete, &apievents.ContainerDelete{}), "", 0},
+		{"no event", &events.Envelope{Namespace: "k8s.io", Topic: TopicTaskExit}, "", 0},
+		{"undecodable", &events.Envelope{Namespace: "k8s.io", Topic: TopicTaskExit, Event: typeurl.MarshalProto(mustAny(t))}, "", 0},
+		{"nil", nil, "", 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ns, id, ok := containerGone(tc.env, log)
-			if ok != (tc.wantID != "") || id != tc.wantID || ok && ns != "k8s.io" {
-				t.Errorf("containerGone = %q, %q, %v; want id %q", ns, id, ok, tc.wantID)
+			g, ok := containerGone(tc.env, log)
+			if ok != (tc.wantID != "") || g.ID != tc.wantID || g.Pid != tc.wantPid || ok && g.Namespace != "k8s.io" {
+				t.Errorf("containerGone = %+v, %v; want id %q, pid %d", g, ok, tc.wantID, tc.wantPid)
 			}
 		})
 	}
@@ -74,7 +75,7 @@ func mustAny(t *testing.T) typeurl.Any {
 
 func TestWatchContainerdArguments(t *testing.T) {
 	ctx := context.Background()
-	if err := WatchContainerd(ctx, "", nil, func(string, string) {}); !errors.Is(err, api.ErrInvalidArgument) {
+	if err := WatchContainerd(ctx, "", nil, func(Gone) {}); !errors.Is(err, api.ErrInvalidArgument) {
 		t.Errorf("empty address: %v", err)
 	}
 	if err := WatchContainerd(ctx, "/run/containerd/containerd.sock", nil, nil); !errors.Is(err, api.ErrInvalidArgument) {
@@ -111,7 +112,7 @@ func TestWatchContainerdAbsent(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() {
-				done <- WatchContainerd(ctx, sock, log, func(ns, id string) { t.Errorf("gone(%q, %q) without containerd", ns, id) })
+				done <- WatchContainerd(ctx, sock, log, func(g Gone) { t.Errorf("gone(%+v) without containerd", g) })
 			}()
 			time.Sleep(1500 * time.Millisecond)
 			start := time.Now()
@@ -237,7 +238,7 @@ func TestWatchContainerdFake(t *testing.T) {
 	connected := make(chan struct{}, 4)
 	done := make(chan error, 1)
 	go func() {
-		done <- watchContainerd(ctx, sock, log, func(ns, id string) { gone <- ns + "/" + id }, func() { connected <- struct{}{} })
+		done <- watchContainerd(ctx, sock, log, func(g Gone) { gone <- g.Namespace + "/" + g.ID }, func() { connected <- struct{}{} })
 	}()
 	wait := func(ch <-chan struct{}, what string) {
 		t.Helper()

@@ -373,16 +373,18 @@ func (m *Mediator) Release(namespace, id string) error {
 }
 
 // ContainerGone is what a container engine's report that container id of
-// namespace ended (the containerd watcher's /tasks/exit, /tasks/delete,
+// namespace ended (containerd's /tasks/exit, /tasks/delete or
 // /containers/delete) does: it releases the registration only if its init
-// process is gone too. Such a report arrives late: by then the container may
-// have been registered again (a restarted Docker container keeps its id),
-// and must not lose its grant and sessions. A registration without a pid is
-// released.
-func (m *Mediator) ContainerGone(namespace, id string) error {
+// process is gone too, or is the one the report names (pid, 0 where the
+// report names none): a pid that a new process took since does not keep a
+// dead container's grant. Such a report arrives late: by then the container
+// may have been registered again (a restarted Docker container keeps its
+// id, not its pid), and must not lose its grant and sessions. A
+// registration without a pid is released.
+func (m *Mediator) ContainerGone(namespace, id string, pid uint32) error {
 	k := ctrKey{namespace, id}
 	return m.releaseIf(k, func(c *container) error {
-		if c.pid > 0 && alive(c.pid) {
+		if c.pid > 0 && alive(c.pid) && (pid == 0 || uint32(c.pid) != pid) {
 			return fmt.Errorf("release: container %v: its process %d is still running: %w", k, c.pid, api.ErrInvalidArgument)
 		}
 		return nil

@@ -233,8 +233,9 @@ func TestContainerGoneSparesALiveRegistration(t *testing.T) {
 	if _, err := op.Register(api.Register{Container: "again", Namespace: "moby", Memory: 8 << 20, Pid: uint32(os.Getpid())}); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, cs.med.ContainerGone("moby", "again"), api.ErrInvalidArgument, "still running")
-	wantErr(t, cs.med.ContainerGone("k8s.io", "again"), api.ErrInvalidArgument, "not registered")
+	wantErr(t, cs.med.ContainerGone("moby", "again", 0), api.ErrInvalidArgument, "still running")
+	wantErr(t, cs.med.ContainerGone("moby", "again", uint32(os.Getpid())+1), api.ErrInvalidArgument, "still running")
+	wantErr(t, cs.med.ContainerGone("k8s.io", "again", 0), api.ErrInvalidArgument, "not registered")
 	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 1 || ti.Reserved != 8<<20 {
 		t.Fatalf("a report of a live container's end released it: %+v", ti)
 	}
@@ -246,13 +247,22 @@ func TestContainerGoneSparesALiveRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The reclaim loop may have released it first: either way it goes.
-	if err := cs.med.ContainerGone("moby", "ended"); err != nil && !strings.Contains(err.Error(), "not registered") {
+	if err := cs.med.ContainerGone("moby", "ended", 0); err != nil && !strings.Contains(err.Error(), "not registered") {
 		t.Fatal(err)
 	}
 	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 1 || ti.Reserved != 8<<20 {
 		t.Fatalf("after the ended container's report: %+v", ti)
 	}
-	wantErr(t, cs.med.ContainerGone("moby", "ended"), api.ErrInvalidArgument, "not registered")
+	wantErr(t, cs.med.ContainerGone("moby", "ended", 0), api.ErrInvalidArgument, "not registered")
+
+	// A report that names the registered pid releases it even though a
+	// process of that pid runs: the pid was taken again since the exit.
+	if err := cs.med.ContainerGone("moby", "again", uint32(os.Getpid())); err != nil {
+		t.Fatalf("a report naming the registered pid: %v", err)
+	}
+	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 0 || ti.Reserved != 0 {
+		t.Fatalf("after a report naming the registered pid: %+v", ti)
+	}
 }
 
 // A reload that finds the quota file missing (deleted by mistake, or caught
@@ -391,8 +401,8 @@ func TestOneIDInTwoNamespaces(t *testing.T) {
 	}
 	// The reclaim of vanished containers and containerd's reports name the
 	// namespace too.
-	wantErr(t, cs.med.ContainerGone("moby", id), api.ErrInvalidArgument, "not registered")
-	wantErr(t, cs.med.ContainerGone("k8s.io", id), api.ErrInvalidArgument, "still running")
+	wantErr(t, cs.med.ContainerGone("moby", id, 0), api.ErrInvalidArgument, "not registered")
+	wantErr(t, cs.med.ContainerGone("k8s.io", id, 0), api.ErrInvalidArgument, "still running")
 	for i, ns := range []string{"k8s.io", long, ""} {
 		if err := op.Release(ns, id); err != nil {
 			t.Fatalf("namespace %q: %v", ns, err)

@@ -144,9 +144,9 @@ func run(cfg mediator.Config, socket, embMem string, embDevs int, tenantMem, con
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if containerd != "" {
-		go integration.WatchContainerd(ctx, containerd, log.WithField("component", "containerd-watch"), func(ns, id string) {
-			if m.ContainerGone(ns, id) == nil {
-				log.WithFields(map[string]any{"container": id, "namespace": ns}).Info("reclaimed a container containerd reports gone")
+		go integration.WatchContainerd(ctx, containerd, log.WithField("component", "containerd-watch"), func(g integration.Gone) {
+			if m.ContainerGone(g.Namespace, g.ID, g.Pid) == nil {
+				log.WithFields(map[string]any{"container": g.ID, "namespace": g.Namespace}).Info("reclaimed a container containerd reports gone")
 			}
 		})
 	}
