@@ -21,8 +21,9 @@ package accelerator
 //     does not idle, with one bounded exception (anticipation): right after
 //     a job whose connection already has its next requests at the node, the
 //     device waits up to anticipation for that tenant's next job if it is
-//     next by virtual time anyway. A tenant alone gets the whole device,
-//     unless it is capped.
+//     next by virtual time anyway. The wait is charged to that tenant, as
+//     device time (and to its cap), when another tenant had work meanwhile.
+//     A tenant alone gets the whole device, unless it is capped.
 //   - No banked credit: a tenant that becomes backlogged, or comes back from
 //     being throttled, starts at the system's virtual time (the start tag of
 //     the slice last dispatched), never below it, so idling earns nothing.
@@ -185,12 +186,16 @@ type scheduler struct {
 	// rather than run a tenant that comes after it in virtual time.
 	expect      *account
 	expectUntil time.Duration
-	busy        bool // the busy runner dispatches, not the quick one
-	long        int  // jobs that ran a slice and have more: long kernels
-	shared      bool // at pick: tenants other than one used the device within sharedWindow
-	started     bool
-	closed      bool
-	runners     sync.WaitGroup
+	// holding says the device has idled for expect, since heldSince, while
+	// another tenant had work; chargeHeld bills it to expect.
+	holding   bool
+	heldSince time.Duration
+	busy      bool // the busy runner dispatches, not the quick one
+	long      int  // jobs that ran a slice and have more: long kernels
+	shared    bool // at pick: tenants other than one used the device within sharedWindow
+	started   bool
+	closed    bool
+	runners   sync.WaitGroup
 }
 
 func newScheduler(c clock) *scheduler {
@@ -336,9 +341,13 @@ func (s *scheduler) pick() (*account, time.Duration) {
 		}
 		active++
 		if a.computeMax > 0 {
-			limit := time.Duration(a.computeMax * float64(capWindow))
-			a.budget = min(limit, a.budget+time.Duration(a.computeMax*float64(now-a.refill)))
-			a.refill = now
+			// The refill since the last whole nanosecond of it: a small
+			// cap picked often must not lose its fraction at every pick.
+			if inc := time.Duration(a.computeMax * float64(now-a.refill)); inc > 0 {
+				limit := time.Duration(a.computeMax * float64(capWindow))
+				a.budget = min(limit, a.budget+inc)
+				a.refill = now
+			}
 			if a.budget <= 0 {
 				a.throttled = true
 				w := time.Duration(float64(-a.budget)/a.computeMax) + time.Microsecond
@@ -361,11 +370,31 @@ func (s *scheduler) pick() (*account, time.Duration) {
 		switch {
 		case len(e.jobs) > 0 || now >= s.expectUntil || e.throttled:
 			s.expect = nil
+			s.chargeHeld(e, now)
 		case best == nil || e.vtime <= best.vtime:
+			if best != nil && !s.holding {
+				s.holding, s.heldSince = true, now
+			}
 			return nil, s.expectUntil - now
 		}
 	}
 	return best, wait
+}
+
+// chargeHeld charges e, whose anticipation has ended, for the time the
+// device idled for it while another tenant had work: that time was e's, or
+// a tenant could keep the device idle, at the cost of nobody, by keeping
+// requests queued behind each tiny launch. Called with s.mu held.
+func (s *scheduler) chargeHeld(e *account, now time.Duration) {
+	if !s.holding {
+		return
+	}
+	held := now - s.heldSince
+	s.holding = false
+	e.vtime += held.Seconds() / e.weight
+	if e.computeMax > 0 {
+		e.budget -= held
+	}
 }
 
 // runner is the quick runner, or with busy the busy one (see the package

@@ -464,3 +464,61 @@ func TestSchedBusyRunnerOwnsAThread(t *testing.T) {
 		t.Errorf("after the other tenant left, slices ran on the busy runner %v, want %v", seen, want)
 	}
 }
+
+// The time the device idles for an anticipated tenant while another has
+// work is that tenant's: it is charged to its virtual time (and to its cap),
+// so a tenant that keeps requests queued behind tiny launches cannot hold
+// the device idle at nobody's cost.
+func TestSchedAnticipationIsCharged(t *testing.T) {
+	clock := &fakeClock{}
+	s := &scheduler{clock: clock, accounts: map[string]*account{}}
+	a := &account{name: "a", weight: 2, computeMax: 0.5, budget: time.Millisecond}
+	b := &account{name: "b", weight: 1, vtime: 1, jobs: []*job{{}}}
+	s.accounts["a"], s.accounts["b"] = a, b
+	s.expect, s.expectUntil = a, clock.now()+anticipation
+
+	if got, wait := s.pick(); got != nil || wait != anticipation {
+		t.Fatalf("pick while anticipating a: %v, %v; want nothing for %v", got, wait, anticipation)
+	}
+	clock.advance(800 * time.Microsecond)
+	a.jobs = []*job{{}} // a's next job arrives
+	if got, _ := s.pick(); got != a {
+		t.Fatalf("pick once a's job arrived: %v, want a", got)
+	}
+	if want := (800 * time.Microsecond).Seconds() / 2; math.Abs(a.vtime-want) > 1e-12 {
+		t.Errorf("a's virtual time after the device idled 800 µs for it: %g, want %g", a.vtime, want)
+	}
+	// Refilled at half the 800 µs (its cap), less the 800 µs it held.
+	if want := min(time.Duration(0.5*float64(capWindow)), 1400*time.Microsecond) - 800*time.Microsecond; a.budget != want {
+		t.Errorf("a's cap budget: %v, want %v", a.budget, want)
+	}
+	// Idling with nobody else waiting costs nothing.
+	b.jobs = nil
+	s.expect, s.expectUntil = a, clock.now()+anticipation
+	a.jobs = nil
+	s.pick()
+	clock.advance(500 * time.Microsecond)
+	a.jobs = []*job{{}}
+	before := a.vtime
+	s.pick()
+	if a.vtime != before {
+		t.Errorf("a was charged %g for idling that kept nobody waiting", a.vtime-before)
+	}
+}
+
+// A small cap, picked often, still refills: the fraction of a nanosecond
+// each pick would add is not lost.
+func TestSchedSmallCapRefills(t *testing.T) {
+	clock := &fakeClock{}
+	s := &scheduler{clock: clock, accounts: map[string]*account{}}
+	a := &account{name: "a", weight: 1, computeMax: 1e-5, jobs: []*job{{}}}
+	s.accounts["a"] = a
+	s.pick() // throttled: the bucket starts empty
+	for range 2000 {
+		clock.advance(70 * time.Microsecond) // others' slices
+		if got, _ := s.pick(); got == a {
+			return
+		}
+	}
+	t.Fatalf("a tenant capped at 1e-5 never ran in %v of others' slices (budget %v)", clock.now(), a.budget)
+}
