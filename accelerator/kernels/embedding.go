@@ -52,26 +52,50 @@ func planEmbeddingBagSum(args []Value, maxWork int) (*Plan, error) {
 	if nbags == 0 {
 		return &Plan{}, nil
 	}
-	// Bags are independent, so any split gives the same bits. Slices end
-	// at bag boundaries where the adds of their bags reach maxWork, so a
-	// few large bags do not hide in a slice of many small ones.
-	bounds := []int{0}
-	work := 0
+	// Bags are independent, so any split between bags gives the same bits.
+	// Slices end at bag boundaries where the adds of their bags reach
+	// maxWork, so a few large bags do not hide in a slice of many small
+	// ones; a bag larger than maxWork is cut in runs of its indices, added
+	// in order into its row of out (the same adds in the same order), so
+	// that no slice holds the device for much longer than maxWork asks.
+	type piece struct {
+		lo, hi   int // bags [lo, hi), whole
+		from, to int // or, when to > 0, indices [from, to) of bag lo
+	}
+	var pieces []piece
+	start, work := 0, 0
+	perRun := max(1, maxWork/dim) // indices of a run of one bag
 	for b := range nbags {
-		size := len(indices) - int(offsets[b])
+		first, end := int(offsets[b]), len(indices)
 		if b+1 < nbags {
-			size = int(offsets[b+1]) - int(offsets[b])
+			end = int(offsets[b+1])
 		}
-		cost := satMul(max(size, 0)+1, dim)
+		cost := satMul(max(end-first, 0)+1, dim)
+		if cost > maxWork && end-first > perRun {
+			if b > start {
+				pieces = append(pieces, piece{lo: start, hi: b})
+			}
+			for i := first; i < end; i += perRun {
+				pieces = append(pieces, piece{lo: b, hi: b + 1, from: i, to: min(i+perRun, end)})
+			}
+			start, work = b+1, 0
+			continue
+		}
 		if work > 0 && cost > maxWork-work {
-			bounds = append(bounds, b)
-			work = 0
+			pieces = append(pieces, piece{lo: start, hi: b})
+			start, work = b, 0
 		}
 		work = min(work+cost, maxWork)
 	}
-	bounds = append(bounds, nbags)
-	return &Plan{n: len(bounds) - 1, slice: func(i, workers int) error {
-		lo, hi := bounds[i], bounds[i+1]
+	if start < nbags {
+		pieces = append(pieces, piece{lo: start, hi: nbags})
+	}
+	return &Plan{n: len(pieces), slice: func(i, workers int) error {
+		p := pieces[i]
+		if p.to > 0 {
+			return addBag(out, table, indices, offsets, dim, p.lo, p.from, p.to)
+		}
+		lo, hi := p.lo, p.hi
 		// The per-bag cost estimate is the slice's mean, as a whole
 		// launch's was: nidx/nbags + 1 index reads and adds of dim floats.
 		n := len(indices) - int(offsets[lo])
@@ -110,28 +134,48 @@ func checkBags(indices, offsets []int32, rows int) error {
 // overlaps none of the inputs, but a concurrent launch of the same tenant
 // could still rewrite them, and that must fail the launch, not panic.
 func sumBags(out, table []float32, indices, offsets []int32, dim, lo, hi int) error {
-	rows := len(table) / dim
 	for b := lo; b < hi; b++ {
-		start, end := int(offsets[b]), len(indices)
-		if b+1 < len(offsets) {
-			end = int(offsets[b+1])
+		if err := addBag(out, table, indices, offsets, dim, b, -1, -1); err != nil {
+			return err
 		}
-		if start < 0 || start > end || end > len(indices) {
-			return fmt.Errorf("bag %d: offsets changed during the launch to [%d, %d), nidx = %d: %w",
-				b, start, end, len(indices), api.ErrInvalidArgument)
-		}
-		acc := out[b*dim : b*dim+dim]
+	}
+	return nil
+}
+
+// addBag adds the table rows of bag b's indices [from, to) into its row of
+// out, in order, after clearing the row if from is where the bag starts;
+// from < 0 means the whole bag. Offsets and indices are checked again: the
+// launch does not own them, and they may change under it.
+func addBag(out, table []float32, indices, offsets []int32, dim, b, from, to int) error {
+	rows := len(table) / dim
+	start, end := int(offsets[b]), len(indices)
+	if b+1 < len(offsets) {
+		end = int(offsets[b+1])
+	}
+	if start < 0 || start > end || end > len(indices) {
+		return fmt.Errorf("bag %d: offsets changed during the launch to [%d, %d), nidx = %d: %w",
+			b, start, end, len(indices), api.ErrInvalidArgument)
+	}
+	if from < 0 {
+		from, to = start, end
+	}
+	if from < start || to > end {
+		return fmt.Errorf("bag %d: offsets changed during the launch to [%d, %d), outside the run [%d, %d) being added: %w",
+			b, start, end, from, to, api.ErrInvalidArgument)
+	}
+	acc := out[b*dim : b*dim+dim]
+	if from == start {
 		clear(acc)
-		for i := start; i < end; i++ {
-			r := int(indices[i])
-			if r < 0 || r >= rows {
-				return fmt.Errorf("bag %d: indices[%d] changed during the launch to %d, outside [0, rows = %d): %w",
-					b, i, r, rows, api.ErrInvalidArgument)
-			}
-			row := table[r*dim : r*dim+dim][:len(acc)]
-			for j, v := range row {
-				acc[j] += v
-			}
+	}
+	for i := from; i < to; i++ {
+		r := int(indices[i])
+		if r < 0 || r >= rows {
+			return fmt.Errorf("bag %d: indices[%d] changed during the launch to %d, outside [0, rows = %d): %w",
+				b, i, r, rows, api.ErrInvalidArgument)
+		}
+		row := table[r*dim : r*dim+dim][:len(acc)]
+		for j, v := range row {
+			acc[j] += v
 		}
 	}
 	return nil
