@@ -104,7 +104,11 @@ func (c *conn) checkLaunch(body []byte) (*device, checkedLaunch, error) {
 // prepare readies l to run on d in slices.
 func (d *device) prepare(l checkedLaunch) (*kernels.Plan, func() error, error) {
 	workers := sliceWorkers()
-	p, finish, err := d.Prepare(l.k, l.args, sliceWork*workers)
+	work := sliceWork
+	if l.k.Parallel() {
+		work *= workers // a slice's work spreads over its workers
+	}
+	p, finish, err := d.Prepare(l.k, l.args, work)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -7,6 +7,7 @@ import "github.com/vgpu/vgpu/api"
 // a single pass in index order keeps overlapping arguments deterministic.
 
 var fillF32 = &Kernel{
+	serial: true,
 	Info: api.KernelInfo{
 		Name:   "fill_f32",
 		Doc:    "x[i] = value for 0 <= i < n.",
@@ -33,6 +34,7 @@ func planFillF32(args []Value, maxWork int) (*Plan, error) {
 }
 
 var saxpy = &Kernel{
+	serial: true,
 	Info: api.KernelInfo{
 		Name: "saxpy",
 		Doc: "y[i] = a*x[i] + y[i] for 0 <= i < n, in index order; the product is rounded to float32 " +
@@ -66,6 +68,7 @@ func planSaxpy(args []Value, maxWork int) (*Plan, error) {
 }
 
 var reduceSumF32 = &Kernel{
+	serial: true,
 	Info: api.KernelInfo{
 		Name: "reduce_sum_f32",
 		Doc: "out[0] = x[0] + ... + x[n-1], accumulated in float64 in index order and rounded to float32 once " +

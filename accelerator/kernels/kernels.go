@@ -64,7 +64,16 @@ type Kernel struct {
 	// (sizes, buffers) and returns the launch in slices of about maxWork
 	// (≥ 1) element operations; it writes nothing.
 	plan func(args []Value, maxWork int) (*Plan, error)
+	// serial says its slices run on one goroutine whatever Plan.SetWorkers
+	// allows, so a slice of maxWork takes as long as maxWork on one core.
+	serial bool
 }
+
+// Parallel says whether a slice of k spreads over the workers its Plan is
+// given (Plan.SetWorkers), so that a caller may size its slices' work to
+// them: a serial kernel's slice of that work would take as many times
+// longer.
+func (k *Kernel) Parallel() bool { return !k.serial }
 
 // all lists the catalog; catalog and sorted are indexes over it.
 var all = []*Kernel{embeddingBagSum, fillF32, reduceSumF32, saxpy, sgemm}

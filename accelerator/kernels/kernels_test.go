@@ -337,3 +337,15 @@ func TestCatalogExtentsNameIntegerParameters(t *testing.T) {
 		}
 	}
 }
+
+// The vector kernels run a slice on one goroutine, so a node must not size
+// their slices for all its workers; sgemm and embedding_bag_sum spread a
+// slice over them.
+func TestKernelParallel(t *testing.T) {
+	want := map[string]bool{"fill_f32": false, "saxpy": false, "reduce_sum_f32": false, "sgemm": true, "embedding_bag_sum": true}
+	for _, k := range all {
+		if w, ok := want[k.Info.Name]; !ok || k.Parallel() != w {
+			t.Errorf("%s: Parallel() = %v, want %v (known: %v)", k.Info.Name, k.Parallel(), w, ok)
+		}
+	}
+}
