@@ -155,7 +155,7 @@ func (c *conn) sealFrames(d *device, frames []uint64) (*api.NodeSealReply, error
 		return nil, fmt.Errorf("%s: seal: %w", d.Info().Name, err)
 	}
 	for _, f := range frames {
-		if !d.frames.isSealed(f) && d.frames.inObject(f) {
+		if !d.frames.isSealed(f) && d.frames.isShared([]api.Extent{{Addr: f, Len: FrameSize}}) {
 			// An object's writes would change it behind the seal.
 			return nil, fmt.Errorf("%s: seal: frame %#x is part of a shared object: %w", d.Info().Name, f, api.ErrPermissionDenied)
 		}

@@ -223,14 +223,6 @@ func (t *frameTable) unseal(addrs []uint64) []uint64 {
 	return out
 }
 
-// inObject reports whether any byte of the frame at addr is part of a
-// shared object.
-func (t *frameTable) inObject(addr uint64) bool {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return len(t.shared[int(addr/FrameSize)]) > 0
-}
-
 // isShared reports whether any byte of xs is part of a shared object.
 func (t *frameTable) isShared(xs []api.Extent) bool {
 	t.mu.RLock()

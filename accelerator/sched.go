@@ -21,8 +21,9 @@ package accelerator
 //     does not idle, with one bounded exception (anticipation): right after
 //     a job whose connection already has its next requests at the node, the
 //     device waits up to anticipation for that tenant's next job if it is
-//     next by virtual time anyway. The wait is charged to that tenant, as
-//     device time (and to its cap), when another tenant had work meanwhile.
+//     next by virtual time anyway. The wait is charged to that tenant's
+//     share and cap (not to the device time it is reported to have used)
+//     when another tenant had work meanwhile.
 //     A tenant alone gets the whole device, unless it is capped.
 //   - No banked credit: a tenant that becomes backlogged, or comes back from
 //     being throttled, starts at the system's virtual time (the start tag of
@@ -376,6 +377,8 @@ func (s *scheduler) pick() (*account, time.Duration) {
 				s.holding, s.heldSince = true, now
 			}
 			return nil, s.expectUntil - now
+		default: // best runs: the device no longer waits for e
+			s.chargeHeld(e, now)
 		}
 	}
 	return best, wait
@@ -389,11 +392,16 @@ func (s *scheduler) chargeHeld(e *account, now time.Duration) {
 	if !s.holding {
 		return
 	}
-	held := now - s.heldSince
 	s.holding = false
-	e.vtime += held.Seconds() / e.weight
-	if e.computeMax > 0 {
-		e.budget -= held
+	e.charge(now - s.heldSince)
+}
+
+// charge counts d of device time against a: its virtual time (its share)
+// and its cap, not the device time it is reported to have used.
+func (a *account) charge(d time.Duration) {
+	a.vtime += d.Seconds() / a.weight
+	if a.computeMax > 0 {
+		a.budget -= d
 	}
 }
 
@@ -459,10 +467,7 @@ func (s *scheduler) runner(busy bool) {
 		a.used += used
 		a.slices++
 		a.launches += uint64(completed)
-		a.vtime += used.Seconds() / a.weight
-		if a.computeMax > 0 {
-			a.budget -= used
-		}
+		a.charge(used)
 		// Only the runner that holds the device removes jobs and
 		// submitters append, so j is still the head.
 		a.jobs = a.jobs[1:]

@@ -492,6 +492,27 @@ func TestSchedAnticipationIsCharged(t *testing.T) {
 	if want := min(time.Duration(0.5*float64(capWindow)), 1400*time.Microsecond) - 800*time.Microsecond; a.budget != want {
 		t.Errorf("a's cap budget: %v, want %v", a.budget, want)
 	}
+	// Once another tenant runs before a, the device no longer waits for a:
+	// the time after that is not a's.
+	s.expect, s.expectUntil = a, clock.now()+anticipation
+	a.jobs = nil
+	s.pick() // holding for a
+	clock.advance(100 * time.Microsecond)
+	b.vtime = a.vtime - 1 // b is next, anticipation or not
+	before := a.vtime
+	if got, _ := s.pick(); got != b {
+		t.Fatalf("pick with b ahead of the anticipated a: %v, want b", got)
+	}
+	if want := (100 * time.Microsecond).Seconds() / 2; math.Abs(a.vtime-before-want) > 1e-12 {
+		t.Errorf("a was charged %g for the 100 µs the device waited for it, want %g", a.vtime-before, want)
+	}
+	charged := a.vtime
+	clock.advance(700 * time.Microsecond)
+	a.jobs = []*job{{}}
+	s.pick()
+	if a.vtime != charged {
+		t.Errorf("a was charged %g more after b ran in its place", a.vtime-charged)
+	}
 	// Idling with nobody else waiting costs nothing.
 	b.jobs = nil
 	s.expect, s.expectUntil = a, clock.now()+anticipation
@@ -499,7 +520,7 @@ func TestSchedAnticipationIsCharged(t *testing.T) {
 	s.pick()
 	clock.advance(500 * time.Microsecond)
 	a.jobs = []*job{{}}
-	before := a.vtime
+	before = a.vtime
 	s.pick()
 	if a.vtime != before {
 		t.Errorf("a was charged %g for idling that kept nobody waiting", a.vtime-before)

@@ -85,17 +85,13 @@ func (s *session) registerHost(body []byte) (uint32, error) {
 	budgets := s.hostBudgets()
 	for i, b := range budgets {
 		if err := b.reserve(m.Size); err != nil {
-			for _, r := range budgets[:i] {
-				r.release(m.Size)
-			}
+			release(budgets[:i], m.Size)
 			return 0, fmt.Errorf("host region of %d bytes: %w", m.Size, err)
 		}
 	}
 	mem, err := unix.Mmap(fd, 0, int(m.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		for _, b := range budgets {
-			b.release(m.Size)
-		}
+		release(budgets, m.Size)
 		if errors.Is(err, unix.ENOMEM) {
 			return 0, fmt.Errorf("map host region of %d bytes: %v: %w", m.Size, err, api.ErrOutOfMemory)
 		}
@@ -122,10 +118,15 @@ func (s *session) hostBudgets() []*budget {
 
 // unmap unmaps r and gives its bytes back to the budgets.
 func (s *session) unmap(r *hostRegion) error {
-	for _, b := range s.hostBudgets() {
-		b.release(uint64(len(r.mem)))
-	}
+	release(s.hostBudgets(), uint64(len(r.mem)))
 	return unix.Munmap(r.mem)
+}
+
+// release gives n bytes back to each of budgets.
+func release(budgets []*budget, n uint64) {
+	for _, b := range budgets {
+		b.release(n)
+	}
 }
 
 // unregisterHost unmaps a region once the work queued before is done.

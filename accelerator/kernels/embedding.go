@@ -93,7 +93,11 @@ func planEmbeddingBagSum(args []Value, maxWork int) (*Plan, error) {
 	return &Plan{n: len(pieces), slice: func(i, workers int) error {
 		p := pieces[i]
 		if p.to > 0 {
-			return addBag(out, table, indices, offsets, dim, p.lo, p.from, p.to)
+			// One bag: its columns go to the workers, each adding the run's
+			// rows into its own columns in index order (the same bits).
+			return parallelForN(workers, dim, p.to-p.from, func(c0, c1 int) error {
+				return addBag(out, table, indices, offsets, dim, p.lo, p.from, p.to, c0, c1)
+			})
 		}
 		lo, hi := p.lo, p.hi
 		// The per-bag cost estimate is the slice's mean, as a whole
@@ -135,18 +139,19 @@ func checkBags(indices, offsets []int32, rows int) error {
 // could still rewrite them, and that must fail the launch, not panic.
 func sumBags(out, table []float32, indices, offsets []int32, dim, lo, hi int) error {
 	for b := lo; b < hi; b++ {
-		if err := addBag(out, table, indices, offsets, dim, b, -1, -1); err != nil {
+		if err := addBag(out, table, indices, offsets, dim, b, -1, -1, 0, dim); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// addBag adds the table rows of bag b's indices [from, to) into its row of
-// out, in order, after clearing the row if from is where the bag starts;
-// from < 0 means the whole bag. Offsets and indices are checked again: the
-// launch does not own them, and they may change under it.
-func addBag(out, table []float32, indices, offsets []int32, dim, b, from, to int) error {
+// addBag adds columns [c0, c1) of the table rows of bag b's indices
+// [from, to) into its row of out, in order, after clearing them if from is
+// where the bag starts; from < 0 means the whole bag. Offsets and indices
+// are checked again: the launch does not own them, and they may change
+// under it.
+func addBag(out, table []float32, indices, offsets []int32, dim, b, from, to, c0, c1 int) error {
 	rows := len(table) / dim
 	start, end := int(offsets[b]), len(indices)
 	if b+1 < len(offsets) {
@@ -163,7 +168,7 @@ func addBag(out, table []float32, indices, offsets []int32, dim, b, from, to int
 		return fmt.Errorf("bag %d: offsets changed during the launch to [%d, %d), outside the run [%d, %d) being added: %w",
 			b, start, end, from, to, api.ErrInvalidArgument)
 	}
-	acc := out[b*dim : b*dim+dim]
+	acc := out[b*dim+c0 : b*dim+c1]
 	if from == start {
 		clear(acc)
 	}
@@ -173,7 +178,7 @@ func addBag(out, table []float32, indices, offsets []int32, dim, b, from, to int
 			return fmt.Errorf("bag %d: indices[%d] changed during the launch to %d, outside [0, rows = %d): %w",
 				b, i, r, rows, api.ErrInvalidArgument)
 		}
-		row := table[r*dim : r*dim+dim][:len(acc)]
+		row := table[r*dim+c0 : r*dim+c1][:len(acc)]
 		for j, v := range row {
 			acc[j] += v
 		}
