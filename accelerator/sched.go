@@ -13,8 +13,11 @@ package accelerator
 // policy is start-time fair queueing over measured time: every tenant has a
 // virtual time that grows by the device time it used divided by its weight, and
 // the runner always runs a slice of the backlogged tenant with the least
-// virtual time. So over any period in which tenants stay backlogged, they get
-// device time in proportion to their weights, up to one slice each.
+// virtual time. The time from a slice's end to the next dispatch, while the
+// device does not idle (the finished job's hand-off, the pick), counts as
+// the ended slice's tenant's too. So over any period in which tenants stay
+// backlogged, they get device time in proportion to their weights, up to
+// one slice each.
 //
 // Invariants:
 //   - Work conserving: while any tenant has a slice it may run, the device
@@ -191,12 +194,19 @@ type scheduler struct {
 	// another tenant had work; chargeHeld bills it to expect.
 	holding   bool
 	heldSince time.Duration
-	busy      bool // the busy runner dispatches, not the quick one
-	long      int  // jobs that ran a slice and have more: long kernels
-	shared    bool // at pick: tenants other than one used the device within sharedWindow
-	started   bool
-	closed    bool
-	runners   sync.WaitGroup
+	// last is the account of the slice that ended last, at lastEnd, while
+	// the device has not idled since (nil otherwise): the time from then to
+	// the next dispatch (the job's hand-off to its submitter, the pick) is
+	// charged to it, as a tenant of many tiny launches costs the device
+	// that much per launch besides its slices.
+	last    *account
+	lastEnd time.Duration
+	busy    bool // the busy runner dispatches, not the quick one
+	long    int  // jobs that ran a slice and have more: long kernels
+	shared  bool // at pick: tenants other than one used the device within sharedWindow
+	started bool
+	closed  bool
+	runners sync.WaitGroup
 }
 
 func newScheduler(c clock) *scheduler {
@@ -435,6 +445,9 @@ func (s *scheduler) runner(busy bool) {
 			}
 			a = nil
 			timed := wait > 0 && s.busy == busy
+			if s.busy == busy {
+				s.last = nil // the device idles: the gap is nobody's
+			}
 			s.mu.Unlock()
 			if timed {
 				s.clock.idle(wait, wake)
@@ -455,15 +468,22 @@ func (s *scheduler) runner(busy bool) {
 			s.mu.Unlock()
 			return
 		}
+		if l := s.last; l != nil {
+			gap := s.clock.now() - s.lastEnd
+			l.used += gap
+			l.charge(gap)
+		}
 		s.vnow = a.vtime
 		j := a.jobs[0]
 		s.mu.Unlock()
 
 		start := s.clock.now()
 		completed, more, err := guardStep(j.step)
-		used := s.clock.now() - start
+		end := s.clock.now()
+		used := end - start
 
 		s.mu.Lock()
+		s.last, s.lastEnd = a, end
 		a.used += used
 		a.slices++
 		a.launches += uint64(completed)

@@ -543,3 +543,43 @@ func TestSchedSmallCapRefills(t *testing.T) {
 	}
 	t.Fatalf("a tenant capped at 1e-5 never ran in %v of others' slices (budget %v)", clock.now(), a.budget)
 }
+
+// The time between a slice's end and the next dispatch, while the device
+// does not idle (handing the finished job to its submitter, picking the
+// next), is charged to the tenant whose slice ended: a tenant of many tiny
+// launches pays for what each costs the device besides its slice. A gap
+// after which the device idles is nobody's.
+func TestSchedDispatchGapIsCharged(t *testing.T) {
+	h := newSchedHarness(t)
+	const gap = 40 * time.Microsecond
+	afterJob := func() bool { h.clock.advance(gap); return false } // runs as the job ends
+	h.hold()
+	a := h.submit(tenantShare{name: "a", waiting: afterJob}, 10*time.Microsecond, func(int) bool { return false })
+	b := h.submit(tenantShare{name: "b"}, 100*time.Microsecond, func(int) bool { return false })
+	h.release()
+	if err := errors.Join(<-a, <-b); err != nil {
+		t.Fatal(err)
+	}
+	used := h.used()
+	if used["a"] != 10*time.Microsecond+gap || used["b"] != 100*time.Microsecond {
+		t.Fatalf("device time a %v, b %v; want a's slice and the gap after it (%v), and b's slice (%v)",
+			used["a"], used["b"], 10*time.Microsecond+gap, 100*time.Microsecond)
+	}
+	// Alone: the gap after a's last job, before the device idles, is not charged.
+	c := h.submit(tenantShare{name: "c", waiting: afterJob}, 10*time.Microsecond, func(int) bool { return false })
+	if err := <-c; err != nil {
+		t.Fatal(err)
+	}
+	for idle := false; !idle; time.Sleep(50 * time.Microsecond) { // the runner finds no work
+		h.s.mu.Lock()
+		idle = h.s.last == nil
+		h.s.mu.Unlock()
+	}
+	c = h.submit(tenantShare{name: "c"}, 10*time.Microsecond, func(int) bool { return false })
+	if err := <-c; err != nil {
+		t.Fatal(err)
+	}
+	if got := h.used()["c"]; got != 20*time.Microsecond {
+		t.Fatalf("device time of c, alone: %v, want its two slices, 20µs", got)
+	}
+}
