@@ -60,18 +60,7 @@ func TestSharedCoherentBufferAcrossMediators(t *testing.T) {
 	m2 := sys.another(t, "m2")
 	a := sys.dial(t, "alpha", 1)
 	const n = 300 << 10 // five pages, the last one short
-	p, err := a.Malloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data := randomBytes(3, n)
-	if err := write(a, p, data); err != nil {
-		t.Fatal(err)
-	}
-	sh, err := a.Export(p, api.ModeCoherent, api.Grant{Tenant: "beta", Write: true}, api.Grant{Tenant: "gamma"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, data, sh := exportRandom(t, a, n, 3, api.ModeCoherent, api.Grant{Tenant: "beta", Write: true}, api.Grant{Tenant: "gamma"})
 	b := m2.dial(t, "beta", 1)
 	q, info, err := b.Import(sh)
 	if err != nil {
@@ -159,18 +148,7 @@ func TestSharedImmutableBufferIsCachedForever(t *testing.T) {
 	m2 := sys.another(t, "m2")
 	a := sys.dial(t, "alpha", 1)
 	const n = 256 << 10
-	p, err := a.Malloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data := randomBytes(4, n)
-	if err := write(a, p, data); err != nil {
-		t.Fatal(err)
-	}
-	sh, err := a.Export(p, api.ModeImmutable, api.Grant{Tenant: "beta", Write: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, data, sh := exportRandom(t, a, n, 4, api.ModeImmutable, api.Grant{Tenant: "beta", Write: true})
 	wantErr(t, write(a, p, []byte{1}), api.ErrPermissionDenied)
 	b := m2.dial(t, "beta", 1)
 	q, info, err := b.Import(sh)
@@ -193,18 +171,7 @@ func TestSharedVersionedBufferReadersPinAVersion(t *testing.T) {
 	m2 := sys.another(t, "m2")
 	a := sys.dial(t, "alpha", 1)
 	const n = 200 << 10
-	p, err := a.Malloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v1 := randomBytes(5, n)
-	if err := write(a, p, v1); err != nil {
-		t.Fatal(err)
-	}
-	sh, err := a.Export(p, api.ModeVersioned, api.Grant{Tenant: "beta"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, v1, sh := exportRandom(t, a, n, 5, api.ModeVersioned, api.Grant{Tenant: "beta"})
 	b := m2.dial(t, "beta", 1)
 	q, info, err := b.Import(sh)
 	if err != nil || info.Mode != api.ModeVersioned || info.Write {
@@ -364,21 +331,11 @@ func TestSharedVersionedImportsPinTheirOwnVersions(t *testing.T) {
 	sys := start(t, 1, 1, 64<<20, 0)
 	a := sys.dial(t, "alpha", 1)
 	const n = 200 << 10 // four pages
-	p, err := a.Malloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v1 := randomBytes(8, n)
-	if err := write(a, p, v1); err != nil {
-		t.Fatal(err)
-	}
-	sh, err := a.Export(p, api.ModeVersioned, api.Grant{Tenant: "beta"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, v1, sh := exportRandom(t, a, n, 8, api.ModeVersioned, api.Grant{Tenant: "beta"})
 	b := sys.dial(t, "beta", 1)
 	var q [2]client.Ptr
 	for i := range q {
+		var err error
 		if q[i], _, err = b.Import(sh); err != nil {
 			t.Fatal(err)
 		}
@@ -553,18 +510,7 @@ func TestSharedImportEndsWithItsNodeConnection(t *testing.T) {
 	m2 := sys.another(t, "m2")
 	a := sys.dial(t, "alpha", 1)
 	const n = 128 << 10
-	p, err := a.Malloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data := randomBytes(9, n)
-	if err := write(a, p, data); err != nil {
-		t.Fatal(err)
-	}
-	sh, err := a.Export(p, api.ModeImmutable, api.Grant{Tenant: "beta"}, api.Grant{Tenant: "gamma"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, data, sh := exportRandom(t, a, n, 9, api.ModeImmutable, api.Grant{Tenant: "beta"}, api.Grant{Tenant: "gamma"})
 	b, g := m2.dial(t, "beta", 1), m2.dial(t, "gamma", 1)
 	q, _, err := b.Import(sh)
 	if err != nil {
@@ -610,18 +556,7 @@ func TestSharedImportRedialsALostConnection(t *testing.T) {
 		t.Fatalf("alpha and beta both on node %s", devs[0].Node)
 	}
 	const n = 64 << 10
-	p, err := a.Malloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data := randomBytes(10, n)
-	if err := write(a, p, data); err != nil {
-		t.Fatal(err)
-	}
-	sh, err := a.Export(p, api.ModeImmutable, api.Grant{Tenant: "beta"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, data, sh := exportRandom(t, a, n, 10, api.ModeImmutable, api.Grant{Tenant: "beta"})
 	q, _, err := b.Import(sh)
 	if err != nil {
 		t.Fatal(err)
@@ -643,4 +578,24 @@ func TestSharedImportRedialsALostConnection(t *testing.T) {
 	if got, err := read(t, b, r, n); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("read the new import: %v", err)
 	}
+}
+
+// exportRandom writes n random bytes (of seed) to a new buffer of c on its
+// first device and exports it in mode to grants; it returns the buffer, its
+// bytes and the export.
+func exportRandom(t *testing.T, c *client.Client, n int, seed uint64, mode api.Mode, grants ...api.Grant) (client.Ptr, []byte, api.Shared) {
+	t.Helper()
+	p, err := c.Malloc(0, uint64(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(seed, n)
+	if err := write(c, p, data); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := c.Export(p, mode, grants...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, data, sh
 }
