@@ -263,6 +263,9 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if int(r.Devices) > len(m.devices) {
 		return nil, fmt.Errorf("register %v: %d devices asked, %d exist: %w", k, r.Devices, len(m.devices), api.ErrInvalidArgument)
 	}
+	if err := m.awaitRelease(k); err != nil {
+		return nil, fmt.Errorf("register %v: %w", k, err)
+	}
 	tenant, err := m.admission.Config().Resolve(r.Tenant, r.Namespace)
 	if err != nil {
 		return nil, fmt.Errorf("register %v: %w", k, err)
@@ -280,6 +283,29 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	}
 	m.log.WithFields(map[string]any{"container": r.Container, "namespace": r.Namespace, "tenant": grant.Tenant, "memory": grant.Memory}).Info("container registered")
 	return &api.RegisterReply{Tenant: grant.Tenant, Memory: grant.Memory, Socket: ctr.socket}, nil
+}
+
+// registerWait bounds how long a registration waits for the release of a
+// container of the same key, which itself waits up to releaseWait.
+const registerWait = releaseWait + 5*time.Second
+
+// awaitRelease waits until no container of key k is being released, so
+// that a container registered again right after its release (a restarted
+// Docker container keeps its id) finds its quota returned rather than
+// "already admitted".
+func (m *Mediator) awaitRelease(k ctrKey) error {
+	m.mu.Lock()
+	done := m.releasing[k]
+	m.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-time.After(registerWait):
+		return fmt.Errorf("the release of its previous registration is still in progress after %v: %w", registerWait, api.ErrUnavailable)
+	}
 }
 
 // plainDir makes directory dir if it is missing and checks that it is a
@@ -408,12 +434,18 @@ func (m *Mediator) releaseIf(k ctrKey, check func(*container) error) error {
 		}
 	}
 	delete(m.containers, k)
+	done := make(chan struct{})
+	m.releasing[k] = done
 	m.mu.Unlock()
 	log := m.log.WithFields(map[string]any{"container": k.id, "namespace": k.namespace})
 	if !ctr.close() {
 		log.Warn("sessions still tearing down after 10s; returning the quota anyway")
 	}
 	m.admission.Release(k.namespace, k.id)
+	m.mu.Lock()
+	delete(m.releasing, k)
+	m.mu.Unlock()
+	close(done)
 	// The runtime's directory, if empty now; the runtime removes it too. The
 	// namespace's directory stays: the runtime may be making another
 	// container's directory in it.

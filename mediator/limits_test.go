@@ -200,3 +200,43 @@ func TestQueuedCommandsAreBounded(t *testing.T) {
 		t.Fatalf("%d commands counted queued, want 1 (the launch)", q)
 	}
 }
+
+// A container registered again while its previous registration is being
+// released (its sessions tearing down, its quota not yet returned) waits
+// for the release rather than fail as already admitted.
+func TestRegisterWaitsForARelease(t *testing.T) {
+	m, _ := startLimited(t)
+	k := ctrKey{"", "c1"}
+	// A release of c1 in progress, as releaseIf makes it: unregistered,
+	// its quota still held.
+	m.mu.Lock()
+	ctr := m.containers[k]
+	delete(m.containers, k)
+	done := make(chan struct{})
+	m.releasing[k] = done
+	m.mu.Unlock()
+	ctr.close()
+	registered := make(chan error, 1)
+	go func() {
+		_, err := m.Register(api.Register{Container: "c1", Tenant: "t", Memory: 8 << 20, Devices: 1, Pid: uint32(os.Getpid())})
+		registered <- err
+	}()
+	select {
+	case err := <-registered:
+		t.Fatalf("registered while the release was in progress: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	m.admission.Release(k.namespace, k.id)
+	m.mu.Lock()
+	delete(m.releasing, k)
+	m.mu.Unlock()
+	close(done)
+	select {
+	case err := <-registered:
+		if err != nil {
+			t.Fatalf("register once the release was done: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("register still waits after the release")
+	}
+}

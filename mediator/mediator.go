@@ -116,6 +116,10 @@ type Mediator struct {
 	mu          sync.Mutex
 	sessions    map[uint64]*session
 	containers  map[ctrKey]*container // by namespace and id
+	// releasing holds the containers being released (their sessions
+	// tearing down, their quota not yet returned); each channel is closed
+	// once the release is done.
+	releasing map[ctrKey]chan struct{}
 	listeners   []net.Listener
 	conns       map[net.Conn]struct{}
 	closed      bool
@@ -157,7 +161,7 @@ func New(cfg Config) (*Mediator, error) {
 	}
 	m := &Mediator{
 		cfg: cfg, log: cfg.Log, admission: isolation.NewAdmission(quota), store: store,
-		sessions: map[uint64]*session{}, containers: map[ctrKey]*container{},
+		sessions: map[uint64]*session{}, containers: map[ctrKey]*container{}, releasing: map[ctrKey]chan struct{}{},
 		conns: map[net.Conn]struct{}{}, stop: make(chan struct{}),
 		hostMapped: budget{owner: "host regions of the mediator's sessions", limit: MaxHostMapped},
 	}
