@@ -120,11 +120,11 @@ type Mediator struct {
 	// tearing down, their quota not yet returned); each channel is closed
 	// once the release is done.
 	releasing map[ctrKey]chan struct{}
-	listeners   []net.Listener
-	conns       map[net.Conn]struct{}
-	closed      bool
-	stop        chan struct{} // closed by Close
-	wg          sync.WaitGroup
+	listeners []net.Listener
+	conns     map[net.Conn]struct{}
+	closed    bool
+	stop      chan struct{} // closed by Close
+	wg        sync.WaitGroup
 }
 
 // New connects to every node of cfg and learns their devices and kernels.
