@@ -524,14 +524,7 @@ func TestSharedImportEndsWithItsNodeConnection(t *testing.T) {
 		t.Fatalf("beta reads: %v", err)
 	}
 	cut("beta") // beta's session lives on
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err = read(t, b, q, n)
-		if err != nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	err = readUntilFails(t, b, q, n)
 	wantErr(t, err, api.ErrUnavailable, fmt.Sprint(sh.Object), "lost")
 	if err := a.Revoke(p, "beta"); err != nil {
 		t.Fatal(err)
@@ -562,14 +555,7 @@ func TestSharedImportRedialsALostConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	cut("beta")
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err = read(t, b, q, n)
-		if err != nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	err = readUntilFails(t, b, q, n)
 	wantErr(t, err, api.ErrUnavailable, "lost")
 	r, _, err := b.Import(sh)
 	if err != nil {
@@ -598,4 +584,19 @@ func exportRandom(t *testing.T, c *client.Client, n int, seed uint64, mode api.M
 		t.Fatal(err)
 	}
 	return p, data, sh
+}
+
+// readUntilFails reads n bytes at p through c until a read fails, for at
+// most 5 s (a cut connection is noticed in a moment), and returns the last
+// read's error.
+func readUntilFails(t *testing.T, c *client.Client, p client.Ptr, n int) error {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := read(t, c, p, n)
+		if err != nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
