@@ -78,17 +78,32 @@ func Listen(addr string, tlsCfg *tls.Config) (net.Listener, error) {
 // (api.WatchPeer), and with it the frames the connection held and its
 // coherence leases; one that is merely quiet keeps it.
 func ListenTimeout(addr string, tlsCfg *tls.Config, timeout time.Duration) (net.Listener, error) {
-	if err := api.CheckPeerTimeout(timeout); err != nil {
-		return nil, fmt.Errorf("node listen on %s: %w", addr, err)
-	}
-	if tlsCfg != nil && (tlsCfg.ClientAuth != tls.RequireAndVerifyClientCert || tlsCfg.ClientCAs == nil) {
-		return nil, fmt.Errorf("node listen on %s: TLS configuration does not require verified client certificates", addr)
-	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("node listen on %s: %w", addr, err)
 	}
-	var wl net.Listener = &watchListener{TCPListener: l.(*net.TCPListener), timeout: timeout}
+	wl, err := Watch(l, tlsCfg, timeout)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return wl, nil
+}
+
+// Watch is ListenTimeout on a TCP listener already made, such as one in
+// another network namespace.
+func Watch(l net.Listener, tlsCfg *tls.Config, timeout time.Duration) (net.Listener, error) {
+	if err := api.CheckPeerTimeout(timeout); err != nil {
+		return nil, fmt.Errorf("node listen on %s: %w", l.Addr(), err)
+	}
+	if tlsCfg != nil && (tlsCfg.ClientAuth != tls.RequireAndVerifyClientCert || tlsCfg.ClientCAs == nil) {
+		return nil, fmt.Errorf("node listen on %s: TLS configuration does not require verified client certificates", l.Addr())
+	}
+	tl, ok := l.(*net.TCPListener)
+	if !ok {
+		return nil, fmt.Errorf("node listen on %s: a %T, not TCP: %w", l.Addr(), l, api.ErrInvalidArgument)
+	}
+	var wl net.Listener = &watchListener{TCPListener: tl, timeout: timeout}
 	if tlsCfg == nil {
 		return wl, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/accelerator"
+	"github.com/vgpu/vgpu/accelerator/sim"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/internal/pki"
 )
@@ -28,13 +29,34 @@ type NodeLinkReport struct {
 // mediator's stream does with the pipeline full.
 const nodeWindow = 32
 
-// NodeLink starts an in-process sim node that serves plain TCP on one
+// A Network is where NodeLinkOn runs: the node listens on the node's side
+// and the mediator's side dials it. Loopback is the one NodeLink uses.
+type Network struct {
+	NodeIP string                                  // the address the node listens on, and its certificate names
+	Listen func(addr string) (net.Listener, error) // a TCP listener on the node's side
+	Dial   func(addr string) (net.Conn, error)     // a TCP connection from the mediator's side
+}
+
+// Loopback is a Network on 127.0.0.1 of this process's namespace.
+var Loopback = Network{
+	NodeIP: "127.0.0.1",
+	Listen: func(addr string) (net.Listener, error) { return net.Listen("tcp", addr) },
+	Dial: func(addr string) (net.Conn, error) {
+		return (&net.Dialer{Timeout: 10 * time.Second}).Dial("tcp", addr)
+	},
+}
+
+// NodeLink is NodeLinkOn Loopback.
+func NodeLink(bytes, rounds int) (*NodeLinkReport, error) { return NodeLinkOn(Loopback, bytes, rounds) }
+
+// NodeLinkOn starts an in-process sim node that serves plain TCP on one
 // listener and mutual TLS (a throw-away CA, as `vgpuctl certs init` makes)
-// on another, connects to each as a mediator does, and times writing
-// bytes (rounded up to whole frames) to frames of the connection in
-// pipelined api.MaxChunk node-write frames. Plain and TLS rounds
-// alternate, after one warm-up round each; the median of rounds counts.
-func NodeLink(bytes, rounds int) (*NodeLinkReport, error) {
+// on another, both on nw's node side, connects to each from the mediator's
+// side as a mediator does, and times writing bytes (rounded up to whole
+// frames) to frames of the connection in pipelined api.MaxChunk node-write
+// frames. Plain and TLS rounds alternate, after one warm-up round each; the
+// median of rounds counts.
+func NodeLinkOn(nw Network, bytes, rounds int) (*NodeLinkReport, error) {
 	if rounds <= 0 {
 		rounds = 3
 	}
@@ -42,27 +64,42 @@ func NodeLink(bytes, rounds int) (*NodeLinkReport, error) {
 	bytes = frames * accelerator.FrameSize
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	node, plainAddr, err := accelerator.StartSim("127.0.0.1:0", 1, uint64(2*bytes), log)
+	devs, err := sim.NewDevices(1, uint64(2*bytes))
 	if err != nil {
+		return nil, err
+	}
+	node, err := accelerator.New("sim", []accelerator.Device{devs[0]}, log)
+	if err != nil {
+		devs[0].Close()
 		return nil, err
 	}
 	defer node.Close()
-	nodeCfg, medCfg, err := pki.Ephemeral("127.0.0.1")
+	nodeCfg, medCfg, err := pki.Ephemeral(nw.NodeIP)
 	if err != nil {
 		return nil, err
 	}
-	tl, err := accelerator.Listen("127.0.0.1:0", nodeCfg)
-	if err != nil {
-		return nil, err
+	medCfg.ServerName = nw.NodeIP
+	var addrs [2]string
+	for i, cfg := range []*tls.Config{nil, nodeCfg} {
+		l, err := nw.Listen(net.JoinHostPort(nw.NodeIP, "0"))
+		if err != nil {
+			return nil, err
+		}
+		wl, err := accelerator.Watch(l, cfg, accelerator.DefaultMediatorTimeout)
+		if err != nil {
+			l.Close()
+			return nil, err
+		}
+		addrs[i] = l.Addr().String()
+		go node.Serve(wl) // ends when the node closes
 	}
-	go node.Serve(tl) // ends when the node closes
 
-	plain, err := dialLink(plainAddr.String(), nil, frames)
+	plain, err := dialLink(nw, addrs[0], nil, frames)
 	if err != nil {
 		return nil, fmt.Errorf("plain TCP: %w", err)
 	}
 	defer plain.rpc.Close()
-	secure, err := dialLink(tl.Addr().String(), medCfg, frames)
+	secure, err := dialLink(nw, addrs[1], medCfg, frames)
 	if err != nil {
 		return nil, fmt.Errorf("TLS: %w", err)
 	}
@@ -97,17 +134,20 @@ type link struct {
 	frames []uint64
 }
 
-func dialLink(addr string, cfg *tls.Config, frames int) (*link, error) {
-	d := &net.Dialer{Timeout: 10 * time.Second}
-	var nc net.Conn
-	var err error
-	if cfg != nil {
-		nc, err = tls.DialWithDialer(d, "tcp", addr, cfg)
-	} else {
-		nc, err = d.Dial("tcp", addr)
-	}
+func dialLink(nw Network, addr string, cfg *tls.Config, frames int) (*link, error) {
+	nc, err := nw.Dial(addr)
 	if err != nil {
 		return nil, err
+	}
+	if cfg != nil {
+		tc := tls.Client(nc, cfg)
+		tc.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := tc.Handshake(); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+		}
+		tc.SetDeadline(time.Time{})
+		nc = tc
 	}
 	rpc := api.NewRPC(api.NewConn(nc), "node "+addr)
 	hello := api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator, Tenant: "bench"}

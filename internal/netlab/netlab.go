@@ -11,8 +11,10 @@
 // where the kernel has it. Kernels built without it (CONFIG_NET_SCH_NETEM
 // unset, as on the project's machines) get a relay instead: a link
 // emulator in this process that forwards the host's frames to the bridge
-// through packet sockets (see relay). Unshaped hosts are always on the
-// bridge directly, at the veth's full speed. Shaper says which is in use.
+// through packet sockets (see relay), except for a shape of rate alone,
+// which the kernel's tbf keeps at the veth's speed. Unshaped hosts are
+// always on the bridge directly, at the veth's full speed. Shaper says
+// which is in use.
 //
 // Invariants:
 //   - The root network namespace is never changed: no link, address, route

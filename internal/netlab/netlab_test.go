@@ -180,7 +180,7 @@ func TestShape(t *testing.T) {
 }
 
 // checkDatapath checks that host's port and relay are as its shape and
-// cut say, and, under netem, that its qdiscs are.
+// cut say, and that its root qdiscs are.
 func checkDatapath(t *testing.T, l *Lab, host string) {
 	t.Helper()
 	l.mu.Lock()
@@ -191,15 +191,20 @@ func checkDatapath(t *testing.T, l *Lab, host string) {
 		t.Fatal(err)
 	}
 	shaped := h.shape != Netem{}
-	relayed := l.shaper == shaperRelay && shaped && !h.cut
+	tbf := l.shaper == shaperRelay && h.shape.rateOnly()
+	relayed := l.shaper == shaperRelay && shaped && !h.cut && !tbf
 	if on := port.Attrs().MasterIndex == l.brIndex; on != (!h.cut && !relayed) {
 		t.Errorf("%s on the bridge: %v; cut %v, shape %v, shaper %s", h.port, on, h.cut, h.shape, l.shaper)
 	}
 	if (h.relay != nil) != relayed {
 		t.Errorf("%s relayed: %v, want %v", host, h.relay != nil, relayed)
 	}
-	if l.shaper != shaperNetem {
-		return
+	want := ""
+	switch {
+	case l.shaper == shaperNetem && shaped:
+		want = "netem"
+	case tbf:
+		want = "tbf"
 	}
 	for _, end := range []struct {
 		ns   *ns
@@ -213,23 +218,32 @@ func checkDatapath(t *testing.T, l *Lab, host string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var found bool
+		got := ""
 		for _, q := range qs {
-			if ne, ok := q.(*netlink.Netem); ok && q.Attrs().Parent == netlink.HANDLE_ROOT {
-				found = true
-				if ne.Rate64 != h.shape.Rate/8 {
-					t.Errorf("%s: netem rate %d bytes/s, want %d", end.link, ne.Rate64, h.shape.Rate/8)
+			if q.Attrs().Parent != netlink.HANDLE_ROOT || q.Type() == "noqueue" {
+				continue
+			}
+			got = q.Type()
+			switch q := q.(type) {
+			case *netlink.Netem:
+				if q.Rate64 != h.shape.Rate/8 {
+					t.Errorf("%s: netem rate %d bytes/s, want %d", end.link, q.Rate64, h.shape.Rate/8)
+				}
+			case *netlink.Tbf:
+				if q.Rate != h.shape.Rate/8 {
+					t.Errorf("%s: tbf rate %d bytes/s, want %d", end.link, q.Rate, h.shape.Rate/8)
 				}
 			}
 		}
-		if found != shaped {
-			t.Errorf("%s: root netem qdisc: %v, want %v: %v", end.link, found, shaped, qs)
+		if got != want {
+			t.Errorf("%s: root qdisc %q, want %q: %v", end.link, got, want, qs)
 		}
 	}
 }
 
-// TestRate checks that a rate limit holds: 1 MiB at 40 Mbit/s takes
-// about 0.2 s.
+// TestRate checks that a rate limit holds, 1 MiB at 40 Mbit/s taking
+// about 0.2 s, with the rate alone (tbf where netem is missing) and with
+// a delay too (the relay there), and that the lab moves between the two.
 func TestRate(t *testing.T) {
 	l := New(t, "a", "b")
 	addr := l.Addr("b", 7000)
@@ -238,34 +252,39 @@ func TestRate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	got := make(chan error, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- err
-			return
-		}
-		defer c.Close()
-		_, err = io.Copy(io.Discard, c)
-		got <- err
-	}()
 	const size, rate = 1 << 20, 40 * Mbit
-	l.Shape("a", Netem{Rate: rate})
-	c := dial(t, l, "a", addr)
-	start := time.Now()
-	if _, err := c.Write(make([]byte, size)); err != nil {
-		t.Fatal(err)
+	for _, n := range []Netem{{Rate: rate}, {Rate: rate, Delay: 100 * time.Microsecond}, {Rate: rate}} {
+		got := make(chan error, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				got <- err
+				return
+			}
+			defer c.Close()
+			_, err = io.Copy(io.Discard, c)
+			got <- err
+		}()
+		l.Shape("a", n)
+		checkDatapath(t, l, "a")
+		c := dial(t, l, "a", addr)
+		start := time.Now()
+		if _, err := c.Write(make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+		elapsed := time.Since(start)
+		want := time.Duration(float64(size*8) / float64(rate) * float64(time.Second))
+		t.Logf("%v: 1 MiB in %v (%v at the rate)", n, elapsed, want)
+		if elapsed < want*8/10 {
+			t.Errorf("%v: 1 MiB in %v, faster than %d Mbit/s allows (%v)", n, elapsed, rate/Mbit, want)
+		}
 	}
-	c.Close()
-	if err := <-got; err != nil {
-		t.Fatal(err)
-	}
-	elapsed := time.Since(start)
-	want := time.Duration(float64(size*8) / float64(rate) * float64(time.Second))
-	t.Logf("1 MiB at %d Mbit/s: %v (%v at the rate)", rate/Mbit, elapsed, want)
-	if elapsed < want*8/10 {
-		t.Errorf("1 MiB in %v, faster than %d Mbit/s allows (%v)", elapsed, rate/Mbit, want)
-	}
+	l.Shape("a", Netem{})
+	checkDatapath(t, l, "a")
 }
 
 // TestCutHeal checks that a cut host is silent both ways, with no error

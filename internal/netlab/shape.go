@@ -26,7 +26,11 @@ const (
 // come out 5-50µs longer (a hop through this process), jitter never
 // reorders, Loss and Rate apply to GSO super-packets of up to 64 KiB as
 // one frame each, and the relay itself carries about 9 Gbit/s at most on
-// the project's 2-core machines (an unshaped link: about 20).
+// the project's 2-core machines (an unshaped link: about 20). A shape of
+// Rate alone (with or without Limit) never takes the relay: the kernel's
+// token bucket filter (tbf) keeps it on both ends of the veth pair, at any
+// speed the veth reaches, with Limit full-size frames (1514 bytes) of
+// queue each way, or 10 ms of the rate when Limit is 0.
 type Netem struct {
 	Delay  time.Duration // added to every packet; microsecond resolution, below a minute
 	Jitter time.Duration // random variation of Delay, up to ±Jitter; needs Delay
@@ -56,6 +60,12 @@ func (n Netem) check() error {
 		return fmt.Errorf("netem rate %d bit/s: want 0 (unlimited) or at least 8 (netem counts bytes)", n.Rate)
 	}
 	return nil
+}
+
+// rateOnly says whether n only limits the rate, which tbf can do where
+// netem is missing.
+func (n Netem) rateOnly() bool {
+	return n.Rate > 0 && n.Delay == 0 && n.Jitter == 0 && n.Loss == 0
 }
 
 // ShaperEnv picks how links are shaped: "netem" (fail if the kernel lacks
@@ -156,6 +166,7 @@ func (l *Lab) Heal(host string) {
 //
 //	cut:                  port off the bridge, no relay
 //	unshaped, or netem:   port on the bridge (with netem on both ends)
+//	rate only, relay:     port on the bridge, tbf on both ends
 //	shaped, relay:        port off the bridge, relay between it and the
 //	                      bridge's veth sb-<host>
 //
@@ -165,15 +176,21 @@ func (l *Lab) sync(h *host) error {
 	if l.closed {
 		return errors.New("the lab is closed")
 	}
-	relayed := !h.cut && h.shape != (Netem{}) && l.shaper == shaperRelay
+	tbf := l.shaper == shaperRelay && h.shape.rateOnly()
+	relayed := !h.cut && h.shape != (Netem{}) && l.shaper == shaperRelay && !tbf
 	port, err := l.sw.nl.LinkByName(h.port)
 	if err != nil {
 		return fmt.Errorf("find %s in %s: %w", h.port, l.sw.name, err)
 	}
-	if l.shaper == shaperNetem {
-		if err := l.netem(h, h.shape); err != nil {
-			return err
-		}
+	var root func(netlink.QdiscAttrs) netlink.Qdisc // nil: none
+	switch {
+	case l.shaper == shaperNetem && h.shape != (Netem{}):
+		root = h.shape.netem
+	case tbf:
+		root = h.shape.tbf
+	}
+	if err := l.setRoot(h, root); err != nil {
+		return fmt.Errorf("shape %v: %w", h.shape, err)
 	}
 	onBridge := port.Attrs().MasterIndex != 0
 	if relayed {
@@ -291,9 +308,9 @@ func (l *Lab) setUp(name string, up bool) error {
 	return nil
 }
 
-// netem puts n on both ends of h's veth pair as their root qdisc, or
-// removes the root qdisc for the zero Netem.
-func (l *Lab) netem(h *host, n Netem) error {
+// setRoot makes root's qdisc (nil: none) the root qdisc of both ends of
+// h's veth pair.
+func (l *Lab) setRoot(h *host, root func(netlink.QdiscAttrs) netlink.Qdisc) error {
 	for _, end := range []struct {
 		ns   *ns
 		link string
@@ -307,25 +324,63 @@ func (l *Lab) netem(h *host, n Netem) error {
 			Handle:    netlink.MakeHandle(1, 0),
 			Parent:    netlink.HANDLE_ROOT,
 		}
-		if n == (Netem{}) {
-			// A veth starts with no qdisc (noqueue); deleting "ours"
-			// when there is none is fine.
-			err := end.ns.nl.QdiscDel(&netlink.Netem{QdiscAttrs: attrs})
-			if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
-				return fmt.Errorf("remove the qdisc of %s in %s: %w", end.link, end.ns.name, err)
+		if root != nil {
+			if err := end.ns.nl.QdiscReplace(root(attrs)); err != nil {
+				return fmt.Errorf("root qdisc of %s in %s: %w", end.link, end.ns.name, err)
 			}
 			continue
 		}
-		q := netlink.NewNetem(attrs, netlink.NetemQdiscAttrs{
-			Latency: uint32(n.Delay / time.Microsecond),
-			Jitter:  uint32(n.Jitter / time.Microsecond),
-			Loss:    float32(n.Loss),
-			Rate64:  n.Rate / 8, // netem counts bytes per second
-			Limit:   n.Limit,
-		})
-		if err := end.ns.nl.QdiscReplace(q); err != nil {
-			return fmt.Errorf("netem %v on %s in %s: %w", n, end.link, end.ns.name, err)
+		// A veth starts with no qdisc (noqueue). The kernel deletes
+		// only a qdisc of the kind named, so find what is there.
+		qs, err := end.ns.nl.QdiscList(link)
+		if err != nil {
+			return fmt.Errorf("qdiscs of %s in %s: %w", end.link, end.ns.name, err)
+		}
+		for _, q := range qs {
+			if q.Attrs().Parent != netlink.HANDLE_ROOT || q.Attrs().Handle != attrs.Handle {
+				continue
+			}
+			if err := end.ns.nl.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("remove the %s qdisc of %s in %s: %w", q.Type(), end.link, end.ns.name, err)
+			}
 		}
 	}
 	return nil
+}
+
+// netem is n as a netem qdisc.
+func (n Netem) netem(attrs netlink.QdiscAttrs) netlink.Qdisc {
+	return netlink.NewNetem(attrs, netlink.NetemQdiscAttrs{
+		Latency: uint32(n.Delay / time.Microsecond),
+		Jitter:  uint32(n.Jitter / time.Microsecond),
+		Loss:    float32(n.Loss),
+		Rate64:  n.Rate / 8, // netem counts bytes per second
+		Limit:   n.Limit,
+	})
+}
+
+// Frames of a link, for tbf's sizes.
+const (
+	fullFrame = 1514    // an Ethernet frame of a 1500-byte MTU
+	gsoFrame  = 1 << 16 // a GSO super-packet, which tbf would otherwise cut up
+)
+
+// tbf is n's Rate as a token bucket filter: a bucket of 1 ms of the rate,
+// at least a GSO packet, and a queue of Limit full frames, or 10 ms of the
+// rate.
+func (n Netem) tbf(attrs netlink.QdiscAttrs) netlink.Qdisc {
+	rate := n.Rate / 8 // bytes per second
+	burst := max(rate/1000, gsoFrame)
+	limit := max(rate/100, 4*gsoFrame)
+	if n.Limit > 0 {
+		limit = max(uint64(n.Limit)*fullFrame, burst)
+	}
+	return &netlink.Tbf{
+		QdiscAttrs: attrs,
+		Rate:       rate,
+		// The bucket in the kernel's scheduler ticks of 64 ns: the time
+		// burst takes at the rate.
+		Buffer: uint32(min(burst*uint64(time.Second/64)/rate, 1<<32-1)),
+		Limit:  uint32(min(limit, 1<<32-1)),
+	}
 }
