@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/bits"
@@ -533,6 +534,32 @@ func ExtentsLen(xs []Extent) uint64 {
 		n += x.Len
 	}
 	return n
+}
+
+// ExtentsOverlap reports whether a byte lies in an extent of a and in an
+// extent of b, in O((len(a)+len(b)) log) time.
+func ExtentsOverlap(a, b []Extent) bool {
+	byAddr := func(x, y Extent) int { return cmp.Compare(x.Addr, y.Addr) }
+	a, b = slices.SortedFunc(slices.Values(a), byAddr), slices.SortedFunc(slices.Values(b), byAddr)
+	for i, j := 0, 0; i < len(a) && j < len(b); {
+		x, y := a[i], b[j]
+		switch {
+		case x.Len == 0:
+			i++
+		case y.Len == 0:
+			j++
+		case x.Addr < y.Addr: // differences, not ends: an end may overflow
+			if y.Addr-x.Addr < x.Len {
+				return true
+			}
+			i++ // x ends before y and every later extent of b starts
+		case x.Addr-y.Addr < y.Len:
+			return true
+		default:
+			j++
+		}
+	}
+	return false
 }
 
 // NodeAlloc asks a node for Count frames on Device for the connection's tenant.

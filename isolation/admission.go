@@ -11,8 +11,10 @@ import (
 )
 
 // Request asks to admit a container, named by its containerd namespace
-// ("" for none) and its id together. Tenant is a name Config.Resolve gave;
-// Memory 0 is the tenant's DefaultMemory and Compute 0 its weight.
+// ("" for none) and its id together. Tenant is the tenant the runtime's own
+// arguments name, "" for none: Admit resolves it, with Namespace, through
+// Config.Resolve. Memory 0 is the tenant's DefaultMemory and Compute 0 its
+// weight.
 type Request struct {
 	Namespace, Container, Tenant string
 	Memory                       uint64
@@ -75,34 +77,41 @@ func (a *Admission) SetConfig(cfg *Config) {
 	a.cfg = cfg
 }
 
-// Admit reserves memory for a container against its tenant's cap. It fails
-// with api.ErrQuotaExceeded where the tenant's reservations would pass its
+// Admit decides a container's tenant (Config.Resolve of r.Tenant and
+// r.Namespace) and reserves memory for the container against that tenant's
+// cap, returning the grant and the tenant whose limits it was admitted
+// under. Both steps see one configuration, in one critical section: a
+// reload comes before or after them, never between, which would admit the
+// container under the old mapping with the new limits.
+//
+// It fails with api.ErrPermissionDenied where Resolve does, with
+// api.ErrQuotaExceeded where the tenant's reservations would pass its
 // memory cap, its containers its max_containers, or the container asks for
-// a compute weight above its tenant's, and with
-// api.ErrInvalidArgument for an empty container id, a container already
-// admitted (the same id in the same namespace), a tenant
-// the configuration does not define, or a request for no memory where the
-// tenant has no default_memory.
-func (a *Admission) Admit(r Request) (Grant, error) {
+// a compute weight above its tenant's, and with api.ErrInvalidArgument for
+// an empty container id, a container already admitted (the same id in the
+// same namespace), or a request for no memory where the tenant has no
+// default_memory.
+func (a *Admission) Admit(r Request) (Grant, *Tenant, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if r.Container == "" {
-		return Grant{}, fmt.Errorf("admit: empty container id (namespace %q): %w", r.Namespace, api.ErrInvalidArgument)
+		return Grant{}, nil, fmt.Errorf("admit: empty container id (namespace %q): %w", r.Namespace, api.ErrInvalidArgument)
 	}
 	k := ref{r.Namespace, r.Container}
-	t, ok := a.cfg.Tenants[r.Tenant]
-	if !ok {
-		return Grant{}, fmt.Errorf("admit container %v: unknown tenant %q: %w", k, r.Tenant, api.ErrInvalidArgument)
+	t, err := a.cfg.Resolve(r.Tenant, r.Namespace)
+	if err != nil {
+		return Grant{}, nil, fmt.Errorf("admit container %v: %w", k, err)
 	}
 	if g, dup := a.grants[k]; dup {
-		return Grant{}, fmt.Errorf("admit container %v: already admitted for tenant %q: %w", k, g.Tenant, api.ErrInvalidArgument)
+		return Grant{}, nil, fmt.Errorf("admit container %v: already admitted for tenant %q: %w", k, g.Tenant, api.ErrInvalidArgument)
 	}
 	g := Grant(r)
+	g.Tenant = t.Name
 	if g.Memory == 0 {
 		g.Memory = t.DefaultMemory
 	}
 	if g.Memory == 0 {
-		return Grant{}, fmt.Errorf("admit container %v: container asks for no memory and tenant %q has no default_memory: %w", k, r.Tenant, api.ErrInvalidArgument)
+		return Grant{}, nil, fmt.Errorf("admit container %v: container asks for no memory and tenant %q has no default_memory: %w", k, t.Name, api.ErrInvalidArgument)
 	}
 	if g.Compute == 0 {
 		g.Compute = t.Compute
@@ -110,28 +119,28 @@ func (a *Admission) Admit(r Request) (Grant, error) {
 	if g.Compute > t.Compute {
 		// The node shares device time by tenant: a container's weight
 		// would be its whole tenant's, and its siblings'.
-		return Grant{}, fmt.Errorf("admit container %v: asks for compute weight %d, above tenant %q's compute of %d: %w",
-			k, g.Compute, r.Tenant, t.Compute, api.ErrQuotaExceeded)
+		return Grant{}, nil, fmt.Errorf("admit container %v: asks for compute weight %d, above tenant %q's compute of %d: %w",
+			k, g.Compute, t.Name, t.Compute, api.ErrQuotaExceeded)
 	}
-	u := a.use[r.Tenant]
+	u := a.use[t.Name]
 	if u == nil {
 		u = &usage{}
 	}
 	if t.MaxContainers > 0 && u.containers >= t.MaxContainers {
-		return Grant{}, fmt.Errorf("admit container %v: tenant %q has %d containers, max_containers is %d: %w",
-			k, r.Tenant, u.containers, t.MaxContainers, api.ErrQuotaExceeded)
+		return Grant{}, nil, fmt.Errorf("admit container %v: tenant %q has %d containers, max_containers is %d: %w",
+			k, t.Name, u.containers, t.MaxContainers, api.ErrQuotaExceeded)
 	}
 	// reserved+memory <= cap, written so that it cannot overflow; reserved
 	// may already be over a cap that a reload lowered.
 	if t.Memory > 0 && (u.reserved > t.Memory || g.Memory > t.Memory-u.reserved) {
-		return Grant{}, fmt.Errorf("admit container %v: tenant %q: requested %d bytes (%s), reserved %d bytes, cap %d bytes (%s): %w",
-			k, r.Tenant, g.Memory, api.FormatSize(g.Memory), u.reserved, t.Memory, api.FormatSize(t.Memory), api.ErrQuotaExceeded)
+		return Grant{}, nil, fmt.Errorf("admit container %v: tenant %q: requested %d bytes (%s), reserved %d bytes, cap %d bytes (%s): %w",
+			k, t.Name, g.Memory, api.FormatSize(g.Memory), u.reserved, t.Memory, api.FormatSize(t.Memory), api.ErrQuotaExceeded)
 	}
 	u.containers++
 	u.reserved += g.Memory
-	a.use[r.Tenant] = u
+	a.use[t.Name] = u
 	a.grants[k] = g
-	return g, nil
+	return g, t, nil
 }
 
 // Release returns the reservation of container id of namespace. It reports

@@ -103,7 +103,10 @@ func TestAdmit(t *testing.T) {
 				msg: `admit container "c3": container asks for no memory and tenant "nodefault" has no default_memory: invalid argument`},
 		}},
 		{"unknown tenant", []step{
-			{admit: req("c1", "z", 1), want: api.ErrInvalidArgument, msg: `admit container "c1": unknown tenant "z": invalid argument`},
+			{admit: req("c1", "z", 1), want: api.ErrPermissionDenied,
+				msg: `admit container "c1": tenant "z" (named by the runtime's --tenant) is not defined in tenants.toml: permission denied`},
+			{admit: req("c1", "", 1), want: api.ErrPermissionDenied,
+				msg: `admit container "c1": namespace "" has no tenant in tenants.toml and there is no default_tenant: permission denied`},
 		}},
 		{"empty container id", []step{
 			{admit: req("", "a", 1), want: api.ErrInvalidArgument, msg: `admit: empty container id (namespace ""): invalid argument`},
@@ -115,7 +118,11 @@ func TestAdmit(t *testing.T) {
 				var g Grant
 				var err error
 				if s.admit != nil {
-					g, err = a.Admit(*s.admit)
+					var tn *Tenant
+					g, tn, err = a.Admit(*s.admit)
+					if (err == nil) != (tn != nil) || tn != nil && tn != a.Config().Tenants[g.Tenant] {
+						t.Fatalf("step %d: admit returned tenant %+v with grant %+v, error %v", i, tn, g, err)
+					}
 				} else {
 					var ok bool
 					g, ok = a.Release("", s.release)
@@ -175,7 +182,7 @@ func checkAccounting(t fataler, a *Admission) {
 func TestLookupAndGrants(t *testing.T) {
 	a := NewAdmission(mustParse(t, admitFile))
 	for _, c := range []string{"z", "m", "a"} {
-		if _, err := a.Admit(Request{Container: c, Tenant: "b", Memory: 10}); err != nil {
+		if _, _, err := a.Admit(Request{Container: c, Tenant: "b", Memory: 10}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -199,11 +206,11 @@ func TestLookupAndGrants(t *testing.T) {
 func TestOneIDInTwoNamespaces(t *testing.T) {
 	a := NewAdmission(mustParse(t, admitFile))
 	for _, ns := range []string{"moby", "k8s.io", ""} {
-		if _, err := a.Admit(Request{Namespace: ns, Container: "same", Tenant: "b", Memory: 10}); err != nil {
+		if _, _, err := a.Admit(Request{Namespace: ns, Container: "same", Tenant: "b", Memory: 10}); err != nil {
 			t.Fatalf("namespace %q: %v", ns, err)
 		}
 	}
-	_, err := a.Admit(Request{Namespace: "moby", Container: "same", Tenant: "b", Memory: 10})
+	_, _, err := a.Admit(Request{Namespace: "moby", Container: "same", Tenant: "b", Memory: 10})
 	if !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), `"same" of namespace "moby"`) {
 		t.Errorf("second admission in one namespace: %v", err)
 	}
@@ -235,7 +242,7 @@ func TestTenants(t *testing.T) {
 		{Container: "c2", Tenant: "team-a", Memory: 1 << 30},
 		{Container: "c3", Tenant: "shared", Memory: 1},
 	} {
-		if _, err := a.Admit(r); err != nil {
+		if _, _, err := a.Admit(r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -256,7 +263,7 @@ func TestSetConfig(t *testing.T) {
 		{Container: "c1", Tenant: "a", Memory: 800},
 		{Container: "g1", Tenant: "gone", Memory: 5},
 	} {
-		if _, err := a.Admit(r); err != nil {
+		if _, _, err := a.Admit(r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -280,15 +287,15 @@ func TestSetConfig(t *testing.T) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
 	}
 	// New admissions see the new caps: a is over it, so even one byte fails.
-	if _, err := a.Admit(Request{Container: "c2", Tenant: "a", Memory: 1}); !errors.Is(err, api.ErrQuotaExceeded) {
+	if _, _, err := a.Admit(Request{Container: "c2", Tenant: "a", Memory: 1}); !errors.Is(err, api.ErrQuotaExceeded) {
 		t.Errorf("admit over a lowered cap: %v", err)
 	}
-	if _, err := a.Admit(Request{Container: "g2", Tenant: "gone", Memory: 1}); !errors.Is(err, api.ErrInvalidArgument) {
+	if _, _, err := a.Admit(Request{Container: "g2", Tenant: "gone", Memory: 1}); !errors.Is(err, api.ErrPermissionDenied) {
 		t.Errorf("admit for a removed tenant: %v", err)
 	}
 	// Releasing brings a under the cap again, exactly.
 	a.Release("", "c1")
-	if _, err := a.Admit(Request{Container: "c2", Tenant: "a", Memory: 500}); err != nil {
+	if _, _, err := a.Admit(Request{Container: "c2", Tenant: "a", Memory: 500}); err != nil {
 		t.Errorf("admit up to the new cap: %v", err)
 	}
 	// Releasing the last grant of a removed tenant removes it from the list.
@@ -332,4 +339,62 @@ func TestAdmissionConcurrent(t *testing.T) {
 			t.Errorf("tenant %s over max_containers: %+v", info.Name, info)
 		}
 	}
+}
+
+// TestAdmitAcrossReloads swaps between two configurations while containers
+// register. Each is consistent on its own: namespace ns's tenant has a cap of
+// 10 bytes in either. But config A maps ns to a, and config B gives a a cap of
+// 1000: a registration resolved under A and checked under B would admit 100
+// bytes. Every such request must be refused, and every admitted grant must
+// come with the tenant that config ns mapped to it.
+func TestAdmitAcrossReloads(t *testing.T) {
+	cfgA := mustParse(t, "[namespaces]\nns = \"a\"\n[tenants.a]\nmemory = 10\n[tenants.b]\nmemory = 10\n")
+	cfgB := mustParse(t, "[namespaces]\nns = \"b\"\n[tenants.a]\nmemory = 1000\n[tenants.b]\nmemory = 10\n")
+	a := NewAdmission(cfgA)
+	stop := make(chan struct{})
+	var reloads sync.WaitGroup
+	reloads.Add(1)
+	go func() {
+		defer reloads.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			a.SetConfig([]*Config{cfgA, cfgB}[i%2])
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				c := fmt.Sprintf("w%d-%d", w, i)
+				if g, tn, err := a.Admit(Request{Namespace: "ns", Container: c, Memory: 100}); !errors.Is(err, api.ErrQuotaExceeded) || tn != nil {
+					t.Errorf("100 bytes admitted as %+v under tenant %+v, error %v: resolved under one config, checked under the other", g, tn, err)
+					return
+				}
+				// Within either cap: if admitted, under a consistent pair.
+				g, tn, err := a.Admit(Request{Namespace: "ns", Container: c, Memory: 5})
+				if errors.Is(err, api.ErrQuotaExceeded) {
+					continue // the tenant's other containers hold its cap
+				}
+				if err != nil {
+					t.Errorf("admit 5 bytes: %v", err)
+					return
+				}
+				if !(tn == cfgA.Tenants["a"] && g.Tenant == "a" || tn == cfgB.Tenants["b"] && g.Tenant == "b") {
+					t.Errorf("grant %+v came with tenant %+v, not the one a config maps ns to", g, tn)
+					return
+				}
+				a.Release("ns", c)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	reloads.Wait()
+	checkAccounting(t, a)
 }

@@ -52,14 +52,16 @@
 //   - a grant was admitted only if, at that moment, the tenant's reserved
 //     memory plus the grant was at most its memory cap (exactly: ending at
 //     the cap is allowed, one byte more is not) and its containers were fewer
-//     than max_containers.
+//     than max_containers;
+//   - a grant's tenant was resolved, and its limits checked, against one
+//     Config: Admit resolves under the lock that SetConfig takes.
 //
 // Admission checks reservations against Memory alone; Oversubscribe and
 // DedupCharge, like Compute, ComputeMax and Bandwidth, are policy for the
 // mediator to apply.
 //
 // A reload (SetConfig) keeps every grant, even where the new limits are
-// lower; only admissions after it see the new limits.
+// lower; only admissions after it see the new mapping and limits.
 //
 // A Config is immutable once built by Load, Parse or Default: Admission and
 // its callers share it without locks and never modify it.

@@ -21,7 +21,9 @@ var (
 // genConfig draws a configuration over some of propTenants with small caps,
 // so that requests often land exactly at, just over and just under them.
 func genConfig(t *rapid.T, label string) *Config {
-	cfg := &Config{Path: label, Tenants: map[string]*Tenant{}}
+	// moby maps to a tenant that may be missing, like one a runtime names.
+	cfg := &Config{Path: label, Tenants: map[string]*Tenant{},
+		Namespaces: map[string]string{"moby": rapid.SampledFrom(propTenants).Draw(t, label+" moby's tenant")}}
 	for _, name := range propTenants {
 		if !rapid.Bool().Draw(t, label+" has "+name) {
 			continue
@@ -64,7 +66,7 @@ func TestAdmissionModel(t *testing.T) {
 				r := Request{
 					Namespace: rapid.SampledFrom(propNamespaces).Draw(t, "namespace"),
 					Container: rapid.SampledFrom(propContainers).Draw(t, "container"),
-					Tenant:    rapid.SampledFrom(append([]string{"x"}, propTenants...)).Draw(t, "tenant"),
+					Tenant:    rapid.SampledFrom(append([]string{"", "x"}, propTenants...)).Draw(t, "tenant"),
 					Memory: rapid.OneOf(rapid.Uint64Range(0, 110), rapid.Just(uint64(math.MaxUint64)),
 						rapid.Just(uint64(math.MaxUint64-50))).Draw(t, "memory"),
 					Compute: rapid.Uint32Range(0, 3).Draw(t, "compute"),
@@ -72,9 +74,12 @@ func TestAdmissionModel(t *testing.T) {
 				}
 				var want error
 				expect := Grant(r)
-				tn, known := cfg.Tenants[r.Tenant]
+				if expect.Tenant == "" { // the namespace's, if mapped; there is no default_tenant
+					expect.Tenant = cfg.Namespaces[r.Namespace]
+				}
+				tn, known := cfg.Tenants[expect.Tenant]
 				_, dup := model[ref{r.Namespace, r.Container}]
-				n, reserved := used(r.Tenant)
+				n, reserved := used(expect.Tenant)
 				if known {
 					if expect.Memory == 0 {
 						expect.Memory = tn.DefaultMemory
@@ -85,7 +90,9 @@ func TestAdmissionModel(t *testing.T) {
 				}
 				sum, carry := bits.Add64(reserved, expect.Memory, 0)
 				switch {
-				case !known, dup, expect.Memory == 0:
+				case !known:
+					want = api.ErrPermissionDenied
+				case dup, expect.Memory == 0:
 					want = api.ErrInvalidArgument
 				case expect.Compute > tn.Compute:
 					want = api.ErrQuotaExceeded
@@ -94,13 +101,13 @@ func TestAdmissionModel(t *testing.T) {
 				case tn.Memory > 0 && (carry != 0 || sum > tn.Memory):
 					want = api.ErrQuotaExceeded
 				}
-				g, err := a.Admit(r)
+				g, got, err := a.Admit(r)
 				if want == nil {
 					if err != nil {
 						t.Fatalf("admit %+v: %v (model: %d containers, %d reserved)", r, err, n, reserved)
 					}
-					if g != expect {
-						t.Fatalf("admit %+v: grant %+v, want %+v", r, g, expect)
+					if g != expect || got != tn {
+						t.Fatalf("admit %+v: grant %+v of tenant %+v, want %+v of %+v", r, g, got, expect, tn)
 					}
 					// The cap held at admission time.
 					if tn.Memory > 0 && reserved+g.Memory > tn.Memory {
@@ -180,9 +187,8 @@ default_memory = "512MiB"
 		panic(err)
 	}
 	a := NewAdmission(cfg)
-	tenant, _ := cfg.Resolve("", "k8s.io")
 	for _, c := range []string{"c1", "c2", "c3"} {
-		g, err := a.Admit(Request{Namespace: "k8s.io", Container: c, Tenant: tenant.Name})
+		g, _, err := a.Admit(Request{Namespace: "k8s.io", Container: c}) // k8s.io's tenant: team-a
 		fmt.Println(g.Memory, err)
 	}
 	// Output:

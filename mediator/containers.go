@@ -266,12 +266,10 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if err := m.awaitRelease(k); err != nil {
 		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
-	tenant, err := m.admission.Config().Resolve(r.Tenant, r.Namespace)
-	if err != nil {
-		return nil, fmt.Errorf("register %v: %w", k, err)
-	}
-	grant, err := m.admission.Admit(isolation.Request{
-		Namespace: r.Namespace, Container: r.Container, Tenant: tenant.Name, Memory: r.Memory, Compute: r.Compute, Devices: max(r.Devices, 1),
+	// One step, so that the tenant, its limits at admission and those the
+	// container keeps come from one quota file even while a reload runs.
+	grant, tenant, err := m.admission.Admit(isolation.Request{
+		Namespace: r.Namespace, Container: r.Container, Tenant: r.Tenant, Memory: r.Memory, Compute: r.Compute, Devices: max(r.Devices, 1),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("register %v: %w", k, err)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -221,6 +222,68 @@ func TestQuotaReload(t *testing.T) {
 	if ti := tenantInfo(t, op, "team-a"); ti.Memory != 1<<30 {
 		t.Fatalf("after reload: %+v", ti)
 	}
+}
+
+// A registration that races a reload is resolved and admitted under one
+// quota file. Each file refuses 32MiB to namespace moby, whose tenant has a
+// cap of 16MiB in both; but the first maps moby to team-a, and the second
+// gives team-a 1GiB: moby's tenant under the first with the limits of the
+// second would admit it.
+func TestRegisterAcrossReloads(t *testing.T) {
+	cs := startContainers(t)
+	files := []string{
+		"[namespaces]\nmoby = \"team-a\"\n[tenants.team-a]\nmemory = \"16MiB\"\n[tenants.shared]\nmemory = \"16MiB\"\n",
+		"[namespaces]\nmoby = \"shared\"\n[tenants.team-a]\nmemory = \"1GiB\"\n[tenants.shared]\nmemory = \"16MiB\"\n",
+	}
+	// Each file replaces the last whole, so a reload never reads half of one.
+	write := func(i int) {
+		tmp := cs.quota + ".new"
+		if err := os.WriteFile(tmp, []byte(files[i%2]), 0o644); err != nil {
+			t.Error(err)
+		}
+		if err := os.Rename(tmp, cs.quota); err != nil {
+			t.Error(err)
+		}
+	}
+	write(0)
+	if err := cs.med.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var reloads sync.WaitGroup
+	reloads.Add(1)
+	go func() {
+		defer reloads.Done()
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			write(i)
+			if err := cs.med.Reload(); err != nil {
+				t.Errorf("reload: %v", err)
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 1000 {
+				r, err := cs.med.Register(api.Register{Container: fmt.Sprintf("w%d-%d", w, i), Namespace: "moby", Memory: 32 << 20})
+				if !errors.Is(err, api.ErrQuotaExceeded) {
+					t.Errorf("registration of 32MiB: %+v, %v; want it refused under either file", r, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	reloads.Wait()
 }
 
 // A containerd report that a container ended arrives late: it must not

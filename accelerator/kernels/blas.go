@@ -1,10 +1,13 @@
 package kernels
 
-import "github.com/vgpu/vgpu/api"
+import (
+	"slices"
+
+	"github.com/vgpu/vgpu/api"
+)
 
 // The vector kernels run on the caller's goroutine: they do one or two
-// memory operations per element, so they are bound by memory bandwidth, and
-// a single pass in index order keeps overlapping arguments deterministic.
+// memory operations per element, so they are bound by memory bandwidth.
 
 var fillF32 = &Kernel{
 	serial: true,
@@ -37,8 +40,8 @@ var saxpy = &Kernel{
 	serial: true,
 	Info: api.KernelInfo{
 		Name: "saxpy",
-		Doc: "y[i] = a*x[i] + y[i] for 0 <= i < n, in index order; the product is rounded to float32 " +
-			"before the sum (no fused multiply-add). x and y may overlap.",
+		Doc: "y[i] = a*x[i] + y[i] for 0 <= i < n; the product is rounded to float32 " +
+			"before the sum (no fused multiply-add). x and y may overlap: x is read as it was before the launch.",
 		Params: []api.Param{i64Param("n"), f32Param("a"), bufParam("x", api.AccessRead, 4, "n"), bufParam("y", api.AccessReadWrite, 4, "n")},
 	},
 	plan: planSaxpy,
@@ -54,8 +57,12 @@ func planSaxpy(args []Value, maxWork int) (*Plan, error) {
 	}
 	a := args[1].F32
 	y = y[:len(x)]
-	// Slices run in order, so the elements are still updated in index
-	// order, as Doc promises for overlapping x and y.
+	if overlap(x, y) {
+		// As Doc promises. A device hands over a buffer that lies in
+		// several runs of its memory as a copy, which overlaps nothing,
+		// so this is what any layout of x and y gives.
+		x = slices.Clone(x)
+	}
 	return evenPlan(len(x), vectorCost, maxWork, func(lo, hi, _ int) error {
 		ys := y[lo:hi]
 		for i, xv := range x[lo:hi] {
