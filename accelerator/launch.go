@@ -12,7 +12,8 @@ package accelerator
 // stepTime plus one slice and the preparation of the launch it moved on to
 // (which copies a buffer backed by several runs of memory), and the
 // scheduler shares the device between runs step by step as it does between
-// single launches slice by slice.
+// single launches slice by slice. Preparations the submitter does are
+// charged to the run's tenant too (scheduler.chargeAside).
 //
 // Invariants:
 //   - Every launch of a run was checked against its kernel's signature and
@@ -24,7 +25,10 @@ package accelerator
 //     launch's results. The first launch of a run is prepared by the
 //     submitter, so a single launch that its checks refuse, or that has
 //     nothing to do, never reaches the scheduler; the others are prepared
-//     by the runner, in a step.
+//     by the runner, in a step. Either way the preparation is device time
+//     of the run's tenant: a gather on the submitter's goroutine is
+//     charged as if the runner had done it, without holding up the slices
+//     of other tenants meanwhile.
 //   - Each launch of a run ends with its own result; the run's submitter
 //     waits for the last one.
 
@@ -134,7 +138,13 @@ type launchRun struct {
 // launch's error.
 func (d *device) launchAll(t tenantShare, ls []checkedLaunch) []error {
 	r := &launchRun{d: d, ls: ls, errs: make([]error, len(ls))}
-	for r.advance() {
+	for {
+		start := d.sched.clock.now()
+		ok := r.advance()
+		d.sched.chargeAside(t, d.sched.clock.now()-start)
+		if !ok {
+			break
+		}
 		if err := d.sched.run(t, r.step); err != nil {
 			// The job ended early: a slice panicked or the scheduler
 			// closed. The launch in progress failed; the rest go on.

@@ -246,6 +246,26 @@ func (s *scheduler) run(t tenantShare, st step) error {
 		go s.runner(false)
 		go s.runner(true)
 	}
+	a := s.account(t)
+	if len(a.jobs) == 0 {
+		window := reentryWindow
+		if a.waiting {
+			window = busyWindow
+		}
+		if !a.ran || s.clock.now()-a.idleSince > window {
+			a.vtime = max(a.vtime, s.vnow) // no banked credit
+		}
+	}
+	a.jobs = append(a.jobs, j)
+	wake := s.dispatcherWake()
+	s.mu.Unlock()
+	poke(wake)
+	return <-j.done
+}
+
+// account returns t's account, made if missing, with t's weight and cap.
+// Called with s.mu held.
+func (s *scheduler) account(t tenantShare) *account {
 	a := s.accounts[t.name]
 	if a == nil {
 		s.prune()
@@ -265,20 +285,20 @@ func (s *scheduler) run(t tenantShare, st step) error {
 		a.refill = s.clock.now()
 	}
 	a.weight, a.computeMax = w, c
-	if len(a.jobs) == 0 {
-		window := reentryWindow
-		if a.waiting {
-			window = busyWindow
-		}
-		if !a.ran || s.clock.now()-a.idleSince > window {
-			a.vtime = max(a.vtime, s.vnow) // no banked credit
-		}
-	}
-	a.jobs = append(a.jobs, j)
-	wake := s.dispatcherWake()
-	s.mu.Unlock()
-	poke(wake)
-	return <-j.done
+	return a
+}
+
+// chargeAside counts d of work done for t off the runners (preparing a
+// launch: gathering a buffer that lies in several runs of memory) as t's
+// device time: it delays t's next slices as much as a slice that long
+// would have, so the work is paid for, while it ran beside other tenants'
+// slices rather than holding the device.
+func (s *scheduler) chargeAside(t tenantShare, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.account(t)
+	a.used += d
+	a.charge(d)
 }
 
 // maxAccounts bounds the accounts a scheduler keeps: past it, accounts of

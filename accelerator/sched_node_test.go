@@ -2,6 +2,7 @@ package accelerator
 
 import (
 	"testing"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 )
@@ -66,5 +67,39 @@ func TestLaunchThroughScheduler(t *testing.T) {
 	}
 	if got := a1.status().Shares[1].Launches; got != 1 {
 		t.Fatalf("bob's launches after a rejected one: %d, want 1", got)
+	}
+}
+
+// TestLaunchPreparationIsCharged: gathering a buffer that lies in several
+// runs of memory is device work, charged to the launching tenant. Each
+// launch here sums one float of a 16 MiB buffer in 8 runs, so nearly all
+// of its time is the gathering.
+func TestLaunchPreparationIsCharged(t *testing.T) {
+	tn := startNode(t)
+	c := tn.connectShare(t, "gatherer", 1, 0)
+	const runs = 8
+	frames := c.alloc(0, runs+1)
+	var xs []api.Extent
+	for _, f := range frames[:runs] {
+		xs = append(xs, ext(f, 0, FrameSize))
+	}
+	out := ext(frames[runs], 0, 4)
+	const launches = 20
+	start := time.Now()
+	for range launches {
+		if err := c.launch(0, "reduce_sum_f32", i64Arg(1), bufArg(xs...), bufArg(out)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wall := time.Since(start)
+	var charged time.Duration
+	for _, s := range c.status().Shares {
+		if s.Tenant == "gatherer" {
+			charged = s.DeviceTime
+		}
+	}
+	t.Logf("%d launches in %v, %v charged", launches, wall, charged)
+	if charged < wall/2 {
+		t.Fatalf("%d launches gathering %d runs each took %v, %v of it charged: want at least half", launches, runs, wall, charged)
 	}
 }

@@ -576,3 +576,59 @@ func TestWriteFrom(t *testing.T) {
 		t.Fatalf("short reader: %v, want unexpected EOF naming the extent", err)
 	}
 }
+
+// TestLaunchOverlap: saxpy over overlapping x and y gives the same result
+// whether each lies in one run of memory (used in place) or several
+// (gathered), as its Doc says; a kernel that splits its work over
+// goroutines refuses an output that overlaps an input in device memory,
+// in whatever runs they lie.
+func TestLaunchOverlap(t *testing.T) {
+	d := newDevice(t, 1<<20)
+	saxpy, err := kernels.Lookup("saxpy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i64 := func(v int64) api.NodeArg { return api.NodeArg{Kind: api.ArgI64, Bits: uint64(v)} }
+	f32 := func(v float32) api.NodeArg { return api.NodeArg{Kind: api.ArgF32, Bits: api.F32Bits(v)} }
+	buf := func(xs ...api.Extent) api.NodeArg { return api.NodeArg{Kind: api.ArgBuffer, Extents: xs} }
+	// Floats 0..4 at base; x is floats 0..3, y floats 1..4: x[i] is y[i-1].
+	// Split runs put floats 0..1 at base and 2..4 at base+8192.
+	type layout struct {
+		name string
+		x, y []api.Extent
+		all  []api.Extent // floats 0..4
+	}
+	const base = 4096
+	one := []api.Extent{{Addr: base, Len: 20}}
+	split := []api.Extent{{Addr: base, Len: 8}, {Addr: base + 8192, Len: 12}}
+	for _, l := range []layout{
+		{"one run", []api.Extent{{Addr: base, Len: 16}}, []api.Extent{{Addr: base + 4, Len: 16}}, one},
+		{"x in two runs", []api.Extent{{Addr: base, Len: 8}, {Addr: base + 8192, Len: 8}}, []api.Extent{{Addr: base + 4, Len: 4}, {Addr: base + 8192, Len: 12}}, split},
+	} {
+		if err := d.Write(l.all, f32Bytes(1, 2, 3, 4, 5)); err != nil {
+			t.Fatal(err)
+		}
+		if err := launch(d, saxpy, []api.NodeArg{i64(4), f32(10), buf(l.x...), buf(l.y...)}); err != nil {
+			t.Fatalf("%s: %v", l.name, err)
+		}
+		// y[i] = 10*x[i] + y[i] with x as it was: 10*1+2, 10*2+3, ...
+		if got := f32s(read(t, d, l.all...)); fmt.Sprint(got) != "[1 12 23 34 45]" {
+			t.Errorf("%s: saxpy over overlapping x and y gave %v, want [1 12 23 34 45]", l.name, got)
+		}
+	}
+
+	sgemm, err := kernels.Lookup("sgemm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2×2 matrices: a over two runs, c over two runs that share a's second.
+	a := []api.Extent{{Addr: 65536, Len: 8}, {Addr: 65536 + 8192, Len: 8}}
+	b := []api.Extent{{Addr: 65536 + 4096, Len: 16}}
+	c := []api.Extent{{Addr: 65536 + 8192, Len: 8}, {Addr: 65536 + 12288, Len: 8}}
+	before := read(t, d, c...)
+	err = launch(d, sgemm, []api.NodeArg{i64(2), i64(2), i64(2), f32(1), buf(a...), buf(b...), f32(1), buf(c...)})
+	wantErr(t, "sgemm with c over a's memory", err, api.ErrInvalidArgument, "output c overlaps input a")
+	if got := read(t, d, c...); !bytes.Equal(got, before) {
+		t.Fatalf("refused sgemm changed c")
+	}
+}
