@@ -537,29 +537,38 @@ func ExtentsLen(xs []Extent) uint64 {
 }
 
 // ExtentsOverlap reports whether a byte lies in an extent of a and in an
-// extent of b, in O((len(a)+len(b)) log) time.
+// extent of b, in O((len(a)+len(b)) log) time; without sorting, or
+// allocating, where each holds one extent.
 func ExtentsOverlap(a, b []Extent) bool {
+	if len(a) <= 1 && len(b) <= 1 {
+		return len(a) == 1 && len(b) == 1 && extentsMeet(a[0], b[0])
+	}
 	byAddr := func(x, y Extent) int { return cmp.Compare(x.Addr, y.Addr) }
 	a, b = slices.SortedFunc(slices.Values(a), byAddr), slices.SortedFunc(slices.Values(b), byAddr)
 	for i, j := 0, 0; i < len(a) && j < len(b); {
 		x, y := a[i], b[j]
 		switch {
-		case x.Len == 0:
-			i++
-		case y.Len == 0:
-			j++
-		case x.Addr < y.Addr: // differences, not ends: an end may overflow
-			if y.Addr-x.Addr < x.Len {
-				return true
-			}
-			i++ // x ends before y and every later extent of b starts
-		case x.Addr-y.Addr < y.Len:
+		case extentsMeet(x, y):
 			return true
+		case x.Len == 0 || y.Len != 0 && x.Addr < y.Addr:
+			i++ // x ends before y, and every later extent of b, starts
 		default:
 			j++
 		}
 	}
 	return false
+}
+
+// extentsMeet reports whether x and y share a byte. It compares
+// differences, not ends, which may overflow.
+func extentsMeet(x, y Extent) bool {
+	if x.Len == 0 || y.Len == 0 {
+		return false
+	}
+	if x.Addr <= y.Addr {
+		return y.Addr-x.Addr < x.Len
+	}
+	return x.Addr-y.Addr < y.Len
 }
 
 // NodeAlloc asks a node for Count frames on Device for the connection's tenant.
