@@ -235,6 +235,7 @@ type conn struct {
 	log     logrus.FieldLogger
 	pending atomic.Int64 // requests queued for or running in the executor
 	exports int          // objects exported and not ended; under objectTable.mu
+	pushes  *pusher      // from the handshake on (push.go)
 }
 
 type request struct {
@@ -255,6 +256,8 @@ func (n *Node) serveConn(nc net.Conn) {
 		return
 	}
 	c.log.Info("mediator connected")
+	c.pushes = startPusher(c.c, c.log)
+	defer c.pushes.stop()
 	queue := make(chan request, queueDepth)
 	done := make(chan struct{})
 	go func() {

@@ -8,8 +8,8 @@ package accelerator
 // coherent object is applied, the node pushes an invalidation (FlagPush,
 // api.OpNodeInval) to every connection that holds an unexpired lease on the
 // page and waits for its acknowledgement (api.OpNodeInvalAck) or for the
-// lease to run out, so a dead or cut-off mediator delays a write by one
-// lease at most.
+// lease to run out, so a dead or cut-off mediator, or one that reads no
+// pushes, delays a write by one lease at most.
 //
 // An object is the exporter's frames, which stay the exporter's: the
 // object ends when the exporter's connection frees them or ends. While it
@@ -28,9 +28,9 @@ package accelerator
 //     holds an unexpired copy of the page at an older version.
 //
 // Lock order: objectTable.mu, then an object's mu, then frame tables'
-// locks. Pushes are written without an object's mu, so a mediator that
-// does not read stalls only what waits for it; writing a frame never waits
-// for a lock of this file.
+// locks. Pushes are only queued under an object's mu, for the
+// connection's pusher to write (push.go), so a mediator that does not read
+// stalls nobody; writing a frame never waits for a lock of this file.
 
 import (
 	"cmp"
@@ -388,25 +388,18 @@ func (c *conn) revoke(m *api.NodeRevoke) error {
 // lease has passed, for one that does not answer. The caller holds o.mu.
 func (o *object) tell(tenant string) {
 	rv := &revocation{seq: revocations.Add(1), waiting: map[coherence.CacheID]bool{}}
-	var to []*conn
+	body := api.Encode(&api.NodeRevoke{Object: o.id, Tenant: tenant, Seq: rv.seq})
 	for id, rc := range o.importers {
 		if tenant == "" || rc.tenant == tenant {
 			rv.waiting[id] = true
-			to = append(to, rc)
+			rc.pushes.push(api.OpNodeRevoked, body)
 		}
 	}
-	if len(to) == 0 {
+	if len(rv.waiting) == 0 {
 		return
 	}
-	// Registered before the pushes: an acknowledgement may come at once.
 	o.revoking = append(o.revoking, rv)
 	defer func() { o.revoking = slices.DeleteFunc(o.revoking, func(x *revocation) bool { return x == rv }) }()
-	o.mu.Unlock() // pushed without the lock, as in writeObject
-	body := api.Encode(&api.NodeRevoke{Object: o.id, Tenant: tenant, Seq: rv.seq})
-	for _, rc := range to {
-		_ = rc.c.Push(api.OpNodeRevoked, body)
-	}
-	o.mu.Lock()
 	deadline := now() + ReadLease
 	wake := time.AfterFunc(ReadLease+time.Millisecond, func() {
 		o.mu.Lock()
@@ -537,23 +530,13 @@ func (c *conn) writeObject(h api.Header, m *api.NodeObjAccess) error {
 	}
 	mine := &objWrite{writer: c, off: m.Off, payload: m.Payload}
 	o.data[w.ID] = mine
-	var to []*conn
-	for _, r := range w.Inval {
-		if rc := o.readers[r]; rc != nil {
-			to = append(to, rc)
-		}
-	}
-	if len(to) > 0 {
-		// Pushed without the object's lock, so a connection that does not
-		// take them stalls nobody else; its lease runs out instead.
-		o.mu.Unlock()
-		body := api.Encode(&api.NodeInval{Object: o.id, Page: page, Version: w.Version})
-		for _, rc := range to {
-			_ = rc.c.Push(api.OpNodeInval, body)
-		}
-		o.mu.Lock()
-	}
 	if len(w.Inval) > 0 {
+		body := api.Encode(&api.NodeInval{Object: o.id, Page: page, Version: w.Version})
+		for _, r := range w.Inval {
+			if rc := o.readers[r]; rc != nil {
+				rc.pushes.push(api.OpNodeInval, body)
+			}
+		}
 		// Wake the waiters when the leases run out, in case nobody answers.
 		time.AfterFunc(max(0, w.Deadline-now())+time.Millisecond, func() {
 			o.mu.Lock()

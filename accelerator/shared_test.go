@@ -557,3 +557,89 @@ func TestNodeRevokedReaderAcknowledgesInvalidations(t *testing.T) {
 		t.Fatalf("the write waited out %d leases, although the reader acknowledged", st.Expired)
 	}
 }
+
+// stuckReader connects as tenant, imports object id and reads its first
+// page over and over, reading no reply, until the node can send it nothing
+// more: the node's writes to it block, and it holds a lease on the page,
+// fresh from the last read the node served, that it will never give up by
+// acknowledging an invalidation.
+func (tn *testNode) stuckReader(t *testing.T, tenant string, id uint64) {
+	t.Helper()
+	conn := tn.dialRaw(t)
+	send := func(op api.Op, m api.Message) error {
+		return conn.WriteFrame(op, 0, 1, api.Encode(m))
+	}
+	if err := send(api.OpHello, mediatorHello(tenant)); err != nil {
+		t.Fatal(err)
+	}
+	if err := send(api.OpNodeImport, &api.NodeObject{Object: id}); err != nil {
+		t.Fatal(err)
+	}
+	// The reads back up in the node's socket once it blocks on a reply;
+	// the sender stops when the connection closes.
+	go func() {
+		for send(api.OpNodeObjRead, &api.NodeObjAccess{Object: id, Len: PageSize}) == nil {
+		}
+	}()
+	// The node serves no more reads: the last one's lease is fresh.
+	o := tn.objectByID(id)
+	reads := func() uint64 {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return o.home.Stats().Reads
+	}
+	for last, still, deadline := reads(), 0, time.Now().Add(10*time.Second); still < 5; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the node still serves reads to a connection that reads no reply after 10s")
+		}
+		n := reads()
+		if n == last && n > 0 {
+			still++
+		} else {
+			last, still = n, 0
+		}
+	}
+}
+
+// A reader whose mediator reads nothing holds up a write of a page it
+// leased, and a revocation of its grant, one lease at most: the node's
+// pushes to it do not wait for it to read. Other connections see the
+// write.
+func TestNodeReaderThatDoesNotReadHoldsUpAWriteOneLease(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alpha")
+	id := exportFrame(t, a, api.ModeCoherent, api.Grant{Tenant: "beta"}, api.Grant{Tenant: "gamma"})
+	tn.stuckReader(t, "beta", id)
+
+	bound := ReadLease + 300*time.Millisecond // a lease, and time for a loaded machine
+	timed := func(what string, call *api.Call) {
+		t.Helper()
+		start := time.Now()
+		select {
+		case <-call.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s still waits for the reader that does not read after 5s; want one lease (%v)", what, ReadLease)
+		}
+		if err := call.Err; err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		took := time.Since(start)
+		if took > bound {
+			t.Fatalf("%s took %v, want one lease (%v) and at most %v", what, took, ReadLease, bound)
+		}
+		t.Logf("%s took %v", what, took)
+	}
+	timed("the write", a.rpc.Go(api.OpNodeObjWrite, nil, api.Encode(&api.NodeObjAccess{Object: id, Payload: []byte("alpha")})))
+	if st := a.status().Coherence; st.Expired != 1 {
+		t.Fatalf("the write waited out %d leases, want the stuck reader's", st.Expired)
+	}
+	g := tn.connect(t, "gamma")
+	body, err := g.call(api.OpNodeObjRead, &api.NodeObjAccess{Object: id, Len: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := body[len(body)-5:]; string(got) != "alpha" {
+		t.Fatalf("another reader reads %q after the write, want %q", got, "alpha")
+	}
+	timed("the revocation", a.rpc.Go(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: id, Tenant: "beta"})))
+}
