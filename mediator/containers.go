@@ -49,9 +49,18 @@ func (k ctrKey) String() string {
 // container is a registered container: its grant, its own socket, and the
 // connections that came through it.
 type container struct {
-	grant    isolation.Grant
-	pid      int
-	socket   string
+	grant  isolation.Grant
+	pid    int
+	socket string
+	// dir is the socket's directory, held open from registration to
+	// closeSocket: the socket is unlinked through it, and the directory
+	// told apart from any put at its path since.
+	dir *os.File
+	// ownDir: the mediator made dir (a registration without a runtime),
+	// so closeSocket removes it. A runtime's directory is the runtime's
+	// to remove (its poststop hook), as the runtime may already have made
+	// it again, and mounted it, for the container's next start.
+	ownDir   bool
 	listener net.Listener
 	budget   *budget // grant.Memory × oversubscribe, shared by its sessions
 	// oversubscribe is the tenant's factor when the container registered;
@@ -140,10 +149,23 @@ func (c *container) reclaim(s *session, n int) (busy bool) {
 	return busy
 }
 
-// closeSocket stops accepting on the container's socket and unlinks it.
+// closeSocket stops accepting on the container's socket, unlinks it and
+// lets go of its directory, removing it if the mediator made it and it is
+// still the one at its path. Its sessions go on: they no longer need
+// either.
 func (c *container) closeSocket() {
 	c.listener.Close()
-	os.Remove(c.socket) // bound through /proc/self/fd: the listener cannot unlink it (listenIn)
+	// Bound through /proc/self/fd, so the listener cannot unlink it (listenIn).
+	unix.Unlinkat(int(c.dir.Fd()), SocketName, 0)
+	if c.ownDir {
+		path := filepath.Dir(c.socket)
+		held, err1 := c.dir.Stat()
+		now, err2 := os.Lstat(path)
+		if err1 == nil && err2 == nil && os.SameFile(held, now) {
+			os.Remove(path) // empty unless someone else put something there
+		}
+	}
+	c.dir.Close()
 }
 
 // MaxContainerConns bounds the connections open on a container's socket:
@@ -274,7 +296,7 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
-	ctr, err := m.openContainer(grant, tenant, dir, int(r.Pid))
+	ctr, err := m.openContainer(grant, tenant, dir, r.SocketDir != "", int(r.Pid))
 	if err != nil {
 		m.admission.Release(r.Namespace, r.Container)
 		return nil, fmt.Errorf("register %v: %w", k, err)
@@ -284,8 +306,12 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 }
 
 // registerWait bounds how long a registration waits for the release of a
-// container of the same key, which itself waits up to releaseWait.
-const registerWait = releaseWait + 5*time.Second
+// container of the same key. It is well below the deadline of the hook
+// that asks (runtimehook.HookDeadline, 8 s): a registration that outlived
+// its hook would admit a container whose start has failed. A release may
+// take longer (its sessions' teardown, up to releaseWait); the
+// registration then fails, saying so, and the container's start with it.
+const registerWait = 5 * time.Second
 
 // awaitRelease waits until no container of key k is being released, so
 // that a container registered again right after its release (a restarted
@@ -306,61 +332,79 @@ func (m *Mediator) awaitRelease(k ctrKey) error {
 	}
 }
 
-// plainDir makes directory dir if it is missing and checks that it is a
-// plain directory, not a symlink that could steer a socket elsewhere.
-func plainDir(dir string) error {
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
+// openDir opens directory name in parent, making it first if mk, and
+// reports whether it made it. It follows no symlink, which could steer a
+// socket elsewhere: the directory must be a plain one.
+func openDir(parent *os.File, name string, mk bool) (d *os.File, made bool, err error) {
+	path := filepath.Join(parent.Name(), name)
+	if mk {
+		err := unix.Mkdirat(int(parent.Fd()), name, 0o755)
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, false, fmt.Errorf("socket directory %s: %v: %w", path, err, api.ErrInternal)
+		}
+		made = err == nil
 	}
-	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
-		return fmt.Errorf("socket directory %s is not a directory: %w", dir, api.ErrInvalidArgument)
+	fd, err := unix.Openat(int(parent.Fd()), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) && !mk {
+		return nil, false, fmt.Errorf("socket directory %s is missing; the runtime makes it, and mounts it in the container, before it registers the container: %w",
+			path, api.ErrInvalidArgument)
 	}
-	return nil
+	if err != nil {
+		return nil, false, fmt.Errorf("socket directory %s: %v: %w", path, err, api.ErrInvalidArgument)
+	}
+	return os.NewFile(uintptr(fd), path), made, nil
 }
 
-// listenIn listens on a socket named name in directory dir, opened without
-// following a symlink. It binds through /proc/self/fd, so the socket's full
-// path may be longer than a socket address holds (108 bytes): a namespace
-// and a 64-character id below the container directory can pass it. The
-// listener does not unlink the socket when closed; its owner removes it by
-// its full path.
-func listenIn(dir, name string) (net.Listener, error) {
-	d, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer d.Close()
+// listenIn listens on a socket named name in directory d. It binds through
+// /proc/self/fd, so the socket's full path may be longer than a socket
+// address holds (108 bytes): a namespace and a 64-character id below the
+// container directory can pass it. The listener does not unlink the socket
+// when closed; its owner unlinks it through d.
+func listenIn(d *os.File, name string) (net.Listener, error) {
 	l, err := daemon.ListenUnix(fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), name), 0o666) // container processes may run as any user
 	if err != nil {
 		return nil, err
 	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false) // its name dies with d
+	l.(*net.UnixListener).SetUnlinkOnClose(false) // its name is not the socket's path
 	return l, nil
 }
 
 // openContainer opens the socket of a container admitted with grant g under
 // tenant t's limits, which it keeps as they are now. dir is its socket
-// directory, below its namespace's.
-func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir string, pid int) (*container, error) {
+// directory, below its namespace's. A runtime's registration (byRuntime)
+// uses the directory the runtime made and mounted at the container's
+// /run/vgpu: one made here in its place would not be the container's, so a
+// missing one is an error. Without a runtime, the mediator makes it.
+func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir string, byRuntime bool, pid int) (*container, error) {
 	if err := os.MkdirAll(m.cfg.ContainerDir, 0o755); err != nil {
 		return nil, fmt.Errorf("container directory: %v: %w", err, api.ErrInternal)
 	}
-	// The runtime made the directories; they must still be plain ones, so
-	// the socket cannot be steered elsewhere through a symlink.
-	if err := plainDir(filepath.Dir(dir)); err != nil {
+	top, err := os.Open(m.cfg.ContainerDir) // the operator's: trusted
+	if err != nil {
+		return nil, fmt.Errorf("container directory: %v: %w", err, api.ErrInternal)
+	}
+	defer top.Close()
+	ns, _, err := openDir(top, filepath.Base(filepath.Dir(dir)), true) // shared by the namespace's containers: it stays
+	if err != nil {
 		return nil, err
 	}
-	if err := plainDir(dir); err != nil {
+	defer ns.Close()
+	d, made, err := openDir(ns, filepath.Base(dir), !byRuntime)
+	if err != nil {
 		return nil, err
 	}
 	sock := filepath.Join(dir, SocketName)
-	l, err := listenIn(dir, SocketName)
+	l, err := listenIn(d, SocketName)
 	if err != nil {
+		if made {
+			os.Remove(dir)
+		}
+		d.Close()
 		return nil, fmt.Errorf("container socket %s: %v: %w", sock, err, api.ErrInternal)
 	}
 	k := ctrKey{g.Namespace, g.Container}
 	ctr := &container{
-		grant: g, pid: pid, socket: sock, listener: l, conns: map[net.Conn]struct{}{}, sessions: map[*session]struct{}{},
+		grant: g, pid: pid, socket: sock, dir: d, ownDir: made, listener: l, conns: map[net.Conn]struct{}{}, sessions: map[*session]struct{}{},
 		oversubscribe: t.Oversubscribe, dedupCharge: t.DedupCharge,
 		budget:     &budget{owner: fmt.Sprintf("container %v of tenant %q", k, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe)},
 		hostMapped: budget{owner: fmt.Sprintf("host regions of container %v", k), limit: MaxHostMappedPerContainer},
@@ -444,10 +488,6 @@ func (m *Mediator) releaseIf(k ctrKey, check func(*container) error) error {
 	delete(m.releasing, k)
 	m.mu.Unlock()
 	close(done)
-	// The runtime's directory, if empty now; the runtime removes it too. The
-	// namespace's directory stays: the runtime may be making another
-	// container's directory in it.
-	os.Remove(filepath.Dir(ctr.socket))
 	log.Info("container released")
 	return nil
 }

@@ -32,8 +32,8 @@ type Invocation struct {
 	Root      string // runc's global --root
 	Log       string // runc's global --log
 	LogFormat string // runc's global --log-format
-	Bundle    string // create and run: --bundle as given; "" means the current directory
-	ID        string // create and run: the container id, the last positional argument
+	Bundle    string // FromBundle: --bundle as given; "" means the current directory
+	ID        string // FromBundle: the container id, the last positional argument
 
 	// The wrapper's flags. Empty ones take their defaults.
 	Tenant   string // --vgpu-tenant: the tenant of every container this runtime creates
@@ -52,8 +52,12 @@ func (inv *Invocation) Namespace() string {
 	return filepath.Base(filepath.Clean(inv.Root))
 }
 
-// Creates reports whether the call creates a container.
-func (inv *Invocation) Creates() bool { return inv.Command == "create" || inv.Command == "run" }
+// FromBundle reports whether the call makes a container from a bundle:
+// create and run, and restore (from a checkpoint), which runs the hooks of
+// the bundle's config.json as create does.
+func (inv *Invocation) FromBundle() bool {
+	return inv.Command == "create" || inv.Command == "run" || inv.Command == "restore"
+}
 
 // wrapperFlags are the wrapper's own flags, by name, and where each goes.
 var wrapperFlags = map[string]func(*Invocation) *string{
@@ -71,6 +75,8 @@ var valueFlags = map[string]map[string]bool{
 	"":       set("log", "log-format", "root", "criu", "rootless"),
 	"create": set("bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"),
 	"run":    set("bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"),
+	"restore": set("bundle", "b", "console-socket", "pid-file", "image-path", "work-path", "manage-cgroups-mode",
+		"empty-ns", "lsm-profile", "lsm-mount-context"),
 	"exec": set("console-socket", "pidfd-socket", "cwd", "env", "e", "user", "u", "additional-gids", "g",
 		"process", "p", "pid-file", "process-label", "apparmor", "cap", "c", "preserve-fds", "cgroup"),
 }
@@ -102,7 +108,8 @@ func flagName(arg string) (name, value string, hasValue, ok bool) {
 // It takes out --vgpu-* flags ("--vgpu-x v" and "--vgpu-x=v") wherever
 // they appear (but in the command an exec runs, after its container id, or
 // after "--"), finds the subcommand, runc's --root, --log and
-// --log-format, and for create and run the bundle and the container id.
+// --log-format, and for create, run and restore the bundle and the
+// container id.
 func ParseArgs(args []string) (*Invocation, error) {
 	inv := &Invocation{Args: make([]string, 0, len(args))}
 	scope := ""       // "" while reading global flags, then the subcommand
@@ -111,7 +118,7 @@ func ParseArgs(args []string) (*Invocation, error) {
 		arg := args[i]
 		if verbatim {
 			inv.Args = append(inv.Args, arg)
-			if inv.Creates() {
+			if inv.FromBundle() {
 				inv.ID = arg
 			}
 			continue
@@ -146,7 +153,7 @@ func ParseArgs(args []string) (*Invocation, error) {
 			}
 			// runc reorders flags after positional arguments to the
 			// front (create ID --bundle B works), except for exec.
-			if inv.Creates() {
+			if inv.FromBundle() {
 				inv.ID = arg
 			}
 			if scope == "exec" {
@@ -169,7 +176,7 @@ func ParseArgs(args []string) (*Invocation, error) {
 			inv.Log = value
 		case scope == "" && name == "log-format":
 			inv.LogFormat = value
-		case inv.Creates() && (name == "bundle" || name == "b"):
+		case inv.FromBundle() && (name == "bundle" || name == "b"):
 			inv.Bundle = value
 		}
 	}

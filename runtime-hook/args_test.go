@@ -138,6 +138,16 @@ func TestParseArgs(t *testing.T) {
 			want: Invocation{},
 		},
 		{
+			// runc restore starts a container from a bundle too; its
+			// value flags are not taken for the id.
+			name: "containerd shim restore",
+			args: ctrGlobals + " restore --image-path /img --work-path /work --bundle /b/k8s.io/abc --pid-file /b/init.pid --manage-cgroups-mode soft --detach --empty-ns network --lsm-profile apparmor:p --lsm-mount-context ctx abc",
+			pass: ctrGlobals + " restore --image-path /img --work-path /work --bundle /b/k8s.io/abc --pid-file /b/init.pid --manage-cgroups-mode soft --detach --empty-ns network --lsm-profile apparmor:p --lsm-mount-context ctx abc",
+			want: Invocation{Command: "restore", Root: "/run/containerd/runc/k8s.io",
+				Log: "/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc/log.json", LogFormat: "json",
+				Bundle: "/b/k8s.io/abc", ID: "abc"},
+		},
+		{
 			name: "later wrapper flag wins",
 			args: "--vgpu-tenant a --vgpu-tenant=b features",
 			pass: "features",

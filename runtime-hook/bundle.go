@@ -16,12 +16,14 @@ import (
 	"github.com/vgpu/vgpu/api"
 )
 
-// EditBundle does the wrapper's work on create: it reads the bundle's
-// config.json and, if the container asks for a vGPU, makes its socket
-// directory and rewrites config.json through the Attach chain. It reports
-// whether it rewrote the file; a container that asks for nothing is left
-// alone, byte for byte, and a failure leaves no socket directory behind.
-// inv must have had Settings applied.
+// EditBundle does the wrapper's work on a call that makes a container from
+// a bundle (FromBundle): it reads the bundle's config.json and, if the
+// container asks for a vGPU, makes its socket directory and rewrites
+// config.json through the Attach chain. It reports whether it rewrote the
+// file; a container that asks for nothing is left alone, byte for byte,
+// and a failure leaves no socket directory behind. A restore of a
+// container that asks for a vGPU is refused: the checkpoint holds neither
+// its device memory nor its sessions. inv must have had Settings applied.
 func EditBundle(inv *Invocation) (bool, error) {
 	bundle := inv.Bundle
 	if bundle == "" {
@@ -32,9 +34,9 @@ func EditBundle(inv *Invocation) (bool, error) {
 		return false, fmt.Errorf("bundle %q: %v: %w", inv.Bundle, err, api.ErrInvalidArgument)
 	}
 	cfgPath := filepath.Join(bundle, "config.json")
-	raw, err := os.ReadFile(cfgPath)
+	raw, err := readConfig(cfgPath)
 	if err != nil {
-		return false, fmt.Errorf("container %s: %v: %w", inv.ID, err, api.ErrInvalidArgument)
+		return false, fmt.Errorf("container %s: %w", inv.ID, err)
 	}
 	var spec specs.Spec
 	if err := json.Unmarshal(raw, &spec); err != nil {
@@ -46,6 +48,10 @@ func EditBundle(inv *Invocation) (bool, error) {
 	}
 	if req == nil {
 		return false, nil
+	}
+	if inv.Command == "restore" {
+		return false, fmt.Errorf("container %s: it asks for a vGPU, which runc restore cannot bring back (a checkpoint holds neither its device memory nor its mediator sessions); create it anew: %w",
+			inv.ID, api.ErrInvalidArgument)
 	}
 	// Re-encoding drops what specs.Spec does not know: refuse rather
 	// than lose a setting (a security one, say) without a word.
@@ -85,7 +91,8 @@ func EditBundle(inv *Invocation) (bool, error) {
 // namespace, stateDir/namespace/id (SocketDir), and its namespace's
 // directory, mode 0755 (owned by the caller: root, in production), and
 // returns it. Directories left from an earlier run are reused; anything
-// else in their place (a symlink, a file) is refused.
+// else in their place (a symlink, a file) is refused, and nothing outside
+// stateDir is touched (os.Root).
 func PrepareSocketDir(stateDir, namespace, id string) (string, error) {
 	if err := ValidID(id); err != nil {
 		return "", err
@@ -99,30 +106,36 @@ func PrepareSocketDir(stateDir, namespace, id string) (string, error) {
 	if err := os.MkdirAll(stateDir, 0o755); err != nil {
 		return "", fmt.Errorf("state directory: %v: %w", err, api.ErrInternal)
 	}
-	dir := SocketDir(stateDir, namespace, id)
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := plainDir(d); err != nil {
+	root, err := os.OpenRoot(stateDir)
+	if err != nil {
+		return "", fmt.Errorf("state directory: %v: %w", err, api.ErrInternal)
+	}
+	defer root.Close()
+	rel := SocketDir(".", namespace, id)
+	for _, p := range []string{filepath.Dir(rel), rel} {
+		if err := plainDir(root, p); err != nil {
 			return "", err
 		}
 	}
-	return dir, nil
+	return SocketDir(stateDir, namespace, id), nil
 }
 
-// plainDir makes directory dir, mode 0755, or checks that what is there is
-// a directory (not a symlink) and gives it that mode.
-func plainDir(dir string) error {
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
+// plainDir makes directory name in root, mode 0755, or checks that what is
+// there is a directory (not a symlink) and gives it that mode.
+func plainDir(root *os.Root, name string) error {
+	dir := filepath.Join(root.Name(), name)
+	if err := root.Mkdir(name, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("socket directory %s: %v: %w", dir, err, api.ErrInternal)
 	}
-	fi, err := os.Lstat(dir)
+	fi, err := root.Lstat(name)
 	if err != nil {
-		return fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
+		return fmt.Errorf("socket directory %s: %v: %w", dir, err, api.ErrInternal)
 	}
 	if !fi.IsDir() {
 		return fmt.Errorf("socket directory %s exists and is not a directory (%v): %w", dir, fi.Mode().Type(), api.ErrPermissionDenied)
 	}
-	if err := os.Chmod(dir, 0o755); err != nil { // whatever the umask
-		return fmt.Errorf("socket directory: %v: %w", err, api.ErrInternal)
+	if err := root.Chmod(name, 0o755); err != nil { // whatever the umask
+		return fmt.Errorf("socket directory %s: %v: %w", dir, err, api.ErrInternal)
 	}
 	return nil
 }

@@ -398,3 +398,46 @@ func TestReportError(t *testing.T) {
 		t.Errorf("stderr %q", stderr.String())
 	}
 }
+
+// runc restore starts a container from a bundle and a checkpoint, which
+// holds neither the container's device memory nor its sessions: a bundle
+// that asks for a vGPU is refused, untouched; one that asks for nothing is
+// left alone, as on create.
+func TestEditBundleRestore(t *testing.T) {
+	cfg := config(`"PATH=/bin","VGPU_MEMORY=1GiB"`, "")
+	inv, p := bundle(t, cfg, "abc")
+	inv.Command = "restore"
+	edited, err := EditBundle(inv)
+	if edited || !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(fmt.Sprint(err), "abc") || !strings.Contains(fmt.Sprint(err), "restore") {
+		t.Fatalf("EditBundle on restore = %v, %v; want a refusal naming the container and restore", edited, err)
+	}
+	if got, _ := os.ReadFile(p); !bytes.Equal(got, cfg) {
+		t.Fatal("config.json changed on a refused restore")
+	}
+	if _, err := os.Stat(inv.StateDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("state directory made for a refused restore: %v", err)
+	}
+	plain := config(`"PATH=/bin"`, "")
+	inv, p = bundle(t, plain, "abc")
+	inv.Command = "restore"
+	if edited, err := EditBundle(inv); edited || err != nil {
+		t.Fatalf("EditBundle on restore without a request = %v, %v", edited, err)
+	}
+	if got, _ := os.ReadFile(p); !bytes.Equal(got, plain) {
+		t.Fatal("config.json changed on a restore that asks for nothing")
+	}
+}
+
+// config.json is read whole by the wrapper as by the hook, so both bound
+// it: a larger one is refused, naming the bound, before it is parsed.
+func TestEditBundleBoundsConfig(t *testing.T) {
+	big := append(config(`"PATH=/bin","VGPU_MEMORY=1GiB"`, `"pad":"`+strings.Repeat("x", maxConfigJSON)+`"`), '\n')
+	inv, _ := bundle(t, big, "abc")
+	edited, err := EditBundle(inv)
+	if edited || !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(fmt.Sprint(err), fmt.Sprint(maxConfigJSON)) {
+		t.Fatalf("EditBundle of a %d-byte config.json = %v, %v; want a refusal naming the bound %d", len(big), edited, err, maxConfigJSON)
+	}
+	if _, err := os.Stat(inv.StateDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("state directory made for a refused config.json: %v", err)
+	}
+}

@@ -10,15 +10,20 @@
 //     too, never asks;
 //   - the wrapper's command line: its own --vgpu-* flags are taken out, runc's
 //     are passed on unchanged and in order (ParseArgs);
-//   - the edits of config.json on create, each a small Modifier composed in a
-//     Chain (SocketMount, SetEnv, AddHook), and the bundle rewrite (EditBundle);
+//   - the edits of config.json on create and run, each a small Modifier
+//     composed in a Chain (SocketMount, SetEnv, AddHook), and the bundle
+//     rewrite (EditBundle); a restore (runc restore, which runs the bundle's
+//     hooks too) of a container that asks for a vGPU is refused;
 //   - the hook's typed command line (HookConfig) and its work on createRuntime
 //     (register with the mediator) and poststop (release) (RunHook);
 //   - the container's socket directory on the host, StateDir/namespace/id
 //     (SocketDir; "_" for no namespace). A container is named by its
 //     containerd namespace (the base name of runc's --root) and its id
 //     together: both hook stages pass both to the mediator, and both must be
-//     plain names (ValidNamespace, ValidID).
+//     plain names (ValidNamespace, ValidID). The wrapper makes it, the
+//     hook removes it (poststop, or a failed registration), neither
+//     following a symlink out of StateDir (os.Root); the mediator only
+//     opens its socket there.
 //
 // The OCI spec is translated once, at the edge, into our types (Request,
 // HookConfig); everything past that works on those.
@@ -34,7 +39,8 @@
 //   - A malformed request stops the container from starting, with an error
 //     that names the key and the value (ErrInvalidArgument).
 //   - config.json is replaced atomically (temporary file in the bundle,
-//     rename), keeping its mode.
+//     rename), keeping its mode; it is read whole, so one of more than
+//     64 MiB is refused.
 //
 // Threat model. The container, its image and its annotations are hostile;
 // the operator (runtime flags, the bundle's location, the state directory)
@@ -49,7 +55,11 @@
 //   - never executes anything from the container's root filesystem, and
 //     resolves paths inside it without following symlinks out of it
 //     (filepath-securejoin); a /run/vgpu in the image that is a symlink is
-//     refused;
+//     refused, and so is a spec mount above /run/vgpu (at /run or /,
+//     directly or through the image's symlinks) other than a fresh tmpfs
+//     (CheckMountPoint);
 //   - always ends: runc kills it after HookTimeout seconds, and it gives up
-//     on its own a little earlier, with a message.
+//     on its own a little earlier (HookDeadline), with a message; the
+//     mediator gives up waiting to register a container well before that,
+//     so a registration does not outlive the hook that asked for it.
 package runtimehook

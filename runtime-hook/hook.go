@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -176,35 +177,64 @@ func ReadState(r io.Reader) (*specs.State, error) {
 	return &st, nil
 }
 
-// Rootfs returns the root filesystem of the bundle: root.path of its
-// config.json, relative to the bundle unless absolute.
-func Rootfs(bundle string) (string, error) {
-	f, err := os.Open(filepath.Join(bundle, "config.json"))
+// readConfig reads the config.json at path whole, refusing one of more
+// than maxConfigJSON bytes: the wrapper and the hook both hold it in memory.
+func readConfig(path string) ([]byte, error) {
+	f, err := os.Open(path)
 	if err != nil {
-		return "", fmt.Errorf("bundle %s: %v: %w", bundle, err, api.ErrInvalidArgument)
+		return nil, fmt.Errorf("%v: %w", err, api.ErrInvalidArgument)
 	}
 	defer f.Close()
-	var cfg struct {
-		Root *specs.Root `json:"root"`
+	b, err := io.ReadAll(io.LimitReader(f, maxConfigJSON+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %v: %w", path, err, api.ErrInvalidArgument)
 	}
-	if err := json.NewDecoder(io.LimitReader(f, maxConfigJSON)).Decode(&cfg); err != nil {
-		return "", fmt.Errorf("bundle %s: config.json: %v: %w", bundle, err, api.ErrInvalidArgument)
+	if len(b) > maxConfigJSON {
+		return nil, fmt.Errorf("%s is larger than %d bytes (%s), the most a config.json may have: %w",
+			path, maxConfigJSON, api.FormatSize(maxConfigJSON), api.ErrInvalidArgument)
 	}
-	if cfg.Root == nil || cfg.Root.Path == "" {
-		return "", fmt.Errorf("bundle %s: config.json has no root.path: %w", bundle, api.ErrInvalidArgument)
-	}
-	if filepath.IsAbs(cfg.Root.Path) {
-		return filepath.Clean(cfg.Root.Path), nil
-	}
-	return filepath.Join(bundle, cfg.Root.Path), nil
+	return b, nil
 }
 
-// CheckMountPoint checks that ContainerSocketDir inside rootfs resolves,
-// without leaving rootfs, to the plain path below it: no component the image
-// put there is a symlink, so the socket directory is mounted where the
-// container's VGPU_SOCKET says. Components that do not exist yet are fine:
-// the runtime makes them.
-func CheckMountPoint(rootfs string) error {
+// ReadBundle returns what the hook needs of the bundle's config.json: the
+// root filesystem (root.path, relative to the bundle unless absolute) and
+// the mounts, in the order runc makes them.
+func ReadBundle(bundle string) (rootfs string, mounts []specs.Mount, err error) {
+	raw, err := readConfig(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return "", nil, fmt.Errorf("bundle %s: %w", bundle, err)
+	}
+	var cfg struct {
+		Root   *specs.Root   `json:"root"`
+		Mounts []specs.Mount `json:"mounts"`
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return "", nil, fmt.Errorf("bundle %s: config.json: %v: %w", bundle, err, api.ErrInvalidArgument)
+	}
+	if cfg.Root == nil || cfg.Root.Path == "" {
+		return "", nil, fmt.Errorf("bundle %s: config.json has no root.path: %w", bundle, api.ErrInvalidArgument)
+	}
+	if filepath.IsAbs(cfg.Root.Path) {
+		return filepath.Clean(cfg.Root.Path), cfg.Mounts, nil
+	}
+	return filepath.Join(bundle, cfg.Root.Path), cfg.Mounts, nil
+}
+
+// CheckMountPoint checks that ContainerSocketDir in the container is the
+// directory mounted there, where its VGPU_SOCKET says, as far as the image
+// and the spec decide it; runc makes mounts in order, the socket
+// directory's last (SocketMount):
+//   - in the image, ContainerSocketDir resolves, without leaving rootfs,
+//     to the plain path below it: no component the image put there is a
+//     symlink. Components that do not exist yet are fine: runc makes them.
+//   - no other mount is above it (at /run or /, directly or through the
+//     image's symlinks, as /var/run often is): its contents, unseen here,
+//     would decide what is there, a vgpu symlink say. Only a fresh tmpfs
+//     (containerd's default /run) may be, as it starts empty.
+//
+// What a mount's contents hold is not seen: a destination that reaches
+// /run through a symlink inside another mount is not caught.
+func CheckMountPoint(rootfs string, mounts []specs.Mount) error {
 	want := filepath.Join(rootfs, ContainerSocketDir)
 	got, err := securejoin.SecureJoin(rootfs, ContainerSocketDir)
 	if err != nil {
@@ -214,7 +244,24 @@ func CheckMountPoint(rootfs string) error {
 		return fmt.Errorf("%s in root filesystem %s resolves through a symlink to %s; refusing to mount the vGPU socket there: %w",
 			ContainerSocketDir, rootfs, got, api.ErrPermissionDenied)
 	}
+	for _, m := range mounts {
+		dst, err := securejoin.SecureJoin(rootfs, m.Destination)
+		if err != nil {
+			return fmt.Errorf("resolve mount destination %q in root filesystem %s: %v: %w", m.Destination, rootfs, err, api.ErrPermissionDenied)
+		}
+		if dst == want || !within(want, dst) || freshTmpfs(m) {
+			continue
+		}
+		return fmt.Errorf("mount at %q (type %q, source %q) covers %s, so its contents, not the image's, decide what is there; only a fresh tmpfs may be mounted above the vGPU socket: %w",
+			m.Destination, m.Type, m.Source, ContainerSocketDir, api.ErrPermissionDenied)
+	}
 	return nil
+}
+
+// freshTmpfs reports whether m mounts a new, empty tmpfs. runc takes any
+// mount with a bind option for a bind mount, whatever its type.
+func freshTmpfs(m specs.Mount) bool {
+	return m.Type == "tmpfs" && !slices.ContainsFunc(m.Options, func(o string) bool { return o == "bind" || o == "rbind" })
 }
 
 // Mediator is the mediator as the hook sees it; *client.Operator is one.
@@ -252,11 +299,11 @@ func RunHook(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer,
 }
 
 func register(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer, log io.Writer) error {
-	rootfs, err := Rootfs(st.Bundle)
+	rootfs, mounts, err := ReadBundle(st.Bundle)
 	if err != nil {
 		return fmt.Errorf("container %s: %w", st.ID, err)
 	}
-	if err := CheckMountPoint(rootfs); err != nil {
+	if err := CheckMountPoint(rootfs, mounts); err != nil {
 		return fmt.Errorf("container %s: %w", st.ID, err)
 	}
 	req := api.Register{
@@ -349,8 +396,9 @@ func withMediator(ctx context.Context, socket string, dial Dialer, fn func(Media
 
 // RemoveSocketDir removes a container's socket directory: only a directory
 // stateDir/namespace/id (SocketDir) with a plain namespace (or
-// api.NoNamespace) and a plain container id for names, and not a symlink.
-// One that is gone already is fine. The namespace's directory stays.
+// api.NoNamespace) and a plain container id for names, neither of them a
+// symlink, and never anything outside stateDir (os.Root). One that is gone
+// already is fine. The namespace's directory stays.
 func RemoveSocketDir(stateDir, dir string) error {
 	nsDir := filepath.Dir(dir)
 	ns := filepath.Base(nsDir)
@@ -361,17 +409,29 @@ func RemoveSocketDir(stateDir, dir string) error {
 		return fmt.Errorf("socket directory %s is not a container's directory in %s; not removing it: %w",
 			dir, stateDir, api.ErrPermissionDenied)
 	}
-	fi, err := os.Lstat(dir)
+	root, err := os.OpenRoot(stateDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("socket directory %s: %v: %w", dir, err, api.ErrInternal)
+		return fmt.Errorf("state directory: %v: %w", err, api.ErrInternal)
 	}
-	if !fi.IsDir() {
-		return fmt.Errorf("socket directory %s is not a directory (%v); not removing it: %w", dir, fi.Mode().Type(), api.ErrPermissionDenied)
+	defer root.Close()
+	rel := filepath.Join(filepath.Base(nsDir), filepath.Base(dir))
+	for _, p := range []string{filepath.Dir(rel), rel} {
+		fi, err := root.Lstat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("socket directory %s: %v: %w", dir, err, api.ErrInternal)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("%s is not a directory (%v); not removing socket directory %s: %w",
+				filepath.Join(stateDir, p), fi.Mode().Type(), dir, api.ErrPermissionDenied)
+		}
 	}
-	if err := os.RemoveAll(dir); err != nil {
+	if err := root.RemoveAll(rel); err != nil {
 		return fmt.Errorf("remove socket directory: %v: %w", err, api.ErrInternal)
 	}
 	return nil

@@ -3,6 +3,7 @@ package runtimehook
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -103,22 +104,35 @@ func rootBundle(t *testing.T, rootPath string) (string, string) {
 	return b, rootfs
 }
 
-func TestRootfs(t *testing.T) {
+func TestReadBundle(t *testing.T) {
 	b, want := rootBundle(t, "rootfs")
-	if got, err := Rootfs(b); err != nil || got != want {
-		t.Fatalf("relative root: %q, %v; want %q", got, err, want)
+	if got, mounts, err := ReadBundle(b); err != nil || got != want || mounts != nil {
+		t.Fatalf("relative root: %q, %v, %v; want %q", got, mounts, err, want)
 	}
 	abs := filepath.Join(t.TempDir(), "merged")
 	b, _ = rootBundle(t, abs)
-	if got, err := Rootfs(b); err != nil || got != abs {
+	if got, _, err := ReadBundle(b); err != nil || got != abs {
 		t.Fatalf("absolute root: %q, %v", got, err)
+	}
+	mounted := t.TempDir()
+	os.WriteFile(filepath.Join(mounted, "config.json"), []byte(`{"root":{"path":"r"},"mounts":[{"destination":"/run","type":"tmpfs"}]}`), 0o600)
+	if _, mounts, err := ReadBundle(mounted); err != nil || len(mounts) != 1 || mounts[0].Destination != "/run" {
+		t.Fatalf("mounts: %+v, %v", mounts, err)
 	}
 	empty := t.TempDir()
 	os.WriteFile(filepath.Join(empty, "config.json"), []byte(`{"ociVersion":"1.0.2"}`), 0o600)
-	for _, bad := range []string{empty, t.TempDir()} {
-		if _, err := Rootfs(bad); !errors.Is(err, api.ErrInvalidArgument) {
-			t.Errorf("Rootfs(%s): %v", bad, err)
+	big := t.TempDir()
+	if f, err := os.Create(filepath.Join(big, "config.json")); err == nil {
+		f.Truncate(maxConfigJSON + 1)
+		f.Close()
+	}
+	for _, bad := range []string{empty, t.TempDir(), big} {
+		if _, _, err := ReadBundle(bad); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("ReadBundle(%s): %v", bad, err)
 		}
+	}
+	if _, _, err := ReadBundle(big); !strings.Contains(fmt.Sprint(err), fmt.Sprint(maxConfigJSON)) {
+		t.Errorf("ReadBundle of a large config.json: %v; want the bound named", err)
 	}
 }
 
@@ -147,7 +161,7 @@ func TestCheckMountPoint(t *testing.T) {
 			rootfs := filepath.Join(t.TempDir(), "rootfs")
 			os.MkdirAll(rootfs, 0o755)
 			tc.setup(t, rootfs)
-			err := CheckMountPoint(rootfs)
+			err := CheckMountPoint(rootfs, nil)
 			if tc.ok != (err == nil) {
 				t.Fatalf("CheckMountPoint = %v, want ok=%v", err, tc.ok)
 			}
@@ -267,13 +281,71 @@ func TestRunHookRegisterRefused(t *testing.T) {
 
 func TestRunHookRegisterChecksTheImage(t *testing.T) {
 	cfg, st := hookSetup(t, StageCreateRuntime)
-	rootfs, _ := Rootfs(st.Bundle)
+	rootfs, _, _ := ReadBundle(st.Bundle)
 	os.Symlink("/etc", filepath.Join(rootfs, "run"))
 	f := &fakeMediator{}
 	var socket string
 	err := RunHook(context.Background(), cfg, st, f.dialer(&socket), &bytes.Buffer{})
 	if !errors.Is(err, api.ErrPermissionDenied) || len(f.registered) != 0 {
 		t.Fatalf("RunHook = %v, registered %v; want a refusal before registering", err, f.registered)
+	}
+}
+
+// The mount point is checked in the final mount tree as far as the spec
+// decides it: a spec mount above /run/vgpu (at /run, or at a path the
+// image's symlinks lead there) whose contents come from elsewhere could
+// hold a vgpu of its own and is refused, naming it; a fresh tmpfs there
+// (containerd's default /run) and mounts beside it are fine.
+func TestRunHookRegisterChecksCoveringMounts(t *testing.T) {
+	volume := specs.Mount{Destination: "/run", Type: "bind", Source: "/var/lib/docker/volumes/v/_data", Options: []string{"rbind"}}
+	for _, tc := range []struct {
+		name   string
+		mounts []specs.Mount
+		image  func(rootfs string)
+		refuse string // the destination the refusal names; "" for none
+	}{
+		{"containerd's default /run tmpfs", []specs.Mount{{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}}}, nil, ""},
+		{"a mount beside it", []specs.Mount{{Destination: "/run/secrets", Type: "bind", Source: "/s", Options: []string{"rbind", "ro"}}}, nil, ""},
+		{"kubernetes' service account through /var/run", []specs.Mount{{Destination: "/var/run/secrets/kubernetes.io/serviceaccount", Type: "bind", Source: "/s", Options: []string{"rbind", "ro"}}},
+			func(r string) {
+				os.MkdirAll(filepath.Join(r, "var"), 0o755)
+				os.Symlink("../run", filepath.Join(r, "var", "run"))
+			}, ""},
+		{"a volume at /run", []specs.Mount{volume}, nil, "/run"},
+		{"a volume at /run/", []specs.Mount{{Destination: "/run/", Type: "none", Source: "/v", Options: []string{"bind"}}}, nil, "/run/"},
+		{"a tmpfs bound from elsewhere", []specs.Mount{{Destination: "/run", Type: "tmpfs", Source: "/v", Options: []string{"bind"}}}, nil, "/run"},
+		{"a volume at /", []specs.Mount{{Destination: "/", Type: "bind", Source: "/v", Options: []string{"rbind"}}}, nil, "/"},
+		{"a volume at /var/run, a symlink to /run", []specs.Mount{{Destination: "/var/run", Type: "bind", Source: "/v", Options: []string{"rbind"}}},
+			func(r string) {
+				os.MkdirAll(filepath.Join(r, "var"), 0o755)
+				os.Symlink("/run", filepath.Join(r, "var", "run"))
+			}, "/var/run"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, st := hookSetup(t, StageCreateRuntime)
+			rootfs := filepath.Join(st.Bundle, "rootfs")
+			if tc.image != nil {
+				tc.image(rootfs)
+			}
+			spec := specs.Spec{Version: specs.Version, Root: &specs.Root{Path: "rootfs"},
+				Mounts: append(tc.mounts, specs.Mount{Destination: ContainerSocketDir, Type: "bind", Source: cfg.SocketDir, Options: SocketMountOptions})}
+			b, _ := json.Marshal(spec)
+			if err := os.WriteFile(filepath.Join(st.Bundle, "config.json"), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f := &fakeMediator{}
+			var socket string
+			err := RunHook(context.Background(), cfg, st, f.dialer(&socket), &bytes.Buffer{})
+			if tc.refuse == "" {
+				if err != nil || len(f.registered) != 1 {
+					t.Fatalf("RunHook = %v, registered %v", err, f.registered)
+				}
+				return
+			}
+			if !errors.Is(err, api.ErrPermissionDenied) || !strings.Contains(fmt.Sprint(err), fmt.Sprintf("%q", tc.refuse)) || len(f.registered) != 0 {
+				t.Fatalf("RunHook = %v, registered %v; want a refusal naming mount %q", err, f.registered, tc.refuse)
+			}
+		})
 	}
 }
 
@@ -427,6 +499,33 @@ func TestRemoveSocketDir(t *testing.T) {
 	}
 	if err := RemoveSocketDir(state, nons); err != nil {
 		t.Fatalf("a container's directory without a namespace: %v", err)
+	}
+}
+
+// A namespace directory that is a symlink out of the state directory is
+// not followed: the container's directory below it is not removed.
+func TestRemoveSocketDirSymlinkedNamespace(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "containers")
+	victim := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(victim, "c1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(victim, "c1", "precious"), []byte("x"), 0o600)
+	if err := os.MkdirAll(state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(state, "moby")); err != nil {
+		t.Fatal(err)
+	}
+	err := RemoveSocketDir(state, filepath.Join(state, "moby", "c1"))
+	if !errors.Is(err, api.ErrPermissionDenied) {
+		t.Errorf("RemoveSocketDir through a symlinked namespace = %v; want permission denied", err)
+	}
+	if _, err := os.Stat(filepath.Join(victim, "c1", "precious")); err != nil {
+		t.Fatalf("removed through a symlinked namespace: %v", err)
+	}
+	if _, err := PrepareSocketDir(state, "moby", "c1"); !errors.Is(err, api.ErrPermissionDenied) {
+		t.Errorf("PrepareSocketDir through a symlinked namespace = %v; want permission denied", err)
 	}
 }
 

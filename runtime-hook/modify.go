@@ -78,7 +78,7 @@ func (m SocketMount) Modify(s *specs.Spec) error {
 
 // within reports whether the clean absolute path p is dir or below it.
 func within(p, dir string) bool {
-	return p == dir || strings.HasPrefix(p, dir+"/")
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
 }
 
 // SetEnv sets variables ("KEY=value") in the container's environment. Every

@@ -1,8 +1,9 @@
 // Command vgpu-runtime is the runtime-class binary (Docker --runtime,
 // containerd's BinaryName, a Kubernetes RuntimeClass handler): an OCI
 // runtime that hands every command to the real one (runc) unchanged, and on
-// create first attaches a container that asks for a vGPU to the mediator by
-// editing its config.json. Its own flags are --vgpu-tenant, --vgpu-runtime,
+// create (and run) first attaches a container that asks for a vGPU to the
+// mediator by editing its config.json; it refuses to restore one from a
+// checkpoint. Its own flags are --vgpu-tenant, --vgpu-runtime,
 // --vgpu-socket, --vgpu-hook and --vgpu-state; run as vgpu-runtime-<tenant>
 // (a symlink), it serves that tenant, as with --vgpu-tenant. See package
 // runtimehook.
@@ -32,7 +33,7 @@ func main() {
 	if err := inv.Settings(self); err != nil {
 		fail(inv, err)
 	}
-	if inv.Creates() {
+	if inv.FromBundle() {
 		if _, err := runtimehook.EditBundle(inv); err != nil {
 			fail(inv, err)
 		}

@@ -283,6 +283,36 @@ func TestCreateRefused(t *testing.T) {
 	}
 }
 
+// runc restore starts a container from a bundle too: one that asks for a
+// vGPU is refused before runc runs (a checkpoint holds neither its device
+// memory nor its sessions); one that asks for nothing passes through.
+func TestRestore(t *testing.T) {
+	e := newEnv(t)
+	b, cfg := e.bundle(t, specJSON([]string{"VGPU_MEMORY=1Gi"}, nil))
+	args := append(append([]string{"--vgpu-runtime", e.runtime, "--vgpu-state", e.state, "--vgpu-tenant", "team-a"}, e.docker()...),
+		"restore", "--image-path", "/img", "--bundle", b, "--detach", "ctr1")
+	code, out := e.run(t, 0, args...)
+	if code == 0 || !strings.Contains(out, "vgpu-runtime: container ctr1: ") || !strings.Contains(out, "restore") {
+		t.Fatalf("exit %d, output %q; want a refusal of the restore", code, out)
+	}
+	if got := e.recorded(t); got != nil {
+		t.Fatalf("the runtime ran: %q", got)
+	}
+	if got, _ := os.ReadFile(filepath.Join(b, "config.json")); !bytes.Equal(got, cfg) {
+		t.Errorf("config.json changed")
+	}
+	_, cfg = e.bundle(t, specJSON([]string{"PATH=/bin"}, nil))
+	if code, out := e.run(t, 0, args...); code != 0 {
+		t.Fatalf("restore without a request: exit %d, output %q", code, out)
+	}
+	if got := e.recorded(t); !slices.Equal(got, args[6:]) {
+		t.Fatalf("the runtime got %q, want %q", got, args[6:])
+	}
+	if got, _ := os.ReadFile(filepath.Join(b, "config.json")); !bytes.Equal(got, cfg) {
+		t.Errorf("config.json changed on a restore that asks for nothing")
+	}
+}
+
 func TestWrapperErrors(t *testing.T) {
 	e := newEnv(t)
 	for _, tc := range []struct {
