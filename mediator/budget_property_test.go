@@ -3,8 +3,11 @@ package mediator_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
 	"pgregory.net/rapid"
 
 	"github.com/vgpu/vgpu/api"
@@ -15,8 +18,23 @@ import (
 // disconnects of several sessions of one container against a model of its
 // grant: an allocation succeeds exactly when the footprints of the live
 // allocations plus its own fit the grant, and what the mediator reports
-// held always equals the model's sum, down to zero after the last session.
+// held always equals the model's sum, down to zero after the last session;
+// and no budget ever releases more than it holds (which the mediator logs
+// rather than dies of).
 func TestContainerBudgetNeverDrifts(t *testing.T) {
+	// A container's budget logs its drift to the standard logger. The
+	// check runs once the mediator has closed, its sessions torn down.
+	std := logrus.StandardLogger()
+	hooks := std.ReplaceHooks(logrus.LevelHooks{})
+	t.Cleanup(func() { std.ReplaceHooks(hooks) })
+	drift := test.NewLocal(std)
+	t.Cleanup(func() {
+		for _, e := range drift.AllEntries() {
+			if strings.Contains(e.Message, "drift") {
+				t.Errorf("%s: %v", e.Message, e.Data)
+			}
+		}
+	})
 	cs := startContainers(t)
 	op := cs.operator(t)
 	const grant = 24 << 20

@@ -23,7 +23,10 @@ import (
 // reader stops reading the socket until there is room: a tenant that floods
 // requests fills its own socket and slows only itself, and the mediator's
 // memory for a session's queued commands stays bounded (a decoded command
-// takes some 300 bytes, a batch's commands on the wire as few as 18).
+// takes some 300 bytes, a batch's commands on the wire as few as 18). A
+// batch or graph of more than maxQueuedCmds commands is refused when it is
+// decoded, so the reader holds at most that many more: the request it is
+// running itself or waiting to queue.
 //
 // Frames: a header announcing more than api.MaxBody drops the connection,
 // and so does a body that stalls past api.BodyTimeout (api.Conn.ReadBody).
@@ -54,7 +57,8 @@ var ReplyTimeout = 30 * time.Second
 const hangupPoll = 50 * time.Millisecond
 
 // maxQueuedCmds bounds the decoded commands a session's stream queues
-// hold; a batch larger than it still enters a session with none queued.
+// hold, and those of one batch (decodeCommands), which therefore always
+// fits in a session with none queued.
 const maxQueuedCmds = 1 << 14
 
 // errHungUp ends a session whose tenant closed its connection while the
@@ -120,7 +124,7 @@ func hungUp(nc net.Conn) bool {
 // only once the stream's earlier work is done.
 func (s *session) enqueue(st *stream, cmd command) error {
 	n := cmd.weight()
-	fits := func() bool { q := s.queuedCmds.Load(); return n == 0 || q <= 0 || q+n <= maxQueuedCmds }
+	fits := func() bool { return n == 0 || s.queuedCmds.Load()+n <= maxQueuedCmds }
 	if fits() {
 		select {
 		case st.cmds <- cmd:

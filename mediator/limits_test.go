@@ -160,10 +160,86 @@ func TestContainerConnectionsAreBounded(t *testing.T) {
 	}
 }
 
+// A tenant that connects to its container's socket in a loop, past
+// MaxContainerConns, holds at most maxRefusing more of the mediator's
+// descriptors, however many connections it opens: those past the bound are
+// closed at once rather than kept waiting a second for a hello. Once the
+// refused ones are gone, the next is answered with quota-exceeded again.
+func TestRefusedConnectionsAreBounded(t *testing.T) {
+	_, sockets := startLimited(t)
+	dial := func() net.Conn {
+		t.Helper()
+		nc, err := net.Dial("unix", sockets[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		return nc
+	}
+	for range MaxContainerConns {
+		dial() // silent: tracked, waiting for a hello
+	}
+	// The socket accepts in order: this one's answer says all of the
+	// above are tracked.
+	if _, err := client.Dial(client.Options{Socket: sockets[0]}); !errors.Is(err, api.ErrQuotaExceeded) {
+		t.Fatalf("past the bound: %v", err)
+	}
+	base := openFDs(t)
+	peak := make(chan int)
+	stop := make(chan struct{})
+	go func() {
+		most := 0
+		for {
+			most = max(most, openFDs(t))
+			select {
+			case <-stop:
+				peak <- most
+				return
+			default:
+			}
+		}
+	}()
+	const flood = 1000
+	extra := make([]net.Conn, flood)
+	for i := range extra {
+		extra[i] = dial()
+	}
+	time.Sleep(300 * time.Millisecond) // well within the second a refusal may wait
+	close(stop)
+	// Each connection holds one descriptor here, on the tenant's side.
+	if grown := <-peak - base; grown > flood+maxRefusing+32 {
+		t.Fatalf("%d connections past the bound: %d more descriptors open in the process, want at most %d + %d (the mediator's)",
+			flood, grown, flood, maxRefusing+32)
+	}
+	for _, nc := range extra {
+		nc.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := client.Dial(client.Options{Socket: sockets[0]})
+		if errors.Is(err, api.ErrQuotaExceeded) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the flood, a connection past the bound: %v, want quota exceeded", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// openFDs counts the process's open descriptors.
+func openFDs(t *testing.T) int {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Error(err)
+	}
+	return len(fds)
+}
+
 // A session's stream queues hold at most maxQueuedCmds decoded commands:
 // past it the reader waits (and so stops reading the tenant's socket)
-// until an executor has run some. A batch larger than the bound still
-// enters an empty session, and a drain's barrier never waits for room.
+// until an executor has run some. A batch of the bound enters an empty
+// session, and a drain's barrier never waits for room.
 func TestQueuedCommandsAreBounded(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
@@ -172,7 +248,7 @@ func TestQueuedCommandsAreBounded(t *testing.T) {
 	st := &stream{s: s, cmds: make(chan command, streamDepth)}
 	batch := func(n int) command { return command{op: api.OpBatch, subs: make([]command, n)} }
 
-	if err := s.enqueue(st, batch(maxQueuedCmds+10)); err != nil {
+	if err := s.enqueue(st, batch(maxQueuedCmds)); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.enqueue(st, command{barrier: make(chan struct{})}); err != nil {
@@ -198,6 +274,51 @@ func TestQueuedCommandsAreBounded(t *testing.T) {
 	}
 	if q := s.queuedCmds.Load(); q != 1 {
 		t.Fatalf("%d commands counted queued, want 1 (the launch)", q)
+	}
+}
+
+// A batch carries at most maxQueuedCmds commands, as many as a session's
+// queues hold: one more is refused with quota-exceeded naming its count and
+// the bound, before its commands are decoded, and the session goes on.
+// Graphs are bounded the same way.
+func TestBatchesAreBounded(t *testing.T) {
+	_, sockets := startLimited(t)
+	nc, err := net.Dial("unix", sockets[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := api.NewRPC(api.NewConn(nc), "mediator")
+	defer r.Close()
+	if _, err := r.Call(api.OpHello, nil, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleTenant})); err != nil {
+		t.Fatal(err)
+	}
+	body, err := r.Call(api.OpMalloc, nil, api.Encode(&api.Malloc{Size: 4096}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p api.MallocReply
+	if err := api.Decode(body, &p); err != nil {
+		t.Fatal(err)
+	}
+	batch := func(n int) *api.Batch {
+		b := &api.Batch{Cmds: make([]api.Cmd, n)}
+		memset := api.Encode(&api.Memset{Dst: p.Addr, Len: 1, Value: 1})
+		for i := range b.Cmds {
+			b.Cmds[i] = api.Cmd{Op: api.OpMemset, Body: memset}
+		}
+		return b
+	}
+	for _, op := range []api.Op{api.OpBatch, api.OpGraphCreate} {
+		_, err := r.Call(op, nil, api.Encode(batch(maxQueuedCmds+1)))
+		if !errors.Is(err, api.ErrQuotaExceeded) || !strings.Contains(err.Error(), "16385 commands") || !strings.Contains(err.Error(), "16384") {
+			t.Fatalf("%v of %d commands: %v, want quota exceeded naming both counts", op, maxQueuedCmds+1, err)
+		}
+	}
+	if _, err := r.Call(api.OpBatch, nil, api.Encode(batch(maxQueuedCmds))); err != nil {
+		t.Fatalf("batch of %d commands: %v", maxQueuedCmds, err)
+	}
+	if _, err := r.Call(api.OpMalloc, nil, api.Encode(&api.Malloc{Size: 4096})); err != nil {
+		t.Fatalf("after the refusals: %v", err)
 	}
 }
 

@@ -163,7 +163,7 @@ func New(cfg Config) (*Mediator, error) {
 		cfg: cfg, log: cfg.Log, admission: isolation.NewAdmission(quota), store: store,
 		sessions: map[uint64]*session{}, containers: map[ctrKey]*container{}, releasing: map[ctrKey]chan struct{}{},
 		conns: map[net.Conn]struct{}{}, stop: make(chan struct{}),
-		hostMapped: budget{owner: "host regions of the mediator's sessions", limit: MaxHostMapped},
+		hostMapped: budget{owner: "host regions of the mediator's sessions", limit: MaxHostMapped, log: cfg.Log},
 	}
 	for i, addr := range cfg.Nodes {
 		n, catalog, err := connectNode(addr, cfg.NodeTLS, cfg.NodeTimeout)
@@ -233,6 +233,9 @@ func (m *Mediator) serve(l net.Listener, ctr *container) error {
 	}
 	m.mu.Unlock()
 	var pause time.Duration
+	// refusing holds a slot for each connection refused on this socket
+	// whose hello is still awaited (refuse).
+	refusing := make(chan struct{}, maxRefusing)
 	for {
 		nc, err := l.Accept()
 		if err != nil {
@@ -266,42 +269,59 @@ func (m *Mediator) serve(l net.Listener, ctr *container) error {
 		m.mu.Unlock()
 		if ctr != nil {
 			if err := ctr.track(nc); err != nil {
-				go func() {
-					defer m.wg.Done()
-					m.refuse(nc, err)
-					m.mu.Lock()
-					delete(m.conns, nc)
-					m.mu.Unlock()
-				}()
+				m.refuse(nc, err, refusing)
 				continue
 			}
 		}
 		go func() {
-			defer m.wg.Done()
+			defer m.forget(nc)
 			m.serveConn(nc, ctr)
 			if ctr != nil {
 				ctr.untrack(nc)
 			}
-			m.mu.Lock()
-			delete(m.conns, nc)
-			m.mu.Unlock()
 		}()
 	}
 }
 
-// refuse answers a connection's hello with err, within a second, and
-// closes it; a connection to a released container is only closed.
-func (m *Mediator) refuse(nc net.Conn, err error) {
-	defer nc.Close()
-	if errors.Is(err, errReleased) {
-		return
+// maxRefusing bounds the refused connections of one container's socket
+// whose hello is awaited at once.
+const maxRefusing = 4
+
+// refuse closes a connection that its container's socket cannot take. While
+// fewer than maxRefusing others of the socket are being refused, it first
+// answers the connection's hello with err, waiting a second at most; past
+// that, or for a released container, it closes the connection at once. So
+// a tenant that connects in a loop holds at most MaxContainerConns +
+// maxRefusing of the mediator's descriptors, not one more per attempt.
+// slots is the socket's count of refusals in progress.
+func (m *Mediator) refuse(nc net.Conn, err error, slots chan struct{}) {
+	if !errors.Is(err, errReleased) {
+		select {
+		case slots <- struct{}{}:
+			go func() {
+				defer func() { <-slots }()
+				defer m.forget(nc)
+				m.log.WithError(err).Warn("connection refused")
+				_ = nc.SetDeadline(time.Now().Add(time.Second))
+				c := api.NewConn(nc)
+				if h, _, herr := readHello(c); herr == nil || h.Op != 0 {
+					_ = c.ReplyError(h, err)
+				}
+			}()
+			return
+		default:
+		}
 	}
-	m.log.WithError(err).Warn("connection refused")
-	_ = nc.SetDeadline(time.Now().Add(time.Second))
-	c := api.NewConn(nc)
-	if h, _, herr := readHello(c); herr == nil || h.Op != 0 {
-		_ = c.ReplyError(h, err)
-	}
+	m.forget(nc)
+}
+
+// forget closes a connection that serve accepted, once done with it.
+func (m *Mediator) forget(nc net.Conn) {
+	nc.Close()
+	m.mu.Lock()
+	delete(m.conns, nc)
+	m.mu.Unlock()
+	m.wg.Done()
 }
 
 // Close stops accepting, ends every session (releasing its memory) and

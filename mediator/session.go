@@ -301,7 +301,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	}
 	s.space = memory.NewSpace(newFrameSource(s), 0)
 	resident, factor := m.cfg.TenantMemory, m.cfg.Oversubscribe
-	s.budget = &budget{owner: fmt.Sprintf("session %d of tenant %q", s.id, s.tenant), limit: virtual(resident, factor)}
+	s.budget = &budget{owner: fmt.Sprintf("session %d of tenant %q", s.id, s.tenant), limit: virtual(resident, factor), log: s.log}
 	if ctr != nil {
 		s.ctr, s.budget, resident, factor = ctr, ctr.budget, ctr.grant.Memory, ctr.oversubscribe
 		s.frameCredit = frameCredit(ctr.dedupCharge)
@@ -722,7 +722,7 @@ func (s *session) cheap(cmd *command) bool {
 		return cmd.fromDev.Len <= small && s.m.bandwidth(s.tenant) == 0
 	case api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost:
 		return cmd.host.Len <= small && s.m.bandwidth(s.tenant) == 0
-	case api.OpMemset, api.OpLaunch, api.OpSynchronize:
+	case api.OpMemset, api.OpLaunch:
 		return true
 	case api.OpBatch, api.OpGraphLaunch:
 		for i := range cmd.subs {

@@ -119,11 +119,16 @@ func (s *session) decodeOne(op api.Op, body []byte) (command, error) {
 }
 
 // decodeCommands decodes a batch body into its commands, each of which
-// must be allowed in a batch and (if stream is not nil) name *stream.
+// must be allowed in a batch and (if stream is not nil) name *stream. There
+// may be maxQueuedCmds of them at most, so that a batch fits in the
+// session's queues (limits.go); more are refused before any is decoded.
 func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command, error) {
 	var b api.Batch
 	if err := api.Decode(body, &b); err != nil {
 		return 0, nil, err
+	}
+	if len(b.Cmds) > maxQueuedCmds {
+		return 0, nil, fmt.Errorf("%d commands, more than the %d a session may queue: %w", len(b.Cmds), maxQueuedCmds, api.ErrQuotaExceeded)
 	}
 	cmds := make([]command, len(b.Cmds))
 	for i, bc := range b.Cmds {
@@ -350,6 +355,12 @@ func (st *stream) execute() {
 
 // run issues a command and arranges its answer.
 func (st *stream) run(cmd *command) {
+	if cmd.op == api.OpSynchronize {
+		// Answered only after every earlier command of the stream
+		// (api.OpSynchronize), so the executor waits here as for a drain's
+		// barrier; the reader never runs it (session.cheap).
+		st.answers.wait()
+	}
 	c := st.newCompletion(cmd.h)
 	// Gathering would let an eviction's node calls overtake gathered ones
 	// that touch the evicted frame, so spaces that evict send each call.
