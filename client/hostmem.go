@@ -11,9 +11,12 @@ import (
 
 // Host memory shared with the mediator. Each region is a memfd, sealed so
 // that it can neither shrink nor grow (the mediator maps it and must never
-// fault past its end), passed to the mediator once; copies then name a
-// region and an offset, and the mediator moves the bytes between that
-// memory and the node's socket without another copy.
+// fault past its end), with every page written before it is passed to the
+// mediator once (the mediator refuses holes, whose pages its copies would
+// fault in as its own memory, and seals the memfd against hole punching,
+// so it is left unsealed for that); copies then name a region and an
+// offset, and the mediator moves the bytes between that memory and the
+// node's socket without another copy.
 
 // region is a registered memfd mapping.
 type region struct {
@@ -52,12 +55,18 @@ func (c *Client) register(n int) (*region, error) {
 	if err := unix.Ftruncate(fd, int64(n)); err != nil {
 		return nil, fmt.Errorf("host allocation of %d bytes: %w", n, err)
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
 		return nil, fmt.Errorf("host allocation of %d bytes: seal: %w", n, err)
 	}
 	mem, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("host allocation of %d bytes: map: %w", n, err)
+	}
+	// Committed now, like a GPU driver's pinned memory, and charged to
+	// this process's memory cgroup (Linux 5.14 or later).
+	if err := unix.Madvise(mem, unix.MADV_POPULATE_WRITE); err != nil {
+		_ = unix.Munmap(mem)
+		return nil, fmt.Errorf("host allocation of %d bytes: populate: %w", n, err)
 	}
 	body, err := c.rpc.CallFD(api.OpHostRegister, fd, api.Encode(&api.HostRegister{Size: uint64(n)}))
 	var reply api.HostRegion

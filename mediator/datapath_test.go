@@ -327,7 +327,9 @@ func rawTenant(t *testing.T, sys *system) *api.RPC {
 	return r
 }
 
-func memfd(t *testing.T, size int, seals int) int {
+// sparseMemfd is a memfd of size bytes with no memory behind them: all of
+// it is a hole.
+func sparseMemfd(t *testing.T, size int) int {
 	t.Helper()
 	fd, err := unix.MemfdCreate("test", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -335,6 +337,17 @@ func memfd(t *testing.T, size int, seals int) int {
 	}
 	t.Cleanup(func() { unix.Close(fd) })
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// memfd is a memfd of size bytes, each page written (as client.HostAlloc
+// does), with seals added.
+func memfd(t *testing.T, size int, seals int) int {
+	t.Helper()
+	fd := sparseMemfd(t, size)
+	if _, err := unix.Pwrite(fd, make([]byte, size), 0); err != nil {
 		t.Fatal(err)
 	}
 	if seals != 0 {
@@ -362,6 +375,7 @@ func TestHostRegistrationRefusesUnsafeMemory(t *testing.T) {
 	}
 	wantErr(t, reg(int(f.Fd()), 1<<20), api.ErrInvalidArgument, "memfd")
 	wantErr(t, reg(memfd(t, 4096, unix.F_SEAL_SEAL), 4096), api.ErrInvalidArgument, "shrinking")
+	wantErr(t, reg(memfd(t, 4096, unix.F_SEAL_FUTURE_WRITE), 4096), api.ErrInvalidArgument, "sealed against writing")
 	wantErr(t, reg(memfd(t, 4096, 0), 8192), api.ErrInvalidArgument, "holds 4096")
 	wantErr(t, reg(memfd(t, 4096, 0), 0), api.ErrInvalidArgument)
 
@@ -585,5 +599,53 @@ func TestGraphCommandsAreBounded(t *testing.T) {
 	s.Replay(small)
 	if err := s.Synchronize(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A graph keeps no copy payloads: an inline copy (whose bytes a graph would
+// keep for its life, a mebibyte each) is refused, naming it and what to use
+// instead; copies from host memory are kept.
+func TestGraphsRefuseInlineCopies(t *testing.T) {
+	sys := start(t, 1, 1, 16<<20, 0)
+	r := rawTenant(t, sys)
+	body, err := r.Call(api.OpMalloc, nil, api.Encode(&api.Malloc{Size: 1 << 20}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m api.MallocReply
+	if err := api.Decode(body, &m); err != nil {
+		t.Fatal(err)
+	}
+	create := func(cmds ...api.Cmd) error {
+		_, err := r.Call(api.OpGraphCreate, nil, api.Encode(&api.Batch{Cmds: cmds}))
+		return err
+	}
+	memset := api.Cmd{Op: api.OpMemset, Body: api.Encode(&api.Memset{Dst: m.Addr, Len: 1})}
+	inline := api.Cmd{Op: api.OpCopyToDevice, Body: api.Encode(&api.CopyToDevice{Dst: m.Addr, Payload: make([]byte, api.MaxChunk)})}
+	wantErr(t, create(memset, inline), api.ErrInvalidArgument, "command 1", "copy-to-device", "host memory")
+	if err := create(memset); err != nil {
+		t.Fatalf("a graph without copies: %v", err)
+	}
+}
+
+// A graph's launches are checked against the catalog when it is created,
+// so a graph keeps no argument lists or kernel names longer than the
+// catalog's: an unknown kernel, or a launch with the wrong number of
+// arguments, is refused then, naming it.
+func TestGraphsCheckLaunchesWhenCreated(t *testing.T) {
+	sys := start(t, 1, 1, 16<<20, 0)
+	r := rawTenant(t, sys)
+	create := func(l api.Launch) error {
+		_, err := r.Call(api.OpGraphCreate, nil, api.Encode(&api.Batch{Cmds: []api.Cmd{{Op: api.OpLaunch, Body: api.Encode(&l)}}}))
+		return err
+	}
+	wantErr(t, create(api.Launch{Kernel: strings.Repeat("k", api.MaxString)}), api.ErrUnknownKernel, "kkkk")
+	many := make([]api.Arg, 1<<16)
+	for i := range many {
+		many[i] = api.Arg{Kind: api.ArgI64}
+	}
+	wantErr(t, create(api.Launch{Kernel: "fill_f32", Args: many}), api.ErrInvalidArgument, "fill_f32", "65536", "takes 3")
+	if err := create(api.Launch{Kernel: "fill_f32", Args: []api.Arg{{Kind: api.ArgBuffer, Bits: 1 << 32}, {Kind: api.ArgI64, Bits: 4}, {Kind: api.ArgF32}}}); err != nil {
+		t.Fatalf("a graph of a good launch: %v", err)
 	}
 }

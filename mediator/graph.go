@@ -9,8 +9,14 @@ import (
 // Graphs: command sequences a tenant captured once (api.OpGraphCreate) and
 // replays with one small command (api.OpGraphLaunch). A graph is decoded
 // and checked when it is created; its commands are translated afresh at
-// every replay, since memory may have moved. Its payloads are copied out
-// of the request, whose buffer is reused.
+// every replay, since memory may have moved.
+//
+// Invariant: a graph's memory is bounded by its commands. It holds no copy
+// payloads (an inline copy is refused: a graph's copies name host memory,
+// read at replay time), and its launches name catalog kernels with their
+// number of arguments, so no command keeps more than a catalog entry's
+// worth of name and arguments. So nothing of a graph refers to the
+// request, whose buffer is reused.
 
 // MaxGraphs bounds the graphs one session holds, and MaxGraphCommands
 // their commands together: each decoded command takes some 300 bytes of
@@ -21,13 +27,13 @@ const (
 )
 
 func (s *session) createGraph(body []byte) (uint32, error) {
-	_, cmds, err := s.decodeCommands(append([]byte(nil), body...), nil)
+	_, cmds, err := s.decodeCommands(body, nil)
 	if err != nil {
 		return 0, fmt.Errorf("graph: %w", err)
 	}
 	for i := range cmds {
-		if cmds[i].op == api.OpGraphLaunch {
-			return 0, fmt.Errorf("graph: command %d launches another graph; graphs do not nest: %w", i, api.ErrInvalidArgument)
+		if err := s.checkGraphCommand(&cmds[i]); err != nil {
+			return 0, fmt.Errorf("graph: command %d: %w", i, err)
 		}
 	}
 	s.mu.Lock()
@@ -47,6 +53,28 @@ func (s *session) createGraph(body []byte) (uint32, error) {
 	s.nextGraph = id
 	s.graphs[id] = cmds
 	return id, nil
+}
+
+// checkGraphCommand refuses a command a graph may not keep (see the
+// invariant above). A launch's kinds and buffers are checked at replay,
+// with every launch's.
+func (s *session) checkGraphCommand(c *command) error {
+	switch c.op {
+	case api.OpGraphLaunch:
+		return fmt.Errorf("it launches another graph; graphs do not nest: %w", api.ErrInvalidArgument)
+	case api.OpCopyToDevice:
+		return fmt.Errorf("%v of %d bytes to %#x carries its bytes, which a graph would keep: copy from host memory (%v) instead: %w",
+			c.op, len(c.toDev.Payload), c.toDev.Dst, api.OpCopyToDeviceHost, api.ErrInvalidArgument)
+	case api.OpLaunch:
+		k, ok := s.m.catalog[c.launch.Kernel]
+		if !ok {
+			return fmt.Errorf("kernel %q is not in the catalog: %w", c.launch.Kernel, api.ErrUnknownKernel)
+		}
+		if len(c.launch.Args) != len(k.Params) {
+			return fmt.Errorf("kernel %s takes %d arguments, %d given: %w", c.launch.Kernel, len(k.Params), len(c.launch.Args), api.ErrInvalidArgument)
+		}
+	}
+	return nil
 }
 
 func (s *session) destroyGraph(body []byte) error {

@@ -19,16 +19,24 @@ import (
 // Safety: the mapping must never be touched past the file's end (that
 // would fault in the mediator), so a region is accepted only if its memfd
 // is sealed against shrinking, and is mapped at the size asked, no larger
-// than the file. The tenant may change the bytes at any time; that only
-// races with its own copies. A region is unmapped only after the session's
-// streams have drained, and commands look it up when they execute, so none
-// reads a region after it is gone.
+// than the file. Nor may the mediator's copies touch a hole: the page a
+// fault would put there is charged to the mediator's memory cgroup, not
+// the tenant's. So the memfd must have memory behind every byte mapped
+// when it is registered (the tenant wrote each page: its pages, charged to
+// its container), and the mediator seals it against hole punching
+// (F_SEAL_FUTURE_WRITE, once its own writable mapping exists; the tenant's
+// mapping made before stays writable), so it keeps them. The tenant may
+// change the bytes at any time; that only races with its own copies. A
+// region is unmapped only after the session's streams have drained, and
+// commands look it up when they execute, so none reads a region after it
+// is gone.
 
-// Limits on host regions. A mapping costs the mediator address space
-// only, not memory, but address space is finite (128 TiB for a process on
-// x86-64) and the mediator's own heap needs it too: the bytes mapped are
-// bounded per session, per container (all its sessions) and for the whole
-// mediator, so no tenant can leave the mediator unable to allocate.
+// Limits on host regions. A mapping costs the mediator address space, not
+// memory (the pages are the tenant's, above), but address space is finite
+// (128 TiB for a process on x86-64) and the mediator's own heap needs it
+// too: the bytes mapped are bounded per session, per container (all its
+// sessions) and for the whole mediator, so no tenant can leave the
+// mediator unable to allocate.
 const (
 	MaxHostRegions    = 64
 	maxHostRegionSize = 1 << 40
@@ -60,6 +68,9 @@ func (s *session) registerHost(body []byte) (uint32, error) {
 		return 0, fmt.Errorf("host region of %d bytes: want 1 to %d: %w", m.Size, uint64(maxHostRegionSize), api.ErrInvalidArgument)
 	}
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err == nil && seals&(unix.F_SEAL_WRITE|unix.F_SEAL_FUTURE_WRITE) != 0 {
+		return 0, fmt.Errorf("host region of %d bytes: the memfd is sealed against writing (seals %#x), but copies from the device write into it: %w", m.Size, seals, api.ErrInvalidArgument)
+	}
 	if err == nil && seals&unix.F_SEAL_SHRINK == 0 {
 		_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK)
 	}
@@ -97,6 +108,11 @@ func (s *session) registerHost(body []byte) (uint32, error) {
 		}
 		return 0, fmt.Errorf("map host region of %d bytes: %v: %w", m.Size, err, api.ErrInvalidArgument)
 	}
+	if err := keepsPages(fd, m.Size); err != nil {
+		release(budgets, m.Size)
+		_ = unix.Munmap(mem)
+		return 0, fmt.Errorf("host region of %d bytes: %w", m.Size, err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for s.nextRegion++; s.nextRegion == 0 || s.regions[s.nextRegion] != nil; s.nextRegion++ {
@@ -104,6 +120,25 @@ func (s *session) registerHost(body []byte) (uint32, error) {
 	r := &hostRegion{id: s.nextRegion, mem: mem}
 	s.regions[r.id] = r
 	return r.id, nil
+}
+
+// keepsPages seals fd against hole punching and checks that its first
+// size bytes have memory behind them; sealed first, so that no hole can
+// appear after the check. A descriptor refused here stays sealed.
+func keepsPages(fd int, size uint64) error {
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE); err != nil {
+		return fmt.Errorf("the memfd cannot be sealed against hole punching: %v: %w", err, api.ErrInvalidArgument)
+	}
+	// SEEK_HOLE finds a page never written (or written, then punched out)
+	// whose first touch by the mediator would be the mediator's memory.
+	hole, err := unix.Seek(fd, 0, unix.SEEK_HOLE)
+	if err != nil {
+		return fmt.Errorf("find holes in the memfd: %v: %w", err, api.ErrInvalidArgument)
+	}
+	if uint64(hole) < size {
+		return fmt.Errorf("the memfd has a hole at offset %d: write every page before registering it: %w", hole, api.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // hostBudgets are the budgets a region of s is charged to: its
