@@ -3,6 +3,7 @@ package mediator_test
 import (
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/mediator"
 )
 
 // TestContainerBudgetNeverDrifts drives random allocations, frees and
@@ -22,12 +24,12 @@ import (
 // and no budget ever releases more than it holds (which the mediator logs
 // rather than dies of).
 func TestContainerBudgetNeverDrifts(t *testing.T) {
-	// A container's budget logs its drift to the standard logger. The
-	// check runs once the mediator has closed, its sessions torn down.
-	std := logrus.StandardLogger()
-	hooks := std.ReplaceHooks(logrus.LevelHooks{})
-	t.Cleanup(func() { std.ReplaceHooks(hooks) })
-	drift := test.NewLocal(std)
+	// Budgets log their drift to the mediator's logger. The check runs
+	// once the mediator has closed, its sessions torn down.
+	log := logrus.New()
+	log.SetLevel(logrus.WarnLevel)
+	log.SetOutput(io.Discard)
+	drift := test.NewLocal(log)
 	t.Cleanup(func() {
 		for _, e := range drift.AllEntries() {
 			if strings.Contains(e.Message, "drift") {
@@ -35,7 +37,7 @@ func TestContainerBudgetNeverDrifts(t *testing.T) {
 			}
 		}
 	})
-	cs := startContainers(t)
+	cs := startContainers(t, func(c *mediator.Config) { c.Log = log })
 	op := cs.operator(t)
 	const grant = 24 << 20
 	run := 0

@@ -406,14 +406,14 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 	ctr := &container{
 		grant: g, pid: pid, socket: sock, dir: d, ownDir: made, listener: l, conns: map[net.Conn]struct{}{}, sessions: map[*session]struct{}{},
 		oversubscribe: t.Oversubscribe, dedupCharge: t.DedupCharge,
-		budget:     &budget{owner: fmt.Sprintf("container %v of tenant %q", k, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe)},
-		hostMapped: budget{owner: fmt.Sprintf("host regions of container %v", k), limit: MaxHostMappedPerContainer},
+		budget:     &budget{owner: fmt.Sprintf("container %v of tenant %q", k, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe), log: m.log},
+		hostMapped: budget{owner: fmt.Sprintf("host regions of container %v", k), limit: MaxHostMappedPerContainer, log: m.log},
 	}
 	if t.Oversubscribe > 1 && g.Memory > 0 {
 		// Whole frames, at least one, as each session's own cap
 		// (memory.Space.Oversubscribe).
 		ctr.resident = &budget{owner: fmt.Sprintf("resident memory of container %v of tenant %q", k, g.Tenant),
-			limit: max(1, g.Memory/memory.FrameSize) * memory.FrameSize}
+			limit: max(1, g.Memory/memory.FrameSize) * memory.FrameSize, log: m.log}
 	}
 	m.mu.Lock()
 	if m.closed {

@@ -38,13 +38,18 @@ type containerSystem struct {
 	quota string
 }
 
-func startContainers(t *testing.T) *containerSystem {
+func startContainers(t *testing.T, edits ...func(*mediator.Config)) *containerSystem {
 	t.Helper()
 	quota := filepath.Join(t.TempDir(), "q.toml")
 	if err := os.WriteFile(quota, []byte(quotaFile), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := startWith(t, 256<<20, func(c *mediator.Config) { c.Quota, c.ReclaimInterval = quota, 50*time.Millisecond })
+	s := startWith(t, 256<<20, func(c *mediator.Config) {
+		c.Quota, c.ReclaimInterval = quota, 50*time.Millisecond
+		for _, edit := range edits {
+			edit(c)
+		}
+	})
 	return &containerSystem{system: s, dir: filepath.Join(s.dir, "c"), quota: quota}
 }
 
