@@ -218,9 +218,6 @@ func (d *Device) gather(xs []api.Extent) ([]byte, error) {
 // that were gathered from several runs and that k may write. After a slice
 // failed, finish must not be called.
 func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (p *kernels.Plan, finish func() error, err error) {
-	if err := d.checkDisjoint(k, args); err != nil {
-		return nil, nil, err
-	}
 	vals := make([]kernels.Value, len(args))
 	var scatter []int
 	for i, a := range args {
@@ -244,6 +241,9 @@ func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (p 
 	if p, err = k.Plan(vals, maxWork); err != nil {
 		return nil, nil, err
 	}
+	if err := checkDisjoint(k, args); err != nil { // after the kernel's own checks, which come first
+		return nil, nil, err
+	}
 	if len(scatter) == 0 {
 		return p, nil, nil
 	}
@@ -261,7 +261,7 @@ func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (p 
 // goroutines whose output shares device memory with an input. The kernel
 // checks that itself on the slices it is given, but a buffer gathered from
 // several runs is a copy, which overlaps nothing.
-func (d *Device) checkDisjoint(k *kernels.Kernel, args []api.NodeArg) error {
+func checkDisjoint(k *kernels.Kernel, args []api.NodeArg) error {
 	if !k.Parallel() {
 		return nil // serial kernels define overlapping arguments (Kernel.Info.Doc)
 	}
@@ -272,8 +272,8 @@ func (d *Device) checkDisjoint(k *kernels.Kernel, args []api.NodeArg) error {
 		}
 		for i, in := range args {
 			if i != o && in.Kind == api.ArgBuffer && i < len(ps) && api.ExtentsOverlap(out.Extents, in.Extents) {
-				return fmt.Errorf("%s: %s: output %s overlaps input %s in device memory; the result would depend on thread scheduling: %w",
-					d.info.Name, k.Info.Name, ps[o].Name, ps[i].Name, api.ErrInvalidArgument)
+				return fmt.Errorf("%s: output %s overlaps input %s in device memory; the result would depend on thread scheduling: %w",
+					k.Info.Name, ps[o].Name, ps[i].Name, api.ErrInvalidArgument)
 			}
 		}
 	}
