@@ -34,6 +34,7 @@ package accelerator
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/vgpu/vgpu/accelerator/kernels"
@@ -92,6 +93,9 @@ func (c *conn) checkLaunch(body []byte) (*device, checkedLaunch, error) {
 			return nil, checkedLaunch{}, fmt.Errorf("%s: %s argument %d (%s): %w", d.Info().Name, l.Kernel, i, k.Info.Params[i].Name, err)
 		}
 	}
+	if err := c.trimBuffers(d, k, l.Args); err != nil {
+		return nil, checkedLaunch{}, fmt.Errorf("%s: %s: %w", d.Info().Name, l.Kernel, err)
+	}
 	// Only now, with every argument checked, do aliased frames the kernel
 	// may write get memory of their own (content.go): nothing of this
 	// connection can alias them again before the launch has run.
@@ -103,6 +107,71 @@ func (c *conn) checkLaunch(body []byte) (*device, checkedLaunch, error) {
 		}
 	}
 	return d, checkedLaunch{k: k, args: l.Args}, nil
+}
+
+// trimBuffers cuts each buffer argument of args to the bytes k touches
+// (api.KernelInfo.Extent), so that it is checked, gathered and charged
+// only that far. A buffer shorter than that, or whose size the scalars
+// leave negative or overflowing, is refused before any of it is gathered:
+// the kernel would refuse it after. And the buffers that lie in several
+// runs of memory, which preparing the launch copies, may come to no more
+// bytes together than the connection holds on d, so one launch's copies
+// cost the node no more host memory than the connection's grant.
+func (c *conn) trimBuffers(d *device, k *kernels.Kernel, args []api.NodeArg) error {
+	var buf [16]api.Arg // a launch's scalars, without a heap allocation
+	scalars := buf[:0]
+	for _, a := range args {
+		scalars = append(scalars, api.Arg{Kind: a.Kind, Bits: a.Bits})
+	}
+	var gathered uint64
+	for i := range args {
+		a := &args[i]
+		p := k.Info.Params[i]
+		if a.Kind != api.ArgBuffer || p.Elem == 0 {
+			continue
+		}
+		need, ok := k.Info.Extent(i, scalars)
+		have := api.ExtentsLen(a.Extents)
+		switch {
+		case !ok:
+			return fmt.Errorf("argument %d (%s): its size, %s elements of %d bytes, is negative or overflows: %w",
+				i, p.Name, dims(k, p, scalars), p.Elem, api.ErrInvalidArgument)
+		case need > have:
+			return fmt.Errorf("argument %d (%s) holds %d bytes, but the kernel touches %d elements (%s) of %d bytes: %w",
+				i, p.Name, have, need/uint64(p.Elem), dims(k, p, scalars), p.Elem, api.ErrInvalidArgument)
+		}
+		a.Extents = api.ExtentsPrefix(a.Extents, need)
+		if len(a.Extents) > 1 {
+			gathered += need
+		}
+	}
+	if held := d.frames.heldBytes(c.owner); gathered > held {
+		return fmt.Errorf("its buffers in several runs of memory come to %d bytes, more than the %d this connection holds: %w",
+			gathered, held, api.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// dims names the scalars that size buffer parameter p, with their values,
+// such as "m = 4 · k = -1".
+func dims(k *kernels.Kernel, p api.Param, scalars []api.Arg) string {
+	parts := make([]string, len(p.Dims))
+	for j, dim := range p.Dims {
+		parts[j] = dim
+		for i, q := range k.Info.Params {
+			if q.Name == dim && i < len(scalars) {
+				parts[j] = fmt.Sprintf("%s = %d", dim, int64(scalars[i].Bits))
+			}
+		}
+	}
+	return strings.Join(parts, " · ")
+}
+
+// heldBytes is the memory o holds.
+func (t *frameTable) heldBytes(o owner) uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return uint64(t.held[o]) * FrameSize
 }
 
 // prepare readies l to run on d in slices.
@@ -141,8 +210,15 @@ func (d *device) launchAll(t tenantShare, ls []checkedLaunch) []error {
 	for {
 		start := d.sched.clock.now()
 		ok := r.advance()
-		d.sched.chargeAside(t, d.sched.clock.now()-start)
+		spent := d.sched.clock.now() - start
+		d.sched.chargeAside(t, spent)
 		if !ok {
+			if spent >= stepTime {
+				// Preparations that then failed, or had nothing to do,
+				// still take the tenant's turn: its next launch waits
+				// as long as after a slice that long, and a cap holds.
+				_ = d.sched.run(t, func() (int, bool, error) { return 0, false, nil })
+			}
 			break
 		}
 		if err := d.sched.run(t, r.step); err != nil {

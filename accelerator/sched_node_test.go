@@ -1,6 +1,7 @@
 package accelerator
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -71,35 +72,54 @@ func TestLaunchThroughScheduler(t *testing.T) {
 }
 
 // TestLaunchPreparationIsCharged: gathering a buffer that lies in several
-// runs of memory is device work, charged to the launching tenant. Each
-// launch here sums one float of a 16 MiB buffer in 8 runs, so nearly all
-// of its time is the gathering.
+// runs of memory is device work, charged to the launching tenant, and a
+// launch that fails after its gathering still waits its turn, so a tenant
+// capped by compute_max stays within its cap however its launches fail.
+// Each launch here gathers a 16 MiB table in 8 runs, then fails on an index
+// out of range, which only the gathered bytes can show.
 func TestLaunchPreparationIsCharged(t *testing.T) {
 	tn := startNode(t)
-	c := tn.connectShare(t, "gatherer", 1, 0)
-	const runs = 8
-	frames := c.alloc(0, runs+1)
-	var xs []api.Extent
-	for _, f := range frames[:runs] {
-		xs = append(xs, ext(f, 0, FrameSize))
-	}
-	out := ext(frames[runs], 0, 4)
-	const launches = 20
-	start := time.Now()
-	for range launches {
-		if err := c.launch(0, "reduce_sum_f32", i64Arg(1), bufArg(xs...), bufArg(out)); err != nil {
-			t.Fatal(err)
+	for _, tc := range []struct {
+		tenant string
+		cap    float32
+	}{{"gatherer", 0}, {"capped", 0.1}} {
+		c := tn.connectShare(t, tc.tenant, 1, tc.cap)
+		const runs, dim = 8, 64
+		frames := c.alloc(0, runs+1)
+		var table []api.Extent
+		for _, f := range frames[:runs] {
+			table = append(table, ext(f, 0, FrameSize))
 		}
-	}
-	wall := time.Since(start)
-	var charged time.Duration
-	for _, s := range c.status().Shares {
-		if s.Tenant == "gatherer" {
-			charged = s.DeviceTime
+		rows := int64(runs * FrameSize / 4 / dim)
+		small := frames[runs]
+		c.mustWrite(0, []api.Extent{ext(small, 0, 8)}, []byte{0, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f}) // index 0, then 2^31-1
+		bad := func() error {
+			return c.launch(0, "embedding_bag_sum", bufArg(table...), i64Arg(rows), i64Arg(dim),
+				bufArg(ext(small, 0, 8)), i64Arg(2), bufArg(ext(small, 8, 4)), i64Arg(1), bufArg(ext(small, 4096, 4*dim)))
 		}
-	}
-	t.Logf("%d launches in %v, %v charged", launches, wall, charged)
-	if charged < wall/2 {
-		t.Fatalf("%d launches gathering %d runs each took %v, %v of it charged: want at least half", launches, runs, wall, charged)
+		launches := 0
+		start := time.Now()
+		for time.Since(start) < 500*time.Millisecond {
+			if err := bad(); !errors.Is(err, api.ErrInvalidArgument) {
+				t.Fatalf("%s: launch with an index out of range: %v", tc.tenant, err)
+			}
+			launches++
+		}
+		wall := time.Since(start)
+		var charged time.Duration
+		for _, s := range c.status().Shares {
+			if s.Tenant == tc.tenant {
+				charged = s.DeviceTime
+			}
+		}
+		t.Logf("%s: %d failed launches in %v, %v charged", tc.tenant, launches, wall, charged)
+		if tc.cap == 0 && charged < wall/2 {
+			t.Errorf("%s: failed launches gathering %d runs each took %v, %v of it charged: want at least half", tc.tenant, runs, wall, charged)
+		}
+		// The cap's share of the time, its first bucket, and one gathering
+		// past the bucket's end.
+		if limit := time.Duration(float64(tc.cap)*float64(wall+capWindow)) + wall/10; tc.cap > 0 && charged > limit {
+			t.Errorf("%s: capped at %.2f, charged %v in %v: want at most %v", tc.tenant, tc.cap, charged, wall, limit)
+		}
 	}
 }

@@ -536,6 +536,23 @@ func ExtentsLen(xs []Extent) uint64 {
 	return n
 }
 
+// ExtentsPrefix returns the extents of the first n bytes of xs (all of xs
+// when they hold no more), sharing xs's array up to the last, which is
+// copied if cut.
+func ExtentsPrefix(xs []Extent, n uint64) []Extent {
+	for i, x := range xs {
+		if x.Len >= n {
+			out := xs[:i+1:i+1]
+			if x.Len > n {
+				out = append(xs[:i:i], Extent{Addr: x.Addr, Len: n})
+			}
+			return out
+		}
+		n -= x.Len
+	}
+	return xs
+}
+
 // ExtentsOverlap reports whether a byte lies in an extent of a and in an
 // extent of b, in O((len(a)+len(b)) log) time; without sorting, or
 // allocating, where each holds one extent.

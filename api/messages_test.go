@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -804,4 +805,27 @@ func TestExtentsOverlap(t *testing.T) {
 			t.Fatalf("ExtentsOverlap(%v, %v) = %v, want %v", b, a, got, want)
 		}
 	})
+}
+
+func TestExtentsPrefix(t *testing.T) {
+	xs := []Extent{{Addr: 100, Len: 10}, {Addr: 300, Len: 20}, {Addr: 500, Len: 5}}
+	for _, tc := range []struct {
+		n    uint64
+		want []Extent
+	}{
+		{0, []Extent{{Addr: 100, Len: 0}}},
+		{4, []Extent{{Addr: 100, Len: 4}}},
+		{10, []Extent{{Addr: 100, Len: 10}}},
+		{11, []Extent{{Addr: 100, Len: 10}, {Addr: 300, Len: 1}}},
+		{35, xs},
+		{99, xs},
+	} {
+		got := ExtentsPrefix(xs, tc.n)
+		if !slices.Equal(got, tc.want) || ExtentsLen(got) != min(tc.n, 35) {
+			t.Errorf("ExtentsPrefix(%d) = %v, want %v", tc.n, got, tc.want)
+		}
+	}
+	if xs[1].Len != 20 {
+		t.Fatalf("ExtentsPrefix changed its input: %v", xs)
+	}
 }
