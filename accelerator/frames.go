@@ -1,8 +1,10 @@
 package accelerator
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
+	"sort"
 	"sync"
 
 	"github.com/vgpu/vgpu/api"
@@ -10,6 +12,13 @@ import (
 
 // FrameSize is the unit in which a node hands out physical device memory.
 const FrameSize = 2 << 20
+
+// MaxSharedRuns bounds the runs of shared objects on one frame, which the
+// frame table keeps, and writes and exports search, under the lock every
+// tenant of the device waits for. A mediator exports whole allocations,
+// whose runs are whole pages of at least 4 KiB, so a frame holds at most
+// this many of them; an export that would put more on a frame is refused.
+const MaxSharedRuns = FrameSize / 4096
 
 // owner identifies who holds a frame: one mediator connection, which acts for
 // one tenant. Zero means free.
@@ -28,7 +37,7 @@ type frameTable struct {
 	owners []owner              // by frame number
 	held   map[owner]int        // frames each owner holds
 	sealed []bool               // by frame number
-	shared map[int][]api.Extent // by frame number: the runs of it in shared objects (shared.go)
+	shared map[int][]api.Extent // by frame number: the runs of it in shared objects (shared.go), sorted, disjoint, at most MaxSharedRuns
 	free   int
 	hint   int // where the next search for a run starts
 }
@@ -180,10 +189,8 @@ func (t *frameTable) check(o owner, xs []api.Extent, write bool) error {
 				return fmt.Errorf("extent [%#x, +%d) touches sealed frame %#x, which is read-only: %w", x.Addr, x.Len, f*FrameSize, api.ErrPermissionDenied)
 			}
 			if write {
-				for _, s := range t.shared[int(f)] {
-					if s.Addr < x.Addr+x.Len && x.Addr < s.Addr+s.Len {
-						return fmt.Errorf("extent [%#x, +%d) overlaps [%#x, +%d) of a shared object, which is written only through the object: %w", x.Addr, x.Len, s.Addr, s.Len, api.ErrPermissionDenied)
-					}
+				if s, ok := t.sharedOverlap(int(f), x); ok {
+					return fmt.Errorf("extent [%#x, +%d) overlaps [%#x, +%d) of a shared object, which is written only through the object: %w", x.Addr, x.Len, s.Addr, s.Len, api.ErrPermissionDenied)
 				}
 			}
 		}
@@ -229,33 +236,103 @@ func (t *frameTable) isShared(xs []api.Extent) bool {
 	defer t.mu.RUnlock()
 	for _, x := range xs {
 		for f := x.Addr / FrameSize; x.Len > 0 && f <= (x.Addr+x.Len-1)/FrameSize; f++ {
-			for _, s := range t.shared[int(f)] {
-				if s.Addr < x.Addr+x.Len && x.Addr < s.Addr+s.Len {
-					return true
-				}
+			if _, ok := t.sharedOverlap(int(f), x); ok {
+				return true
 			}
 		}
 	}
 	return false
 }
 
-// share records xs as runs of a shared object (on), or no longer (off).
-func (t *frameTable) share(xs []api.Extent, on bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+// sharedOverlap returns a run of a shared object in frame f that overlaps
+// x (not empty), if there is one, by bisection: a frame's runs are sorted
+// and disjoint, so their ends ascend too. The caller holds mu.
+func (t *frameTable) sharedOverlap(f int, x api.Extent) (api.Extent, bool) {
+	runs := t.shared[f]
+	i := sort.Search(len(runs), func(i int) bool { return runs[i].Addr+runs[i].Len > x.Addr })
+	if i < len(runs) && runs[i].Addr < x.Addr+x.Len {
+		return runs[i], true
+	}
+	return api.Extent{}, false
+}
+
+// runsByFrame splits xs, which the caller checked lie in held frames, at
+// frame boundaries, and returns the pieces of each frame sorted by
+// address; empty extents have none.
+func runsByFrame(xs []api.Extent) map[int][]api.Extent {
+	out := map[int][]api.Extent{}
 	for _, x := range xs {
 		for a := x.Addr; a < x.Addr+x.Len; {
 			f := int(a / FrameSize)
 			end := min(x.Addr+x.Len, uint64(f+1)*FrameSize)
-			piece := api.Extent{Addr: a, Len: end - a}
-			if on {
-				t.shared[f] = append(t.shared[f], piece)
-			} else if i := slices.Index(t.shared[f], piece); i >= 0 {
-				if t.shared[f] = slices.Delete(t.shared[f], i, i+1); len(t.shared[f]) == 0 {
-					delete(t.shared, f)
-				}
-			}
+			out[f] = append(out[f], api.Extent{Addr: a, Len: end - a})
 			a = end
+		}
+	}
+	for _, ps := range out {
+		slices.SortFunc(ps, func(a, b api.Extent) int { return cmp.Compare(a.Addr, b.Addr) })
+	}
+	return out
+}
+
+// shareable says why xs, distinct extents in held frames, cannot become
+// runs of a shared object, or returns nil: a byte of them is part of one
+// already, or they would put more than MaxSharedRuns runs on a frame.
+func (t *frameTable) shareable(xs []api.Extent) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.shareableLocked(runsByFrame(xs))
+}
+
+func (t *frameTable) shareableLocked(byFrame map[int][]api.Extent) error {
+	for f, ps := range byFrame {
+		if have := len(t.shared[f]); len(ps) > MaxSharedRuns-have {
+			return fmt.Errorf("%d more runs of shared objects on frame %#x, which holds %d: at most %d a frame: %w",
+				len(ps), uint64(f)*FrameSize, have, MaxSharedRuns, api.ErrInvalidArgument)
+		}
+		for _, p := range ps {
+			if s, ok := t.sharedOverlap(f, p); ok {
+				return fmt.Errorf("[%#x, +%d) overlaps [%#x, +%d), which is part of a shared object already: %w",
+					p.Addr, p.Len, s.Addr, s.Len, api.ErrInvalidArgument)
+			}
+		}
+	}
+	return nil
+}
+
+// share records xs, distinct extents in held frames, as runs of a shared
+// object, if shareable allows, all or none. Each frame's runs stay sorted.
+func (t *frameTable) share(xs []api.Extent) error {
+	byFrame := runsByFrame(xs)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.shareableLocked(byFrame); err != nil {
+		return err
+	}
+	for f, ps := range byFrame {
+		runs := append(t.shared[f], ps...)
+		slices.SortFunc(runs, func(a, b api.Extent) int { return cmp.Compare(a.Addr, b.Addr) })
+		t.shared[f] = runs
+	}
+	return nil
+}
+
+// unshare forgets xs, which share recorded, as runs of a shared object.
+func (t *frameTable) unshare(xs []api.Extent) {
+	byFrame := runsByFrame(xs)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for f, ps := range byFrame {
+		// Both lists are sorted: one pass drops the runs of ps.
+		i := 0
+		t.shared[f] = slices.DeleteFunc(t.shared[f], func(s api.Extent) bool {
+			for i < len(ps) && ps[i].Addr < s.Addr {
+				i++
+			}
+			return i < len(ps) && ps[i] == s
+		})
+		if len(t.shared[f]) == 0 {
+			delete(t.shared, f)
 		}
 	}
 }

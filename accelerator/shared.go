@@ -78,6 +78,15 @@ const (
 	// memory, and a grant list as long as the wire allows (api.MaxList)
 	// would cost some 3.5 MiB an object.
 	MaxGrants = 64
+	// MaxExportExtents bounds the extents of the objects one connection
+	// has exported and not yet ended, which the node keeps in host memory
+	// (16 bytes each, and as much again in the frame table) for the
+	// objects' lives: without it, MaxObjects objects of as many extents
+	// as the wire allows (api.MaxList) would cost a gigabyte. A mediator
+	// sends one extent per frame of an allocation at most (fewer where
+	// frames are contiguous), and a frame holds at most MaxSharedRuns
+	// runs of objects (frames.go).
+	MaxExportExtents = 1 << 20
 )
 
 // epoch is the origin of the node's clock for leases.
@@ -90,6 +99,11 @@ type objectTable struct {
 	byID   map[uint64]*object
 	ending map[uint64]*object  // ended, telling their importers
 	ended  api.CoherenceStatus // what ended objects cost
+	// extents counts the extents of each connection's objects, made or
+	// being made and not ended; no connection has more than maxExtents
+	// (MaxExportExtents; tests lower it).
+	extents    map[*conn]int
+	maxExtents int
 }
 
 // randomID is a random object id.
@@ -175,7 +189,7 @@ type objWrite struct {
 }
 
 func newObjectTable() *objectTable {
-	return &objectTable{byID: map[uint64]*object{}, ending: map[uint64]*object{}}
+	return &objectTable{byID: map[uint64]*object{}, ending: map[uint64]*object{}, extents: map[*conn]int{}, maxExtents: MaxExportExtents}
 }
 
 func cacheID(c *conn) coherence.CacheID { return coherence.CacheID(c.owner) }
@@ -198,13 +212,20 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 		t.mu.Unlock()
 		return 0, fmt.Errorf("export: this connection has %d shared objects, the limit: %w", MaxObjects, api.ErrQuotaExceeded)
 	}
+	if have := t.extents[c]; len(m.Extents) > t.maxExtents-have {
+		t.mu.Unlock()
+		return 0, fmt.Errorf("export of %d extents: this connection's shared objects have %d, and at most %d: %w",
+			len(m.Extents), have, t.maxExtents, api.ErrQuotaExceeded)
+	}
 	c.exports++ // taken back below unless the object is made
+	t.extents[c] += len(m.Extents)
 	t.mu.Unlock()
 	made := false
 	defer func() {
 		if !made {
 			t.mu.Lock()
 			c.exports--
+			t.putExtents(c, len(m.Extents))
 			t.mu.Unlock()
 		}
 	}()
@@ -222,8 +243,10 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	if err := check(c.owner, m.Extents); err != nil {
 		return 0, fmt.Errorf("%s: export: %w", d.Info().Name, err)
 	}
-	if d.frames.isShared(m.Extents) {
-		return 0, fmt.Errorf("%s: export: those bytes are part of a shared object already: %w", d.Info().Name, api.ErrInvalidArgument)
+	// Checked before anything changes; share checks again, under the
+	// frame table's lock.
+	if err := d.frames.shareable(m.Extents); err != nil {
+		return 0, fmt.Errorf("%s: export: %w", d.Info().Name, err)
 	}
 	pages := (size + PageSize - 1) / PageSize
 	home, err := coherence.NewHome(coherence.HomeConfig{Mode: m.Mode, Pages: uint32(pages), Lease: ReadLease})
@@ -264,7 +287,9 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 			return 0, err
 		}
 	}
-	d.frames.share(m.Extents, true)
+	if err := d.frames.share(m.Extents); err != nil {
+		return 0, fmt.Errorf("%s: export: %w", d.Info().Name, err)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	// Random ids: a mediator that outlives a restart of this node must not
@@ -275,6 +300,13 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	t.byID[o.id] = o
 	made = true
 	return o.id, nil
+}
+
+// putExtents gives back n extents of c's objects. The caller holds t.mu.
+func (t *objectTable) putExtents(c *conn, n int) {
+	if t.extents[c] -= n; t.extents[c] <= 0 {
+		delete(t.extents, c)
+	}
 }
 
 // checkDistinct refuses an object's extents that are empty or overlap: an
@@ -716,6 +748,7 @@ func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
 		if o.exporter == c && end(o) {
 			o.gone = true
 			c.exports--
+			t.putExtents(c, len(o.xs))
 			delete(t.byID, id)
 			t.ending[id] = o
 			o.changed.Broadcast()
@@ -739,7 +772,7 @@ func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
 	for _, o := range ended {
 		o.mu.Lock()
 		o.tell("")
-		o.dev.frames.share(o.xs, false)
+		o.dev.frames.unshare(o.xs)
 		o.mu.Unlock()
 		t.mu.Lock()
 		delete(t.ending, o.id)

@@ -414,21 +414,22 @@ func TestNodeSealedFramesAreNotWrittenThroughObjects(t *testing.T) {
 func TestNodeObjectsPerConnectionAreBounded(t *testing.T) {
 	tn := startNode(t)
 	a := tn.connect(t, "alpha")
-	f := a.alloc(0, 1)[0]
+	// A frame holds MaxSharedRuns runs of objects: they take frames apart.
+	fs := a.alloc(0, MaxObjects/MaxSharedRuns+1)
 	for i := range uint64(MaxObjects) {
-		if _, err := a.export(api.ModeCoherent, ext(f, i, 1)); err != nil {
+		if _, err := a.export(api.ModeCoherent, ext(fs[i/MaxSharedRuns], i%MaxSharedRuns, 1)); err != nil {
 			t.Fatalf("export %d: %v", i, err)
 		}
 	}
-	_, err := a.export(api.ModeCoherent, ext(f, MaxObjects, 1))
+	_, err := a.export(api.ModeCoherent, ext(fs[len(fs)-1], 0, 1))
 	wantErr(t, err, api.ErrQuotaExceeded, strconv.Itoa(MaxObjects))
 	// Another connection has its own count.
 	other := tn.connect(t, "alpha")
 	if _, err := other.export(api.ModeCoherent, ext(other.alloc(0, 1)[0], 0, 1)); err != nil {
 		t.Fatalf("another connection's export: %v", err)
 	}
-	// Freeing the frame ends its objects.
-	if err := a.free(0, f); err != nil {
+	// Freeing the frames ends their objects.
+	if err := a.free(0, fs...); err != nil {
 		t.Fatal(err)
 	}
 	g := a.alloc(0, 1)[0]
