@@ -157,11 +157,12 @@ func TestPlanLarge(t *testing.T) {
 }
 
 // TestPlanSliceWork checks that slices are bounded in work, at least one
-// item each.
+// item each: rows of sgemm, or where a row costs more than a slice, blocks
+// of its columns (64 at least) in chunks of its sums (4 products at least).
 func TestPlanSliceWork(t *testing.T) {
 	const m, n, k = 64, 63, 63
 	args := []Value{i64Arg(m), i64Arg(n), i64Arg(k), f32Arg(1), bufArg(alloc(4 * m * k)), bufArg(alloc(4 * k * n)), f32Arg(0), bufArg(alloc(4 * m * n))}
-	for _, tc := range []struct{ maxWork, want int }{{n * (k + 1) * 4, 16}, {n*(k+1)*4 + 1, 16}, {1, m}, {math.MaxInt, 1}} {
+	for _, tc := range []struct{ maxWork, want int }{{n * (k + 1) * 4, 16}, {n*(k+1)*4 + 1, 16}, {(k + 1) * 8, m * 8}, {1, m * 16}, {math.MaxInt, 1}} {
 		p, err := mustLookup(t, "sgemm").Plan(args, tc.maxWork)
 		if err != nil {
 			t.Fatal(err)

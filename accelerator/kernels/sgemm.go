@@ -37,28 +37,60 @@ func planSgemm(args []Value, maxWork int) (*Plan, error) {
 		return &Plan{}, nil
 	}
 	alpha, beta := args[3].F32, args[6].F32
-	// Rows are independent, so any split, into slices and within a slice
-	// across goroutines, gives the same bits.
+	// Elements of C are independent, and each sums its products in p
+	// order, so any split of rows or columns, into slices and within a
+	// slice across goroutines, and any split of p into chunks run in
+	// order, gives the same bits.
 	cost := satMul(n, k+1)
-	return evenPlan(m, cost, maxWork, func(lo, hi, workers int) error {
-		return parallelForN(workers, hi-lo, cost, func(l, h int) error {
-			l, h = lo+l, lo+h
-			sgemmRows(cm[l*n:h*n], a[l*k:h*k], b, n, k, alpha, beta)
-			return nil
-		})
+	if cost <= maxWork {
+		return evenPlan(m, cost, maxWork, func(lo, hi, workers int) error {
+			return parallelForN(workers, hi-lo, cost, func(l, h int) error {
+				for i := lo + l; i < lo+h; i++ {
+					sgemmPart(cm[i*n:i*n+n], a[i*k:i*k+k], b, n, 0, 0, k, alpha, beta, true)
+				}
+				return nil
+			})
+		}), nil
+	}
+	// A row costs more than a slice may, so that a wide or deep B would
+	// make one slice hold the device: cut each row into blocks of columns,
+	// and each block's sum into chunks of p, the chunks of a block in
+	// order. A chunk reads whole runs of B's rows, as the rows do.
+	width := min(n, max(64, maxWork/4))
+	blocks := (n + width - 1) / width
+	depth := max(4, maxWork/width)
+	chunks := max(1, (k+depth-1)/depth)
+	items := satMul(satMul(m, blocks), chunks)
+	return evenPlan(items, satMul(width, depth), maxWork, func(lo, hi, workers int) error {
+		for item := lo; item < hi; item++ {
+			chunk, rest := item%chunks, item/chunks
+			i, j0 := rest/blocks, rest%blocks*width
+			j1, p0 := min(j0+width, n), chunk*depth
+			p1 := min(p0+depth, k)
+			err := parallelForN(workers, j1-j0, p1-p0+1, func(l, h int) error {
+				sgemmPart(cm[i*n+j0+l:i*n+j0+h], a[i*k:i*k+k], b, n, j0+l, p0, p1, alpha, beta, chunk == 0)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
 	}), nil
 }
 
-// sgemmRows computes the rows of C in c from the matching rows of A in a.
+// sgemmPart adds alpha·A[i][p]·B[p][j] for p in [p0, p1) to c, which is
+// C[i][j0 : j0+len(c)], given ai = A[i]; first, it scales c by beta.
 //
-// The loops run i-k-j: the innermost walks a row of B and a row of C
-// contiguously, so it streams through cache. p is unrolled by four and the
-// four updates of C[i][j] chained through a register, which loads and stores
-// each element of C once per four products instead of once per product while
-// keeping the order of the sum per element (p ascending) that Doc promises.
-func sgemmRows(c, a, b []float32, n, k int, alpha, beta float32) {
-	for i := 0; i < len(c)/n; i++ {
-		ci := c[i*n : i*n+n]
+// The loops run k-j: the inner one walks a row of B and of C contiguously,
+// so it streams through cache. p is unrolled by four and the four updates
+// of C[i][j] chained through a register, which loads and stores each
+// element of C once per four products instead of once per product while
+// keeping the order of the sum per element (p ascending) that Doc
+// promises: each sum is rounded in turn either way, so chunks of p give
+// the bits of one pass.
+func sgemmPart(ci, ai, b []float32, n, j0, p0, p1 int, alpha, beta float32, first bool) {
+	if first {
 		switch beta {
 		case 0:
 			clear(ci)
@@ -68,34 +100,34 @@ func sgemmRows(c, a, b []float32, n, k int, alpha, beta float32) {
 				ci[j] *= beta
 			}
 		}
-		if alpha == 0 {
-			continue
+	}
+	if alpha == 0 {
+		return
+	}
+	j1 := j0 + len(ci)
+	p := p0
+	for ; p+4 <= p1; p += 4 {
+		t0, t1, t2, t3 := alpha*ai[p], alpha*ai[p+1], alpha*ai[p+2], alpha*ai[p+3]
+		// Reslicing to len(ci) lets the compiler drop bounds checks below.
+		b0 := b[p*n+j0 : p*n+j1][:len(ci)]
+		b1 := b[(p+1)*n+j0 : (p+1)*n+j1][:len(ci)]
+		b2 := b[(p+2)*n+j0 : (p+2)*n+j1][:len(ci)]
+		b3 := b[(p+3)*n+j0 : (p+3)*n+j1][:len(ci)]
+		for j, s := range ci {
+			// Each conversion rounds its product, which forbids the
+			// compiler to fuse it with the sum into an FMA.
+			s += float32(t0 * b0[j])
+			s += float32(t1 * b1[j])
+			s += float32(t2 * b2[j])
+			s += float32(t3 * b3[j])
+			ci[j] = s
 		}
-		ai := a[i*k : i*k+k]
-		p := 0
-		for ; p+4 <= k; p += 4 {
-			t0, t1, t2, t3 := alpha*ai[p], alpha*ai[p+1], alpha*ai[p+2], alpha*ai[p+3]
-			// Reslicing to len(ci) lets the compiler drop bounds checks below.
-			b0 := b[p*n : p*n+n][:len(ci)]
-			b1 := b[(p+1)*n : (p+1)*n+n][:len(ci)]
-			b2 := b[(p+2)*n : (p+2)*n+n][:len(ci)]
-			b3 := b[(p+3)*n : (p+3)*n+n][:len(ci)]
-			for j, s := range ci {
-				// Each conversion rounds its product, which forbids the
-				// compiler to fuse it with the sum into an FMA.
-				s += float32(t0 * b0[j])
-				s += float32(t1 * b1[j])
-				s += float32(t2 * b2[j])
-				s += float32(t3 * b3[j])
-				ci[j] = s
-			}
-		}
-		for ; p < k; p++ {
-			t := alpha * ai[p]
-			bp := b[p*n : p*n+n][:len(ci)]
-			for j, bv := range bp {
-				ci[j] += float32(t * bv)
-			}
+	}
+	for ; p < p1; p++ {
+		t := alpha * ai[p]
+		bp := b[p*n+j0 : p*n+j1][:len(ci)]
+		for j, bv := range bp {
+			ci[j] += float32(t * bv)
 		}
 	}
 }
