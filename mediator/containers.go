@@ -66,8 +66,8 @@ type container struct {
 	// oversubscribe is the tenant's factor when the container registered;
 	// each session keeps at most grant.Memory resident.
 	oversubscribe float64
-	// resident counts the frames its sessions hold when it oversubscribes
-	// (nil otherwise), so that together they keep at most grant.Memory on
+	// resident counts the frames its sessions hold (nil for a grant of no
+	// memory), so that together they keep at most residentFrames on
 	// devices (frameSource.Grant, reserveResident).
 	resident *budget
 	// dedupCharge is the tenant's dedup_charge when the container
@@ -84,6 +84,29 @@ type container struct {
 }
 
 func (c *container) key() ctrKey { return ctrKey{c.grant.Namespace, c.grant.Container} }
+
+// fragmentSlack is the frames a container that does not oversubscribe
+// may hold beyond twice its grant (residentFrames).
+const fragmentSlack = 16
+
+// residentFrames is how many frames the sessions of a container granted
+// grant bytes hold together at most. Oversubscribing, that is the grant in
+// whole frames, at least one, as each session's own cap
+// (memory.Space.Oversubscribe): colder chunks go to host memory. Without
+// oversubscription nothing can be evicted, but the frames are bounded all
+// the same: the budget counts bytes allocated, in whole 4 KiB pages, and
+// an allocation of 2 MiB or more takes whole chunks, so allocations may
+// hold up to twice their bytes in frames, and each pool (device and hint)
+// of each session a chunk partly filled; a tenant that spreads small
+// allocations over many pools and sessions would otherwise hold a frame
+// for every page it is charged, and leave other tenants' devices full.
+// Past the bound a grant fails with out-of-memory.
+func residentFrames(grant uint64, oversubscribe float64) uint64 {
+	if oversubscribe > 1 {
+		return max(1, grant/memory.FrameSize)
+	}
+	return 2*((grant+memory.FrameSize-1)/memory.FrameSize) + fragmentSlack
+}
 
 // reclaimTries bounds how often reserveResident goes round the other
 // sessions, reclaimPause apart, while some are busy issuing.
@@ -409,11 +432,9 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 		budget:     &budget{owner: fmt.Sprintf("container %v of tenant %q", k, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe), log: m.log},
 		hostMapped: budget{owner: fmt.Sprintf("host regions of container %v", k), limit: MaxHostMappedPerContainer, log: m.log},
 	}
-	if t.Oversubscribe > 1 && g.Memory > 0 {
-		// Whole frames, at least one, as each session's own cap
-		// (memory.Space.Oversubscribe).
+	if g.Memory > 0 {
 		ctr.resident = &budget{owner: fmt.Sprintf("resident memory of container %v of tenant %q", k, g.Tenant),
-			limit: max(1, g.Memory/memory.FrameSize) * memory.FrameSize, log: m.log}
+			limit: residentFrames(g.Memory, t.Oversubscribe) * memory.FrameSize, log: m.log}
 	}
 	m.mu.Lock()
 	if m.closed {
