@@ -70,6 +70,9 @@ type container struct {
 	// memory), so that together they keep at most residentFrames on
 	// devices (frameSource.Grant, reserveResident).
 	resident *budget
+	// store holds its sessions' evicted chunks, if it oversubscribes: a
+	// bounded view of the mediator's host store.
+	store memory.Store
 	// dedupCharge is the tenant's dedup_charge when the container
 	// registered: the share of a frame its budget is charged for a sealed
 	// weight frame stored once (dedup.go).
@@ -435,6 +438,11 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 	if g.Memory > 0 {
 		ctr.resident = &budget{owner: fmt.Sprintf("resident memory of container %v of tenant %q", k, g.Tenant),
 			limit: residentFrames(g.Memory, t.Oversubscribe) * memory.FrameSize, log: m.log}
+	}
+	if t.Oversubscribe > 1 && g.Memory > 0 {
+		// Its evicted chunks, bounded as a container's frames are
+		// without oversubscription, over what it may allocate.
+		ctr.store = m.store.Bounded(residentFrames(ctr.budget.limit, 1) * memory.FrameSize)
 	}
 	m.mu.Lock()
 	if m.closed {

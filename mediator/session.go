@@ -307,7 +307,11 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 		s.frameCredit = frameCredit(ctr.dedupCharge)
 	}
 	if factor > 1 {
-		s.space.Oversubscribe(m.store, resident)
+		var store memory.Store = m.store // the host's own programs share it all
+		if ctr != nil && ctr.store != nil {
+			store = ctr.store
+		}
+		s.space.Oversubscribe(store, resident)
 		s.evicts = true
 	}
 	s.ending, s.bw = make(chan struct{}), m.limiter(s.tenant)
