@@ -542,7 +542,7 @@ func ExtentsLen(xs []Extent) uint64 {
 func ExtentsPrefix(xs []Extent, n uint64) []Extent {
 	for i, x := range xs {
 		if x.Len >= n {
-			out := xs[:i+1:i+1]
+			out := xs[: i+1 : i+1]
 			if x.Len > n {
 				out = append(xs[:i:i], Extent{Addr: x.Addr, Len: n})
 			}
