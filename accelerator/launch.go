@@ -13,7 +13,7 @@ package accelerator
 // (which copies a buffer backed by several runs of memory), and the
 // scheduler shares the device between runs step by step as it does between
 // single launches slice by slice. Preparations the submitter does are
-// charged to the run's tenant too (scheduler.chargeAside).
+// charged to the run's tenant too, with the job (tenantShare.aside).
 //
 // Invariants:
 //   - Every launch of a run was checked against its kernel's signature and
@@ -27,8 +27,9 @@ package accelerator
 //     nothing to do, never reaches the scheduler; the others are prepared
 //     by the runner, in a step. Either way the preparation is device time
 //     of the run's tenant: a gather on the submitter's goroutine is
-//     charged as if the runner had done it, without holding up the slices
-//     of other tenants meanwhile.
+//     charged as if the runner had done it (with the job it is for, or
+//     an empty one where the launches prepared failed, if it took a step
+//     or more), without holding up the slices of other tenants meanwhile.
 //   - Each launch of a run ends with its own result; the run's submitter
 //     waits for the last one.
 
@@ -109,9 +110,9 @@ func (c *conn) checkLaunch(body []byte) (*device, checkedLaunch, error) {
 	return d, checkedLaunch{k: k, args: l.Args}, nil
 }
 
-// trimBuffers cuts each buffer argument of args to the bytes k touches
-// (api.KernelInfo.Extent), so that it is checked, gathered and charged
-// only that far. A buffer shorter than that, or whose size the scalars
+// trimBuffers cuts each buffer argument of args, already checked whole, to
+// the bytes k touches (api.KernelInfo.Extent), so that it is gathered and
+// charged only that far. A buffer shorter than that, or whose size the scalars
 // leave negative or overflowing, is refused before any of it is gathered:
 // the kernel would refuse it after. And the buffers that lie in several
 // runs of memory, which preparing the launch copies, may come to no more
@@ -144,6 +145,9 @@ func (c *conn) trimBuffers(d *device, k *kernels.Kernel, args []api.NodeArg) err
 		if len(a.Extents) > 1 {
 			gathered += need
 		}
+	}
+	if gathered == 0 {
+		return nil // nothing copied: no frame-table lock on a tiny launch
 	}
 	if held := d.frames.heldBytes(c.owner); gathered > held {
 		return fmt.Errorf("its buffers in several runs of memory come to %d bytes, more than the %d this connection holds: %w",
@@ -210,13 +214,14 @@ func (d *device) launchAll(t tenantShare, ls []checkedLaunch) []error {
 	for {
 		start := d.sched.clock.now()
 		ok := r.advance()
-		spent := d.sched.clock.now() - start
-		d.sched.chargeAside(t, spent)
+		t.aside = d.sched.clock.now() - start // charged with the job
 		if !ok {
-			if spent >= stepTime {
+			if t.aside >= stepTime {
 				// Preparations that then failed, or had nothing to do,
 				// still take the tenant's turn: its next launch waits
 				// as long as after a slice that long, and a cap holds.
+				// Shorter ones, like the last look for a launch left,
+				// cost no more than reading their request.
 				_ = d.sched.run(t, func() (int, bool, error) { return 0, false, nil })
 			}
 			break

@@ -9,7 +9,8 @@ package accelerator
 // launches, several kernel slices in a row, for at most stepTime plus one
 // kernel slice (and a launch's preparation), so that tiny launches do not cost
 // a dispatch each. One runner per device runs one slice at a time and
-// charges the time it measured around the slice to the slice's tenant. The
+// charges the time it measured around the slice to the slice's tenant (and
+// with a job, the time its submitter spent preparing it). The
 // policy is start-time fair queueing over measured time: every tenant has a
 // virtual time that grows by the device time it used divided by its weight, and
 // the runner always runs a slice of the backlogged tenant with the least
@@ -41,7 +42,8 @@ package accelerator
 //     that refills at c seconds of device time per second and holds at most
 //     c·capWindow; while it is empty the tenant is throttled even if the
 //     device idles. Over any interval T it uses at most c·(T + capWindow)
-//     plus one slice.
+//     plus one slice and one preparation (tenantShare.aside) per
+//     connection.
 //   - Tenants are keyed by name: connections of one tenant, from any
 //     mediator, share one account; their jobs take turns slice by slice.
 //     The weight and cap are those of the tenant's latest launch. At most
@@ -221,6 +223,10 @@ type tenantShare struct {
 	// waiting, if set, reports whether the submitting connection has
 	// further requests waiting at the node. Called with scheduler.mu held.
 	waiting func() bool
+	// aside is device work done for the job off the runners (preparing
+	// its first launch), charged to t when the job is queued, after any
+	// reset of its virtual time, as a slice that long would be.
+	aside time.Duration
 }
 
 func (t tenantShare) normalized() (weight, computeMax float64) {
@@ -256,6 +262,8 @@ func (s *scheduler) run(t tenantShare, st step) error {
 			a.vtime = max(a.vtime, s.vnow) // no banked credit
 		}
 	}
+	a.used += t.aside
+	a.charge(t.aside)
 	a.jobs = append(a.jobs, j)
 	wake := s.dispatcherWake()
 	s.mu.Unlock()
@@ -286,19 +294,6 @@ func (s *scheduler) account(t tenantShare) *account {
 	}
 	a.weight, a.computeMax = w, c
 	return a
-}
-
-// chargeAside counts d of work done for t off the runners (preparing a
-// launch: gathering a buffer that lies in several runs of memory) as t's
-// device time: it delays t's next slices as much as a slice that long
-// would have, so the work is paid for, while it ran beside other tenants'
-// slices rather than holding the device.
-func (s *scheduler) chargeAside(t tenantShare, d time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	a := s.account(t)
-	a.used += d
-	a.charge(d)
 }
 
 // maxAccounts bounds the accounts a scheduler keeps: past it, accounts of

@@ -73,11 +73,6 @@ const (
 	// the connection's frames do not count (a mediator exports at most
 	// 256 buffers per session).
 	MaxObjects = 1024
-	// MaxGrants bounds the grants of one object, which the node keeps for
-	// the object's life: a mediator's word is no bound on the node's
-	// memory, and a grant list as long as the wire allows (api.MaxList)
-	// would cost some 3.5 MiB an object.
-	MaxGrants = 64
 	// MaxExportExtents bounds the extents of the objects one connection
 	// has exported and not yet ended, which the node keeps in host memory
 	// (16 bytes each, and as much again in the frame table) for the
@@ -203,8 +198,8 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	if !m.Mode.Valid() || m.Mode == api.ModePrivate {
 		return 0, fmt.Errorf("export in mode %v: want immutable, versioned or coherent: %w", m.Mode, api.ErrInvalidArgument)
 	}
-	if len(m.Grants) > MaxGrants {
-		return 0, fmt.Errorf("export with %d grants: at most %d: %w", len(m.Grants), MaxGrants, api.ErrInvalidArgument)
+	if len(m.Grants) > api.MaxGrants { // a mediator's word is no bound on the node's memory
+		return 0, fmt.Errorf("export with %d grants: at most %d: %w", len(m.Grants), api.MaxGrants, api.ErrInvalidArgument)
 	}
 	t := c.node.objects
 	t.mu.Lock()

@@ -645,14 +645,14 @@ func TestNodeReaderThatDoesNotReadHoldsUpAWriteOneLease(t *testing.T) {
 	timed("the revocation", a.rpc.Go(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: id, Tenant: "beta"})))
 }
 
-// An object keeps at most MaxGrants grants, whatever its mediator sends:
+// An object keeps at most api.MaxGrants grants, whatever its mediator sends:
 // an export with more is refused, naming the count and the bound, and
 // makes no object.
 func TestNodeExportGrantsAreBounded(t *testing.T) {
 	tn := startNode(t)
 	a := tn.connect(t, "alpha")
 	f := a.alloc(0, 1)[0]
-	grants := make([]api.Grant, MaxGrants+1)
+	grants := make([]api.Grant, api.MaxGrants+1)
 	for i := range grants {
 		grants[i] = api.Grant{Tenant: fmt.Sprintf("t%d", i)}
 	}
@@ -660,11 +660,11 @@ func TestNodeExportGrantsAreBounded(t *testing.T) {
 		_, err := a.call(api.OpNodeExport, &api.NodeExport{Extents: []api.Extent{ext(f, 0, FrameSize)}, Mode: api.ModeCoherent, Grants: grants})
 		return err
 	}
-	wantErr(t, export(grants), api.ErrInvalidArgument, strconv.Itoa(MaxGrants+1), strconv.Itoa(MaxGrants))
+	wantErr(t, export(grants), api.ErrInvalidArgument, strconv.Itoa(api.MaxGrants+1), strconv.Itoa(api.MaxGrants))
 	if st := tn.node.Status().Coherence; st.Objects != 0 {
 		t.Fatalf("a refused export left %d objects", st.Objects)
 	}
-	if err := export(grants[:MaxGrants]); err != nil {
-		t.Fatalf("export with %d grants: %v", MaxGrants, err)
+	if err := export(grants[:api.MaxGrants]); err != nil {
+		t.Fatalf("export with %d grants: %v", api.MaxGrants, err)
 	}
 }

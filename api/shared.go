@@ -38,6 +38,11 @@ func (m Mode) String() string {
 // Valid says whether m is a known mode.
 func (m Mode) Valid() bool { return m < modeEnd }
 
+// MaxGrants bounds the grants of one export. A node keeps them for the
+// object's life, and a list as long as the wire allows (MaxList) would
+// cost it some 3.5 MiB an object: mediators and nodes both refuse more.
+const MaxGrants = 64
+
 // Grant lets Tenant import a shared buffer, to read it, and to write it if
 // Write.
 type Grant struct {

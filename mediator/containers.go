@@ -66,9 +66,9 @@ type container struct {
 	// oversubscribe is the tenant's factor when the container registered;
 	// each session keeps at most grant.Memory resident.
 	oversubscribe float64
-	// resident counts the frames its sessions hold (nil for a grant of no
-	// memory), so that together they keep at most residentFrames on
-	// devices (frameSource.Grant, reserveResident).
+	// resident counts the frames its sessions hold, so that together they
+	// keep at most residentFrames on devices (frameSource.Grant,
+	// reserveResident).
 	resident *budget
 	// store holds its sessions' evicted chunks, if it oversubscribes: a
 	// bounded view of the mediator's host store.
@@ -108,7 +108,13 @@ func residentFrames(grant uint64, oversubscribe float64) uint64 {
 	if oversubscribe > 1 {
 		return max(1, grant/memory.FrameSize)
 	}
-	return 2*((grant+memory.FrameSize-1)/memory.FrameSize) + fragmentSlack
+	return fragmentedFrames(grant)
+}
+
+// fragmentedFrames is the most frames allocations of n bytes need, spread
+// over pools: twice n in frames, plus fragmentSlack.
+func fragmentedFrames(n uint64) uint64 {
+	return 2*((n+memory.FrameSize-1)/memory.FrameSize) + fragmentSlack
 }
 
 // reclaimTries bounds how often reserveResident goes round the other
@@ -127,7 +133,7 @@ const (
 func (c *container) reserveResident(s *session, n int) error {
 	bytes := uint64(n) * memory.FrameSize
 	err := c.resident.reserve(bytes)
-	for try := 0; err != nil && try < reclaimTries; try++ {
+	for try := 0; err != nil && c.store != nil && try < reclaimTries; try++ { // without a store, nothing evicts
 		if try > 0 {
 			time.Sleep(reclaimPause)
 		}
@@ -435,14 +441,12 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 		budget:     &budget{owner: fmt.Sprintf("container %v of tenant %q", k, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe), log: m.log},
 		hostMapped: budget{owner: fmt.Sprintf("host regions of container %v", k), limit: MaxHostMappedPerContainer, log: m.log},
 	}
-	if g.Memory > 0 {
-		ctr.resident = &budget{owner: fmt.Sprintf("resident memory of container %v of tenant %q", k, g.Tenant),
-			limit: residentFrames(g.Memory, t.Oversubscribe) * memory.FrameSize, log: m.log}
-	}
-	if t.Oversubscribe > 1 && g.Memory > 0 {
+	ctr.resident = &budget{owner: fmt.Sprintf("resident memory of container %v of tenant %q", k, g.Tenant),
+		limit: residentFrames(g.Memory, t.Oversubscribe) * memory.FrameSize, log: m.log}
+	if t.Oversubscribe > 1 {
 		// Its evicted chunks, bounded as a container's frames are
 		// without oversubscription, over what it may allocate.
-		ctr.store = m.store.Bounded(residentFrames(ctr.budget.limit, 1) * memory.FrameSize)
+		ctr.store = m.store.Bounded(fragmentedFrames(ctr.budget.limit) * memory.FrameSize)
 	}
 	m.mu.Lock()
 	if m.closed {

@@ -308,8 +308,8 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	}
 	if factor > 1 {
 		var store memory.Store = m.store // the host's own programs share it all
-		if ctr != nil && ctr.store != nil {
-			store = ctr.store
+		if ctr != nil {
+			store = ctr.store // set when its tenant oversubscribes
 		}
 		s.space.Oversubscribe(store, resident)
 		s.evicts = true

@@ -282,8 +282,8 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	if s.sharedCount() >= MaxShared {
 		return nil, fmt.Errorf("session has %d shared buffers, the limit: %w", MaxShared, api.ErrInvalidArgument)
 	}
-	if len(m.Grants) > MaxGrants {
-		return nil, fmt.Errorf("export of %#x with %d grants: at most %d: %w", m.Addr, len(m.Grants), MaxGrants, api.ErrInvalidArgument)
+	if len(m.Grants) > api.MaxGrants {
+		return nil, fmt.Errorf("export of %#x with %d grants: at most %d: %w", m.Addr, len(m.Grants), api.MaxGrants, api.ErrInvalidArgument)
 	}
 	for _, g := range m.Grants {
 		if !tenantName.MatchString(g.Tenant) {
@@ -413,10 +413,6 @@ const readsInFlight = 256
 
 // MaxShared bounds the buffers a session exports and imports.
 const MaxShared = 256
-
-// MaxGrants bounds the tenants one export grants; its node refuses more too
-// (accelerator.MaxGrants), since it keeps them for the object's life.
-const MaxGrants = 64
 
 // nodeRPC is the session's connection to node idx, dialled for an import
 // if none of its devices is there.

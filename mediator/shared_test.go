@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/mediator"
@@ -602,26 +601,23 @@ func readUntilFails(t *testing.T, c *client.Client, p client.Ptr, n int) error {
 	}
 }
 
-// An export grants at most MaxGrants tenants, which the node keeps for the
+// An export grants at most api.MaxGrants tenants, which the node keeps for the
 // object's life: one more is refused, naming the count and the bound, and
 // exports nothing. The node holds the same bound against any mediator.
 func TestSharedExportGrantsAreBounded(t *testing.T) {
-	if mediator.MaxGrants > accelerator.MaxGrants {
-		t.Fatalf("the mediator lets an export grant %d tenants, its node %d", mediator.MaxGrants, accelerator.MaxGrants)
-	}
 	sys := start(t, 1, 1, 64<<20, 0)
 	a := sys.dial(t, "alpha", 1)
 	p, err := a.Malloc(0, 8<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	grants := make([]api.Grant, mediator.MaxGrants+1)
+	grants := make([]api.Grant, api.MaxGrants+1)
 	for i := range grants {
 		grants[i] = api.Grant{Tenant: fmt.Sprintf("t%d", i)}
 	}
 	_, err = a.Export(p, api.ModeCoherent, grants...)
-	wantErr(t, err, api.ErrInvalidArgument, fmt.Sprint(mediator.MaxGrants+1), fmt.Sprint(mediator.MaxGrants))
-	if _, err := a.Export(p, api.ModeCoherent, grants[:mediator.MaxGrants]...); err != nil {
-		t.Fatalf("export to %d tenants after a refused one: %v", mediator.MaxGrants, err)
+	wantErr(t, err, api.ErrInvalidArgument, fmt.Sprint(api.MaxGrants+1), fmt.Sprint(api.MaxGrants))
+	if _, err := a.Export(p, api.ModeCoherent, grants[:api.MaxGrants]...); err != nil {
+		t.Fatalf("export to %d tenants after a refused one: %v", api.MaxGrants, err)
 	}
 }

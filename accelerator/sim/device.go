@@ -220,6 +220,7 @@ func (d *Device) gather(xs []api.Extent) ([]byte, error) {
 func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (p *kernels.Plan, finish func() error, err error) {
 	vals := make([]kernels.Value, len(args))
 	var scatter []int
+	copied := false // a buffer was gathered from several runs
 	for i, a := range args {
 		vals[i] = kernels.Value{Kind: a.Kind}
 		switch a.Kind {
@@ -233,6 +234,7 @@ func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (p 
 				return nil, nil, fmt.Errorf("%s: argument %d of %s: %w", d.info.Name, i, k.Info.Name, err)
 			}
 			vals[i].Buf = buf
+			copied = copied || len(a.Extents) > 1
 			if len(a.Extents) > 1 && i < len(k.Info.Params) && k.Info.Params[i].Access >= api.AccessWrite {
 				scatter = append(scatter, i)
 			}
@@ -241,8 +243,12 @@ func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (p 
 	if p, err = k.Plan(vals, maxWork); err != nil {
 		return nil, nil, err
 	}
-	if err := checkDisjoint(k, args); err != nil { // after the kernel's own checks, which come first
-		return nil, nil, err
+	if copied {
+		// After the kernel's own checks, which come first; those see
+		// through buffers used in place.
+		if err := checkDisjoint(k, args); err != nil {
+			return nil, nil, err
+		}
 	}
 	if len(scatter) == 0 {
 		return p, nil, nil

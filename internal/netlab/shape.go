@@ -29,8 +29,9 @@ const (
 // the project's 2-core machines (an unshaped link: about 20). A shape of
 // Rate alone (with or without Limit) never takes the relay: the kernel's
 // token bucket filter (tbf) keeps it on both ends of the veth pair, at any
-// speed the veth reaches, with Limit full-size frames (1514 bytes) of
-// queue each way, or 10 ms of the rate when Limit is 0.
+// speed the veth reaches, with a queue each way of Limit full-size frames
+// (1514 bytes), or 10 ms of the rate when Limit is 0, and at least its
+// bucket (tbf).
 type Netem struct {
 	Delay  time.Duration // added to every packet; microsecond resolution, below a minute
 	Jitter time.Duration // random variation of Delay, up to ±Jitter; needs Delay
