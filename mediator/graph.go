@@ -66,13 +66,8 @@ func (s *session) checkGraphCommand(c *command) error {
 		return fmt.Errorf("%v of %d bytes to %#x carries its bytes, which a graph would keep: copy from host memory (%v) instead: %w",
 			c.op, len(c.toDev.Payload), c.toDev.Dst, api.OpCopyToDeviceHost, api.ErrInvalidArgument)
 	case api.OpLaunch:
-		k, ok := s.m.catalog[c.launch.Kernel]
-		if !ok {
-			return fmt.Errorf("kernel %q is not in the catalog: %w", c.launch.Kernel, api.ErrUnknownKernel)
-		}
-		if len(c.launch.Args) != len(k.Params) {
-			return fmt.Errorf("kernel %s takes %d arguments, %d given: %w", c.launch.Kernel, len(k.Params), len(c.launch.Args), api.ErrInvalidArgument)
-		}
+		_, err := s.m.kernel(&c.launch)
+		return err
 	}
 	return nil
 }

@@ -598,16 +598,26 @@ func (st *stream) copyDevice(m *api.CopyDevice, c *completion, idx int) error {
 	return nil
 }
 
+// kernel is the signature of m's kernel, if it is in the catalog and m
+// gives it as many arguments as it takes.
+func (m *Mediator) kernel(l *api.Launch) (api.KernelInfo, error) {
+	k, ok := m.catalog[l.Kernel]
+	if !ok {
+		return api.KernelInfo{}, fmt.Errorf("kernel %q is not in the catalog: %w", l.Kernel, api.ErrUnknownKernel)
+	}
+	if len(l.Args) != len(k.Params) {
+		return api.KernelInfo{}, fmt.Errorf("kernel %s takes %d arguments, %d given: %w", l.Kernel, len(k.Params), len(l.Args), api.ErrInvalidArgument)
+	}
+	return k, nil
+}
+
 // launch checks a launch against the kernel's signature, translates each
 // buffer argument to the physical runs from its address to the end of its
 // allocation (all the kernel may touch), and sends it to the buffers' device.
 func (st *stream) launch(m *api.Launch, c *completion, idx int) error {
-	k, ok := st.s.m.catalog[m.Kernel]
-	if !ok {
-		return fmt.Errorf("kernel %q is not in the catalog: %w", m.Kernel, api.ErrUnknownKernel)
-	}
-	if len(m.Args) != len(k.Params) {
-		return fmt.Errorf("kernel %s takes %d arguments, %d given: %w", m.Kernel, len(k.Params), len(m.Args), api.ErrInvalidArgument)
+	k, err := st.s.m.kernel(m)
+	if err != nil {
+		return err
 	}
 	args := make([]api.NodeArg, len(m.Args))
 	var ranges []memory.Range
