@@ -235,7 +235,10 @@ type conn struct {
 	log     logrus.FieldLogger
 	pending atomic.Int64 // requests queued for or running in the executor
 	exports int          // objects exported and not ended; under objectTable.mu
-	pushes  *pusher      // from the handshake on (push.go)
+	// exportExtents is the extents of those objects, and of one being
+	// made; under objectTable.mu.
+	exportExtents int
+	pushes        *pusher // from the handshake on (push.go)
 }
 
 type request struct {

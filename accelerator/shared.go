@@ -94,10 +94,8 @@ type objectTable struct {
 	byID   map[uint64]*object
 	ending map[uint64]*object  // ended, telling their importers
 	ended  api.CoherenceStatus // what ended objects cost
-	// extents counts the extents of each connection's objects, made or
-	// being made and not ended; no connection has more than maxExtents
-	// (MaxExportExtents; tests lower it).
-	extents    map[*conn]int
+	// maxExtents bounds conn.exportExtents (MaxExportExtents; tests
+	// lower it).
 	maxExtents int
 }
 
@@ -184,7 +182,7 @@ type objWrite struct {
 }
 
 func newObjectTable() *objectTable {
-	return &objectTable{byID: map[uint64]*object{}, ending: map[uint64]*object{}, extents: map[*conn]int{}, maxExtents: MaxExportExtents}
+	return &objectTable{byID: map[uint64]*object{}, ending: map[uint64]*object{}, maxExtents: MaxExportExtents}
 }
 
 func cacheID(c *conn) coherence.CacheID { return coherence.CacheID(c.owner) }
@@ -207,20 +205,20 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 		t.mu.Unlock()
 		return 0, fmt.Errorf("export: this connection has %d shared objects, the limit: %w", MaxObjects, api.ErrQuotaExceeded)
 	}
-	if have := t.extents[c]; len(m.Extents) > t.maxExtents-have {
+	if have := c.exportExtents; len(m.Extents) > t.maxExtents-have {
 		t.mu.Unlock()
 		return 0, fmt.Errorf("export of %d extents: this connection's shared objects have %d, and at most %d: %w",
 			len(m.Extents), have, t.maxExtents, api.ErrQuotaExceeded)
 	}
 	c.exports++ // taken back below unless the object is made
-	t.extents[c] += len(m.Extents)
+	c.exportExtents += len(m.Extents)
 	t.mu.Unlock()
 	made := false
 	defer func() {
 		if !made {
 			t.mu.Lock()
 			c.exports--
-			t.putExtents(c, len(m.Extents))
+			c.exportExtents -= len(m.Extents)
 			t.mu.Unlock()
 		}
 	}()
@@ -295,13 +293,6 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	t.byID[o.id] = o
 	made = true
 	return o.id, nil
-}
-
-// putExtents gives back n extents of c's objects. The caller holds t.mu.
-func (t *objectTable) putExtents(c *conn, n int) {
-	if t.extents[c] -= n; t.extents[c] <= 0 {
-		delete(t.extents, c)
-	}
 }
 
 // checkDistinct refuses an object's extents that are empty or overlap: an
@@ -743,7 +734,7 @@ func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
 		if o.exporter == c && end(o) {
 			o.gone = true
 			c.exports--
-			t.putExtents(c, len(o.xs))
+			c.exportExtents -= len(o.xs)
 			delete(t.byID, id)
 			t.ending[id] = o
 			o.changed.Broadcast()
