@@ -71,8 +71,9 @@ type container struct {
 	// reserveResident).
 	resident *budget
 	// store holds its sessions' evicted chunks, if it oversubscribes: a
-	// bounded view of the mediator's host store.
-	store memory.Store
+	// bounded view of the mediator's host store, with a share of its RAM
+	// until the container is released.
+	store *memory.BoundedStore
 	// dedupCharge is the tenant's dedup_charge when the container
 	// registered: the share of a frame its budget is charged for a sealed
 	// weight frame stored once (dedup.go).
@@ -253,6 +254,11 @@ func (c *container) close() bool {
 	c.closeSocket()
 	for _, nc := range conns {
 		nc.Close()
+	}
+	if c.store != nil {
+		// Its sessions' entries are dropped as they end; its share of the
+		// host's RAM goes to those still registered now.
+		defer c.store.Close()
 	}
 	done := make(chan struct{})
 	go func() {
@@ -452,6 +458,9 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 	if m.closed {
 		m.mu.Unlock()
 		ctr.closeSocket()
+		if ctr.store != nil {
+			ctr.store.Close()
+		}
 		return nil, fmt.Errorf("mediator closing: %w", api.ErrUnavailable)
 	}
 	m.containers[k] = ctr

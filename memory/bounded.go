@@ -12,15 +12,26 @@ import (
 // api.ErrOutOfMemory, as h's does when h is full. A mediator gives each
 // container one, so that the spaces of its sessions, which evict whole
 // chunks however little of each they use, share the host's memory and
-// disk only as far as the container's grant says.
-func (h *HostStore) Bounded(limit uint64) Store {
-	return &boundedStore{h: h, limit: max(1, limit/FrameSize), keys: map[uint64]struct{}{}}
+// disk only as far as the container's grant says. Until Close, the view
+// holds a share of h's RAM, in proportion to its limit among the open
+// views' (see HostStore).
+func (h *HostStore) Bounded(limit uint64) *BoundedStore {
+	b := &BoundedStore{h: h, limit: max(1, limit/FrameSize), keys: map[uint64]struct{}{}, open: true}
+	h.mu.Lock()
+	h.views[b] = struct{}{}
+	h.viewLimits += b.limit
+	h.mu.Unlock()
+	return b
 }
 
-// boundedStore is a Store over a HostStore that counts its own entries.
-type boundedStore struct {
+// BoundedStore is a Store over a HostStore that counts its own entries.
+type BoundedStore struct {
 	h     *HostStore
 	limit uint64 // entries
+
+	// Guarded by h.mu.
+	open  bool   // holds a share of h's RAM
+	inRAM uint64 // its entries in RAM, those being filled included
 
 	mu      sync.Mutex
 	keys    map[uint64]struct{} // entries held
@@ -28,7 +39,7 @@ type boundedStore struct {
 }
 
 // reserve makes room for one entry, or says why there is none.
-func (b *boundedStore) reserve() error {
+func (b *BoundedStore) reserve() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if uint64(len(b.keys))+b.pending >= b.limit {
@@ -40,7 +51,7 @@ func (b *boundedStore) reserve() error {
 }
 
 // done ends a reservation, keeping key if err is nil.
-func (b *boundedStore) done(key uint64, err error) (uint64, error) {
+func (b *BoundedStore) done(key uint64, err error) (uint64, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.pending--
@@ -50,28 +61,29 @@ func (b *boundedStore) done(key uint64, err error) (uint64, error) {
 	return key, err
 }
 
-func (b *boundedStore) Put(p []byte) (uint64, error) {
+func (b *BoundedStore) Put(p []byte) (uint64, error) {
+	fill, err := copying(p)
+	if err != nil {
+		return 0, err
+	}
+	return b.putFrom(fill)
+}
+
+func (b *BoundedStore) putFrom(fill func(p []byte) error) (uint64, error) {
 	if err := b.reserve(); err != nil {
 		return 0, err
 	}
-	return b.done(b.h.Put(p))
+	return b.done(b.h.putFor(b, fill))
 }
 
-func (b *boundedStore) putFrom(fill func(p []byte) error) (uint64, error) {
-	if err := b.reserve(); err != nil {
-		return 0, err
-	}
-	return b.done(b.h.putFrom(fill))
-}
-
-func (b *boundedStore) Get(key uint64, p []byte) error {
+func (b *BoundedStore) Get(key uint64, p []byte) error {
 	if err := b.own(key); err != nil {
 		return err
 	}
 	return b.h.Get(key, p)
 }
 
-func (b *boundedStore) view(key uint64, f func(p []byte) error) error {
+func (b *BoundedStore) view(key uint64, f func(p []byte) error) error {
 	if err := b.own(key); err != nil {
 		return err
 	}
@@ -80,7 +92,7 @@ func (b *boundedStore) view(key uint64, f func(p []byte) error) error {
 
 // own says whether key is one of this view's entries: a view never reads
 // another's.
-func (b *boundedStore) own(key uint64) error {
+func (b *BoundedStore) own(key uint64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.keys[key]; !ok {
@@ -91,12 +103,26 @@ func (b *boundedStore) own(key uint64) error {
 
 // Drop discards key if it is one of this view's; others are ignored, so a
 // view never drops another's entry.
-func (b *boundedStore) Drop(key uint64) {
+func (b *BoundedStore) Drop(key uint64) {
 	b.mu.Lock()
 	_, ok := b.keys[key]
 	delete(b.keys, key)
 	b.mu.Unlock()
 	if ok {
 		b.h.Drop(key)
+	}
+}
+
+// Close gives up the view's share of the store's RAM, for when its owner
+// is gone: the entries it still holds stay readable and droppable, and
+// count as borrowed. Later calls do nothing.
+func (b *BoundedStore) Close() {
+	h := b.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if b.open {
+		b.open = false
+		delete(h.views, b)
+		h.viewLimits -= b.limit
 	}
 }

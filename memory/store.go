@@ -51,6 +51,15 @@ var framePool = sync.Pool{New: func() any { return new([FrameSize]byte) }}
 //
 // Entries are copied outside the lock: the lock only hands out and takes
 // back buffers and slots.
+//
+// RAM is divided among the open bounded views (Bounded), in proportion to
+// their limits: a view's share is reserved for it, and an entry goes to RAM
+// only if its view is below its share there, or if the RAM left after every
+// other view's unused share has room for it (borrowing). Entries of the
+// store's own Put, which belong to no view, only borrow. So Σ shares ≤
+// budget, and a view that borrowed cannot push another's entries, within
+// that one's share, to the spill file; RAM it borrowed before the other
+// view opened is given back as its entries are dropped.
 type HostStore struct {
 	budget uint64 // bytes of RAM for entries
 	dir    string
@@ -58,15 +67,23 @@ type HostStore struct {
 	mu         sync.Mutex
 	spillLimit uint64 // bytes of spill file; 0 means no limit
 	closed     bool
-	next       uint64            // the last key handed out
-	ram        map[uint64][]byte // entries in RAM
-	spare      [][]byte          // buffers of dropped RAM entries, for reuse
-	ramUsed    uint64            // bytes of RAM entries, those being filled included
-	file       *os.File          // nil without a spill directory, or once closed
-	slots      map[uint64]int64  // entries in the spill file, by slot
-	free       []int64           // unused slots below size
-	size       int64             // slots the file spans
-	spillUsed  uint64            // bytes of slots in use, those being filled included
+	next       uint64                     // the last key handed out
+	ram        map[uint64]ramEntry        // entries in RAM
+	spare      [][]byte                   // buffers of dropped RAM entries, for reuse
+	ramUsed    uint64                     // bytes of RAM entries, those being filled included
+	file       *os.File                   // nil without a spill directory, or once closed
+	slots      map[uint64]int64           // entries in the spill file, by slot
+	free       []int64                    // unused slots below size
+	size       int64                      // slots the file spans
+	spillUsed  uint64                     // bytes of slots in use, those being filled included
+	views      map[*BoundedStore]struct{} // open views, which hold shares of RAM
+	viewLimits uint64                     // their limits, in entries
+}
+
+// ramEntry is an entry in RAM and the view it counts against (nil: none).
+type ramEntry struct {
+	buf   []byte
+	owner *BoundedStore
 }
 
 // maxSpare bounds the RAM buffers kept for reuse after their entries are
@@ -89,8 +106,9 @@ func NewHostStore(budget uint64, spillDir string) (*HostStore, error) {
 	h := &HostStore{
 		budget: budget / FrameSize * FrameSize,
 		dir:    spillDir,
-		ram:    make(map[uint64][]byte),
+		ram:    make(map[uint64]ramEntry),
 		slots:  make(map[uint64]int64),
+		views:  make(map[*BoundedStore]struct{}),
 	}
 	if spillDir == "" {
 		return h, nil
@@ -157,25 +175,68 @@ var errStoreClosed = fmt.Errorf("host store closed: %w", api.ErrInvalidArgument)
 
 // reservation is room for one entry: a RAM buffer, or a slot of the file.
 type reservation struct {
-	ram  bool
-	buf  []byte // a spare buffer, or nil to make one
-	slot int64  // unless ram
+	ram   bool
+	buf   []byte        // a spare buffer, or nil to make one
+	owner *BoundedStore // whose RAM share it counts against, if ram
+	slot  int64         // unless ram
 }
 
-// reserve takes room for one entry, RAM first.
-func (h *HostStore) reserve() (reservation, error) {
+// share is the entries of RAM reserved for view v while it is open. Called
+// with h.mu held.
+func (h *HostStore) share(v *BoundedStore) uint64 {
+	if !v.open {
+		return 0
+	}
+	frames := h.budget / FrameSize
+	if h.viewLimits <= frames {
+		return v.limit
+	}
+	// Rounded down, so that the shares never add up to more than budget.
+	return frames * v.limit / h.viewLimits
+}
+
+// mayUseRAM says whether an entry of owner (nil: none) may go to RAM: the
+// RAM has room, and either owner is below its share or the room is not
+// another open view's unused share. Called with h.mu held.
+func (h *HostStore) mayUseRAM(owner *BoundedStore) bool {
+	if h.ramUsed+FrameSize > h.budget {
+		return false
+	}
+	if owner != nil && owner.inRAM < h.share(owner) {
+		return true
+	}
+	free := (h.budget - h.ramUsed) / FrameSize
+	for v := range h.views {
+		if v == owner {
+			continue
+		}
+		if s := h.share(v); s > v.inRAM {
+			if s-v.inRAM >= free {
+				return false
+			}
+			free -= s - v.inRAM
+		}
+	}
+	return true
+}
+
+// reserve takes room for one entry of owner (nil: none), RAM first.
+func (h *HostStore) reserve(owner *BoundedStore) (reservation, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
 	case h.closed:
 		return reservation{}, errStoreClosed
-	case h.ramUsed+FrameSize <= h.budget:
+	case h.mayUseRAM(owner):
 		h.ramUsed += FrameSize
+		if owner != nil {
+			owner.inRAM++
+		}
 		var b []byte
 		if n := len(h.spare); n > 0 {
 			b, h.spare = h.spare[n-1], h.spare[:n-1]
 		}
-		return reservation{ram: true, buf: b}, nil
+		return reservation{ram: true, buf: b, owner: owner}, nil
 	case h.file != nil && (h.spillLimit == 0 || h.spillUsed+FrameSize <= h.spillLimit):
 		h.spillUsed += FrameSize
 		slot := h.size
@@ -193,7 +254,7 @@ func (h *HostStore) reserve() (reservation, error) {
 			spill = fmt.Sprintf("%d bytes of spill file in use and the file cannot grow", h.spillUsed)
 		}
 	}
-	return reservation{}, fmt.Errorf("host store full: %d of %d bytes of host memory in use, %s: %w",
+	return reservation{}, fmt.Errorf("host store full: %d of %d bytes of host memory in use or kept for others, %s: %w",
 		h.ramUsed, h.budget, spill, api.ErrOutOfMemory)
 }
 
@@ -207,7 +268,7 @@ func (h *HostStore) commit(r reservation) (uint64, error) {
 	}
 	h.next++
 	if r.ram {
-		h.ram[h.next] = r.buf
+		h.ram[h.next] = ramEntry{r.buf, r.owner}
 	} else {
 		h.slots[h.next] = r.slot
 	}
@@ -222,6 +283,9 @@ func (h *HostStore) release(r reservation) {
 	}
 	if r.ram {
 		h.ramUsed -= FrameSize
+		if r.owner != nil {
+			r.owner.inRAM--
+		}
 		if r.buf != nil {
 			h.keepSpare(r.buf)
 		}
@@ -239,14 +303,29 @@ func (h *HostStore) keepSpare(b []byte) {
 
 // Put stores a copy of p, which must be FrameSize bytes.
 func (h *HostStore) Put(p []byte) (uint64, error) {
-	if len(p) != FrameSize {
-		return 0, fmt.Errorf("host store: put of %d bytes, want %d: %w", len(p), FrameSize, api.ErrInvalidArgument)
+	fill, err := copying(p)
+	if err != nil {
+		return 0, err
 	}
-	return h.putFrom(func(b []byte) error { copy(b, p); return nil })
+	return h.putFrom(fill)
+}
+
+// copying returns the fill of an entry that copies p, which must be
+// FrameSize bytes.
+func copying(p []byte) (func(b []byte) error, error) {
+	if len(p) != FrameSize {
+		return nil, fmt.Errorf("host store: put of %d bytes, want %d: %w", len(p), FrameSize, api.ErrInvalidArgument)
+	}
+	return func(b []byte) error { copy(b, p); return nil }, nil
 }
 
 func (h *HostStore) putFrom(fill func(b []byte) error) (uint64, error) {
-	r, err := h.reserve()
+	return h.putFor(nil, fill)
+}
+
+// putFor stores an entry of owner (nil: none) that fill writes.
+func (h *HostStore) putFor(owner *BoundedStore, fill func(b []byte) error) (uint64, error) {
+	r, err := h.reserve(owner)
 	if err != nil {
 		return 0, err
 	}
@@ -298,7 +377,7 @@ func (h *HostStore) Get(key uint64, p []byte) error {
 		return fmt.Errorf("host store: get of %d bytes, want %d: %w", len(p), FrameSize, api.ErrInvalidArgument)
 	}
 	h.mu.Lock()
-	b, inRAM := h.ram[key]
+	e, inRAM := h.ram[key]
 	slot, spilled := h.slots[key]
 	f, closed := h.file, h.closed
 	h.mu.Unlock()
@@ -306,7 +385,7 @@ func (h *HostStore) Get(key uint64, p []byte) error {
 	case closed:
 		return fmt.Errorf("host store: get %d: %w", key, errStoreClosed)
 	case inRAM:
-		copy(p, b)
+		copy(p, e.buf)
 		return nil
 	case spilled:
 		if _, err := f.ReadAt(p, slot*FrameSize); err != nil {
@@ -319,10 +398,10 @@ func (h *HostStore) Get(key uint64, p []byte) error {
 
 func (h *HostStore) view(key uint64, f func(b []byte) error) error {
 	h.mu.Lock()
-	b, inRAM := h.ram[key]
+	e, inRAM := h.ram[key]
 	h.mu.Unlock()
 	if inRAM {
-		return f(b)
+		return f(e.buf)
 	}
 	buf := framePool.Get().(*[FrameSize]byte)
 	defer framePool.Put(buf)
@@ -336,10 +415,13 @@ func (h *HostStore) view(key uint64, f func(b []byte) error) error {
 func (h *HostStore) Drop(key uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if b, ok := h.ram[key]; ok {
+	if e, ok := h.ram[key]; ok {
 		delete(h.ram, key)
 		h.ramUsed -= FrameSize
-		h.keepSpare(b)
+		if e.owner != nil {
+			e.owner.inRAM--
+		}
+		h.keepSpare(e.buf)
 	} else if slot, ok := h.slots[key]; ok {
 		delete(h.slots, key)
 		h.spillUsed -= FrameSize
