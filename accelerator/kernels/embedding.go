@@ -2,6 +2,8 @@ package kernels
 
 import (
 	"fmt"
+	"math"
+	"sort"
 
 	"github.com/vgpu/vgpu/api"
 )
@@ -52,51 +54,71 @@ func planEmbeddingBagSum(args []Value, maxWork int) (*Plan, error) {
 	if nbags == 0 {
 		return &Plan{}, nil
 	}
-	// Bags are independent, so any split between bags gives the same bits.
+	// Bags are independent, and each element of out sums its bag's indices
+	// in order from 0, so any split between bags or between columns, and any
+	// split of a bag's indices into runs added in order, gives the same bits.
 	// Slices end at bag boundaries where the adds of their bags reach
 	// maxWork, so a few large bags do not hide in a slice of many small
-	// ones; a bag larger than maxWork is cut in runs of its indices, added
-	// in order into its row of out (the same adds in the same order), so
-	// that no slice holds the device for much longer than maxWork asks.
+	// ones; a bag larger than maxWork is cut in runs of its indices and,
+	// where a row is wider than maxWork, blocks of its columns, so that no
+	// slice holds the device for much longer than maxWork asks.
+	width := (dim-1)/((dim-1)/maxWork+1) + 1 // columns of a block: at most maxWork, blocks near even
+	blocks := (dim-1)/width + 1              // blocks of a row
+	perRun := max(1, maxWork/width)          // indices of a run of one bag
 	type piece struct {
-		lo, hi   int // bags [lo, hi), whole
-		from, to int // or, when to > 0, indices [from, to) of bag lo
+		first    int // the piece's first slice
+		lo, hi   int // bags [lo, hi), whole, in one slice
+		cut      bool
+		from, to int // or, if cut, bag lo = indices [from, to): a slice per run and block
 	}
 	var pieces []piece
+	total := 0 // slices so far
+	add := func(p piece, count int) {
+		p.first = total
+		pieces = append(pieces, p)
+		total = min(total, math.MaxInt-count) + count // saturates, as work estimates do
+	}
 	start, work := 0, 0
-	perRun := max(1, maxWork/dim) // indices of a run of one bag
 	for b := range nbags {
 		first, end := int(offsets[b]), len(indices)
 		if b+1 < nbags {
 			end = int(offsets[b+1])
 		}
-		cost := satMul(max(end-first, 0)+1, dim)
-		if cost > maxWork && end-first > perRun {
+		size := max(end-first, 0)
+		cost := satMul(size+1, dim)
+		if cost > maxWork && (size > perRun || blocks > 1) {
 			if b > start {
-				pieces = append(pieces, piece{lo: start, hi: b})
+				add(piece{lo: start, hi: b}, 1)
 			}
-			for i := first; i < end; i += perRun {
-				pieces = append(pieces, piece{lo: b, hi: b + 1, from: i, to: min(i+perRun, end)})
+			runs := 1 // an empty bag has one, which clears its row
+			if size > 0 {
+				runs = (size-1)/perRun + 1
 			}
+			add(piece{lo: b, hi: b + 1, cut: true, from: first, to: end}, satMul(runs, blocks))
 			start, work = b+1, 0
 			continue
 		}
 		if work > 0 && cost > maxWork-work {
-			pieces = append(pieces, piece{lo: start, hi: b})
+			add(piece{lo: start, hi: b}, 1)
 			start, work = b, 0
 		}
 		work = min(work+cost, maxWork)
 	}
 	if start < nbags {
-		pieces = append(pieces, piece{lo: start, hi: nbags})
+		add(piece{lo: start, hi: nbags}, 1)
 	}
-	return &Plan{n: len(pieces), slice: func(i, workers int) error {
-		p := pieces[i]
-		if p.to > 0 {
-			// One bag: its columns go to the workers, each adding the run's
-			// rows into its own columns in index order (the same bits).
-			return parallelForN(workers, dim, p.to-p.from, func(c0, c1 int) error {
-				return addBag(out, table, indices, offsets, dim, p.lo, p.from, p.to, c0, c1)
+	return &Plan{n: total, slice: func(i, workers int) error {
+		p := pieces[sort.Search(len(pieces), func(k int) bool { return pieces[k].first > i })-1]
+		if p.cut {
+			// Runs in order, the blocks of each run in turn: every element
+			// gets the bag's indices in order, and is cleared by the first
+			// run. The block's columns go to the workers.
+			run, block := (i-p.first)/blocks, (i-p.first)%blocks
+			from := p.from + run*perRun
+			to, c0 := min(from+perRun, p.to), block*width
+			c1 := min(c0+width, dim)
+			return parallelForN(workers, c1-c0, to-from, func(l, h int) error {
+				return addBag(out, table, indices, offsets, dim, p.lo, from, to, c0+l, c0+h)
 			})
 		}
 		lo, hi := p.lo, p.hi

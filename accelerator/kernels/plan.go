@@ -19,8 +19,10 @@ import (
 //     does not depend on the split (rows, elements, bags), and a reduction
 //     carries its accumulator from slice to slice in index order.
 //   - A slice does about maxWork element operations or less, except that a
-//     slice holds at least one item (a row of sgemm, a bag of
-//     embedding_bag_sum), which may cost more.
+//     slice holds at least the smallest piece a kernel cuts its work into,
+//     which may cost more: an element of the vector kernels, 4 products for
+//     each of up to 64 columns of a row of sgemm, one column of one index
+//     of embedding_bag_sum.
 //
 // A Plan is used by one goroutine at a time (it may change goroutines
 // between slices); its slices may use several goroutines inside.

@@ -189,3 +189,74 @@ func TestPlanSliceWork(t *testing.T) {
 		t.Errorf("empty sgemm: %d slices, %v", p.Len(), err)
 	}
 }
+
+// TestPlanEmbeddingWideRows cuts rows wider than a slice into blocks of
+// columns: with maxWork 16, rows of 4*16+3 = 67 columns make 5 blocks of at
+// most 14, and each index (or empty bag, which is cleared) of each block is
+// a slice of its own, 16 adds at most. The bytes must be Run's.
+func TestPlanEmbeddingWideRows(t *testing.T) {
+	const rows, maxWork, dim = 3, 16, 4*16 + 3
+	r := rand.New(rand.NewPCG(11, 12))
+	table := make([]float32, rows*dim)
+	for i := range table {
+		table[i] = float32(r.NormFloat64()) * float32(math.Pow(10, float64(r.IntN(7)-3)))
+	}
+	// Bags: [2 0 2 | empty | 1 | empty | 2 2].
+	indices := []int32{2, 0, 2, 1, 2, 2}
+	offsets := []int32{0, 3, 3, 4, 4}
+	args := func() []Value {
+		return []Value{f32sArg(table...), i64Arg(rows), i64Arg(dim), i32sArg(indices...), i64Arg(int64(len(indices))),
+			i32sArg(offsets...), i64Arg(int64(len(offsets))), f32sArg(sevens(len(offsets) * dim)...)}
+	}
+	k := mustLookup(t, "embedding_bag_sum")
+	want := args()
+	if err := k.Run(want); err != nil {
+		t.Fatal(err)
+	}
+	const slices = (3 + 1 + 1 + 1 + 2) * 5
+	for workers := range 4 {
+		got := args()
+		n, err := runPlan(k, got, maxWork, workers)
+		if err != nil || n != slices {
+			t.Fatalf("rows of %d in slices of work %d: %d slices, %v; want %d", dim, maxWork, n, err, slices)
+		}
+		sameBits(t, "out", floatsOf(got[7].Buf), floatsOf(want[7].Buf))
+	}
+}
+
+// TestPlanEmbeddingMatchesRun runs embedding_bag_sum on valid random bags,
+// rows often wider than a slice, whole with Run and in slices of random
+// work: the bytes must agree, and no slice may do more than maxWork adds,
+// so there are at least nidx*dim/maxWork slices.
+func TestPlanEmbeddingMatchesRun(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		rows := rapid.IntRange(1, 5).Draw(t, "rows")
+		dim := rapid.IntRange(1, 40).Draw(t, "dim")
+		sizes := rapid.SliceOfN(rapid.IntRange(0, 7), 1, 6).Draw(t, "bag sizes")
+		var indices, offsets []int32
+		for _, s := range sizes {
+			offsets = append(offsets, int32(len(indices)))
+			indices = append(indices, rapid.SliceOfN(rapid.Int32Range(0, int32(rows-1)), s, s).Draw(t, "bag")...)
+		}
+		table := floats32(t, rows*dim, "table")
+		args := func() []Value {
+			return []Value{f32sArg(table...), i64Arg(int64(rows)), i64Arg(int64(dim)), i32sArg(indices...), i64Arg(int64(len(indices))),
+				i32sArg(offsets...), i64Arg(int64(len(offsets))), f32sArg(sevens(len(offsets) * dim)...)}
+		}
+		k := mustLookup(t, "embedding_bag_sum")
+		want := args()
+		if err := k.Run(want); err != nil {
+			t.Fatal(err)
+		}
+		maxWork := rapid.IntRange(1, 64).Draw(t, "max work")
+		got := args()
+		n, err := runPlan(k, got, maxWork, rapid.IntRange(0, 3).Draw(t, "workers"))
+		if err != nil {
+			t.Fatalf("in slices of %d: %v", maxWork, err)
+		}
+		if adds := len(indices) * dim; n*maxWork < adds {
+			t.Fatalf("%d adds in %d slices of work %d", adds, n, maxWork)
+		}
+		sameBits(t, "out", floatsOf(got[7].Buf), floatsOf(want[7].Buf))
+	})
+}
