@@ -9,7 +9,9 @@ package accelerator
 // contents it names by hash (OpNodeDedup): where a sealed frame of that hash
 // exists, on any device, the node copies it, and the mediator need not send
 // those bytes. Mediators do this for buffers their tenants marked as
-// weights, which many tenants load identical copies of.
+// weights, which many tenants load identical copies of. Hashing a frame, and
+// copying or aliasing one for a dedup, is device time of the asking
+// connection's tenant, charged frame by frame (offRunner, memwork.go).
 //
 // Stored once: where the sealed frame is on the same device and the device
 // can alias (aliaser, the sim backend can), a dedup hit does not copy: the
@@ -171,8 +173,12 @@ func (c *conn) sealFrames(d *device, frames []uint64) (*api.NodeSealReply, error
 			continue
 		}
 		// Only c could write f, and c is busy here: the hash holds once
-		// the frame is sealed.
-		sum, err := hashFrame(d, f)
+		// the frame is sealed. Hashing is device work of c's tenant.
+		var sum [32]byte
+		err := d.offRunner(c.share, func() (err error) {
+			sum, err = hashFrame(d, f)
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -291,11 +297,15 @@ func (c *conn) dedup(d *device, m *api.NodeDedup) (*api.NodeDedupReply, error) {
 	}
 	reply := &api.NodeDedupReply{Hit: make([]bool, len(m.Dst))}
 	for i, dst := range m.Dst {
-		hit, err := c.node.content.copyTo(d, dst.Addr, m.Hashes[i])
+		// Copying a frame (or a lookup, or aliasing) is device work of
+		// c's tenant, with any wait for the index's lock.
+		err := d.offRunner(c.share, func() (err error) {
+			reply.Hit[i], err = c.node.content.copyTo(d, dst.Addr, m.Hashes[i])
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}
-		reply.Hit[i] = hit
 	}
 	return reply, nil
 }

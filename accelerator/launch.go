@@ -216,14 +216,9 @@ func (d *device) launchAll(t tenantShare, ls []checkedLaunch) []error {
 		ok := r.advance()
 		t.aside = d.sched.clock.now() - start // charged with the job
 		if !ok {
-			if t.aside >= stepTime {
-				// Preparations that then failed, or had nothing to do,
-				// still take the tenant's turn: its next launch waits
-				// as long as after a slice that long, and a cap holds.
-				// Shorter ones, like the last look for a launch left,
-				// cost no more than reading their request.
-				_ = d.sched.run(t, func() (int, bool, error) { return 0, false, nil })
-			}
+			// Preparations that then failed, or had nothing to do,
+			// still take the tenant's turn.
+			d.chargeAside(t)
 			break
 		}
 		if err := d.sched.run(t, r.step); err != nil {

@@ -32,10 +32,13 @@
 //   - A bad request gets an error reply and affects nothing else; only a
 //     broken frame (which cannot be resynchronised) ends the connection.
 //
-// Kernel launches run in slices on each device's compute scheduler
-// (sched.go), which shares device time among tenants by weight; a launch,
-// or a batch's run of consecutive launches (launch.go), blocks its
-// connection until its last slice has run.
+// Kernel launches, fills and copies run in slices on each device's compute
+// scheduler (sched.go), which shares device time among tenants by weight; a
+// launch, a batch's run of consecutive launches (launch.go), a fill and a
+// copy (memwork.go) each block their connection until their last slice has
+// run.
+// Hashing for seals and copying for dedups, done on the connection's
+// goroutine, are charged to its tenant as device time too.
 //
 // Lock order: Node.mu; then contentIndex.mu, then a frameTable's mu; a
 // scheduler's mu is a leaf. Devices are not locked: the frame table
@@ -385,12 +388,10 @@ func (c *conn) readLoop(queue chan<- request) error {
 			return err
 		}
 		// Other bulk requests go to the executor, so the reader goes on
-		// reading. So do launches and batches: they wait for the device's
-		// scheduler, and reading on meanwhile shows it that the tenant has
-		// more work queued (tenantShare.waiting); and writes of shared
-		// objects, which wait for acknowledgements this reader may have to
-		// take.
-		if idle && r.pool == nil && h.Op != api.OpNodeLaunch && h.Op != api.OpNodeBatch && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke {
+		// reading. So do those that wait for the device's scheduler
+		// (waitsForDevice), and writes of shared objects, which wait for
+		// acknowledgements this reader may have to take.
+		if idle && r.pool == nil && !waitsForDevice(h.Op) && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke {
 			// Only what this reader has buffered counts: asking the kernel
 			// would cost a system call per small request, and a burst's
 			// next frames are read along with this one.
@@ -411,6 +412,19 @@ func (c *conn) readLoop(queue chan<- request) error {
 		c.pending.Add(1)
 		queue <- r
 	}
+}
+
+// waitsForDevice says whether requests of op are device work that waits
+// for the device's scheduler: launches, fills and copies, batches of them,
+// and seals and dedups, which are charged with a job (memwork.go). They
+// run on the executor, so that the reader reading on meanwhile shows the
+// scheduler that the tenant has more work queued (tenantShare.waiting).
+func waitsForDevice(op api.Op) bool {
+	switch op {
+	case api.OpNodeLaunch, api.OpNodeFill, api.OpNodeCopy, api.OpNodeBatch, api.OpNodeSeal, api.OpNodeDedup:
+		return true
+	}
+	return false
 }
 
 func (c *conn) execute(queue <-chan request) {
@@ -601,7 +615,10 @@ func (c *conn) apply(op api.Op, body []byte) error {
 		if err := c.node.content.own(d, m.Extents); err != nil {
 			return err
 		}
-		return d.Fill(m.Extents, m.Value)
+		if err := d.fillFor(c.share, m.Extents, m.Value); err != nil {
+			return fmt.Errorf("%s: fill: %w", name, err)
+		}
+		return nil
 	default: // OpNodeCopy
 		if err := d.frames.checkWrite(c.owner, cp.Dst); err != nil {
 			return fmt.Errorf("%s: copy destination: %w", name, err)
@@ -612,7 +629,10 @@ func (c *conn) apply(op api.Op, body []byte) error {
 		if err := c.node.content.own(d, cp.Dst); err != nil {
 			return err
 		}
-		return d.Copy(cp.Dst, cp.Src)
+		if err := d.copyFor(c.share, cp.Dst, cp.Src); err != nil {
+			return fmt.Errorf("%s: copy: %w", name, err)
+		}
+		return nil
 	}
 }
 

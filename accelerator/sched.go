@@ -8,17 +8,18 @@ package accelerator
 // a slice of a kernel (kernels.Plan), bounded in work, or, in a run of small
 // launches, several kernel slices in a row, for at most stepTime plus one
 // kernel slice (and a launch's preparation), so that tiny launches do not cost
-// a dispatch each. One runner per device runs one slice at a time and
-// charges the time it measured around the slice to the slice's tenant (and
-// with a job, the time its submitter spent preparing it). The
-// policy is start-time fair queueing over measured time: every tenant has a
-// virtual time that grows by the device time it used divided by its weight, and
-// the runner always runs a slice of the backlogged tenant with the least
-// virtual time. The time from a slice's end to the next dispatch, while the
-// device does not idle (the finished job's hand-off, the pick), counts as
-// the ended slice's tenant's too. So over any period in which tenants stay
-// backlogged, they get device time in proportion to their weights, up to
-// one slice each.
+// a dispatch each. A fill or a copy becomes a job too, whose slices move
+// pieces of bounded bytes for at most stepTime plus one piece (memwork.go).
+// One runner per device runs one slice at a time and charges the time it
+// measured around the slice to the slice's tenant (and with a job, the time
+// its submitter spent preparing it). The policy is start-time fair queueing
+// over measured time: every tenant has a virtual time that grows by the
+// device time it used divided by its weight, and the runner always runs a
+// slice of the backlogged tenant with the least virtual time. The time from
+// a slice's end to the next dispatch, while the device does not idle (the
+// finished job's hand-off, the pick), counts as the ended slice's tenant's
+// too. So over any period in which tenants stay backlogged, they get device
+// time in proportion to their weights, up to one slice each.
 //
 // Invariants:
 //   - Work conserving: while any tenant has a slice it may run, the device
@@ -42,7 +43,8 @@ package accelerator
 //     that refills at c seconds of device time per second and holds at most
 //     c·capWindow; while it is empty the tenant is throttled even if the
 //     device idles. Over any interval T it uses at most c·(T + capWindow)
-//     plus one slice and one preparation (tenantShare.aside) per
+//     plus one slice and one piece of work done off the runners
+//     (tenantShare.aside: a launch's preparation, a frame's hash) per
 //     connection.
 //   - Tenants are keyed by name: connections of one tenant, from any
 //     mediator, share one account; their jobs take turns slice by slice.
@@ -224,8 +226,9 @@ type tenantShare struct {
 	// further requests waiting at the node. Called with scheduler.mu held.
 	waiting func() bool
 	// aside is device work done for the job off the runners (preparing
-	// its first launch), charged to t when the job is queued, after any
-	// reset of its virtual time, as a slice that long would be.
+	// its first launch, hashing a frame: memwork.go), charged to t when
+	// the job is queued, after any reset of its virtual time, as a slice
+	// that long would be.
 	aside time.Duration
 }
 
