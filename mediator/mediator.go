@@ -67,9 +67,10 @@ type Config struct {
 	// TenantMemory, evicting cold memory to the host (1 or 0: off). A
 	// container's factor comes from its tenant in the quota file.
 	Oversubscribe float64
-	// HostMemory is the RAM that evicted device memory may use, shared by
-	// all sessions; past it, evicted memory goes to a spill file in
-	// StateDir ("" : no spill file).
+	// HostMemory is the RAM that evicted device memory may use, divided
+	// among oversubscribing containers by their bounds and lent while
+	// unused (memory.HostStore); past it, evicted memory goes to a spill
+	// file in StateDir ("" : no spill file).
 	HostMemory uint64
 	StateDir   string
 	// NodeTLS, when set, is the client configuration for connections to

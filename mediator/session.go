@@ -307,7 +307,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 		s.frameCredit = frameCredit(ctr.dedupCharge)
 	}
 	if factor > 1 {
-		var store memory.Store = m.store // the host's own programs share it all
+		var store memory.Store = m.store // the host's own programs borrow from it
 		if ctr != nil {
 			store = ctr.store // set when its tenant oversubscribes
 		}

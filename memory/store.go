@@ -53,13 +53,13 @@ var framePool = sync.Pool{New: func() any { return new([FrameSize]byte) }}
 // back buffers and slots.
 //
 // RAM is divided among the open bounded views (Bounded), in proportion to
-// their limits: a view's share is reserved for it, and an entry goes to RAM
-// only if its view is below its share there, or if the RAM left after every
-// other view's unused share has room for it (borrowing). Entries of the
-// store's own Put, which belong to no view, only borrow. So Σ shares ≤
-// budget, and a view that borrowed cannot push another's entries, within
-// that one's share, to the spill file; RAM it borrowed before the other
-// view opened is given back as its entries are dropped.
+// their limits (Σ shares ≤ budget), and lent while unused: any entry takes
+// free RAM. A view below its share that finds the RAM full moves an entry
+// that is borrowed (of a view above its share, or of the store's own Put,
+// which belongs to no view) to the spill file, and takes its RAM. So one
+// view cannot push another's entries, within that one's share, to the
+// spill file, and idle shares cost nobody anything. Without a spill file
+// nothing moves: RAM goes to whoever takes it first.
 type HostStore struct {
 	budget uint64 // bytes of RAM for entries
 	dir    string
@@ -76,14 +76,16 @@ type HostStore struct {
 	free       []int64                    // unused slots below size
 	size       int64                      // slots the file spans
 	spillUsed  uint64                     // bytes of slots in use, those being filled included
+	moved      uint64                     // entries reclaim moved to the spill file
 	views      map[*BoundedStore]struct{} // open views, which hold shares of RAM
 	viewLimits uint64                     // their limits, in entries
 }
 
 // ramEntry is an entry in RAM and the view it counts against (nil: none).
 type ramEntry struct {
-	buf   []byte
-	owner *BoundedStore
+	buf    []byte
+	owner  *BoundedStore
+	moving bool // being written to the spill file: buf is read, so never reused
 }
 
 // maxSpare bounds the RAM buffers kept for reuse after their entries are
@@ -97,6 +99,7 @@ type HostStoreStats struct {
 	Budget     uint64 // RAM the store may use
 	SpillLimit uint64 // bytes the spill file may hold; 0 means no limit
 	SpillFile  bool   // whether the store has a spill file
+	Moved      uint64 // entries moved from RAM to the spill file for views below their shares
 }
 
 // NewHostStore returns a store that keeps up to budget bytes (rounded down
@@ -146,6 +149,7 @@ func (h *HostStore) Stats() HostStoreStats {
 		Budget:     h.budget,
 		SpillLimit: h.spillLimit,
 		SpillFile:  h.file != nil,
+		Moved:      h.moved,
 	}
 }
 
@@ -195,39 +199,74 @@ func (h *HostStore) share(v *BoundedStore) uint64 {
 	return frames * v.limit / h.viewLimits
 }
 
-// mayUseRAM says whether an entry of owner (nil: none) may go to RAM: the
-// RAM has room, and either owner is below its share or the room is not
-// another open view's unused share. Called with h.mu held.
-func (h *HostStore) mayUseRAM(owner *BoundedStore) bool {
-	if h.ramUsed+FrameSize > h.budget {
-		return false
-	}
-	if owner != nil && owner.inRAM < h.share(owner) {
-		return true
-	}
-	free := (h.budget - h.ramUsed) / FrameSize
-	for v := range h.views {
-		if v == owner {
-			continue
-		}
-		if s := h.share(v); s > v.inRAM {
-			if s-v.inRAM >= free {
-				return false
-			}
-			free -= s - v.inRAM
+// borrowed returns an entry in RAM that counts against no view or against
+// one above its share, and is not being moved. Called with h.mu held.
+func (h *HostStore) borrowed() (uint64, bool) {
+	for k, e := range h.ram {
+		if !e.moving && (e.owner == nil || e.owner.inRAM > h.share(e.owner)) {
+			return k, true
 		}
 	}
-	return true
+	return 0, false
+}
+
+// reclaim makes room in RAM for an entry of owner, if owner is below its
+// share and the RAM is full, by moving a borrowed entry to the spill file.
+// Called with h.mu held, which it releases while it writes.
+func (h *HostStore) reclaim(owner *BoundedStore) {
+	if owner == nil || h.ramUsed+FrameSize <= h.budget || owner.inRAM >= h.share(owner) {
+		return
+	}
+	key, ok := h.borrowed()
+	if !ok {
+		return
+	}
+	r, ok := h.reserveSlot()
+	if !ok {
+		return
+	}
+	e := h.ram[key]
+	e.moving = true
+	h.ram[key] = e
+	f := h.file
+	h.mu.Unlock()
+	// Readers of the entry read buf meanwhile; a Drop takes it out of RAM
+	// but leaves buf alone.
+	_, err := f.WriteAt(e.buf, r.slot*FrameSize)
+	h.mu.Lock()
+	if h.closed {
+		return
+	}
+	now, ok := h.ram[key]
+	if !ok || err != nil {
+		if ok {
+			now.moving = false
+			h.ram[key] = now
+		}
+		h.releaseSlot(r.slot)
+		return
+	}
+	// buf is not reused: a Get may still be copying from it.
+	delete(h.ram, key)
+	h.ramUsed -= FrameSize
+	if now.owner != nil {
+		now.owner.inRAM--
+	}
+	h.slots[key] = r.slot
+	h.moved++
 }
 
 // reserve takes room for one entry of owner (nil: none), RAM first.
 func (h *HostStore) reserve(owner *BoundedStore) (reservation, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	switch {
-	case h.closed:
+	if !h.closed {
+		h.reclaim(owner)
+	}
+	if h.closed {
 		return reservation{}, errStoreClosed
-	case h.mayUseRAM(owner):
+	}
+	if h.ramUsed+FrameSize <= h.budget {
 		h.ramUsed += FrameSize
 		if owner != nil {
 			owner.inRAM++
@@ -237,15 +276,9 @@ func (h *HostStore) reserve(owner *BoundedStore) (reservation, error) {
 			b, h.spare = h.spare[n-1], h.spare[:n-1]
 		}
 		return reservation{ram: true, buf: b, owner: owner}, nil
-	case h.file != nil && (h.spillLimit == 0 || h.spillUsed+FrameSize <= h.spillLimit):
-		h.spillUsed += FrameSize
-		slot := h.size
-		if n := len(h.free); n > 0 {
-			slot, h.free = h.free[n-1], h.free[:n-1]
-		} else {
-			h.size++
-		}
-		return reservation{slot: slot}, nil
+	}
+	if r, ok := h.reserveSlot(); ok {
+		return r, nil
 	}
 	spill := "no spill file"
 	if h.file != nil {
@@ -254,8 +287,30 @@ func (h *HostStore) reserve(owner *BoundedStore) (reservation, error) {
 			spill = fmt.Sprintf("%d bytes of spill file in use and the file cannot grow", h.spillUsed)
 		}
 	}
-	return reservation{}, fmt.Errorf("host store full: %d of %d bytes of host memory in use or kept for others, %s: %w",
+	return reservation{}, fmt.Errorf("host store full: %d of %d bytes of host memory in use, %s: %w",
 		h.ramUsed, h.budget, spill, api.ErrOutOfMemory)
+}
+
+// reserveSlot takes a slot of the spill file, if there is one with room.
+// Called with h.mu held.
+func (h *HostStore) reserveSlot() (reservation, bool) {
+	if h.file == nil || h.spillLimit != 0 && h.spillUsed+FrameSize > h.spillLimit {
+		return reservation{}, false
+	}
+	h.spillUsed += FrameSize
+	slot := h.size
+	if n := len(h.free); n > 0 {
+		slot, h.free = h.free[n-1], h.free[:n-1]
+	} else {
+		h.size++
+	}
+	return reservation{slot: slot}, true
+}
+
+// releaseSlot gives back a slot of the spill file. Called with h.mu held.
+func (h *HostStore) releaseSlot(slot int64) {
+	h.spillUsed -= FrameSize
+	h.free = append(h.free, slot)
 }
 
 // commit records a filled reservation under a new key; release gives back
@@ -268,7 +323,7 @@ func (h *HostStore) commit(r reservation) (uint64, error) {
 	}
 	h.next++
 	if r.ram {
-		h.ram[h.next] = ramEntry{r.buf, r.owner}
+		h.ram[h.next] = ramEntry{buf: r.buf, owner: r.owner}
 	} else {
 		h.slots[h.next] = r.slot
 	}
@@ -290,8 +345,7 @@ func (h *HostStore) release(r reservation) {
 			h.keepSpare(r.buf)
 		}
 	} else {
-		h.spillUsed -= FrameSize
-		h.free = append(h.free, r.slot)
+		h.releaseSlot(r.slot)
 	}
 }
 
@@ -421,11 +475,12 @@ func (h *HostStore) Drop(key uint64) {
 		if e.owner != nil {
 			e.owner.inRAM--
 		}
-		h.keepSpare(e.buf)
+		if !e.moving { // else reclaim is reading it
+			h.keepSpare(e.buf)
+		}
 	} else if slot, ok := h.slots[key]; ok {
 		delete(h.slots, key)
-		h.spillUsed -= FrameSize
-		h.free = append(h.free, slot)
+		h.releaseSlot(slot)
 		if h.spillUsed == 0 && h.file.Truncate(0) == nil {
 			// The last spilled entry is gone (and no slot is being
 			// filled): give the disk back.
