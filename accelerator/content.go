@@ -9,9 +9,14 @@ package accelerator
 // contents it names by hash (OpNodeDedup): where a sealed frame of that hash
 // exists, on any device, the node copies it, and the mediator need not send
 // those bytes. Mediators do this for buffers their tenants marked as
-// weights, which many tenants load identical copies of. Hashing a frame, and
-// copying or aliasing one for a dedup, is device time of the asking
-// connection's tenant, charged frame by frame (offRunner, memwork.go).
+// weights, which many tenants load identical copies of. Hashing a frame,
+// copying or aliasing one for a dedup, and copying an aliased frame's bytes
+// into memory of its own (own, before a write; forget, when its source is
+// freed) are device time of the tenant whose connection's request called
+// for them (the sealer, the dedup's asker, the writer, the one freeing):
+// measured frame by frame, without any wait for contentIndex.mu, and
+// charged once what the tenant owes comes to a step or more (chargeOff,
+// memwork.go).
 //
 // Stored once: where the sealed frame is on the same device and the device
 // can alias (aliaser, the sim backend can), a dedup hit does not copy: the
@@ -24,7 +29,8 @@ package accelerator
 //     (write, fill, copy destination, a launch's buffer its kernel may
 //     write, a shared object's frames) calls own after its checks;
 //   - with a copy of the bytes, before its source is scrubbed: forget
-//     unaliases every alias of a frame it takes out;
+//     unaliases every alias of a frame it takes out, under the same hold
+//     of contentIndex.mu as it takes the frame out of the index;
 //   - without one, before it is scrubbed itself (forget), or refilled by
 //     another dedup.
 //
@@ -54,9 +60,9 @@ package accelerator
 //     could write it; a sealed frame never changes, so its hash stays true.
 //   - Before a sealed frame is scrubbed and released (free, end of its
 //     connection), forget takes it out of the index and unseals it under
-//     contentIndex.mu. A dedup copies from a source frame only under that
-//     lock, so no copy reads a frame that is being scrubbed or has changed
-//     hands.
+//     contentIndex.mu, with its aliases unaliased in the same hold. A
+//     dedup copies from a source frame only under that lock, so no copy
+//     reads a frame that is being scrubbed or has changed hands.
 //   - A frame is aliased (aliasOf) only to a sealed, indexed frame of the
 //     same device that is not aliased itself, and is never written while
 //     aliased; aliased counts the device's aliased frames and changes only
@@ -72,6 +78,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 )
@@ -202,35 +209,48 @@ func (x *contentIndex) storedOnce(ref frameRef, tenant string) bool {
 	return ok && x.sealer[src] != tenant
 }
 
-// forget readies frames of d to be scrubbed and released: their aliases
-// get copies of their bytes, those of them that are aliased are unaliased,
-// and those that are sealed are unsealed and taken out of the index. On an
-// error nothing is unsealed, and the frames must stay held.
-func (x *contentIndex) forget(d *device, frames []uint64) error {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+// forget readies frames of d to be scrubbed and released, as device work
+// of t: their aliases get copies of their bytes, those of them that are
+// aliased are unaliased, and those that are sealed are unsealed and taken
+// out of the index. It takes x.mu for one frame at a time, and charges the
+// time each took under it to t (chargeOff) once it is released. On an
+// error the frames before the one that failed may have been taken out
+// already, and all must stay held.
+func (x *contentIndex) forget(t tenantShare, d *device, frames []uint64) error {
 	for _, f := range frames {
-		ref := frameRef{d, f}
-		for a := range x.aliases[ref] {
-			if err := x.unalias(a, true); err != nil {
-				return err
-			}
-		}
-		if err := x.unalias(ref, false); err != nil {
+		x.mu.Lock()
+		took, err := d.timed(func() error { return x.forgetFrame(frameRef{d, f}) })
+		x.mu.Unlock()
+		d.chargeOff(t, took)
+		if err != nil {
 			return err
 		}
 	}
-	for _, f := range d.frames.unseal(frames) {
-		ref := frameRef{d, f}
-		sum := x.byFrame[ref]
-		delete(x.byFrame, ref)
-		delete(x.sealer, ref)
-		refs := slices.DeleteFunc(x.byHash[sum], func(r frameRef) bool { return r == ref })
-		if len(refs) == 0 {
-			delete(x.byHash, sum)
-		} else {
-			x.byHash[sum] = refs
+	return nil
+}
+
+// forgetFrame is forget of one frame. The caller holds x.mu. On an error
+// the frame stays sealed.
+func (x *contentIndex) forgetFrame(ref frameRef) error {
+	for a := range x.aliases[ref] {
+		if err := x.unalias(a, true); err != nil {
+			return err
 		}
+	}
+	if err := x.unalias(ref, false); err != nil {
+		return err
+	}
+	if len(ref.dev.frames.unseal([]uint64{ref.addr})) == 0 {
+		return nil
+	}
+	sum := x.byFrame[ref]
+	delete(x.byFrame, ref)
+	delete(x.sealer, ref)
+	refs := slices.DeleteFunc(x.byHash[sum], func(r frameRef) bool { return r == ref })
+	if len(refs) == 0 {
+		delete(x.byHash, sum)
+	} else {
+		x.byHash[sum] = refs
 	}
 	return nil
 }
@@ -255,28 +275,43 @@ func (x *contentIndex) unalias(a frameRef, keep bool) error {
 }
 
 // own gives every aliased frame that xs of d touch memory of its own, with
-// a copy of its bytes, before they are written. The caller has checked that
-// it holds those frames and may write them, so none is sealed.
-func (x *contentIndex) own(d *device, xs []api.Extent) error {
+// a copy of its bytes, before they are written, as device work of t: each
+// copy's time under x.mu is charged to t (chargeOff) once x.mu is released,
+// frame by frame. The caller has checked that it holds those frames and may
+// write them, so none is sealed.
+func (x *contentIndex) own(t tenantShare, d *device, xs []api.Extent) error {
 	// A frame of the caller's is aliased only by a dedup of the caller's
 	// own, earlier, and stays counted until it is unaliased: a count of
-	// zero means none is.
+	// zero means none is. Between frames, x.mu is released: nothing but
+	// the caller aliases its frames, and it is busy here.
 	if d.aliased.Load() == 0 {
 		return nil
 	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
 	for _, e := range xs {
 		if e.Len == 0 {
 			continue
 		}
 		for f := e.Addr / FrameSize * FrameSize; f < e.Addr+e.Len; f += FrameSize {
-			if err := x.unalias(frameRef{d, f}, true); err != nil {
+			if err := x.ownFrame(t, frameRef{d, f}); err != nil {
 				return fmt.Errorf("%s: give frame %#x its own memory before a write: %w", d.Info().Name, f, err)
 			}
 		}
 	}
 	return nil
+}
+
+// ownFrame gives a, if it is aliased, memory of its own with a copy of its
+// bytes, and charges the copy to t.
+func (x *contentIndex) ownFrame(t tenantShare, a frameRef) error {
+	x.mu.Lock()
+	if _, ok := x.aliasOf[a]; !ok {
+		x.mu.Unlock()
+		return nil
+	}
+	took, err := a.dev.timed(func() error { return x.unalias(a, true) })
+	x.mu.Unlock()
+	a.dev.chargeOff(t, took)
+	return err
 }
 
 // dedup fills each whole frame m.Dst[i] of the device d, which c holds and
@@ -298,11 +333,11 @@ func (c *conn) dedup(d *device, m *api.NodeDedup) (*api.NodeDedupReply, error) {
 	reply := &api.NodeDedupReply{Hit: make([]bool, len(m.Dst))}
 	for i, dst := range m.Dst {
 		// Copying a frame (or a lookup, or aliasing) is device work of
-		// c's tenant, with any wait for the index's lock.
-		err := d.offRunner(c.share, func() (err error) {
-			reply.Hit[i], err = c.node.content.copyTo(d, dst.Addr, m.Hashes[i])
-			return err
-		})
+		// c's tenant; waiting for the index's lock, behind others' work,
+		// is not.
+		hit, took, err := c.node.content.copyTo(d, dst.Addr, m.Hashes[i])
+		d.chargeOff(c.share, took)
+		reply.Hit[i] = hit
 		if err != nil {
 			return nil, err
 		}
@@ -313,10 +348,22 @@ func (c *conn) dedup(d *device, m *api.NodeDedup) (*api.NodeDedupReply, error) {
 // copyTo fills the frame at dst of d with a sealed frame whose hash is sum,
 // if the index holds one: it aliases dst to the sealed frame's memory where
 // it can, else copies it. It holds x.mu throughout so the source cannot be
-// scrubbed meanwhile. dst is held by the caller and not sealed.
-func (x *contentIndex) copyTo(d *device, dst uint64, sum [32]byte) (bool, error) {
+// scrubbed meanwhile, and reports how long it held it, on d's scheduler's
+// clock: the work to charge, without the wait for the lock. dst is held by
+// the caller and not sealed.
+func (x *contentIndex) copyTo(d *device, dst uint64, sum [32]byte) (bool, time.Duration, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	hit := false
+	took, err := d.timed(func() (err error) {
+		hit, err = x.copyToLocked(d, dst, sum)
+		return err
+	})
+	return hit, took, err
+}
+
+// copyToLocked is copyTo with x.mu held.
+func (x *contentIndex) copyToLocked(d *device, dst uint64, sum [32]byte) (bool, error) {
 	x.lookups++
 	refs := x.byHash[sum]
 	if len(refs) == 0 {

@@ -27,9 +27,10 @@ package accelerator
 //     nothing to do, never reaches the scheduler; the others are prepared
 //     by the runner, in a step. Either way the preparation is device time
 //     of the run's tenant: a gather on the submitter's goroutine is
-//     charged as if the runner had done it (with the job it is for, or
-//     an empty one where the launches prepared failed, if it took a step
-//     or more), without holding up the slices of other tenants meanwhile.
+//     charged as if the runner had done it (with the job it is for, or,
+//     where the launches prepared failed, with an empty one once what the
+//     tenant owes comes to a step or more: chargeAside), without holding
+//     up the slices of other tenants meanwhile.
 //   - Each launch of a run ends with its own result; the run's submitter
 //     waits for the last one.
 
@@ -102,7 +103,7 @@ func (c *conn) checkLaunch(body []byte) (*device, checkedLaunch, error) {
 	// connection can alias them again before the launch has run.
 	for i, a := range l.Args {
 		if a.Kind == api.ArgBuffer && k.Info.Params[i].Access >= api.AccessWrite {
-			if err := c.node.content.own(d, a.Extents); err != nil {
+			if err := c.node.content.own(c.share, d, a.Extents); err != nil {
 				return nil, checkedLaunch{}, err
 			}
 		}

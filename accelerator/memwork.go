@@ -3,40 +3,62 @@ package accelerator
 // Device work besides kernels, charged to the tenant it is done for.
 //
 // A fill or a copy between device memory (OpNodeFill, OpNodeCopy, as a
-// request or a command of a batch) is a job of the connection's tenant on
-// the device's scheduler (sched.go), as a launch is: its bytes are cut into
-// pieces of at most pieceBytes, and each step of the job moves pieces until
-// stepTime has passed or none is left, as a step of a run of launches does
-// (launch.go). So another tenant's kernels run between the steps of a big
-// fill, its device time counts in the tenant's share, and a compute_max cap
-// holds for fills and copies as it does for kernels.
+// request or a command of a batch) of more than pieceBytes is a job of the
+// connection's tenant on the device's scheduler (sched.go), as a launch is:
+// its bytes are cut into pieces of at most pieceBytes, and each step of the
+// job moves pieces until stepTime has passed or none is left, as a step of
+// a run of launches does (launch.go). So another tenant's kernels run
+// between the steps of a big fill, its device time counts in the tenant's
+// share, and a compute_max cap holds for fills and copies as it does for
+// kernels; its request runs on the connection's executor, as a launch's
+// does (waitsForDevice, node.go). A fill or copy of one piece or less runs
+// on the connection's goroutine (on the reader, when the connection is
+// idle), as work off the runners: a job would cost it a dispatch, more than
+// the piece itself takes (a mediator zeroes every small allocation with a
+// fill, and a 4 KiB fill takes a few microseconds at most).
 //
 // Work done on the connection's goroutine for a request, off the runners
-// (hashing a frame to seal it, copying a frame for a dedup, content.go), is
-// charged to the tenant as device time with an empty job (offRunner), as a
-// launch's failed preparations are: it runs beside other tenants' slices,
-// but the tenant's next work then waits its turn, so a cap holds within one
-// such piece of work per connection.
+// (a small fill or copy; hashing a frame to seal it; copying a frame for a
+// dedup, or to give an aliased frame memory of its own before a write or
+// before its source is freed, content.go), is charged to the tenant as
+// device time (offRunner, chargeOff): the time it took under the content
+// index's lock, not any wait for it, is added to what the tenant owes the
+// device (account.owed), and once that comes to stepTime or more it is
+// charged with an empty job, as a launch's failed preparations are. The
+// work runs beside other tenants' slices, but the tenant's next work then
+// waits its turn, so a cap holds within one such piece of work per
+// connection, and what is owed and not charged yet is less than stepTime
+// per tenant.
 //
 // Invariants:
-//   - A request's checks (the frame table, content.own) have passed, on the
-//     connection's goroutine, before its job is queued.
+//   - A request's checks (the frame table) have passed, on the
+//     connection's goroutine, before it moves any byte, and content.own has
+//     given aliased frames of the destination memory of their own.
 //   - A fill or copy leaves device memory as one call of the device would
 //     (Device.Fill, Device.Copy, which has memmove semantics): pieces are
 //     moved in order, so where destination extents overlap each other the
-//     later bytes win, as in one call. A copy whose destination and source
-//     share a byte and that is more than one piece is cut too, but first
-//     snapshots its source, in pieces, into host memory, and then writes
-//     the destination from the snapshot: cut in place, a piece would read
-//     bytes an earlier piece wrote. The snapshot holds at most the bytes
-//     the connection holds on the device (frameTable.check), the same
-//     bound as a launch's gathered buffers (trimBuffers).
+//     later bytes win, as in one call. A copy of one extent to one extent
+//     that overlap is moved piece by piece in the direction that reads
+//     every byte before it is overwritten: from the end backwards where
+//     the destination lies above the source, else forwards; each piece is
+//     a memmove of its own. A copy of several extents whose destination
+//     and source share a byte, and that is more than one piece, first
+//     snapshots its source, in pieces, into host memory (in the job's
+//     steps, not before it is queued), and then writes the destination
+//     from the snapshot: cut in place, a piece could read bytes an earlier
+//     piece wrote. The snapshot holds at most the bytes the connection
+//     holds on the device (frameTable.check), the same bound as a launch's
+//     gathered buffers (trimBuffers).
 //   - Only a device's error, or the scheduler closing, stops a fill or copy
 //     part way; it then may have written some of its pieces.
+//   - An error names the device once: a device's own error is returned as
+//     it is, others (the scheduler's, lengths that differ) with the
+//     device's name.
 
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 )
@@ -53,27 +75,40 @@ const pieceBytes = 64 << 10
 
 // inSteps runs move, which moves the next piece of a fill or copy and says
 // whether any is left, as one job of t on d's scheduler: each step moves
-// pieces until stepTime has passed or none is left.
-func (d *device) inSteps(t tenantShare, move func() (more bool, err error)) error {
+// pieces until stepTime has passed or none is left. An error of move's is
+// returned as it is; one of the scheduler's names the device and op.
+func (d *device) inSteps(t tenantShare, op string, move func() (more bool, err error)) error {
 	clock := d.sched.clock
-	return d.sched.run(t, func() (int, bool, error) {
+	var moveErr error
+	err := d.sched.run(t, func() (int, bool, error) {
 		start := clock.now()
 		for {
 			more, err := move()
-			if err != nil || !more {
+			if err != nil {
+				moveErr = err
 				return 0, false, err
+			}
+			if !more {
+				return 0, false, nil
 			}
 			if clock.now()-start >= stepTime {
 				return 0, true, nil
 			}
 		}
 	})
+	if err != nil && moveErr == nil { // the step did not fail: the scheduler did
+		return fmt.Errorf("%s: %s: %w", d.Info().Name, op, err)
+	}
+	return err
 }
 
 // fillFor sets every byte of xs, checked, to v, as device work of t.
 func (d *device) fillFor(t tenantShare, xs []api.Extent, v byte) error {
+	if api.ExtentsLen(xs) <= pieceBytes {
+		return d.offRunner(t, func() error { return d.Fill(xs, v) })
+	}
 	p := newExtentCursor(xs)
-	return d.inSteps(t, func() (bool, error) {
+	return d.inSteps(t, "fill", func() (bool, error) {
 		err := d.Fill(p.next(pieceBytes), v)
 		return p.left > 0, err
 	})
@@ -84,17 +119,26 @@ func (d *device) fillFor(t tenantShare, xs []api.Extent, v byte) error {
 func (d *device) copyFor(t tenantShare, dst, src []api.Extent) error {
 	n := api.ExtentsLen(dst)
 	if m := api.ExtentsLen(src); m != n {
-		return fmt.Errorf("source of %d bytes, destination of %d: %w", m, n, api.ErrInvalidArgument)
+		return fmt.Errorf("%s: copy of %d bytes into %d: %w", d.Info().Name, m, n, api.ErrInvalidArgument)
+	}
+	if n <= pieceBytes {
+		return d.offRunner(t, func() error { return d.Copy(dst, src) })
+	}
+	if len(dst) == 1 && len(src) == 1 {
+		return d.copyRun(t, dst[0], src[0])
 	}
 	to, from := newExtentCursor(dst), newExtentCursor(src)
-	if n <= pieceBytes || !api.ExtentsOverlap(dst, src) {
-		return d.inSteps(t, func() (bool, error) {
+	if !api.ExtentsOverlap(dst, src) {
+		return d.inSteps(t, "copy", func() (bool, error) {
 			err := d.Copy(to.next(pieceBytes), from.next(pieceBytes))
 			return to.left > 0, err
 		})
 	}
-	snap := make([]byte, 0, n)
-	return d.inSteps(t, func() (bool, error) {
+	var snap []byte // made in the first step, once the job runs
+	return d.inSteps(t, "copy", func() (bool, error) {
+		if snap == nil {
+			snap = make([]byte, 0, n)
+		}
 		if from.left > 0 {
 			return true, d.Read(from.next(pieceBytes), func(parts ...[]byte) error {
 				for _, p := range parts {
@@ -110,24 +154,56 @@ func (d *device) copyFor(t tenantShare, dst, src []api.Extent) error {
 	})
 }
 
-// offRunner does work for t on the calling goroutine and charges the time
-// it took to t as device time of d (tenantShare.aside), with chargeAside.
-func (d *device) offRunner(t tenantShare, work func() error) error {
+// copyRun copies the extent src to dst, of equal lengths and checked, piece
+// by piece, with memmove semantics even where they overlap: where dst lies
+// above src, from the end backwards, so that no piece reads bytes an
+// earlier piece wrote; else forwards.
+func (d *device) copyRun(t tenantShare, dst, src api.Extent) error {
+	n, done := dst.Len, uint64(0)
+	back := dst.Addr > src.Addr
+	return d.inSteps(t, "copy", func() (bool, error) {
+		k := min(pieceBytes, n-done)
+		off := done
+		if back {
+			off = n - done - k
+		}
+		done += k
+		err := d.Copy([]api.Extent{{Addr: dst.Addr + off, Len: k}}, []api.Extent{{Addr: src.Addr + off, Len: k}})
+		return done < n, err
+	})
+}
+
+// timed does work and returns how long it took on d's scheduler's clock.
+func (d *device) timed(work func() error) (time.Duration, error) {
 	start := d.sched.clock.now()
 	err := work()
-	t.aside = d.sched.clock.now() - start
-	d.chargeAside(t)
+	return d.sched.clock.now() - start, err
+}
+
+// offRunner does work for t on the calling goroutine and charges the time
+// it took to t as device time of d, with chargeOff.
+func (d *device) offRunner(t tenantShare, work func() error) error {
+	took, err := d.timed(work)
+	d.chargeOff(t, took)
 	return err
 }
 
-// chargeAside charges t.aside, device work done for t off the runners, in
-// an empty job where it took a step or more: the job takes the tenant's
-// turn, so its next work waits as long as after a slice that long, and a
-// cap holds. Shorter work, like a look for a launch left, costs no more
-// than reading its request. The job fails only if the scheduler closed,
-// when there is nothing left to charge.
+// chargeOff charges took, device work done for t off the runners, with
+// chargeAside.
+func (d *device) chargeOff(t tenantShare, took time.Duration) {
+	t.aside = took
+	d.chargeAside(t)
+}
+
+// chargeAside charges t.aside, device work done for t off the runners: it
+// adds it to what t owes d (scheduler.owe), and once that comes to a step
+// or more, charges it in an empty job. The job takes the tenant's turn, so
+// its next work waits as long as after a slice that long, and a cap holds.
+// Shorter work, like a look for a launch left or a small fill, waits for
+// nothing: it costs no more than reading its request, and adds up. The job
+// fails only if the scheduler closed, when there is nothing left to charge.
 func (d *device) chargeAside(t tenantShare) {
-	if t.aside >= stepTime {
+	if t.aside = d.sched.owe(t); t.aside > 0 {
 		_ = d.sched.run(t, func() (int, bool, error) { return 0, false, nil })
 	}
 }

@@ -3,8 +3,13 @@ package accelerator
 import (
 	"bytes"
 	"crypto/sha256"
+	"fmt"
+	"math"
 	"math/rand/v2"
+	"net"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,6 +140,198 @@ func TestSealDedupCharged(t *testing.T) {
 	}
 }
 
+// unaliasFor seals the first of c's frames on dev, filled with v (which no
+// other sealed frame holds, or the dedups could copy from it), then, in a loop for d, dedups the others onto it, which aliases
+// them to its memory, and fills one byte of each, which gives each its own
+// copy of the frame first (content.own). It returns the bytes those copies
+// moved and how long it took.
+func unaliasFor(t *testing.T, c *client, dev uint32, v byte, frames []uint64, d time.Duration) (uint64, time.Duration) {
+	t.Helper()
+	src, dsts := frames[0], frames[1:]
+	if err := c.fill(dev, v, ext(src, 0, FrameSize)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.seal(dev, src); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(bytes.Repeat([]byte{v}, FrameSize))
+	hashes := slices.Repeat([][32]byte{sum}, len(dsts))
+	var bytesOf []api.Extent
+	for _, f := range dsts {
+		bytesOf = append(bytesOf, ext(f, 100, 1))
+	}
+	var moved uint64
+	start := time.Now()
+	for time.Since(start) < d {
+		hit, err := c.dedup(dev, dsts, hashes...)
+		if err != nil || !slices.Equal(hit, slices.Repeat([]bool{true}, len(dsts))) {
+			t.Fatalf("dedup onto a sealed frame: %v, %v", hit, err)
+		}
+		if err := c.fill(dev, 1, bytesOf...); err != nil {
+			t.Fatalf("fill: %v", err)
+		}
+		moved += uint64(len(dsts)) * FrameSize
+	}
+	return moved, time.Since(start)
+}
+
+// TestUnaliasCharged: giving aliased frames memory of their own before a
+// write copies a frame each, which is device work of the writer's tenant:
+// a tenant capped by compute_max that aliases frames to its own sealed
+// frame and writes a byte of each, in a loop, copies no faster than its
+// cap lets it. And freeing a sealed frame, which gives its aliases copies,
+// is device work of the freeing tenant.
+func TestUnaliasCharged(t *testing.T) {
+	tn := startNode(t)
+	const frames = 16 // and the sealed one
+
+	free := tn.connectShare(t, "free", 1, 0)
+	freeMoved, freeWall := unaliasFor(t, free, 0, 0x5a, free.alloc(0, frames+1), 300*time.Millisecond)
+	s := free.share(0, "free")
+	t.Logf("uncapped: copied %d MiB in %v, %v charged", freeMoved>>20, freeWall, s.DeviceTime)
+	if s.DeviceTime < freeWall/2 {
+		t.Errorf("uncapped: aliased and copied for %v, %v of it charged: want at least half", freeWall, s.DeviceTime)
+	}
+
+	const cap = 0.1
+	capped := tn.connectShare(t, "capped", 1, cap)
+	cappedMoved, cappedWall := unaliasFor(t, capped, 1, 0xa5, capped.alloc(1, frames+1), 500*time.Millisecond)
+	s = capped.share(1, "capped")
+	t.Logf("capped at %.1f: copied %d MiB in %v, %v charged", cap, cappedMoved>>20, cappedWall, s.DeviceTime)
+	// As in TestFillCopyCharged: the cap's share of the time, its first
+	// bucket, and room for a noisy host.
+	if limit := time.Duration(cap*float64(cappedWall+capWindow)) + cappedWall/10; s.DeviceTime > limit {
+		t.Errorf("capped at %.1f: charged %v in %v, want at most %v", cap, s.DeviceTime, cappedWall, limit)
+	}
+	if s.DeviceTime < cappedWall/20 {
+		t.Errorf("capped at %.1f: charged %v in %v, want its copies charged", cap, s.DeviceTime, cappedWall)
+	}
+	freeRate := float64(freeMoved) / freeWall.Seconds()
+	cappedRate := float64(cappedMoved) / cappedWall.Seconds()
+	allowed := cap * (cappedWall + capWindow).Seconds() / cappedWall.Seconds()
+	t.Logf("capped rate / uncapped: %.2f, cap allowed %.2f", cappedRate/freeRate, allowed)
+	if cappedRate > 3*allowed*freeRate {
+		t.Errorf("capped at %.1f: copied %.0f MiB/s, uncapped %.0f MiB/s: want at most %.2f of it", cap, cappedRate/(1<<20), freeRate/(1<<20), 3*allowed)
+	}
+
+	// Freeing the sealed frame gives each of its aliases a copy, charged
+	// to the one freeing it.
+	const aliases = 8
+	dsts := free.alloc(1, aliases)
+	src := free.alloc(1, 1)[0]
+	if err := free.fill(1, 7, ext(src, 0, FrameSize)); err != nil {
+		t.Fatal(err)
+	}
+	if err := free.seal(1, src); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(bytes.Repeat([]byte{7}, FrameSize))
+	if hit, err := free.dedup(1, dsts, slices.Repeat([][32]byte{sum}, aliases)...); err != nil || !slices.Equal(hit, slices.Repeat([]bool{true}, aliases)) {
+		t.Fatalf("dedup onto a sealed frame: %v, %v", hit, err)
+	}
+	tn.wantAliased(t, aliases)
+	before := free.share(1, "free").DeviceTime
+	start := time.Now()
+	if err := free.free(1, src); err != nil {
+		t.Fatal(err)
+	}
+	wall := time.Since(start)
+	charged := free.share(1, "free").DeviceTime - before
+	t.Logf("freeing a frame of %d aliases took %v, %v charged", aliases, wall, charged)
+	if charged < wall/2 {
+		t.Errorf("freeing a frame of %d aliases took %v, %v of it charged: want at least half", aliases, wall, charged)
+	}
+	tn.wantAliased(t, 0)
+	if got := free.mustRead(1, ext(dsts[aliases-1], FrameSize-1, 1)); got[0] != 7 {
+		t.Errorf("an alias of a freed frame reads %#x, want its copy, 7", got[0])
+	}
+}
+
+// TestDedupLockWaitNotCharged: a dedup that waits for the content index's
+// lock, behind others' work, is charged for its own work, not the wait.
+func TestDedupLockWaitNotCharged(t *testing.T) {
+	tn := startNode(t)
+	c := tn.connect(t, "waiter")
+	dst := c.alloc(0, 1)
+	if err := c.fill(0, 1, ext(dst[0], 0, 1)); err != nil { // an account to read
+		t.Fatal(err)
+	}
+	before := c.share(0, "waiter").DeviceTime
+	const wait = 100 * time.Millisecond
+	x := tn.node.content
+	x.mu.Lock()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.dedup(0, dst, sha256.Sum256([]byte("nobody sealed this")))
+		done <- err
+	}()
+	time.Sleep(wait)
+	x.mu.Unlock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if charged := c.share(0, "waiter").DeviceTime - before; charged > wait/2 {
+		t.Errorf("a dedup that missed after waiting %v for the index's lock: %v charged, want under %v", wait, charged, wait/2)
+	}
+}
+
+// TestSmallFillsOffScheduler: fills and copies of one piece or less run on
+// the connection's goroutine, not as a job each: they take far fewer
+// slices than requests (what they take adds up to an empty job now and
+// then), and leave device memory as one call of the device would.
+func TestSmallFillsOffScheduler(t *testing.T) {
+	tn := startNode(t)
+	c := tn.connect(t, "small")
+	f := c.alloc(0, 1)[0]
+	p := pattern(3, 4096)
+	c.mustWrite(0, []api.Extent{ext(f, 0, 4096)}, p)
+	// Zeroing and copying, as a mediator does for small allocations: each
+	// well under stepTime, even with the race detector.
+	const n = 200
+	for i := range n {
+		if err := c.fill(0, 0, ext(f, 4096+4096*uint64(i%8), 4096)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.copy(0, []api.Extent{ext(f, 1<<20+uint64(i%8), 4096)}, []api.Extent{ext(f, 0, 4096)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.mustRead(0, ext(f, 4096, 8*4096)); !bytes.Equal(got, make([]byte, 8*4096)) {
+		t.Errorf("after small fills with zeros: not zeros")
+	}
+	if got := c.mustRead(0, ext(f, 1<<20+7, 4096)); !bytes.Equal(got, p) {
+		t.Errorf("after small copies: not the bytes copied")
+	}
+	s := c.share(0, "small")
+	t.Logf("%d small fills and copies: %d slices, %v charged", 2*n, s.Slices, s.DeviceTime)
+	if s.Slices > n/2 {
+		t.Errorf("%d small fills and %d small copies ran in %d slices: want them off the scheduler", n, n, s.Slices)
+	}
+}
+
+// TestOverlapCopyNoSnapshot: a copy within one extent, whose source and
+// destination overlap, moves in place, piece by piece: it snapshots
+// nothing into host memory.
+func TestOverlapCopyNoSnapshot(t *testing.T) {
+	tn := startNode(t)
+	c := tn.connect(t, "mover")
+	f := c.alloc(0, 1)[0]
+	d := tn.node.devs[0]
+	share := tenantShare{name: "mover"}
+	const n = FrameSize - 4096
+	for _, o := range []struct{ dst, src uint64 }{{f + 4096, f}, {f, f + 4096}} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		if err := d.copyFor(share, []api.Extent{{Addr: o.dst, Len: n}}, []api.Extent{{Addr: o.src, Len: n}}); err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&after)
+		if got := after.TotalAlloc - before.TotalAlloc; got > n/4 {
+			t.Errorf("an overlapping copy of %d bytes from %#x to %#x allocated %d bytes: want no snapshot", n, o.src, o.dst, got)
+		}
+	}
+}
+
 // TestFillCopySameBytes: fills and copies cut into pieces on the scheduler
 // leave device memory exactly as one call of the sim device does, for
 // extents that cross pieces at odd places, copies whose source and
@@ -183,6 +380,17 @@ func TestFillCopySameBytes(t *testing.T) {
 			src: []api.Extent{ext(f[0], 0, 600000)}},
 		{name: "copy of lengths that differ", dst: []api.Extent{ext(f[0], 0, FrameSize)}, src: []api.Extent{ext(f[1], 0, FrameSize-1)}, fails: true},
 	}
+	// Copies of one extent onto one it overlaps, of several pieces, by
+	// small and large offsets, forwards (to a lower address) and backwards.
+	for _, by := range []uint64{1, 4<<10 + 3, 100 << 10} {
+		const n = 300 << 10
+		at := 1000 + by
+		ops = append(ops,
+			op{name: fmt.Sprintf("overlapping copy of %d bytes forwards by %d", n, by),
+				dst: []api.Extent{ext(f[4], at, n)}, src: []api.Extent{ext(f[4], at+by, n)}},
+			op{name: fmt.Sprintf("overlapping copy of %d bytes backwards by %d", n, by),
+				dst: []api.Extent{ext(f[5], at+by, n)}, src: []api.Extent{ext(f[5], at, n)}})
+	}
 	for _, o := range ops {
 		var got, want error
 		if o.fill {
@@ -192,6 +400,9 @@ func TestFillCopySameBytes(t *testing.T) {
 		}
 		if (got != nil) != o.fails || (want != nil) != o.fails {
 			t.Fatalf("%s: node %v, sim device %v; want an error: %v", o.name, got, want, o.fails)
+		}
+		if name := c.hello.Devices[0].Name; got != nil && strings.Count(got.Error(), name) != 1 {
+			t.Errorf("%s: error %q names %s other than once", o.name, got, name)
 		}
 		for _, fr := range f {
 			for off := uint64(0); off < FrameSize; off += api.MaxChunk {
@@ -263,4 +474,82 @@ func TestExtentCursor(t *testing.T) {
 			t.Fatalf("the cursor changed its caller's extents: %v, were %v", xs, orig)
 		}
 	})
+}
+
+// refusingDevice is a sim device whose fills and copies fail, as a device
+// reports an error: naming itself.
+type refusingDevice struct{ *sim.Device }
+
+func (d refusingDevice) Fill([]api.Extent, byte) error {
+	return fmt.Errorf("%s: fill refused: %w", d.Info().Name, api.ErrInternal)
+}
+
+func (d refusingDevice) Copy(_, _ []api.Extent) error {
+	return fmt.Errorf("%s: copy refused: %w", d.Info().Name, api.ErrInternal)
+}
+
+// TestFillCopyErrorsNameDevice: an error of a fill or copy, small or cut
+// into pieces, names the device once.
+func TestFillCopyErrorsNameDevice(t *testing.T) {
+	sd, err := sim.New(0, testMemory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := New("sim", []Device{refusingDevice{sd}}, quietLog())
+	if err != nil {
+		sd.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go n.Serve(l)
+	tn := &testNode{node: n, addr: l.Addr().String()}
+	c := tn.connect(t, "acme")
+	f := c.alloc(0, 2)
+	for _, size := range []uint64{4096, FrameSize} {
+		for op, err := range map[string]error{
+			"fill": c.fill(0, 1, ext(f[0], 0, size)),
+			"copy": c.copy(0, []api.Extent{ext(f[0], 0, size)}, []api.Extent{ext(f[1], 0, size)}),
+		} {
+			wantErr(t, err, api.ErrInternal, op+" refused")
+			if k := strings.Count(err.Error(), "sim0"); k != 1 {
+				t.Errorf("%s of %d bytes: error %q names sim0 %d times, want once", op, size, err, k)
+			}
+		}
+	}
+}
+
+// TestMovesOnePiece: the reader runs a fill or copy itself only when its
+// destination holds one piece or less, or its body does not decode (so it
+// is answered with its error); the rest wait for the scheduler on the
+// executor.
+func TestMovesOnePiece(t *testing.T) {
+	fill := func(xs ...api.Extent) []byte { return api.Encode(&api.NodeAccess{Extents: xs, Value: 1}) }
+	copyOf := func(dst, src []api.Extent) []byte { return api.Encode(&api.NodeCopy{Dst: dst, Src: src}) }
+	x := func(n uint64) api.Extent { return api.Extent{Addr: 1 << 20, Len: n} }
+	for _, tc := range []struct {
+		name string
+		op   api.Op
+		body []byte
+		wait bool
+	}{
+		{"fill of nothing", api.OpNodeFill, fill(), false},
+		{"fill of a piece", api.OpNodeFill, fill(x(pieceBytes)), false},
+		{"fill of a piece in extents", api.OpNodeFill, fill(x(pieceBytes/2), x(0), x(pieceBytes/2)), false},
+		{"fill of a piece and a byte", api.OpNodeFill, fill(x(pieceBytes/2), x(pieceBytes/2+1)), true},
+		{"fill of lengths that overflow", api.OpNodeFill, fill(x(10), x(math.MaxUint64-5)), true},
+		{"malformed fill", api.OpNodeFill, []byte{1, 2, 3}, false},
+		{"copy of a piece", api.OpNodeCopy, copyOf([]api.Extent{x(pieceBytes)}, []api.Extent{x(pieceBytes)}), false},
+		{"copy of a piece and a byte", api.OpNodeCopy, copyOf([]api.Extent{x(pieceBytes + 1)}, []api.Extent{x(pieceBytes + 1)}), true},
+		{"launch", api.OpNodeLaunch, nil, true},
+		{"dedup", api.OpNodeDedup, nil, true},
+		{"read", api.OpNodeRead, fill(x(1 << 20)), false},
+	} {
+		if got := waitsForDevice(tc.op, tc.body); got != tc.wait {
+			t.Errorf("%s: waits for the device: %v, want %v", tc.name, got, tc.wait)
+		}
+	}
 }

@@ -32,13 +32,15 @@
 //   - A bad request gets an error reply and affects nothing else; only a
 //     broken frame (which cannot be resynchronised) ends the connection.
 //
-// Kernel launches, fills and copies run in slices on each device's compute
-// scheduler (sched.go), which shares device time among tenants by weight; a
-// launch, a batch's run of consecutive launches (launch.go), a fill and a
-// copy (memwork.go) each block their connection until their last slice has
-// run.
-// Hashing for seals and copying for dedups, done on the connection's
-// goroutine, are charged to its tenant as device time too.
+// Kernel launches, and fills and copies of more than a piece (pieceBytes),
+// run in slices on each device's compute scheduler (sched.go), which shares
+// device time among tenants by weight; a launch, a batch's run of
+// consecutive launches (launch.go), and such a fill or copy (memwork.go)
+// each block their connection until their last slice has run. Smaller
+// fills and copies, hashing for seals, and copying frames for dedups and
+// for aliased frames about to be written or losing their source, done on
+// the connection's goroutine, are charged to its tenant as device time too,
+// once they add up to a step (memwork.go).
 //
 // Lock order: Node.mu; then contentIndex.mu, then a frameTable's mu; a
 // scheduler's mu is a leaf. Devices are not locked: the frame table
@@ -391,7 +393,7 @@ func (c *conn) readLoop(queue chan<- request) error {
 		// reading. So do those that wait for the device's scheduler
 		// (waitsForDevice), and writes of shared objects, which wait for
 		// acknowledgements this reader may have to take.
-		if idle && r.pool == nil && !waitsForDevice(h.Op) && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke {
+		if idle && r.pool == nil && !waitsForDevice(h.Op, r.body) && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke {
 			// Only what this reader has buffered counts: asking the kernel
 			// would cost a system call per small request, and a burst's
 			// next frames are read along with this one.
@@ -414,17 +416,42 @@ func (c *conn) readLoop(queue chan<- request) error {
 	}
 }
 
-// waitsForDevice says whether requests of op are device work that waits
-// for the device's scheduler: launches, fills and copies, batches of them,
-// and seals and dedups, which are charged with a job (memwork.go). They
-// run on the executor, so that the reader reading on meanwhile shows the
-// scheduler that the tenant has more work queued (tenantShare.waiting).
-func waitsForDevice(op api.Op) bool {
+// waitsForDevice says whether a request of op with body is device work
+// that waits for the device's scheduler: a launch, a batch, a fill or copy
+// of more than one piece (memwork.go), or a seal or dedup, whose work is
+// charged with empty jobs as it adds up. They run on the executor, so that the reader
+// reading on meanwhile shows the scheduler that the tenant has more work
+// queued (tenantShare.waiting), and takes acknowledgements (shared.go)
+// while a capped tenant's job waits its turn. Smaller fills and copies
+// (a mediator zeroes every small allocation with a fill) run on the calling
+// goroutine, where a hand-off to the executor would cost more than they do.
+func waitsForDevice(op api.Op, body []byte) bool {
 	switch op {
-	case api.OpNodeLaunch, api.OpNodeFill, api.OpNodeCopy, api.OpNodeBatch, api.OpNodeSeal, api.OpNodeDedup:
+	case api.OpNodeLaunch, api.OpNodeBatch, api.OpNodeSeal, api.OpNodeDedup:
 		return true
+	case api.OpNodeFill, api.OpNodeCopy:
+		return !movesOnePiece(body)
 	}
 	return false
+}
+
+// movesOnePiece says whether the body of a fill or copy request (whose
+// destination extents come first, after the device) moves pieceBytes or
+// less, without decoding all of it. A body that does not decode says yes:
+// its error is answered at once.
+func movesOnePiece(body []byte) bool {
+	d := api.NewDecoder(body)
+	d.U32()
+	var n uint64
+	for range d.Len(16) {
+		d.U64()
+		l := d.U64()
+		if l > pieceBytes-n {
+			return false
+		}
+		n += l
+	}
+	return true
 }
 
 func (c *conn) execute(queue <-chan request) {
@@ -612,13 +639,10 @@ func (c *conn) apply(op api.Op, body []byte) error {
 		if err := d.frames.checkWrite(c.owner, m.Extents); err != nil {
 			return fmt.Errorf("%s: fill: %w", name, err)
 		}
-		if err := c.node.content.own(d, m.Extents); err != nil {
+		if err := c.node.content.own(c.share, d, m.Extents); err != nil {
 			return err
 		}
-		if err := d.fillFor(c.share, m.Extents, m.Value); err != nil {
-			return fmt.Errorf("%s: fill: %w", name, err)
-		}
-		return nil
+		return d.fillFor(c.share, m.Extents, m.Value)
 	default: // OpNodeCopy
 		if err := d.frames.checkWrite(c.owner, cp.Dst); err != nil {
 			return fmt.Errorf("%s: copy destination: %w", name, err)
@@ -626,21 +650,19 @@ func (c *conn) apply(op api.Op, body []byte) error {
 		if err := d.frames.checkAccess(c.owner, cp.Src); err != nil {
 			return fmt.Errorf("%s: copy source: %w", name, err)
 		}
-		if err := c.node.content.own(d, cp.Dst); err != nil {
+		if err := c.node.content.own(c.share, d, cp.Dst); err != nil {
 			return err
 		}
-		if err := d.copyFor(c.share, cp.Dst, cp.Src); err != nil {
-			return fmt.Errorf("%s: copy: %w", name, err)
-		}
-		return nil
+		return d.copyFor(c.share, cp.Dst, cp.Src)
 	}
 }
 
 // scrubAndRelease takes frames out of the content index (unsealing and
-// unaliasing them, and giving their aliases copies), zeroes them, in runs of contiguous frames, then frees them.
+// unaliasing them, and giving their aliases copies, as device work of c's
+// tenant), zeroes them, in runs of contiguous frames, then frees them.
 func (c *conn) scrubAndRelease(d *device, frames []uint64) error {
 	c.node.dropObjects(c, d, frames)
-	if err := c.node.content.forget(d, frames); err != nil {
+	if err := c.node.content.forget(c.share, d, frames); err != nil {
 		return err
 	}
 	for i := 0; i < len(frames); {

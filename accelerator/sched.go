@@ -8,8 +8,10 @@ package accelerator
 // a slice of a kernel (kernels.Plan), bounded in work, or, in a run of small
 // launches, several kernel slices in a row, for at most stepTime plus one
 // kernel slice (and a launch's preparation), so that tiny launches do not cost
-// a dispatch each. A fill or a copy becomes a job too, whose slices move
-// pieces of bounded bytes for at most stepTime plus one piece (memwork.go).
+// a dispatch each. A fill or a copy of more than one piece becomes a job
+// too, whose slices move pieces of bounded bytes for at most stepTime plus
+// one piece (memwork.go); smaller ones, like other work done off the
+// runners, are charged as below.
 // One runner per device runs one slice at a time and charges the time it
 // measured around the slice to the slice's tenant (and with a job, the time
 // its submitter spent preparing it). The policy is start-time fair queueing
@@ -44,8 +46,9 @@ package accelerator
 //     c·capWindow; while it is empty the tenant is throttled even if the
 //     device idles. Over any interval T it uses at most c·(T + capWindow)
 //     plus one slice and one piece of work done off the runners
-//     (tenantShare.aside: a launch's preparation, a frame's hash) per
-//     connection.
+//     (tenantShare.aside: a launch's preparation, a frame's hash or copy, a
+//     small fill) per connection, and less than stepTime of such work
+//     owed and not charged yet (account.owed).
 //   - Tenants are keyed by name: connections of one tenant, from any
 //     mediator, share one account; their jobs take turns slice by slice.
 //     The weight and cap are those of the tenant's latest launch. At most
@@ -174,6 +177,7 @@ type account struct {
 	waiting    bool // its connection had requests waiting when its last job ended
 
 	budget   time.Duration // token bucket of a capped tenant
+	owed     time.Duration // work off the runners not charged yet, less than stepTime (owe)
 	refill   time.Duration // clock time of the last refill
 	used     time.Duration // device time, ever
 	slices   uint64
@@ -226,9 +230,10 @@ type tenantShare struct {
 	// further requests waiting at the node. Called with scheduler.mu held.
 	waiting func() bool
 	// aside is device work done for the job off the runners (preparing
-	// its first launch, hashing a frame: memwork.go), charged to t when
-	// the job is queued, after any reset of its virtual time, as a slice
-	// that long would be.
+	// its first launch; for an empty job, hashing or copying a frame, a
+	// small fill or copy: memwork.go), charged to t when the job is
+	// queued, after any reset of its virtual time, as a slice that long
+	// would be.
 	aside time.Duration
 }
 
@@ -272,6 +277,22 @@ func (s *scheduler) run(t tenantShare, st step) error {
 	s.mu.Unlock()
 	poke(wake)
 	return <-j.done
+}
+
+// owe adds t.aside, device work done for t off the runners, to what t's
+// account owes and, once that comes to stepTime or more, returns it, owed
+// no more, for the caller to charge with a job; else it returns 0. So work
+// too short to be worth a dispatch each is charged once it adds up.
+func (s *scheduler) owe(t tenantShare) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.account(t)
+	if a.owed += t.aside; a.owed < stepTime {
+		return 0
+	}
+	owed := a.owed
+	a.owed = 0
+	return owed
 }
 
 // account returns t's account, made if missing, with t's weight and cap.

@@ -276,7 +276,7 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	if m.Mode != api.ModeImmutable {
 		// The object's writes (commitReady) bypass the write paths, which
 		// would give aliased frames memory of their own first.
-		if err := c.node.content.own(d, m.Extents); err != nil {
+		if err := c.node.content.own(c.share, d, m.Extents); err != nil {
 			return 0, err
 		}
 	}

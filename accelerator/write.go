@@ -85,7 +85,7 @@ func (c *conn) checkWrite(d *device, xs []api.Extent, n int) error {
 	if total := api.ExtentsLen(xs); total != uint64(n) {
 		return fmt.Errorf("%s: write of %d bytes into extents of %d: %w", name, n, total, api.ErrInvalidArgument)
 	}
-	return c.node.content.own(d, xs)
+	return c.node.content.own(c.share, d, xs)
 }
 
 // stickyReader remembers the first error of r other than io.EOF: after one,
