@@ -52,12 +52,13 @@ type Header struct {
 // Conn frames a byte stream. Reads are for one goroutine at a time; writes
 // may come from many and are serialised whole frames at a time.
 type Conn struct {
-	nc  net.Conn
-	r   *bufio.Reader
-	wmu sync.Mutex
-	w   *bufio.Writer
-	hdr [HeaderSize]byte
-	fds *fdReader // descriptors received, if the peer may send them (fd.go)
+	nc   net.Conn
+	r    *bufio.Reader
+	wmu  sync.Mutex
+	w    *bufio.Writer
+	whdr [HeaderSize]byte // the header being written; guarded by wmu
+	hdr  [HeaderSize]byte
+	fds  *fdReader // descriptors received, if the peer may send them (fd.go)
 
 	sent, recv atomic.Uint64 // frame bytes written and read
 	holds      atomic.Int32  // Hold calls not yet released: writes stay buffered
@@ -226,7 +227,7 @@ func (c *Conn) writeFrame(force bool, op Op, flags uint16, id uint64, parts ...[
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	var hdr [HeaderSize]byte
+	hdr := &c.whdr // a local array would escape through bufio's io.Writer
 	binary.LittleEndian.PutUint32(hdr[0:], uint32(n))
 	binary.LittleEndian.PutUint16(hdr[4:], uint16(op))
 	binary.LittleEndian.PutUint16(hdr[6:], flags)

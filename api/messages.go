@@ -124,7 +124,9 @@ type Message interface {
 
 // Encode returns m's wire form.
 func Encode(m Message) []byte {
-	var e Encoder
+	// Room for a typical small message up front: growing from nothing
+	// costs an allocation per doubling.
+	e := Encoder{B: make([]byte, 0, 64)}
 	m.Marshal(&e)
 	return e.B
 }

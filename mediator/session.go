@@ -770,6 +770,29 @@ func hitRate(hits, misses uint64) float64 {
 // bodyPool recycles buffers for bulk bodies and replies.
 var bodyPool = sync.Pool{New: func() any { b := make([]byte, api.MaxBody); return &b }}
 
+// smallOut is the largest reply payload taken from smallPool rather than
+// bodyPool: a pool loses its buffers at every garbage collection, and
+// remaking a MaxBody buffer for a 4-byte copy costs more than the copy.
+const smallOut = 4 << 10
+
+var smallPool = sync.Pool{New: func() any { b := make([]byte, smallOut); return &b }}
+
+// getOut returns a buffer for a reply payload of n bytes; putOut returns it.
+func getOut(n uint64) *[]byte {
+	if n <= smallOut {
+		return smallPool.Get().(*[]byte)
+	}
+	return bodyPool.Get().(*[]byte)
+}
+
+func putOut(b *[]byte) {
+	if cap(*b) < api.MaxBody {
+		smallPool.Put(b)
+		return
+	}
+	bodyPool.Put(b)
+}
+
 func (s *session) readLoop() error {
 	for {
 		h, err := s.c.ReadHeader()

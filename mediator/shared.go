@@ -660,7 +660,7 @@ func (st *stream) viaShared(cmd *command, c *completion, idx int) (bool, error) 
 		if err = st.s.takeBuffer(st.s.outBufs); err != nil {
 			return true, err
 		}
-		c.out, c.outLen = bodyPool.Get().(*[]byte), int(n)
+		c.out, c.outLen = getOut(n), int(n)
 		st.readShared(r, off, (*c.out)[:n], c, idx)
 	}
 	return true, err

@@ -60,43 +60,56 @@ var inBatch = map[api.Op]bool{
 	api.OpCopyDevice: true, api.OpMemset: true, api.OpLaunch: true, api.OpGraphLaunch: true,
 }
 
+// decodeInto decodes body into *dst through a copy of its own, so that
+// only the message, not the command that holds dst, escapes to the heap
+// (api.Decode takes an interface).
+func decodeInto[T any, P interface {
+	*T
+	api.Message
+}](body []byte, dst *T) error {
+	var m T
+	err := api.Decode(body, P(&m))
+	*dst = m
+	return err
+}
+
 // decodeOne decodes one stream operation's body.
 func (s *session) decodeOne(op api.Op, body []byte) (command, error) {
 	c := command{op: op}
 	var err error
 	switch op {
 	case api.OpCopyToDevice:
-		err = api.Decode(body, &c.toDev)
+		err = decodeInto(body, &c.toDev)
 		c.stream = c.toDev.Stream
 		if err == nil && len(c.toDev.Payload) == 0 {
 			err = fmt.Errorf("copy of 0 bytes to %#x: %w", c.toDev.Dst, api.ErrInvalidArgument)
 		}
 	case api.OpCopyFromDevice:
-		err = api.Decode(body, &c.fromDev)
+		err = decodeInto(body, &c.fromDev)
 		c.stream = c.fromDev.Stream
 		if err == nil && (c.fromDev.Len == 0 || c.fromDev.Len > api.MaxChunk) {
 			err = fmt.Errorf("copy of %d bytes from %#x: want 1 to %d per request: %w", c.fromDev.Len, c.fromDev.Src, api.MaxChunk, api.ErrInvalidArgument)
 		}
 	case api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost:
-		err = api.Decode(body, &c.host)
+		err = decodeInto(body, &c.host)
 		c.stream = c.host.Stream
 		if err == nil {
 			err = s.checkHost(&c.host)
 		}
 	case api.OpCopyDevice:
-		err = api.Decode(body, &c.devCopy)
+		err = decodeInto(body, &c.devCopy)
 		c.stream = c.devCopy.Stream
 		if err == nil && c.devCopy.Len == 0 {
 			err = fmt.Errorf("device copy of 0 bytes from %#x to %#x: %w", c.devCopy.Src, c.devCopy.Dst, api.ErrInvalidArgument)
 		}
 	case api.OpMemset:
-		err = api.Decode(body, &c.memset)
+		err = decodeInto(body, &c.memset)
 		c.stream = c.memset.Stream
 		if err == nil && c.memset.Len == 0 {
 			err = fmt.Errorf("memset of 0 bytes at %#x: %w", c.memset.Dst, api.ErrInvalidArgument)
 		}
 	case api.OpLaunch:
-		err = api.Decode(body, &c.launch)
+		err = decodeInto(body, &c.launch)
 		c.stream = c.launch.Stream
 	case api.OpSynchronize:
 		var m api.StreamReq
@@ -259,7 +272,7 @@ func (c *completion) done() {
 		_ = s.c.Close()
 	}
 	if c.out != nil {
-		bodyPool.Put(c.out)
+		putOut(c.out)
 		<-s.outBufs
 	}
 	c.st.answers.add(-1)
@@ -449,12 +462,12 @@ func (st *stream) issueOne(cmd *command, c *completion, idx int) {
 		// A copy from the device needs a reply buffer of the session's.
 		st.unblock()
 		if err = st.s.takeBuffer(st.s.outBufs); err == nil {
-			c.out = bodyPool.Get().(*[]byte)
+			c.out = getOut(cmd.fromDev.Len)
 			st.s.issueMu.Lock()
 			err = st.fromDevice(&cmd.fromDev, c, idx)
 			st.s.issueMu.Unlock()
 			if err != nil {
-				bodyPool.Put(c.out)
+				putOut(c.out)
 				c.out = nil
 				<-st.s.outBufs
 			}
