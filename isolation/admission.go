@@ -48,6 +48,10 @@ type Admission struct {
 	cfg    *Config
 	grants map[ref]Grant     // by namespace and container id
 	use    map[string]*usage // by tenant; an entry exists iff the tenant has a grant
+	// retired holds the last limits of tenants that a reload removed
+	// while they held grants, until their last grant goes: their
+	// containers keep running, and must keep their caps (Limits).
+	retired map[string]*Tenant
 }
 
 // usage is the sum of one tenant's grants.
@@ -58,7 +62,7 @@ type usage struct {
 
 // NewAdmission starts with no grants under cfg, which must not be nil.
 func NewAdmission(cfg *Config) *Admission {
-	return &Admission{cfg: cfg, grants: map[ref]Grant{}, use: map[string]*usage{}}
+	return &Admission{cfg: cfg, grants: map[ref]Grant{}, use: map[string]*usage{}, retired: map[string]*Tenant{}}
 }
 
 // Config is the configuration admissions see now.
@@ -70,11 +74,33 @@ func (a *Admission) Config() *Config {
 
 // SetConfig replaces the configuration (a reload); cfg must not be nil.
 // Existing grants stay, even those of a tenant that is now over its cap or
-// gone; admissions from now on see the new limits.
+// gone; admissions from now on see the new limits. A tenant gone from cfg
+// that still holds grants keeps its last limits (Limits) until its last
+// grant is released: removing a tenant from the file admits no more of
+// its containers, but lifts no cap of those running.
 func (a *Admission) SetConfig(cfg *Config) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	for name := range a.use {
+		if _, ok := cfg.Tenants[name]; ok {
+			delete(a.retired, name)
+		} else if t, ok := a.cfg.Tenants[name]; ok {
+			a.retired[name] = t
+		}
+	}
 	a.cfg = cfg
+}
+
+// Limits returns tenant name's limits: those of the configuration, or for
+// a tenant that a reload removed while it held grants, the last it had
+// (SetConfig). It returns nil for a tenant that has neither.
+func (a *Admission) Limits(name string) *Tenant {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if t, ok := a.cfg.Tenants[name]; ok {
+		return t
+	}
+	return a.retired[name]
 }
 
 // Admit decides a container's tenant (Config.Resolve of r.Tenant and
@@ -159,6 +185,7 @@ func (a *Admission) Release(namespace, container string) (Grant, bool) {
 	u.reserved -= g.Memory
 	if u.containers == 0 {
 		delete(a.use, g.Tenant)
+		delete(a.retired, g.Tenant)
 	}
 	return g, true
 }
@@ -183,9 +210,9 @@ func (a *Admission) Grants() []Grant {
 }
 
 // Tenants returns every configured tenant, and every tenant that a reload
-// removed but that still holds grants, sorted by name: limits (none for a
-// removed tenant), containers and reserved memory. Allocated is left 0 for
-// the mediator to fill.
+// removed but that still holds grants, sorted by name: limits (for a
+// removed tenant, the last it had), containers and reserved memory.
+// Allocated is left 0 for the mediator to fill.
 func (a *Admission) Tenants() []api.TenantInfo {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -199,7 +226,11 @@ func (a *Admission) Tenants() []api.TenantInfo {
 	out := make([]api.TenantInfo, len(names))
 	for i, name := range names {
 		info := api.TenantInfo{Name: name}
-		if t, ok := a.cfg.Tenants[name]; ok {
+		t, ok := a.cfg.Tenants[name]
+		if !ok {
+			t, ok = a.retired[name]
+		}
+		if ok {
 			info = api.TenantInfo{
 				Name: name, Memory: t.Memory, Compute: t.Compute, ComputeMax: t.ComputeMax, Bandwidth: t.Bandwidth,
 				MaxContainers: t.MaxContainers, DefaultMemory: t.DefaultMemory, Oversubscribe: t.Oversubscribe,

@@ -281,7 +281,8 @@ func TestSetConfig(t *testing.T) {
 	}
 	want := []api.TenantInfo{
 		{Name: "a", Memory: 500, Compute: 1, Oversubscribe: 1, DedupCharge: 1, Containers: 1, Reserved: 800},
-		{Name: "gone", Containers: 1, Reserved: 5},
+		// A removed tenant is listed with the limits it had (Limits).
+		{Name: "gone", Compute: 1, Oversubscribe: 1, DedupCharge: 1, Containers: 1, Reserved: 5},
 	}
 	if got := a.Tenants(); !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -115,7 +116,19 @@ func residentFrames(grant uint64, oversubscribe float64) uint64 {
 // fragmentedFrames is the most frames allocations of n bytes need, spread
 // over pools: twice n in frames, plus fragmentSlack.
 func fragmentedFrames(n uint64) uint64 {
-	return 2*((n+memory.FrameSize-1)/memory.FrameSize) + fragmentSlack
+	frames := n / memory.FrameSize // rounded up below, without overflow
+	if n%memory.FrameSize != 0 {
+		frames++
+	}
+	return 2*frames + fragmentSlack // at most 2^44 + 16
+}
+
+// frameBytes is n frames in bytes, or the most a uint64 holds if more.
+func frameBytes(n uint64) uint64 {
+	if n > math.MaxUint64/memory.FrameSize {
+		return math.MaxUint64
+	}
+	return n * memory.FrameSize
 }
 
 // reclaimTries bounds how often reserveResident goes round the other
@@ -273,15 +286,18 @@ func (c *container) close() bool {
 	}
 }
 
-func loadQuota(path string) (*isolation.Config, error) {
+// loadQuota reads the quota file at start. A missing file is the built-in
+// default (one tenant without caps, which every namespace maps to), so
+// that a fresh install runs; missing reports it, for a warning.
+func loadQuota(path string) (cfg *isolation.Config, missing bool, err error) {
 	if path == "" {
-		return isolation.Default(), nil
+		return isolation.Default(), false, nil
 	}
-	cfg, err := isolation.Load(path)
+	cfg, err = isolation.Load(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return isolation.Default(), nil
+		return isolation.Default(), true, nil
 	}
-	return cfg, err
+	return cfg, false, err
 }
 
 // Reload re-reads the quota file. An invalid file changes nothing; grants
@@ -290,6 +306,10 @@ func loadQuota(path string) (*isolation.Config, error) {
 // every namespace maps to): a file caught mid-replacement, or deleted by
 // mistake, must not lift every limit.
 func (m *Mediator) Reload() error {
+	// Read and install as one, so that of two reloads at once the later
+	// file is the one left in force.
+	m.reloadMu.Lock()
+	defer m.reloadMu.Unlock()
 	cfg, err := isolation.Default(), error(nil)
 	if m.cfg.Quota != "" {
 		cfg, err = isolation.Load(m.cfg.Quota)
@@ -448,11 +468,11 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 		hostMapped: budget{owner: fmt.Sprintf("host regions of container %v", k), limit: MaxHostMappedPerContainer, log: m.log},
 	}
 	ctr.resident = &budget{owner: fmt.Sprintf("resident memory of container %v of tenant %q", k, g.Tenant),
-		limit: residentFrames(g.Memory, t.Oversubscribe) * memory.FrameSize, log: m.log}
+		limit: frameBytes(residentFrames(g.Memory, t.Oversubscribe)), log: m.log}
 	if t.Oversubscribe > 1 {
 		// Its evicted chunks, bounded as a container's frames are
 		// without oversubscription, over what it may allocate.
-		ctr.store = m.store.Bounded(fragmentedFrames(ctr.budget.limit) * memory.FrameSize)
+		ctr.store = m.store.Bounded(frameBytes(fragmentedFrames(ctr.budget.limit)))
 	}
 	m.mu.Lock()
 	if m.closed {

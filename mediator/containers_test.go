@@ -336,6 +336,65 @@ func TestContainerGoneSparesALiveRegistration(t *testing.T) {
 // A reload that finds the quota file missing (deleted by mistake, or caught
 // while being replaced) keeps the current quotas: falling back to the
 // built-in default would map every namespace to one tenant without caps.
+// Of two reloads at once, the later file is the one left in force: each
+// reads and installs its file in one step.
+func TestConcurrentReloadsKeepTheLatestFile(t *testing.T) {
+	cs := startContainers(t)
+	op := cs.operator(t)
+	for i := range 400 {
+		done := make(chan error, 1)
+		go func() { done <- cs.med.Reload() }()
+		body := fmt.Sprintf("[tenants.team-a]\nmemory = \"%dMiB\"\n", i+1)
+		tmp := cs.quota + ".new"
+		if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, cs.quota); err != nil {
+			t.Fatal(err)
+		}
+		if err := cs.med.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if ti := tenantInfo(t, op, "team-a"); ti.Memory != uint64(i+1)<<20 {
+			t.Fatalf("round %d: after both reloads team-a has %d bytes, the latest file says %d", i, ti.Memory, uint64(i+1)<<20)
+		}
+	}
+}
+
+// A tenant that a reload removes while it holds a container is listed with
+// the limits it had until the container goes.
+func TestRemovedTenantListedWithItsLimits(t *testing.T) {
+	cs := startContainers(t)
+	op := cs.operator(t)
+	if _, err := op.Register(api.Register{Container: "c1", Namespace: "moby", Memory: 16 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cs.quota, []byte("[tenants.shared]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := op.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if ti := tenantInfo(t, op, "team-a"); ti.Memory != 64<<20 || ti.MaxContainers != 2 || ti.Containers != 1 {
+		t.Fatalf("team-a removed with a container running: %+v", ti)
+	}
+	if err := op.Release("moby", "c1"); err != nil {
+		t.Fatal(err)
+	}
+	ts, err := op.Tenants()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ti := range ts {
+		if ti.Name == "team-a" {
+			t.Fatalf("team-a listed after its last container went: %+v", ti)
+		}
+	}
+}
+
 func TestQuotaReloadOfMissingFileKeepsQuotas(t *testing.T) {
 	cs := startContainers(t)
 	op := cs.operator(t)

@@ -3,6 +3,7 @@ package mediator
 import (
 	"errors"
 	"io"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/memory"
 )
 
 // startLimited is a mediator on one sim node, serving on a socket, with
@@ -359,5 +361,29 @@ func TestRegisterWaitsForARelease(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("register still waits after the release")
+	}
+}
+
+// Bounds derived from huge grants saturate instead of wrapping to small
+// ones: a grant of (nearly) 2^64 bytes, oversubscribed or not, bounds
+// nothing below it.
+func TestDerivedBoundsSaturate(t *testing.T) {
+	const most = math.MaxUint64
+	if got := virtual(1<<62, 16); got != most {
+		t.Errorf("virtual(2^62, 16) = %d, want %d", got, uint64(most))
+	}
+	if got := virtual(1<<20, 1.5); got != 3<<19 {
+		t.Errorf("virtual(1 MiB, 1.5) = %d", got)
+	}
+	for _, n := range []uint64{most, most - memory.FrameSize + 2, 1 << 63} {
+		if got := frameBytes(fragmentedFrames(n)); got < n {
+			t.Errorf("frames for %d bytes of allocations hold %d bytes", n, got)
+		}
+		if got := frameBytes(residentFrames(n, 1)); got < n {
+			t.Errorf("resident bound of a %d-byte grant is %d bytes", n, got)
+		}
+	}
+	if got := fragmentedFrames(memory.FrameSize + 1); got != 2*2+fragmentSlack {
+		t.Errorf("fragmentedFrames(2 MiB + 1) = %d", got)
 	}
 }

@@ -110,6 +110,7 @@ type Mediator struct {
 	catalog map[string]api.KernelInfo
 
 	admission  *isolation.Admission
+	reloadMu   sync.Mutex        // one Reload at a time
 	store      *memory.HostStore // evicted device memory of every session
 	hostMapped budget            // bytes of every session's host regions (hostmem.go)
 
@@ -147,9 +148,12 @@ func New(cfg Config) (*Mediator, error) {
 	if cfg.ReclaimInterval == 0 {
 		cfg.ReclaimInterval = time.Second
 	}
-	quota, err := loadQuota(cfg.Quota)
+	quota, missing, err := loadQuota(cfg.Quota)
 	if err != nil {
 		return nil, err
+	}
+	if missing {
+		cfg.Log.WithField("file", cfg.Quota).Warn("quota file not found: every namespace is admitted as tenant \"default\", without caps, until a reload finds it")
 	}
 	if cfg.StateDir != "" {
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {

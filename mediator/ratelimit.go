@@ -207,7 +207,7 @@ func forgetLimiters(m *Mediator) {
 
 // bandwidth is the tenant's cap in bytes per second now (0: none).
 func (m *Mediator) bandwidth(tenant string) uint64 {
-	if q := m.admission.Config().Tenants[tenant]; q != nil {
+	if q := m.admission.Limits(tenant); q != nil {
 		return q.Bandwidth
 	}
 	return m.cfg.TenantBandwidth

@@ -192,3 +192,38 @@ func TestLimitersGoWithTheirMediator(t *testing.T) {
 		t.Error("a closed mediator's limiter is still kept")
 	}
 }
+
+// A tenant removed from the quota file while its containers run keeps its
+// caps for them: its bandwidth and its compute weight and cap on nodes stay
+// those it had, until its last container is released.
+func TestRemovedTenantKeepsCaps(t *testing.T) {
+	parse := func(body string) *isolation.Config {
+		t.Helper()
+		cfg, err := isolation.Parse("q.toml", []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	m := &Mediator{
+		cfg:       Config{TenantBandwidth: 4 << 20},
+		admission: isolation.NewAdmission(parse("[tenants.capped]\nbandwidth = \"8MiB\"\ncompute = 4\ncompute_max = 0.1\nmemory = \"1GiB\"\n")),
+	}
+	check := func(when string, bw uint64, weight uint32, cmax float32) {
+		t.Helper()
+		nt := m.nodeTenant("capped")
+		if got := m.bandwidth("capped"); got != bw || nt.weight != weight || nt.computeMax != cmax {
+			t.Fatalf("%s: bandwidth %d, weight %d, compute_max %g; want %d, %d, %g", when, got, nt.weight, nt.computeMax, bw, weight, cmax)
+		}
+	}
+	if _, _, err := m.admission.Admit(isolation.Request{Namespace: "ns", Container: "c1", Tenant: "capped", Memory: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	check("configured", 8<<20, 4, 0.1)
+	m.admission.SetConfig(parse("[tenants.other]\n"))
+	check("removed, its container running", 8<<20, 4, 0.1)
+	m.admission.SetConfig(parse("[tenants.other]\n"))
+	check("after a second reload", 8<<20, 4, 0.1)
+	m.admission.Release("ns", "c1")
+	check("removed, its last container released", 4<<20, 1, 0)
+}

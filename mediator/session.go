@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"regexp"
 	"slices"
@@ -334,7 +335,10 @@ func virtual(resident uint64, factor float64) uint64 {
 	if factor <= 1 || resident == 0 {
 		return resident
 	}
-	return uint64(float64(resident) * factor)
+	if v := float64(resident) * factor; v < math.MaxUint64 {
+		return uint64(v)
+	}
+	return math.MaxUint64
 }
 
 // nodeTenant is how a session's node connections present its tenant: the
@@ -344,7 +348,7 @@ func virtual(resident uint64, factor float64) uint64 {
 // set the weight of all its tenant's containers.
 func (m *Mediator) nodeTenant(tenant string) nodeTenant {
 	t := nodeTenant{name: tenant, weight: 1, timeout: m.cfg.NodeTimeout}
-	if q := m.admission.Config().Tenants[tenant]; q != nil {
+	if q := m.admission.Limits(tenant); q != nil {
 		t.weight, t.computeMax = max(q.Compute, 1), float32(q.ComputeMax)
 	}
 	return t
