@@ -41,10 +41,11 @@ package accelerator
 //     only between two launches (the node was replying and taking the next
 //     request), and keeps its virtual time. What it can bank so is bounded
 //     by the device time others used in that gap.
-//   - Cap: a tenant with compute_max c (0 < c < 1) spends from a token bucket
-//     that refills at c seconds of device time per second and holds at most
-//     c·capWindow; while it is empty the tenant is throttled even if the
-//     device idles. Over any interval T it uses at most c·(T + capWindow)
+//   - Cap: a tenant with compute_max c (0 < c < 1; a c below minComputeMax
+//     counts as minComputeMax) spends from a token bucket that refills at c
+//     seconds of device time per second and holds at most c·capWindow;
+//     while it is empty the tenant is throttled even if the device idles.
+//     Over any interval T it uses at most c·(T + capWindow)
 //     plus one slice and one piece of work done off the runners
 //     (tenantShare.aside: a launch's preparation, a frame's hash or copy, a
 //     small fill) per connection, and less than stepTime of such work
@@ -130,6 +131,13 @@ const sharedWindow = time.Second
 // capWindow is the burst a capped tenant may use at once, as device time at
 // its cap: a tenant capped at c may run c·capWindow without pause.
 const capWindow = 100 * time.Millisecond
+
+// minComputeMax is the least cap a tenant has: a positive compute_max
+// below it counts as it. It is the quota file's least compute_max
+// (isolation.MinComputeMax), kept by the node for mediators that send less:
+// at a smaller cap a throttled tenant's wait for its bucket to refill
+// (deficit / cap) is beyond any horizon, and overflowed a time.Duration.
+const minComputeMax = 0.001
 
 // clock is the scheduler's time: wall time in the node, simulated in tests.
 type clock interface {
@@ -225,7 +233,7 @@ func newScheduler(c clock) *scheduler {
 type tenantShare struct {
 	name       string
 	weight     uint32  // 0 means 1
-	computeMax float32 // ≤ 0, ≥ 1 or NaN: no cap
+	computeMax float32 // ≤ 0, ≥ 1 or NaN: no cap; below minComputeMax: minComputeMax
 	// waiting, if set, reports whether the submitting connection has
 	// further requests waiting at the node. Called with scheduler.mu held.
 	waiting func() bool
@@ -240,7 +248,7 @@ type tenantShare struct {
 func (t tenantShare) normalized() (weight, computeMax float64) {
 	weight = float64(max(t.weight, 1))
 	if c := float64(t.computeMax); c > 0 && c < 1 {
-		computeMax = c
+		computeMax = max(c, minComputeMax)
 	}
 	return weight, computeMax
 }
@@ -400,7 +408,7 @@ func (s *scheduler) pick() (*account, time.Duration) {
 			}
 			if a.budget <= 0 {
 				a.throttled = true
-				w := time.Duration(float64(-a.budget)/a.computeMax) + time.Microsecond
+				w := throttleWait(-a.budget, a.computeMax)
 				if wait == 0 || w < wait {
 					wait = w
 				}
@@ -431,6 +439,21 @@ func (s *scheduler) pick() (*account, time.Duration) {
 		}
 	}
 	return best, wait
+}
+
+// throttleWait is how long a tenant capped at c, which owes deficit of
+// device time, waits for its bucket to refill: at least a microsecond and
+// at most capWindow, after which the runner picks again and waits more if
+// need be. Computed in float64 and bounded before the conversion, so that
+// no cap, however small, makes it overflow into a negative wait (which the
+// runner would take for none to run, and idle untimed, stalling the other
+// throttled tenants of the device).
+func throttleWait(deficit time.Duration, c float64) time.Duration {
+	w := float64(deficit) / c
+	if !(w < float64(capWindow)) { // NaN too
+		return capWindow
+	}
+	return max(time.Duration(w), 0) + time.Microsecond
 }
 
 // chargeHeld charges e, whose anticipation has ended, for the time the

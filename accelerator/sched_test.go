@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/isolation"
 	"golang.org/x/sys/unix"
 )
 
@@ -581,5 +582,70 @@ func TestSchedDispatchGapIsCharged(t *testing.T) {
 	}
 	if got := h.used()["c"]; got != 20*time.Microsecond {
 		t.Fatalf("device time of c, alone: %v, want its two slices, 20µs", got)
+	}
+}
+
+// A cap below the least one (as from a mediator that sends 1e-20) counts
+// as the least: the tiny tenant's wait for its bucket, which at such a cap
+// overflowed into a negative duration that left the runner idle with no
+// timer, stays bounded, so the device's other throttled tenants still run.
+func TestSchedTinyCap(t *testing.T) {
+	h := newSchedHarness(t)
+	h.hold()
+	// Work done aside puts the tiny tenant's bucket in deficit at once.
+	tiny := h.submit(tenantShare{name: "tiny", computeMax: 1e-20, aside: time.Millisecond}, time.Millisecond, func(int) bool { return false })
+	half := h.submit(tenantShare{name: "half", computeMax: 0.5}, time.Millisecond, func(i int) bool { return i < 500 })
+	h.release()
+	for name, res := range map[string]<-chan error{"half": half, "tiny": tiny} {
+		select {
+		case err := <-res:
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("tenant %q capped beside one capped at 1e-20 never finished (simulated clock at %v)", name, h.clock.now())
+		}
+	}
+	for _, u := range h.s.usage(0) {
+		if u.Tenant == "tiny" && u.ComputeMax != minComputeMax {
+			t.Errorf("cap of 1e-20 taken as %v, want %v", u.ComputeMax, minComputeMax)
+		}
+	}
+	if used := h.used()["half"]; used != 500*time.Millisecond {
+		t.Errorf("tenant capped at 0.5 used %v, want 500ms", used)
+	}
+}
+
+func TestTenantShareLeastCap(t *testing.T) {
+	if minComputeMax != isolation.MinComputeMax {
+		t.Errorf("the node's least cap %v is not the quota file's, %v", minComputeMax, isolation.MinComputeMax)
+	}
+	for _, tc := range []struct{ in, want float32 }{
+		{math.SmallestNonzeroFloat32, minComputeMax},
+		{1e-20, minComputeMax},
+		{1e-14, minComputeMax},
+		{0.0005, minComputeMax},
+		{0.001, 0.001},
+		{0.25, 0.25},
+	} {
+		if _, got := (tenantShare{computeMax: tc.in}).normalized(); got != max(float64(tc.in), minComputeMax) || float32(got) != tc.want {
+			t.Errorf("compute_max %v: normalized to %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+// The wait for a throttled tenant's bucket is positive and at most
+// capWindow whatever the deficit and the cap, even caps that normalized
+// never gives.
+func TestSchedThrottleWaitBounded(t *testing.T) {
+	for _, c := range []float64{math.SmallestNonzeroFloat64, 1e-20, 1e-14, minComputeMax, 0.5, 0.999} {
+		for _, d := range []time.Duration{0, 1, time.Microsecond, time.Millisecond, time.Hour, math.MaxInt64} {
+			if w := throttleWait(d, c); w <= 0 || w > capWindow {
+				t.Errorf("deficit %v at cap %v: wait %v", d, c, w)
+			}
+		}
+	}
+	if w, want := throttleWait(time.Millisecond, 0.5), 2*time.Millisecond+time.Microsecond; w != want {
+		t.Errorf("1ms at cap 0.5: wait %v, want %v", w, want)
 	}
 }

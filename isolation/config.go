@@ -21,9 +21,43 @@ import (
 
 // Limits of the quota file's values.
 const (
-	maxCompute       = 10000
-	maxOversubscribe = 16
+	maxCompute = 10000
+	// MinComputeMax is the least compute_max, 0.1% of a device. A smaller
+	// cap would not survive the trip to the nodes, which receive it as a
+	// float32 (where the smallest round to 0, no cap) and divide by it;
+	// they treat any smaller positive cap as this one.
+	MinComputeMax = 0.001
+	// MaxOversubscribe is the largest oversubscribe, of the quota file and
+	// of vgpu-mediator's --oversubscribe.
+	MaxOversubscribe = 16
+	// MaxVirtualMemory bounds what a tenant's sessions may allocate: its
+	// memory (or, without memory, its default_memory) times oversubscribe.
+	// It is 1 EiB, far beyond any machine, so that the mediator's products
+	// of sizes never overflow.
+	MaxVirtualMemory = 1 << 60
 )
+
+// CheckOversubscribe returns nil if f is an oversubscription factor the
+// quota file accepts, from 1 to MaxOversubscribe, and otherwise an error
+// that names f and wraps api.ErrInvalidArgument. NaN and infinities are
+// refused.
+func CheckOversubscribe(f float64) error {
+	if f >= 1 && f <= MaxOversubscribe {
+		return nil
+	}
+	return fmt.Errorf("%v: want a number from 1 to %d: %w", f, MaxOversubscribe, api.ErrInvalidArgument)
+}
+
+// CheckVirtualMemory returns nil if memory bytes oversubscribed by factor
+// (as CheckOversubscribe accepts) come to at most MaxVirtualMemory, and
+// otherwise an error that names both and wraps api.ErrInvalidArgument. The
+// product is the one the mediator computes, in float64.
+func CheckVirtualMemory(memory uint64, factor float64) error {
+	if memory <= MaxVirtualMemory && float64(memory)*factor <= MaxVirtualMemory {
+		return nil
+	}
+	return fmt.Errorf("%d bytes × %v is more than %d bytes (1 EiB): %w", memory, factor, uint64(MaxVirtualMemory), api.ErrInvalidArgument)
+}
 
 var tenantName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
@@ -73,20 +107,22 @@ func Parse(path string, data []byte) (*Config, error) {
 	dec := toml.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(&doc)
+	// index also locates the values of a document that the decoder
+	// refused, for its message (decodeError).
+	p := &parser{file: path, lines: map[string]int{}}
+	p.index(data)
 	var strict *toml.StrictMissingError
 	if err != nil && !errors.As(err, &strict) {
-		return nil, decodeError(path, err)
+		return nil, p.decodeError(data, err)
 	}
 	// The document is valid TOML. The schema check in index finds the keys
 	// that strict decoding rejected, and names them better: the decoder
 	// drops the key of an inline table from their paths.
-	p := &parser{file: path, lines: map[string]int{}}
-	p.index(data)
 	if len(p.errs) > 0 {
 		return nil, p.err()
 	}
 	if err != nil {
-		return nil, decodeError(path, err)
+		return nil, p.decodeError(data, err)
 	}
 	cfg := &Config{Path: path, Tenants: map[string]*Tenant{}, Namespaces: map[string]string{}}
 	for _, name := range slices.Sorted(maps.Keys(doc.Tenants)) {
@@ -113,20 +149,87 @@ func Parse(path string, data []byte) (*Config, error) {
 	return cfg, nil
 }
 
-// decodeError turns the decoder's error into one that names file and line.
-// A StrictMissingError unwraps to its DecodeErrors, the first of which is
+// decodeError turns the decoder's error into one that names file and line
+// and, where the error is about a value, the value as written (a number
+// too large for an integer, say, or a malformed one) and its key. A
+// StrictMissingError unwraps to its DecodeErrors, the first of which is
 // reported.
-func decodeError(path string, err error) error {
+func (p *parser) decodeError(data []byte, err error) error {
 	var de *toml.DecodeError
-	if errors.As(err, &de) {
-		line, _ := de.Position()
-		where := fmt.Sprintf("%s:%d", path, line)
-		if len(de.Key()) > 0 {
-			where += ": " + keyString(de.Key())
-		}
-		return fmt.Errorf("%s: %s: %w", where, strings.TrimPrefix(de.Error(), "toml: "), api.ErrInvalidArgument)
+	if !errors.As(err, &de) {
+		return fmt.Errorf("%s: %w: %w", p.file, err, api.ErrInvalidArgument)
 	}
-	return fmt.Errorf("%s: %w: %w", path, err, api.ErrInvalidArgument)
+	line, col := de.Position()
+	key, value := de.Key(), ""
+	if line >= 1 && line <= len(p.starts) {
+		off := p.starts[line-1] + col - 1
+		if v, ok := p.valueAt(off); ok {
+			key, value = v.path, string(data[v.start:v.end])
+		} else {
+			value = numberAt(data, off)
+		}
+	}
+	msg := strings.TrimPrefix(de.Error(), "toml: ")
+	if value != "" && !strings.Contains(msg, strconv.Quote(value)) { // ParseFloat's quotes it
+		msg = shorten(value) + ": " + msg
+	}
+	where := fmt.Sprintf("%s:%d", p.file, line)
+	if len(key) > 0 {
+		where += ": " + keyString(key)
+	}
+	return fmt.Errorf("%s: %s: %w", where, msg, api.ErrInvalidArgument)
+}
+
+// valueAt returns the scalar value of the document that spans offset off.
+func (p *parser) valueAt(off int) (span, bool) {
+	for _, v := range p.values {
+		if v.start <= off && off < v.end {
+			return v, true
+		}
+	}
+	return span{}, false
+}
+
+// numberAt returns the word of data at offset off, or just before it, if
+// it looks like a number (it starts with a digit, a sign or a point): what
+// a syntax error in a number points into or past, before the parser has
+// made a value of it.
+func numberAt(data []byte, off int) string {
+	delim := func(b byte) bool { return strings.IndexByte(" \t\r\n,[]{}#=\"'", b) >= 0 }
+	if off > 0 && off <= len(data) && (off == len(data) || delim(data[off])) {
+		off-- // the parser points past the number, at what ended it
+	}
+	if off < 0 || off >= len(data) || delim(data[off]) {
+		return ""
+	}
+	start, end := off, off
+	for start > 0 && !delim(data[start-1]) {
+		start--
+	}
+	for end < len(data) && !delim(data[end]) {
+		end++
+	}
+	if start == end || strings.IndexByte("0123456789+-.", data[start]) < 0 {
+		return ""
+	}
+	return string(data[start:end])
+}
+
+// shorten cuts a long value short for a message, and a value of several
+// lines at its first line's end: each line of a message names file and line.
+func shorten(v string) string {
+	const most = 128
+	cut := false
+	if i := strings.IndexAny(v, "\r\n"); i >= 0 {
+		v, cut = v[:i], true
+	}
+	if r := []rune(v); len(r) > most {
+		v, cut = string(r[:most]), true
+	}
+	if cut {
+		v += "…"
+	}
+	return v
 }
 
 // parser checks a decoded document's values and collects the errors, each
@@ -135,7 +238,14 @@ type parser struct {
 	file   string
 	starts []int          // offsets where the document's lines start
 	lines  map[string]int // pathID(key path) -> line of its first appearance
+	values []span         // the document's scalar values, in its order
 	errs   []located
+}
+
+// span is where a scalar value of the document is, and its key path.
+type span struct {
+	start, end int
+	path       []string
 }
 
 type located struct {
@@ -193,6 +303,24 @@ func (p *parser) keyValue(table []string, kv *unstable.Node) {
 		for it.Next() {
 			p.keyValue(path, it.Node())
 		}
+	} else {
+		p.value(path, v)
+	}
+}
+
+// value records where the scalars of v, the value of path, are: in an
+// array, each of its scalars (an array's tables are not walked).
+func (p *parser) value(path []string, v *unstable.Node) {
+	switch v.Kind {
+	case unstable.Array:
+		it := v.Children()
+		for it.Next() {
+			p.value(path, it.Node())
+		}
+	case unstable.InlineTable:
+	default:
+		start := int(v.Raw.Offset)
+		p.values = append(p.values, span{start, start + int(v.Raw.Length), path})
 	}
 }
 
@@ -258,13 +386,28 @@ func (p *parser) tenant(name string, f fileTenant) (*Tenant, bool) {
 	}
 	t.MaxContainers = int(p.integer(key("max_containers"), f.MaxContainers, 0, math.MaxInt32))
 	if f.ComputeMax != nil {
-		t.ComputeMax = p.float(key("compute_max"), f.ComputeMax, func(v float64) bool { return v > 0 && v <= 1 }, "in (0, 1]")
+		t.ComputeMax = p.float(key("compute_max"), f.ComputeMax, func(v float64) bool { return v >= MinComputeMax && v <= 1 }, "from 0.001 to 1")
 	}
 	if f.Oversubscribe != nil {
-		t.Oversubscribe = p.float(key("oversubscribe"), f.Oversubscribe, func(v float64) bool { return v >= 1 && v <= maxOversubscribe }, "from 1 to 16")
+		t.Oversubscribe = p.float(key("oversubscribe"), f.Oversubscribe, func(v float64) bool { return CheckOversubscribe(v) == nil }, "from 1 to 16")
 	}
 	if f.DedupCharge != nil {
 		t.DedupCharge = p.float(key("dedup_charge"), f.DedupCharge, func(v float64) bool { return v >= 0 && v <= 1 }, "in [0, 1]")
+	}
+	// What the tenant's sessions may allocate: a container's grant, at
+	// most memory where memory is set (default_memory where not), times
+	// oversubscribe. Only checked where both values are good themselves.
+	if t.Oversubscribe >= 1 {
+		switch {
+		case t.Memory > 0:
+			if err := CheckVirtualMemory(t.Memory, t.Oversubscribe); err != nil {
+				p.fail(key("memory"), fmt.Errorf("memory × oversubscribe: %w", err))
+			}
+		case t.DefaultMemory > 0:
+			if err := CheckVirtualMemory(t.DefaultMemory, t.Oversubscribe); err != nil {
+				p.fail(key("default_memory"), fmt.Errorf("default_memory × oversubscribe: %w", err))
+			}
+		}
 	}
 	return t, len(p.errs) == n
 }

@@ -2,7 +2,9 @@ package isolation
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -74,6 +76,10 @@ func TestParseForms(t *testing.T) {
 			a := c.Tenants["a"]
 			return a.Compute == 10000 && a.Oversubscribe == 16 && a.ComputeMax == 1
 		}},
+		{"least compute_max", "[tenants.a]\ncompute_max = 0.001\n", func(c *Config) bool { return c.Tenants["a"].ComputeMax == MinComputeMax }},
+		{"1 EiB at most", "[tenants.a]\nmemory = \"65536Ti\"\noversubscribe = 16\n", func(c *Config) bool { return c.Tenants["a"].Memory == 1<<56 }},
+		{"1 EiB without oversubscribe", "[tenants.a]\nmemory = 1152921504606846976\n", func(c *Config) bool { return c.Tenants["a"].Memory == 1<<60 }},
+		{"default_memory to 1 EiB", "[tenants.a]\ndefault_memory = \"524288Ti\"\noversubscribe = 2\n", func(c *Config) bool { return c.Tenants["a"].DefaultMemory == 1<<59 }},
 		{"dedup_charge absent is in full", "[tenants.a]\n", func(c *Config) bool { return c.Tenants["a"].DedupCharge == 1 }},
 		{"dedup_charge 0", "[tenants.a]\ndedup_charge = 0\n", func(c *Config) bool { return c.Tenants["a"].DedupCharge == 0 }},
 		{"dedup_charge 1", "[tenants.a]\ndedup_charge = 1\n", func(c *Config) bool { return c.Tenants["a"].DedupCharge == 1 }},
@@ -119,9 +125,11 @@ func TestParseErrors(t *testing.T) {
 		{"wrong case root", "\nTenants.a.memory = 1\n",
 			`tenants.toml:2: Tenants: unknown key (keys are case-sensitive: did you mean tenants?): invalid argument`},
 		{"namespaces not a table", "namespaces = 5\n",
-			`tenants.toml:1: namespaces: cannot decode TOML integer into struct field isolation.fileDoc.Namespaces of type map[string]interface {}: invalid argument`},
+			`tenants.toml:1: namespaces: 5: cannot decode TOML integer into struct field isolation.fileDoc.Namespaces of type map[string]interface {}: invalid argument`},
+		{"tenant a multi-line string", "[tenants]\na = \"\"\"\nx\ny\"\"\"\n",
+			`tenants.toml:2: tenants.a: """…: cannot decode TOML string into isolation.fileTenant: invalid argument`},
 		{"tenant not a table", "[tenants]\na = 5\n",
-			`tenants.toml:2: tenants.a: cannot decode TOML integer into isolation.fileTenant: invalid argument`},
+			`tenants.toml:2: tenants.a: 5: cannot decode TOML integer into isolation.fileTenant: invalid argument`},
 		{"bad size", "\n\n[tenants.team-a]\nmemory = \"12X\"\n",
 			`tenants.toml:4: tenants.team-a.memory: size "12X": want a whole number with an optional unit (Ki, Mi, Gi, K, M, G): invalid argument`},
 		{"size too large", "[tenants.a]\nbandwidth = \"99999999Ti\"\n",
@@ -141,13 +149,19 @@ func TestParseErrors(t *testing.T) {
 		{"compute a string", "[tenants.a]\ncompute = \"2\"\n",
 			`tenants.toml:2: tenants.a.compute: want an integer, got string "2": invalid argument`},
 		{"compute_max 0", "[tenants.a]\ncompute_max = 0\n",
-			`tenants.toml:2: tenants.a.compute_max: 0: want a number in (0, 1]: invalid argument`},
+			`tenants.toml:2: tenants.a.compute_max: 0: want a number from 0.001 to 1: invalid argument`},
+		{"compute_max below the floor", "[tenants.a]\ncompute_max = 0.0009\n",
+			`tenants.toml:2: tenants.a.compute_max: 0.0009: want a number from 0.001 to 1: invalid argument`},
+		{"compute_max tiny", "[tenants.a]\ncompute_max = 1e-20\n",
+			`tenants.toml:2: tenants.a.compute_max: 1e-20: want a number from 0.001 to 1: invalid argument`},
+		{"compute_max negative", "[tenants.a]\ncompute_max = -0.5\n",
+			`tenants.toml:2: tenants.a.compute_max: -0.5: want a number from 0.001 to 1: invalid argument`},
 		{"compute_max above 1", "[tenants.a]\ncompute_max = 1.01\n",
-			`tenants.toml:2: tenants.a.compute_max: 1.01: want a number in (0, 1]: invalid argument`},
+			`tenants.toml:2: tenants.a.compute_max: 1.01: want a number from 0.001 to 1: invalid argument`},
 		{"compute_max nan", "[tenants.a]\ncompute_max = nan\n",
-			`tenants.toml:2: tenants.a.compute_max: NaN: want a number in (0, 1]: invalid argument`},
+			`tenants.toml:2: tenants.a.compute_max: NaN: want a number from 0.001 to 1: invalid argument`},
 		{"compute_max a bool", "[tenants.a]\ncompute_max = true\n",
-			`tenants.toml:2: tenants.a.compute_max: want a number in (0, 1], got boolean true: invalid argument`},
+			`tenants.toml:2: tenants.a.compute_max: want a number from 0.001 to 1, got boolean true: invalid argument`},
 		{"oversubscribe below 1", "[tenants.a]\noversubscribe = 0.9\n",
 			`tenants.toml:2: tenants.a.oversubscribe: 0.9: want a number from 1 to 16: invalid argument`},
 		{"oversubscribe above 16", "[tenants.a]\noversubscribe = 17\n",
@@ -172,6 +186,14 @@ func TestParseErrors(t *testing.T) {
 			`tenants.toml:2: tenants.a.max_containers: -1: want 0 to 2147483647: invalid argument`},
 		{"max_containers an array", "[tenants.a]\nmax_containers = [1]\n",
 			`tenants.toml:2: tenants.a.max_containers: want an integer, got an array: invalid argument`},
+		{"memory times oversubscribe above 1 EiB", "[tenants.a]\nmemory = 9223372036854775807\noversubscribe = 16\n",
+			`tenants.toml:2: tenants.a.memory: memory × oversubscribe: 9223372036854775807 bytes × 16 is more than 1152921504606846976 bytes (1 EiB): invalid argument`},
+		{"memory times a fraction above 1 EiB", "[tenants.a]\noversubscribe = 1.5\nmemory = \"786433Ti\"\n",
+			`tenants.toml:3: tenants.a.memory: memory × oversubscribe: 864692227966763008 bytes × 1.5 is more than 1152921504606846976 bytes (1 EiB): invalid argument`},
+		{"memory above 1 EiB", "[tenants.a]\nmemory = 1152921504606846977\n",
+			`tenants.toml:2: tenants.a.memory: memory × oversubscribe: 1152921504606846977 bytes × 1 is more than 1152921504606846976 bytes (1 EiB): invalid argument`},
+		{"default_memory times oversubscribe above 1 EiB", "[tenants.a]\ndefault_memory = \"1048576Ti\"\noversubscribe = 2\n",
+			`tenants.toml:2: tenants.a.default_memory: default_memory × oversubscribe: 1152921504606846976 bytes × 2 is more than 1152921504606846976 bytes (1 EiB): invalid argument`},
 		{"default_memory above memory", "[tenants.a]\nmemory = \"1GiB\"\ndefault_memory = \"2GiB\"\n",
 			`tenants.toml:3: tenants.a.default_memory: 2147483648 bytes is more than memory, 1073741824 bytes: invalid argument`},
 		{"bad tenant name", "[tenants.ok]\n[tenants.\"-bad\"]\n",
@@ -302,5 +324,104 @@ func TestDefault(t *testing.T) {
 	}
 	if Default().Tenants["default"] == cfg.Tenants["default"] {
 		t.Error("Default shares its tenants between calls")
+	}
+}
+
+// Every error about a number or a size names the value as the file writes
+// it, wherever the decoder or the checks refuse it.
+func TestParseErrorsNameTheValue(t *testing.T) {
+	for _, tc := range []struct {
+		doc, value string
+		key        string // the key the message names; "" where the parser stops before it has one
+	}{
+		{"[tenants.a]\nmemory = 18446744073709551615\n", "18446744073709551615", "tenants.a.memory"},
+		{"[tenants.a]\nmemory = 9223372036854775808\n", "9223372036854775808", "tenants.a.memory"},
+		{"[tenants.a]\nbandwidth = -9223372036854775809\n", "-9223372036854775809", "tenants.a.bandwidth"},
+		{"[tenants.a]\ndefault_memory = 0x1_0000_0000_0000_0000\n", "0x1_0000_0000_0000_0000", "tenants.a.default_memory"},
+		{"[tenants.a]\nmemory = 0o7777777777777777777777777\n", "0o7777777777777777777777777", "tenants.a.memory"},
+		{"[tenants.a]\nmemory = 0b" + strings.Repeat("1", 64) + "\n", "0b" + strings.Repeat("1", 64), "tenants.a.memory"},
+		{"[tenants.a]\ncompute = 99999999999999999999\n", "99999999999999999999", "tenants.a.compute"},
+		{"[tenants.a]\nmax_containers = 99999999999999999999\n", "99999999999999999999", "tenants.a.max_containers"},
+		{"[tenants.a]\ncompute_max = 1e400\n", "1e400", "tenants.a.compute_max"},
+		{"[tenants.a]\noversubscribe = -1e999\n", "-1e999", "tenants.a.oversubscribe"},
+		{"[tenants]\na = { compute = 1, memory = 99999999999999999999 }\n", "99999999999999999999", "tenants.a.memory"},
+		{"[tenants.a]\nmemory = [1, 99999999999999999999]\n", "99999999999999999999", "tenants.a.memory"},
+		{"[tenants.a]\nmemory = 0123\n", "0123", ""},
+		{"[tenants.a]\nmemory = 1_2__3\n", "1_2__3", ""},
+		{"[tenants.a]\ncompute_max = 1.e5\n", "1.e5", ""},
+		{"[tenants.a]\nmemory = 12X\n", "12X", ""},
+		{"[tenants.a]\nmemory = +\n", "+", ""},
+		{"[tenants.a]\nmemory = 1979-13-27\n", "1979-13-27", "tenants.a.memory"},
+		{"[tenants.a]\nmemory = \"99999999Ti\"\n", "99999999Ti", "tenants.a.memory"},
+		{"[tenants.a]\nmemory = \"1.5GiB\"\n", "1.5GiB", "tenants.a.memory"},
+		{"[tenants.a]\nmemory = -5\n", "-5", "tenants.a.memory"},
+		{"[tenants.a]\nmemory = 1.5\n", "1.5", "tenants.a.memory"},
+		{"[tenants.a]\ncompute = 0\n", "0", "tenants.a.compute"},
+		{"[tenants.a]\ncompute = 2.5\n", "2.5", "tenants.a.compute"},
+		{"[tenants.a]\nmax_containers = -3\n", "-3", "tenants.a.max_containers"},
+		{"[tenants.a]\ncompute_max = 1e-20\n", "1e-20", "tenants.a.compute_max"},
+		{"[tenants.a]\noversubscribe = 16.5\n", "16.5", "tenants.a.oversubscribe"},
+		{"[tenants.a]\noversubscribe = inf\n", "Inf", "tenants.a.oversubscribe"},
+		{"[tenants.a]\ndedup_charge = 1.25\n", "1.25", "tenants.a.dedup_charge"},
+		{"[tenants.a]\nmemory = 100\ndefault_memory = 101\n", "101", "tenants.a.default_memory"},
+		{"[tenants.a]\nmemory = \"8388607Ti\"\noversubscribe = 16\n", "9223370937343148032 bytes × 16", "tenants.a.memory"},
+	} {
+		_, err := Parse("f.toml", []byte(tc.doc))
+		if err == nil {
+			t.Errorf("%q: accepted", tc.doc)
+			continue
+		}
+		if !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("%q: error does not wrap ErrInvalidArgument: %v", tc.doc, err)
+		}
+		if msg := err.Error(); !strings.Contains(msg, tc.value) || !strings.HasPrefix(msg, "f.toml:") ||
+			tc.key != "" && !strings.Contains(msg, ": "+tc.key+": ") {
+			t.Errorf("%q: error %q does not name key %q and value %q", tc.doc, msg, tc.key, tc.value)
+		}
+	}
+}
+
+func TestCheckOversubscribe(t *testing.T) {
+	for _, f := range []float64{1, 1.5, 16} {
+		if err := CheckOversubscribe(f); err != nil {
+			t.Errorf("%v: %v", f, err)
+		}
+	}
+	for _, tc := range []struct {
+		f    float64
+		want string
+	}{
+		{0, "0"}, {0.5, "0.5"}, {-1, "-1"}, {16.01, "16.01"}, {1e6, "1e+06"},
+		{math.NaN(), "NaN"}, {math.Inf(1), "+Inf"}, {math.Inf(-1), "-Inf"},
+	} {
+		err := CheckOversubscribe(tc.f)
+		if !errors.Is(err, api.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), tc.want+": want a number from 1 to 16") {
+			t.Errorf("%v: got %v", tc.f, err)
+		}
+	}
+}
+
+func TestCheckVirtualMemory(t *testing.T) {
+	for _, tc := range []struct {
+		memory uint64
+		factor float64
+		ok     bool
+	}{
+		{0, 16, true},
+		{1 << 60, 1, true},
+		{1<<60 + 1, 1, false},
+		{1 << 56, 16, true},
+		{1<<56 + 1<<20, 16, false},
+		{math.MaxInt64, 16, false},
+		{math.MaxUint64, 1, false},
+		{1 << 30, math.NaN(), false},
+	} {
+		err := CheckVirtualMemory(tc.memory, tc.factor)
+		if tc.ok != (err == nil) {
+			t.Errorf("%d × %v: got %v", tc.memory, tc.factor, err)
+		}
+		if err != nil && (!errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), fmt.Sprint(tc.memory))) {
+			t.Errorf("%d × %v: error %v does not name the memory or wrap ErrInvalidArgument", tc.memory, tc.factor, err)
+		}
 	}
 }

@@ -14,7 +14,8 @@ var errPrefix = regexp.MustCompile(`^f\.toml:[1-9][0-9]*: `)
 
 // FuzzParse checks that no input makes Parse panic, that every rejection is
 // an invalid argument located in the file, and that an accepted config is
-// consistent: its limits are in range and Resolve gives what it maps.
+// consistent: its limits are in range (what its sessions may allocate
+// included) and Resolve gives what it maps.
 func FuzzParse(f *testing.F) {
 	for _, seed := range []string{
 		fullFile,
@@ -30,6 +31,10 @@ func FuzzParse(f *testing.F) {
 		"[[tenants]]\n",
 		"tenants.a.memory.x = 1\n",
 		"[tenants.a\n",
+		"[tenants.a]\nmemory = 18446744073709551615\ncompute_max = 1e-20\n",
+		"[tenants]\na = { memory = \"65536Ti\", oversubscribe = 16, compute_max = 0.001 }\n",
+		"[tenants.a]\ndefault_memory = 0x7fff_ffff_ffff_ffff\noversubscribe = 1.5\n",
+		"[tenants.a]\nmemory = 0123\n",
 	} {
 		f.Add([]byte(seed))
 	}
@@ -50,8 +55,9 @@ func FuzzParse(f *testing.F) {
 			if tn.Name != name || !tenantName.MatchString(name) {
 				t.Fatalf("tenant %q named %q", name, tn.Name)
 			}
-			if tn.Compute < 1 || tn.Compute > maxCompute || tn.ComputeMax < 0 || tn.ComputeMax > 1 ||
-				!(tn.Oversubscribe >= 1 && tn.Oversubscribe <= maxOversubscribe) || tn.MaxContainers < 0 ||
+			if tn.Compute < 1 || tn.Compute > maxCompute || tn.ComputeMax != 0 && !(tn.ComputeMax >= MinComputeMax && tn.ComputeMax <= 1) ||
+				CheckVirtualMemory(max(tn.Memory, tn.DefaultMemory), tn.Oversubscribe) != nil ||
+				!(tn.Oversubscribe >= 1 && tn.Oversubscribe <= MaxOversubscribe) || tn.MaxContainers < 0 ||
 				!(tn.DedupCharge >= 0 && tn.DedupCharge <= 1) ||
 				(tn.Memory > 0 && tn.DefaultMemory > tn.Memory) {
 				t.Fatalf("tenant %q out of range: %+v", name, *tn)

@@ -23,7 +23,7 @@
 //	[tenants.team-a]
 //	memory = "8GiB"          # cap on memory reserved by all its containers together; 0 or absent: none
 //	compute = 2              # fair-share weight, 1..10000; default 1
-//	compute_max = 0.5        # cap on its share of a device, in (0,1]; absent: none
+//	compute_max = 0.5        # cap on its share of a device, 0.001 to 1; absent: none
 //	bandwidth = "2GiB"       # bytes per second copied; 0 or absent: none
 //	max_containers = 10      # 0 or absent: none
 //	default_memory = "512MiB" # reservation of a container that asks for none; absent: it must ask
@@ -81,7 +81,7 @@ type Tenant struct {
 	Name          string
 	Memory        uint64  // cap on memory summed over its containers; 0 = none
 	Compute       uint32  // fair-share weight, default 1
-	ComputeMax    float64 // cap on its share of a device, in (0,1]; 0 = none
+	ComputeMax    float64 // cap on its share of a device, 0.001 to 1 (MinComputeMax); 0 = none
 	Bandwidth     uint64  // bytes per second copied; 0 = none
 	MaxContainers int     // 0 = none
 	DefaultMemory uint64  // what a container that asks for nothing gets; 0 = nothing (the container must ask)

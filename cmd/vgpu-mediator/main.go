@@ -18,6 +18,7 @@ import (
 	"github.com/vgpu/vgpu/integration"
 	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/pki"
+	"github.com/vgpu/vgpu/isolation"
 	"github.com/vgpu/vgpu/mediator"
 )
 
@@ -36,7 +37,7 @@ func main() {
 	quota := flag.String("quota", "/etc/vgpu/tenants.toml", "tenant quota file (missing: one tenant \"default\" without caps); reloaded on SIGHUP")
 	ctrDir := flag.String("container-dir", mediator.DefaultContainerDir, "directory of the containers' socket directories")
 	containerd := flag.String("containerd", "/run/containerd/containerd.sock", "containerd socket to watch for vanished containers (\"\": don't)")
-	oversub := flag.Float64("oversubscribe", 1, "host-socket sessions may allocate this many times --tenant-memory, evicting cold memory to the host (1: off)")
+	oversub := flag.Float64("oversubscribe", 1, "host-socket sessions may allocate this many times --tenant-memory, evicting cold memory to the host; 1 to 16, as the quota file's oversubscribe (1: off)")
 	hostMem := flag.String("host-memory", "2GiB", "host RAM for evicted device memory, divided among oversubscribing containers")
 	stateDir := flag.String("state-dir", defaultStateDir(), "where evicted memory spills past --host-memory (\"\": no spill file)")
 	tlsCert := flag.String("node-tls-cert", "", "mediator certificate (PEM, from vgpuctl certs init) for mutual TLS to the --node nodes; with --node-tls-key and --node-tls-ca")
@@ -56,6 +57,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator: --node-timeout:", err)
 		os.Exit(2)
 	}
+	if n, err := hostSessionMemory(*tenantMem, *oversub); err != nil {
+		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
+		os.Exit(2)
+	} else {
+		cfg.TenantMemory = n
+	}
 	if tc, err := nodeTLS(*tlsCert, *tlsKey, *tlsCA, len(nodes) > 0); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(2)
@@ -74,10 +81,29 @@ func main() {
 	} else {
 		cfg.CacheMemory = int64(n)
 	}
-	if err := run(cfg, *socket, *embMem, *embDevs, *tenantMem, *containerd, *level); err != nil {
+	if err := run(cfg, *socket, *embMem, *embDevs, *containerd, *level); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(1)
 	}
+}
+
+// hostSessionMemory reads --tenant-memory and checks --oversubscribe
+// against the quota file's range for a tenant's oversubscribe, and what a
+// host-socket session may then allocate, the one times the other, against
+// the file's bound for a tenant's: a factor of NaN or infinity would lift
+// the cap, and one too large would overflow the mediator's sizes.
+func hostSessionMemory(tenantMem string, factor float64) (uint64, error) {
+	n, err := api.ParseSize(tenantMem)
+	if err != nil {
+		return 0, fmt.Errorf("--tenant-memory: %w", err)
+	}
+	if err := isolation.CheckOversubscribe(factor); err != nil {
+		return 0, fmt.Errorf("--oversubscribe: %w", err)
+	}
+	if err := isolation.CheckVirtualMemory(n, factor); err != nil {
+		return 0, fmt.Errorf("--tenant-memory × --oversubscribe: %w", err)
+	}
+	return n, nil
 }
 
 // nodeTLS returns the client configuration towards nodes, or nil when no
@@ -106,23 +132,21 @@ func defaultStateDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("vgpu-%d", os.Geteuid()))
 }
 
-func run(cfg mediator.Config, socket, embMem string, embDevs int, tenantMem, containerd, level string) error {
+func run(cfg mediator.Config, socket, embMem string, embDevs int, containerd, level string) error {
 	log, err := daemon.Logger("vgpu-mediator", level)
 	if err != nil {
 		return err
 	}
 	cfg.Log = log
-	if cfg.TenantMemory, err = api.ParseSize(tenantMem); err != nil {
-		return fmt.Errorf("--tenant-memory: %w", err)
-	}
 	if len(cfg.Nodes) == 0 {
 		size, err := api.ParseSize(embMem)
 		if err != nil {
 			return fmt.Errorf("--embedded-memory: %w", err)
 		}
+		// StartSim checks the devices (1 to 64) and their memory.
 		node, addr, err := accelerator.StartSim("127.0.0.1:0", embDevs, size, log.WithField("component", "embedded-node"))
 		if err != nil {
-			return err
+			return fmt.Errorf("embedded node (--embedded-devices %d, --embedded-memory %s): %w", embDevs, embMem, err)
 		}
 		defer node.Close()
 		cfg.Nodes = []string{addr.String()}

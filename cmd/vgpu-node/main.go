@@ -5,8 +5,11 @@ import (
 	"crypto/tls"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
@@ -49,6 +52,23 @@ func nodeTLS(cert, key, ca string) (*tls.Config, error) {
 	return pki.NodeConfig(cert, key, ca)
 }
 
+// warnIfExposed warns, and reports, when the node serves plain TCP on addr
+// and addr is not a loopback address: a node trusts the tenant name its
+// mediators give, so any host that can reach it can claim any tenant. Not
+// refused: tests and demonstrations serve plain TCP, on loopback.
+func warnIfExposed(log logrus.FieldLogger, addr net.Addr, tls bool) bool {
+	if tls {
+		return false
+	}
+	if ta, ok := addr.(*net.TCPAddr); ok && ta.IP.IsLoopback() {
+		return false
+	}
+	log.WithField("addr", addr.String()).Warn("serving plain TCP, without TLS, on an address that is not loopback: " +
+		"any host that can reach it can connect as a mediator and claim any tenant (the node trusts the tenant a mediator names); " +
+		"serve mutual TLS with --tls-cert, --tls-key and --tls-ca (vgpuctl certs init), or listen on loopback")
+	return true
+}
+
 func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration) error {
 	log, err := daemon.Logger("vgpu-node", level)
 	if err != nil {
@@ -69,6 +89,7 @@ func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tl
 	if err != nil {
 		return err
 	}
+	warnIfExposed(log, addr, tlsCfg != nil)
 	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil, "mediator_timeout": medTimeout.String()}).Info("serving")
 	daemon.RunUntilStopped(log, func() error { return nil }) // a node has nothing to reload
 	return node.Close()
