@@ -420,16 +420,22 @@ func TestSaxpyProperty(t *testing.T) {
 	})
 }
 
+// randomBags draws 1 to 6 bags of 0 to maxSize indices each, of rows rows:
+// their sizes, indices and offsets.
+func randomBags(t *rapid.T, rows, maxSize int) (sizes []int, indices, offsets []int32) {
+	sizes = rapid.SliceOfN(rapid.IntRange(0, maxSize), 1, 6).Draw(t, "bag sizes")
+	for _, s := range sizes {
+		offsets = append(offsets, int32(len(indices)))
+		indices = append(indices, rapid.SliceOfN(rapid.Int32Range(0, int32(rows-1)), s, s).Draw(t, "bag")...)
+	}
+	return sizes, indices, offsets
+}
+
 func TestEmbeddingBagSumProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		rows := rapid.IntRange(1, 6).Draw(t, "rows")
 		dim := rapid.IntRange(1, 5).Draw(t, "dim")
-		sizes := rapid.SliceOfN(rapid.IntRange(0, 4), 1, 6).Draw(t, "bag sizes")
-		var indices, offsets []int32
-		for _, s := range sizes {
-			offsets = append(offsets, int32(len(indices)))
-			indices = append(indices, rapid.SliceOfN(rapid.Int32Range(0, int32(rows-1)), s, s).Draw(t, "bag")...)
-		}
+		sizes, indices, offsets := randomBags(t, rows, 4)
 		table := floats32(t, rows*dim, "table")
 		out := f32Bytes(sevens(len(sizes) * dim)...)
 		err := mustLookup(t, "embedding_bag_sum").Run([]Value{

@@ -232,12 +232,7 @@ func TestPlanEmbeddingMatchesRun(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		rows := rapid.IntRange(1, 5).Draw(t, "rows")
 		dim := rapid.IntRange(1, 40).Draw(t, "dim")
-		sizes := rapid.SliceOfN(rapid.IntRange(0, 7), 1, 6).Draw(t, "bag sizes")
-		var indices, offsets []int32
-		for _, s := range sizes {
-			offsets = append(offsets, int32(len(indices)))
-			indices = append(indices, rapid.SliceOfN(rapid.Int32Range(0, int32(rows-1)), s, s).Draw(t, "bag")...)
-		}
+		_, indices, offsets := randomBags(t, rows, 7)
 		table := floats32(t, rows*dim, "table")
 		args := func() []Value {
 			return []Value{f32sArg(table...), i64Arg(int64(rows)), i64Arg(int64(dim)), i32sArg(indices...), i64Arg(int64(len(indices))),
