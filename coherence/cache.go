@@ -13,6 +13,9 @@ import (
 type Ticket struct {
 	Key  Key
 	Sent time.Duration // the cache's clock when the request was sent
+	// Owner is whose read it is (a tenant): the copy its reply fills
+	// counts against that owner's share of the cache (see Cache).
+	Owner string
 }
 
 // CacheStats counts a cache's work since it was made, and its size now.
@@ -33,6 +36,14 @@ type entry struct {
 	version  uint64
 	data     []byte
 	deadline time.Duration
+	owner    *owner
+}
+
+// owner is what one owner's reads hold of a cache.
+type owner struct {
+	name  string
+	bytes int64
+	lru   list.List // of *entry, most recently used first
 }
 
 // inflight tracks the reads and writes of one key that are in flight.
@@ -57,9 +68,15 @@ type object struct {
 }
 
 // Cache holds a mediator's copies of shared pages, for all its sessions:
-// at most a configured number of bytes, least recently used evicted first.
-// See the package comment for how to drive it; it is not safe for
-// concurrent use.
+// at most a configured number of bytes. A copy serves every reader, but
+// belongs to the owner whose read filled it (Ticket.Owner, a tenant), and
+// room is made by evicting the least recently used copy of the owner that
+// holds the most bytes, the new copy counted (a tie: the new copy's owner).
+// So, with k owners holding copies, one that holds at most capacity/k (its
+// share) never loses a copy to another's read of a page no larger than
+// that; one that reads past its share evicts its own; one alone uses the
+// whole cache. See the package comment for how to drive it; it is not safe
+// for concurrent use.
 //
 // Every StartRead must be answered by exactly one Fill or AbortRead, and
 // every StartWrite by exactly one FinishWrite. The data slices given to
@@ -68,7 +85,7 @@ type object struct {
 type Cache struct {
 	capacity int64
 	margin   time.Duration
-	lru      list.List // of *entry, most recently used first
+	owners   map[string]*owner // those holding copies
 	objects  map[uint64]*object
 	stats    CacheStats
 }
@@ -83,9 +100,7 @@ func NewCache(capacity int64, margin time.Duration) (*Cache, error) {
 	if margin < 0 {
 		return nil, fmt.Errorf("lease margin %v: want >= 0: %w", margin, api.ErrInvalidArgument)
 	}
-	c := &Cache{capacity: capacity, margin: margin, objects: make(map[uint64]*object)}
-	c.lru.Init()
-	return c, nil
+	return &Cache{capacity: capacity, margin: margin, owners: make(map[string]*owner), objects: make(map[uint64]*object)}, nil
 }
 
 // Stats returns the cache's counters.
@@ -126,11 +141,35 @@ func (o *object) landed(k Key, f *inflight) {
 // remove drops o's copy of k, if any.
 func (c *Cache) remove(o *object, k Key) {
 	if el, ok := o.entries[k]; ok {
-		e := c.lru.Remove(el).(*entry)
+		e := el.Value.(*entry)
+		w := e.owner
+		w.lru.Remove(el)
+		if w.bytes -= int64(len(e.data)); w.lru.Len() == 0 {
+			delete(c.owners, w.name)
+		}
 		delete(o.entries, k)
 		c.stats.Bytes -= int64(len(e.data))
 		c.stats.Pages--
 	}
+}
+
+// victim is the owner whose least recently used copy goes to make room
+// after fresh was cached for w: the one holding the most bytes, w on a
+// tie, but never fresh itself while another copy can go.
+func (c *Cache) victim(w *owner, fresh *list.Element) *owner {
+	var v *owner
+	for _, x := range c.owners {
+		if x.lru.Back() == fresh {
+			continue // w holds only the fresh copy
+		}
+		if v == nil || x.bytes > v.bytes || x.bytes == v.bytes && x == w {
+			v = x
+		}
+	}
+	if v == nil {
+		return w
+	}
+	return v
 }
 
 // Lookup returns the cached copy of k and its version if it is valid at
@@ -143,7 +182,7 @@ func (c *Cache) Lookup(k Key, now time.Duration) (data []byte, version uint64, o
 		if el, found := o.entries[k]; found {
 			e := el.Value.(*entry)
 			if now < e.deadline {
-				c.lru.MoveToFront(el)
+				e.owner.lru.MoveToFront(el)
 				c.stats.Hits++
 				return e.data, e.version, true
 			}
@@ -201,12 +240,20 @@ func (c *Cache) Fill(t Ticket, g ReadGrant, data []byte, now time.Duration) (boo
 		return false, nil
 	}
 	c.remove(o, t.Key)
-	o.entries[t.Key] = c.lru.PushFront(&entry{key: t.Key, version: g.Version, data: data, deadline: deadline})
+	w := c.owners[t.Owner]
+	if w == nil {
+		w = &owner{name: t.Owner}
+		w.lru.Init()
+		c.owners[t.Owner] = w
+	}
+	fresh := w.lru.PushFront(&entry{key: t.Key, version: g.Version, data: data, deadline: deadline, owner: w})
+	o.entries[t.Key] = fresh
+	w.bytes += int64(len(data))
 	c.stats.Bytes += int64(len(data))
 	c.stats.Pages++
 	c.stats.Fills++
 	for c.stats.Bytes > c.capacity {
-		e := c.lru.Back().Value.(*entry)
+		e := c.victim(w, fresh).lru.Back().Value.(*entry)
 		victim := c.objects[e.key.Object]
 		c.remove(victim, e.key)
 		c.tidy(victim, e.key.Object)

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"pgregory.net/rapid"
+
 	"github.com/vgpu/vgpu/api"
 )
 
@@ -173,6 +175,108 @@ func TestCacheEvictsLeastRecentlyUsed(t *testing.T) {
 	if st := c.Stats(); st.Evictions != 2 || st.Bytes != 8 || st.Pages != 3 {
 		t.Errorf("stats %+v", st)
 	}
+}
+
+// fillAs is fill for owner's read.
+func fillAs(t rapid.TB, c *Cache, owner string, k Key, data []byte) bool {
+	t.Helper()
+	tk := c.StartRead(k, 0)
+	tk.Owner = owner
+	ok, err := c.Fill(tk, ReadGrant{Lease: Forever}, data, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+// Owners share the cache: one alone uses all of it; one within its share
+// keeps its copies however much another reads; one past its share evicts
+// its own least recently used copies first.
+func TestCacheOwnersShare(t *testing.T) {
+	c := newCache(t, 8*4, 0) // 8 pages of 4 bytes
+	page := []byte("abcd")
+	for p := range uint32(8) {
+		fillAs(t, c, "a", Key{Object: 1, Page: p}, page)
+	}
+	if st := c.Stats(); st.Pages != 8 || st.Evictions != 0 {
+		t.Fatalf("one owner alone: %+v, want the whole cache", st)
+	}
+	for p := range uint32(3) {
+		fillAs(t, c, "b", Key{Object: 2, Page: p}, page)
+	}
+	// a held 8 pages, more than any: its three oldest went.
+	for p := range uint32(8) {
+		if _, _, ok := c.Lookup(Key{Object: 1, Page: p}, 0); ok != (p >= 3) {
+			t.Errorf("a's page %d cached %v", p, ok)
+		}
+	}
+	for round := range 3 {
+		for p := range uint32(20) {
+			fillAs(t, c, "a", Key{Object: 3, Page: p + uint32(round)*20}, page)
+		}
+	}
+	for p := range uint32(3) {
+		if _, _, ok := c.Lookup(Key{Object: 2, Page: p}, 0); !ok {
+			t.Errorf("b, within its share, lost page %d to a's reads", p)
+		}
+	}
+	// Another owner's hit neither moves a copy in its owner's order nor
+	// makes it theirs: b's copies are b's.
+	if w := c.owners["b"]; w == nil || w.bytes != 12 {
+		t.Fatalf("b holds %+v, want 12 bytes", w)
+	}
+}
+
+// TestCacheOwnersShareProperty: over random fills of random owners, the
+// bytes held never pass the capacity, every owner's count is its copies'
+// bytes, and an owner that holds no more than its share (capacity over the
+// owners holding copies, the filling one included) keeps every copy
+// through another owner's fill of a page no larger than that share.
+func TestCacheOwnersShareProperty(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		capacity := rapid.Int64Range(8, 64).Draw(rt, "capacity")
+		c, err := NewCache(capacity, 0)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		for i := range rapid.IntRange(1, 80).Draw(rt, "fills") {
+			who := rapid.SampledFrom([]string{"a", "b", "c", "d"}).Draw(rt, "owner")
+			n := rapid.Int64Range(1, 8).Draw(rt, "bytes")
+			k := len(c.owners)
+			if c.owners[who] == nil {
+				k++
+			}
+			share := capacity / int64(k)
+			before := map[string][]Key{}
+			for _, e := range c.entries() {
+				if e.owner.name != who && e.owner.bytes <= share {
+					before[e.owner.name] = append(before[e.owner.name], e.key)
+				}
+			}
+			fillAs(rt, c, who, Key{Object: uint64(i % 5), Page: uint32(i)}, make([]byte, n))
+			for name, keys := range before {
+				for _, key := range keys {
+					if o := c.objects[key.Object]; n <= share && (o == nil || o.entries[key] == nil) {
+						rt.Fatalf("%s, within its share of %d bytes, lost %+v to %s's fill of %d", name, share, key, who, n)
+					}
+				}
+			}
+			var total int64
+			for name, w := range c.owners {
+				var sum int64
+				for el := w.lru.Front(); el != nil; el = el.Next() {
+					sum += int64(len(el.Value.(*entry).data))
+				}
+				if sum != w.bytes || w.lru.Len() == 0 {
+					rt.Fatalf("owner %s counts %d bytes, holds %d in %d copies", name, w.bytes, sum, w.lru.Len())
+				}
+				total += sum
+			}
+			if st := c.Stats(); total != st.Bytes || st.Bytes > capacity {
+				rt.Fatalf("owners hold %d bytes, the cache %d of %d", total, st.Bytes, capacity)
+			}
+		}
+	})
 }
 
 func TestCacheBookkeepingRefusals(t *testing.T) {

@@ -434,10 +434,14 @@ func (h *Home) version(page uint32) uint64 {
 	return 0
 }
 
+// entries lists the copies by owner (in order of name), each owner's most
+// recently used first.
 func (c *Cache) entries() []*entry {
 	var es []*entry
-	for el := c.lru.Front(); el != nil; el = el.Next() {
-		es = append(es, el.Value.(*entry))
+	for _, name := range slices.Sorted(maps.Keys(c.owners)) {
+		for el := c.owners[name].lru.Front(); el != nil; el = el.Next() {
+			es = append(es, el.Value.(*entry))
+		}
 	}
 	return es
 }
@@ -518,8 +522,8 @@ func (h *Home) clone() *Home {
 }
 
 func (c *Cache) clone() *Cache {
-	n := &Cache{capacity: c.capacity, margin: c.margin, objects: make(map[uint64]*object, len(c.objects)), stats: c.stats}
-	n.lru.Init()
+	n := &Cache{capacity: c.capacity, margin: c.margin, owners: make(map[string]*owner, len(c.owners)),
+		objects: make(map[uint64]*object, len(c.objects)), stats: c.stats}
 	for id, o := range c.objects {
 		m := &object{sealed: o.sealed, entries: make(map[Key]*list.Element, len(o.entries)), inflight: make(map[Key]*inflight, len(o.inflight))}
 		for k, f := range o.inflight {
@@ -528,9 +532,15 @@ func (c *Cache) clone() *Cache {
 		}
 		n.objects[id] = m
 	}
-	for el := c.lru.Front(); el != nil; el = el.Next() {
-		e := *el.Value.(*entry)
-		n.objects[e.key.Object].entries[e.key] = n.lru.PushBack(&e)
+	for name, w := range c.owners {
+		m := &owner{name: name, bytes: w.bytes}
+		m.lru.Init()
+		n.owners[name] = m
+		for el := w.lru.Front(); el != nil; el = el.Next() {
+			e := *el.Value.(*entry)
+			e.owner = m
+			n.objects[e.key.Object].entries[e.key] = m.lru.PushBack(&e)
+		}
 	}
 	return n
 }

@@ -18,7 +18,11 @@ import (
 // tenant, on the host socket or a container's, charges the same bucket.
 //
 // What is charged: the bytes of copies to the device, from the device and
-// between device buffers (memset and kernels are not copies). A stream
+// between device buffers (memset and kernels are not copies), and, for a
+// copy from a shared buffer, whatever else crosses the node link for it:
+// each page it misses in the mediator's cache is read whole from the node,
+// so its read pays for the rest of the page before it is sent
+// (readShared), while a hit pays only the bytes copied. A stream
 // charges a command before it translates and issues it, outside
 // session.issueMu, so a wait holds up that stream alone: not the session's
 // reader (until the stream's queue is full, which is the backpressure every

@@ -529,10 +529,19 @@ func (r *sharedRange) pages(off, n uint64, f func(page uint32, inPage, at, k uin
 // cached pages from the cache at once, others when the node's reply to a
 // read of their whole page arrives, which is then cached. The reads count
 // towards c, which is answered once they have all arrived.
-func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completion, idx int) {
+//
+// The command paid for len(dst) bytes of the tenant's bandwidth; a miss
+// moves its whole page from the node, so before its read is sent it pays
+// for the rest of the page too (what the node link carries for it, however
+// few bytes the tenant asked for). Hits pay nothing more. The wait is this
+// stream's alone, as the command's own (issueOne): the cache's lock is not
+// held, nor the session's. A wait ended by the session's end fails the
+// copy, with the reads already sent still counted towards c. The copy a
+// miss caches is the tenant's, in its share of the cache (coherence.Cache).
+func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completion, idx int) error {
 	pc := st.s.m.nodes[r.node].cache
 	misses := 0
-	_ = r.pages(off, uint64(len(dst)), func(page uint32, inPage, at, k uint64) error {
+	return r.pages(off, uint64(len(dst)), func(page uint32, inPage, at, k uint64) error {
 		if misses == readsInFlight {
 			// Bounds the page buffers a copy holds at once. Waited for
 			// without pc.mu, which the replies' callbacks take.
@@ -550,11 +559,19 @@ func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completi
 			st.s.sharedHits.Add(1)
 			return nil
 		}
+		pc.mu.Unlock()
+		plen := min(r.pageSize, r.size-uint64(page)*r.pageSize)
+		if plen > k {
+			if err := st.s.bw.wait(plen-k, st.s.ending, st.unblock); err != nil {
+				return fmt.Errorf("read of page %d of shared object %d: %w", page, r.object, err)
+			}
+		}
 		misses++
+		pc.mu.Lock()
 		t := pc.cache.StartRead(key, mnow())
+		t.Owner = st.s.tenant
 		pc.mu.Unlock()
 		st.s.sharedMisses.Add(1)
-		plen := min(r.pageSize, r.size-uint64(page)*r.pageSize)
 		buf := make([]byte, api.NodeGrantSize+plen)
 		req := api.Encode(&api.NodeObjAccess{Object: r.object, Version: version, Off: uint64(page) * r.pageSize, Len: plen})
 		piece := dst[at : at+k]
@@ -652,7 +669,7 @@ func (st *stream) viaShared(cmd *command, c *completion, idx int) (bool, error) 
 	case api.OpCopyFromDeviceHost:
 		var dst []byte
 		if dst, err = st.s.hostBytes(&cmd.host); err == nil {
-			st.readShared(r, off, dst, c, idx)
+			err = st.readShared(r, off, dst, c, idx)
 			c.outN += n
 		}
 	default: // OpCopyFromDevice: into the reply
@@ -661,7 +678,7 @@ func (st *stream) viaShared(cmd *command, c *completion, idx int) (bool, error) 
 			return true, err
 		}
 		c.out, c.outLen = getOut(n), int(n)
-		st.readShared(r, off, (*c.out)[:n], c, idx)
+		err = st.readShared(r, off, (*c.out)[:n], c, idx) // c gives the buffer back
 	}
 	return true, err
 }

@@ -487,7 +487,8 @@ func (st *stream) issueOne(cmd *command, c *completion, idx int) {
 
 // charge is how many bytes cmd copies, for the tenant's bandwidth bucket. A
 // device copy whose source allocation is shorter than it is refused by its
-// translation; it is not charged, so a forged length costs nothing.
+// translation; it is not charged, so a forged length costs nothing. A copy
+// from a shared buffer pays more as it misses the cache (readShared).
 func (st *stream) charge(cmd *command) uint64 {
 	switch cmd.op {
 	case api.OpCopyToDevice:
