@@ -82,23 +82,29 @@ func TestFillCopyCharged(t *testing.T) {
 	const cap = 0.1
 	capped := tn.connectShare(t, "capped", 1, cap)
 	cappedMoved, cappedWall := moveFor(t, capped, capped.alloc(0, frames), 500*time.Millisecond)
-	s = capped.share(0, "capped")
-	t.Logf("capped at %.1f: %d MiB in %v, %v charged", cap, cappedMoved>>20, cappedWall, s.DeviceTime)
-	// The cap's share of the time, its first bucket, and a step past the
-	// bucket's end, with room for a noisy host.
-	if limit := time.Duration(cap*float64(cappedWall+capWindow)) + cappedWall/10; s.DeviceTime > limit {
-		t.Errorf("capped at %.1f: charged %v in %v, want at most %v", cap, s.DeviceTime, cappedWall, limit)
+	checkCapped(t, capped.share(0, "capped"), cap, cappedMoved, cappedWall, freeMoved, freeWall)
+}
+
+// checkCapped checks a tenant capped at c that moved moved bytes in wall,
+// against an uncapped one that moved freeMoved in freeWall: charged the
+// cap's share of the time, its first bucket, and a step past the bucket's
+// end, with room for a noisy host; charged at all; and, in bytes moved
+// rather than the scheduler's own accounting, within 3 times its cap.
+func checkCapped(t *testing.T, s api.DeviceTenant, c float64, moved uint64, wall time.Duration, freeMoved uint64, freeWall time.Duration) {
+	t.Helper()
+	t.Logf("capped at %.1f: moved %d MiB in %v, %v charged", c, moved>>20, wall, s.DeviceTime)
+	if limit := time.Duration(c*float64(wall+capWindow)) + wall/10; s.DeviceTime > limit {
+		t.Errorf("capped at %.1f: charged %v in %v, want at most %v", c, s.DeviceTime, wall, limit)
 	}
-	if s.DeviceTime < cappedWall/20 {
-		t.Errorf("capped at %.1f: charged %v in %v, want its fills and copies charged", cap, s.DeviceTime, cappedWall)
+	if s.DeviceTime < wall/20 {
+		t.Errorf("capped at %.1f: charged %v in %v, want its work charged", c, s.DeviceTime, wall)
 	}
-	// What the cap lets through, measured in bytes moved rather than in
-	// the scheduler's own accounting, within 3 times.
 	freeRate := float64(freeMoved) / freeWall.Seconds()
-	cappedRate := float64(cappedMoved) / cappedWall.Seconds()
-	allowed := cap * (cappedWall + capWindow).Seconds() / cappedWall.Seconds()
-	if cappedRate > 3*allowed*freeRate {
-		t.Errorf("capped at %.1f: moved %.0f MiB/s, uncapped %.0f MiB/s: want at most %.2f of it", cap, cappedRate/(1<<20), freeRate/(1<<20), 3*allowed)
+	rate := float64(moved) / wall.Seconds()
+	allowed := c * (wall + capWindow).Seconds() / wall.Seconds()
+	t.Logf("capped rate / uncapped: %.2f, cap allowed %.2f", rate/freeRate, allowed)
+	if rate > 3*allowed*freeRate {
+		t.Errorf("capped at %.1f: moved %.0f MiB/s, uncapped %.0f MiB/s: want at most %.2f of it", c, rate/(1<<20), freeRate/(1<<20), 3*allowed)
 	}
 }
 
@@ -196,23 +202,7 @@ func TestUnaliasCharged(t *testing.T) {
 	const cap = 0.1
 	capped := tn.connectShare(t, "capped", 1, cap)
 	cappedMoved, cappedWall := unaliasFor(t, capped, 1, 0xa5, capped.alloc(1, frames+1), 500*time.Millisecond)
-	s = capped.share(1, "capped")
-	t.Logf("capped at %.1f: copied %d MiB in %v, %v charged", cap, cappedMoved>>20, cappedWall, s.DeviceTime)
-	// As in TestFillCopyCharged: the cap's share of the time, its first
-	// bucket, and room for a noisy host.
-	if limit := time.Duration(cap*float64(cappedWall+capWindow)) + cappedWall/10; s.DeviceTime > limit {
-		t.Errorf("capped at %.1f: charged %v in %v, want at most %v", cap, s.DeviceTime, cappedWall, limit)
-	}
-	if s.DeviceTime < cappedWall/20 {
-		t.Errorf("capped at %.1f: charged %v in %v, want its copies charged", cap, s.DeviceTime, cappedWall)
-	}
-	freeRate := float64(freeMoved) / freeWall.Seconds()
-	cappedRate := float64(cappedMoved) / cappedWall.Seconds()
-	allowed := cap * (cappedWall + capWindow).Seconds() / cappedWall.Seconds()
-	t.Logf("capped rate / uncapped: %.2f, cap allowed %.2f", cappedRate/freeRate, allowed)
-	if cappedRate > 3*allowed*freeRate {
-		t.Errorf("capped at %.1f: copied %.0f MiB/s, uncapped %.0f MiB/s: want at most %.2f of it", cap, cappedRate/(1<<20), freeRate/(1<<20), 3*allowed)
-	}
+	checkCapped(t, capped.share(1, "capped"), cap, cappedMoved, cappedWall, freeMoved, freeWall)
 
 	// Freeing the sealed frame gives each of its aliases a copy, charged
 	// to the one freeing it.
