@@ -2,6 +2,7 @@ package mediator
 
 import (
 	"errors"
+	"math/big"
 	"testing"
 	"time"
 
@@ -45,9 +46,15 @@ func TestBucketWindowBound(t *testing.T) {
 			var sum uint64
 			for j := i; j < len(grants); j++ {
 				sum += grants[j].n
-				window := float64(grants[j].at-grants[i].at) / 1e9
-				if limit := float64(rate)*window + float64(burst); float64(sum) > limit {
-					t.Fatalf("grants %d..%d: %d bytes in %.9fs, limit %.0f (rate %d, burst %d)", i, j, sum, window, limit, rate, burst)
+				// sum ≤ rate × window + burst, in whole nanoseconds and
+				// bytes: in floating point the two sides can round apart
+				// by a byte at the boundary.
+				ns := grants[j].at - grants[i].at
+				lhs := new(big.Int).Mul(new(big.Int).SetUint64(sum), big.NewInt(1e9))
+				rhs := new(big.Int).Mul(new(big.Int).SetUint64(rate), big.NewInt(ns))
+				rhs.Add(rhs, new(big.Int).Mul(new(big.Int).SetUint64(burst), big.NewInt(1e9)))
+				if lhs.Cmp(rhs) > 0 {
+					t.Fatalf("grants %d..%d: %d bytes in %dns, more than rate %d × that + burst %d", i, j, sum, ns, rate, burst)
 				}
 			}
 		}
