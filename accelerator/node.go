@@ -391,8 +391,10 @@ func (c *conn) readLoop(queue chan<- request) error {
 		}
 		// Other bulk requests go to the executor, so the reader goes on
 		// reading. So do those that wait for the device's scheduler
-		// (waitsForDevice), and writes of shared objects, which wait for
-		// acknowledgements this reader may have to take.
+		// (waitsForDevice; not a publish, nor the export of a versioned
+		// object, whose copies of the object are jobs too: shared.go),
+		// and writes of shared objects, which wait for acknowledgements
+		// this reader may have to take.
 		if idle && r.pool == nil && !waitsForDevice(h.Op, r.body) && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke {
 			// Only what this reader has buffered counts: asking the kernel
 			// would cost a system call per small request, and a burst's
@@ -418,16 +420,17 @@ func (c *conn) readLoop(queue chan<- request) error {
 
 // waitsForDevice says whether a request of op with body is device work
 // that waits for the device's scheduler: a launch, a batch, a fill or copy
-// of more than one piece (memwork.go), or a seal or dedup, whose work is
-// charged with empty jobs as it adds up. They run on the executor, so that the reader
-// reading on meanwhile shows the scheduler that the tenant has more work
+// of more than one piece (memwork.go), a seal or dedup, whose work is
+// charged with empty jobs as it adds up, or a publish or export, which
+// copies an object's bytes (shared.go). They run on the executor, so that
+// the reader reading on meanwhile shows the scheduler that the tenant has more work
 // queued (tenantShare.waiting), and takes acknowledgements (shared.go)
 // while a capped tenant's job waits its turn. Smaller fills and copies
 // (a mediator zeroes every small allocation with a fill) run on the calling
 // goroutine, where a hand-off to the executor would cost more than they do.
 func waitsForDevice(op api.Op, body []byte) bool {
 	switch op {
-	case api.OpNodeLaunch, api.OpNodeBatch, api.OpNodeSeal, api.OpNodeDedup:
+	case api.OpNodeLaunch, api.OpNodeBatch, api.OpNodeSeal, api.OpNodeDedup, api.OpNodePublish, api.OpNodeExport:
 		return true
 	case api.OpNodeFill, api.OpNodeCopy:
 		return !movesOnePiece(body)

@@ -21,16 +21,37 @@ package accelerator
 //   - A connection reads or writes an object only with a grant: the
 //     exporter always; another connection if its tenant is granted (to
 //     write, granted writing). A revoked grant fails the next access, and
-//     a write still waiting to be applied when it is revoked is not
-//     applied: once a revocation returns, the tenant changes nothing.
+//     a write still waiting to be applied, or a publish still copying,
+//     when it is revoked is not applied: once a revocation returns, the
+//     tenant changes nothing.
 //   - Data of an object changes only in commitReady, under the object's
 //     lock, for a write the directory has committed: no cache anywhere then
 //     holds an unexpired copy of the page at an older version.
+//   - A version of a versioned object is the draft as it was at one
+//     instant: while a publish copies the draft (outside the object's lock,
+//     publishing), commitReady applies no write of the object; writes that
+//     arrive meanwhile wait and land in the next draft. The copy reads no
+//     byte of the object's frames once the object has ended (stopCopy),
+//     since they may then change hands.
+//   - One tenant's objects cost another nothing but the use it makes of
+//     them: the node keeps, per connection, the objects it exported and
+//     those it imported, read under a lease or pinned (connObjects), so a
+//     free or a connection's end visits only those; no lock is held for
+//     long but the wait of a write or a revocation, which releases it
+//     (sync.Cond); and device work on an object (a publish's copy, an
+//     export's first version) is work of the tenant that asks for it, in
+//     steps on the device's scheduler (memwork.go).
+//   - An immutable export seals the frames the object covers whole, and no
+//     other: a frame it covers in part may hold the exporter's other
+//     allocations, or runs of an object that may be written (see export).
 //
-// Lock order: objectTable.mu, then an object's mu, then frame tables'
-// locks. Pushes are only queued under an object's mu, for the
-// connection's pusher to write (push.go), so a mediator that does not read
-// stalls nobody; writing a frame never waits for a lock of this file.
+// Lock order: an object's mu, then objectTable.mu or a frame table's lock.
+// objectTable.mu is a leaf: no lock is taken under it, and above all no
+// object's mu, so whoever holds or waits for one object's lock holds up
+// only that object's users. An object's copyMu is a leaf too. Pushes are
+// only queued under an object's mu, for the connection's pusher to write
+// (push.go), so a mediator that does not read stalls nobody; writing a
+// frame never waits for a lock of this file.
 
 import (
 	"cmp"
@@ -38,6 +59,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -89,14 +111,49 @@ var epoch = time.Now()
 
 func now() time.Duration { return time.Since(epoch) }
 
+// objectTable is the node's objects. Its mu is a leaf (see the lock order
+// above): it guards the maps and counters here, and conn.exports and
+// conn.exportExtents, and is held only to read or change them.
 type objectTable struct {
 	mu     sync.Mutex
 	byID   map[uint64]*object
 	ending map[uint64]*object  // ended, telling their importers
 	ended  api.CoherenceStatus // what ended objects cost
+	// byConn is, for each connection that has any, the objects it has to
+	// do with; a connection with none has no entry.
+	byConn map[*conn]*connObjects
 	// maxExtents bounds conn.exportExtents (MaxExportExtents; tests
 	// lower it).
 	maxExtents int
+}
+
+// connObjects are the objects one connection has to do with, so that its
+// frees visit only its own exports, and its end only the objects that
+// know it. Under objectTable.mu.
+type connObjects struct {
+	exported map[uint64]*object // by id: exported by the connection, not ended yet
+	// used lists the objects whose users include the connection (the
+	// reverse of object.users): those it imported, read under a lease or
+	// pinned, whose readers, importers and pins must forget it when it
+	// ends. An object leaves it when it ends.
+	used map[*object]bool
+}
+
+// objectsOf returns c's entry, made if it has none. The caller holds t.mu.
+func (t *objectTable) objectsOf(c *conn) *connObjects {
+	r := t.byConn[c]
+	if r == nil {
+		r = &connObjects{exported: map[uint64]*object{}, used: map[*object]bool{}}
+		t.byConn[c] = r
+	}
+	return r
+}
+
+// tidy drops c's entry if it lists nothing. The caller holds t.mu.
+func (t *objectTable) tidy(c *conn) {
+	if r := t.byConn[c]; r != nil && len(r.exported) == 0 && len(r.used) == 0 {
+		delete(t.byConn, c)
+	}
 }
 
 // randomID is a random object id.
@@ -115,13 +172,15 @@ func add(st *api.CoherenceStatus, h coherence.HomeStats) {
 	st.Expired += h.Expired
 }
 
-// status sums the counters of every object, ended ones included.
+// status sums the counters of every object, ended ones included. It takes
+// each object's lock in turn, without the table's.
 func (t *objectTable) status() api.CoherenceStatus {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	st := t.ended
-	st.Objects = len(t.byID)
-	for _, o := range t.byID {
+	live := slices.Collect(maps.Values(t.byID))
+	t.mu.Unlock()
+	st.Objects = len(live)
+	for _, o := range live {
 		o.mu.Lock()
 		add(&st, o.home.Stats())
 		st.Versions += len(o.versions)
@@ -152,10 +211,21 @@ type object struct {
 	data      map[coherence.WriteID]*objWrite
 	revoking  []*revocation // revocations pushed, waiting for acknowledgements
 	gone      bool
+	// users are the connections whose connObjects.used lists o (use).
+	users map[*conn]bool
 	// Versioned objects: the published versions' bytes that are live (the
 	// published one and every pinned one; home counts the pins). The frames
 	// hold the draft, where writes land.
 	versions map[uint64][]byte
+	// publishing: a publish is copying the draft, without mu. commitReady
+	// applies no write meanwhile, and other publishes wait for it.
+	publishing bool
+
+	// copyMu is held while a copy of the draft reads a piece of the
+	// frames; stopCopy, under it, says the object has ended and the copy
+	// is to read no more. A leaf: taken under mu or alone.
+	copyMu   sync.Mutex
+	stopCopy bool
 }
 
 // revocation is one push of a revocation to importers (tell): those of
@@ -182,7 +252,22 @@ type objWrite struct {
 }
 
 func newObjectTable() *objectTable {
-	return &objectTable{byID: map[uint64]*object{}, ending: map[uint64]*object{}, maxExtents: MaxExportExtents}
+	return &objectTable{byID: map[uint64]*object{}, ending: map[uint64]*object{}, byConn: map[*conn]*connObjects{},
+		maxExtents: MaxExportExtents}
+}
+
+// use records c as a user of o, which it imported, read under a lease or
+// pinned: its end is to forget it there. The caller holds o.mu, and o is
+// not gone.
+func (o *object) use(c *conn) {
+	if o.users[c] {
+		return
+	}
+	o.users[c] = true
+	t := c.node.objects
+	t.mu.Lock()
+	t.objectsOf(c).used[o] = true
+	t.mu.Unlock()
 }
 
 func cacheID(c *conn) coherence.CacheID { return coherence.CacheID(c.owner) }
@@ -247,11 +332,25 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 		return 0, err
 	}
 	if m.Mode == api.ModeImmutable {
-		// The exporter sealed the frames (OpNodeSeal) first, or seals them
-		// now: either way nobody writes them again.
-		for _, f := range framesOf(m.Extents) {
-			if !d.frames.isSealed(f) {
-				d.frames.seal(f)
+		// Nobody writes the object's bytes again: every write path refuses
+		// bytes of a shared object (frameTable.check), and the directory,
+		// sealed, refuses writes through the object. On top of that the
+		// node seals the frames the object covers whole, unless the
+		// exporter sealed them (OpNodeSeal) first. It seals no frame the
+		// object covers in part, and refuses no export for one: such a
+		// frame may hold the exporter's other allocations (small ones
+		// share frames), which a seal would make read-only, and runs of a
+		// coherent or versioned object, whose writes a seal would let
+		// change a sealed frame; refusing would refuse the immutable
+		// export of every small allocation. The object's bytes there are
+		// read-only all the same, as above, and the exporter's mediator
+		// refuses its tenant's writes to them too
+		// (memory.Space.TranslateWrite). A frame covered whole holds no
+		// run of another object: shareable refused any overlap.
+		for f, runs := range runsByFrame(m.Extents) {
+			addr := uint64(f) * FrameSize
+			if api.ExtentsLen(runs) == FrameSize && !d.frames.isSealed(addr) && !d.frames.isShared([]api.Extent{{Addr: addr, Len: FrameSize}}) {
+				d.frames.seal(addr)
 			}
 		}
 		if err := home.Seal(); err != nil {
@@ -260,10 +359,11 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	}
 	o := &object{exporter: c, dev: d, xs: m.Extents, size: size, grants: map[string]bool{}, home: home,
 		readers: map[coherence.CacheID]*conn{}, importers: map[coherence.CacheID]*conn{}, data: map[coherence.WriteID]*objWrite{},
-		versions: map[uint64][]byte{}}
+		users: map[*conn]bool{}, versions: map[uint64][]byte{}}
 	if m.Mode == api.ModeVersioned {
-		// Version 1 is what the buffer holds now.
-		snap, err := o.snapshot()
+		// Version 1 is what the buffer holds now: a copy, as device work
+		// of the exporter. Nobody else knows the object yet.
+		snap, err := o.copyDraft(c.share)
 		if err != nil {
 			return 0, err
 		}
@@ -291,6 +391,7 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 		o.id = randomID()
 	}
 	t.byID[o.id] = o
+	t.objectsOf(c).exported[o.id] = o
 	made = true
 	return o.id, nil
 }
@@ -379,6 +480,7 @@ func (c *conn) importObject(m *api.NodeObject) (*api.NodeImportReply, error) {
 	}
 	defer o.mu.Unlock()
 	o.importers[cacheID(c)] = c
+	o.use(c)
 	return &api.NodeImportReply{Size: o.size, Mode: o.home.Mode(), Write: o.exporter == c || o.grants[c.tenant],
 		PageSize: PageSize, LeaseNs: int64(ReadLease)}, nil
 }
@@ -398,9 +500,10 @@ func (c *conn) revoke(m *api.NodeRevoke) error {
 	delete(o.grants, m.Tenant)
 	// The tenant's pins go with its grant: it may read no version, and
 	// they would hold up the exporter's publishes (MaxPinnedVersions).
-	for id, rc := range o.importers {
-		if rc.tenant == m.Tenant && rc != o.exporter {
-			o.home.Forget(id)
+	// Its connections that pinned are among the users, importers or not.
+	for u := range o.users {
+		if u.tenant == m.Tenant && u != o.exporter {
+			o.home.Forget(cacheID(u))
 		}
 	}
 	o.prune()
@@ -518,6 +621,7 @@ func (c *conn) readPage(m *api.NodeObjAccess) ([]byte, []byte, error) {
 	}
 	if g.Lease > 0 {
 		o.readers[cacheID(c)] = c
+		o.use(c)
 	}
 	grant := api.Encode(&api.NodeGrant{Version: g.Version, LeaseNs: int64(g.Lease), Sealed: g.Sealed})
 	if o.home.Mode() == api.ModeVersioned {
@@ -587,12 +691,13 @@ func (c *conn) writeObject(h api.Header, m *api.NodeObjAccess) error {
 }
 
 // commitReady applies and commits every write of page the directory lets
-// through now. A write whose writer lost its grant while it waited (for
-// another reader's acknowledgement) is not applied, since its revocation
-// has returned to the exporter; it is still committed, so the writes
-// behind it go ahead. The caller holds o.mu.
+// through now; none while a publish copies the draft, whose end wakes the
+// writers waiting. A write whose writer lost its grant while it waited
+// (for another reader's acknowledgement, or a publish) is not applied,
+// since its revocation has returned to the exporter; it is still
+// committed, so the writes behind it go ahead. The caller holds o.mu.
 func (o *object) commitReady(page uint32) {
-	for {
+	for !o.publishing {
 		w, ok := o.home.Ready(page, now())
 		if !ok {
 			return
@@ -614,15 +719,37 @@ func (o *object) commitReady(page uint32) {
 	}
 }
 
-// snapshot copies the object's bytes (its draft). The caller holds o.mu
-// or owns o.
-func (o *object) snapshot() ([]byte, error) {
+// copyDraft copies the object's bytes (its draft) as device work of t: in
+// pieces of pieceBytes, a job on the device's scheduler, as a big copy is
+// (memwork.go), or off the runners if it is one piece. The caller holds
+// no lock; writes of the draft are held off (publishing) or there are
+// none yet. It stops, failing with api.ErrUnavailable, once the object has
+// ended (stopCopy).
+func (o *object) copyDraft(t tenantShare) ([]byte, error) {
+	// Made here, not in a step: clearing it (tens of milliseconds for
+	// hundreds of MiB) would hold up the device's other tenants.
 	snap := make([]byte, 0, o.size)
-	err := o.dev.Read(o.xs, func(parts ...[]byte) error {
-		for _, p := range parts {
-			snap = append(snap, p...)
+	from := newExtentCursor(o.xs)
+	piece := func() error {
+		o.copyMu.Lock()
+		defer o.copyMu.Unlock()
+		if o.stopCopy {
+			return fmt.Errorf("shared object %d: its exporter freed it during the publish: %w", o.id, api.ErrUnavailable)
 		}
-		return nil
+		return o.dev.Read(from.next(pieceBytes), func(parts ...[]byte) error {
+			for _, p := range parts {
+				snap = append(snap, p...)
+			}
+			return nil
+		})
+	}
+	if o.size <= pieceBytes {
+		err := o.dev.offRunner(t, piece)
+		return snap, err
+	}
+	err := o.dev.inSteps(t, "publish", func() (bool, error) {
+		err := piece()
+		return from.left > 0, err
 	})
 	return snap, err
 }
@@ -637,19 +764,52 @@ func (o *object) prune() {
 	}
 }
 
-// publish makes a versioned object's draft its next version.
+// mayPublish says why c may not publish o's draft now, or returns nil.
+// The caller holds o.mu.
+func (o *object) mayPublish(c *conn) error {
+	if o.gone {
+		return fmt.Errorf("shared object %d: its exporter freed it during the publish: %w", o.id, api.ErrUnavailable)
+	}
+	if err := o.may(c, true); err != nil {
+		return err
+	}
+	if mode := o.home.Mode(); mode != api.ModeVersioned {
+		return fmt.Errorf("shared object %d: publish of a %v object: %w", o.id, mode, api.ErrInvalidArgument)
+	}
+	if n := o.home.PinnedVersions(); n > MaxPinnedVersions {
+		return fmt.Errorf("shared object %d: readers pin %d of its versions, more than the %d older ones the node keeps besides the published one; publish again once they unpin: %w",
+			o.id, n, MaxPinnedVersions, api.ErrQuotaExceeded)
+	}
+	return nil
+}
+
+// publish makes a versioned object's draft its next version. The copy of
+// the draft is device work of c's tenant, done without o.mu: meanwhile
+// the object's writes wait (publishing), and nothing else does. The
+// version is made at the end, under o.mu, if c may still write o then:
+// a publish whose grant was revoked while it copied publishes nothing.
 func (c *conn) publish(m *api.NodeObject) (uint64, error) {
 	o, err := c.object(m.Object, true)
 	if err != nil {
 		return 0, err
 	}
 	defer o.mu.Unlock()
-	if n := o.home.PinnedVersions(); n > MaxPinnedVersions {
-		return 0, fmt.Errorf("shared object %d: readers pin %d of its versions, more than the %d older ones the node keeps besides the published one; publish again once they unpin: %w",
-			o.id, n, MaxPinnedVersions, api.ErrQuotaExceeded)
+	for o.publishing && !o.gone { // one copy at a time
+		o.changed.Wait()
 	}
-	snap, err := o.snapshot()
+	if err := o.mayPublish(c); err != nil {
+		return 0, err
+	}
+	o.publishing = true
+	o.mu.Unlock()
+	snap, err := o.copyDraft(c.share)
+	o.mu.Lock()
+	o.publishing = false
+	o.changed.Broadcast() // writes held off, and publishes waiting, go on
 	if err != nil {
+		return 0, err
+	}
+	if err := o.mayPublish(c); err != nil {
 		return 0, err
 	}
 	v, err := o.home.Publish()
@@ -673,7 +833,11 @@ func (c *conn) pin(m *api.NodeObject) (uint64, error) {
 	if n := o.home.Pins(cacheID(c)); n >= MaxPins {
 		return 0, fmt.Errorf("shared object %d: this connection holds %d pins of it, the limit: %w", o.id, n, api.ErrInvalidArgument)
 	}
-	return o.home.Pin(cacheID(c))
+	v, err := o.home.Pin(cacheID(c))
+	if err == nil {
+		o.use(c)
+	}
+	return v, err
 }
 
 // unpin undoes one pin of a version by c, and frees the version if
@@ -713,8 +877,9 @@ func (c *conn) invalAck(m *api.NodeInval) error {
 	return nil
 }
 
-// dropObjects ends the objects made of frames that are about to be freed,
-// and forgets c as a reader of every object.
+// dropObjects ends the objects c exported that are made of frames of d
+// about to be freed; with no frames, it forgets c as a user of every
+// object instead (its connection ended).
 func (n *Node) dropObjects(c *conn, d *device, frames []uint64) {
 	freed := map[uint64]bool{}
 	for _, f := range frames {
@@ -724,48 +889,93 @@ func (n *Node) dropObjects(c *conn, d *device, frames []uint64) {
 }
 
 // endObjects ends the objects c exported that end says, and if forget,
-// forgets c as a reader and importer of every object.
+// forgets c as a reader, importer and pinner of every object. It visits
+// only c's objects (connObjects), and takes no object's lock under the
+// table's, so its cost and its waits are c's alone.
 func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
 	t := n.objects
+	if forget {
+		t.forget(c)
+	}
 	t.mu.Lock()
-	var ended []*object
-	for id, o := range t.byID {
-		o.mu.Lock()
-		if o.exporter == c && end(o) {
-			o.gone = true
-			c.exports--
-			c.exportExtents -= len(o.xs)
-			delete(t.byID, id)
-			t.ending[id] = o
-			o.changed.Broadcast()
-			ended = append(ended, o)
-		}
-		if forget {
-			delete(o.readers, cacheID(c))
-			delete(o.importers, cacheID(c))
-			for _, rv := range o.revoking {
-				delete(rv.waiting, cacheID(c)) // gone: nothing to wait for
-			}
-			o.changed.Broadcast()
-			o.home.Forget(cacheID(c))
-			o.prune()
-		}
-		o.mu.Unlock()
+	var mine []*object
+	if r := t.byConn[c]; r != nil {
+		mine = slices.Collect(maps.Values(r.exported))
 	}
 	t.mu.Unlock()
+	// Without the table's lock: only c's requests, which run one at a
+	// time, export or end c's objects.
+	mine = slices.DeleteFunc(mine, func(o *object) bool { return !end(o) })
+	if len(mine) == 0 {
+		return
+	}
+	t.mu.Lock()
+	r := t.objectsOf(c)
+	for _, o := range mine {
+		c.exports--
+		c.exportExtents -= len(o.xs)
+		delete(r.exported, o.id)
+		delete(t.byID, o.id)
+		t.ending[o.id] = o
+	}
+	t.tidy(c)
+	t.mu.Unlock()
+	for _, o := range mine {
+		o.mu.Lock()
+		o.gone = true
+		o.changed.Broadcast()
+		o.mu.Unlock()
+		// A publish's copy reads none of the frames from here on: they
+		// may change hands once the object has ended.
+		o.copyMu.Lock()
+		o.stopCopy = true
+		o.copyMu.Unlock()
+	}
 	// Importers' mediators forget their copies before the frames change
 	// hands.
-	for _, o := range ended {
+	for _, o := range mine {
 		o.mu.Lock()
 		o.tell("")
 		o.dev.frames.unshare(o.xs)
+		st := o.home.Stats()
+		users := slices.Collect(maps.Keys(o.users))
+		clear(o.users)
 		o.mu.Unlock()
 		t.mu.Lock()
+		for _, u := range users {
+			if r := t.byConn[u]; r != nil {
+				delete(r.used, o)
+				t.tidy(u)
+			}
+		}
 		delete(t.ending, o.id)
-		o.mu.Lock()
-		add(&t.ended, o.home.Stats())
-		o.mu.Unlock()
+		add(&t.ended, st)
 		t.mu.Unlock()
+	}
+}
+
+// forget forgets c, whose connection ended, as a reader, importer and
+// pinner of the objects it used, and as one that a revocation waits for.
+func (t *objectTable) forget(c *conn) {
+	t.mu.Lock()
+	var used map[*object]bool
+	if r := t.byConn[c]; r != nil {
+		used, r.used = r.used, map[*object]bool{}
+		t.tidy(c)
+	}
+	t.mu.Unlock()
+	for o := range used {
+		o.mu.Lock()
+		delete(o.users, c)
+		delete(o.readers, cacheID(c))
+		delete(o.importers, cacheID(c))
+		for _, rv := range o.revoking {
+			delete(rv.waiting, cacheID(c)) // gone: nothing to wait for
+		}
+		o.changed.Broadcast()
+		o.home.Forget(cacheID(c))
+		o.prune()
+		o.mu.Unlock()
 	}
 }
 
