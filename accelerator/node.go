@@ -391,10 +391,8 @@ func (c *conn) readLoop(queue chan<- request) error {
 		}
 		// Other bulk requests go to the executor, so the reader goes on
 		// reading. So do those that wait for the device's scheduler
-		// (waitsForDevice; not a publish, nor the export of a versioned
-		// object, whose copies of the object are jobs too: shared.go),
-		// and writes of shared objects, which wait for acknowledgements
-		// this reader may have to take.
+		// (waitsForDevice), and writes of shared objects, which wait for
+		// acknowledgements this reader may have to take.
 		if idle && r.pool == nil && !waitsForDevice(h.Op, r.body) && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke {
 			// Only what this reader has buffered counts: asking the kernel
 			// would cost a system call per small request, and a burst's

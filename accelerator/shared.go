@@ -363,7 +363,8 @@ func (c *conn) export(m *api.NodeExport) (uint64, error) {
 	if m.Mode == api.ModeVersioned {
 		// Version 1 is what the buffer holds now: a copy, as device work
 		// of the exporter. Nobody else knows the object yet.
-		snap, err := o.copyDraft(c.share)
+		snap, took, err := o.copyDraft()
+		d.chargeOff(c.share, took)
 		if err != nil {
 			return 0, err
 		}
@@ -719,15 +720,14 @@ func (o *object) commitReady(page uint32) {
 	}
 }
 
-// copyDraft copies the object's bytes (its draft) as device work of t: in
-// pieces of pieceBytes, a job on the device's scheduler, as a big copy is
-// (memwork.go), or off the runners if it is one piece. The caller holds
-// no lock; writes of the draft are held off (publishing) or there are
-// none yet. It stops, failing with api.ErrUnavailable, once the object has
-// ended (stopCopy).
-func (o *object) copyDraft(t tenantShare) ([]byte, error) {
-	// Made here, not in a step: clearing it (tens of milliseconds for
-	// hundreds of MiB) would hold up the device's other tenants.
+// copyDraft copies o's draft, on the calling goroutine at full speed,
+// and returns it with the time it took, for the caller to charge to the
+// tenant that asked once nothing waits for the copy (chargeOff): paced by
+// that tenant's turns on the scheduler, a throttled publisher's copy held
+// off the object's writes, the exporter's included, for as long as its
+// share stretched it. It stops, failing, once the object has ended
+// (stopCopy), reading nothing of frames that may have changed hands.
+func (o *object) copyDraft() ([]byte, time.Duration, error) {
 	snap := make([]byte, 0, o.size)
 	from := newExtentCursor(o.xs)
 	piece := func() error {
@@ -743,15 +743,15 @@ func (o *object) copyDraft(t tenantShare) ([]byte, error) {
 			return nil
 		})
 	}
-	if o.size <= pieceBytes {
-		err := o.dev.offRunner(t, piece)
-		return snap, err
-	}
-	err := o.dev.inSteps(t, "publish", func() (bool, error) {
-		err := piece()
-		return from.left > 0, err
+	took, err := o.dev.timed(func() error {
+		for from.left > 0 {
+			if err := piece(); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
-	return snap, err
+	return snap, took, err
 }
 
 // prune frees the versions nobody can read any more. The caller holds o.mu.
@@ -784,15 +784,19 @@ func (o *object) mayPublish(c *conn) error {
 }
 
 // publish makes a versioned object's draft its next version. The copy of
-// the draft is device work of c's tenant, done without o.mu: meanwhile
-// the object's writes wait (publishing), and nothing else does. The
-// version is made at the end, under o.mu, if c may still write o then:
-// a publish whose grant was revoked while it copied publishes nothing.
+// the draft is done without o.mu, at full speed: meanwhile the object's
+// writes wait (publishing), and nothing else does. It is device work of
+// c's tenant, charged once o.mu is released, so its next work waits its
+// turn for it. The version is made at the end, under o.mu, if c may still
+// write o then: a publish whose grant was revoked while it copied
+// publishes nothing.
 func (c *conn) publish(m *api.NodeObject) (uint64, error) {
 	o, err := c.object(m.Object, true)
 	if err != nil {
 		return 0, err
 	}
+	var took time.Duration
+	defer func() { o.dev.chargeOff(c.share, took) }() // after the unlock below
 	defer o.mu.Unlock()
 	for o.publishing && !o.gone { // one copy at a time
 		o.changed.Wait()
@@ -802,7 +806,7 @@ func (c *conn) publish(m *api.NodeObject) (uint64, error) {
 	}
 	o.publishing = true
 	o.mu.Unlock()
-	snap, err := o.copyDraft(c.share)
+	snap, took, err := o.copyDraft()
 	o.mu.Lock()
 	o.publishing = false
 	o.changed.Broadcast() // writes held off, and publishes waiting, go on
