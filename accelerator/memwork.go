@@ -192,6 +192,10 @@ func (d *device) offRunner(t tenantShare, work func() error) error {
 // chargeAside.
 func (d *device) chargeOff(t tenantShare, took time.Duration) {
 	t.aside = took
+	if t.ending {
+		d.sched.chargeNow(t)
+		return
+	}
 	d.chargeAside(t)
 }
 

@@ -543,3 +543,53 @@ func TestMovesOnePiece(t *testing.T) {
 		}
 	}
 }
+
+// Scrubbing frames a tenant frees is its device work; and a throttled
+// tenant that disconnects has its frames freed at once, its work charged
+// without waiting for its turn.
+func TestScrubCharged(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "freer")
+	const frames = 32
+	fs := a.alloc(0, frames)
+	for _, f := range fs {
+		if err := a.fill(0, 1, ext(f, 0, FrameSize)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := a.share(0, "freer").DeviceTime
+	if err := a.free(0, fs...); err != nil {
+		t.Fatal(err)
+	}
+	if after := a.share(0, "freer").DeviceTime; after <= before {
+		t.Errorf("freeing %d written frames charged nothing (device time %v, then %v)", frames, before, after)
+	}
+
+	// A tenant capped at the least cap, its frames written (writes are
+	// not device time): freeing them costs it milliseconds, seconds of its
+	// turns.
+	capped := tn.connectShare(t, "capped", 1, 0.001)
+	// Frames on two devices: those of the second are freed after the
+	// first's are charged.
+	half := bytes.Repeat([]byte{2}, FrameSize/2) // a write carries at most 1 MiB
+	for dev := range uint32(2) {
+		for _, f := range capped.alloc(dev, frames) {
+			for _, off := range []uint64{0, FrameSize / 2} {
+				if err := capped.write(dev, []api.Extent{ext(f, off, FrameSize/2)}, half); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	free := func() int { return a.status().Devices[1].Free }
+	held := free()
+	start := time.Now()
+	capped.rpc.Close()
+	for free() < held+frames {
+		if time.Since(start) > time.Second {
+			t.Fatalf("a throttled tenant's %d frames not freed %v after it disconnected (%d free, want %d)", frames, time.Since(start), free(), held+frames)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("a throttled tenant's %d frames freed %v after it disconnected", frames, time.Since(start))
+}

@@ -659,28 +659,33 @@ func (c *conn) apply(op api.Op, body []byte) error {
 }
 
 // scrubAndRelease takes frames out of the content index (unsealing and
-// unaliasing them, and giving their aliases copies, as device work of c's
-// tenant), zeroes them, in runs of contiguous frames, then frees them.
+// unaliasing them, and giving their aliases copies), zeroes them, in runs
+// of contiguous frames, then frees them: device work of c's tenant,
+// charged once the frames are free.
 func (c *conn) scrubAndRelease(d *device, frames []uint64) error {
 	c.node.dropObjects(c, d, frames)
 	if err := c.node.content.forget(c.share, d, frames); err != nil {
 		return err
 	}
-	for i := 0; i < len(frames); {
-		j := i + 1
-		for j < len(frames) && frames[j] == frames[j-1]+FrameSize {
-			j++
+	return d.offRunner(c.share, func() error {
+		for i := 0; i < len(frames); {
+			j := i + 1
+			for j < len(frames) && frames[j] == frames[j-1]+FrameSize {
+				j++
+			}
+			if err := d.Scrub(frames[i], uint64(j-i)*FrameSize); err != nil {
+				return err
+			}
+			i = j
 		}
-		if err := d.Scrub(frames[i], uint64(j-i)*FrameSize); err != nil {
-			return err
-		}
-		i = j
-	}
-	d.frames.release(frames)
-	return nil
+		d.frames.release(frames)
+		return nil
+	})
 }
 
 func (c *conn) releaseAll() {
+	// Nothing else uses c.share now: its reader and executor are done.
+	c.share.ending = true
 	c.node.dropObjects(c, nil, nil)
 	for _, d := range c.node.devs {
 		frames := d.frames.ownedBy(c.owner)

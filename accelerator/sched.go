@@ -237,6 +237,11 @@ type tenantShare struct {
 	// waiting, if set, reports whether the submitting connection has
 	// further requests waiting at the node. Called with scheduler.mu held.
 	waiting func() bool
+	// ending: the connection is ending, and work done for it off the
+	// runners (freeing its frames) is charged without waiting for the
+	// tenant's turn (chargeOff), so that a throttled tenant's frames are
+	// not held from others while it waits.
+	ending bool
 	// aside is device work done for the job off the runners (preparing
 	// its first launch; for an empty job, hashing or copying a frame, a
 	// small fill or copy: memwork.go), charged to t when the job is
@@ -301,6 +306,17 @@ func (s *scheduler) owe(t tenantShare) time.Duration {
 	owed := a.owed
 	a.owed = 0
 	return owed
+}
+
+// chargeNow charges t.aside, device work done for t off the runners, to
+// t's account at once, as a slice that long would be, without a job: t's
+// next work waits for it as after such a slice.
+func (s *scheduler) chargeNow(t tenantShare) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.account(t)
+	a.used += t.aside
+	a.charge(t.aside)
 }
 
 // account returns t's account, made if missing, with t's weight and cap.
