@@ -108,6 +108,23 @@ func checkCapped(t *testing.T, s api.DeviceTenant, c float64, moved uint64, wall
 	}
 }
 
+// chargedMostOf does work as c, for tenant on device dev, and checks that
+// at least half the time it took was charged to the tenant.
+func chargedMostOf(t *testing.T, c *client, dev uint32, tenant, what string, work func() error) {
+	t.Helper()
+	before := c.share(dev, tenant).DeviceTime
+	start := time.Now()
+	if err := work(); err != nil {
+		t.Fatal(err)
+	}
+	wall := time.Since(start)
+	charged := c.share(dev, tenant).DeviceTime - before
+	t.Logf("%s took %v, %v charged", what, wall, charged)
+	if charged < wall/2 {
+		t.Errorf("%s took %v, %v of it charged: want at least half", what, wall, charged)
+	}
+}
+
 // TestSealDedupCharged: hashing frames to seal them, and copying sealed
 // frames for a dedup, which the node does on the connection's goroutine,
 // count in the device time of the tenant that asked.
@@ -123,17 +140,7 @@ func TestSealDedupCharged(t *testing.T) {
 		}
 		hashes[i] = sha256.Sum256(bytes.Repeat([]byte{byte(i + 1)}, FrameSize))
 	}
-	before := a.share(0, "sealer").DeviceTime
-	start := time.Now()
-	if err := a.seal(0, frames...); err != nil {
-		t.Fatal(err)
-	}
-	wall := time.Since(start)
-	charged := a.share(0, "sealer").DeviceTime - before
-	t.Logf("sealing %d frames took %v, %v charged", n, wall, charged)
-	if charged < wall/2 {
-		t.Errorf("sealing %d frames took %v, %v of it charged: want at least half", n, wall, charged)
-	}
+	chargedMostOf(t, a, 0, "sealer", fmt.Sprintf("sealing %d frames", n), func() error { return a.seal(0, frames...) })
 
 	// A dedup on the other device copies each frame.
 	b := tn.connect(t, "copier")
@@ -220,17 +227,7 @@ func TestUnaliasCharged(t *testing.T) {
 		t.Fatalf("dedup onto a sealed frame: %v, %v", hit, err)
 	}
 	tn.wantAliased(t, aliases)
-	before := free.share(1, "free").DeviceTime
-	start := time.Now()
-	if err := free.free(1, src); err != nil {
-		t.Fatal(err)
-	}
-	wall := time.Since(start)
-	charged := free.share(1, "free").DeviceTime - before
-	t.Logf("freeing a frame of %d aliases took %v, %v charged", aliases, wall, charged)
-	if charged < wall/2 {
-		t.Errorf("freeing a frame of %d aliases took %v, %v of it charged: want at least half", aliases, wall, charged)
-	}
+	chargedMostOf(t, free, 1, "free", fmt.Sprintf("freeing a frame of %d aliases", aliases), func() error { return free.free(1, src) })
 	tn.wantAliased(t, 0)
 	if got := free.mustRead(1, ext(dsts[aliases-1], FrameSize-1, 1)); got[0] != 7 {
 		t.Errorf("an alias of a freed frame reads %#x, want its copy, 7", got[0])

@@ -195,23 +195,26 @@ func TestNodeLateRevocationAckDoesNotEndTheNext(t *testing.T) {
 // version need two unpins before the connection may no longer read it and
 // the node frees it; pins are bounded per connection; a revoked importer
 // may still unpin; a connection's end drops the pins it holds.
+// pinned pins the published version of object id as c and returns it.
+func pinned(t *testing.T, c *client, id uint64) uint64 {
+	t.Helper()
+	body, err := c.call(api.OpNodePin, &api.NodeObject{Object: id})
+	var v api.BufVersion
+	if err == nil {
+		err = api.Decode(body, &v)
+	}
+	if err != nil {
+		t.Fatalf("pin: %v", err)
+	}
+	return v.Version
+}
+
 func TestNodeVersionPinsAreCounted(t *testing.T) {
 	tn := startNode(t)
 	a := tn.connect(t, "alpha")
 	id := exportFrame(t, a, api.ModeVersioned, api.Grant{Tenant: "beta"})
 	b := tn.importAs(t, "beta", id)
-	pin := func(c *client) uint64 {
-		t.Helper()
-		body, err := c.call(api.OpNodePin, &api.NodeObject{Object: id})
-		var v api.BufVersion
-		if err == nil {
-			err = api.Decode(body, &v)
-		}
-		if err != nil {
-			t.Fatalf("pin: %v", err)
-		}
-		return v.Version
-	}
+	pin := func(c *client) uint64 { return pinned(t, c, id) }
 	unpin := func(c *client, v uint64) error {
 		_, err := c.call(api.OpNodeUnpin, &api.NodeVersion{Object: id, Version: v})
 		return err

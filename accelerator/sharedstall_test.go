@@ -366,15 +366,22 @@ func TestNodePublishChargedToPublisher(t *testing.T) {
 // waitPublishing waits until a publish of o is copying its draft.
 func waitPublishing(t *testing.T, o *object) {
 	t.Helper()
+	waitObject(t, o, func() bool { return o.publishing }, "no publish began copying")
+}
+
+// waitObject waits until cond, called under o.mu, holds, or fails the
+// test saying what did not happen within 10 s.
+func waitObject(t *testing.T, o *object, cond func() bool, what string) {
+	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Microsecond) {
 		o.mu.Lock()
-		p := o.publishing
+		ok := cond()
 		o.mu.Unlock()
-		if p {
+		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("no publish began copying within 10s")
+			t.Fatalf("%s within 10s", what)
 		}
 	}
 }
@@ -414,18 +421,7 @@ func TestNodePublishIsAtomicWithWrites(t *testing.T) {
 		}
 		return body[len(body)-int(n):]
 	}
-	pin := func(c *client) uint64 {
-		t.Helper()
-		body, err := c.call(api.OpNodePin, &api.NodeObject{Object: id})
-		var v api.BufVersion
-		if err == nil {
-			err = api.Decode(body, &v)
-		}
-		if err != nil {
-			t.Fatalf("pin: %v", err)
-		}
-		return v.Version
-	}
+	pin := func(c *client) uint64 { return pinned(t, c, id) }
 	last := uint64(frames*FrameSize - PageSize)
 	if v := granted(write(a, 0, []byte("old first"))); v != 2 {
 		t.Fatalf("a write of the draft of version 1 landed in version %d", v)
@@ -512,17 +508,7 @@ func TestNodeFreeStopsAPublishOfItsObject(t *testing.T) {
 	pub := b.rpc.Go(api.OpNodePublish, nil, api.Encode(&api.NodeObject{Object: id}))
 	waitPublishing(t, o)
 	free := a.rpc.Go(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Frames: fs}))
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Microsecond) {
-		o.mu.Lock()
-		gone := o.gone
-		o.mu.Unlock()
-		if gone {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the free did not end the object within 10s")
-		}
-	}
+	waitObject(t, o, func() bool { return o.gone }, "the free did not end the object")
 	start = time.Now()
 	o.copyMu.Unlock()
 	var stopped time.Duration
