@@ -38,7 +38,13 @@ type testNode struct {
 
 func startNode(t testing.TB) *testNode {
 	t.Helper()
-	n, addr, err := StartSim("127.0.0.1:0", testDevices, testMemory, quietLog())
+	return startSim(t, testDevices, testMemory)
+}
+
+// startSim is a sim node of devs devices of mem bytes each, on loopback.
+func startSim(t testing.TB, devs int, mem uint64) *testNode {
+	t.Helper()
+	n, addr, err := StartSim("127.0.0.1:0", devs, mem, quietLog())
 	if err != nil {
 		t.Fatalf("StartSim: %v", err)
 	}

@@ -73,15 +73,7 @@ func (im *importer) ack(m api.NodeRevoke) {
 func exportFrame(t *testing.T, c *client, mode api.Mode, grants ...api.Grant) uint64 {
 	t.Helper()
 	f := c.alloc(0, 1)[0]
-	body, err := c.call(api.OpNodeExport, &api.NodeExport{Extents: []api.Extent{ext(f, 0, FrameSize)}, Mode: mode, Grants: grants})
-	var obj api.NodeObject
-	if err == nil {
-		err = api.Decode(body, &obj)
-	}
-	if err != nil {
-		t.Fatalf("export in mode %v: %v", mode, err)
-	}
-	return obj.Object
+	return exportTo(t, c, mode, []api.Extent{ext(f, 0, FrameSize)}, grants...)
 }
 
 // Two revocations pushed to one importer at once (a revocation of its

@@ -18,17 +18,6 @@ import (
 	"github.com/vgpu/vgpu/api"
 )
 
-// startSim is a sim node of devs devices of mem bytes each, on loopback.
-func startSim(t *testing.T, devs int, mem uint64) *testNode {
-	t.Helper()
-	n, addr, err := StartSim("127.0.0.1:0", devs, mem, quietLog())
-	if err != nil {
-		t.Fatalf("StartSim: %v", err)
-	}
-	t.Cleanup(func() { n.Close() })
-	return &testNode{node: n, addr: addr.String()}
-}
-
 // wholeFrames is the extents of frames, a frame each.
 func wholeFrames(frames []uint64) []api.Extent {
 	xs := make([]api.Extent, len(frames))
