@@ -822,6 +822,13 @@ func (c *conn) publish(m *api.NodeObject) (uint64, error) {
 	}
 	o.versions[v] = snap
 	o.prune()
+	// The writes the copy held off land now, in the next draft, before
+	// another publish waiting for this one can hold them off again.
+	for _, ow := range o.data {
+		if page, _, err := o.span(ow.off, uint64(len(ow.payload))); err == nil {
+			o.commitReady(page)
+		}
+	}
 	return v, nil
 }
 

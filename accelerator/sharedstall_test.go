@@ -614,3 +614,38 @@ func TestNodeThrottledPublishHoldsOffWritesBriefly(t *testing.T) {
 		t.Errorf("the exporter's write waited %v for a throttled publisher's copy of %v", held, copied)
 	}
 }
+
+// Writes a publish held off land in the draft after it, before a publish
+// that waited for it begins its copy: publishes back to back do not keep
+// a writer waiting through copy after copy.
+func TestNodeHeldOffWritesLandBeforeTheNextPublish(t *testing.T) {
+	for round := range 5 {
+		tn := startSim(t, 1, 64<<20)
+		a := tn.connect(t, "alpha")
+		id := exportTo(t, a, api.ModeVersioned, wholeFrames(a.alloc(0, 4)),
+			api.Grant{Tenant: "beta", Write: true}, api.Grant{Tenant: "gamma", Write: true})
+		b, g := tn.importAs(t, "beta", id), tn.importAs(t, "gamma", id)
+		o := tn.objectByID(id)
+		o.copyMu.Lock() // the first publish's copy waits at its first piece
+		first := a.rpc.Go(api.OpNodePublish, nil, api.Encode(&api.NodeObject{Object: id}))
+		waitPublishing(t, o)
+		w := b.rpc.Go(api.OpNodeObjWrite, nil, api.Encode(&api.NodeObjAccess{Object: id, Payload: []byte("beta")}))
+		next := g.rpc.Go(api.OpNodePublish, nil, api.Encode(&api.NodeObject{Object: id}))
+		time.Sleep(20 * time.Millisecond) // both wait for the first publish
+		o.copyMu.Unlock()
+		var v1, v2 api.BufVersion
+		var wg api.NodeGrant
+		for _, r := range []struct {
+			call *api.Call
+			m    api.Message
+		}{{first, &v1}, {w, &wg}, {next, &v2}} {
+			if err := r.call.Wait(); err != nil || api.Decode(r.call.Body, r.m) != nil {
+				t.Fatalf("round %d: %v: %v", round, r.call.Op, err)
+			}
+		}
+		if v1.Version != 2 || wg.Version != 3 || v2.Version != 3 {
+			t.Fatalf("round %d: first publish made version %d, the write held off by it landed in %d, the next publish made %d; want 2, 3, 3",
+				round, v1.Version, wg.Version, v2.Version)
+		}
+	}
+}
