@@ -392,8 +392,11 @@ func (c *conn) readLoop(queue chan<- request) error {
 		// Other bulk requests go to the executor, so the reader goes on
 		// reading. So do those that wait for the device's scheduler
 		// (waitsForDevice), and writes of shared objects, which wait for
-		// acknowledgements this reader may have to take.
-		if idle && r.pool == nil && !waitsForDevice(h.Op, r.body) && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke {
+		// acknowledgements this reader may have to take, as do frees and
+		// unexports of a connection that exports objects: ending one
+		// tells its importers, this connection among them perhaps.
+		if idle && r.pool == nil && !waitsForDevice(h.Op, r.body) && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke &&
+			!((h.Op == api.OpNodeFree || h.Op == api.OpNodeUnexport) && c.node.objects.exporting(c)) {
 			// Only what this reader has buffered counts: asking the kernel
 			// would cost a system call per small request, and a burst's
 			// next frames are read along with this one.

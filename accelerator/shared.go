@@ -139,6 +139,13 @@ type connObjects struct {
 	used map[*object]bool
 }
 
+// exporting says whether c has exported objects that have not ended.
+func (t *objectTable) exporting(c *conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return c.exports > 0
+}
+
 // objectsOf returns c's entry, made if it has none. The caller holds t.mu.
 func (t *objectTable) objectsOf(c *conn) *connObjects {
 	r := t.byConn[c]

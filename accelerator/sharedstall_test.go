@@ -649,3 +649,32 @@ func TestNodeHeldOffWritesLandBeforeTheNextPublish(t *testing.T) {
 		}
 	}
 }
+
+// An exporter that imported its own object on the same connection frees
+// it without waiting a lease for the acknowledgement its own reader has
+// to take.
+func TestNodeExporterFreesItsOwnImportPromptly(t *testing.T) {
+	tn := startSim(t, 1, 64<<20)
+	b := tn.connect(t, "beta")
+	other := exportFrame(t, b, api.ModeCoherent, api.Grant{Tenant: "alpha"})
+	im := tn.importAs(t, "alpha", other) // a connection that acknowledges revocations
+	f := im.alloc(0, 1)[0]
+	id := exportTo(t, im.client, api.ModeCoherent, []api.Extent{ext(f, 0, FrameSize)})
+	if _, err := im.call(api.OpNodeImport, &api.NodeObject{Object: id}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for m := range im.revoked {
+			_, _ = im.call(api.OpNodeRevokedAck, &m)
+		}
+	}()
+	start := time.Now()
+	if err := im.free(0, f); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("freeing an object its own connection imported took %v", took)
+	if took > 100*time.Millisecond {
+		t.Errorf("freeing an object its own connection imported took %v: it waited for its own acknowledgement", took)
+	}
+}
