@@ -392,11 +392,11 @@ func (c *conn) readLoop(queue chan<- request) error {
 		// Other bulk requests go to the executor, so the reader goes on
 		// reading. So do those that wait for the device's scheduler
 		// (waitsForDevice), and writes of shared objects, which wait for
-		// acknowledgements this reader may have to take, as do frees and
-		// unexports of a connection that exports objects: ending one
-		// tells its importers, this connection among them perhaps.
+		// acknowledgements this reader may have to take, as does the
+		// unexport of a connection that exports objects: ending one tells
+		// its importers, this connection among them perhaps.
 		if idle && r.pool == nil && !waitsForDevice(h.Op, r.body) && h.Op != api.OpNodeObjWrite && h.Op != api.OpNodeRevoke &&
-			!((h.Op == api.OpNodeFree || h.Op == api.OpNodeUnexport) && c.node.objects.exporting(c)) {
+			(h.Op != api.OpNodeUnexport || !c.node.objects.exporting(c)) {
 			// Only what this reader has buffered counts: asking the kernel
 			// would cost a system call per small request, and a burst's
 			// next frames are read along with this one.
@@ -422,8 +422,9 @@ func (c *conn) readLoop(queue chan<- request) error {
 // waitsForDevice says whether a request of op with body is device work
 // that waits for the device's scheduler: a launch, a batch, a fill or copy
 // of more than one piece (memwork.go), a seal or dedup, whose work is
-// charged with empty jobs as it adds up, or a publish or export, which
-// copies an object's bytes (shared.go). They run on the executor, so that
+// charged with empty jobs as it adds up, a publish or export, which
+// copies an object's bytes (shared.go), or a free, whose scrubbing is
+// charged so too. They run on the executor, so that
 // the reader reading on meanwhile shows the scheduler that the tenant has more work
 // queued (tenantShare.waiting), and takes acknowledgements (shared.go)
 // while a capped tenant's job waits its turn. Smaller fills and copies
@@ -431,7 +432,7 @@ func (c *conn) readLoop(queue chan<- request) error {
 // goroutine, where a hand-off to the executor would cost more than they do.
 func waitsForDevice(op api.Op, body []byte) bool {
 	switch op {
-	case api.OpNodeLaunch, api.OpNodeBatch, api.OpNodeSeal, api.OpNodeDedup, api.OpNodePublish, api.OpNodeExport:
+	case api.OpNodeLaunch, api.OpNodeBatch, api.OpNodeSeal, api.OpNodeDedup, api.OpNodePublish, api.OpNodeExport, api.OpNodeFree:
 		return true
 	case api.OpNodeFill, api.OpNodeCopy:
 		return !movesOnePiece(body)

@@ -699,8 +699,8 @@ func (c *conn) writeObject(h api.Header, m *api.NodeObjAccess) error {
 }
 
 // commitReady applies and commits every write of page the directory lets
-// through now; none while a publish copies the draft, whose end wakes the
-// writers waiting. A write whose writer lost its grant while it waited
+// through now; none while a publish copies the draft, whose publisher
+// commits those it held off when the copy ends. A write whose writer lost its grant while it waited
 // (for another reader's acknowledgement, or a publish) is not applied,
 // since its revocation has returned to the exporter; it is still
 // committed, so the writes behind it go ahead. The caller holds o.mu.
@@ -793,8 +793,8 @@ func (o *object) mayPublish(c *conn) error {
 // publish makes a versioned object's draft its next version. The copy of
 // the draft is done without o.mu, at full speed: meanwhile the object's
 // writes wait (publishing), and nothing else does. It is device work of
-// c's tenant, charged once o.mu is released, so its next work waits its
-// turn for it. The version is made at the end, under o.mu, if c may still
+// c's tenant, charged once o.mu is released: the reply, and the tenant's
+// next work, wait its turn for it. The version is made at the end, under o.mu, if c may still
 // write o then: a publish whose grant was revoked while it copied
 // publishes nothing.
 func (c *conn) publish(m *api.NodeObject) (uint64, error) {
@@ -816,25 +816,27 @@ func (c *conn) publish(m *api.NodeObject) (uint64, error) {
 	snap, took, err := o.copyDraft()
 	o.mu.Lock()
 	o.publishing = false
-	o.changed.Broadcast() // writes held off, and publishes waiting, go on
-	if err != nil {
-		return 0, err
+	var v uint64
+	if err == nil {
+		err = o.mayPublish(c)
 	}
-	if err := o.mayPublish(c); err != nil {
-		return 0, err
+	if err == nil {
+		if v, err = o.home.Publish(); err == nil {
+			o.versions[v] = snap
+			o.prune()
+		}
 	}
-	v, err := o.home.Publish()
-	if err != nil {
-		return 0, err
-	}
-	o.versions[v] = snap
-	o.prune()
-	// The writes the copy held off land now, in the next draft, before
-	// another publish waiting for this one can hold them off again.
+	// The writes the copy held off land now, in the draft after the
+	// version made if any, before another publish waiting for this one can
+	// hold them off again.
 	for _, ow := range o.data {
 		if page, _, err := o.span(ow.off, uint64(len(ow.payload))); err == nil {
 			o.commitReady(page)
 		}
+	}
+	o.changed.Broadcast() // writes still waiting, and publishes, go on
+	if err != nil {
+		return 0, err
 	}
 	return v, nil
 }
