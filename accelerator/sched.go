@@ -273,18 +273,7 @@ func (s *scheduler) run(t tenantShare, st step) error {
 		go s.runner(false)
 		go s.runner(true)
 	}
-	a := s.account(t)
-	if len(a.jobs) == 0 {
-		window := reentryWindow
-		if a.waiting {
-			window = busyWindow
-		}
-		if !a.ran || s.clock.now()-a.idleSince > window {
-			a.vtime = max(a.vtime, s.vnow) // no banked credit
-		}
-	}
-	a.used += t.aside
-	a.charge(t.aside)
+	a := s.chargeTo(t)
 	a.jobs = append(a.jobs, j)
 	wake := s.dispatcherWake()
 	s.mu.Unlock()
@@ -314,9 +303,26 @@ func (s *scheduler) owe(t tenantShare) time.Duration {
 func (s *scheduler) chargeNow(t tenantShare) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.chargeTo(t)
+}
+
+// chargeTo returns t's account, its virtual time first brought up to
+// the system's if it was idle (no banked credit), charged t.aside. Called
+// with s.mu held.
+func (s *scheduler) chargeTo(t tenantShare) *account {
 	a := s.account(t)
+	if len(a.jobs) == 0 {
+		window := reentryWindow
+		if a.waiting {
+			window = busyWindow
+		}
+		if !a.ran || s.clock.now()-a.idleSince > window {
+			a.vtime = max(a.vtime, s.vnow) // no banked credit
+		}
+	}
 	a.used += t.aside
 	a.charge(t.aside)
+	return a
 }
 
 // account returns t's account, made if missing, with t's weight and cap.
