@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
-	"sync"
 	"testing"
 
 	"github.com/vgpu/vgpu/accelerator/sim"
@@ -221,87 +220,41 @@ func TestNodeDedupAliases(t *testing.T) {
 	}
 	tn.wantAliased(t, 1)
 	// A connection that ends unaliases what it held and gives its aliases
-	// copies.
+	// copies; the node retains the sealed frame once it has no alias.
 	d.rpc.Close()
 	e.rpc.Close()
 	b.rpc.Close()
 	c.rpc.Close()
 	tn.waitUsed(t, [testDevices]uint64{})
 	tn.wantAliased(t, 0)
-	if st := tn.node.ContentStats(); st.Sealed != 0 {
-		t.Fatalf("after every holder left: %+v", st)
-	}
+	wantOnlyRetained(t, tn, 1)
 }
 
 // TestNodeAliasRaces: dedups aliasing a frame that its holder seals and
 // frees over and over, and writes to the alias, see the source's whole
-// contents or miss, and never change the source. Run with -race.
+// contents or miss, and never change the source, whether the node retains
+// freed sealed frames or not. Run with -race.
 func TestNodeAliasRaces(t *testing.T) {
-	tn := startNode(t)
-	a := tn.connect(t, "alice")
-	b := tn.connect(t, "bob")
-	dst := b.alloc(0, 2)
-	want := bytes.Repeat([]byte{0x5a}, FrameSize)
-	hash := sha256.Sum256(want)
-	const rounds = 40
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	errs := make(chan error, 3)
-	wg.Go(func() {
-		defer close(done)
-		err := churnSealed(a, rounds, func(f uint64) error {
-			got, err := a.read(0, ext(f, 0, FrameSize/2))
-			if err == nil && !bytes.Equal(got, want[:FrameSize/2]) {
-				err = fmt.Errorf("a write to an alias reached its source")
-			}
-			return err
-		})
-		if err != nil {
-			errs <- err
-		}
+	withRetention(t, func(t *testing.T, tn *testNode) {
+		a := tn.connect(t, "alice")
+		b := tn.connect(t, "bob")
+		dst := b.alloc(0, 2)
+		want := bytes.Repeat([]byte{0x5a}, FrameSize)
+		const rounds = 40
+		hits := 0
+		race(t, func() error {
+			return churnSealed(a, rounds, func(f uint64) error {
+				got, err := a.read(0, ext(f, 0, FrameSize/2))
+				if err == nil && !bytes.Equal(got, want[:FrameSize/2]) {
+					err = fmt.Errorf("a write to an alias reached its source")
+				}
+				return err
+			})
+		}, dedupRound(b, 0, dst, want, &hits)) // writes to both aliases, by two paths
+		t.Logf("%d dedup hits over %d seal-free rounds", hits, rounds)
+		tn.wantAliased(t, 0)
+		wantOnlyRetained(t, tn, 1)
 	})
-	hits := 0
-	wg.Go(func() {
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			hit, err := b.dedup(0, dst, hash, hash)
-			if err != nil {
-				errs <- err
-				return
-			}
-			if !hit[0] {
-				continue
-			}
-			hits++
-			if err := holdsFrame(b, 0, dst[0], want); err != nil {
-				errs <- fmt.Errorf("dedup hit %d: %w", hits, err)
-				return
-			}
-			// Writes to both aliases, by two paths.
-			if err := b.fill(0, 0, ext(dst[0], 0, FrameSize)); err != nil {
-				errs <- err
-				return
-			}
-			if err := b.write(0, []api.Extent{ext(dst[1], 0, 4096)}, make([]byte, 4096)); err != nil {
-				errs <- err
-				return
-			}
-		}
-	})
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	t.Logf("%d dedup hits over %d seal-free rounds", hits, rounds)
-	tn.wantAliased(t, 0)
-	if st := tn.node.ContentStats(); st.Sealed != 0 {
-		t.Fatalf("after every sealed frame was freed: %+v", st)
-	}
 }
 
 // sealReport seals frames and returns the node's answer: which of them it

@@ -54,6 +54,22 @@ package accelerator
 // public model another tenant serves), never bytes it did not have. Only
 // sealed frames are indexed, and tenants decide what gets sealed.
 //
+// Retention: weights outlive the sessions that load them, as an inference
+// server that restarts loads the same model again. When its holder frees a
+// sealed frame (or its connection ends), the node keeps it, sealed and
+// indexed, in place of scrubbing it, if it maps memory of its own, has no
+// aliases, and no other indexed frame of its device holds the same bytes.
+// Nobody holds a retained frame (retainedOwner) and nobody's quota counts
+// it: it is free memory that happens to hold sealed contents, and a dedup
+// that names them finds them as it would a held frame's. An allocation that
+// finds too few free frames reclaims retained ones, oldest first, those
+// without aliases before those with: each is forgotten as a freed frame is
+// (its aliases given copies), scrubbed and released, as device work of the
+// allocating tenant. A frame retained confers no storedOnce credit: it is
+// stored once with nobody. The side channel below then reaches back to
+// contents freed earlier, not only those held now; a node started with
+// retention off (SetRetention) scrubs every frame as it is freed.
+//
 // Invariants:
 //   - A frame is in the index if and only if it is sealed and its hash was
 //     computed while it was sealed or while only its owner, busy sealing it,
@@ -68,13 +84,18 @@ package accelerator
 //     aliased; aliased counts the device's aliased frames and changes only
 //     under contentIndex.mu, after the device mapping did.
 //   - sealer has an entry exactly for the frames in byFrame: the tenant of
-//     the connection that holds (and sealed) the frame.
+//     the connection that holds (and sealed) the frame, or "" for a frame
+//     the node retains.
+//   - kept has an entry exactly for the frames retainedOwner holds whose
+//     reclaim has not begun; each is sealed, indexed and not aliased itself.
 //
-// Lock order: contentIndex.mu before any frameTable.mu; devices are not
-// locked (see node.go).
+// Lock order: device.reclaimMu before contentIndex.mu before any
+// frameTable.mu; devices are not locked (see node.go).
 
 import (
+	"cmp"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -97,25 +118,38 @@ type contentIndex struct {
 	sealer  map[frameRef]string                // sealed frame → its holder's tenant
 	aliasOf map[frameRef]frameRef              // aliased frame → the frame whose memory it maps
 	aliases map[frameRef]map[frameRef]struct{} // the other way
-	lookups uint64                             // hashes asked for by dedups
-	hits    uint64                             // of which a sealed frame was copied or aliased
+	kept    map[frameRef]uint64                // retained frame → keptSeq when retained
+	keptSeq uint64
+	retain  bool   // whether freed sealed frames are retained
+	lookups uint64 // hashes asked for by dedups
+	hits    uint64 // of which a sealed frame was copied or aliased
 }
 
 func newContentIndex() *contentIndex {
 	return &contentIndex{byHash: map[[32]byte][]frameRef{}, byFrame: map[frameRef][32]byte{}, sealer: map[frameRef]string{},
-		aliasOf: map[frameRef]frameRef{}, aliases: map[frameRef]map[frameRef]struct{}{}}
+		aliasOf: map[frameRef]frameRef{}, aliases: map[frameRef]map[frameRef]struct{}{}, kept: map[frameRef]uint64{}, retain: true}
+}
+
+// SetRetention turns the retention of sealed frames freed from now on on or
+// off (content.go); it is on unless turned off. Frames retained already
+// stay until an allocation reclaims them.
+func (n *Node) SetRetention(on bool) {
+	n.content.mu.Lock()
+	defer n.content.mu.Unlock()
+	n.content.retain = on
 }
 
 // ContentStats is the node's use of sealed frames and deduplication.
 // (api.NodeStatus has no fields for it yet.)
 type ContentStats struct {
-	Sealed  int    // frames sealed and indexed now
+	Sealed  int    // frames sealed and indexed now, Retained among them
 	Lookups uint64 // hashes asked for by dedup requests
 	Hits    uint64 // of which a sealed frame was copied or aliased
 	Aliased int    // frames that map another frame's memory now
 	// Saved is the device memory aliasing saves now: Aliased frames' worth,
 	// whose bytes are stored once rather than in each frame.
-	Saved uint64
+	Saved    uint64
+	Retained int // sealed frames kept after their holders freed them
 }
 
 // ContentStats reports the content index's size and use.
@@ -124,7 +158,7 @@ func (n *Node) ContentStats() ContentStats {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return ContentStats{Sealed: len(x.byFrame), Lookups: x.lookups, Hits: x.hits,
-		Aliased: len(x.aliasOf), Saved: uint64(len(x.aliasOf)) * FrameSize}
+		Aliased: len(x.aliasOf), Saved: uint64(len(x.aliasOf)) * FrameSize, Retained: len(x.kept)}
 }
 
 // hashFrame returns the SHA-256 of the frame at addr of d.
@@ -203,30 +237,95 @@ func (c *conn) sealFrames(d *device, frames []uint64) (*api.NodeSealReply, error
 // storedOnce says whether the sealed frame ref, held by a connection of
 // tenant, maps the memory of a frame another tenant holds. The caller holds
 // x.mu. A frame is aliased only to a sealed frame (see the invariants), so
-// its source has a sealer.
+// its source has a sealer, "" if the node retains it.
 func (x *contentIndex) storedOnce(ref frameRef, tenant string) bool {
 	src, ok := x.aliasOf[ref]
-	return ok && x.sealer[src] != tenant
+	return ok && x.sealer[src] != "" && x.sealer[src] != tenant
 }
 
-// forget readies frames of d to be scrubbed and released, as device work
-// of t: their aliases get copies of their bytes, those of them that are
-// aliased are unaliased, and those that are sealed are unsealed and taken
-// out of the index. It takes x.mu for one frame at a time, and charges the
-// time each took under it to t (chargeOff) once it is released. On an
-// error the frames before the one that failed may have been taken out
-// already, and all must stay held.
-func (x *contentIndex) forget(t tenantShare, d *device, frames []uint64) error {
+// forget readies frames of d, which o holds for t, to be freed, as device
+// work of t: those it may, it retains; the others it readies to be scrubbed
+// and released, and returns: their aliases get copies of their bytes, those
+// of them that are aliased are unaliased, and those that are sealed are
+// unsealed and taken out of the index. It takes x.mu for one frame at a
+// time, and charges the time each took under it to t (chargeOff) once it is
+// released. On an error the frames before the one that failed may have
+// been retained or taken out already; the rest must stay held.
+func (x *contentIndex) forget(t tenantShare, o owner, d *device, frames []uint64) (scrub []uint64, err error) {
 	for _, f := range frames {
+		ref := frameRef{d, f}
 		x.mu.Lock()
-		took, err := d.timed(func() error { return x.forgetFrame(frameRef{d, f}) })
+		took, err := d.timed(func() error {
+			if x.keep(o, ref) {
+				return nil
+			}
+			scrub = append(scrub, f)
+			return x.forgetFrame(ref)
+		})
 		x.mu.Unlock()
 		d.chargeOff(t, took)
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return scrub, nil
+}
+
+// keep retains ref, which o holds and frees, if the node retains frames
+// and ref may be retained (see Retention), and says whether it did. The
+// caller holds x.mu.
+func (x *contentIndex) keep(o owner, ref frameRef) bool {
+	sum, sealed := x.byFrame[ref]
+	if !x.retain || !sealed || len(x.aliases[ref]) > 0 {
+		return false
+	}
+	if _, aliased := x.aliasOf[ref]; aliased {
+		return false
+	}
+	for _, r := range x.byHash[sum] {
+		if r != ref && r.dev == ref.dev {
+			return false
+		}
+	}
+	ref.dev.frames.retain(o, []uint64{ref.addr})
+	x.sealer[ref] = ""
+	x.keptSeq++
+	x.kept[ref] = x.keptSeq
+	return true
+}
+
+// reclaim takes up to n of the frames of d the node retains out of the
+// index, scrubs them and releases them, as device work of t: the oldest
+// first, those without aliases before those with, whose aliases get
+// copies. The caller holds d.reclaimMu, so that two allocations do not
+// reclaim the same frames.
+func (x *contentIndex) reclaim(t tenantShare, d *device, n int) error {
+	x.mu.Lock()
+	var refs []frameRef
+	for r := range x.kept {
+		if r.dev == d {
+			refs = append(refs, r)
+		}
+	}
+	slices.SortFunc(refs, func(a, b frameRef) int {
+		return cmp.Or(cmp.Compare(len(x.aliases[a]), len(x.aliases[b])), cmp.Compare(x.kept[a], x.kept[b]))
+	})
+	refs = refs[:min(n, len(refs))]
+	frames := make([]uint64, 0, len(refs))
+	took, err := d.timed(func() error {
+		for _, r := range refs {
+			if err := x.forgetFrame(r); err != nil {
+				return err
+			}
+			delete(x.kept, r)
+			frames = append(frames, r.addr)
+		}
+		return nil
+	})
+	x.mu.Unlock()
+	d.chargeOff(t, took)
+	slices.Sort(frames)
+	return errors.Join(err, d.offRunner(t, func() error { return d.scrubRelease(frames) }))
 }
 
 // forgetFrame is forget of one frame. The caller holds x.mu. On an error
@@ -369,7 +468,12 @@ func (x *contentIndex) copyToLocked(d *device, dst uint64, sum [32]byte) (bool, 
 	if len(refs) == 0 {
 		return false, nil
 	}
+	// A frame some tenant holds, if there is one: aliasing it earns that
+	// credit, and adds no alias that a reclaim would have to copy.
 	src := refs[0]
+	if i := slices.IndexFunc(refs, func(r frameRef) bool { return x.sealer[r] != "" }); i >= 0 {
+		src = refs[i]
+	}
 	if root, ok := x.aliasOf[src]; ok {
 		src = root // alias to the memory itself
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
@@ -101,14 +100,14 @@ func TestNodeSeal(t *testing.T) {
 		t.Fatalf("after refused seals: %+v", st)
 	}
 
-	// Freed, it leaves the index and is writable for its next holder.
+	// Freed, the node retains it; an allocation that needs it reclaims it,
+	// and it is writable for its next holder.
 	if err := c.free(0, f[0]); err != nil {
 		t.Fatal(err)
 	}
-	if st := tn.node.ContentStats(); st.Sealed != 0 {
-		t.Fatalf("after freeing the sealed frame: %+v", st)
-	}
+	wantOnlyRetained(t, tn, 1)
 	next := o.alloc(0, testFrames-2) // every free frame, f[0] among them
+	wantOnlyRetained(t, tn, 0)
 	if !slices.Contains(next, f[0]) {
 		t.Fatalf("frames %#x lack %#x", next, f[0])
 	}
@@ -119,10 +118,12 @@ func TestNodeSeal(t *testing.T) {
 }
 
 // TestNodeDedup: a dedup fills frames with the contents of frames sealed by
-// any connection on any device, byte for byte, and leaves the others; a
-// sealed frame that is freed, or whose connection ends, is found no more.
+// any connection on any device, byte for byte, and leaves the others; on a
+// node that retains no frames, a sealed frame that is freed, or whose
+// connection ends, is found no more.
 func TestNodeDedup(t *testing.T) {
 	tn := startNode(t)
+	tn.node.SetRetention(false)
 	a := tn.connect(t, "alice")
 	src := a.alloc(0, 1)[0]
 	if err := a.fill(0, 0x11, ext(src, 0, FrameSize)); err != nil {
@@ -201,60 +202,19 @@ func TestNodeDedup(t *testing.T) {
 
 // TestNodeDedupRacesFree: dedups from a frame that its holder seals and
 // frees over and over see its whole contents or miss, never a frame being
-// scrubbed.
+// scrubbed, whether the node retains freed sealed frames or not.
 func TestNodeDedupRacesFree(t *testing.T) {
-	tn := startNode(t)
-	a := tn.connect(t, "alice")
-	b := tn.connect(t, "bob")
-	dst := b.alloc(1, 1)
-	want := bytes.Repeat([]byte{0x5a}, FrameSize)
-	hash := sha256.Sum256(want)
-	const rounds = 30
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	wg.Go(func() {
-		defer close(done)
-		if err := churnSealed(a, rounds, nil); err != nil {
-			errs <- err
-		}
+	withRetention(t, func(t *testing.T, tn *testNode) {
+		a := tn.connect(t, "alice")
+		b := tn.connect(t, "bob")
+		dst := b.alloc(1, 1)
+		want := bytes.Repeat([]byte{0x5a}, FrameSize)
+		const rounds = 30
+		hits := 0
+		race(t, func() error { return churnSealed(a, rounds, nil) }, dedupRound(b, 1, dst, want, &hits))
+		t.Logf("%d dedup hits over %d seal-free rounds", hits, rounds)
+		wantOnlyRetained(t, tn, 1)
 	})
-	hits := 0
-	wg.Go(func() {
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			hit, err := b.dedup(1, dst, hash)
-			if err != nil {
-				errs <- err
-				return
-			}
-			if !hit[0] {
-				continue
-			}
-			hits++
-			if err := holdsFrame(b, 1, dst[0], want); err != nil {
-				errs <- fmt.Errorf("dedup hit %d: %w", hits, err)
-				return
-			}
-			if err := b.fill(1, 0, ext(dst[0], 0, FrameSize)); err != nil {
-				errs <- err
-				return
-			}
-		}
-	})
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	t.Logf("%d dedup hits over %d seal-free rounds", hits, rounds)
-	if st := tn.node.ContentStats(); st.Sealed != 0 {
-		t.Fatalf("after every sealed frame was freed: %+v", st)
-	}
 }
 
 // churnSealed has c allocate a frame of device 0, fill it with 0x5a, seal

@@ -24,12 +24,17 @@ const MaxSharedRuns = FrameSize / 4096
 // one tenant. Zero means free.
 type owner uint64
 
+// retainedOwner holds the sealed frames the node keeps after their holders
+// freed them (content.go): no connection's owner, as owners count up from 1.
+const retainedOwner = ^owner(0)
+
 // frameTable tracks which connection owns each frame of one device, and
 // which frames are sealed (read-only, see content.go).
 //
 // Invariants: a frame has at most one owner; a frame is scrubbed between
 // owners (by the caller of release, before the frame is marked free); only a
-// held frame is sealed, and it is unsealed (unseal) before it is released;
+// held frame is sealed (retainedOwner's count as held), and it is unsealed
+// (unseal) before it is released;
 // a frame in a shared object that may be written (coherent or versioned) is
 // never sealed, so the content index's hashes hold (shared.go, content.go).
 type frameTable struct {
@@ -142,6 +147,20 @@ func (t *frameTable) release(addrs []uint64) {
 		t.owners[a/FrameSize] = 0
 	}
 	t.free += len(addrs)
+}
+
+// retain hands frames, sealed and held by o, to retainedOwner. The caller
+// holds the content index's lock, which keeps the frames in the index.
+func (t *frameTable) retain(o owner, addrs []uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, a := range addrs {
+		t.owners[a/FrameSize] = retainedOwner
+	}
+	if t.held[o] -= len(addrs); t.held[o] == 0 {
+		delete(t.held, o)
+	}
+	t.held[retainedOwner] += len(addrs)
 }
 
 // ownedBy lists the frames o holds.
@@ -337,9 +356,11 @@ func (t *frameTable) unshare(xs []api.Extent) {
 	}
 }
 
-// usage reports total and free frames.
-func (t *frameTable) usage() (total, free int) {
+// usage reports total and free frames, and how many more the node keeps
+// sealed for contents freed (retainedOwner's), which an allocation reclaims
+// when the free ones run out.
+func (t *frameTable) usage() (total, free, retained int) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return len(t.owners), t.free
+	return len(t.owners), t.free, t.held[retainedOwner]
 }

@@ -50,7 +50,7 @@ func TestFrameTableNew(t *testing.T) {
 	}{
 		{0, 0}, {FrameSize - 1, 0}, {FrameSize, 1}, {FrameSize*3 + 5, 3}, {64 << 20, 32},
 	} {
-		total, free := newFrameTable(tc.memory).usage()
+		total, free, _ := newFrameTable(tc.memory).usage()
 		if total != tc.frames || free != tc.frames {
 			t.Errorf("newFrameTable(%d).usage() = %d, %d; want %d, %d", tc.memory, total, free, tc.frames, tc.frames)
 		}
@@ -74,7 +74,7 @@ func TestFrameAllocContiguousFirstFit(t *testing.T) {
 	if got := mustAlloc(t, ft, 3, 3); !slices.Equal(got, framesAt(0, 1, 2)) {
 		t.Fatalf("wrapping alloc = %#x, want frames 0-2", got)
 	}
-	if total, free := ft.usage(); total != 8 || free != 1 {
+	if total, free, _ := ft.usage(); total != 8 || free != 1 {
 		t.Fatalf("usage = %d, %d; want 8, 1", total, free)
 	}
 }
@@ -122,7 +122,7 @@ func TestFrameAllocErrors(t *testing.T) {
 	wantLocalErr(t, err, api.ErrOutOfMemory, "allocate 2 frames", "1 of 4 free")
 	_, err = ft.alloc(2, 1<<31)
 	wantLocalErr(t, err, api.ErrOutOfMemory)
-	if total, free := ft.usage(); total != 4 || free != 1 {
+	if total, free, _ := ft.usage(); total != 4 || free != 1 {
 		t.Fatalf("failed allocations changed usage to %d, %d", total, free)
 	}
 	// An empty table refuses every allocation.
@@ -172,7 +172,7 @@ func TestFrameCheckOwnedAndRelease(t *testing.T) {
 	if got := ft.ownedBy(0); !slices.Equal(got, framesAt(0, 4, 5)) {
 		t.Fatalf("free frames = %#x, want 0, 4, 5", got)
 	}
-	if _, free := ft.usage(); free != 3 {
+	if _, free, _ := ft.usage(); free != 3 {
 		t.Fatalf("free = %d, want 3", free)
 	}
 	if err := ft.checkOwned(1, a[:1]); !errors.Is(err, api.ErrPermissionDenied) {
@@ -392,7 +392,7 @@ func TestFrameTableProperty(t *testing.T) {
 				}
 			},
 			"": func(t *rapid.T) {
-				total, free := ft.usage()
+				total, free, _ := ft.usage()
 				if total != nframes || free != model.free() {
 					t.Fatalf("usage = %d, %d; model has %d, %d", total, free, nframes, model.free())
 				}

@@ -4,12 +4,14 @@ package accelerator
 // speaks the node protocol over real TCP, and checks of typed errors.
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,6 +52,93 @@ func startSim(t testing.TB, devs int, mem uint64) *testNode {
 	}
 	t.Cleanup(func() { n.Close() })
 	return &testNode{node: n, addr: addr.String()}
+}
+
+// withRetention runs f on a node of its own that retains no freed sealed
+// frames, then on one that does.
+func withRetention(t *testing.T, f func(t *testing.T, tn *testNode)) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("retain=%v", on), func(t *testing.T) {
+			tn := startNode(t)
+			tn.node.SetRetention(on)
+			f(t, tn)
+		})
+	}
+}
+
+// wantOnlyRetained fails t unless every sealed frame of tn is one the node
+// retains, and there are at most most of them (none on a node that retains
+// none).
+func wantOnlyRetained(t *testing.T, tn *testNode, most int) {
+	t.Helper()
+	if st := tn.node.ContentStats(); st.Sealed != st.Retained || st.Retained > most {
+		t.Fatalf("content index %+v: want every sealed frame retained, at most %d", st, most)
+	}
+}
+
+// race runs churn once and each of loops over and over, all at once, until
+// churn returns or the loop fails, and fails t with every error.
+func race(t *testing.T, churn func() error, loops ...func() error) {
+	t.Helper()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 1+len(loops))
+	wg.Go(func() {
+		defer close(done)
+		if err := churn(); err != nil {
+			errs <- err
+		}
+	})
+	for _, loop := range loops {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if err := loop(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// dedupRound returns one round of c deduplicating want into the frames dst
+// of dev: on a hit the first must hold all of want; then it writes them all
+// (the first by a fill, the others by writes), which must not reach the
+// frame they map. It counts the hits.
+func dedupRound(c *client, dev uint32, dst []uint64, want []byte, hits *int) func() error {
+	hashes := make([][32]byte, len(dst))
+	for i := range hashes {
+		hashes[i] = sha256.Sum256(want)
+	}
+	return func() error {
+		hit, err := c.dedup(dev, dst, hashes...)
+		if err != nil || !hit[0] {
+			return err
+		}
+		*hits++
+		if err := holdsFrame(c, dev, dst[0], want); err != nil {
+			return fmt.Errorf("dedup hit %d: %w", *hits, err)
+		}
+		if err := c.fill(dev, 0, ext(dst[0], 0, FrameSize)); err != nil {
+			return err
+		}
+		for _, f := range dst[1:] {
+			if err := c.write(dev, []api.Extent{ext(f, 0, 4096)}, make([]byte, 4096)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 // dialRaw opens a TCP connection to the node without saying anything.

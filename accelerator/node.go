@@ -111,6 +111,9 @@ type device struct {
 	sched    *scheduler // shares the device's time among tenants (sched.go)
 	launches atomic.Uint64
 	aliased  atomic.Int64 // frames aliased to another's memory (content.go)
+	// reclaimMu is held by an allocation that reclaims retained frames
+	// (content.go) until it has them.
+	reclaimMu sync.Mutex
 }
 
 // Node serves devices to mediators.
@@ -218,11 +221,11 @@ func (n *Node) Status() api.NodeStatus {
 	st.Connections = len(n.conns)
 	n.mu.Unlock()
 	for _, d := range n.devs {
-		total, free := d.frames.usage()
+		total, free, retained := d.frames.usage()
 		info := d.Info()
 		st.Devices = append(st.Devices, api.DeviceStatus{
 			Index: info.Index, Name: info.Name, Memory: info.Memory,
-			Used: uint64(total-free) * FrameSize, Frames: total, Free: free,
+			Used: uint64(total-free-retained) * FrameSize, Frames: total, Free: free + retained, Retained: retained,
 			Launches: d.launches.Load(),
 		})
 		st.Shares = append(st.Shares, d.sched.usage(info.Index)...)
@@ -423,8 +426,9 @@ func (c *conn) readLoop(queue chan<- request) error {
 // that waits for the device's scheduler: a launch, a batch, a fill or copy
 // of more than one piece (memwork.go), a seal or dedup, whose work is
 // charged with empty jobs as it adds up, a publish or export, which
-// copies an object's bytes (shared.go), or a free, whose scrubbing is
-// charged so too. They run on the executor, so that
+// copies an object's bytes (shared.go), or a free or an allocation, whose
+// scrubbing (of frames retained, for an allocation: content.go) is charged
+// so too. They run on the executor, so that
 // the reader reading on meanwhile shows the scheduler that the tenant has more work
 // queued (tenantShare.waiting), and takes acknowledgements (shared.go)
 // while a capped tenant's job waits its turn. Smaller fills and copies
@@ -432,7 +436,7 @@ func (c *conn) readLoop(queue chan<- request) error {
 // goroutine, where a hand-off to the executor would cost more than they do.
 func waitsForDevice(op api.Op, body []byte) bool {
 	switch op {
-	case api.OpNodeLaunch, api.OpNodeBatch, api.OpNodeSeal, api.OpNodeDedup, api.OpNodePublish, api.OpNodeExport, api.OpNodeFree:
+	case api.OpNodeLaunch, api.OpNodeBatch, api.OpNodeSeal, api.OpNodeDedup, api.OpNodePublish, api.OpNodeExport, api.OpNodeFree, api.OpNodeAlloc:
 		return true
 	case api.OpNodeFill, api.OpNodeCopy:
 		return !movesOnePiece(body)
@@ -536,7 +540,7 @@ func (c *conn) do(r request) error {
 		if err != nil {
 			return err
 		}
-		frames, err := d.frames.alloc(c.owner, int(m.Count))
+		frames, err := c.alloc(d, int(m.Count))
 		if err != nil {
 			return fmt.Errorf("%s: %w", d.Info().Name, err)
 		}
@@ -662,29 +666,62 @@ func (c *conn) apply(op api.Op, body []byte) error {
 	}
 }
 
-// scrubAndRelease takes frames out of the content index (unsealing and
-// unaliasing them, and giving their aliases copies), zeroes them, in runs
-// of contiguous frames, then frees them: device work of c's tenant,
-// charged once the frames are free.
+// alloc grants n frames of d to c. Where too few are free but enough are
+// retained (content.go), it reclaims the difference first, again if other
+// allocations took the frames it freed meanwhile.
+func (c *conn) alloc(d *device, n int) ([]uint64, error) {
+	frames, err := d.frames.alloc(c.owner, n)
+	if !errors.Is(err, api.ErrOutOfMemory) {
+		return frames, err
+	}
+	d.reclaimMu.Lock()
+	defer d.reclaimMu.Unlock()
+	for {
+		if frames, err = d.frames.alloc(c.owner, n); !errors.Is(err, api.ErrOutOfMemory) {
+			return frames, err
+		}
+		total, free, retained := d.frames.usage()
+		switch {
+		case retained == 0:
+			return nil, err
+		case n > free+retained:
+			return nil, fmt.Errorf("allocate %d frames (%d MiB): %d of %d free, %d more retained: %w",
+				n, n*FrameSize>>20, free, total, retained, api.ErrOutOfMemory)
+		}
+		if err := c.node.content.reclaim(c.share, d, max(1, n-free)); err != nil {
+			return nil, fmt.Errorf("reclaim %d retained frames: %w", max(1, n-free), err)
+		}
+	}
+}
+
+// scrubAndRelease frees frames: it retains those the content index keeps,
+// and takes the others out of it (unsealing and unaliasing them, and
+// giving their aliases copies), scrubs and releases them: device work of
+// c's tenant, charged once the frames are free.
 func (c *conn) scrubAndRelease(d *device, frames []uint64) error {
 	c.node.dropObjects(c, d, frames)
-	if err := c.node.content.forget(c.share, d, frames); err != nil {
+	scrub, err := c.node.content.forget(c.share, c.owner, d, frames)
+	if err != nil {
 		return err
 	}
-	return d.offRunner(c.share, func() error {
-		for i := 0; i < len(frames); {
-			j := i + 1
-			for j < len(frames) && frames[j] == frames[j-1]+FrameSize {
-				j++
-			}
-			if err := d.Scrub(frames[i], uint64(j-i)*FrameSize); err != nil {
-				return err
-			}
-			i = j
+	return d.offRunner(c.share, func() error { return d.scrubRelease(scrub) })
+}
+
+// scrubRelease zeroes frames, ascending, in runs of contiguous frames, then
+// marks them free. Nothing else may use them meanwhile.
+func (d *device) scrubRelease(frames []uint64) error {
+	for i := 0; i < len(frames); {
+		j := i + 1
+		for j < len(frames) && frames[j] == frames[j-1]+FrameSize {
+			j++
 		}
-		d.frames.release(frames)
-		return nil
-	})
+		if err := d.Scrub(frames[i], uint64(j-i)*FrameSize); err != nil {
+			return err
+		}
+		i = j
+	}
+	d.frames.release(frames)
+	return nil
 }
 
 func (c *conn) releaseAll() {

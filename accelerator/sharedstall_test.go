@@ -257,7 +257,7 @@ func TestNodeObjectLockHoldsUpOnlyItsObject(t *testing.T) {
 	// tn.used: the node's status sums every object's counters, under each
 	// object's lock in turn.)
 	frames := tn.node.devs[1].frames
-	used := func() int { total, free := frames.usage(); return total - free }
+	used := func() int { total, free, _ := frames.usage(); return total - free }
 	before := used()
 	within(t, wait, "the end of another connection", func() error {
 		if _, err := r.tryAlloc(1, 1); err != nil {

@@ -46,12 +46,16 @@ type CoherenceStatus struct {
 
 // DeviceStatus is one physical device of a node.
 type DeviceStatus struct {
-	Index    uint32 `json:"index"`
-	Name     string `json:"name"`
-	Memory   uint64 `json:"memory"`
-	Used     uint64 `json:"used"`
-	Frames   int    `json:"frames"`
-	Free     int    `json:"free_frames"`
+	Index  uint32 `json:"index"`
+	Name   string `json:"name"`
+	Memory uint64 `json:"memory"`
+	Used   uint64 `json:"used"`
+	Frames int    `json:"frames"`
+	Free   int    `json:"free_frames"` // that an allocation may have, Retained among them
+	// Retained frames hold sealed contents (weights) whose holders freed
+	// them, kept for a tenant that loads them again until an allocation
+	// needs the memory.
+	Retained int    `json:"retained_frames"`
 	Launches uint64 `json:"launches"`
 }
 

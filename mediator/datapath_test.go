@@ -486,6 +486,8 @@ func upload(t *testing.T, c *client.Client, data []byte) (client.Ptr, uint64) {
 func TestSealedWeightsAreNotSentTwice(t *testing.T) {
 	for _, dedup := range []bool{true, false} {
 		sys := startWith(t, 64<<20, func(c *mediator.Config) { c.NoDedup = !dedup })
+		// A freed sealed copy left on the node: TestRetainedWeightsOutliveTheirSession.
+		sys.nodes[0].SetRetention(false)
 		const n = 8<<20 + 4096 // four whole pieces and a tail
 		weights := randomBytes(7, n)
 		a := sys.dial(t, "alpha", 1)
@@ -520,6 +522,46 @@ func TestSealedWeightsAreNotSentTwice(t *testing.T) {
 		_, sent = upload(t, b, weights)
 		if sent < n {
 			t.Fatalf("after the sealed copy was freed, %d bytes sent of %d", sent, n)
+		}
+	}
+}
+
+// A tenant that restarts and loads the weights it sealed before is not sent
+// them again while the node retains them; on a node that retains nothing,
+// it is.
+func TestRetainedWeightsOutliveTheirSession(t *testing.T) {
+	for _, retain := range []bool{true, false} {
+		sys := startWith(t, 64<<20, nil)
+		node := sys.nodes[0]
+		node.SetRetention(retain)
+		const n = 8<<20 + 4096 // four whole pieces and a tail
+		weights := randomBytes(9, n)
+		a := sys.dial(t, "alpha", 1)
+		wa, _ := upload(t, a, weights)
+		if err := a.Seal(wa); err != nil {
+			t.Fatal(err)
+		}
+		a.Close()
+		sys.waitIdle(t)
+		if st := node.ContentStats(); retain && st.Retained != 4 || !retain && st.Sealed != 0 {
+			t.Fatalf("retain %v: content after the session ended: %+v", retain, st)
+		}
+		again := sys.dial(t, "alpha", 1)
+		w, sent := upload(t, again, weights)
+		st, err := again.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case retain && (st.DedupHits != 4 || sent > 1<<20):
+			t.Fatalf("reload after a restart: %d hits, %d bytes sent", st.DedupHits, sent)
+		case !retain && (st.DedupHits != 0 || sent < n):
+			t.Fatalf("reload with retention off: %d hits, %d bytes sent", st.DedupHits, sent)
+		}
+		got := make([]byte, n)
+		again.Stream().CopyFromDevice(got, w)
+		if err := again.Stream().Synchronize(); err != nil || !bytes.Equal(got, weights) {
+			t.Fatalf("retain %v: the reloaded weights read back otherwise (%v)", retain, err)
 		}
 	}
 }

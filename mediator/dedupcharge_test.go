@@ -230,15 +230,17 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 		name   string
 		credit uint64 // per frame: (1 − dedup_charge) of it, rounded down
 	}{{"zero", frame}, {"half", frame / 2}, {"odd", 1468006}, {"full", 0}}
-	shared := [][]byte{randomBytes(1, frame), randomBytes(2, frame)}
 	run := 0
 	rapid.Check(t, func(rt *rapid.T) {
 		run++
+		// Contents of this run's own: the node retains sealed frames of
+		// earlier runs.
+		shared := [][]byte{randomBytes(uint64(2*run), frame), randomBytes(uint64(2*run+1), frame)}
 		// The model of the node: frames by their content, in the order
 		// the node's index keeps them.
 		type mframe struct {
 			content int
-			tenant  string
+			tenant  string // "" once the node retains it
 			sealed  bool
 			aliasOf *mframe // the frame whose memory it maps
 		}
@@ -249,8 +251,17 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 		}
 		index := map[int][]*mframe{}
 		var all []*mframe
+		// forget frees a's frames: the node retains a sealed frame with
+		// memory of its own, no aliases and no other indexed frame of its
+		// content; it scrubs the others, their aliases given copies.
 		forget := func(a *malloc) {
 			for _, f := range a.frames {
+				all = slices.DeleteFunc(all, func(g *mframe) bool { return g == f })
+				aliased := slices.ContainsFunc(all, func(g *mframe) bool { return g.aliasOf == f })
+				if f.sealed && f.aliasOf == nil && !aliased && len(index[f.content]) == 1 {
+					f.tenant = ""
+					continue
+				}
 				for _, g := range all {
 					if g.aliasOf == f {
 						g.aliasOf = nil
@@ -260,7 +271,6 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 				if f.sealed {
 					index[f.content] = slices.DeleteFunc(index[f.content], func(g *mframe) bool { return g == f })
 				}
-				all = slices.DeleteFunc(all, func(g *mframe) bool { return g == f })
 			}
 		}
 		type session struct {
@@ -316,7 +326,7 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 				for _, f := range a.frames {
 					f.sealed = true
 					index[f.content] = append(index[f.content], f)
-					if f.aliasOf != nil && f.aliasOf.tenant != tn.name {
+					if f.aliasOf != nil && f.aliasOf.tenant != "" && f.aliasOf.tenant != tn.name {
 						a.credit += tn.credit
 					}
 				}
@@ -357,10 +367,13 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 					rt.Fatalf("step %d: upload: %v", step, err)
 				}
 				for _, f := range a.frames {
+					// The first frame of the content a tenant holds, else
+					// the first the node retains, and the memory it maps.
 					if refs := index[f.content]; len(refs) > 0 {
-						f.aliasOf = refs[0]
-						if refs[0].aliasOf != nil {
-							f.aliasOf = refs[0].aliasOf
+						src := refs[max(0, slices.IndexFunc(refs, func(g *mframe) bool { return g.tenant != "" }))]
+						f.aliasOf = src
+						if src.aliasOf != nil {
+							f.aliasOf = src.aliasOf
 						}
 					}
 				}

@@ -28,12 +28,14 @@ func main() {
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	medTimeout := flag.Duration("mediator-timeout", accelerator.DefaultMediatorTimeout,
 		"drop a mediator's connection, freeing its memory, once its host has been silent this long (no TCP acknowledgement, no keepalive answer; a quiet mediator is not silent); at least 2s")
+	retain := flag.Bool("retain-weights", true,
+		"keep sealed frames (weights) whose holders freed them, until an allocation needs the memory, so that a tenant loading the same weights again is not sent them; false scrubs every frame as it is freed")
 	flag.Parse()
 	if err := api.CheckPeerTimeout(*medTimeout); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-node: --mediator-timeout:", err)
 		os.Exit(2)
 	}
-	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA, *medTimeout); err != nil {
+	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA, *medTimeout, *retain); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-node:", err)
 		os.Exit(1)
 	}
@@ -69,7 +71,7 @@ func warnIfExposed(log logrus.FieldLogger, addr net.Addr, tls bool) bool {
 	return true
 }
 
-func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration) error {
+func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration, retain bool) error {
 	log, err := daemon.Logger("vgpu-node", level)
 	if err != nil {
 		return err
@@ -89,8 +91,10 @@ func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tl
 	if err != nil {
 		return err
 	}
+	node.SetRetention(retain)
 	warnIfExposed(log, addr, tlsCfg != nil)
-	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil, "mediator_timeout": medTimeout.String()}).Info("serving")
+	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil,
+		"mediator_timeout": medTimeout.String(), "retain_weights": retain}).Info("serving")
 	daemon.RunUntilStopped(log, func() error { return nil }) // a node has nothing to reload
 	return node.Close()
 }

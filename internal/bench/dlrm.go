@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -67,6 +68,12 @@ type DLRMRun struct {
 	// BytesRatio, in a run with hints, is the bytes (load and steps) of
 	// the same tenant count without hints over the bytes with them.
 	BytesRatio float64 `json:"bytes_ratio,omitempty"`
+	// ReloadBytes is what one tenant moved to load the model again and run
+	// a step, once every session of the run had ended: an inference
+	// server restarting. ReloadRatio, in a run with hints, is that without
+	// hints over that with them.
+	ReloadBytes uint64  `json:"reload_bytes"`
+	ReloadRatio float64 `json:"reload_ratio,omitempty"`
 }
 
 // Bytes is everything the run moved between mediator and nodes.
@@ -256,23 +263,81 @@ func eachTenant(ts []*dlrmTenant, f func(i int, t *dlrmTenant) error) error {
 
 // runDLRM serves m with n tenants: the first loads the model (and with
 // hints seals it), then the others load it at once, then all run their
-// steps at once.
+// steps at once. Once they have all left, the first comes back (reload).
 func runDLRM(socket string, m *dlrmModel, n int, hints bool) (DLRMRun, error) {
-	r := DLRMRun{Tenants: n, Hints: hints}
-	ts := make([]*dlrmTenant, n)
-	defer func() {
-		for _, t := range ts {
-			if t != nil {
-				t.c.Close()
-			}
+	r, err := serveDLRM(socket, m, n, hints)
+	if err != nil {
+		return r, err
+	}
+	r.ReloadBytes, err = reload(socket, m, hints)
+	return r, err
+}
+
+// dialDLRM opens a session for tenant i (from 0) of a DLRM run.
+func dialDLRM(socket string, i int) (*dlrmTenant, error) {
+	c, err := client.Dial(client.Options{Socket: socket, Tenant: fmt.Sprintf("dlrm-%d", i+1)})
+	if err != nil {
+		return nil, err
+	}
+	return &dlrmTenant{c: c, s: c.Stream()}, nil
+}
+
+// closeAll ends the sessions of ts and waits until the mediator has torn
+// them down, their device memory freed.
+func closeAll(socket string, ts []*dlrmTenant) error {
+	var ids []uint64
+	for _, t := range ts {
+		if t != nil {
+			ids = append(ids, t.c.Session())
+			t.c.Close()
 		}
-	}()
-	for i := range ts {
-		c, err := client.Dial(client.Options{Socket: socket, Tenant: fmt.Sprintf("dlrm-%d", i+1)})
+	}
+	op, err := client.DialOperator(socket)
+	if err != nil {
+		return err
+	}
+	defer op.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		st, err := op.Status()
 		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(st.Tenants, func(t api.TenantStatus) bool { return slices.Contains(ids, t.Session) }) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sessions %v still open 10 s after they closed: %w", ids, api.ErrUnavailable)
+		}
+	}
+}
+
+// reload has the first tenant of a run that has ended load m again and run
+// one step, checked, and returns the bytes it moved.
+func reload(socket string, m *dlrmModel, hints bool) (uint64, error) {
+	t, err := dialDLRM(socket, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer closeAll(socket, []*dlrmTenant{t})
+	if err := t.load(m, hints); err != nil {
+		return 0, fmt.Errorf("reloading the model: %w", err)
+	}
+	if err := t.step(m, 0); err != nil {
+		return 0, fmt.Errorf("reloading the model: step: %w", err)
+	}
+	n, _, err := stats([]*dlrmTenant{t})
+	return n, err
+}
+
+// serveDLRM is runDLRM up to the end of the steps and of the sessions.
+func serveDLRM(socket string, m *dlrmModel, n int, hints bool) (r DLRMRun, err error) {
+	r = DLRMRun{Tenants: n, Hints: hints}
+	ts := make([]*dlrmTenant, n)
+	defer func() { err = errors.Join(err, closeAll(socket, ts)) }()
+	for i := range ts {
+		if ts[i], err = dialDLRM(socket, i); err != nil {
 			return r, err
 		}
-		ts[i] = &dlrmTenant{c: c, s: c.Stream()}
 	}
 	start := time.Now()
 	if err := ts[0].load(m, hints); err != nil {
@@ -328,6 +393,7 @@ func dlrm(socket string, sh DLRMShape, tenants []int, progress func(string)) ([]
 			}
 			if hints {
 				r.BytesRatio = ratio(float64(without.Bytes()), float64(r.Bytes()))
+				r.ReloadRatio = ratio(float64(without.ReloadBytes), float64(r.ReloadBytes))
 			} else {
 				without = r
 			}

@@ -19,9 +19,10 @@ const (
 	SVGFile      = "bench.svg"
 )
 
-// MarshalJSON writes the report's fields, then one key per DLRM tenant
-// count, dlrm_<T>_tenants_bytes_ratio: bytes moved without hints over with
-// them.
+// MarshalJSON writes the report's fields, then two keys per DLRM tenant
+// count: dlrm_<T>_tenants_bytes_ratio, bytes moved without hints over with
+// them, and dlrm_<T>_tenants_reload_ratio, the same for the reload after
+// the run.
 func (r *Report) MarshalJSON() ([]byte, error) {
 	type plain Report // without this method
 	b, err := json.Marshal((*plain)(r))
@@ -31,7 +32,8 @@ func (r *Report) MarshalJSON() ([]byte, error) {
 	var extra bytes.Buffer
 	for _, d := range r.DLRM {
 		if d.Hints {
-			fmt.Fprintf(&extra, `,"dlrm_%d_tenants_bytes_ratio":%s`, d.Tenants, strconv.FormatFloat(d.BytesRatio, 'g', -1, 64))
+			fmt.Fprintf(&extra, `,"dlrm_%d_tenants_bytes_ratio":%s,"dlrm_%d_tenants_reload_ratio":%s`, d.Tenants,
+				strconv.FormatFloat(d.BytesRatio, 'g', -1, 64), d.Tenants, strconv.FormatFloat(d.ReloadRatio, 'g', -1, 64))
 		}
 	}
 	if extra.Len() == 0 {
@@ -115,17 +117,19 @@ func (r *Report) WriteMarkdown(w io.Writer, chart string) error {
 			"and copies the outputs back; every output is checked against a pure-Go reference. The first tenant loads the "+
 			"model, then the others at once; then all run %d steps at once. With hints the weights are allocated as "+
 			"weights and sealed (a node that holds them already is not sent them again), the step buffers as staging "+
-			"and activations. Bytes are what the mediator sent to and received from nodes for these sessions.\n\n",
+			"and activations. Bytes are what the mediator sent to and received from nodes for these sessions. Once every "+
+			"session has ended, the first tenant comes back, as a restarted inference server does: it loads the model "+
+			"again and runs one step (reload).\n\n",
 			r.Command, api.FormatSize(uint64(m.TableBytes)), m.Dim, m.Dim, m.Hidden, m.Hidden, m.Out, m.Batch, m.Pooling, m.Steps)
-		fmt.Fprintf(&b, "| tenants | hints | bytes moved: load | steps | not sent (dedup) | load time | steps/s (all tenants) | **bytes without / with hints** |\n")
-		fmt.Fprintf(&b, "|---:|---|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "| tenants | hints | bytes moved: load | steps | not sent (dedup) | load time | steps/s (all tenants) | **bytes without / with hints** | reload | **reload without / with hints** |\n")
+		fmt.Fprintf(&b, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, d := range r.DLRM {
-			hints, ratio := "no", "–"
+			hints, ratio, reload := "no", "–", "–"
 			if d.Hints {
-				hints, ratio = "yes", fmt.Sprintf("**%.2f**", d.BytesRatio)
+				hints, ratio, reload = "yes", fmt.Sprintf("**%.2f**", d.BytesRatio), fmt.Sprintf("**%.0f**", d.ReloadRatio)
 			}
-			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %.2f s | %.1f | %s |\n", d.Tenants, hints, api.FormatSize(d.LoadBytes),
-				api.FormatSize(d.StepBytes), api.FormatSize(d.DedupBytes), d.LoadS, d.StepsPerS, ratio)
+			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %.2f s | %.1f | %s | %s | %s |\n", d.Tenants, hints, api.FormatSize(d.LoadBytes),
+				api.FormatSize(d.StepBytes), api.FormatSize(d.DedupBytes), d.LoadS, d.StepsPerS, ratio, api.FormatSize(d.ReloadBytes), reload)
 		}
 	}
 

@@ -27,10 +27,10 @@ func sampleReport() *Report {
 		},
 		DLRMModel: DLRMShape{TableBytes: 64 << 20, Dim: 64, Batch: 128, Pooling: 32, Hidden: 256, Out: 64, Steps: 32},
 		DLRM: []DLRMRun{
-			{Tenants: 1, LoadBytes: 64 << 20, StepBytes: 1 << 20, LoadS: 0.1, Steps: 32, StepsPerS: 100},
-			{Tenants: 1, Hints: true, LoadBytes: 64 << 20, StepBytes: 1 << 20, LoadS: 0.1, Steps: 32, StepsPerS: 100, BytesRatio: 1},
-			{Tenants: 2, LoadBytes: 128 << 20, StepBytes: 2 << 20, LoadS: 0.2, Steps: 64, StepsPerS: 150},
-			{Tenants: 2, Hints: true, LoadBytes: 66 << 20, StepBytes: 2 << 20, DedupBytes: 64 << 20, LoadS: 0.1, Steps: 64, StepsPerS: 150, BytesRatio: 1.9},
+			{Tenants: 1, LoadBytes: 64 << 20, StepBytes: 1 << 20, LoadS: 0.1, Steps: 32, StepsPerS: 100, ReloadBytes: 64 << 20},
+			{Tenants: 1, Hints: true, LoadBytes: 64 << 20, StepBytes: 1 << 20, LoadS: 0.1, Steps: 32, StepsPerS: 100, BytesRatio: 1, ReloadBytes: 1 << 20, ReloadRatio: 64},
+			{Tenants: 2, LoadBytes: 128 << 20, StepBytes: 2 << 20, LoadS: 0.2, Steps: 64, StepsPerS: 150, ReloadBytes: 64 << 20},
+			{Tenants: 2, Hints: true, LoadBytes: 66 << 20, StepBytes: 2 << 20, DedupBytes: 64 << 20, LoadS: 0.1, Steps: 64, StepsPerS: 150, BytesRatio: 1.9, ReloadBytes: 1 << 20, ReloadRatio: 64},
 		},
 		NodeLinkReport: &NodeLinkReport{Bytes: 64 << 20, PlainMBps: 2000, TLSMBps: 900, Ratio: 0.45},
 	}
@@ -48,7 +48,7 @@ func TestJSONKeys(t *testing.T) {
 	}
 	for _, k := range []string{
 		"h2d_ratio", "d2h_ratio", "small_op_ratio", "node_tls_ratio", "hint_bytes_ratio",
-		"dlrm_1_tenants_bytes_ratio", "dlrm_2_tenants_bytes_ratio",
+		"dlrm_1_tenants_bytes_ratio", "dlrm_2_tenants_bytes_ratio", "dlrm_1_tenants_reload_ratio", "dlrm_2_tenants_reload_ratio",
 		"launches_per_s", "memcpy_mb_per_s", "raw_tcp_mb_per_s", "raw_ping_pong_us", "bulk_bytes",
 	} {
 		if v, ok := m[k].(float64); !ok || !(v > 0) {

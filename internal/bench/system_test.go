@@ -93,6 +93,12 @@ func TestSuiteEndToEnd(t *testing.T) {
 		if d.LoadBytes < uint64(tinyDLRM.TableBytes) || d.StepBytes == 0 {
 			t.Errorf("dlrm[%d] moved %d bytes loading, %d stepping", i, d.LoadBytes, d.StepBytes)
 		}
+		// A tenant back after every session ended finds its sealed weights
+		// still on the node, with hints; without them it is sent them all.
+		if d.Hints && (d.ReloadBytes >= uint64(tinyDLRM.TableBytes)/2 || !(d.ReloadRatio > 2)) ||
+			!d.Hints && d.ReloadBytes < uint64(tinyDLRM.TableBytes) {
+			t.Errorf("dlrm[%d]: reload moved %d bytes, ratio %.2f", i, d.ReloadBytes, d.ReloadRatio)
+		}
 	}
 	// With two tenants and hints, the second tenant's weights are not sent
 	// again.
