@@ -65,10 +65,12 @@ package accelerator
 // finds too few free frames reclaims retained ones, oldest first, those
 // without aliases before those with: each is forgotten as a freed frame is
 // (its aliases given copies), scrubbed and released, as device work of the
-// allocating tenant. A frame retained confers no storedOnce credit: it is
+// allocating tenant, charged once no other allocation of the device waits
+// for it. A frame retained confers no storedOnce credit: it is
 // stored once with nobody. The side channel below then reaches back to
 // contents freed earlier, not only those held now; a node started with
-// retention off (SetRetention) scrubs every frame as it is freed.
+// retention off (SetRetention, SimOptions.NoRetention) scrubs every frame as
+// it is freed.
 //
 // Invariants:
 //   - A frame is in the index if and only if it is sealed and its hash was
@@ -88,8 +90,10 @@ package accelerator
 //     the node retains.
 //   - kept has an entry exactly for the frames retainedOwner holds whose
 //     reclaim has not begun; each is sealed, indexed and not aliased itself.
+//     The others retainedOwner holds are being reclaimed, or are in their
+//     device's unscrubbed list, under its allocMu.
 //
-// Lock order: device.reclaimMu before contentIndex.mu before any
+// Lock order: device.allocMu before contentIndex.mu before any
 // frameTable.mu; devices are not locked (see node.go).
 
 import (
@@ -250,18 +254,24 @@ func (x *contentIndex) storedOnce(ref frameRef, tenant string) bool {
 // unsealed and taken out of the index. It takes x.mu for one frame at a
 // time, and charges the time each took under it to t (chargeOff) once it is
 // released. On an error the frames before the one that failed may have
-// been retained or taken out already; the rest must stay held.
+// been taken out of the index already, and all stay held: those it
+// retained go back to o, unless an allocation reclaimed one meanwhile.
 func (x *contentIndex) forget(t tenantShare, o owner, d *device, frames []uint64) (scrub []uint64, err error) {
+	var kept []frameRef
 	for _, f := range frames {
 		ref := frameRef{d, f}
 		x.mu.Lock()
 		took, err := d.timed(func() error {
 			if x.keep(o, ref) {
+				kept = append(kept, ref)
 				return nil
 			}
 			scrub = append(scrub, f)
 			return x.forgetFrame(ref)
 		})
+		if err != nil {
+			x.unkeep(o, t.name, kept)
+		}
 		x.mu.Unlock()
 		d.chargeOff(t, took)
 		if err != nil {
@@ -269,6 +279,18 @@ func (x *contentIndex) forget(t tenantShare, o owner, d *device, frames []uint64
 		}
 	}
 	return scrub, nil
+}
+
+// unkeep gives the frames of refs that the node still retains back to o,
+// a connection of tenant, undoing keep. The caller holds x.mu.
+func (x *contentIndex) unkeep(o owner, tenant string, refs []frameRef) {
+	for _, r := range refs {
+		if _, ok := x.kept[r]; ok {
+			delete(x.kept, r)
+			x.sealer[r] = tenant
+			r.dev.frames.move(retainedOwner, o, []uint64{r.addr})
+		}
+	}
 }
 
 // keep retains ref, which o holds and frees, if the node retains frames
@@ -287,7 +309,7 @@ func (x *contentIndex) keep(o owner, ref frameRef) bool {
 			return false
 		}
 	}
-	ref.dev.frames.retain(o, []uint64{ref.addr})
+	ref.dev.frames.move(o, retainedOwner, []uint64{ref.addr})
 	x.sealer[ref] = ""
 	x.keptSeq++
 	x.kept[ref] = x.keptSeq
@@ -295,11 +317,13 @@ func (x *contentIndex) keep(o owner, ref frameRef) bool {
 }
 
 // reclaim takes up to n of the frames of d the node retains out of the
-// index, scrubs them and releases them, as device work of t: the oldest
-// first, those without aliases before those with, whose aliases get
-// copies. The caller holds d.reclaimMu, so that two allocations do not
-// reclaim the same frames.
-func (x *contentIndex) reclaim(t tenantShare, d *device, n int) error {
+// index, the oldest first, those without aliases before those with, whose
+// aliases get copies; scrubs them, with any a failed reclaim left
+// unscrubbed (device.unscrubbed), and releases them. It returns how many it
+// released, and how long its work took, which the caller charges to the
+// allocating tenant once it no longer holds d.allocMu. The caller holds
+// d.allocMu, so that two allocations do not reclaim the same frames.
+func (x *contentIndex) reclaim(d *device, n int) (int, time.Duration, error) {
 	x.mu.Lock()
 	var refs []frameRef
 	for r := range x.kept {
@@ -311,8 +335,9 @@ func (x *contentIndex) reclaim(t tenantShare, d *device, n int) error {
 		return cmp.Or(cmp.Compare(len(x.aliases[a]), len(x.aliases[b])), cmp.Compare(x.kept[a], x.kept[b]))
 	})
 	refs = refs[:min(n, len(refs))]
-	frames := make([]uint64, 0, len(refs))
-	took, err := d.timed(func() error {
+	frames := d.unscrubbed
+	d.unscrubbed = nil
+	forgot, err := d.timed(func() error {
 		for _, r := range refs {
 			if err := x.forgetFrame(r); err != nil {
 				return err
@@ -323,9 +348,13 @@ func (x *contentIndex) reclaim(t tenantShare, d *device, n int) error {
 		return nil
 	})
 	x.mu.Unlock()
-	d.chargeOff(t, took)
 	slices.Sort(frames)
-	return errors.Join(err, d.offRunner(t, func() error { return d.scrubRelease(frames) }))
+	scrubbed, serr := d.timed(func() error { return d.scrubRelease(frames) })
+	if serr != nil {
+		// Out of the index, held by nobody: scrubbed by the next reclaim.
+		d.unscrubbed, frames = frames, nil
+	}
+	return len(frames), forgot + scrubbed, errors.Join(err, serr)
 }
 
 // forgetFrame is forget of one frame. The caller holds x.mu. On an error
@@ -468,12 +497,22 @@ func (x *contentIndex) copyToLocked(d *device, dst uint64, sum [32]byte) (bool, 
 	if len(refs) == 0 {
 		return false, nil
 	}
-	// A frame some tenant holds, if there is one: aliasing it earns that
-	// credit, and adds no alias that a reclaim would have to copy.
-	src := refs[0]
-	if i := slices.IndexFunc(refs, func(r frameRef) bool { return x.sealer[r] != "" }); i >= 0 {
-		src = refs[i]
+	// A frame of d's, which it may alias rather than copy; of those, one
+	// whose memory some tenant holds, whose alias earns that credit and is
+	// not one a reclaim would have to copy.
+	rank := func(r frameRef) (k int) {
+		if r.dev != d {
+			k += 2
+		}
+		if root, ok := x.aliasOf[r]; ok {
+			r = root
+		}
+		if x.sealer[r] == "" {
+			k++
+		}
+		return k
 	}
+	src := slices.MinFunc(refs, func(a, b frameRef) int { return cmp.Compare(rank(a), rank(b)) })
 	if root, ok := x.aliasOf[src]; ok {
 		src = root // alias to the memory itself
 	}

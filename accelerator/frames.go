@@ -149,18 +149,18 @@ func (t *frameTable) release(addrs []uint64) {
 	t.free += len(addrs)
 }
 
-// retain hands frames, sealed and held by o, to retainedOwner. The caller
-// holds the content index's lock, which keeps the frames in the index.
-func (t *frameTable) retain(o owner, addrs []uint64) {
+// move hands frames that from holds to to: sealed ones to retainedOwner
+// and back (content.go). The caller holds the content index's lock.
+func (t *frameTable) move(from, to owner, addrs []uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, a := range addrs {
-		t.owners[a/FrameSize] = retainedOwner
+		t.owners[a/FrameSize] = to
 	}
-	if t.held[o] -= len(addrs); t.held[o] == 0 {
-		delete(t.held, o)
+	if t.held[from] -= len(addrs); t.held[from] == 0 {
+		delete(t.held, from)
 	}
-	t.held[retainedOwner] += len(addrs)
+	t.held[to] += len(addrs)
 }
 
 // ownedBy lists the frames o holds.

@@ -54,6 +54,26 @@ func startSim(t testing.TB, devs int, mem uint64) *testNode {
 	return &testNode{node: n, addr: addr.String()}
 }
 
+// serveDevices is a node of devs, whose memory sizes are multiples of
+// FrameSize, on loopback; it closes them with the node.
+func serveDevices(t testing.TB, devs ...Device) *testNode {
+	t.Helper()
+	n, err := New("sim", devs, quietLog())
+	if err != nil {
+		for _, d := range devs {
+			d.Close()
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go n.Serve(l)
+	return &testNode{node: n, addr: l.Addr().String()}
+}
+
 // withRetention runs f on a node of its own that retains no freed sealed
 // frames, then on one that does.
 func withRetention(t *testing.T, f func(t *testing.T, tn *testNode)) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"net"
 	"runtime"
 	"slices"
 	"strings"
@@ -482,18 +481,7 @@ func TestFillCopyErrorsNameDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := New("sim", []Device{refusingDevice{sd}}, quietLog())
-	if err != nil {
-		sd.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go n.Serve(l)
-	tn := &testNode{node: n, addr: l.Addr().String()}
+	tn := serveDevices(t, refusingDevice{sd})
 	c := tn.connect(t, "acme")
 	f := c.alloc(0, 2)
 	for _, size := range []uint64{4096, FrameSize} {

@@ -111,9 +111,12 @@ type device struct {
 	sched    *scheduler // shares the device's time among tenants (sched.go)
 	launches atomic.Uint64
 	aliased  atomic.Int64 // frames aliased to another's memory (content.go)
-	// reclaimMu is held by an allocation that reclaims retained frames
-	// (content.go) until it has them.
-	reclaimMu sync.Mutex
+	// allocMu is held by an allocation until it has its frames, so that
+	// none takes the frames another reclaimed (content.go). unscrubbed
+	// holds retained frames a reclaim took out of the index but failed to
+	// scrub, for the next one.
+	allocMu    sync.Mutex
+	unscrubbed []uint64
 }
 
 // Node serves devices to mediators.
@@ -667,29 +670,40 @@ func (c *conn) apply(op api.Op, body []byte) error {
 }
 
 // alloc grants n frames of d to c. Where too few are free but enough are
-// retained (content.go), it reclaims the difference first, again if other
-// allocations took the frames it freed meanwhile.
+// retained (content.go), it reclaims the difference first, and charges
+// that work to c's tenant once other allocations may go on.
 func (c *conn) alloc(d *device, n int) ([]uint64, error) {
-	frames, err := d.frames.alloc(c.owner, n)
-	if !errors.Is(err, api.ErrOutOfMemory) {
-		return frames, err
+	frames, took, err := c.allocLocked(d, n)
+	if took > 0 {
+		d.chargeOff(c.share, took)
 	}
-	d.reclaimMu.Lock()
-	defer d.reclaimMu.Unlock()
+	return frames, err
+}
+
+// allocLocked is alloc but for the charge, which it returns, under
+// d.allocMu.
+func (c *conn) allocLocked(d *device, n int) (frames []uint64, took time.Duration, err error) {
+	d.allocMu.Lock()
+	defer d.allocMu.Unlock()
 	for {
 		if frames, err = d.frames.alloc(c.owner, n); !errors.Is(err, api.ErrOutOfMemory) {
-			return frames, err
+			return frames, took, err
 		}
 		total, free, retained := d.frames.usage()
-		switch {
-		case retained == 0:
-			return nil, err
-		case n > free+retained:
-			return nil, fmt.Errorf("allocate %d frames (%d MiB): %d of %d free, %d more retained: %w",
+		if retained == 0 {
+			return nil, took, err
+		}
+		if n > free+retained {
+			return nil, took, fmt.Errorf("allocate %d frames (%d MiB): %d of %d free, %d more retained: %w",
 				n, n*FrameSize>>20, free, total, retained, api.ErrOutOfMemory)
 		}
-		if err := c.node.content.reclaim(c.share, d, max(1, n-free)); err != nil {
-			return nil, fmt.Errorf("reclaim %d retained frames: %w", max(1, n-free), err)
+		got, work, err := c.node.content.reclaim(d, n-free)
+		took += work
+		if err != nil {
+			return nil, took, fmt.Errorf("reclaim %d retained frames: %w", n-free, err)
+		}
+		if got == 0 {
+			return nil, took, fmt.Errorf("allocate %d frames: %d of %d free, %d retained but none to reclaim: %w", n, free, total, retained, api.ErrInternal)
 		}
 	}
 }

@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"maps"
 	"runtime"
 	"slices"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/vgpu/vgpu/accelerator/sim"
 	"github.com/vgpu/vgpu/api"
 )
 
@@ -241,4 +245,182 @@ func TestNodeReclaimRaces(t *testing.T) {
 	race(t, churn, reclaim, dedupRound(b, 1, dst, want, &hits))
 	t.Logf("%d dedup hits, %d allocations that reclaimed, over %d seal-free rounds", hits, reclaims, rounds)
 	wantOnlyRetained(t, tn, 1)
+}
+
+// failingDevice is a sim device whose scrubs and unaliases fail while its
+// switches say so, as a device reports an error.
+type failingDevice struct {
+	*sim.Device
+	scrub, unalias *atomic.Bool
+}
+
+func (d failingDevice) Scrub(addr, n uint64) error {
+	if d.scrub.Load() {
+		return fmt.Errorf("%s: scrub failed: %w", d.Info().Name, api.ErrInternal)
+	}
+	return d.Device.Scrub(addr, n)
+}
+
+func (d failingDevice) Unalias(addr, n uint64, keep bool) error {
+	if d.unalias.Load() {
+		return fmt.Errorf("%s: unalias failed: %w", d.Info().Name, api.ErrInternal)
+	}
+	return d.Device.Unalias(addr, n, keep)
+}
+
+func startFailing(t *testing.T) (*testNode, failingDevice) {
+	sd, err := sim.New(0, testMemory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := failingDevice{sd, new(atomic.Bool), new(atomic.Bool)}
+	return serveDevices(t, d), d
+}
+
+// sealedFrame has c allocate a frame of device 0, write p into it and seal it.
+func sealedFrame(t *testing.T, c *client, p []byte) uint64 {
+	t.Helper()
+	f := c.alloc(0, 1)[0]
+	c.writeFrame(0, f, p)
+	if err := c.seal(0, f); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestNodeReclaimScrubFails: a reclaim whose scrub fails answers with the
+// error, gives the frame to nobody, and leaves it out of the index; the
+// next reclaim scrubs it.
+func TestNodeReclaimScrubFails(t *testing.T) {
+	tn, dev := startFailing(t)
+	a := tn.connect(t, "alice")
+	want := bytes.Repeat([]byte{7}, FrameSize)
+	f := sealedFrame(t, a, want)
+	if err := a.free(0, f); err != nil {
+		t.Fatal(err)
+	}
+	wantOnlyRetained(t, tn, 1)
+
+	b := tn.connect(t, "bob")
+	dev.scrub.Store(true)
+	_, err := b.tryAlloc(0, testFrames)
+	wantErr(t, err, api.ErrInternal, "scrub failed")
+	if st := tn.node.ContentStats(); st.Sealed != 0 || st.Retained != 0 {
+		t.Fatalf("after a failed reclaim: %+v, want the frame out of the index", st)
+	}
+	if hit, err := b.dedup(0, b.alloc(0, 1), sha256.Sum256(want)); err != nil || hit[0] {
+		t.Fatalf("dedup from a frame whose reclaim failed: %v, %v", hit, err)
+	}
+	if st := tn.node.Status().Devices[0]; st.Retained != 1 || st.Free != testFrames-1 {
+		t.Fatalf("device status %+v: want the frame counted retained", st)
+	}
+	dev.scrub.Store(false)
+	got := b.alloc(0, testFrames-1)
+	if !slices.Contains(got, f) {
+		t.Fatalf("frames %#x lack the one a failed reclaim left", got)
+	}
+	if !bytes.Equal(b.readFrame(0, f), make([]byte, FrameSize)) {
+		t.Fatal("a frame whose first scrub failed was handed out unscrubbed")
+	}
+}
+
+// TestNodeFreeFailsRetainsNothing: a free that fails partway leaves every
+// frame with its holder, those it retained first too, so that it can free
+// them again.
+func TestNodeFreeFailsRetainsNothing(t *testing.T) {
+	tn, dev := startFailing(t)
+	a := tn.connect(t, "alice")
+	alone := sealedFrame(t, a, bytes.Repeat([]byte{1}, FrameSize))
+	shared := sealedFrame(t, a, bytes.Repeat([]byte{2}, FrameSize))
+	b := tn.connect(t, "bob")
+	al := b.alloc(0, 1)
+	if hit, err := b.dedup(0, al, sha256.Sum256(bytes.Repeat([]byte{2}, FrameSize))); err != nil || !hit[0] {
+		t.Fatalf("dedup: %v, %v", hit, err)
+	}
+	dev.unalias.Store(true)
+	wantErr(t, a.free(0, alone, shared), api.ErrInternal, "unalias failed")
+	if st := tn.node.ContentStats(); st.Retained != 0 || st.Sealed != 2 {
+		t.Fatalf("after a failed free: %+v, want both frames sealed and held", st)
+	}
+	dev.unalias.Store(false)
+	if err := a.free(0, alone, shared); err != nil {
+		t.Fatalf("the free again: %v", err)
+	}
+	if k := keptFrames(tn); !slices.Equal(k, []uint64{alone}) {
+		t.Fatalf("retained %#x, want %#x", k, alone)
+	}
+}
+
+// TestNodeReclaimChargeHoldsNoOne: a tenant capped at the least cap pays
+// for the reclaim its allocation needs with seconds of its turns, and
+// another tenant's allocation, reclaiming too, does not wait for them.
+func TestNodeReclaimChargeHoldsNoOne(t *testing.T) {
+	tn := startSim(t, 1, testMemory)
+	a := tn.connect(t, "alice")
+	for i := range testFrames {
+		f := sealedFrame(t, a, bytes.Repeat([]byte{byte(i + 1)}, FrameSize))
+		if err := a.free(0, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantOnlyRetained(t, tn, testFrames)
+	capped := tn.connectShare(t, "capped", 1, 0.001)
+	done := make(chan time.Duration, 1)
+	start := time.Now()
+	go func() {
+		if _, err := capped.tryAlloc(0, 8); err != nil {
+			t.Error(err)
+		}
+		done <- time.Since(start)
+	}()
+	for _, _, retained := tn.node.devs[0].frames.usage(); retained > testFrames-8; _, _, retained = tn.node.devs[0].frames.usage() {
+		time.Sleep(time.Millisecond)
+	}
+	c := tn.connect(t, "carol")
+	t0 := time.Now()
+	c.alloc(0, 5)
+	took := time.Since(t0)
+	cappedTook := <-done
+	t.Logf("capped tenant's allocation of 8 retained frames: %v; another's of 5, beside it: %v", cappedTook, took)
+	if took > cappedTook/2 {
+		t.Errorf("an allocation beside a capped tenant's reclaim took %v, the capped one %v", took, cappedTook)
+	}
+}
+
+// TestNodeDedupSourceRank: a dedup maps a frame of its own device rather
+// than copy one of another, and of its device's, it maps one a tenant holds
+// rather than one the node retains, which earns its holder's credit.
+func TestNodeDedupSourceRank(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "alice")
+	p := bytes.Repeat([]byte{9}, FrameSize)
+	hash := sha256.Sum256(p)
+	other := a.alloc(1, 1)[0] // a held copy on device 1
+	a.writeFrame(1, other, p)
+	if err := a.seal(1, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.free(0, sealedFrame(t, a, p)); err != nil { // retained on device 0
+		t.Fatal(err)
+	}
+	if k := keptFrames(tn); len(k) != 1 {
+		t.Fatalf("retained %#x, want one frame", k)
+	}
+	b := tn.connect(t, "bob")
+	first := b.alloc(0, 1)
+	if hit, err := b.dedup(0, first, hash); err != nil || !hit[0] {
+		t.Fatalf("dedup: %v, %v", hit, err)
+	}
+	tn.wantAliased(t, 1) // the retained frame, not a copy of device 1's
+	if once := b.sealReport(0, first[0]); once[0] {
+		t.Fatal("an alias of a retained frame is reported stored once with another tenant")
+	}
+	held := sealedFrame(t, a, p) // now alice holds a copy on device 0 too
+	second := b.alloc(0, 1)
+	if hit, err := b.dedup(0, second, hash); err != nil || !hit[0] {
+		t.Fatalf("dedup: %v, %v", hit, err)
+	}
+	if once := b.sealReport(0, second[0]); !once[0] {
+		t.Fatalf("an alias made with alice's frame %#x held on the device is not reported stored once", held)
+	}
 }

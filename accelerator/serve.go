@@ -21,16 +21,28 @@ const DefaultMediatorTimeout = api.DefaultPeerTimeout
 // embedded default of a mediator with no --node, and the test harness's
 // node. Stop it with Close.
 func StartSim(addr string, n int, size uint64, log logrus.FieldLogger) (*Node, net.Addr, error) {
-	return StartSimTLS(addr, n, size, nil, 0, log)
+	return StartSimWith(addr, n, size, SimOptions{}, log)
 }
 
-// StartSimTLS is StartSim serving TLS only when tlsCfg is not nil (a node
-// configuration from internal/pki: mutual TLS, mediators only). A client
-// that does not complete the TLS handshake within HandshakeTimeout, or whose
-// certificate the configuration refuses, is dropped before it can send a
-// request. mediatorTimeout bounds a mediator host's silence (ListenTimeout;
-// 0: DefaultMediatorTimeout).
-func StartSimTLS(addr string, n int, size uint64, tlsCfg *tls.Config, mediatorTimeout time.Duration, log logrus.FieldLogger) (*Node, net.Addr, error) {
+// SimOptions are StartSimWith's choices beyond the devices.
+type SimOptions struct {
+	// TLS, when set (a node configuration from internal/pki: mutual TLS,
+	// mediators only), is the only protocol served. A client that does
+	// not complete the TLS handshake within HandshakeTimeout, or whose
+	// certificate the configuration refuses, is dropped before it can
+	// send a request.
+	TLS *tls.Config
+	// MediatorTimeout bounds a mediator host's silence (ListenTimeout; 0:
+	// DefaultMediatorTimeout).
+	MediatorTimeout time.Duration
+	// NoRetention scrubs every frame as it is freed: no sealed frame is
+	// retained (SetRetention).
+	NoRetention bool
+}
+
+// StartSimWith is StartSim with options.
+func StartSimWith(addr string, n int, size uint64, o SimOptions, log logrus.FieldLogger) (*Node, net.Addr, error) {
+	mediatorTimeout := o.MediatorTimeout
 	if mediatorTimeout == 0 {
 		mediatorTimeout = DefaultMediatorTimeout
 	}
@@ -52,7 +64,8 @@ func StartSimTLS(addr string, n int, size uint64, tlsCfg *tls.Config, mediatorTi
 		}
 		return nil, nil, err
 	}
-	l, err := ListenTimeout(addr, tlsCfg, mediatorTimeout)
+	node.SetRetention(!o.NoRetention)
+	l, err := ListenTimeout(addr, o.TLS, mediatorTimeout)
 	if err != nil {
 		node.Close()
 		return nil, nil, err

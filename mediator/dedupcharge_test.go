@@ -367,14 +367,16 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 					rt.Fatalf("step %d: upload: %v", step, err)
 				}
 				for _, f := range a.frames {
-					// The first frame of the content a tenant holds, else
-					// the first the node retains, and the memory it maps.
-					if refs := index[f.content]; len(refs) > 0 {
-						src := refs[max(0, slices.IndexFunc(refs, func(g *mframe) bool { return g.tenant != "" }))]
-						f.aliasOf = src
-						if src.aliasOf != nil {
-							f.aliasOf = src.aliasOf
+					// The memory of the first frame of the content whose
+					// memory a tenant holds, else of the first.
+					root := func(g *mframe) *mframe {
+						if g.aliasOf != nil {
+							return g.aliasOf
 						}
+						return g
+					}
+					if refs := index[f.content]; len(refs) > 0 {
+						f.aliasOf = root(refs[max(0, slices.IndexFunc(refs, func(g *mframe) bool { return root(g).tenant != "" }))])
 					}
 				}
 				all = append(all, a.frames...)

@@ -87,11 +87,11 @@ func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tl
 	if err != nil {
 		return err
 	}
-	node, addr, err := accelerator.StartSimTLS(listen, devices, size, tlsCfg, medTimeout, log)
+	node, addr, err := accelerator.StartSimWith(listen, devices, size,
+		accelerator.SimOptions{TLS: tlsCfg, MediatorTimeout: medTimeout, NoRetention: !retain}, log)
 	if err != nil {
 		return err
 	}
-	node.SetRetention(retain)
 	warnIfExposed(log, addr, tlsCfg != nil)
 	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil,
 		"mediator_timeout": medTimeout.String(), "retain_weights": retain}).Info("serving")
