@@ -42,6 +42,7 @@ func (tn *testNode) wantAliased(t *testing.T, n int) {
 // aliases their bytes, freeing an alias leaves the source.
 func TestNodeDedupAliases(t *testing.T) {
 	tn := startNode(t)
+	tn.node.SetRetention(false) // a freed source retained: TestNodeRetainedSourceKeepsAliases
 	a := tn.connect(t, "alice")
 	src := a.alloc(0, 1)[0]
 	want := frameWith(0x11, 4096, pattern(3, 8192))
@@ -290,6 +291,7 @@ func (c *client) writeFrame(dev uint32, f uint64, p []byte) {
 // reported.
 func TestNodeSealReportsStoredOnce(t *testing.T) {
 	tn := startNode(t)
+	tn.node.SetRetention(false) // retained frames: TestNodeDedupSourceRank
 	x, y, z := frameWith(0x11, 100, pattern(1, 4096)), frameWith(0x22, 200, pattern(2, 4096)), frameWith(0x33, 300, pattern(3, 4096))
 	hx, hy := sha256.Sum256(x), sha256.Sum256(y)
 	want := func(who string, got []bool, want ...bool) {

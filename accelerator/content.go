@@ -57,8 +57,10 @@ package accelerator
 // Retention: weights outlive the sessions that load them, as an inference
 // server that restarts loads the same model again. When its holder frees a
 // sealed frame (or its connection ends), the node keeps it, sealed and
-// indexed, in place of scrubbing it, if it maps memory of its own, has no
-// aliases, and no other indexed frame of its device holds the same bytes.
+// indexed, in place of scrubbing it, if it maps memory of its own and no
+// other indexed frame of its device holds the same bytes but its aliases.
+// Its aliases keep mapping it: the tenants that loaded the same weights
+// still share one copy, where without retention each would get its own.
 // Nobody holds a retained frame (retainedOwner) and nobody's quota counts
 // it: it is free memory that happens to hold sealed contents, and a dedup
 // that names them finds them as it would a held frame's. An allocation that
@@ -298,14 +300,14 @@ func (x *contentIndex) unkeep(o owner, tenant string, refs []frameRef) {
 // caller holds x.mu.
 func (x *contentIndex) keep(o owner, ref frameRef) bool {
 	sum, sealed := x.byFrame[ref]
-	if !x.retain || !sealed || len(x.aliases[ref]) > 0 {
+	if !x.retain || !sealed {
 		return false
 	}
 	if _, aliased := x.aliasOf[ref]; aliased {
 		return false
 	}
 	for _, r := range x.byHash[sum] {
-		if r != ref && r.dev == ref.dev {
+		if r != ref && r.dev == ref.dev && x.aliasOf[r] != ref {
 			return false
 		}
 	}

@@ -329,21 +329,22 @@ func TestNodeReclaimScrubFails(t *testing.T) {
 // them again.
 func TestNodeFreeFailsRetainsNothing(t *testing.T) {
 	tn, dev := startFailing(t)
+	b := tn.connect(t, "bob")
+	p := bytes.Repeat([]byte{2}, FrameSize)
+	sealedFrame(t, b, p)
 	a := tn.connect(t, "alice")
 	alone := sealedFrame(t, a, bytes.Repeat([]byte{1}, FrameSize))
-	shared := sealedFrame(t, a, bytes.Repeat([]byte{2}, FrameSize))
-	b := tn.connect(t, "bob")
-	al := b.alloc(0, 1)
-	if hit, err := b.dedup(0, al, sha256.Sum256(bytes.Repeat([]byte{2}, FrameSize))); err != nil || !hit[0] {
+	al := a.alloc(0, 1)[0] // an alias of bob's frame: freeing it unaliases it
+	if hit, err := a.dedup(0, []uint64{al}, sha256.Sum256(p)); err != nil || !hit[0] {
 		t.Fatalf("dedup: %v, %v", hit, err)
 	}
 	dev.unalias.Store(true)
-	wantErr(t, a.free(0, alone, shared), api.ErrInternal, "unalias failed")
-	if st := tn.node.ContentStats(); st.Retained != 0 || st.Sealed != 2 {
-		t.Fatalf("after a failed free: %+v, want both frames sealed and held", st)
+	wantErr(t, a.free(0, alone, al), api.ErrInternal, "unalias failed")
+	if st := tn.node.ContentStats(); st.Retained != 0 || st.Sealed != 2 || st.Aliased != 1 {
+		t.Fatalf("after a failed free: %+v, want both frames held as they were", st)
 	}
 	dev.unalias.Store(false)
-	if err := a.free(0, alone, shared); err != nil {
+	if err := a.free(0, alone, al); err != nil {
 		t.Fatalf("the free again: %v", err)
 	}
 	if k := keptFrames(tn); !slices.Equal(k, []uint64{alone}) {
@@ -422,5 +423,60 @@ func TestNodeDedupSourceRank(t *testing.T) {
 	}
 	if once := b.sealReport(0, second[0]); !once[0] {
 		t.Fatalf("an alias made with alice's frame %#x held on the device is not reported stored once", held)
+	}
+}
+
+// TestNodeRetainedSourceKeepsAliases: when the tenant whose sealed frame
+// others' frames map leaves, the node retains the frame and they keep
+// mapping it, the bytes stored once still; without retention each gets a
+// copy. A reclaim of the frame gives them their copies then.
+func TestNodeRetainedSourceKeepsAliases(t *testing.T) {
+	want := frameWith(0x3c, 777, pattern(4, 4096))
+	hash := sha256.Sum256(want)
+	const others = 3
+	for _, retain := range []bool{true, false} {
+		tn := startSim(t, 1, testMemory)
+		tn.node.SetRetention(retain)
+		a := tn.connect(t, "alice")
+		sealedFrame(t, a, want)
+		var frames []uint64
+		var clients []*client
+		for i := range others {
+			c := tn.connect(t, fmt.Sprintf("tenant%d", i))
+			f := c.alloc(0, 1)
+			if hit, err := c.dedup(0, f, hash); err != nil || !hit[0] {
+				t.Fatalf("dedup: %v, %v", hit, err)
+			}
+			frames, clients = append(frames, f[0]), append(clients, c)
+		}
+		before := tn.resident(t, 0)
+		a.rpc.Close()
+		tn.waitUsed(t, [testDevices]uint64{others * FrameSize})
+		after := tn.resident(t, 0)
+		t.Logf("retain %v: device RAM %d KiB before the first loader left, %d KiB after", retain, before>>10, after>>10)
+		aliased, wantRAM := 0, before+(others-1)*FrameSize // copies in place of the one
+		if retain {
+			aliased, wantRAM = others, before
+		}
+		tn.wantAliased(t, aliased)
+		if after != wantRAM {
+			t.Errorf("retain %v: device RAM %d bytes after the first loader left, want %d", retain, after, wantRAM)
+		}
+		for i, c := range clients {
+			if !bytes.Equal(c.readFrame(0, frames[i]), want) {
+				t.Fatalf("retain %v: tenant %d's frame lost its bytes", retain, i)
+			}
+		}
+		if !retain {
+			continue
+		}
+		e := tn.connect(t, "erin")
+		e.alloc(0, testFrames-others) // every frame left, the retained one too
+		tn.wantAliased(t, 0)
+		for i, c := range clients {
+			if !bytes.Equal(c.readFrame(0, frames[i]), want) {
+				t.Fatalf("tenant %d's frame lost its bytes when the frame it mapped was reclaimed", i)
+			}
+		}
 	}
 }

@@ -252,13 +252,13 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 		index := map[int][]*mframe{}
 		var all []*mframe
 		// forget frees a's frames: the node retains a sealed frame with
-		// memory of its own, no aliases and no other indexed frame of its
-		// content; it scrubs the others, their aliases given copies.
+		// memory of its own and no other indexed frame of its content but
+		// its aliases, which keep mapping it; it scrubs the others, their
+		// aliases given copies.
 		forget := func(a *malloc) {
 			for _, f := range a.frames {
 				all = slices.DeleteFunc(all, func(g *mframe) bool { return g == f })
-				aliased := slices.ContainsFunc(all, func(g *mframe) bool { return g.aliasOf == f })
-				if f.sealed && f.aliasOf == nil && !aliased && len(index[f.content]) == 1 {
+				if f.sealed && f.aliasOf == nil && !slices.ContainsFunc(index[f.content], func(g *mframe) bool { return g != f && g.aliasOf != f }) {
 					f.tenant = ""
 					continue
 				}
