@@ -311,6 +311,56 @@ func TestFaultInAfterASealedWeight(t *testing.T) {
 	}
 }
 
+// A sealed weight that a tenant's resident cap evicts goes back to the node,
+// which retains it: faulting it back in, the node fills the frame from that
+// copy and the weight's bytes do not cross the network again. On a node
+// that retains nothing they do.
+func TestEvictedWeightsComeBackFromTheNode(t *testing.T) {
+	for _, retain := range []bool{true, false} {
+		s := startOversubscribed(t, 64<<20, frame, 2, 16<<20)
+		s.nodes[0].SetRetention(retain)
+		c := s.dial(t, "t", 1)
+		weights := randomBytes(12, frame)
+		w, _ := upload(t, c, weights)
+		if err := c.Seal(w); err != nil {
+			t.Fatal(err)
+		}
+		b, err := c.Malloc(0, frame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := c.Stream()
+		st.Memset(b, 3, frame) // evicts the weight
+		if err := st.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		before, err := c.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, frame)
+		st.CopyFromDevice(got, w) // faults it back in
+		if err := st.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		if i := firstDiff(got, weights); i >= 0 {
+			t.Fatalf("retain %v: weight byte %d reads %d, want %d", retain, i, got[i], weights[i])
+		}
+		after, err := c.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent, hits := after.NetOut-before.NetOut, after.DedupHits-before.DedupHits
+		t.Logf("retain %v: faulting the weight back in sent %d bytes, %d pieces from the node", retain, sent, hits)
+		switch {
+		case retain && (hits != 1 || sent >= frame/2):
+			t.Errorf("a weight the node retained sent %d bytes faulting back in, %d pieces from the node", sent, hits)
+		case !retain && (hits != 0 || sent < frame):
+			t.Errorf("a weight the node did not retain sent %d bytes faulting back in, %d pieces from the node", sent, hits)
+		}
+	}
+}
+
 // A weight sealed in a space with room for fewer chunks than it spans
 // cannot have its frames resident together: it is sealed in the session
 // (read-only), not on the node, rather than naming to the node frames that

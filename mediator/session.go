@@ -469,6 +469,31 @@ func (f *frameSource) Write(dev uint32, frame uint64, p []byte) error {
 	return waitAll(calls)
 }
 
+// Refill asks the node to fill a frame, for fault-in, with the bytes whose
+// SHA-256 is sum, from a sealed frame it holds or retains
+// (accelerator/content.go): an evicted weight comes back without crossing
+// the network. Off with deduplication (Config.NoDedup).
+func (f *frameSource) Refill(dev uint32, frame uint64, sum [32]byte) (bool, error) {
+	if f.s.m.cfg.NoDedup {
+		return false, nil
+	}
+	v := f.s.vdevs[dev]
+	body, err := v.rpc.Call(api.OpNodeDedup, nil, api.Encode(&api.NodeDedup{
+		Device: v.dev.info.Index, Dst: []api.Extent{{Addr: frame, Len: memory.FrameSize}}, Hashes: [][32]byte{sum}}))
+	if err != nil {
+		return false, err
+	}
+	var reply api.NodeDedupReply
+	if err := api.Decode(body, &reply); err != nil || len(reply.Hit) != 1 {
+		return false, fmt.Errorf("node's answer to a refill (%d answers): %v: %w", len(reply.Hit), err, api.ErrProtocol)
+	}
+	if reply.Hit[0] {
+		f.s.dedupHits.Add(1)
+		f.s.dedupBytes.Add(memory.FrameSize)
+	}
+	return reply.Hit[0], nil
+}
+
 // Zero clears a frame that is reused for a chunk never written.
 func (f *frameSource) Zero(dev uint32, frame uint64) error {
 	v := f.s.vdevs[dev]

@@ -31,7 +31,10 @@ type fakeNode struct {
 	data                 map[devFrame][]byte
 	sealed               map[devFrame]bool
 	returns              map[int][]devFrame // every frame each lessee returned, in order
-	violations           []string
+	// kept holds the bytes of sealed frames returned, by SHA-256, for
+	// refills (refillingLease), as a node retains sealed frames.
+	kept       map[[32]byte][]byte
+	violations []string
 }
 
 func newFakeNode(capacity int) *fakeNode {
@@ -41,6 +44,7 @@ func newFakeNode(capacity int) *fakeNode {
 		data:     make(map[devFrame][]byte),
 		sealed:   make(map[devFrame]bool),
 		returns:  make(map[int][]devFrame),
+		kept:     make(map[[32]byte][]byte),
 	}
 }
 

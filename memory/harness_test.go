@@ -62,7 +62,11 @@ type spaceConfig struct {
 func newHarness(t rapid.TB, node *fakeNode, store *checkedStore, cfgs []spaceConfig) *harness {
 	h := &harness{t: t, node: node, store: store}
 	for i, cfg := range cfgs {
-		m := &model{id: i, sp: NewSpace(node.lease(i), cfg.limit), limit: cfg.limit, live: make(map[uint64]*liveAlloc)}
+		var src FrameSource = node.lease(i)
+		if cfg.oversub { // a source that refills sealed chunks, shared by all
+			src = &refillingLease{lease: node.lease(i)}
+		}
+		m := &model{id: i, sp: NewSpace(src, cfg.limit), limit: cfg.limit, live: make(map[uint64]*liveAlloc)}
 		if cfg.oversub && store != nil {
 			m.oversub, m.resident = true, cfg.resident
 			m.sp.Oversubscribe(store.store(), uint64(cfg.resident)*FrameSize)

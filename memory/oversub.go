@@ -2,6 +2,7 @@ package memory
 
 import (
 	"cmp"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -118,7 +119,8 @@ func (s *Space) faultIn(rs []Range) error {
 	s.mu.Unlock()
 	for i, c := range p.need {
 		f := p.frames[i]
-		if err := s.load(c, f); err != nil {
+		refilled, err := s.load(c, f)
+		if err != nil {
 			var left []devFrame
 			for j, f := range p.frames[i:] {
 				left = append(left, devFrame{p.need[i+j].dev, f.frame})
@@ -135,6 +137,9 @@ func (s *Space) faultIn(rs []Range) error {
 		s.mapChunk(c)
 		c.lru = s.tick
 		s.faults++
+		if refilled {
+			s.refills++
+		}
 		s.mu.Unlock()
 		if c.stored && c.unsealed > 0 { // it may change: its entry would go stale
 			s.dropKey(c)
@@ -423,13 +428,18 @@ func (s *Space) save(c *chunk) (uint64, error) {
 	return key, nil
 }
 
-// load fills frame f with the contents of the evicted chunk c. The caller
-// holds allocMu.
-func (s *Space) load(c *chunk, f planFrame) error {
-	var err error
+// load fills frame f with the contents of the evicted chunk c, and says
+// whether the source did it from memory it held (refill). The caller holds
+// allocMu.
+func (s *Space) load(c *chunk, f planFrame) (refilled bool, err error) {
 	switch {
 	case c.stored:
-		write := func(b []byte) error { return s.src.Write(c.dev, f.frame, b) }
+		write := func(b []byte) error {
+			if refilled, err = s.refill(c, f.frame, b); refilled || err != nil {
+				return err
+			}
+			return s.src.Write(c.dev, f.frame, b)
+		}
 		if s.lend != nil {
 			err = s.lend.view(c.key, write)
 		} else {
@@ -443,9 +453,25 @@ func (s *Space) load(c *chunk, f planFrame) error {
 		err = s.src.Zero(c.dev, f.frame)
 	}
 	if err != nil {
-		return fmt.Errorf("fault in chunk %#x of device %d (frame %#x): %w", c.va, c.dev, f.frame, err)
+		return false, fmt.Errorf("fault in chunk %#x of device %d (frame %#x): %w", c.va, c.dev, f.frame, err)
 	}
-	return nil
+	return refilled, nil
+}
+
+// refill asks a source that is a Refiller to fill frame with b, the stored
+// contents of c, from memory it holds, where the source sealed c's frame
+// before it was evicted (so that a node may retain it) and c is sealed
+// whole. A miss costs a hash of the chunk, once per stored contents, and a
+// round trip. The caller holds allocMu.
+func (s *Space) refill(c *chunk, frame uint64, b []byte) (bool, error) {
+	r, ok := s.src.(Refiller)
+	if !ok || !c.atSource || c.unsealed > 0 {
+		return false, nil
+	}
+	if !c.summed {
+		c.sum, c.summed = sha256.Sum256(b), true
+	}
+	return r.Refill(c.dev, frame, c.sum)
 }
 
 // evictLocked unmaps the resident chunk c, whose contents the store holds
@@ -462,6 +488,10 @@ func (s *Space) evictLocked(c *chunk, key uint64) {
 	})
 	s.tlb.invalidate(c.va, Page2M)
 	s.dropResident(c)
+	c.atSource = c.atSource || c.frameSealed
+	if !c.stored { // written back: new contents, whose sum refill takes anew
+		c.summed = false
+	}
 	c.resident, c.stored, c.key, c.frameSealed = false, true, key, false
 	s.evicted++
 	s.evictions++

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
+	"pgregory.net/rapid"
 )
 
 // writeVA writes p at va through the space's translation into the fake
@@ -579,4 +581,153 @@ func TestOversubscribeConcurrent(t *testing.T) {
 func sameStats(a, b Stats) bool {
 	a.TLBHits, a.TLBMisses, b.TLBHits, b.TLBMisses = 0, 0, 0, 0
 	return a == b
+}
+
+// refillingLease is a lease of a node that keeps the bytes of the sealed
+// frames returned to it (fakeNode.kept) and refills frames from them, as a
+// node that retains sealed frames does.
+type refillingLease struct {
+	lease
+	asked int // refills asked for
+}
+
+func (l *refillingLease) Return(dev uint32, frames []uint64) error {
+	l.n.mu.Lock()
+	for _, f := range frames {
+		if k := (devFrame{dev, f}); l.n.sealed[k] && l.n.owner[k] == l.id {
+			b := make([]byte, FrameSize)
+			copy(b, l.n.data[k])
+			l.n.kept[sha256.Sum256(b)] = b
+		}
+	}
+	l.n.mu.Unlock()
+	return l.lease.Return(dev, frames)
+}
+
+func (l *refillingLease) Refill(dev uint32, frame uint64, sum [32]byte) (bool, error) {
+	n := l.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := l.access("refill", dev, frame, nil); err != nil {
+		return false, err
+	}
+	l.asked++
+	b, ok := n.kept[sum]
+	if ok {
+		n.data[devFrame{dev, frame}] = slices.Clone(b)
+	}
+	return ok, nil
+}
+
+// TestSealedChunksRefillFromTheSource: a chunk sealed at the source and
+// evicted comes back from the source's own copy, no bytes written; where
+// the source no longer has it, or never sealed it, it is written as
+// before; every read sees the chunk's bytes.
+func TestSealedChunksRefillFromTheSource(t *testing.T) {
+	node := newFakeNode(4)
+	src := &refillingLease{lease: node.lease(0)}
+	s := NewSpace(src, 0)
+	s.Oversubscribe(newStore(t, 8, false), FrameSize) // one chunk resident
+	w := mustAllocHint(t, s, 0, Page2M, api.HintWeight)
+	writeVA(t, node, s, w, pattern(1, Page2M))
+	if err := s.Seal(w); err != nil {
+		t.Fatal(err)
+	}
+	ts, err := s.TranslateAll([]Range{{VA: w, Len: Page2M, SealFrames: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.seal(ts[0].Dev, ts[0].Extents)
+	plain := mustAllocHint(t, s, 0, Page2M, api.HintWeight) // sealed here, not at the source
+	writeVA(t, node, s, plain, pattern(2, Page2M))
+	if err := s.Seal(plain); err != nil {
+		t.Fatal(err)
+	}
+	// check reads chunk va back and wants the totals of refills, refills
+	// asked for, and frames written by its fault-in.
+	check := func(va uint64, seed uint64, refills, asked, writes int) {
+		t.Helper()
+		before := node.writes
+		if got := readVA(t, node, s, va, Page2M); !bytes.Equal(got, pattern(seed, Page2M)) {
+			t.Fatalf("chunk %#x lost its bytes", va)
+		}
+		if st := s.Stats(); st.Refills != uint64(refills) || src.asked != asked || node.writes-before != writes {
+			t.Fatalf("chunk %#x: %d refills of %d asked, %d frames written: want %d of %d, %d", va, st.Refills, src.asked, node.writes-before, refills, asked, writes)
+		}
+	}
+	check(w, 1, 1, 1, 0)     // plain evicted, w back from the source's copy
+	check(plain, 2, 1, 1, 1) // never sealed at the source: written, not asked
+	clear(node.kept)
+	check(w, 1, 1, 2, 1) // asked, missed, written
+	if len(node.violations) != 0 {
+		t.Fatal(node.violations)
+	}
+}
+
+// TestRefillModel: weights of a chunk each, sealed at the source, in the
+// space alone, or not at all, written and read at random through a small
+// resident cap, with a node that now and then forgets the frames it kept:
+// every read sees the bytes last written, and no frame is touched that the
+// space does not hold.
+func TestRefillModel(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		node := newFakeNode(8)
+		src := &refillingLease{lease: node.lease(0)}
+		s := NewSpace(src, 0)
+		s.Oversubscribe(newStore(t, 32, false), uint64(rapid.IntRange(1, 3).Draw(rt, "resident"))*FrameSize)
+		type buf struct {
+			va, seed uint64
+			sealed   bool
+		}
+		var bufs []*buf
+		seed := uint64(0)
+		pick := func() *buf { return bufs[rapid.IntRange(0, len(bufs)-1).Draw(rt, "buffer")] }
+		for range rapid.IntRange(1, 40).Draw(rt, "steps") {
+			switch op := rapid.IntRange(0, 4).Draw(rt, "op"); {
+			case op == 0 || len(bufs) == 0:
+				if len(bufs) == 6 {
+					continue
+				}
+				seed++
+				b := &buf{va: mustAllocHint(t, s, 0, Page2M, api.HintWeight), seed: seed}
+				writeVA(t, node, s, b.va, pattern(b.seed, Page2M))
+				if how := rapid.IntRange(0, 2).Draw(rt, "seal"); how > 0 {
+					b.sealed = true
+					if err := s.Seal(b.va); err != nil {
+						rt.Fatal(err)
+					}
+					if how == 2 { // and at the source, as a weight on its node
+						ts, err := s.TranslateAll([]Range{{VA: b.va, Len: Page2M, SealFrames: true}})
+						if err != nil {
+							rt.Fatal(err)
+						}
+						src.seal(ts[0].Dev, ts[0].Extents)
+					}
+				}
+				bufs = append(bufs, b)
+			case op == 1:
+				if b := pick(); !b.sealed {
+					seed++
+					b.seed = seed
+					writeVA(t, node, s, b.va, pattern(b.seed, Page2M))
+				}
+			case op == 2:
+				node.mu.Lock()
+				clear(node.kept) // the node reclaimed what it retained
+				node.mu.Unlock()
+			default:
+				b := pick()
+				if got := readVA(t, node, s, b.va, Page2M); !bytes.Equal(got, pattern(b.seed, Page2M)) {
+					rt.Fatalf("buffer %#x does not read its bytes (seed %d)", b.va, b.seed)
+				}
+			}
+			if len(node.violations) != 0 {
+				rt.Fatal(node.violations)
+			}
+		}
+		if st := s.Stats(); st.Refills > uint64(src.asked) || st.Refills > st.Faults {
+			rt.Fatalf("%d refills, %d asked, %d faults", st.Refills, src.asked, st.Faults)
+		}
+		s.Close()
+	})
 }

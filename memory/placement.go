@@ -93,6 +93,14 @@ type chunk struct {
 	// as it stays until it is returned: no other chunk may reuse it. Set
 	// under mu alone, as a translation of resident chunks holds no more.
 	frameSealed bool
+	// atSource says the source sealed the chunk's frame once, before an
+	// eviction: it may hold the contents still (Refiller). Set with both
+	// locks held, at the eviction.
+	atSource bool
+	// sum is the SHA-256 of the stored contents, when summed (reset when
+	// they change, at a write-back); guarded by allocMu.
+	sum    [32]byte
+	summed bool
 }
 
 // findFree returns the first page index, a multiple of align, that starts

@@ -115,6 +115,17 @@ type FrameSource interface {
 	Zero(dev uint32, frame uint64) error
 }
 
+// Refiller is a FrameSource that may fill a held frame from memory it holds
+// already, named by the SHA-256 of its FrameSize bytes, rather than be sent
+// them: a node that retains sealed frames (accelerator/content.go). A space
+// whose source is one asks it first when it faults in a chunk whose
+// contents were sealed at the source before they were evicted.
+type Refiller interface {
+	// Refill fills the frame with the bytes whose SHA-256 is sum, if the
+	// source holds them, and says whether it did.
+	Refill(dev uint32, frame uint64, sum [32]byte) (bool, error)
+}
+
 // Stats is a consistent snapshot of a Space.
 type Stats struct {
 	Allocations int
@@ -133,6 +144,9 @@ type Stats struct {
 	// did not since the store still had its sealed contents; they sum to
 	// Evictions.
 	WriteBacks, CleanEvictions uint64
+	// Faults the source filled from memory it held (Refiller), with no
+	// bytes sent.
+	Refills uint64
 }
 
 // basePagesOnly is a test hook: while set, NewSpace builds page tables that
@@ -171,6 +185,7 @@ type Space struct {
 	maxFrames                  int        // cap on frames; 0 means none
 	faults, evictions          uint64
 	writeBacks, cleanEvictions uint64
+	refills                    uint64
 	// Guarded by mu alone, since every translation updates them.
 	tlb  tlb
 	tick uint64 // stamps chunk.lru
@@ -926,5 +941,6 @@ func (s *Space) Stats() Stats {
 		Evictions:      s.evictions,
 		WriteBacks:     s.writeBacks,
 		CleanEvictions: s.cleanEvictions,
+		Refills:        s.refills,
 	}
 }
