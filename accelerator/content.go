@@ -68,8 +68,9 @@ package accelerator
 // without aliases before those with: each is forgotten as a freed frame is
 // (its aliases given copies), scrubbed and released, as device work of the
 // allocating tenant, charged once no other allocation of the device waits
-// for it. A frame retained confers no storedOnce credit: it is
-// stored once with nobody. The side channel below then reaches back to
+// for it; but for the copies, device work of the aliases' holders, whose
+// memory they become, charged at once without waiting their turns. A frame
+// retained confers no storedOnce credit: it is stored once with nobody. The side channel below then reaches back to
 // contents freed earlier, not only those held now; a node started with
 // retention off (SetRetention, SimOptions.NoRetention) scrubs every frame as
 // it is freed.
@@ -121,10 +122,10 @@ type contentIndex struct {
 	mu      sync.Mutex
 	byHash  map[[32]byte][]frameRef
 	byFrame map[frameRef][32]byte
-	sealer  map[frameRef]string                // sealed frame → its holder's tenant
-	aliasOf map[frameRef]frameRef              // aliased frame → the frame whose memory it maps
-	aliases map[frameRef]map[frameRef]struct{} // the other way
-	kept    map[frameRef]uint64                // retained frame → keptSeq when retained
+	sealer  map[frameRef]string                   // sealed frame → its holder's tenant
+	aliasOf map[frameRef]frameRef                 // aliased frame → the frame whose memory it maps
+	aliases map[frameRef]map[frameRef]tenantShare // the other way, with each alias's holder
+	kept    map[frameRef]uint64                   // retained frame → keptSeq when retained
 	keptSeq uint64
 	retain  bool   // whether freed sealed frames are retained
 	lookups uint64 // hashes asked for by dedups
@@ -133,7 +134,7 @@ type contentIndex struct {
 
 func newContentIndex() *contentIndex {
 	return &contentIndex{byHash: map[[32]byte][]frameRef{}, byFrame: map[frameRef][32]byte{}, sealer: map[frameRef]string{},
-		aliasOf: map[frameRef]frameRef{}, aliases: map[frameRef]map[frameRef]struct{}{}, kept: map[frameRef]uint64{}, retain: true}
+		aliasOf: map[frameRef]frameRef{}, aliases: map[frameRef]map[frameRef]tenantShare{}, kept: map[frameRef]uint64{}, retain: true}
 }
 
 // SetRetention turns the retention of sealed frames freed from now on on or
@@ -255,11 +256,11 @@ func (x *contentIndex) storedOnce(ref frameRef, tenant string) bool {
 // of them that are aliased are unaliased, and those that are sealed are
 // unsealed and taken out of the index. It takes x.mu for one frame at a
 // time, and charges the time each took under it to t (chargeOff) once it is
-// released. On an error the frames before the one that failed may have
-// been taken out of the index already, and all stay held: those it
-// retained go back to o, unless an allocation reclaimed one meanwhile.
-func (x *contentIndex) forget(t tenantShare, o owner, d *device, frames []uint64) (scrub []uint64, err error) {
-	var kept []frameRef
+// released; it returns those it retained too. On an error the frames
+// before the one that failed may have been taken out of the index already,
+// and all stay held: those it retained go back to o (unkeep), unless an
+// allocation reclaimed one meanwhile.
+func (x *contentIndex) forget(t tenantShare, o owner, d *device, frames []uint64) (scrub []uint64, kept []frameRef, err error) {
 	for _, f := range frames {
 		ref := frameRef{d, f}
 		x.mu.Lock()
@@ -271,21 +272,21 @@ func (x *contentIndex) forget(t tenantShare, o owner, d *device, frames []uint64
 			scrub = append(scrub, f)
 			return x.forgetFrame(ref)
 		})
-		if err != nil {
-			x.unkeep(o, t.name, kept)
-		}
 		x.mu.Unlock()
 		d.chargeOff(t, took)
 		if err != nil {
-			return nil, err
+			x.unkeep(o, t.name, kept)
+			return nil, nil, err
 		}
 	}
-	return scrub, nil
+	return scrub, kept, nil
 }
 
 // unkeep gives the frames of refs that the node still retains back to o,
-// a connection of tenant, undoing keep. The caller holds x.mu.
+// a connection of tenant, undoing keep for a free that failed.
 func (x *contentIndex) unkeep(o owner, tenant string, refs []frameRef) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
 	for _, r := range refs {
 		if _, ok := x.kept[r]; ok {
 			delete(x.kept, r)
@@ -319,12 +320,15 @@ func (x *contentIndex) keep(o owner, ref frameRef) bool {
 }
 
 // reclaim takes up to n of the frames of d the node retains out of the
-// index, the oldest first, those without aliases before those with, whose
-// aliases get copies; scrubs them, with any a failed reclaim left
-// unscrubbed (device.unscrubbed), and releases them. It returns how many it
-// released, and how long its work took, which the caller charges to the
-// allocating tenant once it no longer holds d.allocMu. The caller holds
-// d.allocMu, so that two allocations do not reclaim the same frames.
+// index, the oldest first, those without aliases before those with; scrubs
+// them, with any a failed reclaim left unscrubbed (device.unscrubbed), and
+// releases them. It returns how many it released, and how long its work
+// took, which the caller charges to the allocating tenant once it no
+// longer holds d.allocMu; but for the copies it gives aliases of the
+// frames, each charged at once to the alias's holder, whose memory it
+// becomes. It holds x.mu for one frame at a time, as forget does. The
+// caller holds d.allocMu, so that two allocations do not reclaim the same
+// frames.
 func (x *contentIndex) reclaim(d *device, n int) (int, time.Duration, error) {
 	x.mu.Lock()
 	var refs []frameRef
@@ -336,27 +340,51 @@ func (x *contentIndex) reclaim(d *device, n int) (int, time.Duration, error) {
 	slices.SortFunc(refs, func(a, b frameRef) int {
 		return cmp.Or(cmp.Compare(len(x.aliases[a]), len(x.aliases[b])), cmp.Compare(x.kept[a], x.kept[b]))
 	})
+	x.mu.Unlock()
 	refs = refs[:min(n, len(refs))]
 	frames := d.unscrubbed
 	d.unscrubbed = nil
-	forgot, err := d.timed(func() error {
-		for _, r := range refs {
+	var work time.Duration
+	var err error
+	for _, r := range refs {
+		var holders []tenantShare // with the copy each was given
+		x.mu.Lock()
+		took, ferr := d.timed(func() error {
+			if _, ok := x.kept[r]; !ok {
+				return nil // a failed free took it back
+			}
+			for a, t := range x.aliases[r] {
+				copied, err := d.timed(func() error { return x.unalias(a, true) })
+				if err != nil {
+					return err
+				}
+				t.aside = copied
+				holders = append(holders, t)
+			}
 			if err := x.forgetFrame(r); err != nil {
 				return err
 			}
 			delete(x.kept, r)
 			frames = append(frames, r.addr)
+			return nil
+		})
+		x.mu.Unlock()
+		for _, t := range holders {
+			d.sched.chargeNow(t)
+			took -= t.aside
 		}
-		return nil
-	})
-	x.mu.Unlock()
+		if work += took; ferr != nil {
+			err = ferr
+			break
+		}
+	}
 	slices.Sort(frames)
 	scrubbed, serr := d.timed(func() error { return d.scrubRelease(frames) })
 	if serr != nil {
 		// Out of the index, held by nobody: scrubbed by the next reclaim.
 		d.unscrubbed, frames = frames, nil
 	}
-	return len(frames), forgot + scrubbed, errors.Join(err, serr)
+	return len(frames), work + scrubbed, errors.Join(err, serr)
 }
 
 // forgetFrame is forget of one frame. The caller holds x.mu. On an error
@@ -465,7 +493,7 @@ func (c *conn) dedup(d *device, m *api.NodeDedup) (*api.NodeDedupReply, error) {
 		// Copying a frame (or a lookup, or aliasing) is device work of
 		// c's tenant; waiting for the index's lock, behind others' work,
 		// is not.
-		hit, took, err := c.node.content.copyTo(d, dst.Addr, m.Hashes[i])
+		hit, took, err := c.node.content.copyTo(c.share, d, dst.Addr, m.Hashes[i])
 		d.chargeOff(c.share, took)
 		reply.Hit[i] = hit
 		if err != nil {
@@ -481,19 +509,19 @@ func (c *conn) dedup(d *device, m *api.NodeDedup) (*api.NodeDedupReply, error) {
 // scrubbed meanwhile, and reports how long it held it, on d's scheduler's
 // clock: the work to charge, without the wait for the lock. dst is held by
 // the caller and not sealed.
-func (x *contentIndex) copyTo(d *device, dst uint64, sum [32]byte) (bool, time.Duration, error) {
+func (x *contentIndex) copyTo(t tenantShare, d *device, dst uint64, sum [32]byte) (bool, time.Duration, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	hit := false
 	took, err := d.timed(func() (err error) {
-		hit, err = x.copyToLocked(d, dst, sum)
+		hit, err = x.copyToLocked(t, d, dst, sum)
 		return err
 	})
 	return hit, took, err
 }
 
-// copyToLocked is copyTo with x.mu held.
-func (x *contentIndex) copyToLocked(d *device, dst uint64, sum [32]byte) (bool, error) {
+// copyToLocked is copyTo with x.mu held. t is the share of dst's holder.
+func (x *contentIndex) copyToLocked(t tenantShare, d *device, dst uint64, sum [32]byte) (bool, error) {
 	x.lookups++
 	refs := x.byHash[sum]
 	if len(refs) == 0 {
@@ -533,9 +561,9 @@ func (x *contentIndex) copyToLocked(d *device, dst uint64, sum [32]byte) (bool, 
 		}
 		x.aliasOf[me] = src
 		if x.aliases[src] == nil {
-			x.aliases[src] = map[frameRef]struct{}{}
+			x.aliases[src] = map[frameRef]tenantShare{}
 		}
-		x.aliases[src][me] = struct{}{}
+		x.aliases[src][me] = t
 		d.aliased.Add(1)
 		x.hits++
 		return true, nil

@@ -714,11 +714,15 @@ func (c *conn) allocLocked(d *device, n int) (frames []uint64, took time.Duratio
 // c's tenant, charged once the frames are free.
 func (c *conn) scrubAndRelease(d *device, frames []uint64) error {
 	c.node.dropObjects(c, d, frames)
-	scrub, err := c.node.content.forget(c.share, c.owner, d, frames)
+	scrub, kept, err := c.node.content.forget(c.share, c.owner, d, frames)
 	if err != nil {
 		return err
 	}
-	return d.offRunner(c.share, func() error { return d.scrubRelease(scrub) })
+	if err := d.offRunner(c.share, func() error { return d.scrubRelease(scrub) }); err != nil {
+		c.node.content.unkeep(c.owner, c.tenant, kept) // the free failed: all stay c's
+		return err
+	}
+	return nil
 }
 
 // scrubRelease zeroes frames, ascending, in runs of contiguous frames, then

@@ -324,9 +324,9 @@ func TestNodeReclaimScrubFails(t *testing.T) {
 	}
 }
 
-// TestNodeFreeFailsRetainsNothing: a free that fails partway leaves every
-// frame with its holder, those it retained first too, so that it can free
-// them again.
+// TestNodeFreeFailsRetainsNothing: a free that fails partway, or whose
+// scrub fails, leaves every frame with its holder, those it retained first
+// too, so that it can free them again.
 func TestNodeFreeFailsRetainsNothing(t *testing.T) {
 	tn, dev := startFailing(t)
 	b := tn.connect(t, "bob")
@@ -344,7 +344,16 @@ func TestNodeFreeFailsRetainsNothing(t *testing.T) {
 		t.Fatalf("after a failed free: %+v, want both frames held as they were", st)
 	}
 	dev.unalias.Store(false)
-	if err := a.free(0, alone, al); err != nil {
+
+	// So does one whose scrub fails, after it retained a frame.
+	plain := a.alloc(0, 1)[0]
+	dev.scrub.Store(true)
+	wantErr(t, a.free(0, alone, plain), api.ErrInternal, "scrub failed")
+	if st := tn.node.ContentStats(); st.Retained != 0 {
+		t.Fatalf("after a free whose scrub failed: %+v, want nothing retained", st)
+	}
+	dev.scrub.Store(false)
+	if err := a.free(0, alone, al, plain); err != nil {
 		t.Fatalf("the free again: %v", err)
 	}
 	if k := keptFrames(tn); !slices.Equal(k, []uint64{alone}) {
@@ -478,5 +487,36 @@ func TestNodeRetainedSourceKeepsAliases(t *testing.T) {
 				t.Fatalf("tenant %d's frame lost its bytes when the frame it mapped was reclaimed", i)
 			}
 		}
+	}
+}
+
+// TestNodeReclaimChargesAliasHolders: the copies a reclaim gives the aliases
+// of a retained frame are device time of the aliases' holders, whose memory
+// they become, not of the tenant whose allocation reclaimed the frame.
+func TestNodeReclaimChargesAliasHolders(t *testing.T) {
+	tn := startSim(t, 1, testMemory)
+	a := tn.connect(t, "alice")
+	b := tn.connect(t, "bob")
+	const sources, per = 4, 3
+	for i := range sources {
+		p := bytes.Repeat([]byte{byte(i + 1)}, FrameSize)
+		sealedFrame(t, a, p)
+		hits, err := b.dedup(0, b.alloc(0, per), slices.Repeat([][32]byte{sha256.Sum256(p)}, per)...)
+		if err != nil || !slices.Equal(hits, slices.Repeat([]bool{true}, per)) {
+			t.Fatalf("dedup: %v, %v", hits, err)
+		}
+	}
+	a.rpc.Close()
+	tn.waitUsed(t, [testDevices]uint64{sources * per * FrameSize})
+	tn.wantAliased(t, sources*per)
+	c := tn.connect(t, "carol")
+	bob0 := b.share(0, "bob").DeviceTime
+	c.alloc(0, testFrames-sources*per) // every frame left, the retained ones too
+	tn.wantAliased(t, 0)
+	bobPaid := b.share(0, "bob").DeviceTime - bob0
+	carolPaid := c.share(0, "carol").DeviceTime
+	t.Logf("reclaiming %d frames with %d aliases each: %v charged to their holder, %v to the allocation", sources, per, bobPaid, carolPaid)
+	if bobPaid <= carolPaid {
+		t.Errorf("the aliases' holder was charged %v for %d copies, the reclaiming allocation %v", bobPaid, sources*per, carolPaid)
 	}
 }

@@ -273,15 +273,12 @@ func TestContainerSessionsReclaimConcurrently(t *testing.T) {
 	t.Logf("%d of %d commands found every frame held", oom.Load(), 3*2*rounds)
 }
 
-// A sealed weight's frames are read-only on its node until they go back to
-// it, so a fault-in that evicts the weight must not reuse its frame: with
-// room for one chunk, memsetting a second buffer evicts the sealed weight
-// and still succeeds, and the weight faults back in intact.
-func TestFaultInAfterASealedWeight(t *testing.T) {
-	s := startOversubscribed(t, 64<<20, frame, 2, 16<<20)
-	c := s.dial(t, "t", 1)
-	weights := randomBytes(11, frame)
-	w, _ := upload(t, c, weights)
+// evictSealedWeight uploads weights (one chunk) and seals them, then, in a
+// session with room for one chunk, memsets another chunk b to 3, which
+// evicts the weight.
+func evictSealedWeight(t *testing.T, c *client.Client, weights []byte) (w, b client.Ptr) {
+	t.Helper()
+	w, _ = upload(t, c, weights)
 	if err := c.Seal(w); err != nil {
 		t.Fatal(err)
 	}
@@ -294,6 +291,19 @@ func TestFaultInAfterASealedWeight(t *testing.T) {
 	if err := st.Synchronize(); err != nil {
 		t.Fatalf("memset of a buffer that evicts a sealed weight: %v", err)
 	}
+	return w, b
+}
+
+// A sealed weight's frames are read-only on its node until they go back to
+// it, so a fault-in that evicts the weight must not reuse its frame: with
+// room for one chunk, memsetting a second buffer evicts the sealed weight
+// and still succeeds, and the weight faults back in intact.
+func TestFaultInAfterASealedWeight(t *testing.T) {
+	s := startOversubscribed(t, 64<<20, frame, 2, 16<<20)
+	c := s.dial(t, "t", 1)
+	weights := randomBytes(11, frame)
+	w, b := evictSealedWeight(t, c, weights)
+	st := c.Stream()
 	got := make([]byte, frame)
 	st.CopyFromDevice(got, w)
 	if err := st.Synchronize(); err != nil {
@@ -321,19 +331,8 @@ func TestEvictedWeightsComeBackFromTheNode(t *testing.T) {
 		s.nodes[0].SetRetention(retain)
 		c := s.dial(t, "t", 1)
 		weights := randomBytes(12, frame)
-		w, _ := upload(t, c, weights)
-		if err := c.Seal(w); err != nil {
-			t.Fatal(err)
-		}
-		b, err := c.Malloc(0, frame)
-		if err != nil {
-			t.Fatal(err)
-		}
+		w, _ := evictSealedWeight(t, c, weights)
 		st := c.Stream()
-		st.Memset(b, 3, frame) // evicts the weight
-		if err := st.Synchronize(); err != nil {
-			t.Fatal(err)
-		}
 		before, err := c.Stats()
 		if err != nil {
 			t.Fatal(err)
