@@ -64,16 +64,17 @@ package accelerator
 // Nobody holds a retained frame (retainedOwner) and nobody's quota counts
 // it: it is free memory that happens to hold sealed contents, and a dedup
 // that names them finds them as it would a held frame's. An allocation that
-// finds too few free frames reclaims retained ones, oldest first, those
-// without aliases before those with: each is forgotten as a freed frame is
-// (its aliases given copies), scrubbed and released, as device work of the
-// allocating tenant, charged once no other allocation of the device waits
-// for it; but for the copies, device work of the aliases' holders, whose
-// memory they become, charged at once without waiting their turns. A frame
-// retained confers no storedOnce credit: it is stored once with nobody. The side channel below then reaches back to
-// contents freed earlier, not only those held now; a node started with
-// retention off (SetRetention, SimOptions.NoRetention) scrubs every frame as
-// it is freed.
+// finds too few free frames reclaims retained ones, those without aliases
+// before those with, and the least recently retained or found by a dedup
+// first: each is forgotten as a freed frame is (its aliases given copies),
+// scrubbed and released, as device work of the allocating tenant, charged
+// once no other allocation of the device waits for it; but for the copies,
+// device work of the aliases' holders, whose memory they become, charged at
+// once without waiting their turns. A frame retained confers no storedOnce
+// credit: it is stored once with nobody. The side channel below then reaches
+// back to contents freed earlier, not only those held now; a node started
+// with retention off (SetRetention, SimOptions.NoRetention) scrubs every
+// frame as it is freed.
 //
 // Invariants:
 //   - A frame is in the index if and only if it is sealed and its hash was
@@ -125,7 +126,7 @@ type contentIndex struct {
 	sealer  map[frameRef]string                   // sealed frame → its holder's tenant
 	aliasOf map[frameRef]frameRef                 // aliased frame → the frame whose memory it maps
 	aliases map[frameRef]map[frameRef]tenantShare // the other way, with each alias's holder
-	kept    map[frameRef]uint64                   // retained frame → keptSeq when retained
+	kept    map[frameRef]uint64                   // retained frame → keptSeq when retained or last found by a dedup
 	keptSeq uint64
 	retain  bool   // whether freed sealed frames are retained
 	lookups uint64 // hashes asked for by dedups
@@ -320,7 +321,8 @@ func (x *contentIndex) keep(o owner, ref frameRef) bool {
 }
 
 // reclaim takes up to n of the frames of d the node retains out of the
-// index, the oldest first, those without aliases before those with; scrubs
+// index, those without aliases before those with, the least recently
+// retained or found by a dedup first; scrubs
 // them, with any a failed reclaim left unscrubbed (device.unscrubbed), and
 // releases them. It returns how many it released, and how long its work
 // took, which the caller charges to the allocating tenant once it no
@@ -545,6 +547,10 @@ func (x *contentIndex) copyToLocked(t tenantShare, d *device, dst uint64, sum [3
 	src := slices.MinFunc(refs, func(a, b frameRef) int { return cmp.Compare(rank(a), rank(b)) })
 	if root, ok := x.aliasOf[src]; ok {
 		src = root // alias to the memory itself
+	}
+	if _, ok := x.kept[src]; ok { // used: reclaimed after colder ones
+		x.keptSeq++
+		x.kept[src] = x.keptSeq
 	}
 	me := frameRef{d, dst}
 	if cur, ok := x.aliasOf[me]; ok && cur == src {

@@ -16,7 +16,7 @@ import (
 	"github.com/vgpu/vgpu/api"
 )
 
-// keptFrames lists the frames the node retains, oldest first.
+// keptFrames lists the frames the node retains, least recently used first.
 func keptFrames(tn *testNode) []uint64 {
 	x := tn.node.content
 	x.mu.Lock()
@@ -105,9 +105,10 @@ func TestNodeRetention(t *testing.T) {
 }
 
 // TestNodeRetentionChoices: the node retains a freed sealed frame only
-// where it holds its contents alone on its device and maps memory of its
-// own, and nothing with retention off; it reclaims the oldest retained
-// frames first, those with aliases last, and no more than it needs.
+// where it maps memory of its own and no other frame of its device but its
+// aliases holds its contents, and nothing with retention off; it reclaims
+// the least recently used retained frames first, those with aliases last,
+// and no more than it needs.
 func TestNodeRetentionChoices(t *testing.T) {
 	tn := startNode(t)
 	a := tn.connect(t, "alice")
@@ -154,16 +155,24 @@ func TestNodeRetentionChoices(t *testing.T) {
 	if err := b.free(0, al[0]); err != nil {
 		t.Fatal(err)
 	}
-	if k := keptFrames(tn); !slices.Equal(k, []uint64{x, y, z}) {
-		t.Fatalf("retained %#x after an alias was freed, want %#x", k, []uint64{x, y, z})
+	if k := keptFrames(tn); !slices.Equal(k, []uint64{x, z, y}) { // y found last
+		t.Fatalf("retained %#x after an alias was freed, want %#x", k, []uint64{x, z, y})
 	}
 
-	// Every free frame, and one more: x goes (oldest, no alias); one more
-	// again: z, as y has an alias.
+	// A dedup that copies x to another device makes it the most recently
+	// used: every free frame, and one more, takes z (the coldest without
+	// an alias); one more again, x, as y has an alias.
+	_, hx := contents(1)
+	if hit, err := b.dedup(1, b.alloc(1, 1), hx); err != nil || !hit[0] {
+		t.Fatalf("dedup of x: %v, %v", hit, err)
+	}
+	if k := keptFrames(tn); !slices.Equal(k, []uint64{z, y, x}) {
+		t.Fatalf("retained %#x by last use, want %#x", k, []uint64{z, y, x})
+	}
 	_, free, _ := tn.node.devs[0].frames.usage()
 	b.alloc(0, uint32(free+1))
-	if k := keptFrames(tn); !slices.Equal(k, []uint64{y, z}) {
-		t.Fatalf("retained %#x after reclaiming one, want %#x", k, []uint64{y, z})
+	if k := keptFrames(tn); !slices.Equal(k, []uint64{y, x}) {
+		t.Fatalf("retained %#x after reclaiming one, want %#x", k, []uint64{y, x})
 	}
 	b.alloc(0, 1)
 	if k := keptFrames(tn); !slices.Equal(k, []uint64{y}) {
