@@ -445,7 +445,7 @@ func TestBatchesRefuseWhatCannotBeBatched(t *testing.T) {
 
 // upload copies data into a new weight buffer of c from shared memory and
 // returns it and the bytes the session sent to the node meanwhile.
-func upload(t *testing.T, c *client.Client, data []byte) (client.Ptr, uint64) {
+func upload(t testing.TB, c *client.Client, data []byte) (client.Ptr, uint64) {
 	t.Helper()
 	host, err := c.HostAlloc(len(data))
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 // startOversubscribed runs a node with one device of devMem bytes and a
 // mediator whose host sessions may keep resident bytes on it and allocate
 // factor times that.
-func startOversubscribed(t *testing.T, devMem, resident uint64, factor float64, host uint64) *system {
+func startOversubscribed(t testing.TB, devMem, resident uint64, factor float64, host uint64) *system {
 	return startWith(t, devMem, func(c *mediator.Config) {
 		c.TenantMemory, c.Oversubscribe, c.HostMemory = resident, factor, host
 	})
