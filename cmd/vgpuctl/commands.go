@@ -46,13 +46,20 @@ func status(socket string, args []string) error {
 		return printJSON(st)
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NODE\tBACKEND\tDEVICE\tMEMORY\tUSED\tLAUNCHES")
+	fmt.Fprintln(w, "NODE\tBACKEND\tDEVICE\tMEMORY\tUSED\tRETAINED\tLAUNCHES")
 	for _, n := range st.Nodes {
 		if n.Error != "" {
-			fmt.Fprintf(w, "%s\t-\t-\t-\t-\t-\t(%s)\n", n.Addr, n.Error)
+			fmt.Fprintf(w, "%s\t-\t-\t-\t-\t-\t-\t(%s)\n", n.Addr, n.Error)
 		}
 		for _, d := range n.Devices {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\n", n.Addr, n.Backend, d.Name, api.FormatSize(d.Memory), api.FormatSize(d.Used), d.Launches)
+			// Retained: sealed weights kept after their sessions, free to
+			// any allocation that needs the memory.
+			var retained uint64
+			if d.Frames > 0 {
+				retained = d.Memory / uint64(d.Frames) * uint64(d.Retained)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", n.Addr, n.Backend, d.Name, api.FormatSize(d.Memory), api.FormatSize(d.Used),
+				api.FormatSize(retained), d.Launches)
 		}
 	}
 	fmt.Fprintf(w, "\nevicted device memory on this host: %s in RAM, %s in the spill file\n\n", api.FormatSize(st.HostRAM), api.FormatSize(st.HostSpilled))
