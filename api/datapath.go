@@ -164,8 +164,10 @@ type SessionStats struct {
 	CopiedIn, CopiedOut uint64 // bytes copied to and from the device
 	Launches            uint64
 	NetOut, NetIn       uint64 // bytes of frames sent to and received from nodes
-	DedupHits           uint64 // 2 MiB pieces of copies the node already had
-	DedupBytes          uint64 // bytes those pieces did not send
+	// 2 MiB pieces of copies, and of weights faulted back in, that the
+	// node filled from sealed frames it held, and the bytes they did not
+	// send.
+	DedupHits, DedupBytes uint64
 	// Bytes of frames read from and written to the tenant's own socket:
 	// bulk data through shared memory does not count here.
 	SocketIn, SocketOut uint64

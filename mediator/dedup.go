@@ -188,9 +188,22 @@ func (st *stream) dedup(m *api.CopyHost, src []byte, c *completion, idx int) (de
 	if err := call.Wait(); err != nil {
 		return dedupSet{}, fmt.Errorf("offer %d pieces of %#x to the node: %w", len(req.Hashes), m.Addr, err)
 	}
+	hit, err := s.dedupReply(call.Body, len(req.Hashes))
+	if err != nil {
+		return dedupSet{}, err
+	}
+	return dedupSet{first: first, hit: hit}, nil
+}
+
+// dedupReply decodes a node's answer to a dedup of n frames, and counts its
+// hits as frames the session did not send.
+func (s *session) dedupReply(body []byte, n int) ([]bool, error) {
 	var reply api.NodeDedupReply
-	if err := api.Decode(call.Body, &reply); err != nil || len(reply.Hit) != len(req.Hashes) {
-		return dedupSet{}, fmt.Errorf("node's answer to %d offered pieces (%d answers): %v: %w", len(req.Hashes), len(reply.Hit), err, api.ErrProtocol)
+	if err := api.Decode(body, &reply); err != nil {
+		return nil, fmt.Errorf("node's answer to a dedup of %d frames: %w", n, err)
+	}
+	if len(reply.Hit) != n {
+		return nil, fmt.Errorf("node's answer to a dedup of %d frames has %d answers: %w", n, len(reply.Hit), api.ErrProtocol)
 	}
 	for _, h := range reply.Hit {
 		if h {
@@ -198,5 +211,5 @@ func (st *stream) dedup(m *api.CopyHost, src []byte, c *completion, idx int) (de
 			s.dedupBytes.Add(memory.FrameSize)
 		}
 	}
-	return dedupSet{first: first, hit: reply.Hit}, nil
+	return reply.Hit, nil
 }

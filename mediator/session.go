@@ -481,17 +481,13 @@ func (f *frameSource) Refill(dev uint32, frame uint64, sum [32]byte) (bool, erro
 	body, err := v.rpc.Call(api.OpNodeDedup, nil, api.Encode(&api.NodeDedup{
 		Device: v.dev.info.Index, Dst: []api.Extent{{Addr: frame, Len: memory.FrameSize}}, Hashes: [][32]byte{sum}}))
 	if err != nil {
+		return false, fmt.Errorf("refill frame %#x of device %d: %w", frame, dev, err)
+	}
+	hit, err := f.s.dedupReply(body, 1)
+	if err != nil {
 		return false, err
 	}
-	var reply api.NodeDedupReply
-	if err := api.Decode(body, &reply); err != nil || len(reply.Hit) != 1 {
-		return false, fmt.Errorf("node's answer to a refill (%d answers): %v: %w", len(reply.Hit), err, api.ErrProtocol)
-	}
-	if reply.Hit[0] {
-		f.s.dedupHits.Add(1)
-		f.s.dedupBytes.Add(memory.FrameSize)
-	}
-	return reply.Hit[0], nil
+	return hit[0], nil
 }
 
 // Zero clears a frame that is reused for a chunk never written.

@@ -435,10 +435,15 @@ func (s *Space) load(c *chunk, f planFrame) (refilled bool, err error) {
 	switch {
 	case c.stored:
 		write := func(b []byte) error {
-			if refilled, err = s.refill(c, f.frame, b); refilled || err != nil {
-				return err
+			// A refill only saves sending the bytes: on an error, send them.
+			var rerr error
+			if refilled, rerr = s.refill(c, f.frame, b); refilled {
+				return nil
 			}
-			return s.src.Write(c.dev, f.frame, b)
+			if err := s.src.Write(c.dev, f.frame, b); err != nil {
+				return errors.Join(err, rerr)
+			}
+			return nil
 		}
 		if s.lend != nil {
 			err = s.lend.view(c.key, write)
@@ -462,7 +467,8 @@ func (s *Space) load(c *chunk, f planFrame) (refilled bool, err error) {
 // contents of c, from memory it holds, where the source sealed c's frame
 // before it was evicted (so that a node may retain it) and c is sealed
 // whole. A miss costs a hash of the chunk, once per stored contents, and a
-// round trip. The caller holds allocMu.
+// round trip, once: the chunk is not offered again. The caller holds
+// allocMu.
 func (s *Space) refill(c *chunk, frame uint64, b []byte) (bool, error) {
 	r, ok := s.src.(Refiller)
 	if !ok || !c.atSource || c.unsealed > 0 {
@@ -471,7 +477,11 @@ func (s *Space) refill(c *chunk, frame uint64, b []byte) (bool, error) {
 	if !c.summed {
 		c.sum, c.summed = sha256.Sum256(b), true
 	}
-	return r.Refill(c.dev, frame, c.sum)
+	hit, err := r.Refill(c.dev, frame, c.sum)
+	if err == nil && !hit {
+		c.atSource = false // gone from the source: ask no more
+	}
+	return hit, err
 }
 
 // evictLocked unmaps the resident chunk c, whose contents the store holds

@@ -588,7 +588,8 @@ func sameStats(a, b Stats) bool {
 // node that retains sealed frames does.
 type refillingLease struct {
 	lease
-	asked int // refills asked for
+	asked int   // refills asked for
+	fail  error // when set, refills fail with it
 }
 
 func (l *refillingLease) Return(dev uint32, frames []uint64) error {
@@ -612,6 +613,9 @@ func (l *refillingLease) Refill(dev uint32, frame uint64, sum [32]byte) (bool, e
 		return false, err
 	}
 	l.asked++
+	if l.fail != nil {
+		return false, l.fail
+	}
 	b, ok := n.kept[sum]
 	if ok {
 		n.data[devFrame{dev, frame}] = slices.Clone(b)
@@ -657,8 +661,14 @@ func TestSealedChunksRefillFromTheSource(t *testing.T) {
 	}
 	check(w, 1, 1, 1, 0)     // plain evicted, w back from the source's copy
 	check(plain, 2, 1, 1, 1) // never sealed at the source: written, not asked
+	src.fail = fmt.Errorf("node lost its index: %w", api.ErrInternal)
+	check(w, 1, 1, 2, 1) // asked, failed, written
+	src.fail = nil
+	check(plain, 2, 1, 2, 1)
 	clear(node.kept)
-	check(w, 1, 1, 2, 1) // asked, missed, written
+	check(w, 1, 1, 3, 1) // asked, missed, written
+	check(plain, 2, 1, 3, 1)
+	check(w, 1, 1, 3, 1) // after a miss, not asked again
 	if len(node.violations) != 0 {
 		t.Fatal(node.violations)
 	}

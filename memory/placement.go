@@ -94,8 +94,8 @@ type chunk struct {
 	// under mu alone, as a translation of resident chunks holds no more.
 	frameSealed bool
 	// atSource says the source sealed the chunk's frame once, before an
-	// eviction: it may hold the contents still (Refiller). Set with both
-	// locks held, at the eviction.
+	// eviction, and has not missed a refill since: it may hold the
+	// contents still (Refiller). Guarded by allocMu.
 	atSource bool
 	// sum is the SHA-256 of the stored contents, when summed (reset when
 	// they change, at a write-back); guarded by allocMu.
