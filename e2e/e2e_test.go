@@ -246,7 +246,21 @@ func TestBenchReportsRatios(t *testing.T) {
 			t.Errorf("%s = %v, want a positive measurement", k, r[k])
 		}
 	}
+	// The node retains the sealed weights of the DLRM runs after their
+	// sessions: a tenant back after a restart is not sent them again.
+	if k := "dlrm_1_tenants_reload_ratio"; !(r[k] > 2) {
+		t.Errorf("%s = %v: a tenant reloading its sealed weights was sent them again", k, r[k])
+	}
 	waitFor(t, "all memory released", func() bool { return idle(status(t, socket)) })
+	retained := 0
+	for _, n := range status(t, socket).Nodes {
+		for _, d := range n.Devices {
+			retained += d.Retained
+		}
+	}
+	if retained == 0 {
+		t.Error("no device reports the sealed weights it retained")
+	}
 }
 
 // benchJSON decodes vgpuctl bench --json output: its measurements, which
