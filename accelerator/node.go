@@ -131,6 +131,7 @@ type Node struct {
 	mu        sync.Mutex
 	listeners []net.Listener
 	conns     map[net.Conn]struct{}
+	tenants   map[string]*tenantLimits // of tenants with live connections (limits.go)
 	closed    bool
 	wg        sync.WaitGroup
 }
@@ -138,7 +139,8 @@ type Node struct {
 // New returns a node that serves devs, whose memory sizes must be multiples
 // of FrameSize. backend names them in status ("sim").
 func New(backend string, devs []Device, log logrus.FieldLogger) (*Node, error) {
-	n := &Node{backend: backend, log: log, content: newContentIndex(), objects: newObjectTable(), conns: map[net.Conn]struct{}{}}
+	n := &Node{backend: backend, log: log, content: newContentIndex(), objects: newObjectTable(), conns: map[net.Conn]struct{}{},
+		tenants: map[string]*tenantLimits{}}
 	for i, d := range devs {
 		info := d.Info()
 		if info.Index != uint32(i) || info.Memory < FrameSize || info.Memory%FrameSize != 0 {
@@ -242,7 +244,7 @@ type conn struct {
 	c       *api.Conn
 	owner   owner
 	tenant  string
-	share   tenantShare // tenant, weight and compute cap from the Hello
+	share   tenantShare // its tenant, whose weight and compute cap are in share.limits
 	log     logrus.FieldLogger
 	pending atomic.Int64 // requests queued for or running in the executor
 	exports int          // objects exported and not ended; under objectTable.mu
@@ -319,14 +321,24 @@ func (c *conn) handshake() error {
 	}
 	c.owner = owner(c.node.nextOwner.Add(1))
 	c.tenant = hello.Tenant
-	c.share = tenantShare{name: hello.Tenant, weight: hello.Weight, computeMax: hello.ComputeMax,
-		waiting: func() bool { return c.pending.Load() > 1 }} // more than the request in execution
 	c.log = c.log.WithField("tenant", hello.Tenant)
 	reply := api.HelloReply{Version: api.Version, Session: uint64(c.owner)}
 	for _, d := range c.node.devs {
 		reply.Devices = append(reply.Devices, d.Info())
 	}
-	return c.c.Reply(h, api.Encode(&reply))
+	if err := c.c.Reply(h, api.Encode(&reply)); err != nil {
+		return err
+	}
+	// From here the connection ends in releaseAll, which leaves the tenant.
+	limits, disagree := c.node.joinTenant(hello.Tenant, c.owner, limit{hello.Weight, hello.ComputeMax})
+	if disagree {
+		w, cmax := limits.get()
+		c.log.WithFields(logrus.Fields{"weight": hello.Weight, "compute_max": hello.ComputeMax, "weight_in_force": w, "compute_max_in_force": cmax}).
+			Warn("mediators give this tenant different weights or compute caps (do they share one quota file?): the least count for all its connections")
+	}
+	c.share = tenantShare{name: hello.Tenant, limits: limits,
+		waiting: func() bool { return c.pending.Load() > 1 }} // more than the request in execution
+	return nil
 }
 
 func (c *conn) readLoop(queue chan<- request) error {
@@ -745,6 +757,7 @@ func (d *device) scrubRelease(frames []uint64) error {
 func (c *conn) releaseAll() {
 	// Nothing else uses c.share now: its reader and executor are done.
 	c.share.ending = true
+	defer c.node.leaveTenant(c.tenant, c.owner)
 	c.node.dropObjects(c, nil, nil)
 	for _, d := range c.node.devs {
 		frames := d.frames.ownedBy(c.owner)

@@ -52,7 +52,8 @@ package accelerator
 //     owed and not charged yet (account.owed).
 //   - Tenants are keyed by name: connections of one tenant, from any
 //     mediator, share one account; their jobs take turns slice by slice.
-//     The weight and cap are those of the tenant's latest launch. At most
+//     The weight and cap are the least that the tenant's live connections
+//     were given (limits.go), as of its latest launch. At most
 //     maxAccounts accounts are kept: beyond that, idle ones are dropped
 //     (a dropped tenant comes back as new, without credit).
 //   - A job's slices run in order, on the runner, one at a time; its submitter
@@ -231,7 +232,10 @@ func newScheduler(c clock) *scheduler {
 
 // tenantShare is who a launch is for.
 type tenantShare struct {
-	name       string
+	name string
+	// limits, if set, are the weight and cap in force for the tenant on
+	// this node (limits.go); else weight and computeMax.
+	limits     *tenantLimits
 	weight     uint32  // 0 means 1
 	computeMax float32 // ≤ 0, ≥ 1 or NaN: no cap; below minComputeMax: minComputeMax
 	// waiting, if set, reports whether the submitting connection has
@@ -251,8 +255,12 @@ type tenantShare struct {
 }
 
 func (t tenantShare) normalized() (weight, computeMax float64) {
-	weight = float64(max(t.weight, 1))
-	if c := float64(t.computeMax); c > 0 && c < 1 {
+	w, c := t.weight, t.computeMax
+	if t.limits != nil {
+		w, c = t.limits.get()
+	}
+	weight = float64(max(w, 1))
+	if c := float64(c); c > 0 && c < 1 {
 		computeMax = max(c, minComputeMax)
 	}
 	return weight, computeMax
