@@ -94,6 +94,7 @@ package accelerator
 //     the node retains.
 //   - kept has an entry exactly for the frames retainedOwner holds whose
 //     reclaim has not begun; each is sealed, indexed and not aliased itself.
+//     keptOn counts them by device.
 //     The others retainedOwner holds are being reclaimed, or are in their
 //     device's unscrubbed list, under its allocMu.
 //
@@ -105,6 +106,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -128,14 +130,19 @@ type contentIndex struct {
 	aliases map[frameRef]map[frameRef]tenantShare // the other way, with each alias's holder
 	kept    map[frameRef]uint64                   // retained frame → keptSeq when retained or last found by a dedup
 	keptSeq uint64
-	retain  bool   // whether freed sealed frames are retained
-	lookups uint64 // hashes asked for by dedups
-	hits    uint64 // of which a sealed frame was copied or aliased
+	retain  bool // whether freed sealed frames are retained
+	// retainMax bounds the frames retained per device (0: none but free
+	// memory); keptOn counts them, as kept has them.
+	retainMax int
+	keptOn    map[*device]int
+	lookups   uint64 // hashes asked for by dedups
+	hits      uint64 // of which a sealed frame was copied or aliased
 }
 
 func newContentIndex() *contentIndex {
 	return &contentIndex{byHash: map[[32]byte][]frameRef{}, byFrame: map[frameRef][32]byte{}, sealer: map[frameRef]string{},
-		aliasOf: map[frameRef]frameRef{}, aliases: map[frameRef]map[frameRef]tenantShare{}, kept: map[frameRef]uint64{}, retain: true}
+		aliasOf: map[frameRef]frameRef{}, aliases: map[frameRef]map[frameRef]tenantShare{}, kept: map[frameRef]uint64{}, retain: true,
+		keptOn: map[*device]int{}}
 }
 
 // SetRetention turns the retention of sealed frames freed from now on on or
@@ -145,6 +152,27 @@ func (n *Node) SetRetention(on bool) {
 	n.content.mu.Lock()
 	defer n.content.mu.Unlock()
 	n.content.retain = on
+}
+
+// LimitRetention bounds the sealed frames the node retains to maxBytes per
+// device, rounded down to whole frames (0: as many as free memory holds).
+// A free that retains a frame past it gives up the least recently used
+// ones of the device, as an allocation reclaims them, at the cost of the
+// tenant freeing. On the sim backend retained frames hold host RAM.
+func (n *Node) LimitRetention(maxBytes uint64) {
+	n.content.mu.Lock()
+	defer n.content.mu.Unlock()
+	n.content.retainMax = int(min(maxBytes/FrameSize, math.MaxInt32))
+}
+
+// overRetained is how many frames d retains past retainMax.
+func (x *contentIndex) overRetained(d *device) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.retainMax == 0 {
+		return 0
+	}
+	return max(0, x.keptOn[d]-x.retainMax)
 }
 
 // ContentStats is the node's use of sealed frames and deduplication.
@@ -291,6 +319,7 @@ func (x *contentIndex) unkeep(o owner, tenant string, refs []frameRef) {
 	for _, r := range refs {
 		if _, ok := x.kept[r]; ok {
 			delete(x.kept, r)
+			x.keptOn[r.dev]--
 			x.sealer[r] = tenant
 			r.dev.frames.move(retainedOwner, o, []uint64{r.addr})
 		}
@@ -317,6 +346,7 @@ func (x *contentIndex) keep(o owner, ref frameRef) bool {
 	x.sealer[ref] = ""
 	x.keptSeq++
 	x.kept[ref] = x.keptSeq
+	x.keptOn[ref.dev]++
 	return true
 }
 
@@ -367,6 +397,7 @@ func (x *contentIndex) reclaim(d *device, n int) (int, time.Duration, error) {
 				return err
 			}
 			delete(x.kept, r)
+			x.keptOn[r.dev]--
 			frames = append(frames, r.addr)
 			return nil
 		})

@@ -734,7 +734,26 @@ func (c *conn) scrubAndRelease(d *device, frames []uint64) error {
 		c.node.content.unkeep(c.owner, c.tenant, kept) // the free failed: all stay c's
 		return err
 	}
+	c.trimRetained(d)
 	return nil
+}
+
+// trimRetained gives up the frames d retains past the node's bound
+// (LimitRetention), least recently used first, as device work of c's
+// tenant, whose free went past it. A failure is logged: the free is done,
+// and frames whose scrub failed wait for the next reclaim.
+func (c *conn) trimRetained(d *device) {
+	n := c.node.content.overRetained(d)
+	if n == 0 {
+		return
+	}
+	d.allocMu.Lock()
+	_, took, err := c.node.content.reclaim(d, n)
+	d.allocMu.Unlock()
+	d.chargeOff(c.share, took)
+	if err != nil {
+		c.log.WithError(err).WithField("frames", n).Warn("giving up retained frames past the bound failed")
+	}
 }
 
 // scrubRelease zeroes frames, ascending, in runs of contiguous frames, then

@@ -529,3 +529,38 @@ func TestNodeReclaimChargesAliasHolders(t *testing.T) {
 		t.Errorf("the aliases' holder was charged %v for %d copies, the reclaiming allocation %v", bobPaid, sources*per, carolPaid)
 	}
 }
+
+// TestNodeRetentionLimit: a node bounded to two retained frames a device
+// gives up the least recently used when a free retains a third, scrubbed;
+// the others stay found.
+func TestNodeRetentionLimit(t *testing.T) {
+	tn := startNode(t)
+	tn.node.LimitRetention(2*FrameSize + FrameSize/2) // two frames
+	a := tn.connect(t, "alice")
+	var frames []uint64
+	var hashes [][32]byte
+	for i := range 3 {
+		p := bytes.Repeat([]byte{byte(i + 1)}, FrameSize)
+		f := sealedFrame(t, a, p)
+		if err := a.free(0, f); err != nil {
+			t.Fatal(err)
+		}
+		frames, hashes = append(frames, f), append(hashes, sha256.Sum256(p))
+	}
+	if k := keptFrames(tn); !slices.Equal(k, frames[1:]) {
+		t.Fatalf("retained %#x, want the last two of %#x", k, frames)
+	}
+	if st := tn.node.Status().Devices[0]; st.Retained != 2 || st.Free != testFrames {
+		t.Fatalf("device status %+v: want 2 retained, every frame free", st)
+	}
+	b := tn.connect(t, "bob")
+	dst := b.alloc(1, 3) // another device: copies, which change nothing retained
+	hits, err := b.dedup(1, dst, hashes...)
+	if err != nil || !slices.Equal(hits, []bool{false, true, true}) {
+		t.Fatalf("dedups of the three contents: %v, %v, want the first given up", hits, err)
+	}
+	all := b.alloc(0, testFrames-2) // every frame but the two retained
+	if !slices.Contains(all, frames[0]) || !bytes.Equal(b.readFrame(0, frames[0]), make([]byte, FrameSize)) {
+		t.Fatalf("the frame given up, %#x, is not free and scrubbed (granted %#x)", frames[0], all)
+	}
+}

@@ -38,6 +38,9 @@ type SimOptions struct {
 	// NoRetention scrubs every frame as it is freed: no sealed frame is
 	// retained (SetRetention).
 	NoRetention bool
+	// RetainMax bounds the bytes of sealed frames retained per device
+	// (LimitRetention); 0: as many as free memory holds.
+	RetainMax uint64
 }
 
 // StartSimWith is StartSim with options.
@@ -65,6 +68,7 @@ func StartSimWith(addr string, n int, size uint64, o SimOptions, log logrus.Fiel
 		return nil, nil, err
 	}
 	node.SetRetention(!o.NoRetention)
+	node.LimitRetention(o.RetainMax)
 	l, err := ListenTimeout(addr, o.TLS, mediatorTimeout)
 	if err != nil {
 		node.Close()

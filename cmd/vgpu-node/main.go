@@ -28,14 +28,20 @@ func main() {
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	medTimeout := flag.Duration("mediator-timeout", accelerator.DefaultMediatorTimeout,
 		"drop a mediator's connection, freeing its memory, once its host has been silent this long (no TCP acknowledgement, no keepalive answer; a quiet mediator is not silent); at least 2s")
-	retain := flag.Bool("retain-weights", true,
-		"keep sealed frames (weights) whose holders freed them, until an allocation needs the memory, so that a tenant loading the same weights again is not sent them; false scrubs every frame as it is freed")
+	retainFlag := flag.String("retain-weights", "all",
+		"keep sealed frames (weights) whose holders freed them, until an allocation needs the memory, so that a tenant loading the same weights again is not sent them: "+
+			"all (as much as free memory holds), a size per device (the least recently used beyond it are scrubbed; on sim, retained frames hold host RAM), or off")
 	flag.Parse()
 	if err := api.CheckPeerTimeout(*medTimeout); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-node: --mediator-timeout:", err)
 		os.Exit(2)
 	}
-	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA, *medTimeout, *retain); err != nil {
+	retain, err := parseRetain(*retainFlag)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "vgpu-node: --retain-weights:", err)
+		os.Exit(2)
+	}
+	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA, *medTimeout, retain); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-node:", err)
 		os.Exit(1)
 	}
@@ -71,7 +77,43 @@ func warnIfExposed(log logrus.FieldLogger, addr net.Addr, tls bool) bool {
 	return true
 }
 
-func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration, retain bool) error {
+// retention is what --retain-weights asks for.
+type retention struct {
+	off bool
+	max uint64 // bytes per device; 0: no bound but free memory
+}
+
+// parseRetain reads --retain-weights: all, off, or a size of at least one
+// frame.
+func parseRetain(v string) (retention, error) {
+	switch v {
+	case "all":
+		return retention{}, nil
+	case "off":
+		return retention{off: true}, nil
+	}
+	n, err := api.ParseSize(v)
+	if err != nil {
+		return retention{}, fmt.Errorf("%q: want all, off or a size: %w", v, err)
+	}
+	if n < accelerator.FrameSize {
+		return retention{}, fmt.Errorf("%q is less than one %d-byte frame (off retains nothing): %w", v, accelerator.FrameSize, api.ErrInvalidArgument)
+	}
+	return retention{max: n}, nil
+}
+
+// retainText is r as --retain-weights says it, for the log.
+func retainText(r retention) string {
+	switch {
+	case r.off:
+		return "off"
+	case r.max == 0:
+		return "all"
+	}
+	return api.FormatSize(r.max) + " per device"
+}
+
+func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration, retain retention) error {
 	log, err := daemon.Logger("vgpu-node", level)
 	if err != nil {
 		return err
@@ -88,13 +130,13 @@ func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tl
 		return err
 	}
 	node, addr, err := accelerator.StartSimWith(listen, devices, size,
-		accelerator.SimOptions{TLS: tlsCfg, MediatorTimeout: medTimeout, NoRetention: !retain}, log)
+		accelerator.SimOptions{TLS: tlsCfg, MediatorTimeout: medTimeout, NoRetention: retain.off, RetainMax: retain.max}, log)
 	if err != nil {
 		return err
 	}
 	warnIfExposed(log, addr, tlsCfg != nil)
 	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil,
-		"mediator_timeout": medTimeout.String(), "retain_weights": retain}).Info("serving")
+		"mediator_timeout": medTimeout.String(), "retain_weights": retainText(retain)}).Info("serving")
 	daemon.RunUntilStopped(log, func() error { return nil }) // a node has nothing to reload
 	return node.Close()
 }

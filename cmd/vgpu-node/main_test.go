@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
+
+	"github.com/vgpu/vgpu/api"
 )
 
 // With VGPU_NODE_ARGS set, the test binary is vgpu-node with those
@@ -95,6 +98,30 @@ func TestMainWarnsOfPlainTCPBeyondLoopback(t *testing.T) {
 		cancel()
 		if !served || warned != tc.warn {
 			t.Errorf("--listen %s: served %t, warned %t, want %t; log:\n%s", tc.listen, served, warned, tc.warn, strings.Join(lines, "\n"))
+		}
+	}
+}
+
+func TestParseRetain(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want retention
+		err  string // in the error, if one is wanted
+	}{
+		{"all", retention{}, ""},
+		{"off", retention{off: true}, ""},
+		{"8GiB", retention{max: 8 << 30}, ""},
+		{"2MiB", retention{max: 2 << 20}, ""},
+		{"1MiB", retention{}, `"1MiB" is less than one`},
+		{"0", retention{}, `"0" is less than one`},
+		{"lots", retention{}, `"lots": want all, off or a size`},
+	} {
+		got, err := parseRetain(tc.in)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err) || !errors.Is(err, api.ErrInvalidArgument)):
+			t.Errorf("parseRetain(%q) = %v, %v: want an invalid-argument error containing %q", tc.in, got, err, tc.err)
+		case tc.err == "" && (err != nil || got != tc.want):
+			t.Errorf("parseRetain(%q) = %+v, %v: want %+v", tc.in, got, err, tc.want)
 		}
 	}
 }
