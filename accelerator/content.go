@@ -94,7 +94,6 @@ package accelerator
 //     the node retains.
 //   - kept has an entry exactly for the frames retainedOwner holds whose
 //     reclaim has not begun; each is sealed, indexed and not aliased itself.
-//     keptOn counts them by device.
 //     The others retainedOwner holds are being reclaimed, or are in their
 //     device's unscrubbed list, under its allocMu.
 //
@@ -131,18 +130,16 @@ type contentIndex struct {
 	kept    map[frameRef]uint64                   // retained frame → keptSeq when retained or last found by a dedup
 	keptSeq uint64
 	retain  bool // whether freed sealed frames are retained
-	// retainMax bounds the frames retained per device (0: none but free
-	// memory); keptOn counts them, as kept has them.
+	// retainMax bounds the frames without aliases retained per device (0:
+	// none but free memory).
 	retainMax int
-	keptOn    map[*device]int
 	lookups   uint64 // hashes asked for by dedups
 	hits      uint64 // of which a sealed frame was copied or aliased
 }
 
 func newContentIndex() *contentIndex {
 	return &contentIndex{byHash: map[[32]byte][]frameRef{}, byFrame: map[frameRef][32]byte{}, sealer: map[frameRef]string{},
-		aliasOf: map[frameRef]frameRef{}, aliases: map[frameRef]map[frameRef]tenantShare{}, kept: map[frameRef]uint64{}, retain: true,
-		keptOn: map[*device]int{}}
+		aliasOf: map[frameRef]frameRef{}, aliases: map[frameRef]map[frameRef]tenantShare{}, kept: map[frameRef]uint64{}, retain: true}
 }
 
 // SetRetention turns the retention of sealed frames freed from now on on or
@@ -154,25 +151,38 @@ func (n *Node) SetRetention(on bool) {
 	n.content.retain = on
 }
 
-// LimitRetention bounds the sealed frames the node retains to maxBytes per
-// device, rounded down to whole frames (0: as many as free memory holds).
-// A free that retains a frame past it gives up the least recently used
-// ones of the device, as an allocation reclaims them, at the cost of the
-// tenant freeing. On the sim backend retained frames hold host RAM.
+// LimitRetention bounds the sealed frames without aliases that the node
+// retains to maxBytes per device, rounded down to whole frames but at
+// least one (0: as many as free memory holds). A free that retains a frame
+// past it gives up the least recently used such frames of the device, as
+// an allocation reclaims them, at the cost of the tenant freeing. Frames
+// with aliases do not count: other tenants' frames map them, so giving
+// them up would copy, not free, their memory. On the sim backend retained
+// frames hold host RAM. A lower bound takes effect at the next free.
 func (n *Node) LimitRetention(maxBytes uint64) {
 	n.content.mu.Lock()
 	defer n.content.mu.Unlock()
-	n.content.retainMax = int(min(maxBytes/FrameSize, math.MaxInt32))
+	n.content.retainMax = 0
+	if maxBytes > 0 {
+		n.content.retainMax = int(max(1, min(maxBytes/FrameSize, math.MaxInt32)))
+	}
 }
 
-// overRetained is how many frames d retains past retainMax.
+// overRetained is how many frames without aliases d retains past
+// retainMax.
 func (x *contentIndex) overRetained(d *device) int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.retainMax == 0 {
 		return 0
 	}
-	return max(0, x.keptOn[d]-x.retainMax)
+	n := 0
+	for r := range x.kept {
+		if r.dev == d && len(x.aliases[r]) == 0 {
+			n++
+		}
+	}
+	return max(0, n-x.retainMax)
 }
 
 // ContentStats is the node's use of sealed frames and deduplication.
@@ -319,7 +329,6 @@ func (x *contentIndex) unkeep(o owner, tenant string, refs []frameRef) {
 	for _, r := range refs {
 		if _, ok := x.kept[r]; ok {
 			delete(x.kept, r)
-			x.keptOn[r.dev]--
 			x.sealer[r] = tenant
 			r.dev.frames.move(retainedOwner, o, []uint64{r.addr})
 		}
@@ -346,7 +355,6 @@ func (x *contentIndex) keep(o owner, ref frameRef) bool {
 	x.sealer[ref] = ""
 	x.keptSeq++
 	x.kept[ref] = x.keptSeq
-	x.keptOn[ref.dev]++
 	return true
 }
 
@@ -361,11 +369,11 @@ func (x *contentIndex) keep(o owner, ref frameRef) bool {
 // becomes. It holds x.mu for one frame at a time, as forget does. The
 // caller holds d.allocMu, so that two allocations do not reclaim the same
 // frames.
-func (x *contentIndex) reclaim(d *device, n int) (int, time.Duration, error) {
+func (x *contentIndex) reclaim(d *device, n int, withAliases bool) (int, time.Duration, error) {
 	x.mu.Lock()
 	var refs []frameRef
 	for r := range x.kept {
-		if r.dev == d {
+		if r.dev == d && (withAliases || len(x.aliases[r]) == 0) {
 			refs = append(refs, r)
 		}
 	}
@@ -397,7 +405,6 @@ func (x *contentIndex) reclaim(d *device, n int) (int, time.Duration, error) {
 				return err
 			}
 			delete(x.kept, r)
-			x.keptOn[r.dev]--
 			frames = append(frames, r.addr)
 			return nil
 		})

@@ -709,7 +709,7 @@ func (c *conn) allocLocked(d *device, n int) (frames []uint64, took time.Duratio
 			return nil, took, fmt.Errorf("allocate %d frames (%d MiB): %d of %d free, %d more retained: %w",
 				n, n*FrameSize>>20, free, total, retained, api.ErrOutOfMemory)
 		}
-		got, work, err := c.node.content.reclaim(d, n-free)
+		got, work, err := c.node.content.reclaim(d, n-free, true)
 		took += work
 		if err != nil {
 			return nil, took, fmt.Errorf("reclaim %d retained frames: %w", n-free, err)
@@ -743,12 +743,18 @@ func (c *conn) scrubAndRelease(d *device, frames []uint64) error {
 // tenant, whose free went past it. A failure is logged: the free is done,
 // and frames whose scrub failed wait for the next reclaim.
 func (c *conn) trimRetained(d *device) {
-	n := c.node.content.overRetained(d)
-	if n == 0 {
+	if c.node.content.overRetained(d) == 0 {
 		return
 	}
+	// Counted again under allocMu: two frees must not both give up what
+	// one went past.
 	d.allocMu.Lock()
-	_, took, err := c.node.content.reclaim(d, n)
+	n := c.node.content.overRetained(d)
+	var took time.Duration
+	var err error
+	if n > 0 {
+		_, took, err = c.node.content.reclaim(d, n, false)
+	}
 	d.allocMu.Unlock()
 	d.chargeOff(c.share, took)
 	if err != nil {

@@ -564,3 +564,66 @@ func TestNodeRetentionLimit(t *testing.T) {
 		t.Fatalf("the frame given up, %#x, is not free and scrubbed (granted %#x)", frames[0], all)
 	}
 }
+
+// TestNodeRetentionLimitRaces: two frees that each retain a frame past the
+// bound at once give up one frame between them, not one each.
+func TestNodeRetentionLimitRaces(t *testing.T) {
+	tn := startSim(t, 1, testMemory)
+	tn.node.LimitRetention(2 * FrameSize)
+	a, b := tn.connect(t, "alice"), tn.connect(t, "bob")
+	for i := range 2 {
+		if err := a.free(0, sealedFrame(t, a, bytes.Repeat([]byte{byte(i + 1)}, FrameSize))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fa, fb := sealedFrame(t, a, bytes.Repeat([]byte{3}, FrameSize)), sealedFrame(t, b, bytes.Repeat([]byte{4}, FrameSize))
+	d := tn.node.devs[0]
+	d.allocMu.Lock() // as an allocation would: both frees retain, then wait to trim
+	ca := a.rpc.Go(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Frames: []uint64{fa}}))
+	cb := b.rpc.Go(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Frames: []uint64{fb}}))
+	for deadline := time.Now().Add(5 * time.Second); len(keptFrames(tn)) < 4; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			d.allocMu.Unlock()
+			t.Fatalf("retained %#x: the two frees did not retain their frames", keptFrames(tn))
+		}
+	}
+	d.allocMu.Unlock()
+	if err := errors.Join(ca.Wait(), cb.Wait()); err != nil {
+		t.Fatal(err)
+	}
+	if k := keptFrames(tn); len(k) != 2 || !slices.Contains(k, fa) || !slices.Contains(k, fb) {
+		t.Fatalf("retained %#x after two frees past a bound of 2, want %#x and %#x", k, fa, fb)
+	}
+}
+
+// TestNodeRetentionLimitSparesAliases: frames other tenants' frames map do
+// not count toward the bound, and are not given up for it: that would copy
+// their memory, not free it, at those tenants' cost.
+func TestNodeRetentionLimitSparesAliases(t *testing.T) {
+	tn := startSim(t, 1, testMemory)
+	tn.node.LimitRetention(FrameSize)
+	a, b := tn.connect(t, "alice"), tn.connect(t, "bob")
+	var src []uint64
+	for i := range 2 {
+		p := bytes.Repeat([]byte{byte(i + 1)}, FrameSize)
+		src = append(src, sealedFrame(t, a, p))
+		hits, err := b.dedup(0, b.alloc(0, 2), sha256.Sum256(p), sha256.Sum256(p))
+		if err != nil || !slices.Equal(hits, []bool{true, true}) {
+			t.Fatalf("dedup: %v, %v", hits, err)
+		}
+	}
+	before, bob := tn.resident(t, 0), b.share(0, "bob").DeviceTime
+	if err := a.free(0, src...); err != nil {
+		t.Fatal(err)
+	}
+	if k := keptFrames(tn); len(k) != 2 {
+		t.Fatalf("retained %#x, want both frames, which bob's map", k)
+	}
+	tn.wantAliased(t, 4)
+	if after := tn.resident(t, 0); after != before {
+		t.Errorf("device RAM %d bytes after the free, %d before", after, before)
+	}
+	if paid := b.share(0, "bob").DeviceTime - bob; paid != 0 {
+		t.Errorf("bob, who freed nothing, was charged %v", paid)
+	}
+}

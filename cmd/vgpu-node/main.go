@@ -84,7 +84,7 @@ type retention struct {
 }
 
 // parseRetain reads --retain-weights: all, off, or a size of at least one
-// frame.
+// frame, rounded down to whole frames.
 func parseRetain(v string) (retention, error) {
 	switch v {
 	case "all":
@@ -99,7 +99,7 @@ func parseRetain(v string) (retention, error) {
 	if n < accelerator.FrameSize {
 		return retention{}, fmt.Errorf("%q is less than one %d-byte frame (off retains nothing): %w", v, accelerator.FrameSize, api.ErrInvalidArgument)
 	}
-	return retention{max: n}, nil
+	return retention{max: n / accelerator.FrameSize * accelerator.FrameSize}, nil // whole frames
 }
 
 // retainText is r as --retain-weights says it, for the log.

@@ -112,6 +112,7 @@ func TestParseRetain(t *testing.T) {
 		{"off", retention{off: true}, ""},
 		{"8GiB", retention{max: 8 << 30}, ""},
 		{"2MiB", retention{max: 2 << 20}, ""},
+		{"5MiB", retention{max: 4 << 20}, ""}, // whole frames
 		{"1MiB", retention{}, `"1MiB" is less than one`},
 		{"0", retention{}, `"0" is less than one`},
 		{"lots", retention{}, `"lots": want all, off or a size`},
