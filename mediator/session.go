@@ -469,25 +469,26 @@ func (f *frameSource) Write(dev uint32, frame uint64, p []byte) error {
 	return waitAll(calls)
 }
 
-// Refill asks the node to fill a frame, for fault-in, with the bytes whose
-// SHA-256 is sum, from a sealed frame it holds or retains
-// (accelerator/content.go): an evicted weight comes back without crossing
-// the network. Off with deduplication (Config.NoDedup).
-func (f *frameSource) Refill(dev uint32, frame uint64, sum [32]byte) (bool, error) {
+// Refill asks the node to fill frames, for a fault-in, with the bytes
+// whose SHA-256 are sums, from sealed frames it holds or retains
+// (accelerator/content.go), in one dedup: evicted weights come back
+// without crossing the network. Off with deduplication (Config.NoDedup).
+var _ memory.Refiller = (*frameSource)(nil)
+
+func (f *frameSource) Refill(dev uint32, frames []uint64, sums [][32]byte) ([]bool, error) {
 	if f.s.m.cfg.NoDedup {
-		return false, nil
+		return make([]bool, len(frames)), nil
 	}
 	v := f.s.vdevs[dev]
-	body, err := v.rpc.Call(api.OpNodeDedup, nil, api.Encode(&api.NodeDedup{
-		Device: v.dev.info.Index, Dst: []api.Extent{{Addr: frame, Len: memory.FrameSize}}, Hashes: [][32]byte{sum}}))
-	if err != nil {
-		return false, fmt.Errorf("refill frame %#x of device %d: %w", frame, dev, err)
+	req := api.NodeDedup{Device: v.dev.info.Index, Hashes: sums}
+	for _, fr := range frames {
+		req.Dst = append(req.Dst, api.Extent{Addr: fr, Len: memory.FrameSize})
 	}
-	hit, err := f.s.dedupReply(body, 1)
+	body, err := v.rpc.Call(api.OpNodeDedup, nil, api.Encode(&req))
 	if err != nil {
-		return false, err
+		return nil, fmt.Errorf("refill %d frames: %w", len(frames), err)
 	}
-	return hit[0], nil
+	return f.s.dedupReply(body, len(frames))
 }
 
 // Zero clears a frame that is reused for a chunk never written.

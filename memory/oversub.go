@@ -117,9 +117,15 @@ func (s *Space) faultIn(rs []Range) error {
 		s.evictLocked(v, p.keys[i])
 	}
 	s.mu.Unlock()
+	refilled, refillErr := s.refill(p)
 	for i, c := range p.need {
 		f := p.frames[i]
-		refilled, err := s.load(c, f)
+		var err error
+		if !refilled[i] {
+			if err = s.load(c, f); err != nil {
+				err = errors.Join(err, refillErr[c.dev]) // the refill's own error, if it failed too
+			}
+		}
 		if err != nil {
 			var left []devFrame
 			for j, f := range p.frames[i:] {
@@ -137,7 +143,7 @@ func (s *Space) faultIn(rs []Range) error {
 		s.mapChunk(c)
 		c.lru = s.tick
 		s.faults++
-		if refilled {
+		if refilled[i] {
 			s.refills++
 		}
 		s.mu.Unlock()
@@ -428,60 +434,95 @@ func (s *Space) save(c *chunk) (uint64, error) {
 	return key, nil
 }
 
-// load fills frame f with the contents of the evicted chunk c, and says
-// whether the source did it from memory it held (refill). The caller holds
-// allocMu.
-func (s *Space) load(c *chunk, f planFrame) (refilled bool, err error) {
+// load fills frame f with the contents of the evicted chunk c. The caller
+// holds allocMu.
+func (s *Space) load(c *chunk, f planFrame) error {
+	var err error
 	switch {
 	case c.stored:
-		write := func(b []byte) error {
-			// A refill only saves sending the bytes: on an error, send them.
-			var rerr error
-			if refilled, rerr = s.refill(c, f.frame, b); refilled {
-				return nil
-			}
-			if err := s.src.Write(c.dev, f.frame, b); err != nil {
-				return errors.Join(err, rerr)
-			}
-			return nil
-		}
-		if s.lend != nil {
-			err = s.lend.view(c.key, write)
-		} else {
-			buf := framePool.Get().(*[FrameSize]byte)
-			if err = s.store.Get(c.key, buf[:]); err == nil {
-				err = write(buf[:])
-			}
-			framePool.Put(buf)
-		}
+		err = s.stored(c, func(b []byte) error { return s.src.Write(c.dev, f.frame, b) })
 	case f.reused: // a fresh frame reads as zero already
 		err = s.src.Zero(c.dev, f.frame)
 	}
 	if err != nil {
-		return false, fmt.Errorf("fault in chunk %#x of device %d (frame %#x): %w", c.va, c.dev, f.frame, err)
+		return fmt.Errorf("fault in chunk %#x of device %d (frame %#x): %w", c.va, c.dev, f.frame, err)
 	}
-	return refilled, nil
+	return nil
 }
 
-// refill asks a source that is a Refiller to fill frame with b, the stored
-// contents of c, from memory it holds, where the source sealed c's frame
-// before it was evicted (so that a node may retain it) and c is sealed
-// whole. A miss costs a hash of the chunk, once per stored contents, and a
-// round trip, once: the chunk is not offered again. The caller holds
-// allocMu.
-func (s *Space) refill(c *chunk, frame uint64, b []byte) (bool, error) {
+// stored calls use with the stored contents of c, lent by the store or
+// copied out of it.
+func (s *Space) stored(c *chunk, use func([]byte) error) error {
+	if s.lend != nil {
+		return s.lend.view(c.key, use)
+	}
+	buf := framePool.Get().(*[FrameSize]byte)
+	defer framePool.Put(buf)
+	if err := s.store.Get(c.key, buf[:]); err != nil {
+		return err
+	}
+	return use(buf[:])
+}
+
+// refill asks a source that is a Refiller to fill the frames p planned for
+// the chunks it needs from memory the source holds, one request per
+// device, for each chunk whose frame the source sealed before it was
+// evicted (so that a node may retain it) and whose allocations are all
+// sealed. It returns which it filled; the others are to be loaded. A miss
+// costs a hash of the chunk, once per stored contents, and is not asked
+// again; a failed request only leaves its chunks to be loaded, and is
+// returned by device for the caller to report if loading fails too. The
+// caller holds allocMu.
+func (s *Space) refill(p *faultPlan) ([]bool, map[uint32]error) {
+	hit := make([]bool, len(p.need))
 	r, ok := s.src.(Refiller)
-	if !ok || !c.atSource || c.unsealed > 0 {
-		return false, nil
+	if !ok {
+		return hit, nil
 	}
-	if !c.summed {
-		c.sum, c.summed = sha256.Sum256(b), true
+	type ask struct {
+		idx    []int
+		frames []uint64
+		sums   [][32]byte
 	}
-	hit, err := r.Refill(c.dev, frame, c.sum)
-	if err == nil && !hit {
-		c.atSource = false // gone from the source: ask no more
+	asks := map[uint32]*ask{}
+	for i, c := range p.need {
+		if !c.stored || !c.atSource || c.unsealed > 0 {
+			continue
+		}
+		if !c.summed {
+			if s.stored(c, func(b []byte) error { c.sum = sha256.Sum256(b); return nil }) != nil {
+				continue // load reports it
+			}
+			c.summed = true
+		}
+		a := asks[c.dev]
+		if a == nil {
+			a = &ask{}
+			asks[c.dev] = a
+		}
+		a.idx, a.frames, a.sums = append(a.idx, i), append(a.frames, p.frames[i].frame), append(a.sums, c.sum)
 	}
-	return hit, err
+	var errs map[uint32]error
+	for dev, a := range asks {
+		got, err := r.Refill(dev, a.frames, a.sums)
+		if err == nil && len(got) != len(a.frames) {
+			err = fmt.Errorf("refill of %d frames answered %d: %w", len(a.frames), len(got), api.ErrInternal)
+		}
+		if err != nil {
+			if errs == nil {
+				errs = map[uint32]error{}
+			}
+			errs[dev] = fmt.Errorf("refill %d frames of device %d: %w", len(a.frames), dev, err)
+			continue
+		}
+		for k, i := range a.idx {
+			hit[i] = got[k]
+			if !got[k] {
+				p.need[i].atSource = false // gone from the source: ask no more
+			}
+		}
+	}
+	return hit, errs
 }
 
 // evictLocked unmaps the resident chunk c, whose contents the store holds

@@ -588,8 +588,9 @@ func sameStats(a, b Stats) bool {
 // node that retains sealed frames does.
 type refillingLease struct {
 	lease
-	asked int   // refills asked for
-	fail  error // when set, refills fail with it
+	asked    int   // frames asked to refill
+	requests int   // refill requests answered
+	fail     error // when set, refills fail with it
 }
 
 func (l *refillingLease) Return(dev uint32, frames []uint64) error {
@@ -605,23 +606,30 @@ func (l *refillingLease) Return(dev uint32, frames []uint64) error {
 	return l.lease.Return(dev, frames)
 }
 
-func (l *refillingLease) Refill(dev uint32, frame uint64, sum [32]byte) (bool, error) {
+func (l *refillingLease) Refill(dev uint32, frames []uint64, sums [][32]byte) ([]bool, error) {
 	n := l.n
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if err := l.access("refill", dev, frame, nil); err != nil {
-		return false, err
+	hit := make([]bool, len(frames))
+	for i, f := range frames {
+		if err := l.access("refill", dev, f, nil); err != nil {
+			return nil, err
+		}
+		l.asked++
+		if l.fail != nil {
+			return nil, l.fail
+		}
+		if b, ok := n.kept[sums[i]]; ok {
+			n.data[devFrame{dev, f}] = slices.Clone(b)
+			hit[i] = true
+		}
 	}
-	l.asked++
-	if l.fail != nil {
-		return false, l.fail
-	}
-	b, ok := n.kept[sum]
-	if ok {
-		n.data[devFrame{dev, frame}] = slices.Clone(b)
-	}
-	return ok, nil
+	l.requests++
+	return hit, nil
 }
+
+// Interface check: a refillingLease is what a space asks to refill.
+var _ Refiller = (*refillingLease)(nil)
 
 // TestSealedChunksRefillFromTheSource: a chunk sealed at the source and
 // evicted comes back from the source's own copy, no bytes written; where
@@ -740,4 +748,33 @@ func TestRefillModel(t *testing.T) {
 		}
 		s.Close()
 	})
+}
+
+// TestRefillsOneRequestPerFault: a fault-in of a weight of several chunks,
+// all sealed at the source, asks the source once for all of them.
+func TestRefillsOneRequestPerFault(t *testing.T) {
+	node := newFakeNode(8)
+	src := &refillingLease{lease: node.lease(0)}
+	s := NewSpace(src, 0)
+	s.Oversubscribe(newStore(t, 16, false), 3*FrameSize)
+	w := mustAllocHint(t, s, 0, 3*Page2M, api.HintWeight)
+	writeVA(t, node, s, w, pattern(1, 3*Page2M))
+	if err := s.Seal(w); err != nil {
+		t.Fatal(err)
+	}
+	ts, err := s.TranslateAll([]Range{{VA: w, Len: 3 * Page2M, SealFrames: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.seal(ts[0].Dev, ts[0].Extents)
+	other := mustAlloc(t, s, 0, 3*Page2M)
+	writeVA(t, node, s, other, pattern(2, 3*Page2M)) // evicts the weight
+	writes := node.writes
+	if got := readVA(t, node, s, w, 3*Page2M); !bytes.Equal(got, pattern(1, 3*Page2M)) {
+		t.Fatal("the weight lost its bytes")
+	}
+	if st := s.Stats(); st.Refills != 3 || src.asked != 3 || src.requests != 1 || node.writes != writes {
+		t.Fatalf("%d refills, %d frames asked in %d requests, %d frames written: want 3, 3, 1, 0",
+			st.Refills, src.asked, src.requests, node.writes-writes)
+	}
 }

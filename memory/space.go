@@ -121,9 +121,10 @@ type FrameSource interface {
 // whose source is one asks it first when it faults in a chunk whose
 // contents were sealed at the source before they were evicted.
 type Refiller interface {
-	// Refill fills the frame with the bytes whose SHA-256 is sum, if the
-	// source holds them, and says whether it did.
-	Refill(dev uint32, frame uint64, sum [32]byte) (bool, error)
+	// Refill fills each of the held frames of dev with the bytes whose
+	// SHA-256 is sums[i], if the source holds them, and says for each
+	// whether it did.
+	Refill(dev uint32, frames []uint64, sums [][32]byte) ([]bool, error)
 }
 
 // Stats is a consistent snapshot of a Space.
