@@ -471,25 +471,40 @@ func (f *frameSource) Write(dev uint32, frame uint64, p []byte) error {
 
 // Refill asks the node to fill frames, for a fault-in, with the bytes
 // whose SHA-256 are sums, from sealed frames it holds or retains
-// (accelerator/content.go), in one dedup: evicted weights come back
-// without crossing the network. Off with deduplication (Config.NoDedup).
-var _ memory.Refiller = (*frameSource)(nil)
-
+// (accelerator/content.go), in dedups of up to refillBatch frames: evicted
+// weights come back without crossing the network. Off with deduplication
+// (Config.NoDedup).
 func (f *frameSource) Refill(dev uint32, frames []uint64, sums [][32]byte) ([]bool, error) {
 	if f.s.m.cfg.NoDedup {
 		return make([]bool, len(frames)), nil
 	}
 	v := f.s.vdevs[dev]
-	req := api.NodeDedup{Device: v.dev.info.Index, Hashes: sums}
-	for _, fr := range frames {
-		req.Dst = append(req.Dst, api.Extent{Addr: fr, Len: memory.FrameSize})
+	var hits []bool
+	for len(frames) > 0 {
+		n := min(len(frames), refillBatch)
+		req := api.NodeDedup{Device: v.dev.info.Index, Hashes: sums[:n]}
+		for _, fr := range frames[:n] {
+			req.Dst = append(req.Dst, api.Extent{Addr: fr, Len: memory.FrameSize})
+		}
+		body, err := v.rpc.Call(api.OpNodeDedup, nil, api.Encode(&req))
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", f.s.m.nodes[v.dev.node].addr, err)
+		}
+		hit, err := f.s.dedupReply(body, n)
+		if err != nil {
+			return nil, err
+		}
+		hits, frames, sums = append(hits, hit...), frames[n:], sums[n:]
 	}
-	body, err := v.rpc.Call(api.OpNodeDedup, nil, api.Encode(&req))
-	if err != nil {
-		return nil, fmt.Errorf("refill %d frames: %w", len(frames), err)
-	}
-	return f.s.dedupReply(body, len(frames))
+	return hits, nil
 }
+
+// refillBatch bounds the frames of one refill request, whose body (48
+// bytes a frame, after a few bytes of lengths) must stay within
+// api.MaxBody; the constant below fails to compile if it does not.
+const refillBatch = 4096
+
+const _ uint = api.MaxBody - 64 - 48*refillBatch
 
 // Zero clears a frame that is reused for a chunk never written.
 func (f *frameSource) Zero(dev uint32, frame uint64) error {
