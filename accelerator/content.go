@@ -300,7 +300,7 @@ func (x *contentIndex) storedOnce(ref frameRef, tenant string) bool {
 // and all stay held: those it retained go back to o (unkeep), unless an
 // allocation reclaimed one meanwhile.
 func (x *contentIndex) forget(t tenantShare, o owner, d *device, frames []uint64) (scrub []uint64, kept []frameRef, err error) {
-	for _, f := range frames {
+	for _, f := range x.latestSealedFirst(d, frames) {
 		ref := frameRef{d, f}
 		x.mu.Lock()
 		took, err := d.timed(func() error {
@@ -318,7 +318,28 @@ func (x *contentIndex) forget(t tenantShare, o owner, d *device, frames []uint64
 			return nil, nil, err
 		}
 	}
+	slices.Sort(scrub) // in runs, for the scrub
 	return scrub, kept, nil
+}
+
+// latestSealedFirst orders frames of d, freed together, so that of those
+// holding the same bytes the one sealed first comes last: it is the one
+// retained (keep declines a frame while another holds its bytes), however
+// the request ordered them. Frames not indexed come last.
+func (x *contentIndex) latestSealedFirst(d *device, frames []uint64) []uint64 {
+	x.mu.Lock()
+	pos := make(map[uint64]int, len(frames))
+	for _, f := range frames {
+		ref := frameRef{d, f}
+		pos[f] = -1
+		if sum, ok := x.byFrame[ref]; ok {
+			pos[f] = slices.Index(x.byHash[sum], ref)
+		}
+	}
+	x.mu.Unlock()
+	order := slices.Clone(frames)
+	slices.SortStableFunc(order, func(a, b uint64) int { return cmp.Compare(pos[b], pos[a]) })
+	return order
 }
 
 // unkeep gives the frames of refs that the node still retains back to o,

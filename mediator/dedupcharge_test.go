@@ -1,6 +1,7 @@
 package mediator_test
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -224,6 +225,12 @@ dedup_charge = 0.3
 // returns to 0 when the sessions end.
 func TestDedupChargeNeverDrifts(t *testing.T) {
 	cs := startQuota(t, driftQuota)
+	// Runs share the node, which retains each run's sealed frames. A bound
+	// that one run's (62 at most: two shared contents, 60 unique frames)
+	// never reach gives up earlier runs' instead, the least recently used,
+	// so the device never fills and no allocation reclaims a frame the
+	// model holds.
+	cs.nodes[0].LimitRetention(64 * frame)
 	op := cs.operator(t)
 	const grant = 10 << 20
 	tenants := []struct {
@@ -251,12 +258,21 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 		}
 		index := map[int][]*mframe{}
 		var all []*mframe
-		// forget frees a's frames: the node retains a sealed frame with
-		// memory of its own and no other indexed frame of its content but
-		// its aliases, which keep mapping it; it scrubs the others, their
-		// aliases given copies.
-		forget := func(a *malloc) {
-			for _, f := range a.frames {
+		// forget frees frames, named in one request: the node retains a
+		// sealed frame with memory of its own and no other indexed frame
+		// of its content but its aliases, which keep mapping it, taking
+		// those of one content in the reverse of their order in the index;
+		// it scrubs the others, their aliases given copies.
+		forget := func(frames []*mframe) {
+			pos := func(f *mframe) int {
+				if !f.sealed {
+					return -1
+				}
+				return slices.Index(index[f.content], f)
+			}
+			frames = slices.Clone(frames)
+			slices.SortStableFunc(frames, func(a, b *mframe) int { return cmp.Compare(pos(b), pos(a)) })
+			for _, f := range frames {
 				all = slices.DeleteFunc(all, func(g *mframe) bool { return g == f })
 				if f.sealed && f.aliasOf == nil && !slices.ContainsFunc(index[f.content], func(g *mframe) bool { return g != f && g.aliasOf != f }) {
 					f.tenant = ""
@@ -403,14 +419,16 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 				if err := s.c.Free(s.allocs[j].p); err != nil {
 					rt.Fatalf("step %d: free: %v", step, err)
 				}
-				forget(s.allocs[j])
+				forget(s.allocs[j].frames)
 				s.allocs = slices.Delete(s.allocs, j, j+1)
 			default: // disconnect: everything of the session goes
 				id := s.c.Session()
 				s.c.Close()
+				var all []*mframe // returned together, as the session ends
 				for _, a := range s.allocs {
-					forget(a)
+					all = append(all, a.frames...)
 				}
+				forget(all)
 				sessions[k][i] = nil
 				cs.waitSessionGone(t, id)
 			}
