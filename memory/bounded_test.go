@@ -253,25 +253,78 @@ func TestBoundedStoresRAMProperty(t *testing.T) {
 	})
 }
 
-// TestBoundedStoresConcurrentReclaim: views that put, read and drop at
-// once, in a RAM too small for their shares, each read back their own
-// bytes while entries move to the spill file under them.
+// TestBoundedStoresConcurrentReclaim: two views fill the RAM, twice their
+// shares, and keep reading their entries back while two views below their
+// shares put, read and drop at once, which moves the lent entries to the
+// spill file under their readers.
 func TestBoundedStoresConcurrentReclaim(t *testing.T) {
 	h, err := NewHostStore(8*FrameSize, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	var wg sync.WaitGroup
-	for w := range 4 {
-		v := h.Bounded(4 * FrameSize) // a share of 2
-		wg.Go(func() {
+	tagged := func(tag uint64) []byte {
+		page := make([]byte, FrameSize)
+		binary.LittleEndian.PutUint64(page[FrameSize-8:], tag)
+		return page
+	}
+	check := func(v *BoundedStore, k, tag uint64, page []byte) bool {
+		if err := v.Get(k, page); err != nil {
+			t.Error(err)
+			return false
+		}
+		if got := binary.LittleEndian.Uint64(page[FrameSize-8:]); got != tag {
+			t.Errorf("entry %d reads %#x, wrote %#x", k, got, tag)
+			return false
+		}
+		return true
+	}
+	views := make([]*BoundedStore, 4)
+	for w := range views {
+		views[w] = h.Bounded(4 * FrameSize) // a share of 2
+	}
+	lent := [2]map[uint64]uint64{{}, {}} // key → tag, of each lender's entries
+	for w := range lent {
+		for i := range 4 {
+			tag := uint64(w<<16 | i)
+			k, err := views[w].Put(tagged(tag))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lent[w][k] = tag
+		}
+	}
+	if st := h.Stats(); st.RAM != h.budget || st.Spilled != 0 {
+		t.Fatalf("the lenders' entries are not all in RAM: %+v", st)
+	}
+	done := make(chan struct{})
+	var readers, writers sync.WaitGroup
+	for w := range 2 {
+		v := views[w]
+		readers.Go(func() {
+			page := make([]byte, FrameSize)
+			for {
+				for k, tag := range lent[w] {
+					if !check(v, k, tag, page) {
+						return
+					}
+				}
+				select {
+				case <-done:
+					return
+				default:
+				}
+			}
+		})
+	}
+	for w := 2; w < 4; w++ {
+		v := views[w]
+		writers.Go(func() {
 			page := make([]byte, FrameSize)
 			var held []uint64
 			for i := range 60 {
 				tag := uint64(w<<16 | i)
-				binary.LittleEndian.PutUint64(page[FrameSize-8:], tag)
-				k, err := v.Put(page)
+				k, err := v.Put(tagged(tag))
 				if errors.Is(err, api.ErrOutOfMemory) {
 					v.Drop(held[0])
 					held = held[1:]
@@ -282,19 +335,17 @@ func TestBoundedStoresConcurrentReclaim(t *testing.T) {
 					return
 				}
 				held = append(held, k)
-				if err := v.Get(k, page); err != nil {
-					t.Error(err)
-					return
-				}
-				if got := binary.LittleEndian.Uint64(page[FrameSize-8:]); got != tag {
-					t.Errorf("view %d read %#x, wrote %#x", w, got, tag)
+				if !check(v, k, tag, page) {
 					return
 				}
 			}
 		})
 	}
-	wg.Wait()
-	if h.Stats().Moved == 0 {
-		t.Fatalf("no entry moved: the test did not reclaim (%+v)", h.Stats())
+	writers.Wait()
+	close(done)
+	readers.Wait()
+	// Each writer below its share took two entries of RAM back from a lender.
+	if st := h.Stats(); st.Moved < 4 {
+		t.Fatalf("%d entries moved, want at least 4: the writers did not reclaim their shares (%+v)", st.Moved, st)
 	}
 }
