@@ -135,7 +135,7 @@ func TestNodePublishStallsNoOtherTenant(t *testing.T) {
 	}
 	// Generous for a loaded 2-core host, where the copy takes a core; a
 	// stall behind the copy would put most samples at tens of ms.
-	const bound = 20 * time.Millisecond
+	const bound = 50 * time.Millisecond
 	if p := pct(f1, 90); p > bound {
 		t.Errorf("another tenant's free took %v at the 90th percentile while a tenant published, want under %v", p, bound)
 	}
@@ -655,7 +655,10 @@ func TestNodeHeldOffWritesLandBeforeTheNextPublish(t *testing.T) {
 		waitPublishing(t, o)
 		w := b.rpc.Go(api.OpNodeObjWrite, nil, api.Encode(&api.NodeObjAccess{Object: id, Payload: []byte("beta")}))
 		next := g.rpc.Go(api.OpNodePublish, nil, api.Encode(&api.NodeObject{Object: id}))
-		time.Sleep(20 * time.Millisecond) // both wait for the first publish
+		waitObject(t, o, func() bool { return len(o.data) == 1 }, "the first publish held off no write")
+		// Time for the next publish to wait for the first as well; were it
+		// to come later, the write would still land before it.
+		time.Sleep(20 * time.Millisecond)
 		o.copyMu.Unlock()
 		var v1, v2 api.BufVersion
 		var wg api.NodeGrant
@@ -698,7 +701,9 @@ func TestNodeExporterFreesItsOwnImportPromptly(t *testing.T) {
 	}
 	took := time.Since(start)
 	t.Logf("freeing an object its own connection imported took %v", took)
-	if took > 100*time.Millisecond {
+	// Waiting for its own acknowledgement would take a lease, or most of
+	// one: a long pause of a loaded machine still takes less.
+	if took >= ReadLease*3/4 {
 		t.Errorf("freeing an object its own connection imported took %v: it waited for its own acknowledgement", took)
 	}
 }

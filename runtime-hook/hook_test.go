@@ -418,7 +418,9 @@ func TestRunHookTimesOut(t *testing.T) {
 	cfg, st := hookSetup(t, StageCreateRuntime)
 	f := &fakeMediator{block: make(chan struct{})}
 	var socket string
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	// Long enough that the dial is done before the deadline on a slow
+	// machine, so that the register is what times out.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	start := time.Now()
 	err := RunHook(ctx, cfg, st, f.dialer(&socket), &bytes.Buffer{})
@@ -428,12 +430,7 @@ func TestRunHookTimesOut(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("gave up after %v", d)
 	}
-	f.mu.Lock()
-	closed := f.closed
-	f.mu.Unlock()
-	if closed != 1 {
-		t.Fatalf("connection closed %d times, want 1", closed)
-	}
+	waitClosed(t, f, "timed-out connection")
 
 	// A dial that hangs past the deadline: the late connection is closed.
 	release := make(chan struct{})
@@ -451,16 +448,25 @@ func TestRunHookTimesOut(t *testing.T) {
 	}
 	close(release)
 	<-dialled
+	if r := waitClosed(t, late, "late connection"); r != 0 {
+		t.Fatalf("late connection: registered %d containers", r)
+	}
+}
+
+// waitClosed waits for f's connection to be closed once, and returns how
+// many containers were registered through it.
+func waitClosed(t *testing.T, f *fakeMediator, what string) int {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		late.mu.Lock()
-		c, r := late.closed, len(late.registered)
-		late.mu.Unlock()
-		if c == 1 && r == 0 {
-			break
+		f.mu.Lock()
+		c, r := f.closed, len(f.registered)
+		f.mu.Unlock()
+		if c == 1 {
+			return r
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("late connection: closed %d, registered %d", c, r)
+		if c > 1 || time.Now().After(deadline) {
+			t.Fatalf("%s: closed %d times, want 1", what, c)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -486,6 +487,11 @@ func TestLossAndJitter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pc.Close()
+	// Room for every datagram sent, so that only the shaping drops any,
+	// however late the reader runs.
+	if err := pc.(*net.UDPConn).SetReadBuffer(4 << 20); err != nil {
+		t.Fatal(err)
+	}
 	c, err := l.Dial(context.Background(), "a", "udp", addr, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -514,7 +520,7 @@ func TestLossAndJitter(t *testing.T) {
 	}()
 	for i := range sent {
 		c.Write([]byte{byte(i)})
-		if i%50 == 49 {
+		if i%10 == 9 {
 			time.Sleep(time.Millisecond) // stay well inside the relay's queue
 		}
 	}
@@ -528,14 +534,18 @@ func TestLossAndJitter(t *testing.T) {
 	const delay, jitter = 2 * time.Millisecond, time.Millisecond
 	l.Shape("b", Netem{Delay: delay, Jitter: jitter})
 	tc := dial(t, l, "a", echo(t, l, "b", 7001))
-	lo, hi := time.Hour, time.Duration(0)
-	for range 30 {
-		rt := pingPong(t, tc, 1)
-		lo, hi = min(lo, rt), max(hi, rt)
+	rts := make([]time.Duration, 31)
+	for i := range rts {
+		rts[i] = pingPong(t, tc, 1)
 	}
-	t.Logf("round trips with %v±%v each way: %v to %v", delay, jitter, lo, hi)
-	if lo < 2*(delay-jitter) || hi > 2*(delay+jitter)+20*time.Millisecond {
-		t.Errorf("round trips %v to %v, want within %v to %v (and some slack above)", lo, hi, 2*(delay-jitter), 2*(delay+jitter))
+	slices.Sort(rts)
+	lo, median, hi := rts[0], rts[len(rts)/2], rts[len(rts)-1]
+	t.Logf("round trips with %v±%v each way: %v to %v, median %v", delay, jitter, lo, hi, median)
+	// No round trip beats the shortest delay; a pause of the relay or of
+	// this process may stretch a few, not the middle one.
+	if lo < 2*(delay-jitter) || median > 2*(delay+jitter)+5*time.Millisecond {
+		t.Errorf("round trips %v to %v, median %v: want none under %v and the median under %v (and some slack)",
+			lo, hi, median, 2*(delay-jitter), 2*(delay+jitter))
 	}
 }
 
