@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"maps"
 	"math"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 
 	toml "github.com/pelletier/go-toml/v2"
 	"github.com/pelletier/go-toml/v2/unstable"
@@ -88,15 +91,57 @@ type fileTenant struct {
 	DedupCharge   any `toml:"dedup_charge"`
 }
 
+// MaxQuotaFile is the largest quota file Load reads, in bytes. Thousands
+// of tenants fit in far less; the bound keeps a wrong path (a log file, a
+// disk image) from costing the mediator its memory.
+const MaxQuotaFile = 1 << 20
+
 // Load reads and parses the quota file at path. An unreadable file is an
 // error that wraps the os error (errors.Is(err, fs.ErrNotExist) tells a
-// missing file) and api.ErrUnavailable.
+// missing file) and api.ErrUnavailable. Anything but a regular file (a
+// symlink to one is followed), and a file over MaxQuotaFile bytes, is
+// refused with api.ErrInvalidArgument, without blocking: the file is opened
+// non-blocking, so a FIFO whose writer never comes cannot wedge a reload,
+// and /dev/zero is never read.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0) // os adds O_CLOEXEC
 	if err != nil {
 		return nil, fmt.Errorf("read quota file: %w: %w", err, api.ErrUnavailable)
 	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("read quota file: %w: %w", err, api.ErrUnavailable)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("quota file %s is a %s, not a regular file: %w", path, fileType(fi.Mode()), api.ErrInvalidArgument)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxQuotaFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("read quota file: %w: %w", err, api.ErrUnavailable)
+	}
+	if len(data) > MaxQuotaFile {
+		return nil, fmt.Errorf("quota file %s is %d bytes, over the limit of %d (1 MiB): %w",
+			path, max(fi.Size(), int64(len(data))), MaxQuotaFile, api.ErrInvalidArgument)
+	}
 	return Parse(path, data)
+}
+
+// fileType names the type of a file that is not a regular one.
+func fileType(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "FIFO"
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeDevice != 0:
+		return "block device"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	}
+	return "file of mode " + m.String()
 }
 
 // Parse parses a quota file; path is only used in messages. Errors wrap

@@ -9,7 +9,9 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 )
@@ -262,6 +264,72 @@ func TestLoad(t *testing.T) {
 	_, err = Load(filepath.Join(dir, "missing.toml"))
 	if !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, api.ErrUnavailable) {
 		t.Errorf("missing file: got %v", err)
+	}
+}
+
+// TestLoadRefusesWhatIsNotAQuotaFile: a path that names anything but a
+// regular file of at most MaxQuotaFile bytes is refused at once, naming the
+// path and what is wrong, without blocking on a FIFO or reading /dev/zero;
+// a file of exactly MaxQuotaFile bytes is read.
+func TestLoadRefusesWhatIsNotAQuotaFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo.toml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	zero := filepath.Join(dir, "zero.toml")
+	if err := os.Symlink("/dev/zero", zero); err != nil {
+		t.Fatal(err)
+	}
+	// Valid TOML padded with a comment to size bytes.
+	padded := func(name string, size int) string {
+		t.Helper()
+		head := "[tenants.a]\n#"
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(head+strings.Repeat("x", size-len(head)-1)+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	atLimit, over := padded("limit.toml", MaxQuotaFile), padded("over.toml", MaxQuotaFile+1)
+	for _, tc := range []struct {
+		name, path string
+		want       []string // in the error; none: loads
+	}{
+		{"FIFO", fifo, []string{fifo, "FIFO", "not a regular file"}},
+		{"symlink to /dev/zero", zero, []string{zero, "character device", "not a regular file"}},
+		{"directory", dir, []string{dir, "directory", "not a regular file"}},
+		{"over the limit", over, []string{over, fmt.Sprint(MaxQuotaFile + 1), fmt.Sprint(MaxQuotaFile), "over the limit"}},
+		{"at the limit", atLimit, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			type result struct {
+				cfg *Config
+				err error
+			}
+			done := make(chan result, 1)
+			go func() { cfg, err := Load(tc.path); done <- result{cfg, err} }()
+			var r result
+			select {
+			case r = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("Load(%s) still blocked after 10s", tc.path)
+			}
+			if tc.want == nil {
+				if r.err != nil || r.cfg.Tenants["a"] == nil {
+					t.Fatalf("Load: %+v, %v", r.cfg, r.err)
+				}
+				return
+			}
+			if !errors.Is(r.err, api.ErrInvalidArgument) {
+				t.Fatalf("Load: %v, want api.ErrInvalidArgument", r.err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(r.err.Error(), w) {
+					t.Errorf("Load: %q does not say %q", r.err, w)
+				}
+			}
+		})
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/sirupsen/logrus"
 )
@@ -59,19 +60,63 @@ func ListenUnix(path string, mode os.FileMode) (net.Listener, error) {
 	return l, nil
 }
 
+// ReloadDeadline is how long a reload may run before RunUntilStopped logs
+// that it is stuck.
+const ReloadDeadline = 10 * time.Second
+
 // RunUntilStopped blocks until SIGINT or SIGTERM, calling reload on each
 // SIGHUP (a failed reload is logged; the daemon keeps its old settings).
+//
+// A reload runs off the signal loop, so that a stop signal is answered at
+// once whatever the reload does (a quota file on a hung mount, say).
+// Reloads run one at a time: the SIGHUPs that arrive while one runs are
+// coalesced into one more run after it, which reads whatever changed
+// meanwhile. A reload still running after ReloadDeadline is logged as
+// stuck, and later SIGHUPs wait for it.
 func RunUntilStopped(log logrus.FieldLogger, reload func() error) {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(ch)
-	for sig := range ch {
-		if sig != syscall.SIGHUP {
-			log.WithField("signal", sig.String()).Info("stopping")
-			return
-		}
-		if err := reload(); err != nil {
-			log.WithError(err).Error("SIGHUP: reload failed")
+	serveSignals(ch, log, reload, ReloadDeadline)
+}
+
+// serveSignals is RunUntilStopped's loop over the signals of ch, with the
+// deadline of a reload.
+func serveSignals(ch <-chan os.Signal, log logrus.FieldLogger, reload func() error, deadline time.Duration) {
+	var (
+		done  chan error       // the running reload's result; nil while none runs
+		stuck <-chan time.Time // the running reload's deadline
+		again bool             // a SIGHUP came while a reload ran
+	)
+	start := func() {
+		d := make(chan error, 1) // a reload abandoned at a stop never blocks
+		go func() { d <- reload() }()
+		done, stuck = d, time.After(deadline)
+	}
+	for {
+		select {
+		case sig := <-ch:
+			switch {
+			case sig != syscall.SIGHUP:
+				log.WithField("signal", sig.String()).Info("stopping")
+				return
+			case done != nil:
+				again = true
+			default:
+				start()
+			}
+		case err := <-done:
+			if err != nil {
+				log.WithError(err).Error("SIGHUP: reload failed")
+			}
+			done, stuck = nil, nil
+			if again {
+				again = false
+				start()
+			}
+		case <-stuck:
+			stuck = nil
+			log.WithField("deadline", deadline.String()).Error("SIGHUP: reload stuck past its deadline; still serving signals, later SIGHUPs wait for it")
 		}
 	}
 }

@@ -1,0 +1,110 @@
+package daemon
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+)
+
+// loop runs serveSignals on its own goroutine; the returned channel is
+// closed when it returns.
+func loop(log logrus.FieldLogger, reload func() error, deadline time.Duration) (chan<- os.Signal, <-chan struct{}) {
+	ch := make(chan os.Signal)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		serveSignals(ch, log, reload, deadline)
+	}()
+	return ch, stopped
+}
+
+// send delivers sig to the loop, failing if the loop does not take it:
+// the loop must always be ready for a signal.
+func send(t *testing.T, ch chan<- os.Signal, sig os.Signal) {
+	t.Helper()
+	select {
+	case ch <- sig:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the signal loop did not take %v within 5s", sig)
+	}
+}
+
+func waitStopped(t *testing.T, stopped <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("SIGTERM: the signal loop did not return within 5s")
+	}
+}
+
+// TestReloadRunsOffTheSignalLoop: while a reload hangs, the loop logs it as
+// stuck at its deadline and takes further signals; the SIGHUPs that came
+// meanwhile make one more reload once it returns, never two at once; and
+// SIGTERM stops the loop, even with a reload that never returns.
+func TestReloadRunsOffTheSignalLoop(t *testing.T) {
+	logger, hook := logtest.NewNullLogger()
+	release := make(chan struct{})
+	var runs, running, overlapped atomic.Int32
+	started := make(chan struct{}, 10)
+	reload := func() error {
+		if running.Add(1) > 1 {
+			overlapped.Add(1)
+		}
+		defer running.Add(-1)
+		runs.Add(1)
+		started <- struct{}{}
+		<-release
+		return errors.New("the file is wrong")
+	}
+	ch, stopped := loop(logger, reload, 50*time.Millisecond)
+	send(t, ch, syscall.SIGHUP)
+	<-started
+	for range 3 {
+		send(t, ch, syscall.SIGHUP)
+	}
+	waitLog(t, hook, "stuck")
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("%d reloads started while the first hung, want 1", n)
+	}
+	close(release) // the first and every later reload return at once
+	<-started      // the coalesced SIGHUPs' one run
+	waitLog(t, hook, "reload failed")
+	time.Sleep(100 * time.Millisecond) // room for a wrong third run
+	if n := runs.Load(); n != 2 {
+		t.Errorf("%d reloads ran for 4 SIGHUPs that came during the first, want 2", n)
+	}
+	if n := overlapped.Load(); n != 0 {
+		t.Errorf("%d reloads ran while another did", n)
+	}
+	send(t, ch, syscall.SIGTERM)
+	waitStopped(t, stopped)
+
+	hung := make(chan struct{})
+	defer close(hung)
+	ch, stopped = loop(logger, func() error { <-hung; return nil }, time.Hour)
+	send(t, ch, syscall.SIGHUP)
+	send(t, ch, syscall.SIGHUP)
+	send(t, ch, syscall.SIGTERM)
+	waitStopped(t, stopped)
+}
+
+// waitLog waits for a logged message containing want.
+func waitLog(t *testing.T, hook *logtest.Hook, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, e := range hook.AllEntries() {
+			if strings.Contains(e.Message, want) {
+				return
+			}
+		}
+	}
+	t.Fatalf("nothing logged with %q within 5s", want)
+}
