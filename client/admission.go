@@ -13,7 +13,7 @@ import (
 // api.ErrQuotaExceeded, api.ErrPermissionDenied or api.ErrInvalidArgument
 // and its text says why.
 func (o *Operator) Register(r api.Register) (*api.RegisterReply, error) {
-	body, err := o.rpc.Call(api.OpRegister, nil, api.Encode(&r))
+	body, err := o.call(api.OpRegister, api.Encode(&r))
 	if err != nil {
 		return nil, err
 	}
@@ -28,13 +28,13 @@ func (o *Operator) Register(r api.Register) (*api.RegisterReply, error) {
 // container registered without one): its memory and its socket are freed
 // (vgpu-hook, at poststop).
 func (o *Operator) Release(namespace, container string) error {
-	_, err := o.rpc.Call(api.OpRelease, nil, api.Encode(&api.Release{Container: container, Namespace: namespace}))
+	_, err := o.call(api.OpRelease, api.Encode(&api.Release{Container: container, Namespace: namespace}))
 	return err
 }
 
 // Tenants lists the tenants of the mediator's quota file, with their use.
 func (o *Operator) Tenants() ([]api.TenantInfo, error) {
-	body, err := o.rpc.Call(api.OpTenants, nil)
+	body, err := o.call(api.OpTenants)
 	if err != nil {
 		return nil, err
 	}
@@ -48,6 +48,6 @@ func (o *Operator) Tenants() ([]api.TenantInfo, error) {
 // Reload makes the mediator re-read its quota file. If the new file is
 // invalid the mediator keeps the old one and the error says what is wrong.
 func (o *Operator) Reload() error {
-	_, err := o.rpc.Call(api.OpReload, nil)
+	_, err := o.call(api.OpReload)
 	return err
 }

@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vgpu/vgpu/api"
@@ -81,10 +82,12 @@ func Dial(opt Options) (*Client, error) {
 			opt.Devices = int(n)
 		}
 	}
+	// No bound on the hello: the mediator answers it once it has connected
+	// to the nodes of the session's devices, which have their own.
 	rpc, reply, err := dial(opt.Socket, api.Hello{
 		Magic: api.Magic, Version: api.Version, Role: api.RoleTenant,
 		Tenant: opt.Tenant, Devices: uint32(opt.Devices),
-	})
+	}, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -93,16 +96,24 @@ func Dial(opt Options) (*Client, error) {
 	return c, nil
 }
 
-func dial(socket string, hello api.Hello) (*api.RPC, *api.HelloReply, error) {
+// dial connects to the mediator at socket and says hello, giving up on
+// the hello after timeout (0: never; see answeredWithin).
+func dial(socket string, hello api.Hello, timeout time.Duration) (*api.RPC, *api.HelloReply, error) {
 	nc, err := net.DialTimeout("unix", socket, 10*time.Second)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to mediator at %s: %v: %w", socket, err, api.ErrUnavailable)
 	}
 	rpc := api.NewRPCCallerReads(api.NewConn(nc), "mediator "+socket)
-	body, err := rpc.Call(api.OpHello, nil, api.Encode(&hello))
+	var body []byte
+	err = answeredWithin(rpc, socket, api.OpHello, timeout, func() (err error) {
+		if body, err = rpc.Call(api.OpHello, nil, api.Encode(&hello)); err != nil {
+			return fmt.Errorf("mediator at %s: %w", socket, err)
+		}
+		return nil
+	})
 	if err != nil {
 		rpc.Close()
-		return nil, nil, fmt.Errorf("mediator at %s: %w", socket, err)
+		return nil, nil, err
 	}
 	var reply api.HelloReply
 	if err := api.Decode(body, &reply); err != nil {
@@ -110,6 +121,28 @@ func dial(socket string, hello api.Hello) (*api.RPC, *api.HelloReply, error) {
 		return nil, nil, fmt.Errorf("mediator at %s: hello reply: %w", socket, err)
 	}
 	return rpc, &reply, nil
+}
+
+// answeredWithin runs call, which waits on rpc for the reply to op, and
+// gives up after timeout (0: never) by closing rpc, which ends the call: a
+// late reply must not be taken for a later call's. The error then says
+// that the mediator at socket did not answer in time, and wraps
+// api.ErrUnavailable.
+func answeredWithin(rpc *api.RPC, socket string, op api.Op, timeout time.Duration, call func() error) error {
+	if timeout == 0 {
+		return call()
+	}
+	var late atomic.Bool
+	t := time.AfterFunc(timeout, func() {
+		late.Store(true)
+		rpc.Close()
+	})
+	err := call()
+	t.Stop()
+	if err != nil && late.Load() {
+		return fmt.Errorf("mediator at %s did not answer %v within %v; connection closed: %w", socket, op, timeout, api.ErrUnavailable)
+	}
+	return err
 }
 
 // Close ends the session; the mediator frees all its device memory. Work

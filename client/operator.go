@@ -3,23 +3,56 @@ package client
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 )
 
-// Operator is an operator's connection to a mediator: status and catalog.
-type Operator struct{ rpc *api.RPC }
+// DefaultOperatorTimeout is how long an Operator of DialOperator waits for
+// each answer of the mediator, the hello's included: one that does not
+// answer (wedged, or stopped) must not hang vgpuctl or the runtime hook.
+const DefaultOperatorTimeout = 30 * time.Second
 
-// DialOperator connects to the mediator at socket as an operator.
+// Operator is an operator's connection to a mediator: status, catalog and
+// admission (admission.go).
+type Operator struct {
+	rpc     *api.RPC
+	socket  string
+	timeout time.Duration // for each call
+}
+
+// DialOperator connects to the mediator at socket as an operator, with
+// DefaultOperatorTimeout.
 func DialOperator(socket string) (*Operator, error) {
+	return DialOperatorTimeout(socket, DefaultOperatorTimeout)
+}
+
+// DialOperatorTimeout connects to the mediator at socket as an operator.
+// The hello and each later call must be answered within timeout; one that
+// is not fails with an error that says so and wraps api.ErrUnavailable, and
+// closes the connection.
+func DialOperatorTimeout(socket string, timeout time.Duration) (*Operator, error) {
+	if timeout <= 0 {
+		return nil, fmt.Errorf("operator timeout %v: want more than 0: %w", timeout, api.ErrInvalidArgument)
+	}
 	if socket == "" {
 		socket = DefaultSocket
 	}
-	rpc, _, err := dial(socket, api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleOperator})
+	rpc, _, err := dial(socket, api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleOperator}, timeout)
 	if err != nil {
 		return nil, err
 	}
-	return &Operator{rpc: rpc}, nil
+	return &Operator{rpc: rpc, socket: socket, timeout: timeout}, nil
+}
+
+// call sends a request and waits for its reply body, within o.timeout.
+func (o *Operator) call(op api.Op, parts ...[]byte) ([]byte, error) {
+	var body []byte
+	err := answeredWithin(o.rpc, o.socket, op, o.timeout, func() (err error) {
+		body, err = o.rpc.Call(op, nil, parts...)
+		return err
+	})
+	return body, err
 }
 
 // Close closes the connection.
@@ -27,7 +60,7 @@ func (o *Operator) Close() error { return o.rpc.Close() }
 
 // Status reports the mediator's nodes, devices and tenants.
 func (o *Operator) Status() (*api.Status, error) {
-	body, err := o.rpc.Call(api.OpStatus, nil)
+	body, err := o.call(api.OpStatus)
 	if err != nil {
 		return nil, err
 	}
@@ -39,4 +72,11 @@ func (o *Operator) Status() (*api.Status, error) {
 }
 
 // Kernels lists the kernels the mediator's nodes offer.
-func (o *Operator) Kernels() ([]api.KernelInfo, error) { return kernels(o.rpc) }
+func (o *Operator) Kernels() ([]api.KernelInfo, error) {
+	var ks []api.KernelInfo
+	err := answeredWithin(o.rpc, o.socket, api.OpKernels, o.timeout, func() (err error) {
+		ks, err = kernels(o.rpc)
+		return err
+	})
+	return ks, err
+}

@@ -27,8 +27,10 @@ func main() {
 	os.Exit(run(os.Args, os.Stdin, os.Stderr))
 }
 
+// dial connects to the mediator, whose answers need not be awaited beyond
+// the hook's own deadline.
 func dial(socket string) (runtimehook.Mediator, error) {
-	o, err := client.DialOperator(socket)
+	o, err := client.DialOperatorTimeout(socket, runtimehook.HookDeadline)
 	if err != nil {
 		return nil, err
 	}

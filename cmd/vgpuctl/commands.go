@@ -15,6 +15,10 @@ import (
 	"github.com/vgpu/vgpu/internal/workload"
 )
 
+// operatorTimeout is --timeout: every operator connection gives up on a
+// mediator that does not answer within it.
+var operatorTimeout = client.DefaultOperatorTimeout
+
 // operatorCmd parses a command's --json flag and connects as an operator.
 func operatorCmd(name, socket string, args []string) (op *client.Operator, fs *flag.FlagSet, asJSON bool, err error) {
 	fs = flag.NewFlagSet(name, flag.ContinueOnError)
@@ -22,7 +26,7 @@ func operatorCmd(name, socket string, args []string) (op *client.Operator, fs *f
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, false, err
 	}
-	op, err = client.DialOperator(socket)
+	op, err = client.DialOperatorTimeout(socket, operatorTimeout)
 	return op, fs, *j, err
 }
 
@@ -83,7 +87,7 @@ func status(socket string, args []string) error {
 }
 
 func kernelList(socket string, _ []string) error {
-	op, err := client.DialOperator(socket)
+	op, err := client.DialOperatorTimeout(socket, operatorTimeout)
 	if err != nil {
 		return err
 	}

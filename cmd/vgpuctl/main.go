@@ -11,7 +11,7 @@ import (
 	"github.com/vgpu/vgpu/internal/bench"
 )
 
-const usage = `usage: vgpuctl [--socket PATH] COMMAND [flags]
+const usage = `usage: vgpuctl [--socket PATH] [--timeout DURATION] COMMAND [flags]
 
 commands:
   status [--json]   nodes, devices, memory and tenant sessions of the mediator
@@ -33,10 +33,16 @@ commands:
 func main() {
 	bench.ServePeerIfAsked() // a baseline peer process of vgpuctl bench
 	socket := flag.String("socket", client.DefaultSocket, "mediator socket")
+	flag.DurationVar(&operatorTimeout, "timeout", client.DefaultOperatorTimeout,
+		"how long status, tenants and kernels wait for each answer of the mediator")
 	flag.Usage = func() { fmt.Fprint(os.Stderr, usage); flag.PrintDefaults() }
 	flag.Parse()
 	if flag.NArg() < 1 {
 		flag.Usage()
+		os.Exit(2)
+	}
+	if operatorTimeout <= 0 {
+		fmt.Fprintf(os.Stderr, "vgpuctl: --timeout %v: want a duration above 0\n", operatorTimeout)
 		os.Exit(2)
 	}
 	cmds := map[string]func(socket string, args []string) error{
