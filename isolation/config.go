@@ -64,10 +64,11 @@ func CheckVirtualMemory(memory uint64, factor float64) error {
 
 var tenantName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
-// The file's schema: keys at the top level and in a tenant's table. Any
-// namespace name is a key of [namespaces], any tenant name one of [tenants].
+// The file's schema: keys at the top level and in a tenant's table (and in
+// [host]: hostKeys). Any namespace name is a key of [namespaces], any
+// tenant name one of [tenants].
 var (
-	rootKeys   = []string{"default_tenant", "namespaces", "tenants"}
+	rootKeys   = []string{"default_tenant", "namespaces", "tenants", "host"}
 	tenantKeys = []string{"memory", "compute", "compute_max", "bandwidth", "max_containers", "default_memory", "oversubscribe", "dedup_charge"}
 )
 
@@ -78,6 +79,7 @@ type fileDoc struct {
 	DefaultTenant any                   `toml:"default_tenant"`
 	Namespaces    map[string]any        `toml:"namespaces"`
 	Tenants       map[string]fileTenant `toml:"tenants"`
+	Host          *fileHost             `toml:"host"`
 }
 
 type fileTenant struct {
@@ -188,6 +190,7 @@ func Parse(path string, data []byte) (*Config, error) {
 	if doc.DefaultTenant != nil {
 		cfg.DefaultTenant, _ = p.tenantRef([]string{"default_tenant"}, doc.DefaultTenant, doc.Tenants)
 	}
+	cfg.Host = p.host(doc.Host, doc.Tenants)
 	if len(p.errs) > 0 {
 		return nil, p.err()
 	}
@@ -215,7 +218,9 @@ func (p *parser) decodeError(data []byte, err error) error {
 		}
 	}
 	msg := strings.TrimPrefix(de.Error(), "toml: ")
-	if value != "" && !strings.Contains(msg, strconv.Quote(value)) { // ParseFloat's quotes it
+	// ParseFloat's message quotes the value; a key that looks like a number
+	// (a uid of [host.users]) is named as the key already.
+	if value != "" && !strings.Contains(msg, strconv.Quote(value)) && !(len(key) > 0 && key[len(key)-1] == value) {
 		msg = shorten(value) + ": " + msg
 	}
 	where := fmt.Sprintf("%s:%d", p.file, line)
@@ -395,6 +400,8 @@ func (p *parser) checkSchema(path []string) {
 		allowed = rootKeys
 	case len(path) == 3 && path[0] == "tenants":
 		allowed = tenantKeys
+	case len(path) == 2 && path[0] == "host":
+		allowed = hostKeys
 	default:
 		return
 	}

@@ -15,7 +15,8 @@ var errPrefix = regexp.MustCompile(`^f\.toml:[1-9][0-9]*: `)
 // FuzzParse checks that no input makes Parse panic, that every rejection is
 // an invalid argument located in the file, and that an accepted config is
 // consistent: its limits are in range (what its sessions may allocate
-// included) and Resolve gives what it maps.
+// included), Resolve gives what it maps, and AdmitHost lets each mapped
+// uid and gid act as the tenants it is mapped to, all defined in the file.
 func FuzzParse(f *testing.F) {
 	for _, seed := range []string{
 		fullFile,
@@ -35,6 +36,9 @@ func FuzzParse(f *testing.F) {
 		"[tenants]\na = { memory = \"65536Ti\", oversubscribe = 16, compute_max = 0.001 }\n",
 		"[tenants.a]\ndefault_memory = 0x7fff_ffff_ffff_ffff\noversubscribe = 1.5\n",
 		"[tenants.a]\nmemory = 0123\n",
+		hostFile,
+		"[host]\naccess = \"open\"\n",
+		"[tenants.a]\n[host.users]\n1000 = [\"a\", \"*\"]\n01000 = []\n",
 	} {
 		f.Add([]byte(seed))
 	}
@@ -70,6 +74,22 @@ func FuzzParse(f *testing.F) {
 			got, err := cfg.Resolve("", ns)
 			if err != nil || got.Name != name {
 				t.Fatalf("namespace %q maps to %q, Resolve gives %v, %v", ns, name, got, err)
+			}
+		}
+		if cfg.Host.Open && len(cfg.Host.Users)+len(cfg.Host.Groups) > 0 {
+			t.Fatalf("open host access with mappings: %+v", cfg.Host)
+		}
+		for _, ids := range []map[uint32][]string{cfg.Host.Users, cfg.Host.Groups} {
+			for id, names := range ids {
+				for _, name := range names {
+					if _, ok := cfg.Tenants[name]; !ok && name != AnyTenant {
+						t.Fatalf("id %d mapped to undefined tenant %q", id, name)
+					}
+					p := Peer{UID: id, GIDs: []uint32{id}}
+					if err := cfg.AdmitHost(p, name); err != nil {
+						t.Fatalf("id %d mapped to %q: %v", id, name, err)
+					}
+				}
 			}
 		}
 		// An empty namespace is never mapped, so it gets the default tenant.

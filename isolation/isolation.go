@@ -1,6 +1,7 @@
 // Package isolation owns tenants: the quota file that defines them, the
-// operator's decision of which tenant a container belongs to, and admission
-// of containers against their tenant's limits.
+// operator's decision of which tenant a container belongs to, which local
+// users may act as which tenant on the host socket, and admission of
+// containers against their tenant's limits.
 //
 // # Identity
 //
@@ -9,6 +10,13 @@
 // arguments (a runtime vgpu-team-a registered with --tenant team-a), else the
 // quota file's mapping of the containerd namespace, else the file's
 // default_tenant, else refuses with api.ErrPermissionDenied.
+//
+// On the host socket a session names its own tenant, and Config.AdmitHost
+// decides whether the peer (its uid and groups, from SO_PEERCRED and
+// SO_PEERGROUPS) may act as it: operators (root, the mediator's user)
+// always, anyone where access is "open", otherwise only uids and gids the
+// file's [host] table maps to it. Without a quota file (Default) access is
+// open, for single-user machines; a file without [host] maps nobody.
 //
 // # Quota file
 //
@@ -31,6 +39,13 @@
 //	dedup_charge = 0.25      # share charged for a sealed weight frame stored once, 0..1; default 1
 //
 //	[tenants.shared]
+//
+//	[host]                   # who may act as which tenant on the host socket
+//	access = "mapped"        # default; "open": any local user, any tenant
+//	[host.users]             # uid -> tenants ("*": any)
+//	1000 = ["team-a"]
+//	[host.groups]            # gid -> tenants its members may act as
+//	2000 = ["team-a", "shared"]
 //
 // Sizes are strings with a unit (Ki, Mi, Gi, Ti binary; K, M, G, T decimal;
 // see api.ParseSize) or integers of bytes. Keys are case-sensitive and
@@ -98,13 +113,16 @@ type Config struct {
 	Tenants       map[string]*Tenant
 	Namespaces    map[string]string // containerd namespace -> tenant name
 	DefaultTenant string            // for namespaces with no mapping; "" = refuse them
+	Host          HostAccess        // who may act as which tenant on the host socket
 }
 
 // defaultName is the one tenant of Default.
 const defaultName = "default"
 
 // Default is the configuration when no quota file exists: one tenant
-// "default" with no caps, which every container belongs to.
+// "default" with no caps, which every container belongs to, and a host
+// socket open to every local user as every tenant (a single-user machine;
+// an operator who shares the host writes a quota file).
 func Default() *Config {
 	return &Config{
 		Tenants: map[string]*Tenant{
@@ -112,6 +130,7 @@ func Default() *Config {
 		},
 		Namespaces:    map[string]string{},
 		DefaultTenant: defaultName,
+		Host:          HostAccess{Open: true},
 	}
 }
 
