@@ -55,6 +55,10 @@
 //
 //	tenants.toml:12: tenants.team-a.memory: size "12X": want a whole number …: invalid argument
 //
+// Load reads only a regular file of at most MaxQuotaFile bytes, and never
+// blocks opening it: a path that names a FIFO or a device cannot wedge or
+// exhaust the mediator.
+//
 // docs/quota.md is the operator's version of this.
 //
 // # Admission
