@@ -292,31 +292,14 @@ func (n *Node) serveConn(nc net.Conn) {
 }
 
 func (c *conn) handshake() error {
-	_ = c.c.NetConn().SetDeadline(time.Now().Add(HandshakeTimeout))
-	defer c.c.NetConn().SetDeadline(time.Time{})
-	h, err := c.c.ReadHeader()
-	if err != nil {
-		return err
-	}
-	body := make([]byte, h.Len)
-	if err := c.c.ReadBody(body); err != nil {
-		return err
-	}
-	var hello api.Hello
-	switch {
-	case h.Op != api.OpHello:
-		err = fmt.Errorf("first request is %v, want hello: %w", h.Op, api.ErrProtocol)
-	case api.Decode(body, &hello) != nil:
-		err = fmt.Errorf("hello: %w", api.Decode(body, &hello))
-	case hello.Magic != api.Magic:
-		err = fmt.Errorf("hello magic %#x, want %#x: %w", hello.Magic, api.Magic, api.ErrProtocol)
-	case hello.Version != api.Version:
-		err = fmt.Errorf("protocol version %d, this node speaks %d: %w", hello.Version, api.Version, api.ErrProtocol)
-	case hello.Role != api.RoleMediator:
+	h, hello, err := api.ReadHello(c.c, time.Now().Add(HandshakeTimeout), "node")
+	if err == nil && hello.Role != api.RoleMediator {
 		err = fmt.Errorf("role %d may not connect to a node, only mediators (%d): %w", hello.Role, api.RoleMediator, api.ErrPermissionDenied)
 	}
 	if err != nil {
-		_ = c.c.ReplyError(h, err)
+		if h.Op != 0 {
+			_ = c.c.ReplyError(h, err)
+		}
 		return err
 	}
 	c.owner = owner(c.node.nextOwner.Add(1))

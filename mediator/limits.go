@@ -3,10 +3,15 @@ package mediator
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"os"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/vgpu/vgpu/api"
@@ -14,19 +19,22 @@ import (
 
 // Limits on what a tenant's connection may hold up.
 //
-// In flight: a session's reader hands each stream command to the stream's
-// queue (streamDepth commands) and the stream keeps at most streamDepth more
-// in flight on the nodes, so a session has at most
-// MaxStreams × 2 × streamDepth commands accepted and not yet answered. When
-// the queue of the stream a command names is full, or the session's queues
-// hold maxQueuedCmds decoded commands (a batch counts each of its own), the
-// reader stops reading the socket until there is room: a tenant that floods
-// requests fills its own socket and slows only itself, and the mediator's
-// memory for a session's queued commands stays bounded (a decoded command
-// takes some 300 bytes, a batch's commands on the wire as few as 18). A
-// batch or graph of more than maxQueuedCmds commands is refused when it is
-// decoded, so the reader holds at most that many more: the request it is
-// running itself or waiting to queue.
+// In flight: every command a session's reader accepts counts against two
+// bounds until its reply is written: the session's, maxSessionInflight
+// decoded commands, and its tenant's over all its sessions,
+// maxTenantInflight (a batch or a graph launch counts each of its commands,
+// a drain's barrier none). That holds whether the command waits in a
+// stream's queue (streamDepth of them) or was issued by the reader itself
+// on an idle stream. When either bound is reached, the reader stops reading
+// the socket until answers give room back: a tenant that floods requests
+// without reading replies fills its own socket and slows only itself, and
+// the mediator holds at most maxTenantInflight commands' worth of node calls
+// and decoded commands for a tenant (some 300 to 700 bytes each), however
+// many sessions it opens. A batch or graph of more than maxSessionInflight
+// commands is refused when it is decoded, so one always fits in a session
+// and tenant with nothing in flight. A client must read replies while it
+// sends (the Go SDK's calls do), or past the bound its writes and the
+// mediator's replies wait on each other until ReplyTimeout ends the session.
 //
 // Frames: a header announcing more than api.MaxBody drops the connection,
 // and so does a body that stalls past api.BodyTimeout (api.Conn.ReadBody).
@@ -56,10 +64,13 @@ var ReplyTimeout = 30 * time.Second
 // whether its tenant has gone.
 const hangupPoll = 50 * time.Millisecond
 
-// maxQueuedCmds bounds the decoded commands a session's stream queues
-// hold, and those of one batch (decodeCommands), which therefore always
-// fits in a session with none queued.
-const maxQueuedCmds = 1 << 14
+// maxSessionInflight bounds the commands one session has in flight, and
+// those of one batch (decodeCommands) or graph; maxTenantInflight those of
+// all a tenant's sessions, at least one session's worth.
+const (
+	maxSessionInflight = 1 << 14
+	maxTenantInflight  = 1 << 15
+)
 
 // errHungUp ends a session whose tenant closed its connection while the
 // reader waited for room in a stream's queue.
@@ -124,35 +135,132 @@ func hungUp(nc net.Conn) bool {
 	return hung
 }
 
-// enqueue hands cmd to st, waiting while its queue is full or the session's
-// queues hold too many decoded commands for it (maxQueuedCmds). If the tenant
-// hangs up meanwhile, the session is marked gone (its queued work is then
-// skipped and its waits for bandwidth end) and a command is dropped with
-// errHungUp; a barrier is still queued, so that what waits on it returns
-// only once the stream's earlier work is done.
-func (s *session) enqueue(st *stream, cmd command) error {
-	n := cmd.weight()
-	fits := func() bool { return n == 0 || s.queuedCmds.Load()+n <= maxQueuedCmds }
-	if fits() {
-		select {
-		case st.cmds <- cmd:
-			s.queuedCmds.Add(n)
-			return nil
-		default:
+// bound counts commands in flight against a limit, for a session or for
+// all of a tenant's sessions. Readers take room with tryTake, waiting on
+// awaitRoom while there is none; answers give it back with give, which
+// wakes the waiters.
+type bound struct {
+	limit   int64
+	n       atomic.Int64
+	waiters atomic.Int32
+	mu      sync.Mutex
+	room    chan struct{} // closed by the next give while waiters > 0; guarded by mu
+}
+
+// tryTake counts n more in flight if they fit.
+func (b *bound) tryTake(n int64) bool {
+	for {
+		cur := b.n.Load()
+		if cur+n > b.limit {
+			return false
 		}
+		if b.n.CompareAndSwap(cur, cur+n) {
+			return true
+		}
+	}
+}
+
+// give returns n, waking whoever waits for room.
+func (b *bound) give(n int64) {
+	if n == 0 {
+		return
+	}
+	b.n.Add(-n)
+	// A waiter counts itself before it last tries to take and then waits
+	// on the channel it got then, so either its try sees this room or
+	// this sees it waiting and closes that channel (or a later one, which
+	// a closed earlier one implies).
+	if b.waiters.Load() > 0 {
+		b.mu.Lock()
+		if b.room != nil {
+			close(b.room)
+			b.room = nil
+		}
+		b.mu.Unlock()
+	}
+}
+
+// awaitRoom counts the caller as waiting and returns a channel closed by
+// the next give; the caller then tries again, and calls doneWaiting.
+func (b *bound) awaitRoom() <-chan struct{} {
+	b.waiters.Add(1)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.room == nil {
+		b.room = make(chan struct{})
+	}
+	return b.room
+}
+
+func (b *bound) doneWaiting() { b.waiters.Add(-1) }
+
+// admit counts a command of n decoded commands in flight for the session
+// and its tenant, waiting while either has too many (the reader then reads
+// no more of the socket). If the tenant hangs up meanwhile, the session is
+// marked gone (its queued work is then skipped and its waits for bandwidth
+// end) and admit fails with errHungUp. Only the session's reader admits.
+func (s *session) admit(n int64) error {
+	take := func() bool {
+		if !s.inflight.tryTake(n) {
+			return false
+		}
+		if !s.bw.inflight.tryTake(n) {
+			s.inflight.n.Add(-n) // nobody waits on the session's bound but this reader
+			return false
+		}
+		return true
+	}
+	if n == 0 || take() {
+		return nil
 	}
 	tick := time.NewTicker(hangupPoll)
 	defer tick.Stop()
 	for {
-		var send chan command // nil, so not chosen, while the session is full
-		if fits() {
-			send = st.cmds
+		own, tenant := s.inflight.awaitRoom(), s.bw.inflight.awaitRoom()
+		ok, ticked := take(), false
+		if !ok {
+			select {
+			case <-own:
+			case <-tenant:
+			case <-tick.C:
+				ticked = true
+			}
 		}
-		select {
-		case send <- cmd:
-			s.queuedCmds.Add(n)
+		s.inflight.doneWaiting()
+		s.bw.inflight.doneWaiting()
+		if ok {
 			return nil
-		case <-s.room:
+		}
+		if ticked && !s.gone.Load() && hungUp(s.c.NetConn()) {
+			s.end(true)
+			return fmt.Errorf("%w: %w", errHungUp, api.ErrUnavailable)
+		}
+	}
+}
+
+// answered gives back the room of n decoded commands whose reply has been
+// written (or that were dropped unanswered).
+func (s *session) answered(n int64) {
+	s.inflight.give(n)
+	s.bw.inflight.give(n)
+}
+
+// enqueue hands cmd, admitted, to st, waiting while its queue is full. If
+// the tenant hangs up meanwhile, the session is marked gone and a command
+// is dropped with errHungUp; a barrier is still queued, so that what waits
+// on it returns only once the stream's earlier work is done.
+func (s *session) enqueue(st *stream, cmd command) error {
+	select {
+	case st.cmds <- cmd:
+		return nil
+	default:
+	}
+	tick := time.NewTicker(hangupPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case st.cmds <- cmd:
+			return nil
 		case <-tick.C:
 			if !s.gone.Load() && hungUp(s.c.NetConn()) {
 				s.end(true)
@@ -161,19 +269,6 @@ func (s *session) enqueue(st *stream, cmd command) error {
 				}
 			}
 		}
-	}
-}
-
-// dequeued gives back the room of n decoded commands an executor has run,
-// waking a reader waiting for it.
-func (s *session) dequeued(n int64) {
-	if n == 0 {
-		return
-	}
-	s.queuedCmds.Add(-n)
-	select {
-	case s.room <- struct{}{}:
-	default:
 	}
 }
 
@@ -229,4 +324,75 @@ func (s *session) await(ch <-chan struct{}) {
 			}
 		}
 	}
+}
+
+// Connections that have not said hello: each holds the mediator's buffers
+// (some 128 KiB) and a goroutine for up to HandshakeTimeout, before the
+// mediator knows who it serves, so the host socket (mode 0666: any local
+// user reaches it) bounds them: MaxHandshakesPerUID from any one peer uid
+// and MaxHandshakes in all. A connection past either bound is closed at
+// once, unanswered. Privileged peers (root, the mediator's user: the hooks
+// that register containers) are never counted nor refused, so a flood
+// cannot keep containers from starting. A container's socket needs no such
+// bound: MaxContainerConns bounds every connection of it, greeted or not.
+const (
+	MaxHandshakesPerUID = 32
+	MaxHandshakes       = 128
+)
+
+// unknownUID stands for the peers of connections that carry no
+// credentials (not Unix sockets), which share one uid's bound.
+const unknownUID = math.MaxUint32
+
+// handshakes counts a socket's connections whose hello is awaited.
+type handshakes struct {
+	log logrus.FieldLogger
+	mu  sync.Mutex
+	// byUID and total are the connections awaiting their hello, by peer
+	// uid and in all; refused counts those closed since the last warning,
+	// logged at most once a second (lastWarn). Guarded by mu.
+	byUID    map[uint32]int
+	total    int
+	refused  int
+	lastWarn time.Time
+}
+
+func newHandshakes(log logrus.FieldLogger) *handshakes {
+	return &handshakes{log: log, byUID: map[uint32]int{}}
+}
+
+// admit counts nc as awaiting its hello and returns what uncounts it, or
+// reports false if nc is over a bound and must be closed.
+func (h *handshakes) admit(nc net.Conn) (done func(), ok bool) {
+	uid := uint32(unknownUID)
+	if cred, err := peerCred(nc); err == nil {
+		if cred.Uid == 0 || int(cred.Uid) == os.Getuid() {
+			return func() {}, true
+		}
+		uid = cred.Uid
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.byUID[uid] >= MaxHandshakesPerUID || h.total >= MaxHandshakes {
+		h.refused++
+		if now := time.Now(); now.Sub(h.lastWarn) >= time.Second {
+			h.log.WithFields(logrus.Fields{"uid": uid, "uid_awaiting": h.byUID[uid], "awaiting": h.total, "refused": h.refused}).
+				Warnf("refusing connections that have not said hello: at most %d per uid and %d in all may wait", MaxHandshakesPerUID, MaxHandshakes)
+			h.lastWarn, h.refused = now, 0
+		}
+		return nil, false
+	}
+	h.byUID[uid]++
+	h.total++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.total--
+			if h.byUID[uid]--; h.byUID[uid] == 0 {
+				delete(h.byUID, uid)
+			}
+		})
+	}, true
 }

@@ -238,48 +238,66 @@ func openFDs(t *testing.T) int {
 	return len(fds)
 }
 
-// A session's stream queues hold at most maxQueuedCmds decoded commands:
-// past it the reader waits (and so stops reading the tenant's socket)
-// until an executor has run some. A batch of the bound enters an empty
-// session, and a drain's barrier never waits for room.
-func TestQueuedCommandsAreBounded(t *testing.T) {
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	s := &session{c: api.NewConn(a), room: make(chan struct{}, 1)}
-	st := &stream{s: s, cmds: make(chan command, streamDepth)}
-	batch := func(n int) command { return command{op: api.OpBatch, subs: make([]command, n)} }
-
-	if err := s.enqueue(st, batch(maxQueuedCmds)); err != nil {
-		t.Fatal(err)
+// A session has at most maxSessionInflight decoded commands in flight, and
+// its tenant maxTenantInflight over all its sessions: past either the
+// reader waits in admit (and so stops reading the tenant's socket) until
+// answers give room back. A batch of the session's bound enters a session
+// and tenant with nothing in flight.
+func TestInflightCommandsAreBounded(t *testing.T) {
+	tenant := &limiter{inflight: bound{limit: maxTenantInflight}}
+	newSession := func() *session {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		return &session{c: api.NewConn(a), bw: tenant, inflight: bound{limit: maxSessionInflight}}
 	}
-	if err := s.enqueue(st, command{barrier: make(chan struct{})}); err != nil {
-		t.Fatal(err)
+	admitted := func(s *session, n int64) <-chan error {
+		done := make(chan error, 1)
+		go func() { done <- s.admit(n) }()
+		return done
 	}
-	done := make(chan error, 1)
-	go func() { done <- s.enqueue(st, command{op: api.OpLaunch}) }()
-	select {
-	case err := <-done:
-		t.Fatalf("a command entered a full session: %v", err)
-	case <-time.After(100 * time.Millisecond):
-	}
-	// The executor runs the batch: room for the launch.
-	first := <-st.cmds
-	s.dequeued(first.weight())
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
+	waits := func(done <-chan error, what string) {
+		t.Helper()
+		select {
+		case err := <-done:
+			t.Fatalf("%s was admitted past its bound: %v", what, err)
+		case <-time.After(100 * time.Millisecond):
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the launch still waits after the batch ran")
 	}
-	if q := s.queuedCmds.Load(); q != 1 {
-		t.Fatalf("%d commands counted queued, want 1 (the launch)", q)
+	enters := func(done <-chan error, what string) {
+		t.Helper()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s still waits after room was given back", what)
+		}
+	}
+
+	a, b, c := newSession(), newSession(), newSession()
+	enters(admitted(a, maxSessionInflight), "a batch of the session's bound")
+	launch := admitted(a, 1)
+	waits(launch, "a launch of a full session")
+	a.answered(1)
+	enters(launch, "the launch")
+
+	// b fills the rest of the tenant's bound; c, with nothing in flight
+	// itself, waits for the tenant.
+	enters(admitted(b, maxTenantInflight-maxSessionInflight), "b's commands")
+	other := admitted(c, 1)
+	waits(other, "a launch of a tenant with all its room taken")
+	b.answered(1)
+	enters(other, "the other session's launch")
+	if n := tenant.inflight.n.Load(); n != maxTenantInflight {
+		t.Fatalf("tenant counts %d in flight, want %d", n, maxTenantInflight)
+	}
+	if n := a.inflight.n.Load(); n != maxSessionInflight {
+		t.Fatalf("session counts %d in flight, want %d", n, maxSessionInflight)
 	}
 }
 
-// A batch carries at most maxQueuedCmds commands, as many as a session's
+// A batch carries at most maxSessionInflight commands, as many as a session's
 // queues hold: one more is refused with quota-exceeded naming its count and
 // the bound, before its commands are decoded, and the session goes on.
 // Graphs are bounded the same way.
@@ -311,13 +329,13 @@ func TestBatchesAreBounded(t *testing.T) {
 		return b
 	}
 	for _, op := range []api.Op{api.OpBatch, api.OpGraphCreate} {
-		_, err := r.Call(op, nil, api.Encode(batch(maxQueuedCmds+1)))
+		_, err := r.Call(op, nil, api.Encode(batch(maxSessionInflight+1)))
 		if !errors.Is(err, api.ErrQuotaExceeded) || !strings.Contains(err.Error(), "16385 commands") || !strings.Contains(err.Error(), "16384") {
-			t.Fatalf("%v of %d commands: %v, want quota exceeded naming both counts", op, maxQueuedCmds+1, err)
+			t.Fatalf("%v of %d commands: %v, want quota exceeded naming both counts", op, maxSessionInflight+1, err)
 		}
 	}
-	if _, err := r.Call(api.OpBatch, nil, api.Encode(batch(maxQueuedCmds))); err != nil {
-		t.Fatalf("batch of %d commands: %v", maxQueuedCmds, err)
+	if _, err := r.Call(api.OpBatch, nil, api.Encode(batch(maxSessionInflight))); err != nil {
+		t.Fatalf("batch of %d commands: %v", maxSessionInflight, err)
 	}
 	if _, err := r.Call(api.OpMalloc, nil, api.Encode(&api.Malloc{Size: 4096})); err != nil {
 		t.Fatalf("after the refusals: %v", err)

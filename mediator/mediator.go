@@ -241,6 +241,7 @@ func (m *Mediator) serve(l net.Listener, ctr *container) error {
 	// refusing holds a slot for each connection refused on this socket
 	// whose hello is still awaited (refuse).
 	refusing := make(chan struct{}, maxRefusing)
+	hs := newHandshakes(m.log.WithField("socket", l.Addr().String()))
 	for {
 		nc, err := l.Accept()
 		if err != nil {
@@ -272,15 +273,21 @@ func (m *Mediator) serve(l net.Listener, ctr *container) error {
 		m.conns[nc] = struct{}{}
 		m.wg.Add(1)
 		m.mu.Unlock()
+		greeted := func() {}
 		if ctr != nil {
 			if err := ctr.track(nc); err != nil {
 				m.refuse(nc, err, refusing)
 				continue
 			}
+		} else if done, ok := hs.admit(nc); ok {
+			greeted = done
+		} else {
+			m.forget(nc)
+			continue
 		}
 		go func() {
 			defer m.forget(nc)
-			m.serveConn(nc, ctr)
+			m.serveConn(nc, ctr, greeted)
 			if ctr != nil {
 				ctr.untrack(nc)
 			}
@@ -307,9 +314,8 @@ func (m *Mediator) refuse(nc net.Conn, err error, slots chan struct{}) {
 				defer func() { <-slots }()
 				defer m.forget(nc)
 				m.log.WithError(err).Warn("connection refused")
-				_ = nc.SetDeadline(time.Now().Add(time.Second))
 				c := api.NewConn(nc)
-				if h, _, herr := readHello(c); herr == nil || h.Op != 0 {
+				if h, _, herr := api.ReadHello(c, time.Now().Add(time.Second), "mediator"); herr == nil || h.Op != 0 {
 					_ = c.ReplyError(h, err)
 				}
 			}()

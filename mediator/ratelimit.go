@@ -131,8 +131,13 @@ type limiter struct {
 	m      *Mediator
 	tenant string
 	b      bucket
-	refs   int         // under limiters.mu
-	expiry *time.Timer // under limiters.mu: forgets it once full, while unused
+	// inflight counts the tenant's commands in flight over all its
+	// sessions, at most maxTenantInflight (limits.go). It lives here
+	// because the limiter is the tenant's one object shared by its
+	// sessions, kept while any of them lives.
+	inflight bound
+	refs     int         // under limiters.mu
+	expiry   *time.Timer // under limiters.mu: forgets it once full, while unused
 }
 
 type limiterKey struct {
@@ -157,7 +162,7 @@ func (m *Mediator) limiter(tenant string) *limiter {
 	k := limiterKey{m, tenant}
 	l := limiters.m[k]
 	if l == nil {
-		l = &limiter{m: m, tenant: tenant, b: bucket{empty: emptyLongAgo}}
+		l = &limiter{m: m, tenant: tenant, b: bucket{empty: emptyLongAgo}, inflight: bound{limit: maxTenantInflight}}
 		limiters.m[k] = l
 	}
 	l.refs++

@@ -88,11 +88,9 @@ type session struct {
 	// holds: request bodies read and not yet sent on, and replies of copies
 	// from the device not yet written (limits.go).
 	inBufs, outBufs chan struct{}
-	// queuedCmds counts the decoded commands handed to the streams'
-	// executors and not yet run, at most maxQueuedCmds (limits.go); room
-	// is poked when it drops.
-	queuedCmds atomic.Int64
-	room       chan struct{}
+	// inflight counts the decoded commands accepted and not yet answered,
+	// at most maxSessionInflight (limits.go).
+	inflight bound
 }
 
 // end marks the session as ending, which cuts short waits for bandwidth;
@@ -105,7 +103,9 @@ func (s *session) end(gone bool) {
 	s.endOnce.Do(func() { close(s.ending) })
 }
 
-func (m *Mediator) serveConn(nc net.Conn, ctr *container) {
+// serveConn serves one connection; greeted is called once its hello has
+// been read, or has failed.
+func (m *Mediator) serveConn(nc net.Conn, ctr *container, greeted func()) {
 	var c *api.Conn
 	if uc, ok := nc.(*net.UnixConn); ok { // tenants pass host memory as memfds
 		c = api.NewConnFDs(withReplyTimeout(nc), uc)
@@ -114,7 +114,8 @@ func (m *Mediator) serveConn(nc net.Conn, ctr *container) {
 	}
 	defer c.Close()
 	log := m.log.WithField("conn", fmt.Sprintf("%p", nc))
-	h, hello, err := readHello(c)
+	h, hello, err := api.ReadHello(c, time.Now().Add(HandshakeTimeout), "mediator")
+	greeted()
 	if err != nil {
 		log.WithError(err).Info("handshake refused")
 		if h.Op != 0 {
@@ -143,33 +144,6 @@ func (m *Mediator) serveConn(nc net.Conn, ctr *container) {
 	default:
 		_ = c.ReplyError(h, fmt.Errorf("role %d may not connect to this socket: %w", hello.Role, api.ErrPermissionDenied))
 	}
-}
-
-// readHello reads and checks the first frame of a connection.
-func readHello(c *api.Conn) (api.Header, *api.Hello, error) {
-	_ = c.NetConn().SetDeadline(time.Now().Add(HandshakeTimeout))
-	defer c.NetConn().SetDeadline(time.Time{})
-	h, err := c.ReadHeader()
-	if err != nil {
-		return api.Header{}, nil, err
-	}
-	body := make([]byte, h.Len)
-	if err := c.ReadBody(body); err != nil {
-		return api.Header{}, nil, err
-	}
-	if h.Op != api.OpHello {
-		return h, nil, fmt.Errorf("first request is %v, want hello: %w", h.Op, api.ErrProtocol)
-	}
-	var hello api.Hello
-	switch err := api.Decode(body, &hello); {
-	case err != nil:
-		return h, nil, fmt.Errorf("hello: %w", err)
-	case hello.Magic != api.Magic:
-		return h, nil, fmt.Errorf("hello magic %#x, want %#x: %w", hello.Magic, api.Magic, api.ErrProtocol)
-	case hello.Version != api.Version:
-		return h, nil, fmt.Errorf("protocol version %d, this mediator speaks %d: %w", hello.Version, api.Version, api.ErrProtocol)
-	}
-	return h, &hello, nil
 }
 
 // serveOperator answers operator requests. Those that change state
@@ -281,7 +255,8 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 		m: m, id: m.nextSession.Add(1), tenant: tenant, c: c,
 		streams: map[uint32]*stream{}, nextStream: 1,
 		regions: map[uint32]*hostRegion{}, graphs: map[uint32][]command{}, withStream: map[uint32][]uint64{},
-		extra: map[int]*api.RPC{}, credits: map[uint64]uint64{}, room: make(chan struct{}, 1),
+		extra: map[int]*api.RPC{}, credits: map[uint64]uint64{},
+		inflight: bound{limit: maxSessionInflight},
 	}
 	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
 	rpcs := map[int]*api.RPC{}
@@ -985,6 +960,10 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 		// this goroutine queues, so nothing queued means the executor has
 		// issued everything before.
 		cmd.pool = pool
+		n := cmd.weight()
+		if err := s.admit(n); err != nil {
+			return false, err
+		}
 		if st.queued.Load() == 0 && s.cheap(&cmd) {
 			st.run(&cmd)
 			return true, nil
@@ -992,6 +971,7 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 		st.queued.Add(1)
 		if err := s.enqueue(st, cmd); err != nil {
 			st.queued.Add(-1)
+			s.answered(n)
 			return false, err
 		}
 		return true, nil

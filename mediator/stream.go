@@ -39,15 +39,15 @@ type command struct {
 	barrier chan struct{} // set for an internal drain marker: no reply
 }
 
-// weight is how many decoded commands cmd holds in a queue (limits.go):
-// a batch's own, one for any other command, none for a drain's barrier. A
-// graph launch's commands are the graph's, counted with it (graph.go).
+// weight is how many decoded commands cmd counts in flight (limits.go):
+// a batch's or a launched graph's own (at least one), one for any other
+// command, none for a drain's barrier.
 func (cmd *command) weight() int64 {
 	switch {
 	case cmd.barrier != nil:
 		return 0
-	case cmd.op == api.OpBatch:
-		return int64(len(cmd.subs))
+	case cmd.op == api.OpBatch || cmd.op == api.OpGraphLaunch:
+		return max(1, int64(len(cmd.subs)))
 	}
 	return 1
 }
@@ -133,15 +133,15 @@ func (s *session) decodeOne(op api.Op, body []byte) (command, error) {
 
 // decodeCommands decodes a batch body into its commands, each of which
 // must be allowed in a batch and (if stream is not nil) name *stream. There
-// may be maxQueuedCmds of them at most, so that a batch fits in the
+// may be maxSessionInflight of them at most, so that a batch fits in the
 // session's queues (limits.go); more are refused before any is decoded.
 func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command, error) {
 	var b api.Batch
 	if err := api.Decode(body, &b); err != nil {
 		return 0, nil, err
 	}
-	if len(b.Cmds) > maxQueuedCmds {
-		return 0, nil, fmt.Errorf("%d commands, more than the %d a session may queue: %w", len(b.Cmds), maxQueuedCmds, api.ErrQuotaExceeded)
+	if len(b.Cmds) > maxSessionInflight {
+		return 0, nil, fmt.Errorf("%d commands, more than the %d a session may have in flight: %w", len(b.Cmds), maxSessionInflight, api.ErrQuotaExceeded)
 	}
 	cmds := make([]command, len(b.Cmds))
 	for i, bc := range b.Cmds {
@@ -188,6 +188,7 @@ type completion struct {
 	errIdx int // the command of a batch that err belongs to
 	errOp  api.Op
 	batch  bool
+	weight int64 // the command's count in flight, given back once answered
 
 	out      *[]byte // reply payload buffer (copy from device into the reply)
 	outLen   int
@@ -195,8 +196,8 @@ type completion struct {
 	launches uint64
 }
 
-func (st *stream) newCompletion(h api.Header) *completion {
-	c := &completion{st: st, h: h, batch: h.Op == api.OpBatch, errIdx: -1}
+func (st *stream) newCompletion(h api.Header, weight int64) *completion {
+	c := &completion{st: st, h: h, batch: h.Op == api.OpBatch, errIdx: -1, weight: weight}
 	c.pending.Store(1)
 	st.answers.add(1)
 	return c
@@ -275,6 +276,7 @@ func (c *completion) done() {
 		putOut(c.out)
 		<-s.outBufs
 	}
+	s.answered(c.weight)
 	c.st.answers.add(-1)
 }
 
@@ -362,7 +364,6 @@ func (st *stream) execute() {
 			st.run(&cmd)
 		}
 		st.queued.Add(-1)
-		st.s.dequeued(cmd.weight())
 	}
 }
 
@@ -374,7 +375,7 @@ func (st *stream) run(cmd *command) {
 		// barrier; the reader never runs it (session.cheap).
 		st.answers.wait()
 	}
-	c := st.newCompletion(cmd.h)
+	c := st.newCompletion(cmd.h, cmd.weight())
 	// Gathering would let an eviction's node calls overtake gathered ones
 	// that touch the evicted frame, so spaces that evict send each call.
 	st.gather = (cmd.op == api.OpBatch || cmd.op == api.OpGraphLaunch) && !st.s.evicts
