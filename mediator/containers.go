@@ -319,6 +319,7 @@ func (m *Mediator) Reload() error {
 	}
 	m.admission.SetConfig(cfg)
 	m.log.WithField("file", m.cfg.Quota).Info("quotas reloaded")
+	warnIfOpen(m.log, cfg)
 	return nil
 }
 
@@ -419,7 +420,7 @@ func openDir(parent *os.File, name string, mk bool) (d *os.File, made bool, err 
 // container directory can pass it. The listener does not unlink the socket
 // when closed; its owner unlinks it through d.
 func listenIn(d *os.File, name string) (net.Listener, error) {
-	l, err := daemon.ListenUnix(fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), name), 0o666) // container processes may run as any user
+	l, err := daemon.ListenUnix(fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), name), 0o666, -1) // container processes may run as any user
 	if err != nil {
 		return nil, err
 	}
@@ -600,7 +601,7 @@ func alive(pid int) bool {
 // as the mediator's own user.
 func privileged(nc net.Conn) bool {
 	cred, err := peerCred(nc)
-	return err == nil && (cred.Uid == 0 || int(cred.Uid) == os.Getuid())
+	return err == nil && operator(cred.Uid)
 }
 
 // peerCred returns the credentials of the process on the other end of a

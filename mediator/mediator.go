@@ -155,6 +155,7 @@ func New(cfg Config) (*Mediator, error) {
 	if missing {
 		cfg.Log.WithField("file", cfg.Quota).Warn("quota file not found: every namespace is admitted as tenant \"default\", without caps, until a reload finds it")
 	}
+	warnIfOpen(cfg.Log, quota)
 	if cfg.StateDir != "" {
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 			return nil, fmt.Errorf("state directory: %v: %w", err, api.ErrInvalidArgument)

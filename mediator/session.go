@@ -221,7 +221,9 @@ func (m *Mediator) catalogBody() []byte {
 
 // newSession admits a tenant connection. Through a container's socket the
 // tenant is the one the operator gave the container, whatever the hello
-// says; a hello naming another is refused.
+// says; a hello naming another is refused. On the host socket the hello
+// names the tenant, which the quota file must let the peer act as
+// (admitHost).
 func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*session, error) {
 	tenant, n := hello.Tenant, int(hello.Devices)
 	if ctr != nil {
@@ -240,6 +242,11 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	}
 	if !tenantName.MatchString(tenant) {
 		return nil, fmt.Errorf("tenant name %q: want 1-63 letters, digits, '.', '_' or '-': %w", tenant, api.ErrInvalidArgument)
+	}
+	if ctr == nil {
+		if err := m.admitHost(c.NetConn(), tenant); err != nil {
+			return nil, err
+		}
 	}
 	if n == 0 {
 		n = 1

@@ -8,8 +8,11 @@ import (
 	"crypto/tls"
 	"flag"
 	"fmt"
+	"math"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/vgpu/vgpu/accelerator"
@@ -30,6 +33,8 @@ func (n *nodeList) Set(v string) error { *n = append(*n, v); return nil }
 func main() {
 	var nodes nodeList
 	socket := flag.String("socket", client.DefaultSocket, "Unix socket to serve tenants and operators on")
+	sockMode := flag.String("socket-mode", "0666", "permissions of --socket, in octal: who may connect at all (who may act as which tenant is the quota file's [host] table)")
+	sockGroup := flag.String("socket-group", "", "group of --socket, a name or a gid, for a --socket-mode such as 0660 (\"\": the mediator's)")
 	flag.Var(&nodes, "node", "vgpu-node address (host:port); repeat for several; none: run an embedded sim node")
 	embMem := flag.String("embedded-memory", "8GiB", "memory per device of the embedded sim node")
 	embDevs := flag.Int("embedded-devices", 1, "devices of the embedded sim node")
@@ -53,6 +58,11 @@ func main() {
 	flag.Parse()
 	cfg := mediator.Config{Nodes: nodes, Quota: *quota, ContainerDir: *ctrDir, Oversubscribe: *oversub, StateDir: *stateDir,
 		TenantBandwidth: tenantBW, NoDedup: !*dedup, NodeTimeout: *nodeTimeout}
+	sock, err := hostSocketFlags(*socket, *sockMode, *sockGroup)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
+		os.Exit(2)
+	}
 	if err := api.CheckPeerTimeout(*nodeTimeout); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator: --node-timeout:", err)
 		os.Exit(2)
@@ -81,10 +91,45 @@ func main() {
 	} else {
 		cfg.CacheMemory = int64(n)
 	}
-	if err := run(cfg, *socket, *embMem, *embDevs, *containerd, *level); err != nil {
+	if err := run(cfg, sock, *embMem, *embDevs, *containerd, *level); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(1)
 	}
+}
+
+// hostSocket is where and how the mediator listens for host programs and
+// operators.
+type hostSocket struct {
+	path string
+	mode os.FileMode
+	gid  int // -1: the mediator's group
+}
+
+// hostSocketFlags reads --socket-mode (octal permission bits, 0 to 0777)
+// and --socket-group (a group name, or a gid; "" for the mediator's own).
+func hostSocketFlags(path, mode, group string) (hostSocket, error) {
+	s := hostSocket{path: path, gid: -1}
+	m, err := strconv.ParseUint(mode, 8, 32)
+	if err != nil || m > 0o777 {
+		return s, fmt.Errorf("--socket-mode %q: want permission bits in octal, 0 to 0777, such as 0660: %w", mode, api.ErrInvalidArgument)
+	}
+	s.mode = os.FileMode(m)
+	if group == "" {
+		return s, nil
+	}
+	if g, err := strconv.ParseUint(group, 10, 32); err == nil && g < math.MaxUint32 {
+		s.gid = int(g)
+		return s, nil
+	}
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		return s, fmt.Errorf("--socket-group %q: want a group name or a gid: %v: %w", group, err, api.ErrInvalidArgument)
+	}
+	s.gid, err = strconv.Atoi(g.Gid)
+	if err != nil {
+		return s, fmt.Errorf("--socket-group %q: gid %q: %v: %w", group, g.Gid, err, api.ErrInvalidArgument)
+	}
+	return s, nil
 }
 
 // hostSessionMemory reads --tenant-memory and checks --oversubscribe
@@ -132,7 +177,7 @@ func defaultStateDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("vgpu-%d", os.Geteuid()))
 }
 
-func run(cfg mediator.Config, socket, embMem string, embDevs int, containerd, level string) error {
+func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, containerd, level string) error {
 	log, err := daemon.Logger("vgpu-mediator", level)
 	if err != nil {
 		return err
@@ -156,7 +201,7 @@ func run(cfg mediator.Config, socket, embMem string, embDevs int, containerd, le
 		return err
 	}
 	defer m.Close()
-	l, err := daemon.ListenUnix(socket, 0o666)
+	l, err := daemon.ListenUnix(sock.path, sock.mode, sock.gid)
 	if err != nil {
 		return fmt.Errorf("--socket: %w", err)
 	}
@@ -174,7 +219,7 @@ func run(cfg mediator.Config, socket, embMem string, embDevs int, containerd, le
 			}
 		})
 	}
-	log.WithFields(map[string]any{"socket": socket, "nodes": cfg.Nodes, "node_tls": cfg.NodeTLS != nil, "node_timeout": cfg.NodeTimeout.String()}).Info("serving")
+	log.WithFields(map[string]any{"socket": sock.path, "nodes": cfg.Nodes, "node_tls": cfg.NodeTLS != nil, "node_timeout": cfg.NodeTimeout.String()}).Info("serving")
 	daemon.RunUntilStopped(log, m.Reload)
 	return nil
 }

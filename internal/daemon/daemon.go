@@ -30,8 +30,11 @@ func Logger(component, level string) (*logrus.Entry, error) {
 
 // ListenUnix listens on path, creating its directory and replacing a stale
 // socket left by a process that died. It refuses to replace anything that
-// is not a socket, or a socket that still answers.
-func ListenUnix(path string, mode os.FileMode) (net.Listener, error) {
+// is not a socket, or a socket that still answers. The socket gets group
+// gid (-1: the process's) and then mode; connecting needs write permission
+// on it. Both are set after the socket is bound, so they are not the only
+// check of who connects: the mediator checks each peer's credentials too.
+func ListenUnix(path string, mode os.FileMode, gid int) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("socket directory: %w", err)
 	}
@@ -52,6 +55,12 @@ func ListenUnix(path string, mode os.FileMode) (net.Listener, error) {
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, err
+	}
+	if gid >= 0 {
+		if err := os.Chown(path, -1, gid); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("socket group %d: %w", gid, err)
+		}
 	}
 	if err := os.Chmod(path, mode); err != nil {
 		l.Close()
