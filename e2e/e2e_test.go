@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 	}
 	bin = dir
 	build := exec.Command("go", "build", "-o", dir+"/",
-		"github.com/vgpu/vgpu/cmd/...", "github.com/vgpu/vgpu/examples/tenant")
+		"github.com/vgpu/vgpu/cmd/...", "github.com/vgpu/vgpu/examples/tenant", "github.com/vgpu/vgpu/e2e/tenantdial")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)
@@ -50,8 +50,15 @@ type proc struct {
 
 func startProc(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	return startProcAs(t, nil, name, args...)
+}
+
+// startProcAs is startProc with the process's credentials (nil: the test's).
+func startProcAs(t *testing.T, cred *syscall.Credential, name string, args ...string) *proc {
+	t.Helper()
 	p := &proc{cmd: exec.Command(filepath.Join(bin, name), args...), out: &bytes.Buffer{}}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
