@@ -75,6 +75,16 @@ func CodeOf(err error) Code {
 	return CodeInternal
 }
 
+// WithCode returns err wrapped with sentinel, unless err already has a
+// code (CodeOf): then err itself, so that a message names its class once,
+// not "…: unavailable: unavailable".
+func WithCode(err, sentinel error) error {
+	if CodeOf(err) != CodeInternal {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, sentinel)
+}
+
 // RemoteError is an error that arrived over the wire. Its message is the
 // remote side's full text; errors.Is matches the sentinel of its code.
 type RemoteError struct {

@@ -89,6 +89,22 @@ func TestCodeOf(t *testing.T) {
 	}
 }
 
+// WithCode leaves an error of a class as it is and gives one of none the
+// class, keeping what it wraps.
+func TestWithCode(t *testing.T) {
+	silent := fmt.Errorf("node n1 silent for 3s: %w", ErrUnavailable)
+	if got := WithCode(silent, ErrUnavailable); got != silent {
+		t.Errorf("WithCode(%q) = %q, want it unchanged", silent, got)
+	}
+	if got := WithCode(&RemoteError{Code: CodeQuotaExceeded, Msg: "over"}, ErrUnavailable); CodeOf(got) != CodeQuotaExceeded {
+		t.Errorf("WithCode of a remote quota error = %q, code %v", got, CodeOf(got))
+	}
+	got := WithCode(io.EOF, ErrUnavailable)
+	if !errors.Is(got, io.EOF) || !errors.Is(got, ErrUnavailable) || got.Error() != "EOF: unavailable" {
+		t.Errorf("WithCode(io.EOF) = %q", got)
+	}
+}
+
 func TestRemoteErrorOutOfRange(t *testing.T) {
 	for _, c := range []Code{CodeOK, codeEnd, 999, 0xffff} {
 		r := &RemoteError{Code: c, Msg: "odd"}

@@ -73,30 +73,16 @@ func TestCheckPeerTimeout(t *testing.T) {
 // A watched connection carries data both ways, keeps the socket visible
 // (Conn.Arrived), and closing it ends its watchdog.
 func TestWatchPeerConn(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
+	c := loopback(t, func(c net.Conn) {
 		b := make([]byte, 5)
 		if _, err := c.Read(b); err == nil {
 			c.Write(b)
 		}
-	}()
-	c, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := WatchPeer(c.(*net.TCPConn), "peer", time.Second); !errors.Is(err, ErrInvalidArgument) {
+	})
+	if _, err := WatchPeer(c, "peer", time.Second); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("WatchPeer with a 1s bound: %v, want ErrInvalidArgument", err)
 	}
-	w, err := WatchPeer(c.(*net.TCPConn), "peer", MinPeerTimeout)
+	w, err := WatchPeer(c, "peer", MinPeerTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,4 +108,53 @@ func TestWatchPeerConn(t *testing.T) {
 	if _, err := w.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("read after Close: %v, want net.ErrClosed", err)
 	}
+}
+
+// A request sent on a connection the watchdog gave up on fails with the
+// watchdog's error, which says why, and names its class once: not
+// "…: unavailable: unavailable".
+func TestSendToASilentPeerSaysUnavailableOnce(t *testing.T) {
+	c := loopback(t, func(c net.Conn) { c.Read(make([]byte, 1)) })
+	w, err := WatchPeer(c, "node n1", MinPeerTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the watchdog does once the peer has been silent past the bound.
+	wc := w.(*watchedConn)
+	lost := wc.silent(3*time.Second, "its host acknowledged nothing sent to it")
+	wc.lost.Store(&lost)
+	wc.tc.Close()
+	defer w.Close()
+	rpc := NewRPCCallerReads(NewConn(w), "node n1")
+	err = rpc.Go(OpNodeStatus, nil).Wait()
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "silent for 3s") {
+		t.Fatalf("send on the given-up connection: %v, want the watchdog's error", err)
+	}
+	if n := strings.Count(err.Error(), ErrUnavailable.Error()); n != 1 {
+		t.Fatalf("%q says %q %d times", err, ErrUnavailable, n)
+	}
+}
+
+// loopback returns a TCP connection to a peer on loopback that runs serve
+// on its end, which is closed when serve returns.
+func loopback(t *testing.T, serve func(net.Conn)) *net.TCPConn {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		serve(c)
+	}()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.(*net.TCPConn)
 }

@@ -216,7 +216,7 @@ func (r *RPC) sendFailed(c *Call, err error) {
 	if errors.Is(err, ErrInvalidArgument) { // refused locally, connection intact
 		r.complete(c.id, err)
 	} else {
-		r.fail(fmt.Errorf("send %v to %s: %v: %w", c.Op, r.name, err, ErrUnavailable))
+		r.fail(fmt.Errorf("send %v to %s: %w", c.Op, r.name, WithCode(err, ErrUnavailable)))
 	}
 }
 

@@ -105,7 +105,7 @@ func TestTLSMediatorNeedsItsCertificate(t *testing.T) {
 		flags []string
 		want  []string
 	}{
-		{"plain TCP", nil, []string{"unavailable"}},
+		{"plain TCP", nil, []string{"unavailable", "requires TLS", "--node-tls-cert"}},
 		{"CA but no client certificate", []string{"--node-tls-ca", f.CA}, []string{"TLS", "--node-tls-cert"}},
 		{"node certificate as client certificate", []string{"--node-tls-cert", f.NodeCert, "--node-tls-key", f.NodeKey, "--node-tls-ca", f.CA},
 			[]string{"TLS", f.NodeCert, "not a mediator certificate"}},

@@ -5,9 +5,12 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vgpu/vgpu/api"
@@ -51,7 +54,7 @@ func dialNodeContext(ctx context.Context, addr string, t nodeTenant, tlsCfg *tls
 	defer cancel()
 	nc, err := dialWatched(dctx, addr, cmp.Or(t.timeout, DefaultNodeTimeout), tlsCfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("dial node %s: %v: %w", addr, err, api.ErrUnavailable)
+		return nil, nil, fmt.Errorf("dial node %s: %w", addr, api.WithCode(err, api.ErrUnavailable))
 	}
 	rpc := api.NewRPCPush(api.NewConn(nc), "node "+addr, push)
 	hello := api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator,
@@ -68,7 +71,7 @@ func dialNodeContext(ctx context.Context, addr string, t nodeTenant, tlsCfg *tls
 	}
 	if call.Err != nil {
 		rpc.Close()
-		return nil, nil, fmt.Errorf("node %s: hello: %w", addr, call.Err)
+		return nil, nil, fmt.Errorf("node %s: hello%s: %w", addr, tlsHint(tlsCfg, call.Err), call.Err)
 	}
 	var reply api.HelloReply
 	if err := api.Decode(call.Body, &reply); err != nil {
@@ -76,6 +79,16 @@ func dialNodeContext(ctx context.Context, addr string, t nodeTenant, tlsCfg *tls
 		return nil, nil, fmt.Errorf("node %s: hello reply: %w", addr, err)
 	}
 	return rpc, &reply, nil
+}
+
+// tlsHint is what the error of a failed hello adds where a node may want
+// TLS that the mediator was not given: a node serving TLS drops a plain
+// connection without a word, which reads as the node closing it.
+func tlsHint(tlsCfg *tls.Config, err error) string {
+	if tlsCfg != nil || !(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) {
+		return ""
+	}
+	return " (the node closed the connection: if it requires TLS, give the mediator --node-tls-cert, --node-tls-key and --node-tls-ca)"
 }
 
 // dialWatched connects to the node at addr, watched for silence past
