@@ -39,7 +39,7 @@ func main() {
 	embMem := flag.String("embedded-memory", "8GiB", "memory per device of the embedded sim node")
 	embDevs := flag.Int("embedded-devices", 1, "devices of the embedded sim node")
 	tenantMem := flag.String("tenant-memory", "0", "cap on each host-socket session's device memory (0: none)")
-	quota := flag.String("quota", "/etc/vgpu/tenants.toml", "tenant quota file (missing: one tenant \"default\" without caps); reloaded on SIGHUP")
+	quota := flag.String("quota", "/etc/vgpu/tenants.toml", "tenant quota file (missing: one tenant \"default\" without caps, and any local user may act as any tenant on --socket); reloaded on SIGHUP")
 	ctrDir := flag.String("container-dir", mediator.DefaultContainerDir, "directory of the containers' socket directories")
 	containerd := flag.String("containerd", "/run/containerd/containerd.sock", "containerd socket to watch for vanished containers (\"\": don't)")
 	oversub := flag.Float64("oversubscribe", 1, "host-socket sessions may allocate this many times --tenant-memory, evicting cold memory to the host; 1 to 16, as the quota file's oversubscribe (1: off)")
