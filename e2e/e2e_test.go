@@ -31,7 +31,8 @@ func TestMain(m *testing.M) {
 	}
 	bin = dir
 	build := exec.Command("go", "build", "-o", dir+"/",
-		"github.com/vgpu/vgpu/cmd/...", "github.com/vgpu/vgpu/examples/tenant", "github.com/vgpu/vgpu/e2e/tenantdial")
+		"github.com/vgpu/vgpu/cmd/...", "github.com/vgpu/vgpu/examples/tenant", "github.com/vgpu/vgpu/e2e/hostile",
+		"github.com/vgpu/vgpu/e2e/tenantdial")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)
@@ -110,8 +111,20 @@ func cluster(t *testing.T) (socket string) {
 // extra flags, and returns the mediator's socket.
 func startSystem(t *testing.T, nodeFlags, mediatorFlags []string) (socket string) {
 	t.Helper()
-	addr := freePort(t)
-	startProc(t, "vgpu-node", append([]string{"--listen", addr, "--log-level", "warn"}, nodeFlags...)...)
+	addr := startNode(t, nodeFlags...)
+	dir := t.TempDir()
+	socket = filepath.Join(dir, "mediator.sock")
+	startProc(t, "vgpu-mediator", append([]string{"--socket", socket, "--node", addr, "--state-dir", dir,
+		"--quota", "", "--containerd", "", "--log-level", "warn"}, mediatorFlags...)...)
+	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	return socket
+}
+
+// startNode starts a vgpu-node with extra flags and returns its address.
+func startNode(t *testing.T, flags ...string) (addr string) {
+	t.Helper()
+	addr = freePort(t)
+	startProc(t, "vgpu-node", append([]string{"--listen", addr, "--log-level", "warn"}, flags...)...)
 	waitFor(t, "vgpu-node to listen", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
@@ -119,12 +132,7 @@ func startSystem(t *testing.T, nodeFlags, mediatorFlags []string) (socket string
 		}
 		return err == nil
 	})
-	dir := t.TempDir()
-	socket = filepath.Join(dir, "mediator.sock")
-	startProc(t, "vgpu-mediator", append([]string{"--socket", socket, "--node", addr, "--state-dir", dir,
-		"--quota", "", "--containerd", "", "--log-level", "warn"}, mediatorFlags...)...)
-	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
-	return socket
+	return addr
 }
 
 func run(t *testing.T, name string, args ...string) (string, error) {
