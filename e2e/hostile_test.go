@@ -110,10 +110,10 @@ type stalled struct{ Opened, Failed, Refused, Errors, Held, Other int }
 // whose hello header announces a body of announce bytes, then nothing. It
 // returns the program's report once the mediator has dealt with them; the
 // program holds what stays open until the test ends.
-func stallHellos(t *testing.T, socket string, conns int, announce uint32) stalled {
+func stallHellos(t *testing.T, socket string, conns int, announce uint32, operator bool) stalled {
 	t.Helper()
 	flood := exec.Command(filepath.Join(bin, "hostile"), "stall-hellos", "--socket", socket,
-		"--conns", strconv.Itoa(conns), "--len", strconv.Itoa(int(announce)))
+		"--conns", strconv.Itoa(conns), "--len", strconv.Itoa(int(announce)), "--operator="+strconv.FormatBool(operator))
 	flood.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: attackerUID, Gid: attackerUID}}
 	hold, err := flood.StdinPipe()
 	if err != nil {
@@ -137,7 +137,7 @@ func stallHellos(t *testing.T, socket string, conns int, announce uint32) stalle
 	if err := json.Unmarshal(line, &st); err != nil {
 		t.Fatalf("flooder's report %q: %v", line, err)
 	}
-	t.Logf("%d hellos announcing %d bytes: %+v", conns, announce, st)
+	t.Logf("%d connections announcing %d bytes (operator %v): %+v", conns, announce, operator, st)
 	return st
 }
 
@@ -152,11 +152,11 @@ func TestStalledHelloFlood(t *testing.T) {
 	victim(t, socket, "victim")
 
 	const conns = 4000
-	big := stallHellos(t, socket, conns, api.MaxBody)
+	big := stallHellos(t, socket, conns, api.MaxBody, false)
 	if big.Held != 0 || big.Other != 0 || big.Refused+big.Errors+big.Failed != conns {
 		t.Errorf("the mediator still holds %d hellos announcing %d bytes, or answered %d with no error", big.Held, api.MaxBody, big.Other)
 	}
-	small := stallHellos(t, socket, conns, api.MaxHelloBody)
+	small := stallHellos(t, socket, conns, api.MaxHelloBody, false)
 	// While the flooder holds what it could: the victim is served.
 	checkSurvived(t, socket, med)
 	if small.Held < 1 || small.Held > mediator.MaxHandshakesPerUID {
@@ -168,6 +168,29 @@ func TestStalledHelloFlood(t *testing.T) {
 	if !strings.Contains(med.out.String(), "refusing connections that have not said hello") {
 		t.Errorf("the mediator logged no refusal:\n%s", med.out)
 	}
+}
+
+// The same user completes operator hellos, which anyone may, and then
+// stalls a status request announcing MaxBody: each is refused at once, an
+// unprivileged operator's requests having no body. Then it holds 1 000
+// idle operator connections: the mediator keeps MaxHostConnsPerUID of
+// them and refuses the rest, so its descriptors stay for everyone else.
+func TestOperatorConnectionFlood(t *testing.T) {
+	socket, med := attackedMediator(t)
+	const bodies = 200
+	big := stallHellos(t, socket, bodies, api.MaxBody, true)
+	if big.Errors != bodies {
+		t.Errorf("of %d status requests announcing %d bytes from an unprivileged peer, %d were refused with an error (%+v), want all", bodies, api.MaxBody, big.Errors, big)
+	}
+	const conns = 1000
+	idle := stallHellos(t, socket, conns, 0, true)
+	if idle.Held < 1 || idle.Held > mediator.MaxHostConnsPerUID || idle.Refused+idle.Failed < conns-mediator.MaxHostConnsPerUID {
+		t.Errorf("of %d idle operator connections the mediator holds %d and refused %d, want at most %d held, the rest refused", conns, idle.Held, idle.Refused+idle.Failed, mediator.MaxHostConnsPerUID)
+	}
+	if st := status(t, socket); len(st.Nodes) != 1 {
+		t.Errorf("status for root during the flood: %+v", st)
+	}
+	checkSurvived(t, socket, med)
 }
 
 // A tenant pipelines launches on 16 sessions without reading a reply. The

@@ -27,7 +27,8 @@ import (
 // stream's queue (streamDepth of them) or was issued by the reader itself
 // on an idle stream. When either bound is reached, the reader stops reading
 // the socket until answers give room back: a tenant that floods requests
-// without reading replies fills its own socket and slows only itself, and
+// without reading replies fills its own socket and slows only itself (its
+// own other sessions included: they share its bound, as its quota), and
 // the mediator holds at most maxTenantInflight commands' worth of node calls
 // and decoded commands for a tenant (some 300 to 700 bytes each), however
 // many sessions it opens. A batch or graph of more than maxSessionInflight
@@ -217,11 +218,13 @@ func (s *session) admit(n int64) error {
 	defer tick.Stop()
 	for {
 		own, tenant := s.inflight.awaitRoom(), s.bw.inflight.awaitRoom()
-		ok, ticked := take(), false
+		ok, ticked, ending := take(), false, false
 		if !ok {
 			select {
 			case <-own:
 			case <-tenant:
+			case <-s.ending: // a reply could not be written: the tenant is gone
+				ending = true
 			case <-tick.C:
 				ticked = true
 			}
@@ -233,6 +236,8 @@ func (s *session) admit(n int64) error {
 		}
 		if ticked && !s.gone.Load() && hungUp(s.c.NetConn()) {
 			s.end(true)
+		}
+		if ending || s.gone.Load() {
 			return fmt.Errorf("%w: %w", errHungUp, api.ErrUnavailable)
 		}
 	}
@@ -328,71 +333,95 @@ func (s *session) await(ch <-chan struct{}) {
 
 // Connections that have not said hello: each holds the mediator's buffers
 // (some 128 KiB) and a goroutine for up to HandshakeTimeout, before the
-// mediator knows who it serves, so the host socket (mode 0666: any local
-// user reaches it) bounds them: MaxHandshakesPerUID from any one peer uid
-// and MaxHandshakes in all. A connection past either bound is closed at
-// once, unanswered. Privileged peers (root, the mediator's user: the hooks
-// that register containers) are never counted nor refused, so a flood
-// cannot keep containers from starting. A container's socket needs no such
-// bound: MaxContainerConns bounds every connection of it, greeted or not.
+// mediator knows who it serves, so the host socket (mode 0666 by default:
+// any local user reaches it) bounds them: MaxHandshakesPerUID from any one
+// peer uid and MaxHandshakes in all. It also bounds each uid's connections
+// whatever they do after their hello, MaxHostConnsPerUID (an operator
+// connection reading status, or a session where access is open), so that
+// no user can spend the mediator's descriptors. A connection past any bound
+// is closed at once, unanswered. Privileged peers (root, the mediator's
+// user: the hooks that register containers) are never counted nor refused,
+// so a flood cannot keep containers from starting. A container's socket
+// needs no such bound: MaxContainerConns bounds every connection of it,
+// greeted or not.
 const (
 	MaxHandshakesPerUID = 32
 	MaxHandshakes       = 128
+	MaxHostConnsPerUID  = 256
 )
 
 // unknownUID stands for the peers of connections that carry no
-// credentials (not Unix sockets), which share one uid's bound.
+// credentials (not Unix sockets), which share one uid's bounds.
 const unknownUID = math.MaxUint32
 
-// handshakes counts a socket's connections whose hello is awaited.
+// handshakes counts a socket's connections, those whose hello is awaited
+// and all, by peer uid.
 type handshakes struct {
 	log logrus.FieldLogger
 	mu  sync.Mutex
-	// byUID and total are the connections awaiting their hello, by peer
-	// uid and in all; refused counts those closed since the last warning,
-	// logged at most once a second (lastWarn). Guarded by mu.
-	byUID    map[uint32]int
+	// awaiting and total are the connections awaiting their hello, by
+	// peer uid and in all; live every connection by peer uid; refused
+	// counts those closed since the last warning, logged at most once a
+	// second (lastWarn). Guarded by mu.
+	awaiting map[uint32]int
 	total    int
+	live     map[uint32]int
 	refused  int
 	lastWarn time.Time
 }
 
 func newHandshakes(log logrus.FieldLogger) *handshakes {
-	return &handshakes{log: log, byUID: map[uint32]int{}}
+	return &handshakes{log: log, awaiting: map[uint32]int{}, live: map[uint32]int{}}
 }
 
-// admit counts nc as awaiting its hello and returns what uncounts it, or
-// reports false if nc is over a bound and must be closed.
-func (h *handshakes) admit(nc net.Conn) (done func(), ok bool) {
+// admit counts nc, or reports false if nc is over a bound and must be
+// closed. greeted uncounts it as awaiting its hello, closed as live; each
+// may be called more than once.
+func (h *handshakes) admit(nc net.Conn) (greeted, closed func(), ok bool) {
 	uid := uint32(unknownUID)
 	if cred, err := peerCred(nc); err == nil {
 		if cred.Uid == 0 || int(cred.Uid) == os.Getuid() {
-			return func() {}, true
+			return func() {}, func() {}, true
 		}
 		uid = cred.Uid
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.byUID[uid] >= MaxHandshakesPerUID || h.total >= MaxHandshakes {
+	if h.awaiting[uid] >= MaxHandshakesPerUID || h.total >= MaxHandshakes || h.live[uid] >= MaxHostConnsPerUID {
 		h.refused++
 		if now := time.Now(); now.Sub(h.lastWarn) >= time.Second {
-			h.log.WithFields(logrus.Fields{"uid": uid, "uid_awaiting": h.byUID[uid], "awaiting": h.total, "refused": h.refused}).
-				Warnf("refusing connections that have not said hello: at most %d per uid and %d in all may wait", MaxHandshakesPerUID, MaxHandshakes)
+			h.log.WithFields(logrus.Fields{"uid": uid, "uid_awaiting": h.awaiting[uid], "awaiting": h.total, "uid_connections": h.live[uid], "refused": h.refused}).
+				Warnf("refusing connections that have not said hello: at most %d per uid and %d in all may wait, and a uid may hold %d", MaxHandshakesPerUID, MaxHandshakes, MaxHostConnsPerUID)
 			h.lastWarn, h.refused = now, 0
 		}
-		return nil, false
+		return nil, nil, false
 	}
-	h.byUID[uid]++
+	h.awaiting[uid]++
 	h.total++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
+	h.live[uid]++
+	var helloOnce, closeOnce sync.Once
+	greeted = func() {
+		helloOnce.Do(func() {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			h.total--
-			if h.byUID[uid]--; h.byUID[uid] == 0 {
-				delete(h.byUID, uid)
-			}
+			decr(h.awaiting, uid)
 		})
-	}, true
+	}
+	closed = func() {
+		greeted()
+		closeOnce.Do(func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			decr(h.live, uid)
+		})
+	}
+	return greeted, closed, true
+}
+
+// decr counts one less of k, forgetting k at zero.
+func decr(m map[uint32]int, k uint32) {
+	if m[k]--; m[k] == 0 {
+		delete(m, k)
+	}
 }

@@ -337,6 +337,29 @@ func TestBatchesAreBounded(t *testing.T) {
 	if _, err := r.Call(api.OpBatch, nil, api.Encode(batch(maxSessionInflight))); err != nil {
 		t.Fatalf("batch of %d commands: %v", maxSessionInflight, err)
 	}
+	// A batch of graph launches counts the graphs' commands: three
+	// launches of a graph of half the bound are refused, two enter.
+	body, err = r.Call(api.OpGraphCreate, nil, api.Encode(batch(maxSessionInflight/2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g api.Graph
+	if err := api.Decode(body, &g); err != nil {
+		t.Fatal(err)
+	}
+	launches := func(n int) *api.Batch {
+		b := &api.Batch{Cmds: make([]api.Cmd, n)}
+		for i := range b.Cmds {
+			b.Cmds[i] = api.Cmd{Op: api.OpGraphLaunch, Body: api.Encode(&api.GraphLaunch{Graph: g.Graph})}
+		}
+		return b
+	}
+	if _, err := r.Call(api.OpBatch, nil, api.Encode(launches(3))); !errors.Is(err, api.ErrQuotaExceeded) || !strings.Contains(err.Error(), "24576 commands") {
+		t.Fatalf("batch of 3 launches of a graph of %d: %v, want quota exceeded naming 24576 commands", maxSessionInflight/2, err)
+	}
+	if _, err := r.Call(api.OpBatch, nil, api.Encode(launches(2))); err != nil {
+		t.Fatalf("batch of 2 launches of a graph of %d: %v", maxSessionInflight/2, err)
+	}
 	if _, err := r.Call(api.OpMalloc, nil, api.Encode(&api.Malloc{Size: 4096})); err != nil {
 		t.Fatalf("after the refusals: %v", err)
 	}

@@ -274,20 +274,21 @@ func (m *Mediator) serve(l net.Listener, ctr *container) error {
 		m.conns[nc] = struct{}{}
 		m.wg.Add(1)
 		m.mu.Unlock()
-		greeted := func() {}
+		greeted, closed := func() {}, func() {}
 		if ctr != nil {
 			if err := ctr.track(nc); err != nil {
 				m.refuse(nc, err, refusing)
 				continue
 			}
-		} else if done, ok := hs.admit(nc); ok {
-			greeted = done
+		} else if g, c, ok := hs.admit(nc); ok {
+			greeted, closed = g, c
 		} else {
 			m.forget(nc)
 			continue
 		}
 		go func() {
 			defer m.forget(nc)
+			defer closed()
 			m.serveConn(nc, ctr, greeted)
 			if ctr != nil {
 				ctr.untrack(nc)

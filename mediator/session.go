@@ -157,6 +157,12 @@ func (m *Mediator) serveOperator(c *api.Conn, hello api.Header, priv bool) {
 		if err != nil {
 			return
 		}
+		if !priv && h.Len > 0 {
+			// What an unprivileged peer may ask (status, tenants, the
+			// catalog) has no body: nothing is read or allocated for one.
+			_ = c.ReplyError(h, fmt.Errorf("%v with a %d-byte body from an unprivileged peer: its requests have none: %w", h.Op, h.Len, api.ErrPermissionDenied))
+			return
+		}
 		body := make([]byte, h.Len)
 		if err := c.ReadBody(body); err != nil {
 			return

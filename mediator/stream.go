@@ -40,14 +40,22 @@ type command struct {
 }
 
 // weight is how many decoded commands cmd counts in flight (limits.go):
-// a batch's or a launched graph's own (at least one), one for any other
-// command, none for a drain's barrier.
+// a launched graph's own, a batch's with those of the graphs it launches
+// (at least one either way), one for any other command, none for a
+// drain's barrier. Graphs do not nest, so a batch's weight is its length
+// plus its graphs' lengths.
 func (cmd *command) weight() int64 {
 	switch {
 	case cmd.barrier != nil:
 		return 0
-	case cmd.op == api.OpBatch || cmd.op == api.OpGraphLaunch:
+	case cmd.op == api.OpGraphLaunch:
 		return max(1, int64(len(cmd.subs)))
+	case cmd.op == api.OpBatch:
+		var n int64
+		for i := range cmd.subs {
+			n += cmd.subs[i].weight()
+		}
+		return max(1, n)
 	}
 	return 1
 }
@@ -132,9 +140,10 @@ func (s *session) decodeOne(op api.Op, body []byte) (command, error) {
 }
 
 // decodeCommands decodes a batch body into its commands, each of which
-// must be allowed in a batch and (if stream is not nil) name *stream. There
-// may be maxSessionInflight of them at most, so that a batch fits in the
-// session's queues (limits.go); more are refused before any is decoded.
+// must be allowed in a batch and (if stream is not nil) name *stream. They
+// may weigh maxSessionInflight at most, the graphs they launch counted, so
+// that a batch fits in a session with nothing in flight (limits.go); a
+// batch of more commands is refused before any is decoded.
 func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command, error) {
 	var b api.Batch
 	if err := api.Decode(body, &b); err != nil {
@@ -144,6 +153,7 @@ func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command
 		return 0, nil, fmt.Errorf("%d commands, more than the %d a session may have in flight: %w", len(b.Cmds), maxSessionInflight, api.ErrQuotaExceeded)
 	}
 	cmds := make([]command, len(b.Cmds))
+	var weight int64
 	for i, bc := range b.Cmds {
 		if !inBatch[bc.Op] {
 			return 0, nil, fmt.Errorf("command %d: %v may not be batched: %w", i, bc.Op, api.ErrInvalidArgument)
@@ -154,6 +164,10 @@ func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command
 		}
 		if stream != nil && c.stream != b.Stream {
 			return 0, nil, fmt.Errorf("command %d names stream %d in a batch of stream %d: %w", i, c.stream, b.Stream, api.ErrInvalidArgument)
+		}
+		if weight += c.weight(); weight > maxSessionInflight {
+			return 0, nil, fmt.Errorf("command %d brings the batch to %d commands with the graphs it launches, more than the %d a session may have in flight: %w",
+				i, weight, maxSessionInflight, api.ErrQuotaExceeded)
 		}
 		cmds[i] = c
 	}

@@ -3,11 +3,13 @@
 // an unprivileged uid, since the mediator treats root and its own user as
 // operators.
 //
-// usage: hostile stall-hellos --socket PATH --conns N [--len BYTES]
+// usage: hostile stall-hellos --socket PATH --conns N [--len BYTES] [--operator]
 //
 // stall-hellos opens N connections, each sending a hello's header that
 // announces a body of BYTES (default: the largest a frame may have) and
-// then nothing more. It prints one JSON line — how many connections it
+// then nothing more. With --operator each connection first completes an
+// operator's hello, then sends a status request's header announcing BYTES
+// (none at all for 0: an idle operator connection). It prints one JSON line — how many connections it
 // opened, how many the mediator closed unanswered or answered with an
 // error within a second, how many it holds open — and keeps them until its
 // standard input closes.
@@ -48,8 +50,9 @@ func main() {
 	socket := fs.String("socket", "", "mediator socket")
 	conns := fs.Int("conns", 4000, "connections to open")
 	n := fs.Uint("len", api.MaxBody, "body length each hello's header announces")
+	operator := fs.Bool("operator", false, "complete an operator's hello first, then stall a status request")
 	_ = fs.Parse(os.Args[2:])
-	st, err := stallHellos(*socket, *conns, uint32(*n))
+	st, err := stallHellos(*socket, *conns, uint32(*n), *operator)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "hostile:", err)
 		os.Exit(1)
@@ -58,7 +61,7 @@ func main() {
 	_, _ = io.Copy(io.Discard, os.Stdin) // hold the connections until told
 }
 
-func stallHellos(socket string, n int, announce uint32) (Stalled, error) {
+func stallHellos(socket string, n int, announce uint32, operator bool) (Stalled, error) {
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < lim.Max {
 		lim.Cur = lim.Max
@@ -68,6 +71,9 @@ func stallHellos(socket string, n int, announce uint32) (Stalled, error) {
 	binary.LittleEndian.PutUint32(hdr[0:], announce)
 	binary.LittleEndian.PutUint16(hdr[4:], uint16(api.OpHello))
 	binary.LittleEndian.PutUint64(hdr[8:], 1)
+	if operator {
+		binary.LittleEndian.PutUint16(hdr[4:], uint16(api.OpStatus))
+	}
 	var st Stalled
 	var open []net.Conn
 	for range n {
@@ -77,6 +83,15 @@ func stallHellos(socket string, n int, announce uint32) (Stalled, error) {
 			continue
 		}
 		st.Opened++
+		if operator && !sayHello(c) {
+			st.Refused++
+			c.Close()
+			continue
+		}
+		if operator && announce == 0 {
+			open = append(open, c) // idle after its hello
+			continue
+		}
 		if _, err := c.Write(hdr[:]); err != nil {
 			st.Refused++
 			c.Close()
@@ -105,4 +120,20 @@ func stallHellos(socket string, n int, announce uint32) (Stalled, error) {
 		}
 	}
 	return st, nil
+}
+
+// sayHello completes an operator's hello on c.
+func sayHello(c net.Conn) bool {
+	conn := api.NewConn(c)
+	hello := api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleOperator})
+	if conn.WriteFrame(api.OpHello, 0, 1, hello) != nil {
+		return false
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	defer c.SetReadDeadline(time.Time{})
+	h, err := conn.ReadHeader()
+	if err != nil || h.Flags&api.FlagError != 0 || conn.ReadBody(make([]byte, h.Len)) != nil {
+		return false
+	}
+	return conn.Buffered() == 0 // nothing more may have been read past the reply
 }
