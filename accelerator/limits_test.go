@@ -76,21 +76,28 @@ func TestNodeUsesTheLeastLimits(t *testing.T) {
 		t.Fatal("no share of alice on device 0")
 		return 0, 0
 	}
+	// A connection joins its tenant just after its hello's reply, and
+	// leaves it after it ends: waitJoined waits until n have joined.
+	waitJoined := func(n int, when string) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			tn.node.mu.Lock()
+			got := len(tn.node.tenants["alice"].from)
+			tn.node.mu.Unlock()
+			if got == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("alice has %d connections counted 5 s %s, want %d", got, when, n)
+			}
+		}
+	}
+	waitJoined(2, "after two said hello")
 	if w, c := share(); w != 1 || c != 0.5 {
 		t.Fatalf("with a connection given weight 1 and cap 0.5 live: weight %d, cap %v", w, c)
 	}
 	strict.rpc.Close()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		tn.node.mu.Lock()
-		left := len(tn.node.tenants["alice"].from)
-		tn.node.mu.Unlock()
-		if left == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("alice has %d connections counted 5 s after one of two ended", left)
-		}
-	}
+	waitJoined(1, "after one of two ended")
 	if w, c := share(); w != 4 || c != 0 {
 		t.Fatalf("after it ended: weight %d, cap %v, want 4 and no cap", w, c)
 	}

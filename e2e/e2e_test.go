@@ -46,7 +46,26 @@ func TestMain(m *testing.M) {
 // proc is a daemon started for a test, stopped with SIGTERM at cleanup.
 type proc struct {
 	cmd *exec.Cmd
-	out *bytes.Buffer
+	out *output
+}
+
+// output collects a process's stdout and stderr; a test may read it while
+// the process still writes.
+type output struct {
+	mu  sync.Mutex
+	buf bytes.Buffer // guarded by mu
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(p)
+}
+
+func (o *output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
 }
 
 func startProc(t *testing.T, name string, args ...string) *proc {
@@ -57,7 +76,7 @@ func startProc(t *testing.T, name string, args ...string) *proc {
 // startProcAs is startProc with the process's credentials (nil: the test's).
 func startProcAs(t *testing.T, cred *syscall.Credential, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(filepath.Join(bin, name), args...), out: &bytes.Buffer{}}
+	p := &proc{cmd: exec.Command(filepath.Join(bin, name), args...), out: &output{}}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	if err := p.cmd.Start(); err != nil {
