@@ -89,6 +89,20 @@ const (
 	OpNodeUnpin                     // NodeVersion: undoes one pin of that version by the connection
 )
 
+// Tensor graphs (tensor.go): tenant → mediator.
+const (
+	OpGraphRegister Op = 96 + iota // GraphDef → Graph
+	OpGraphInvoke                  // GraphInvoke → the output tensors' bytes
+	OpGraphRelease                 // Graph
+)
+
+// Tensor graphs: mediator → node.
+const (
+	OpNodeGraphRegister Op = 112 + iota // NodeGraph → Graph
+	OpNodeGraphRun                      // NodeGraphRun; answered once every launch completed
+	OpNodeGraphFree                     // Graph
+)
+
 var opNames = map[Op]string{
 	OpHello: "hello", OpKernels: "kernels",
 	OpMalloc: "malloc", OpFree: "free", OpStreamCreate: "stream-create", OpStreamDestroy: "stream-destroy",
@@ -107,6 +121,8 @@ var opNames = map[Op]string{
 	OpNodeExport: "node-export", OpNodeImport: "node-import", OpNodeRevoke: "node-revoke",
 	OpNodeObjRead: "node-obj-read", OpNodeObjWrite: "node-obj-write", OpNodeInval: "node-inval", OpNodeInvalAck: "node-inval-ack",
 	OpNodeRevoked: "node-revoked", OpNodeRevokedAck: "node-revoked-ack", OpNodeUnexport: "node-unexport",
+	OpGraphRegister: "graph-register", OpGraphInvoke: "graph-invoke", OpGraphRelease: "graph-release",
+	OpNodeGraphRegister: "node-graph-register", OpNodeGraphRun: "node-graph-run", OpNodeGraphFree: "node-graph-free",
 }
 
 func (o Op) String() string {
@@ -142,7 +158,7 @@ func Decode(b []byte, m Message) error {
 const Magic = 0x55504756 // "VGPU"
 
 // Version is the protocol version this build speaks. Peers must match.
-const Version = 5
+const Version = 6
 
 // Role says who is connecting.
 type Role uint8
@@ -430,12 +446,15 @@ const (
 // how many bytes the kernel touches: Elem times the product of the scalar
 // parameters named in Dims (Elem alone when Dims is empty), so a mediator
 // can make resident just that, not the whole allocation behind a pointer.
+// DType is a buffer's element type; 0 on the wire means f32 (kernels
+// that predate it take f32 data but for index buffers, which say i32).
 type Param struct {
 	Name   string
 	Kind   ArgKind
 	Access Access
 	Elem   uint8
 	Dims   []string
+	DType  DType
 }
 
 // Extent is the number of bytes the kernel touches through buffer
@@ -486,6 +505,7 @@ func (m *KernelList) Marshal(e *Encoder) {
 			for _, d := range p.Dims {
 				e.String(d)
 			}
+			e.U8(uint8(p.DType))
 		}
 	}
 }
@@ -496,7 +516,7 @@ func (m *KernelList) Unmarshal(d *Decoder) {
 		k := &m.Kernels[i]
 		k.Name = d.Str()
 		k.Doc = d.Str()
-		k.Params = make([]Param, d.Len(11))
+		k.Params = make([]Param, d.Len(12))
 		for j := range k.Params {
 			p := Param{Name: d.Str(), Kind: ArgKind(d.U8()), Access: Access(d.U8()), Elem: d.U8()}
 			if n := d.Len(4); n > 0 {
@@ -505,6 +525,7 @@ func (m *KernelList) Unmarshal(d *Decoder) {
 					p.Dims[x] = d.Str()
 				}
 			}
+			p.DType = DType(d.U8())
 			k.Params[j] = p
 		}
 	}

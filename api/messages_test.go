@@ -123,7 +123,7 @@ var messages = map[string]msgCase{
 				Name: genStr.Draw(t, "name"), Doc: genStr.Draw(t, "doc"),
 				Params: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Param {
 					p := Param{Name: genStr.Draw(t, "name"), Kind: ArgKind(genU8.Draw(t, "kind")), Access: Access(genU8.Draw(t, "access")),
-						Elem: genU8.Draw(t, "elem")}
+						Elem: genU8.Draw(t, "elem"), DType: DType(genU8.Draw(t, "dtype"))}
 					if dims := rapid.SliceOfN(rapid.StringN(0, 8, -1), 0, 3).Draw(t, "dims"); len(dims) > 0 {
 						p.Dims = dims
 					}
@@ -266,6 +266,62 @@ var messages = map[string]msgCase{
 	})},
 	"NodeSealReply": {new: func() Message { return new(NodeSealReply) }, gen: gen(func(t *rapid.T) *NodeSealReply {
 		return &NodeSealReply{StoredOnce: rapid.SliceOfN(rapid.Bool(), 0, 16).Draw(t, "stored once")}
+	})},
+	"GraphDef": {new: func() Message { return new(GraphDef) }, gen: gen(func(t *rapid.T) *GraphDef {
+		return &GraphDef{
+			Name:    genStr.Draw(t, "name"),
+			Scalars: rapid.SliceOfN(genStr, 0, MaxGraphScalars).Draw(t, "scalars"),
+			Tensors: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) TensorDef {
+				return TensorDef{Name: genStr.Draw(t, "name"), DType: DType(genU8.Draw(t, "dtype")),
+					Residency: Residency(genU8.Draw(t, "residency")), Addr: genU64.Draw(t, "addr"),
+					Shape: rapid.SliceOfN(rapid.Int64(), 0, MaxTensorDims).Draw(t, "shape")}
+			}), 0, 8).Draw(t, "tensors"),
+			Ops: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) OpDef {
+				return OpDef{Kernel: genStr.Draw(t, "kernel"), Phase: Phase(genU8.Draw(t, "phase")),
+					Args: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) OpArg {
+						// Each kind carries its own fields only.
+						a := OpArg{Kind: OpArgKind(rapid.IntRange(int(OpArgTensor), int(opArgEnd)-1).Draw(t, "kind"))}
+						switch a.Kind {
+						case OpArgTensor:
+							a.Tensor = genU32.Draw(t, "tensor")
+						case OpArgF32:
+							a.F32 = float32(genU16.Draw(t, "f32")) / 7
+						case OpArgScalar:
+							a.Scalar, a.Mul, a.I64 = genU32.Draw(t, "scalar"), rapid.Int64().Draw(t, "mul"), rapid.Int64().Draw(t, "add")
+						default:
+							a.I64 = rapid.Int64().Draw(t, "i64")
+						}
+						return a
+					}), 0, 12).Draw(t, "args")}
+			}), 0, 8).Draw(t, "ops"),
+		}
+	})},
+	"GraphInvoke": {new: func() Message { return new(GraphInvoke) }, gen: gen(func(t *rapid.T) *GraphInvoke {
+		return &GraphInvoke{Graph: genU32.Draw(t, "graph"), Scalars: rapid.SliceOfN(rapid.Int64(), 0, MaxGraphScalars).Draw(t, "scalars"),
+			Inputs: genBytes.Draw(t, "inputs")}
+	}), payload: func(m Message) []byte { return m.(*GraphInvoke).Inputs }},
+	"NodeGraph": {new: func() Message { return new(NodeGraph) }, gen: gen(func(t *rapid.T) *NodeGraph {
+		return &NodeGraph{Device: genU32.Draw(t, "device"), Launches: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) NodeGraphLaunch {
+			return NodeGraphLaunch{Kernel: genStr.Draw(t, "kernel"), Phase: Phase(genU8.Draw(t, "phase")),
+				Args: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) NodeGraphArg {
+					// A buffer carries extents; anything else its bits, and
+					// a scalar's reference where it has one.
+					a := NodeGraphArg{NodeArg: NodeArg{Kind: ArgKind(rapid.OneOf(rapid.Just(uint8(ArgBuffer)), genU8).Draw(t, "kind"))}, Scalar: -1}
+					if a.Kind == ArgBuffer {
+						a.Extents = genExtents.Draw(t, "extents")
+						return a
+					}
+					a.Bits = genU64.Draw(t, "bits")
+					if rapid.Bool().Draw(t, "from a scalar") {
+						a.Scalar = rapid.Int32Range(0, MaxGraphScalars).Draw(t, "scalar")
+						a.Mul, a.Add = rapid.Int64().Draw(t, "mul"), rapid.Int64().Draw(t, "add")
+					}
+					return a
+				}), 0, 12).Draw(t, "args")}
+		}), 0, 8).Draw(t, "launches")}
+	})},
+	"NodeGraphRun": {new: func() Message { return new(NodeGraphRun) }, gen: gen(func(t *rapid.T) *NodeGraphRun {
+		return &NodeGraphRun{Graph: genU32.Draw(t, "graph"), Scalars: rapid.SliceOfN(rapid.Int64(), 0, MaxGraphScalars).Draw(t, "scalars")}
 	})},
 }
 
