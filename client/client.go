@@ -49,7 +49,7 @@ func (p Ptr) Add(off uint64) Ptr { return p + Ptr(off) }
 
 // Client is a session with a mediator.
 type Client struct {
-	rpc     *api.RPC
+	rpc     *link
 	session uint64
 	devices []api.DeviceInfo
 	def     *Stream
@@ -91,10 +91,36 @@ func Dial(opt Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{rpc: rpc, session: reply.Session, devices: reply.Devices, streams: map[*Stream]bool{}}
+	c := &Client{rpc: &link{RPC: rpc}, session: reply.Session, devices: reply.Devices, streams: map[*Stream]bool{}}
 	c.def = c.newStream(api.DefaultStream)
 	return c, nil
 }
+
+// link is a session's connection to its mediator, counting the requests
+// sent on it (Requests).
+type link struct {
+	*api.RPC
+	requests atomic.Uint64
+}
+
+func (l *link) Go(op api.Op, into []byte, parts ...[]byte) *api.Call {
+	l.requests.Add(1)
+	return l.RPC.Go(op, into, parts...)
+}
+
+func (l *link) Call(op api.Op, into []byte, parts ...[]byte) ([]byte, error) {
+	l.requests.Add(1)
+	return l.RPC.Call(op, into, parts...)
+}
+
+func (l *link) CallFD(op api.Op, fd int, parts ...[]byte) ([]byte, error) {
+	l.requests.Add(1)
+	return l.RPC.CallFD(op, fd, parts...)
+}
+
+// Requests is how many requests the session has sent to the mediator
+// since its hello: each is one round trip on the tenant's socket.
+func (c *Client) Requests() uint64 { return c.rpc.requests.Load() }
 
 // dial connects to the mediator at socket and says hello, giving up on
 // the hello after timeout (0: never; see answeredWithin).
@@ -262,7 +288,9 @@ func (c *Client) Kernels() ([]api.KernelInfo, error) {
 	return kernels(c.rpc)
 }
 
-func kernels(rpc *api.RPC) ([]api.KernelInfo, error) {
+func kernels(rpc interface {
+	Call(api.Op, []byte, ...[]byte) ([]byte, error)
+}) ([]api.KernelInfo, error) {
 	body, err := rpc.Call(api.OpKernels, nil)
 	if err != nil {
 		return nil, err

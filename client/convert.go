@@ -32,3 +32,13 @@ func Int32Bytes(v []int32) []byte {
 	}
 	return b
 }
+
+// BytesInt32 decodes device memory into int32s; a trailing partial value
+// is ignored.
+func BytesInt32(b []byte) []int32 {
+	v := make([]int32, len(b)/4)
+	for i := range v {
+		v[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return v
+}
