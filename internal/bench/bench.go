@@ -134,7 +134,7 @@ func (o *Options) defaults() {
 	if o.Tenants == nil {
 		o.Tenants = []int{1, 2, 4, 8}
 	}
-	o.DLRM.defaults(o.MaxBytes)
+	o.DLRM.Defaults(o.MaxBytes)
 	if o.NodeLinkBytes == 0 {
 		o.NodeLinkBytes = min(o.BulkBytes, 64<<20)
 	}

@@ -3,20 +3,18 @@ package bench
 import (
 	"errors"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
-	"github.com/vgpu/vgpu/internal/workload"
+	"github.com/vgpu/vgpu/internal/models"
 )
 
-// A DLRM-style inference step: a batch of bags of embedding-table rows is
-// pooled (embedding_bag_sum), then goes through two dense layers (sgemm,
-// sgemm), and the outputs come back to the host. Several tenants, each its
+// A DLRM-style inference step (models.DLRM): a batch of bags of
+// embedding-table rows is pooled (embedding_bag_sum), then goes through two
+// dense layers (sgemm, sgemm), and the outputs come back to the host. Several tenants, each its
 // own session, serve the same model at once, as replicas of an inference
 // service do. The model is loaded and run twice: without residency hints,
 // and with them (the weights hinted and sealed, so that a node holding
@@ -25,32 +23,8 @@ import (
 // from shared host memory (client.HostAlloc). What counts is the bytes the mediator moved to
 // and from nodes for the tenants' sessions (api.SessionStats NetOut+NetIn).
 
-// DLRMShape sizes the model and the run; zero fields take the defaults.
-type DLRMShape struct {
-	TableBytes int `json:"table_bytes"` // embedding table; default 64 MiB (at most Options.MaxBytes)
-	Dim        int `json:"dim"`         // embedding width; default 64
-	Batch      int `json:"batch"`       // bags per step; default 128
-	Pooling    int `json:"pooling"`     // rows per bag; default 32
-	Hidden     int `json:"hidden"`      // first layer's outputs; default 256
-	Out        int `json:"out"`         // second layer's outputs; default 64
-	Steps      int `json:"steps"`       // steps per tenant; default 32
-}
-
-func (sh *DLRMShape) defaults(maxBytes int) {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&sh.TableBytes, min(64<<20, maxBytes))
-	def(&sh.Dim, 64)
-	def(&sh.Batch, 128)
-	def(&sh.Pooling, 32)
-	def(&sh.Hidden, 256)
-	def(&sh.Out, 64)
-	def(&sh.Steps, 32)
-	sh.TableBytes = max(1, sh.TableBytes/(4*sh.Dim)) * 4 * sh.Dim // whole rows
-}
+// DLRMShape sizes the model and the run (models.DLRMShape).
+type DLRMShape = models.DLRMShape
 
 // DLRMRun is one tenant count, with or without hints.
 type DLRMRun struct {
@@ -79,60 +53,6 @@ type DLRMRun struct {
 // Bytes is everything the run moved between mediator and nodes.
 func (r DLRMRun) Bytes() uint64 { return r.LoadBytes + r.StepBytes }
 
-// dlrmBatches is how many different batches each model has; tenants cycle
-// through them.
-const dlrmBatches = 4
-
-type dlrmBatch struct {
-	indices, offsets []byte
-	want             []float32
-}
-
-// dlrmModel is the model's weights as device memory holds them, and
-// batches with their outputs computed on the host.
-type dlrmModel struct {
-	DLRMShape
-	rows          int
-	table, w1, w2 []byte
-	batches       []dlrmBatch
-}
-
-func newDLRMModel(sh DLRMShape, seed uint64) *dlrmModel {
-	rng := rand.New(rand.NewPCG(seed, 0x646c726d))
-	m := &dlrmModel{DLRMShape: sh, rows: sh.TableBytes / (4 * sh.Dim)}
-	table := workload.RandFloats(rng, m.rows*sh.Dim)
-	w1 := scaled(workload.RandFloats(rng, sh.Dim*sh.Hidden), sh.Dim)
-	w2 := scaled(workload.RandFloats(rng, sh.Hidden*sh.Out), sh.Hidden)
-	for range dlrmBatches {
-		indices := make([]int32, sh.Batch*sh.Pooling)
-		offsets := make([]int32, sh.Batch)
-		for b := range offsets {
-			offsets[b] = int32(b * sh.Pooling)
-		}
-		for i := range indices {
-			indices[i] = int32(rng.IntN(m.rows))
-		}
-		emb := workload.EmbeddingBagSumRef(table, sh.Dim, indices, offsets)
-		hid := make([]float32, sh.Batch*sh.Hidden)
-		workload.SgemmRef(sh.Batch, sh.Hidden, sh.Dim, 1, emb, w1, 0, hid)
-		out := make([]float32, sh.Batch*sh.Out)
-		workload.SgemmRef(sh.Batch, sh.Out, sh.Hidden, 1, hid, w2, 0, out)
-		m.batches = append(m.batches, dlrmBatch{client.Int32Bytes(indices), client.Int32Bytes(offsets), out})
-	}
-	m.table, m.w1, m.w2 = client.Float32Bytes(table), client.Float32Bytes(w1), client.Float32Bytes(w2)
-	return m
-}
-
-// scaled divides v by √fanIn, which keeps a layer's outputs of the order
-// of its inputs.
-func scaled(v []float32, fanIn int) []float32 {
-	f := float32(1 / math.Sqrt(float64(fanIn)))
-	for i := range v {
-		v[i] *= f
-	}
-	return v
-}
-
 // dlrmTenant is one tenant's session serving the model.
 type dlrmTenant struct {
 	c             *client.Client
@@ -144,49 +64,15 @@ type dlrmTenant struct {
 	steps         int // checked
 }
 
-// load allocates the model and the step buffers and copies the weights in;
-// with hints, the weights are hinted and sealed, the rest hinted too.
-func (t *dlrmTenant) load(m *dlrmModel, hints bool) error {
-	hint := func(h api.Hint) client.AllocOptions {
-		if !hints {
-			return client.AllocOptions{}
-		}
-		return client.AllocOptions{Hint: h}
-	}
-	weights := []struct {
-		p    *client.Ptr
-		data []byte
-	}{{&t.table, m.table}, {&t.w1, m.w1}, {&t.w2, m.w2}}
-	// The weights are read into shared host memory first, as a model file
-	// is read into pinned memory; the copies go from there.
-	host, err := t.c.HostAlloc(len(m.table) + len(m.w1) + len(m.w2))
+// load allocates the model and the step buffers and copies the weights in
+// (models.Upload); with hints, the weights are hinted and sealed, the rest
+// hinted too.
+func (t *dlrmTenant) load(m *models.DLRM, hints bool) error {
+	ptrs, err := models.Upload(t.c, m.Weights(), hints)
 	if err != nil {
 		return err
 	}
-	off := 0
-	for _, w := range weights {
-		p, err := t.c.MallocWith(0, uint64(len(w.data)), hint(api.HintWeight))
-		if err != nil {
-			return err
-		}
-		*w.p = p
-		src := host[off : off+copy(host[off:], w.data)]
-		off += len(src)
-		t.s.CopyToDevice(p, src)
-	}
-	if err := t.s.Synchronize(); err != nil {
-		return fmt.Errorf("copying the weights in: %w", err)
-	}
-	if err := t.c.HostFree(host); err != nil {
-		return err
-	}
-	if hints {
-		for _, w := range weights {
-			if err := t.c.Seal(*w.p); err != nil {
-				return fmt.Errorf("sealing the weights: %w", err)
-			}
-		}
-	}
+	t.table, t.w1, t.w2 = ptrs[0], ptrs[1], ptrs[2]
 	bufs := []struct {
 		p    *client.Ptr
 		size int
@@ -197,23 +83,25 @@ func (t *dlrmTenant) load(m *dlrmModel, hints bool) error {
 		{&t.out, m.Batch * m.Out * 4, api.HintActivation},
 	}
 	for _, b := range bufs {
-		p, err := t.c.MallocWith(0, uint64(b.size), hint(b.hint))
-		if err != nil {
+		var o client.AllocOptions
+		if hints {
+			o.Hint = b.hint
+		}
+		if *b.p, err = t.c.MallocWith(0, uint64(b.size), o); err != nil {
 			return err
 		}
-		*b.p = p
 	}
 	t.got = make([]byte, m.Batch*m.Out*4)
 	return nil
 }
 
 // step runs batch k of m and checks the outputs against the host's.
-func (t *dlrmTenant) step(m *dlrmModel, k int) error {
-	b := &m.batches[k]
+func (t *dlrmTenant) step(m *models.DLRM, k int) error {
+	b := &m.Batches[k]
 	s := t.s
-	s.CopyToDevice(t.idx, b.indices)
-	s.CopyToDevice(t.off, b.offsets)
-	s.Launch("embedding_bag_sum", client.Buf(t.table), client.I64(int64(m.rows)), client.I64(int64(m.Dim)),
+	s.CopyToDevice(t.idx, client.Int32Bytes(b.Indices))
+	s.CopyToDevice(t.off, client.Int32Bytes(b.Offsets))
+	s.Launch("embedding_bag_sum", client.Buf(t.table), client.I64(int64(m.Rows)), client.I64(int64(m.Dim)),
 		client.Buf(t.idx), client.I64(int64(m.Batch*m.Pooling)), client.Buf(t.off), client.I64(int64(m.Batch)), client.Buf(t.emb))
 	s.Launch("sgemm", client.I64(int64(m.Batch)), client.I64(int64(m.Hidden)), client.I64(int64(m.Dim)), client.F32(1),
 		client.Buf(t.emb), client.Buf(t.w1), client.F32(0), client.Buf(t.hid))
@@ -224,10 +112,8 @@ func (t *dlrmTenant) step(m *dlrmModel, k int) error {
 	if err := s.Synchronize(); err != nil {
 		return err
 	}
-	// The kernels promise their order of operations and rounding, which
-	// the reference follows: the outputs must match bit for bit.
-	if err := workload.CloseEnough(client.BytesFloat32(t.got), b.want, 0); err != nil {
-		return fmt.Errorf("batch %d: output %v: %w", k, err, api.ErrInternal)
+	if err := m.Check(k, t.got); err != nil {
+		return fmt.Errorf("%w: %w", err, api.ErrInternal)
 	}
 	t.steps++
 	return nil
@@ -264,7 +150,7 @@ func eachTenant(ts []*dlrmTenant, f func(i int, t *dlrmTenant) error) error {
 // runDLRM serves m with n tenants: the first loads the model (and with
 // hints seals it), then the others load it at once, then all run their
 // steps at once. Once they have all left, the first comes back (reload).
-func runDLRM(socket string, m *dlrmModel, n int, hints bool) (DLRMRun, error) {
+func runDLRM(socket string, m *models.DLRM, n int, hints bool) (DLRMRun, error) {
 	r, err := serveDLRM(socket, m, n, hints)
 	if err != nil {
 		return r, err
@@ -313,7 +199,7 @@ func closeAll(socket string, ts []*dlrmTenant) error {
 
 // reload has the first tenant of a run that has ended load m again and run
 // one step, checked, and returns the bytes it moved.
-func reload(socket string, m *dlrmModel, hints bool) (uint64, error) {
+func reload(socket string, m *models.DLRM, hints bool) (uint64, error) {
 	t, err := dialDLRM(socket, 0)
 	if err != nil {
 		return 0, err
@@ -330,7 +216,7 @@ func reload(socket string, m *dlrmModel, hints bool) (uint64, error) {
 }
 
 // serveDLRM is runDLRM up to the end of the steps and of the sessions.
-func serveDLRM(socket string, m *dlrmModel, n int, hints bool) (r DLRMRun, err error) {
+func serveDLRM(socket string, m *models.DLRM, n int, hints bool) (r DLRMRun, err error) {
 	r = DLRMRun{Tenants: n, Hints: hints}
 	ts := make([]*dlrmTenant, n)
 	defer func() { err = errors.Join(err, closeAll(socket, ts)) }()
@@ -356,7 +242,7 @@ func serveDLRM(socket string, m *dlrmModel, n int, hints bool) (r DLRMRun, err e
 	start = time.Now()
 	if err := eachTenant(ts, func(i int, t *dlrmTenant) error {
 		for j := range m.Steps {
-			if err := t.step(m, (i+j)%len(m.batches)); err != nil {
+			if err := t.step(m, (i+j)%len(m.Batches)); err != nil {
 				return fmt.Errorf("step %d: %w", j, err)
 			}
 		}
@@ -383,7 +269,7 @@ func serveDLRM(socket string, m *dlrmModel, n int, hints bool) (r DLRMRun, err e
 func dlrm(socket string, sh DLRMShape, tenants []int, progress func(string)) ([]DLRMRun, error) {
 	var out []DLRMRun
 	for _, n := range tenants {
-		m := newDLRMModel(sh, uint64(n))
+		m := models.NewDLRM(sh, uint64(n))
 		var without DLRMRun
 		for _, hints := range []bool{false, true} {
 			progress(fmt.Sprintf("DLRM inference, %d tenants, hints %v", n, hints))

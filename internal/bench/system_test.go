@@ -14,6 +14,7 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/internal/models"
 	"github.com/vgpu/vgpu/mediator"
 )
 
@@ -143,9 +144,9 @@ func TestSuiteEndToEnd(t *testing.T) {
 func TestDLRMCheckCatchesWrongOutput(t *testing.T) {
 	socket := startSystem(t, 1, 32<<20)
 	sh := tinyDLRM
-	sh.defaults(1 << 30)
-	m := newDLRMModel(sh, 1)
-	m.batches[1].want[3] += 0.5
+	sh.Defaults(1 << 30)
+	m := models.NewDLRM(sh, 1)
+	m.Batches[1].Want[3] += 0.5
 	_, err := runDLRM(socket, m, 1, false)
 	if !errors.Is(err, api.ErrInternal) || !strings.Contains(err.Error(), "batch 1") {
 		t.Fatalf("err %v, want a mismatch of batch 1", err)
