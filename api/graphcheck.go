@@ -230,7 +230,7 @@ func (c *CheckedGraph) checkTensorArg(g *GraphDef, j int, k *KernelInfo, i int, 
 		switch t.Residency {
 		case ResInput, ResWeight, ResKVCache:
 		default:
-			return bad("reads %s (a %v) before any earlier op writes it: it is used before it is produced (ops run in the order given; a cycle shows up as this)", name, t.Residency)
+			return bad("reads %s (residency %v) before any earlier op writes it: it is used before it is produced (ops run in the order given; a cycle shows up as this)", name, t.Residency)
 		}
 	}
 	if c.First[a.Tensor] < 0 {

@@ -42,6 +42,9 @@ func (s *session) seal(body []byte) error {
 	if err := api.Decode(body, &m); err != nil {
 		return err
 	}
+	if err := s.checkUnheld("seal", m.Addr, false); err != nil {
+		return err // a tensor graph's launches write it
+	}
 	s.drainAll()
 	s.issueMu.Lock()
 	defer s.issueMu.Unlock()

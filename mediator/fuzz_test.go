@@ -20,6 +20,7 @@ var tenantOps = []api.Op{
 	api.OpHostRegister, api.OpHostUnregister, api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost,
 	api.OpBatch, api.OpSeal, api.OpGraphCreate, api.OpGraphLaunch, api.OpGraphDestroy, api.OpSessionStats,
 	api.OpExport, api.OpImport, api.OpRevoke, api.OpPublish, api.OpPin,
+	api.OpGraphRegister, api.OpGraphInvoke, api.OpGraphRelease,
 }
 
 // FuzzCommandValidator sends arbitrary bodies as every tenant operation
@@ -85,6 +86,20 @@ func FuzzCommandValidator(f *testing.F) {
 	f.Add(index(api.OpExport), api.Encode(&api.Export{Addr: buf0, Mode: api.ModeCoherent, Grants: []api.Grant{{Tenant: "b"}}}))
 	f.Add(index(api.OpImport), api.Encode(&api.Shared{Node: "x", Object: 1}))
 	f.Add(index(api.OpPin), api.Encode(&api.At{Addr: buf0}))
+	f.Add(index(api.OpGraphRegister), api.Encode(&api.GraphDef{
+		Name: "acc",
+		Tensors: []api.TensorDef{
+			{Name: "x", DType: api.DTypeF32, Shape: []int64{16}, Residency: api.ResInput},
+			{Name: "c", DType: api.DTypeF32, Shape: []int64{16}, Residency: api.ResKVCache, Addr: buf0},
+			{Name: "s", DType: api.DTypeF32, Shape: []int64{1}, Residency: api.ResOutput},
+		},
+		Ops: []api.OpDef{
+			{Kernel: "saxpy", Args: []api.OpArg{{Kind: api.OpArgI64, I64: 16}, {Kind: api.OpArgF32, F32: 1}, {Kind: api.OpArgTensor}, {Kind: api.OpArgTensor, Tensor: 1}}},
+			{Kernel: "reduce_sum_f32", Args: []api.OpArg{{Kind: api.OpArgI64, I64: 16}, {Kind: api.OpArgTensor, Tensor: 1}, {Kind: api.OpArgTensor, Tensor: 2}}},
+		},
+	}))
+	f.Add(index(api.OpGraphInvoke), api.Encode(&api.GraphInvoke{Graph: 1, Inputs: make([]byte, 64)}))
+	f.Add(index(api.OpGraphRelease), api.Encode(&api.Graph{Graph: 1}))
 	f.Fuzz(func(t *testing.T, opIndex uint16, body []byte) {
 		op := api.Op(opIndex)
 		if int(opIndex) < len(tenantOps) {

@@ -134,15 +134,7 @@ func hostile(t *testing.T, s *system, tenant string) *api.Conn {
 
 func mallocRaw(t *testing.T, c *api.Conn, size uint64) uint64 {
 	t.Helper()
-	b, err := roundTrip(t, c, api.OpMalloc, api.Encode(&api.Malloc{Size: size}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r api.MallocReply
-	if err := api.Decode(b, &r); err != nil {
-		t.Fatal(err)
-	}
-	return r.Addr
+	return mallocHint(t, c, size, api.HintNone)
 }
 
 func TestHostileFloodOfSmallRequests(t *testing.T) {

@@ -61,6 +61,11 @@ type session struct {
 	// address; guarded by issueMu. Freeing an allocation releases its
 	// footprint less its credit.
 	credits map[uint64]uint64
+	// tgraphs are the session's tensor graphs (tensorgraph.go), by id;
+	// with nextTGraph and tgraphOps, touched by the session's reader only.
+	tgraphs    map[uint32]*tensorGraph
+	nextTGraph uint32
+	tgraphOps  int // ops of all tensor graphs, at most MaxTensorGraphOps
 
 	mu         sync.Mutex
 	streams    map[uint32]*stream
@@ -268,7 +273,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 		m: m, id: m.nextSession.Add(1), tenant: tenant, c: c,
 		streams: map[uint32]*stream{}, nextStream: 1,
 		regions: map[uint32]*hostRegion{}, graphs: map[uint32][]command{}, withStream: map[uint32][]uint64{},
-		extra: map[int]*api.RPC{}, credits: map[uint64]uint64{},
+		extra: map[int]*api.RPC{}, credits: map[uint64]uint64{}, tgraphs: map[uint32]*tensorGraph{},
 		inflight: bound{limit: maxSessionInflight},
 	}
 	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
@@ -578,6 +583,9 @@ func (s *session) teardown() {
 		st.stop()
 	}
 	s.unmapAll()
+	// The nodes forget the tensor graphs with the connections closed
+	// below, and the arenas go with the space.
+	clear(s.tgraphs)
 	s.issueMu.Lock()
 	var credited uint64
 	for _, c := range s.credits {
@@ -901,6 +909,19 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 			return false, err
 		}
 		return false, s.c.Reply(h)
+	case api.OpGraphRegister:
+		id, err := s.registerGraph(body)
+		if err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h, api.Encode(&api.Graph{Graph: id}))
+	case api.OpGraphInvoke:
+		return false, s.invokeGraph(h, body)
+	case api.OpGraphRelease:
+		if err := s.releaseGraph(body); err != nil {
+			return false, err
+		}
+		return false, s.c.Reply(h)
 	case api.OpSessionStats:
 		return false, s.c.Reply(h, api.Encode(s.stats()))
 	case api.OpExport:
@@ -1049,6 +1070,9 @@ func (s *session) destroyStream(id uint32) error {
 // exported as, if any: the object's frames may outlive the allocation (a
 // small one shares its chunk), and the importers must lose it with it.
 func (s *session) freeShared(va uint64) error {
+	if err := s.checkUnheld("free", va, true); err != nil {
+		return err
+	}
 	if _, err := s.unshare(va, false); err != nil {
 		s.log.WithError(err).Info("ending a shared object failed; it ends with its frames")
 	}

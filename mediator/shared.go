@@ -276,6 +276,9 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	if s.evicts {
 		return nil, fmt.Errorf("export of %#x: an oversubscribed session's memory moves, so it cannot be shared: %w", m.Addr, api.ErrInvalidArgument)
 	}
+	if err := s.checkUnheld("export", m.Addr, false); err != nil {
+		return nil, err // the node would refuse the graph's writes to it
+	}
 	if r, _ := s.sharedAt(m.Addr, 1); r != nil {
 		return nil, fmt.Errorf("export of %#x: it is shared already (object %d): %w", m.Addr, r.object, api.ErrInvalidArgument)
 	}
