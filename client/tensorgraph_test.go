@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"pgregory.net/rapid"
+
 	"github.com/vgpu/vgpu/api"
 )
 
@@ -113,4 +115,68 @@ func TestGraphMistakesRefusedBeforeSending(t *testing.T) {
 			t.Errorf("Invoke of %d inputs: %v, want %q", len(c.in), err, c.want)
 		}
 	}
+}
+
+// Whatever a builder is asked to build survives the wire exactly.
+func TestGraphDefSurvivesTheWire(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		b := NewGraphDef(rapid.String().Draw(rt, "name"))
+		scalars := rapid.IntRange(0, api.MaxGraphScalars).Draw(rt, "scalars")
+		for range scalars {
+			b.Scalar(rapid.StringN(0, 8, -1).Draw(rt, "scalar"))
+		}
+		dtype := rapid.SampledFrom([]api.DType{api.DTypeF32, api.DTypeI32})
+		shape := rapid.SliceOfN(rapid.Int64Range(1, 1<<20), 1, api.MaxTensorDims)
+		for range rapid.IntRange(1, 20).Draw(rt, "tensors") {
+			name, dt, sh := rapid.StringN(0, 12, -1).Draw(rt, "tensor"), dtype.Draw(rt, "dtype"), shape.Draw(rt, "shape")
+			switch rapid.IntRange(0, 4).Draw(rt, "residency") {
+			case 0:
+				b.Weight(name, dt, Ptr(rapid.Uint64Min(1).Draw(rt, "addr")), sh...)
+			case 1:
+				b.KVCache(name, dt, Ptr(rapid.Uint64Min(1).Draw(rt, "addr")), sh...)
+			case 2:
+				b.Input(name, dt, sh...)
+			case 3:
+				b.Output(name, dt, sh...)
+			default:
+				b.Activation(name, dt, sh...)
+			}
+		}
+		for range rapid.IntRange(0, 20).Draw(rt, "ops") {
+			var args []GraphArg
+			for range rapid.IntRange(0, 12).Draw(rt, "args") {
+				switch rapid.IntRange(0, 3).Draw(rt, "kind") {
+				case 0:
+					args = append(args, Tensor(rapid.Uint32().Draw(rt, "tensor")))
+				case 1:
+					args = append(args, Int(rapid.Int64().Draw(rt, "int")))
+				case 2:
+					args = append(args, Float(rapid.Float32().Draw(rt, "float")))
+				default:
+					s := Scalar(rapid.Uint32().Draw(rt, "scalar"))
+					args = append(args, s.Times(rapid.Int64().Draw(rt, "mul")).Plus(rapid.Int64().Draw(rt, "add")))
+				}
+			}
+			b.Op(api.Phase(rapid.IntRange(0, 4).Draw(rt, "phase")), rapid.StringN(1, 16, -1).Draw(rt, "kernel"), args...)
+		}
+		var back api.GraphDef
+		if err := api.Decode(api.Encode(b.Def()), &back); err != nil {
+			rt.Fatal(err)
+		}
+		want := *b.Def()
+		if want.Scalars == nil {
+			want.Scalars = []string{}
+		}
+		for i := range want.Ops {
+			if want.Ops[i].Args == nil {
+				want.Ops[i].Args = []api.OpArg{}
+			}
+		}
+		if want.Ops == nil {
+			want.Ops = []api.OpDef{}
+		}
+		if !reflect.DeepEqual(back, want) {
+			rt.Fatalf("after the wire\n%+v\nbuilt\n%+v", back, want)
+		}
+	})
 }
