@@ -101,16 +101,16 @@ func (s *session) registerGraph(body []byte) (uint32, error) {
 		return 0, fmt.Errorf("graph %q: this session oversubscribes its memory, which may then move, and a graph's launches keep where its tensors are: register graphs in a session without oversubscription: %w",
 			def.Name, api.ErrInvalidArgument)
 	}
-	checked, err := api.CheckGraph(&def, s.m.catalog)
-	if err != nil {
-		return 0, fmt.Errorf("graph %q: %w", def.Name, err)
-	}
 	if len(s.tgraphs) >= MaxTensorGraphs {
 		return 0, fmt.Errorf("graph %q: session has %d tensor graphs, the limit: %w", def.Name, len(s.tgraphs), api.ErrInvalidArgument)
 	}
 	if s.tgraphOps+len(def.Ops) > MaxTensorGraphOps {
 		return 0, fmt.Errorf("graph %q of %d ops: the session's tensor graphs hold %d, and may hold %d in all: %w",
 			def.Name, len(def.Ops), s.tgraphOps, MaxTensorGraphOps, api.ErrQuotaExceeded)
+	}
+	checked, err := api.CheckGraph(&def, s.m.catalog)
+	if err != nil {
+		return 0, fmt.Errorf("graph %q: %w", def.Name, err)
 	}
 	g := &tensorGraph{def: &def, bound: map[uint64]int{}}
 	if err := s.bindTensors(g, checked); err != nil {

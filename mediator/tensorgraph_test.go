@@ -360,3 +360,78 @@ func TestTensorGraphsNeedMemoryThatStays(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTensorGraphLimits fills a session's tensor graphs to their bounds:
+// past them a registration fails, naming the bound, and a release makes
+// room again.
+func TestTensorGraphLimits(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	c := hostile(t, sys, "acme")
+	tiny := &api.GraphDef{
+		Name:    "tiny",
+		Tensors: []api.TensorDef{{Name: "y", DType: api.DTypeF32, Shape: []int64{1}, Residency: api.ResOutput}},
+		Ops:     []api.OpDef{{Kernel: "fill_f32", Args: []api.OpArg{tgTensor(0), tgI64(1), tgF32(2)}}},
+	}
+	ids := make([]uint32, mediator.MaxTensorGraphs)
+	for i := range ids {
+		ids[i] = mustRegister(t, c, tiny)
+	}
+	_, err := register(t, c, tiny)
+	wantErr(t, err, api.ErrInvalidArgument, fmt.Sprintf("%d tensor graphs, the limit", mediator.MaxTensorGraphs))
+	for _, id := range ids[1:] {
+		if err := release(t, c, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Graphs of the most ops a graph may have, up to the session's bound.
+	long := &api.GraphDef{Name: "long", Tensors: tiny.Tensors, Ops: make([]api.OpDef, api.MaxGraphOps)}
+	for i := range long.Ops {
+		long.Ops[i] = api.OpDef{Kernel: "fill_f32", Args: []api.OpArg{tgTensor(0), tgI64(1), tgF32(float32(i))}}
+	}
+	for range mediator.MaxTensorGraphOps/api.MaxGraphOps - 1 {
+		mustRegister(t, c, long)
+	}
+	_, err = register(t, c, long)
+	wantErr(t, err, api.ErrQuotaExceeded, `graph "long" of 4096 ops`, fmt.Sprintf("may hold %d in all", mediator.MaxTensorGraphOps))
+	if err := release(t, c, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	id := mustRegister(t, c, long)
+	out, err := invoke(t, c, id, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := client.BytesFloat32(out); len(got) != 1 || got[0] != api.MaxGraphOps-1 {
+		t.Fatalf("a graph of %d fills left %v", api.MaxGraphOps, got)
+	}
+}
+
+// TestTensorGraphArenaOfManyChunks has an activation that spans several
+// 2 MiB chunks, each a frame of its own, which its extents cover.
+func TestTensorGraphArenaOfManyChunks(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	c := hostile(t, sys, "acme")
+	const n = 3 << 18 // 3 MiB of floats
+	g := &api.GraphDef{
+		Name: "wide",
+		Tensors: []api.TensorDef{
+			{Name: "a", DType: api.DTypeF32, Shape: []int64{n}, Residency: api.ResActivation},
+			{Name: "s", DType: api.DTypeF32, Shape: []int64{1}, Residency: api.ResOutput},
+		},
+		Ops: []api.OpDef{
+			{Kernel: "fill_f32", Args: []api.OpArg{tgTensor(0), tgI64(n), tgF32(0.25)}},
+			{Kernel: "reduce_sum_f32", Args: []api.OpArg{tgI64(n), tgTensor(0), tgTensor(1)}},
+		},
+	}
+	id := mustRegister(t, c, g)
+	out, err := invoke(t, c, id, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := client.BytesFloat32(out); got[0] != n/4 {
+		t.Fatalf("sum of %d quarters is %v", n, got)
+	}
+	if st := sys.med.Status(); st.Tenants[0].Allocated < n*4 {
+		t.Fatalf("session's allocations %d bytes, less than its arena", st.Tenants[0].Allocated)
+	}
+}
