@@ -435,3 +435,16 @@ func TestTensorGraphArenaOfManyChunks(t *testing.T) {
 		t.Fatalf("session's allocations %d bytes, less than its arena", st.Tenants[0].Allocated)
 	}
 }
+
+// TestTensorGraphsEndWithTheirSession: a session that ends with graphs
+// registered leaves nothing behind, on the mediator or the node.
+func TestTensorGraphsEndWithTheirSession(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	c := hostile(t, sys, "acme")
+	w := seq(1000, func(i int) float32 { return float32(i) })
+	id := mustRegister(t, c, affineGraph(1000, weight(t, c, w)))
+	checkAffine(t, c, id, w, 2)
+	mustRegister(t, c, affineGraph(1000, weight(t, c, w)))
+	c.NetConn().Close()
+	sys.waitIdle(t)
+}

@@ -19,8 +19,8 @@ var embeddingBagSum = &Kernel{
 			"nidx, indices in [0, rows); out must not overlap the other buffers.",
 		Params: []api.Param{
 			bufParam("table", api.AccessRead, 4, "rows", "dim"), i64Param("rows"), i64Param("dim"),
-			bufParam("indices", api.AccessRead, 4, "nidx"), i64Param("nidx"),
-			bufParam("offsets", api.AccessRead, 4, "nbags"), i64Param("nbags"),
+			i32Param("indices", api.AccessRead, "nidx"), i64Param("nidx"),
+			i32Param("offsets", api.AccessRead, "nbags"), i64Param("nbags"),
 			bufParam("out", api.AccessWrite, 4, "nbags", "dim"),
 		},
 	},

@@ -157,10 +157,17 @@ func (k *Kernel) checkKinds(n int, kind func(i int) api.ArgKind) error {
 // Signature helpers, so each kernel's parameter list reads like its C
 // prototype.
 
-// bufParam is a buffer of which the kernel touches elem bytes times the
-// product of the scalar parameters dims: the extent a mediator needs resident.
+// bufParam is a float32 buffer of which the kernel touches elem bytes times
+// the product of the scalar parameters dims: the extent a mediator needs
+// resident.
 func bufParam(name string, access api.Access, elem uint8, dims ...string) api.Param {
-	return api.Param{Name: name, Kind: api.ArgBuffer, Access: access, Elem: elem, Dims: dims}
+	return api.Param{Name: name, Kind: api.ArgBuffer, Access: access, Elem: elem, Dims: dims, DType: api.DTypeF32}
+}
+
+// i32Param is bufParam for a buffer of int32 indices (token ids, rows of a
+// table), which a graph must bind to an i32 tensor.
+func i32Param(name string, access api.Access, dims ...string) api.Param {
+	return api.Param{Name: name, Kind: api.ArgBuffer, Access: access, Elem: elemSize, Dims: dims, DType: api.DTypeI32}
 }
 
 func i64Param(name string) api.Param {

@@ -313,7 +313,8 @@ func TestEmbeddingChecksAllIndicesBeforeWriting(t *testing.T) {
 }
 
 // Every buffer parameter declares its extent in terms of the kernel's own
-// integer parameters, so a mediator can make just that much resident.
+// integer parameters, so a mediator can make just that much resident, and
+// its element type, which a graph's tensor must have.
 func TestCatalogExtentsNameIntegerParameters(t *testing.T) {
 	for _, k := range Catalog() {
 		ints := map[string]bool{}
@@ -329,6 +330,9 @@ func TestCatalogExtentsNameIntegerParameters(t *testing.T) {
 			if p.Elem == 0 {
 				t.Errorf("%s.%s: no element size", k.Name, p.Name)
 			}
+			if want := wantDType(k.Name, p.Name); p.DType != want || p.Elem != uint8(p.DType.Size()) {
+				t.Errorf("%s.%s: %v of %d bytes, want %v", k.Name, p.Name, p.DType, p.Elem, want)
+			}
 			for _, d := range p.Dims {
 				if !ints[d] {
 					t.Errorf("%s.%s: dimension %q is not an integer parameter", k.Name, p.Name, d)
@@ -336,6 +340,16 @@ func TestCatalogExtentsNameIntegerParameters(t *testing.T) {
 			}
 		}
 	}
+}
+
+// wantDType is the element type of buffer param of kernel: int32 for
+// indices, float32 for the rest.
+func wantDType(kernel, param string) api.DType {
+	switch kernel + "." + param {
+	case "embedding_bag_sum.indices", "embedding_bag_sum.offsets", "embedding.ids", "argmax.out":
+		return api.DTypeI32
+	}
+	return api.DTypeF32
 }
 
 // The vector kernels run a slice on one goroutine, so a node must not size
