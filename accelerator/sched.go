@@ -23,6 +23,39 @@ package accelerator
 // too. So over any period in which tenants stay backlogged, they get device
 // time in proportion to their weights, up to one slice each.
 //
+// Phases: a job's slices carry the phase of the work they belong to
+// (api.Phase; a graph's launch says its own, plain launches, batches, fills
+// and copies are api.PhaseOther), and latency-sensitive decode work is
+// served ahead of bulk work (prefill, forward, backward, other) within the
+// fair shares. Let v be the least virtual time of the backlogged tenants
+// that are not throttled. If the next job of some of them (the head of its
+// queue) is at a decode slice and its virtual time is at most v plus
+// decodeLead, the one of those with the least virtual time runs next, and
+// an anticipation (below) gives way to it; otherwise the tenant at v runs,
+// as without phases. So, precisely:
+//   - Decode work whose tenant is within its share (not decodeLead ahead)
+//     waits for at most the slice in progress and the pick, whatever bulk
+//     work is queued, then runs slice after slice until it is done, its
+//     tenant is decodeLead ahead, or decode work of a tenant further behind
+//     comes: decode tenants share among themselves by virtual time.
+//   - Shares hold: virtual time is charged as always, and decode priority
+//     only ever runs a tenant at most decodeLead ahead of v. A tenant that
+//     calls all its work decode gains at most decodeLead·weight of device
+//     time ahead of its fair share at any moment, and nothing in the long
+//     run; caps apply to decode work as to any.
+//
+// Not guaranteed: decode work beyond its tenant's share waits like bulk
+// once the lead is used up (its step time is then its share's). Slices are
+// not preempted: a bulk slice in progress delays decode work by up to a
+// slice, which sliceWork and stepTime bound (about 70 µs of sgemm on the
+// sim); shortening bulk slices while decode work waits would cost bulk
+// work a dispatch every few microseconds for little gain beside a decode
+// step's several launches, so they are not. Only a tenant's next job
+// counts: its decode job queued behind its own bulk job (another
+// connection of the tenant) waits its turn. Nothing here covers time spent
+// off the device (the network, the node reading requests, the mediator).
+// docs/graphs.md ("Phases and scheduling") states the same for tenants.
+//
 // Invariants:
 //   - Work conserving: while any tenant has a slice it may run, the device
 //     does not idle, with one bounded exception (anticipation): right after
@@ -129,6 +162,14 @@ const busyWindow = 50 * time.Millisecond
 // enough to cover a victim's pauses between small launches.
 const sharedWindow = time.Second
 
+// decodeLead is how far, in virtual time (device time over weight), a
+// tenant whose next slice is decode work may be ahead of the least virtual
+// time of the backlogged tenants and still run first (see "Phases" in the
+// package comment): a decode step of up to decodeLead·weight of device time
+// runs without waiting behind other tenants' bulk slices, and no tenant
+// runs more than that ahead of its fair share by calling its work decode.
+const decodeLead = 10 * time.Millisecond
+
 // capWindow is the burst a capped tenant may use at once, as device time at
 // its cap: a tenant capped at c may run c·capWindow without pause.
 const capWindow = 100 * time.Millisecond
@@ -167,11 +208,18 @@ type step func() (completed int, more bool, err error)
 
 // job is one launch, or one run of launches: step runs its next slice.
 type job struct {
-	step    step
+	step step
+	// phase, if set, is the phase of the job's next slice (a graph's runs
+	// change phase from launch to launch); called on the dispatching
+	// runner, with scheduler.mu held. Unset: api.PhaseOther.
+	phase   func() api.Phase
 	started bool        // a slice has run; it counts in scheduler.long
 	waiting func() bool // from tenantShare
 	done    chan error  // buffered; receives the job's result once
 }
+
+// decode says whether j's next slice is latency-sensitive decode work.
+func (j *job) decode() bool { return j.phase != nil && j.phase() == api.PhaseDecode }
 
 // account is one tenant's queue and use of one device.
 type account struct {
@@ -267,9 +315,14 @@ func (t tenantShare) normalized() (weight, computeMax float64) {
 }
 
 // run queues a job for t and waits for it: st is called on the runner
-// until it reports no more slices or fails.
-func (s *scheduler) run(t tenantShare, st step) error {
-	j := &job{step: st, waiting: t.waiting, done: make(chan error, 1)}
+// until it reports no more slices or fails. Its slices are of
+// api.PhaseOther.
+func (s *scheduler) run(t tenantShare, st step) error { return s.runPhased(t, st, nil) }
+
+// runPhased is run for a job whose slices say their phase: phase, if not
+// nil, returns the phase of the job's next slice (see job.phase).
+func (s *scheduler) runPhased(t tenantShare, st step, phase func() api.Phase) error {
+	j := &job{step: st, phase: phase, waiting: t.waiting, done: make(chan error, 1)}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -418,6 +471,9 @@ func (s *scheduler) close() {
 func (s *scheduler) pick() (*account, time.Duration) {
 	now := s.clock.now()
 	var best *account
+	// decode is the account of least virtual time whose next job is
+	// decode work (see "Phases" in the package comment).
+	var decode *account
 	var wait time.Duration
 	active := 0
 	for _, a := range s.accounts {
@@ -449,17 +505,27 @@ func (s *scheduler) pick() (*account, time.Duration) {
 			a.throttled = false
 			a.vtime = max(a.vtime, s.vnow) // throttled time earns nothing either
 		}
-		if best == nil || a.vtime < best.vtime || a.vtime == best.vtime && a.name < best.name {
+		if best == nil || a.before(best) {
 			best = a
+		}
+		if a.jobs[0].decode() && (decode == nil || a.before(decode)) {
+			decode = a
 		}
 	}
 	s.shared = active > 1
+	// Decode work within decodeLead of the least virtual time goes first;
+	// it also ends any anticipation of another tenant's next job, which
+	// would keep the device idle in front of it.
+	urgent := decode != nil && decode != best && decode.vtime-best.vtime <= decodeLead.Seconds()
+	if urgent {
+		best = decode
+	}
 	if e := s.expect; e != nil {
 		switch {
 		case len(e.jobs) > 0 || now >= s.expectUntil || e.throttled:
 			s.expect = nil
 			s.chargeHeld(e, now)
-		case best == nil || e.vtime <= best.vtime:
+		case best == nil || e.vtime <= best.vtime && !urgent:
 			if best != nil && !s.holding {
 				s.holding, s.heldSince = true, now
 			}
@@ -469,6 +535,12 @@ func (s *scheduler) pick() (*account, time.Duration) {
 		}
 	}
 	return best, wait
+}
+
+// before says whether a runs before b by virtual time: the lesser, or of
+// equal ones the first by name.
+func (a *account) before(b *account) bool {
+	return a.vtime < b.vtime || a.vtime == b.vtime && a.name < b.name
 }
 
 // throttleWait is how long a tenant capped at c, which owes deficit of

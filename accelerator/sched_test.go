@@ -62,17 +62,22 @@ func (h *schedHarness) release() { close(h.gate) }
 // submit runs a job for t in the background: slices of cost each while
 // more says so. It returns a channel with the job's result.
 func (h *schedHarness) submit(t tenantShare, cost time.Duration, more func(i int) bool) <-chan error {
+	return h.submitPhase(t, api.PhaseOther, cost, more)
+}
+
+// submitPhase is submit for a job whose slices are of phase.
+func (h *schedHarness) submitPhase(t tenantShare, phase api.Phase, cost time.Duration, more func(i int) bool) <-chan error {
 	res := make(chan error, 1)
 	i := 0
 	h.wg.Go(func() {
-		res <- h.s.run(t, func() (int, bool, error) {
+		res <- h.s.runPhased(t, func() (int, bool, error) {
 			h.clock.advance(cost)
 			i++
 			if more(i) {
 				return 0, true, nil
 			}
 			return 1, false, nil
-		})
+		}, func() api.Phase { return phase })
 	})
 	// Wait until the job is queued, so the order of submits is the order
 	// of arrival.

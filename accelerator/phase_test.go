@@ -1,0 +1,92 @@
+package accelerator
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// TestSchedDecodeFirst: a decode job that arrives while another tenant's
+// bulk job runs waits only for the slice in progress, then runs to its end
+// (its 8 ms are within decodeLead); the same job as bulk work shares the
+// device slice by slice and takes about twice as long.
+func TestSchedDecodeFirst(t *testing.T) {
+	for _, tc := range []struct {
+		phase api.Phase
+		want  time.Duration // from its arrival to its end
+	}{
+		{api.PhaseDecode, 8 * time.Millisecond},
+		{api.PhaseOther, 15 * time.Millisecond}, // 8 ms of its own and 7 slices of the other's
+	} {
+		t.Run(tc.phase.String(), func(t *testing.T) {
+			h := newSchedHarness(t)
+			var arrived, ended time.Duration
+			done := make(chan (<-chan error), 1)
+			const slice, decodeSlices = 200 * time.Microsecond, 40
+			bulk := h.submitPhase(tenantShare{name: "bulk"}, api.PhasePrefill, time.Millisecond, func(i int) bool {
+				if i == 100 { // arrives as the bulk's 100th slice ends
+					arrived = h.clock.now()
+					done <- h.submitPhase(tenantShare{name: "step"}, tc.phase, slice, func(i int) bool {
+						ended = h.clock.now()
+						return i < decodeSlices
+					})
+				}
+				return i < 200
+			})
+			if err := <-<-done; err != nil {
+				t.Fatal(err)
+			}
+			if err := <-bulk; err != nil {
+				t.Fatal(err)
+			}
+			if got := ended - arrived; got != tc.want {
+				t.Fatalf("a job of %d slices of %v (%v) beside bulk slices of 1 ms took %v from its arrival, want %v",
+					decodeSlices, slice, tc.phase, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSchedDecodeKeepsShares: decode priority reorders work within the
+// shares: a tenant that calls all its work decode, beside a bulk tenant,
+// gets its weight's share and never runs more than decodeLead (as its
+// device time over its weight) and a slice ahead of it.
+func TestSchedDecodeKeepsShares(t *testing.T) {
+	for _, w := range []uint32{1, 3} {
+		t.Run(fmt.Sprint("weight ", w), func(t *testing.T) {
+			h := newSchedHarness(t)
+			h.hold()
+			const horizon, slice = 4 * time.Second, time.Millisecond
+			var lead time.Duration // the decode tenant's most, over the bulk's, both over weights
+			var dec, bulk time.Duration
+			var mu sync.Mutex
+			track := func(d *time.Duration, scale uint32) func(int) bool {
+				return func(int) bool {
+					mu.Lock()
+					*d += slice / time.Duration(scale)
+					lead = max(lead, dec-bulk)
+					mu.Unlock()
+					return h.clock.now() < horizon
+				}
+			}
+			h.submitPhase(tenantShare{name: "greedy", weight: w}, api.PhaseDecode, slice, track(&dec, w))
+			h.submitPhase(tenantShare{name: "bulk"}, api.PhasePrefill, slice, track(&bulk, 1))
+			h.release()
+			h.wait()
+			used := h.used()
+			share := used["greedy"].Seconds() / (used["greedy"] + used["bulk"]).Seconds()
+			if want := float64(w) / float64(w+1); share < want-0.005 || share > want+0.005 {
+				t.Errorf("decode tenant of weight %d beside a bulk one: share %.4f, want %.4f", w, share, want)
+			}
+			if limit := decodeLead + slice; lead > limit {
+				t.Errorf("decode tenant ran %v ahead of its share, want at most %v", lead, limit)
+			}
+			if lead < decodeLead/2 {
+				t.Errorf("decode tenant ran at most %v ahead of its share: decode priority did not apply", lead)
+			}
+		})
+	}
+}
