@@ -19,10 +19,13 @@ package accelerator
 //   - Every launch of a run was checked against its kernel's signature and
 //     the frame table before the run started (checkLaunch), and every
 //     launch whose arguments the device refuses (sizes, gathering) fails
-//     alone, writing nothing: the run goes on with the next.
+//     alone, writing nothing: the run goes on with the next. A graph's run
+//     (graph.go) stops at its first failed launch instead, and comes with
+//     launches it prepared before the run started.
 //   - A launch is prepared (its buffers gathered, its slices planned) only
 //     after the launch before it in the run has finished, so it sees that
-//     launch's results. The first launch of a run is prepared by the
+//     launch's results; a graph's launch prepared before is one whose plan
+//     cannot see stale bytes (graph.go). The first launch of a run is prepared by the
 //     submitter, so a single launch that its checks refuse, or that has
 //     nothing to do, never reaches the scheduler; the others are prepared
 //     by the runner, in a step. Either way the preparation is device time
@@ -83,7 +86,26 @@ func (c *conn) checkLaunch(body []byte) (*device, checkedLaunch, error) {
 	if err := k.CheckKinds(kinds); err != nil {
 		return nil, checkedLaunch{}, err
 	}
-	for i, a := range l.Args {
+	if err := c.checkBuffers(d, k, l.Args); err != nil {
+		return nil, checkedLaunch{}, err
+	}
+	if err := c.trimBuffers(d, k, l.Args); err != nil {
+		return nil, checkedLaunch{}, fmt.Errorf("%s: %s: %w", d.Info().Name, l.Kernel, err)
+	}
+	// Only now, with every argument checked, do aliased frames the kernel
+	// may write get memory of their own: nothing of this connection can
+	// alias them again before the launch has run.
+	if err := c.ownWritten(d, k, l.Args); err != nil {
+		return nil, checkedLaunch{}, err
+	}
+	return d, checkedLaunch{k: k, args: l.Args}, nil
+}
+
+// checkBuffers checks every buffer argument of a launch of k on d, whose
+// argument kinds are k's, against the frame table: it must lie in frames
+// c holds, and where k may write it, in none that is sealed or shared.
+func (c *conn) checkBuffers(d *device, k *kernels.Kernel, args []api.NodeArg) error {
+	for i, a := range args {
 		if a.Kind != api.ArgBuffer {
 			continue
 		}
@@ -92,23 +114,24 @@ func (c *conn) checkLaunch(body []byte) (*device, checkedLaunch, error) {
 			check = d.frames.checkWrite
 		}
 		if err := check(c.owner, a.Extents); err != nil {
-			return nil, checkedLaunch{}, fmt.Errorf("%s: %s argument %d (%s): %w", d.Info().Name, l.Kernel, i, k.Info.Params[i].Name, err)
+			return fmt.Errorf("%s: %s argument %d (%s): %w", d.Info().Name, k.Info.Name, i, k.Info.Params[i].Name, err)
 		}
 	}
-	if err := c.trimBuffers(d, k, l.Args); err != nil {
-		return nil, checkedLaunch{}, fmt.Errorf("%s: %s: %w", d.Info().Name, l.Kernel, err)
-	}
-	// Only now, with every argument checked, do aliased frames the kernel
-	// may write get memory of their own (content.go): nothing of this
-	// connection can alias them again before the launch has run.
-	for i, a := range l.Args {
+	return nil
+}
+
+// ownWritten gives the aliased frames (content.go) of every buffer a
+// launch of k may write memory of their own, with their bytes, before it
+// runs.
+func (c *conn) ownWritten(d *device, k *kernels.Kernel, args []api.NodeArg) error {
+	for i, a := range args {
 		if a.Kind == api.ArgBuffer && k.Info.Params[i].Access >= api.AccessWrite {
 			if err := c.node.content.own(c.share, d, a.Extents); err != nil {
-				return nil, checkedLaunch{}, err
+				return err
 			}
 		}
 	}
-	return d, checkedLaunch{k: k, args: l.Args}, nil
+	return nil
 }
 
 // trimBuffers cuts each buffer argument of args, already checked whole, to
@@ -197,12 +220,22 @@ func (d *device) prepare(l checkedLaunch) (*kernels.Plan, func() error, error) {
 // launchRun is the state of a run of launches on one device, used by one
 // goroutine at a time: its submitter, then the scheduler's runner.
 type launchRun struct {
-	d    *device
-	ls   []checkedLaunch
-	errs []error // by launch
-	ok   int     // launches that succeeded
-	next int     // the launch to prepare next
-	cur  int     // the launch being prepared or run
+	d  *device
+	ls []checkedLaunch
+	// plans, if set, holds launches prepared already (graph.go), by
+	// launch; a nil one is prepared at its turn.
+	plans []*kernels.Plan
+	// phases, if set, is the phase of each launch; else all are
+	// api.PhaseOther.
+	phases []api.Phase
+	// stop says the run ends at its first failed launch: the launches
+	// after it are not run, and keep a nil error.
+	stop   bool
+	failed bool    // a launch failed
+	errs   []error // by launch
+	ok     int     // launches that succeeded
+	next   int     // the launch to prepare next
+	cur    int     // the launch being prepared or run
 	// The current launch, prepared.
 	plan   *kernels.Plan
 	finish func() error
@@ -211,22 +244,31 @@ type launchRun struct {
 // launchAll runs ls on d for t, in order, as one run, and returns each
 // launch's error.
 func (d *device) launchAll(t tenantShare, ls []checkedLaunch) []error {
-	r := &launchRun{d: d, ls: ls, errs: make([]error, len(ls))}
+	return d.runLaunches(t, &launchRun{d: d, ls: ls})
+}
+
+// runLaunches runs r, a run of launches on d that none has started, for t,
+// and returns each launch's error. t.aside is work done for the run off
+// the runners already, charged with its first job.
+func (d *device) runLaunches(t tenantShare, r *launchRun) []error {
+	r.errs = make([]error, len(r.ls))
 	for {
 		start := d.sched.clock.now()
 		ok := r.advance()
-		t.aside = d.sched.clock.now() - start // charged with the job
+		t.aside += d.sched.clock.now() - start // charged with the job
 		if !ok {
 			// Preparations that then failed, or had nothing to do,
 			// still take the tenant's turn.
 			d.chargeAside(t)
 			break
 		}
-		if err := d.sched.run(t, r.step); err != nil {
+		if err := d.sched.runPhased(t, r.step, r.phase); err != nil {
 			// The job ended early: a slice panicked or the scheduler
-			// closed. The launch in progress failed; the rest go on.
-			r.errs[r.cur] = err
+			// closed. The launch in progress failed; the rest go on
+			// unless the run stops at a failure.
+			r.fail(err)
 		}
+		t.aside = 0
 	}
 	d.launches.Add(uint64(r.ok))
 	name := d.Info().Name
@@ -238,17 +280,42 @@ func (d *device) launchAll(t tenantShare, ls []checkedLaunch) []error {
 	return r.errs
 }
 
+// phase is the phase of the current launch: the job's for the scheduler.
+func (r *launchRun) phase() api.Phase {
+	if r.phases == nil {
+		return api.PhaseOther
+	}
+	return r.phases[r.cur]
+}
+
+// fail records err, not nil, as the current launch's result.
+func (r *launchRun) fail(err error) {
+	r.errs[r.cur] = err
+	r.failed = true
+}
+
 // advance prepares the next launch the device accepts that has work to do
-// and makes it current; false when none is left. A launch the device
-// refuses fails alone; one with nothing to do (no slices) succeeds at once.
+// and makes it current; false when none is left, or when one failed and
+// the run stops at a failure. A launch the device refuses fails alone; one
+// with nothing to do (no slices) succeeds at once.
 func (r *launchRun) advance() bool {
-	for r.next < len(r.ls) {
+	for r.next < len(r.ls) && !(r.stop && r.failed) {
 		r.cur = r.next
 		r.next++
-		plan, finish, err := r.d.prepare(r.ls[r.cur])
+		var (
+			plan   *kernels.Plan
+			finish func() error
+			err    error
+		)
+		if r.plans != nil && r.plans[r.cur] != nil {
+			plan = r.plans[r.cur]
+			r.plans[r.cur] = nil
+		} else {
+			plan, finish, err = r.d.prepare(r.ls[r.cur])
+		}
 		switch {
 		case err != nil:
-			r.errs[r.cur] = err
+			r.fail(err)
 		case plan.Len() == 0:
 			r.ok++
 		default:
@@ -270,8 +337,9 @@ func (r *launchRun) step() (completed int, more bool, err error) {
 			err = r.finish()
 		}
 		if err != nil || !more {
-			r.errs[r.cur] = err
-			if err == nil {
+			if err != nil {
+				r.fail(err)
+			} else {
 				r.ok++
 			}
 			completed++

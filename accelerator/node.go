@@ -5,6 +5,7 @@
 // mediator connection holds which 2 MiB frame, and which frames are sealed),
 // the node-wide index of sealed frames by content (content.go), and the
 // execution of requests: copies, fills, kernel launches, batches of them,
+// graphs of launches registered once and run many times (graph.go),
 // sealing and deduplication on physical memory.
 //
 // Invariants:
@@ -22,7 +23,13 @@
 //     payload then goes straight into device memory, write.go); the others
 //     run in turn on the connection's executor.
 //   - A batch executes its commands in that order too, every one of them,
-//     and is answered once (batch.go).
+//     and is answered once (batch.go). A graph's run executes its launches
+//     in order up to the first that fails, and checks and plans all it can
+//     before the first writes (graph.go).
+//   - A connection's graphs are its own: it alone runs or frees them, and
+//     they end with it. A graph's extents are checked against the frame
+//     table at every run, so a frame that changed hands since its
+//     registration is never touched through it.
 //   - When a connection ends, cleanly or not, every frame it held is scrubbed
 //     and freed. A frame is always taken out of the content index, unsealed,
 //     unaliased (its aliases given copies) and scrubbed before it can change
@@ -34,9 +41,10 @@
 //
 // Kernel launches, and fills and copies of more than a piece (pieceBytes),
 // run in slices on each device's compute scheduler (sched.go), which shares
-// device time among tenants by weight; a launch, a batch's run of
-// consecutive launches (launch.go), and such a fill or copy (memwork.go)
-// each block their connection until their last slice has run. Smaller
+// device time among tenants by weight, serving decode work first within
+// the shares; a launch, a batch's run of consecutive launches (launch.go),
+// a graph's run (graph.go), and such a fill or copy (memwork.go) each
+// block their connection until their last slice has run. Smaller
 // fills and copies, hashing for seals, and copying frames for dedups and
 // for aliased frames about to be written or losing their source, done on
 // the connection's goroutine, are charged to its tenant as device time too,
@@ -132,15 +140,17 @@ type Node struct {
 	listeners []net.Listener
 	conns     map[net.Conn]struct{}
 	tenants   map[string]*tenantLimits // of tenants with live connections (limits.go)
-	closed    bool
-	wg        sync.WaitGroup
+	// graphLimits bounds each connection's graphs (graph.go; tests lower it).
+	graphLimits graphLimits
+	closed      bool
+	wg          sync.WaitGroup
 }
 
 // New returns a node that serves devs, whose memory sizes must be multiples
 // of FrameSize. backend names them in status ("sim").
 func New(backend string, devs []Device, log logrus.FieldLogger) (*Node, error) {
 	n := &Node{backend: backend, log: log, content: newContentIndex(), objects: newObjectTable(), conns: map[net.Conn]struct{}{},
-		tenants: map[string]*tenantLimits{}}
+		tenants: map[string]*tenantLimits{}, graphLimits: graphLimits{MaxNodeGraphs, MaxNodeGraphLaunches, MaxNodeGraphExtents}}
 	for i, d := range devs {
 		info := d.Info()
 		if info.Index != uint32(i) || info.Memory < FrameSize || info.Memory%FrameSize != 0 {
@@ -252,6 +262,7 @@ type conn struct {
 	// made; under objectTable.mu.
 	exportExtents int
 	pushes        *pusher // from the handshake on (push.go)
+	graphs        connGraphs
 }
 
 type request struct {
@@ -421,20 +432,20 @@ func (c *conn) readLoop(queue chan<- request) error {
 }
 
 // waitsForDevice says whether a request of op with body is device work
-// that waits for the device's scheduler: a launch, a batch, a fill or copy
-// of more than one piece (memwork.go), a seal or dedup, whose work is
-// charged with empty jobs as it adds up, a publish or export, which
-// copies an object's bytes (shared.go), or a free or an allocation, whose
-// scrubbing (of frames retained, for an allocation: content.go) is charged
-// so too. They run on the executor, so that
-// the reader reading on meanwhile shows the scheduler that the tenant has more work
-// queued (tenantShare.waiting), and takes acknowledgements (shared.go)
+// that waits for the device's scheduler: a launch, a batch, a graph's
+// run, a fill or copy of more than one piece (memwork.go), a seal or
+// dedup, whose work is charged with empty jobs as it adds up, a publish or
+// export, which copies an object's bytes (shared.go), or a free or an
+// allocation, whose scrubbing (of frames retained, for an allocation:
+// content.go) is charged so too. They run on the executor, so that the
+// reader reading on meanwhile shows the scheduler that the tenant has more
+// work queued (tenantShare.waiting), and takes acknowledgements (shared.go)
 // while a capped tenant's job waits its turn. Smaller fills and copies
 // (a mediator zeroes every small allocation with a fill) run on the calling
 // goroutine, where a hand-off to the executor would cost more than they do.
 func waitsForDevice(op api.Op, body []byte) bool {
 	switch op {
-	case api.OpNodeLaunch, api.OpNodeBatch, api.OpNodeSeal, api.OpNodeDedup, api.OpNodePublish, api.OpNodeExport, api.OpNodeFree, api.OpNodeAlloc:
+	case api.OpNodeLaunch, api.OpNodeBatch, api.OpNodeGraphRun, api.OpNodeSeal, api.OpNodeDedup, api.OpNodePublish, api.OpNodeExport, api.OpNodeFree, api.OpNodeAlloc:
 		return true
 	case api.OpNodeFill, api.OpNodeCopy:
 		return !movesOnePiece(body)
@@ -518,6 +529,9 @@ func decode(op api.Op, body []byte, m api.Message) error {
 // replied to yet.
 func (c *conn) do(r request) error {
 	if ok, err := c.objectOp(r); ok {
+		return err
+	}
+	if ok, err := c.graphOp(r); ok {
 		return err
 	}
 	switch r.h.Op {
