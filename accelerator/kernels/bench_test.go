@@ -12,12 +12,58 @@ func benchRun(b *testing.B, name string, args []Value) {
 	}
 }
 
-func BenchmarkSgemm512(b *testing.B) {
-	const n = 512
-	args := []Value{i64Arg(n), i64Arg(n), i64Arg(n), f32Arg(1),
+func BenchmarkSgemm512(b *testing.B) { benchSgemm(b, 512) }
+func BenchmarkSgemm256(b *testing.B) { benchSgemm(b, 256) }
+
+func benchSgemm(b *testing.B, n int) {
+	args := []Value{i64Arg(int64(n)), i64Arg(int64(n)), i64Arg(int64(n)), f32Arg(1),
 		f32sArg(seq(n*n, 0.01)...), f32sArg(seq(n*n, 0.02)...), f32Arg(0.5), f32sArg(seq(n*n, 0.03)...)}
 	benchRun(b, "sgemm", args)
-	b.ReportMetric(2*n*n*n*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+	b.ReportMetric(2*float64(n*n*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+}
+
+// BenchmarkMatmul runs matmul beside sgemm's shapes, in each layout, and
+// in the shapes of a small GPT decoder's step: one row against a weight,
+// and the LM head against the tied embedding (transposed).
+func BenchmarkMatmul(b *testing.B) {
+	for _, bc := range []struct {
+		name           string
+		batch, m, n, k int
+		transA, transB int64
+	}{
+		{"256", 1, 256, 256, 256, 0, 0},
+		{"256/trans_a", 1, 256, 256, 256, 1, 0},
+		{"256/trans_b", 1, 256, 256, 256, 0, 1},
+		{"512", 1, 512, 512, 512, 0, 0},
+		{"512/trans_b", 1, 512, 512, 512, 0, 1},
+		{"batch8x64", 8, 64, 64, 64, 0, 0},
+		{"decode/1x768x256", 1, 1, 768, 256, 0, 0},
+		{"decode/lm_head_1x4096x256", 1, 1, 4096, 256, 0, 1},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			args := []Value{i64Arg(int64(bc.batch)), i64Arg(int64(bc.m)), i64Arg(int64(bc.n)), i64Arg(int64(bc.k)),
+				i64Arg(bc.transA), i64Arg(bc.transB), i64Arg(1),
+				f32sArg(seq(bc.batch*bc.m*bc.k, 0.01)...), f32sArg(seq(bc.k*bc.n, 0.02)...), bufArg(alloc(4 * bc.batch * bc.m * bc.n))}
+			benchRun(b, "matmul", args)
+			b.ReportMetric(2*float64(bc.batch*bc.m*bc.n*bc.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
+
+// BenchmarkAttention is a decoder's attention at 4 heads of 64: a prefill
+// of 128 positions, and a decode step at position 255.
+func BenchmarkAttention(b *testing.B) {
+	const heads, d, capacity = 4, 64, 256
+	for _, bc := range []struct {
+		name   string
+		t, pos int
+	}{{"prefill128", 128, 0}, {"decode", 1, 255}} {
+		b.Run(bc.name, func(b *testing.B) {
+			benchRun(b, "attention", []Value{i64Arg(heads), i64Arg(int64(bc.t)), i64Arg(d), i64Arg(capacity), i64Arg(int64(bc.pos)),
+				i64Arg(1), f32Arg(0.125), f32sArg(seq(heads*bc.t*d, 0.1)...), f32sArg(seq(heads*capacity*d, 0.2)...),
+				f32sArg(seq(heads*capacity*d, 0.3)...), bufArg(alloc(4 * heads * bc.t * d))})
+		})
+	}
 }
 
 func BenchmarkSaxpy(b *testing.B) {

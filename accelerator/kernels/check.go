@@ -42,6 +42,22 @@ func (c *checker) size(name string, v int64, least int) int {
 	return int(v)
 }
 
+// flag returns the flag argument name = v, which must be 0 or 1.
+func (c *checker) flag(name string, v int64) bool {
+	if c.err == nil && v != 0 && v != 1 {
+		c.fail("%s = %d, want 0 or 1", name, v)
+	}
+	return c.err == nil && v == 1
+}
+
+// fits fails unless the range of n = nName positions from start = startName
+// lies in [0, limit = limitName): start + n <= limit, all three sizes.
+func (c *checker) fits(startName string, start int, nName string, n int, limitName string, limit int) {
+	if c.err == nil && (start > limit || n > limit-start) {
+		c.fail("%s + %s = %d + %d exceeds %s = %d", startName, nName, start, n, limitName, limit)
+	}
+}
+
 // element is what a buffer can hold: the data types of the catalog.
 type element interface{ float32 | int32 }
 
@@ -82,6 +98,16 @@ func view[T element](c *checker, param string, buf []byte, expr string, dims ...
 func disjoint[O, I element](c *checker, outName string, out []O, inName string, in []I) {
 	if c.err == nil && overlap(out, in) {
 		c.fail("output %s overlaps input %s; the result would depend on thread scheduling", outName, inName)
+	}
+}
+
+// inPlace fails if output out overlaps input in other than exactly, as the
+// same elements. A kernel that computes out[i] from in[i] alone, reading it
+// before writing it, may run in place; a shifted overlap would read
+// elements it already wrote.
+func inPlace(c *checker, outName string, out []float32, inName string, in []float32) {
+	if c.err == nil && overlap(out, in) && (len(out) != len(in) || &out[0] != &in[0]) {
+		c.fail("output %s overlaps input %s without being the same elements; only exactly in place is allowed", outName, inName)
 	}
 }
 

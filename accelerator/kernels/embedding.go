@@ -207,3 +207,53 @@ func addBag(out, table []float32, indices, offsets []int32, dim, b, from, to, c0
 	}
 	return nil
 }
+
+var embedding = &Kernel{
+	serial: true,
+	Info: api.KernelInfo{
+		Name: "embedding",
+		Doc: "out[i] = table[ids[i]] for i < n: a gather of rows of dim floats from table (vocab x dim), as " +
+			"PyTorch's Embedding. ids is int32; every id is checked to lie in [0, vocab) before anything is " +
+			"written. out must not overlap ids or table.",
+		Params: []api.Param{
+			i64Param("n"), i64Param("vocab"), i64Param("dim"),
+			i32Param("ids", api.AccessRead, "n"),
+			bufParam("table", api.AccessRead, 4, "vocab", "dim"),
+			bufParam("out", api.AccessWrite, 4, "n", "dim"),
+		},
+	},
+	plan: planEmbedding,
+}
+
+func planEmbedding(args []Value, maxWork int) (*Plan, error) {
+	var c checker
+	n := c.size("n", args[0].I64, 0)
+	vocab := c.size("vocab", args[1].I64, 0)
+	dim := c.size("dim", args[2].I64, 0)
+	ids := view[int32](&c, "ids", args[3].Buf, "n", n)
+	table := view[float32](&c, "table", args[4].Buf, "vocab*dim", vocab, dim)
+	out := view[float32](&c, "out", args[5].Buf, "n*dim", n, dim)
+	disjoint(&c, "out", out, "ids", ids)
+	disjoint(&c, "out", out, "table", table)
+	if c.err != nil {
+		return nil, c.err
+	}
+	for i, id := range ids {
+		if id < 0 || int(id) >= vocab {
+			return nil, fmt.Errorf("ids[%d] = %d is outside [0, vocab = %d): %w", i, id, vocab, api.ErrInvalidArgument)
+		}
+	}
+	if len(out) == 0 {
+		return &Plan{}, nil
+	}
+	return runsPlan(n, dim, maxWork, func(i, lo, hi int) error {
+		// Checked again: a concurrent launch of the tenant may have
+		// rewritten ids since (as addBag).
+		id := int(ids[i])
+		if id < 0 || id >= vocab {
+			return fmt.Errorf("ids[%d] changed during the launch to %d, outside [0, vocab = %d): %w", i, id, vocab, api.ErrInvalidArgument)
+		}
+		copy(out[i*dim+lo:i*dim+hi], table[id*dim+lo:id*dim+hi])
+		return nil
+	}), nil
+}

@@ -19,17 +19,24 @@
 //   - A kernel touches only the prefix of each buffer that its size
 //     arguments imply; the rest of the allocation is neither read nor written.
 //   - Data is little-endian float32 (int32 for indices), 4-byte aligned, as
-//     on a GPU. Byte slices become typed views only in view_unsafe.go, the
-//     package's only unsafe code, and only after length and alignment checks.
+//     on a GPU; every buffer parameter says which (api.Param.DType). Byte
+//     slices become typed views only in view_unsafe.go, the package's only
+//     unsafe code, and only after length and alignment checks.
 //   - Results are deterministic and independent of GOMAXPROCS and of the
 //     platform: each kernel's Doc states its summation order and rounding,
-//     with no fused multiply-add, so tenants can check results against a
-//     reference bit for bit.
-//   - Kernels that split work across goroutines (sgemm, embedding_bag_sum)
+//     with no fused multiply-add, and the exponential and erf the kernels
+//     take are computed the same way everywhere (fmath.go), so tenants can
+//     check results against a reference bit for bit.
+//   - Kernels that split work across goroutines (Kernel.Parallel: sgemm,
+//     matmul, embedding_bag_sum, softmax, layer_norm, rms_norm, attention)
 //     reject outputs that overlap their inputs, since the result would then
-//     depend on scheduling. A panic in a worker goroutine becomes an error
-//     wrapping api.ErrInternal rather than taking down the node, which serves
-//     every tenant.
+//     depend on scheduling; so do the serial kernels that would read an
+//     element after writing it (the layout kernels, embedding, argmax).
+//     Elementwise kernels (add, mul, relu, gelu, silu) may run exactly in
+//     place, out the same elements as an input, and reject any other
+//     overlap. A panic in a worker goroutine becomes an error wrapping
+//     api.ErrInternal rather than taking down the node, which serves every
+//     tenant.
 //   - The catalog is built once at package initialisation and never changes;
 //     a *Kernel is shared and safe for concurrent use.
 //
@@ -76,7 +83,12 @@ type Kernel struct {
 func (k *Kernel) Parallel() bool { return !k.serial }
 
 // all lists the catalog; catalog and sorted are indexes over it.
-var all = []*Kernel{embeddingBagSum, fillF32, reduceSumF32, saxpy, sgemm}
+var all = []*Kernel{
+	embeddingBagSum, fillF32, reduceSumF32, saxpy, sgemm,
+	// For models (docs/graphs.md).
+	matmul, add, mul, relu, gelu, silu, softmax, layerNorm, rmsNorm, embedding,
+	permute, slice, concat, kvAppend, attention, argmax,
+}
 
 var catalog = func() map[string]*Kernel {
 	m := make(map[string]*Kernel, len(all))

@@ -101,7 +101,9 @@ func TestCatalog(t *testing.T) {
 	for _, info := range infos {
 		names = append(names, info.Name)
 	}
-	want := []string{"embedding_bag_sum", "fill_f32", "reduce_sum_f32", "saxpy", "sgemm"}
+	want := []string{"add", "argmax", "attention", "concat", "embedding", "embedding_bag_sum", "fill_f32", "gelu",
+		"kv_append", "layer_norm", "matmul", "mul", "permute", "reduce_sum_f32", "relu", "rms_norm", "saxpy", "sgemm",
+		"silu", "slice", "softmax"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("Catalog names = %v, want %v", names, want)
 	}
@@ -206,7 +208,7 @@ func badCases() []badCase {
 	const huge = 1 << 62
 	sg, eb := sgemmArgs(), embeddingArgs()
 	shared := f32Bytes(make([]float32, 16)...)
-	return []badCase{
+	return append([]badCase{
 		{"wrong count", "fill_f32", []Value{f32sArg(0), i64Arg(1)}, "fill_f32 takes 3 arguments (x, n, value), got 2"},
 		{"wrong kind", "fill_f32", []Value{f32sArg(0), f32Arg(1), f32Arg(1)}, "fill_f32: argument 1 (n) is f32, want i64"},
 
@@ -269,7 +271,7 @@ func badCases() []badCase {
 		{"embedding out is table", "embedding_bag_sum", with(with(eb, 0, bufArg(shared)), 7, bufArg(shared)), "output out overlaps input table"},
 		{"embedding out over indices", "embedding_bag_sum", with(with(eb, 3, bufArg(shared[8:32])), 7, bufArg(shared[:36])), "output out overlaps input indices"},
 		{"embedding out over offsets", "embedding_bag_sum", with(with(eb, 5, bufArg(shared[32:44])), 7, bufArg(shared[:36])), "output out overlaps input offsets"},
-	}
+	}, modelBadCases()...)
 }
 
 // TestBadInputs checks that each bad launch fails with ErrInvalidArgument, a
@@ -352,11 +354,14 @@ func wantDType(kernel, param string) api.DType {
 	return api.DTypeF32
 }
 
-// The vector kernels run a slice on one goroutine, so a node must not size
-// their slices for all its workers; sgemm and embedding_bag_sum spread a
-// slice over them.
+// The vector, elementwise and layout kernels run a slice on one goroutine,
+// so a node must not size their slices for all its workers; sgemm, matmul,
+// embedding_bag_sum and the row kernels of models spread a slice over them.
 func TestKernelParallel(t *testing.T) {
-	want := map[string]bool{"fill_f32": false, "saxpy": false, "reduce_sum_f32": false, "sgemm": true, "embedding_bag_sum": true}
+	want := map[string]bool{"fill_f32": false, "saxpy": false, "reduce_sum_f32": false, "sgemm": true, "embedding_bag_sum": true,
+		"matmul": true, "softmax": true, "layer_norm": true, "rms_norm": true, "attention": true,
+		"add": false, "mul": false, "relu": false, "gelu": false, "silu": false, "embedding": false,
+		"permute": false, "slice": false, "concat": false, "kv_append": false, "argmax": false}
 	for _, k := range all {
 		if w, ok := want[k.Info.Name]; !ok || k.Parallel() != w {
 			t.Errorf("%s: Parallel() = %v, want %v (known: %v)", k.Info.Name, k.Parallel(), w, ok)

@@ -20,9 +20,11 @@ import (
 //     carries its accumulator from slice to slice in index order.
 //   - A slice does about maxWork element operations or less, except that a
 //     slice holds at least the smallest piece a kernel cuts its work into,
-//     which may cost more: an element of the vector kernels, 4 products for
-//     each of up to 64 columns of a row of sgemm, one column of one index
-//     of embedding_bag_sum.
+//     which may cost more: an element of the vector, elementwise and layout
+//     kernels, of embedding and argmax; 4 products for each of up to 64
+//     columns of a row of sgemm and matmul; one column of one index of
+//     embedding_bag_sum; a row of softmax, layer_norm and rms_norm; a
+//     (head, query) row of attention.
 //
 // A Plan is used by one goroutine at a time (it may change goroutines
 // between slices); its slices may use several goroutines inside.
@@ -83,6 +85,11 @@ func (k *Kernel) Plan(args []Value, maxWork int) (*Plan, error) {
 // multiply-adds of sgemm, so slices of either take similar time.
 const vectorCost = 4
 
+// expCost is what an element that takes an exponential (or erf) in float64
+// counts as in work: measured on the sim backend, about 30 multiply-adds of
+// sgemm.
+const expCost = 32
+
 // evenPlan cuts items of cost each into slices of at most maxWork (at least
 // one item each) and runs fn over each slice's range.
 func evenPlan(items, cost, maxWork int, fn func(lo, hi, workers int) error) *Plan {
@@ -95,6 +102,34 @@ func evenPlan(items, cost, maxWork int, fn func(lo, hi, workers int) error) *Pla
 		lo := i * per
 		return fn(lo, lo+min(per, items-lo), workers)
 	}}
+}
+
+// rowPlan cuts rows of cost each into slices of at most maxWork (at least one
+// row each) and spreads each slice's rows over the workers; fn computes rows
+// [lo, hi), which must not depend on other rows' results.
+func rowPlan(rows, cost, maxWork int, fn func(lo, hi int) error) *Plan {
+	return evenPlan(rows, cost, maxWork, func(lo, hi, workers int) error {
+		return parallelForN(workers, hi-lo, cost, func(l, h int) error { return fn(lo+l, lo+h) })
+	})
+}
+
+// runsPlan plans a memory-bound kernel that produces runs runs of run
+// elements each, in slices of about maxWork/vectorCost elements that may cut
+// a run: fn(r, lo, hi) produces elements [lo, hi) of run r. The calls come in
+// order, on one goroutine, so fn may carry state from one to the next.
+// runs*run must not overflow.
+func runsPlan(runs, run, maxWork int, fn func(r, lo, hi int) error) *Plan {
+	return evenPlan(runs*run, vectorCost, maxWork, func(lo, hi, _ int) error {
+		for e := lo; e < hi; {
+			r, off := e/run, e%run
+			end := min(run, off+hi-e)
+			if err := fn(r, off, end); err != nil {
+				return err
+			}
+			e += end - off
+		}
+		return nil
+	})
 }
 
 // whole is a plan of one slice that runs fn.

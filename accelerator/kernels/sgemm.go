@@ -37,30 +37,43 @@ func planSgemm(args []Value, maxWork int) (*Plan, error) {
 		return &Plan{}, nil
 	}
 	alpha, beta := args[3].F32, args[6].F32
-	// Elements of C are independent, and each sums its products in p
-	// order, so any split of rows or columns, into slices and within a
-	// slice across goroutines, and any split of p into chunks run in
-	// order, gives the same bits.
+	return planGemm(m, n, k, maxWork, func(i, j0, j1, p0, p1 int, first bool) {
+		sgemmPart(cm[i*n+j0:i*n+j1], a[i*k+p0:i*k+p1], b, n, j0, p0, alpha, beta, first)
+	}), nil
+}
+
+// gemmPart computes columns [j0, j1) of row i of a matrix product from the
+// products of p in [p0, p1): it adds them, in p order, to what those
+// elements hold, or to zero (sgemm: to beta·C) when first. Calls for
+// distinct elements may run concurrently.
+type gemmPart func(i, j0, j1, p0, p1 int, first bool)
+
+// planGemm plans a matrix product of rows rows of n elements, each a sum of
+// k products, computed by part.
+//
+// Elements are independent, and each sums its products in p order, so any
+// split of rows or columns, into slices and within a slice across
+// goroutines, and any split of p into chunks run in order, gives the same
+// bits.
+func planGemm(rows, n, k, maxWork int, part gemmPart) *Plan {
 	cost := satMul(n, k+1)
 	if cost <= maxWork {
-		return evenPlan(m, cost, maxWork, func(lo, hi, workers int) error {
-			return parallelForN(workers, hi-lo, cost, func(l, h int) error {
-				for i := lo + l; i < lo+h; i++ {
-					sgemmPart(cm[i*n:i*n+n], a[i*k:i*k+k], b, n, 0, 0, k, alpha, beta, true)
-				}
-				return nil
-			})
-		}), nil
+		return rowPlan(rows, cost, maxWork, func(lo, hi int) error {
+			for i := lo; i < hi; i++ {
+				part(i, 0, n, 0, k, true)
+			}
+			return nil
+		})
 	}
-	// A row costs more than a slice may, so that a wide or deep B would
-	// make one slice hold the device: cut each row into blocks of columns,
-	// and each block's sum into chunks of p, the chunks of a block in
-	// order. A chunk reads whole runs of B's rows, as the rows do.
+	// A row costs more than a slice may, so that a wide or deep operand
+	// would make one slice hold the device: cut each row into blocks of
+	// columns, and each block's sum into chunks of p, the chunks of a block
+	// in order.
 	width := min(n, max(64, maxWork/4))
 	blocks := (n + width - 1) / width
 	depth := max(4, maxWork/width)
 	chunks := max(1, (k+depth-1)/depth)
-	items := satMul(satMul(m, blocks), chunks)
+	items := satMul(satMul(rows, blocks), chunks)
 	return evenPlan(items, satMul(width, depth), maxWork, func(lo, hi, workers int) error {
 		for item := lo; item < hi; item++ {
 			chunk, rest := item%chunks, item/chunks
@@ -68,7 +81,7 @@ func planSgemm(args []Value, maxWork int) (*Plan, error) {
 			j1, p0 := min(j0+width, n), chunk*depth
 			p1 := min(p0+depth, k)
 			err := parallelForN(workers, j1-j0, p1-p0+1, func(l, h int) error {
-				sgemmPart(cm[i*n+j0+l:i*n+j0+h], a[i*k:i*k+k], b, n, j0+l, p0, p1, alpha, beta, chunk == 0)
+				part(i, j0+l, j0+h, p0, p1, chunk == 0)
 				return nil
 			})
 			if err != nil {
@@ -76,11 +89,12 @@ func planSgemm(args []Value, maxWork int) (*Plan, error) {
 			}
 		}
 		return nil
-	}), nil
+	})
 }
 
-// sgemmPart adds alpha·A[i][p]·B[p][j] for p in [p0, p1) to c, which is
-// C[i][j0 : j0+len(c)], given ai = A[i]; first, it scales c by beta.
+// sgemmPart adds alpha·A[i][p]·B[p][j] for p in [p0, p0+len(ai)) to c,
+// which is C[i][j0 : j0+len(c)], given ai = A[i][p0 : p0+len(ai)]; first,
+// it scales c by beta.
 //
 // The loops run k-j: the inner one walks a row of B and of C contiguously,
 // so it streams through cache. p is unrolled by four and the four updates
@@ -89,7 +103,7 @@ func planSgemm(args []Value, maxWork int) (*Plan, error) {
 // keeping the order of the sum per element (p ascending) that Doc
 // promises: each sum is rounded in turn either way, so chunks of p give
 // the bits of one pass.
-func sgemmPart(ci, ai, b []float32, n, j0, p0, p1 int, alpha, beta float32, first bool) {
+func sgemmPart(ci, ai, b []float32, n, j0, p0 int, alpha, beta float32, first bool) {
 	if first {
 		switch beta {
 		case 0:
@@ -105,9 +119,10 @@ func sgemmPart(ci, ai, b []float32, n, j0, p0, p1 int, alpha, beta float32, firs
 		return
 	}
 	j1 := j0 + len(ci)
-	p := p0
-	for ; p+4 <= p1; p += 4 {
-		t0, t1, t2, t3 := alpha*ai[p], alpha*ai[p+1], alpha*ai[p+2], alpha*ai[p+3]
+	q := 0
+	for ; q+4 <= len(ai); q += 4 {
+		p := p0 + q
+		t0, t1, t2, t3 := alpha*ai[q], alpha*ai[q+1], alpha*ai[q+2], alpha*ai[q+3]
 		// Reslicing to len(ci) lets the compiler drop bounds checks below.
 		b0 := b[p*n+j0 : p*n+j1][:len(ci)]
 		b1 := b[(p+1)*n+j0 : (p+1)*n+j1][:len(ci)]
@@ -123,8 +138,9 @@ func sgemmPart(ci, ai, b []float32, n, j0, p0, p1 int, alpha, beta float32, firs
 			ci[j] = s
 		}
 	}
-	for ; p < p1; p++ {
-		t := alpha * ai[p]
+	for ; q < len(ai); q++ {
+		p := p0 + q
+		t := alpha * ai[q]
 		bp := b[p*n+j0 : p*n+j1][:len(ci)]
 		for j, bv := range bp {
 			ci[j] += float32(t * bv)
