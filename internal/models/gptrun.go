@@ -151,7 +151,7 @@ func Generate(r *GPTRunner, ref *GPTReference, prompt []int32, n int, tol float6
 		if err != nil {
 			return g, err
 		}
-		next, diff, err := checkStep(st, want, r.opt.Out, tol)
+		next, diff, err := CheckStep(st, want, r.opt.Out, tol)
 		g.MaxDiff = max(g.MaxDiff, diff)
 		if err != nil {
 			return g, fmt.Errorf("pass %d at position %d: %w", g.Passes, pos, err)
@@ -164,10 +164,11 @@ func Generate(r *GPTRunner, ref *GPTReference, prompt []int32, n int, tol float6
 	return g, nil
 }
 
-// checkStep checks a pass's result against the reference's logits and
-// returns the token it chose (the device's own argmax when it returns
-// one) and the largest difference of a logit.
-func checkStep(st Step, want []float64, out Outputs, tol float64) (int32, float64, error) {
+// CheckStep checks a pass's result, of a runner of Outputs out, against
+// the reference's logits as Generate does, and returns the token it chose
+// (by the device's argmax, or by its logits' when it returns no token) and
+// the largest difference of a logit.
+func CheckStep(st Step, want []float64, out Outputs, tol float64) (int32, float64, error) {
 	var diff float64
 	if out&OutLogits != 0 {
 		if len(st.Logits) != len(want) {
