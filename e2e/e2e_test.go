@@ -228,8 +228,8 @@ func TestDemoChecksEveryResult(t *testing.T) {
 	if err != nil {
 		t.Fatalf("vgpuctl demo: %v\n%s", err, out)
 	}
-	if n := strings.Count(out, "passed"); n != 3 {
-		t.Fatalf("want 3 passed checks, got %d:\n%s", n, out)
+	if n := strings.Count(out, "passed"); n != 4 {
+		t.Fatalf("want 4 passed checks, got %d:\n%s", n, out)
 	}
 	waitFor(t, "all memory released", func() bool { return idle(status(t, socket)) })
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/models"
 	"github.com/vgpu/vgpu/internal/workload"
 )
 
@@ -106,8 +107,12 @@ func kernelList(socket string, _ []string) error {
 	return nil
 }
 
+// demoPrompt and demoTokens size the demo's decoder run: a prompt
+// prefilled, then tokens generated greedily, every pass checked.
+const demoPrompt, demoTokens = 16, 32
+
 func demo(socket string, _ []string) error {
-	ws := workload.Demo()
+	ws := append(workload.Demo(), models.DecoderDemo(models.SmallGPT, demoPrompt, demoTokens))
 	results := make([]workload.Result, len(ws))
 	var wg sync.WaitGroup
 	for i, w := range ws {
