@@ -16,9 +16,12 @@ import (
 //	x += mlp(layer_norm(x)),  mlp(h) = gelu_tanh(h·W_fcᵀ + b_fc)·W_projᵀ + b_proj
 //
 // with causal self-attention over a KV cache, a final layer_norm, and an
-// LM head (the token embedding, tied, or a matrix of its own) applied to
-// the last position. Linear weights are stored as PyTorch stores them,
-// [out, in], so the graph multiplies by their transpose (matmul trans_b).
+// LM head (the token embedding, tied, or a matrix of its own, [vocab,
+// d_model] either way, so multiplied by its transpose: matmul trans_b)
+// applied to the last position. Linear weights are stored as GPT-2 stores
+// them (its Conv1D), [in, out]: matmul without transposes, whose kernel
+// streams rows of the weight, which a decode step's single row of
+// activations multiplies faster than it takes dot products of columns.
 
 // GPTConfig sizes a decoder; its weights are a function of it.
 type GPTConfig struct {
@@ -96,7 +99,7 @@ func NewGPT(cfg GPTConfig) (*GPT, error) {
 		m.weights = append(m.weights, Weight{Name: name, Shape: shape, Data: data})
 	}
 	linear := func(name string, out, in int) {
-		add(name+".w", uniform(rng, out*in, 1/math.Sqrt(float64(in))), int64(out), int64(in))
+		add(name+".w", uniform(rng, in*out, 1/math.Sqrt(float64(in))), int64(in), int64(out))
 		add(name+".b", uniform(rng, out, 0.1), int64(out))
 	}
 	norm := func(name string) {

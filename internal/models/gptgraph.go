@@ -128,11 +128,11 @@ func (g *gptGraph) add(name string, a, b client.Tensor, rows, cols, bRows int) c
 	return out
 }
 
-// linear is x·Wᵀ + b for x of rows × in and the weights name.w [out, in],
+// linear is x·W + b for x of rows × in and the weights name.w [in, out],
 // name.b [out].
 func (g *gptGraph) linear(name string, x client.Tensor, rows, in, out int) client.Tensor {
 	y := g.act(name+".mm", rows, out)
-	g.op("matmul", client.Int(1), client.Int(rows), client.Int(out), client.Int(in), client.Int(0), client.Int(1), client.Int(1),
+	g.op("matmul", client.Int(1), client.Int(rows), client.Int(out), client.Int(in), client.Int(0), client.Int(0), client.Int(1),
 		x, g.weight(name+".w"), y)
 	return g.add(name, y, g.weight(name+".b"), rows, out, 1)
 }

@@ -49,7 +49,7 @@ func (r *GPTReference) Forward(tokens []int32) ([]float64, error) {
 	}
 	r.pos += len(tokens)
 	x = layerNorm(x, r.m.w("ln_f.g"), r.m.w("ln_f.b"))
-	return matVec(r.m.w(r.m.headName()), x, nil), nil
+	return matVec(r.m.w(r.m.headName()), x), nil
 }
 
 // token runs one token at position p through every block, attending to
@@ -64,7 +64,7 @@ func (r *GPTReference) token(tok int32, p int) []float64 {
 	}
 	for l := range cfg.Layers {
 		pre := fmt.Sprintf("h.%d.", l)
-		qkv := matVec(r.m.w(pre+"attn.qkv.w"), layerNorm(x, r.m.w(pre+"ln_1.g"), r.m.w(pre+"ln_1.b")), r.m.w(pre+"attn.qkv.b"))
+		qkv := linear(layerNorm(x, r.m.w(pre+"ln_1.g"), r.m.w(pre+"ln_1.b")), r.m.w(pre+"attn.qkv.w"), r.m.w(pre+"attn.qkv.b"))
 		att := make([]float64, dm)
 		for h := range cfg.Heads {
 			q := qkv[h*hd : (h+1)*hd]
@@ -89,15 +89,15 @@ func (r *GPTReference) token(tok int32, p int) []float64 {
 				}
 			}
 		}
-		proj := matVec(r.m.w(pre+"attn.proj.w"), att, r.m.w(pre+"attn.proj.b"))
+		proj := linear(att, r.m.w(pre+"attn.proj.w"), r.m.w(pre+"attn.proj.b"))
 		for i := range x {
 			x[i] += proj[i]
 		}
-		fc := matVec(r.m.w(pre+"mlp.fc.w"), layerNorm(x, r.m.w(pre+"ln_2.g"), r.m.w(pre+"ln_2.b")), r.m.w(pre+"mlp.fc.b"))
+		fc := linear(layerNorm(x, r.m.w(pre+"ln_2.g"), r.m.w(pre+"ln_2.b")), r.m.w(pre+"mlp.fc.w"), r.m.w(pre+"mlp.fc.b"))
 		for i, u := range fc {
 			fc[i] = 0.5 * u * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(u+0.044715*u*u*u)))
 		}
-		mlp := matVec(r.m.w(pre+"mlp.proj.w"), fc, r.m.w(pre+"mlp.proj.b"))
+		mlp := linear(fc, r.m.w(pre+"mlp.proj.w"), r.m.w(pre+"mlp.proj.b"))
 		for i := range x {
 			x[i] += mlp[i]
 		}
@@ -105,17 +105,27 @@ func (r *GPTReference) token(tok int32, p int) []float64 {
 	return x
 }
 
-// matVec is w·x + b for w of len(w)/len(x) rows of len(x); b may be nil.
-func matVec(w []float32, x []float64, b []float32) []float64 {
+// linear is x·w + b for w of len(x) rows of len(b) (GPT-2's Conv1D).
+func linear(x []float64, w, b []float32) []float64 {
+	out := make([]float64, len(b))
+	for j := range out {
+		s := float64(b[j])
+		for i, xv := range x {
+			s += xv * float64(w[i*len(out)+j])
+		}
+		out[j] = s
+	}
+	return out
+}
+
+// matVec is w·x for w of len(w)/len(x) rows of len(x).
+func matVec(w []float32, x []float64) []float64 {
 	out := make([]float64, len(w)/len(x))
 	for i := range out {
 		row := w[i*len(x) : (i+1)*len(x)]
 		var s float64
 		for j, xv := range x {
 			s += float64(row[j]) * xv
-		}
-		if b != nil {
-			s += float64(b[i])
 		}
 		out[i] = s
 	}

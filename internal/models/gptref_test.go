@@ -71,7 +71,7 @@ func TestGPTWeightsAreAFunctionOfTheConfig(t *testing.T) {
 	}
 }
 
-func TestLayerNormAndGELUValues(t *testing.T) {
+func TestLayerNormAndProducts(t *testing.T) {
 	got := layerNorm([]float64{1, 2, 3}, []float32{1, 2, 1}, []float32{0, 0, 0.5})
 	s := 1 / math.Sqrt(2.0/3+layerNormEps)
 	for i, want := range []float64{-s, 0, s + 0.5} {
@@ -79,8 +79,12 @@ func TestLayerNormAndGELUValues(t *testing.T) {
 			t.Errorf("layerNorm[%d] = %v, want %v", i, got[i], want)
 		}
 	}
-	if got := matVec([]float32{1, 2, 3, 4, 5, 6}, []float64{1, -1}, []float32{10, 20, 30}); !slices.Equal(got, []float64{9, 19, 29}) {
+	if got := matVec([]float32{1, 2, 3, 4, 5, 6}, []float64{1, -1}); !slices.Equal(got, []float64{-1, -1, -1}) {
 		t.Errorf("matVec = %v", got)
+	}
+	// [1 -1] · [[1 2 3] [4 5 6]] + [10 20 30]
+	if got := linear([]float64{1, -1}, []float32{1, 2, 3, 4, 5, 6}, []float32{10, 20, 30}); !slices.Equal(got, []float64{7, 17, 27}) {
+		t.Errorf("linear = %v", got)
 	}
 }
 
@@ -101,7 +105,7 @@ func wholeSequence(m *GPT, tokens []int32) []float64 {
 		pre := fmt.Sprintf("h.%d.", l)
 		qkv := make([][]float64, n)
 		for p := range x {
-			qkv[p] = matVec(m.w(pre+"attn.qkv.w"), layerNorm(x[p], m.w(pre+"ln_1.g"), m.w(pre+"ln_1.b")), m.w(pre+"attn.qkv.b"))
+			qkv[p] = linear(layerNorm(x[p], m.w(pre+"ln_1.g"), m.w(pre+"ln_1.b")), m.w(pre+"attn.qkv.w"), m.w(pre+"attn.qkv.b"))
 		}
 		for p := range x {
 			att := make([]float64, dm)
@@ -118,23 +122,23 @@ func wholeSequence(m *GPT, tokens []int32) []float64 {
 					}
 				}
 			}
-			proj := matVec(m.w(pre+"attn.proj.w"), att, m.w(pre+"attn.proj.b"))
+			proj := linear(att, m.w(pre+"attn.proj.w"), m.w(pre+"attn.proj.b"))
 			for i := range dm {
 				x[p][i] += proj[i]
 			}
 		}
 		for p := range x {
-			h := matVec(m.w(pre+"mlp.fc.w"), layerNorm(x[p], m.w(pre+"ln_2.g"), m.w(pre+"ln_2.b")), m.w(pre+"mlp.fc.b"))
+			h := linear(layerNorm(x[p], m.w(pre+"ln_2.g"), m.w(pre+"ln_2.b")), m.w(pre+"mlp.fc.w"), m.w(pre+"mlp.fc.b"))
 			for i, u := range h {
 				h[i] = u * 0.5 * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(u+0.044715*math.Pow(u, 3))))
 			}
-			out := matVec(m.w(pre+"mlp.proj.w"), h, m.w(pre+"mlp.proj.b"))
+			out := linear(h, m.w(pre+"mlp.proj.w"), m.w(pre+"mlp.proj.b"))
 			for i := range dm {
 				x[p][i] += out[i]
 			}
 		}
 	}
-	return matVec(m.w(m.headName()), layerNorm(x[n-1], m.w("ln_f.g"), m.w("ln_f.b")), nil)
+	return matVec(m.w(m.headName()), layerNorm(x[n-1], m.w("ln_f.g"), m.w("ln_f.b")))
 }
 
 // The cached reference, fed a sequence in any split into passes, gives
