@@ -17,8 +17,10 @@ const benchUsage = `usage: vgpuctl bench [flags]
 Measures the data path and its baselines side by side, in one run: host↔device
 copies per size against memcpy and a raw TCP stream, a small synchronous
 operation against a raw ping-pong, tiny kernel launches per second, DLRM-style
-inference for several tenants without and with residency hints, and TLS on the
-node link. Prints markdown tables (or --json); --out also writes
+inference for several tenants without and with residency hints, a GPT-style
+decoder as registered graphs against op-by-op launches (and decoding beside
+another tenant's prefills, and several tenants loading one model), and TLS on
+the node link. Prints markdown tables (or --json); --out also writes
 ` + bench.JSONFile + `, ` + bench.MarkdownFile + ` and ` + bench.SVGFile + ` there.
 
 flags:
@@ -38,6 +40,10 @@ func benchCmd(socket string, args []string) error {
 	tenants := fs.String("tenants", "1,2,4,8", `DLRM tenant counts, comma-separated ("0": skip DLRM)`)
 	table := fs.String("dlrm-table", "64MiB", "DLRM embedding table size (at most --max-size)")
 	steps := fs.Int("dlrm-steps", 32, "DLRM inference steps per tenant")
+	decodeSteps := fs.Int("decode-steps", 64, `decoder: decode steps timed per way and round ("0": skip the decoder)`)
+	decodeRounds := fs.Int("decode-rounds", 5, "decoder: rounds of graph against op by op")
+	floodSteps := fs.Int("flood-steps", 400, "decoder: decode steps timed alone, and again beside a prefill flood")
+	loadTenants := fs.Int("load-tenants", 8, "decoder: tenants loading one model")
 	nodeLink := fs.String("node-link", "", `bytes of the TLS-against-plain node link comparison (default min(--size, 64MiB); "0": skip)`)
 	command := fs.String("command", "", "how this run was started, for the reports (default: this vgpuctl command line)")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
@@ -75,6 +81,14 @@ func benchCmd(socket string, args []string) error {
 	}
 	opt.DLRM.TableBytes = min(opt.DLRM.TableBytes, opt.MaxBytes)
 	opt.DLRM.Steps = *steps
+	opt.Decoder = bench.DecoderOptions{Steps: *decodeSteps, Rounds: *decodeRounds, FloodSteps: *floodSteps, LoadTenants: *loadTenants}
+	switch {
+	case *decodeSteps == 0:
+		opt.Decoder.Steps = -1
+	case *decodeSteps < 0 || *decodeRounds < 1 || *floodSteps < 1 || *loadTenants < 1:
+		return fmt.Errorf("--decode-steps %d, --decode-rounds %d, --flood-steps %d, --load-tenants %d: want positive counts: %w",
+			*decodeSteps, *decodeRounds, *floodSteps, *loadTenants, api.ErrInvalidArgument)
+	}
 	if *nodeLink != "" {
 		n, err := api.ParseSize(*nodeLink)
 		if err != nil {

@@ -36,6 +36,9 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"--tenants", "a"},
 		{"--dlrm-table", "-1"},
 		{"--node-link", "x"},
+		{"--decode-steps", "-1"},
+		{"--decode-rounds", "0"},
+		{"--load-tenants", "0"},
 	} {
 		if err := benchCmd("/nonexistent/socket", args); !errors.Is(err, api.ErrInvalidArgument) {
 			t.Errorf("bench %v: err %v, want invalid argument", args, err)

@@ -19,6 +19,9 @@
 //     checked against a pure-Go reference, without and with residency
 //     hints, counting the bytes the mediator moved to and from nodes
 //     (dlrm.go);
+//   - a GPT-style decoder driven as registered graphs and op by op, a
+//     decode beside another tenant's prefills with phases and without, and
+//     tenants loading one model (decoder.go);
 //   - the cost of TLS on the mediator↔node link, apart from the mediator
 //     under test (NodeLink): the same in-process node written to over plain
 //     TCP and over mutual TLS, alternately.
@@ -81,6 +84,10 @@ type Report struct {
 	// NodeLink compares plain TCP and mutual TLS to a node (in process,
 	// not the mediator's nodes); nil when skipped.
 	*NodeLinkReport
+	// The GPT-style decoder as registered graphs and op by op, beside a
+	// prefill flood, and loaded by several tenants (decoder.go); nil when
+	// skipped.
+	*DecoderReport
 }
 
 // Options size a run; zero values take the defaults.
@@ -104,6 +111,8 @@ type Options struct {
 	// NodeLinkBytes sizes the TLS-against-plain comparison to an in-process
 	// node; default min(BulkBytes, 64 MiB); negative: skip it.
 	NodeLinkBytes int
+	// Decoder sizes the decoder part; Decoder.Steps negative skips it.
+	Decoder DecoderOptions
 	// Progress, if set, hears what is being measured as the run goes.
 	Progress func(string)
 }
@@ -135,6 +144,7 @@ func (o *Options) defaults() {
 		o.Tenants = []int{1, 2, 4, 8}
 	}
 	o.DLRM.Defaults(o.MaxBytes)
+	o.Decoder.defaults()
 	if o.NodeLinkBytes == 0 {
 		o.NodeLinkBytes = min(o.BulkBytes, 64<<20)
 	}
@@ -148,6 +158,11 @@ func Run(opt Options) (*Report, error) {
 	opt.defaults()
 	if i := slices.IndexFunc(opt.Tenants, func(n int) bool { return n <= 0 }); i >= 0 {
 		return nil, fmt.Errorf("DLRM with %d tenants: want at least 1: %w", opt.Tenants[i], api.ErrInvalidArgument)
+	}
+	if opt.Decoder.Steps >= 0 {
+		if err := opt.Decoder.check(); err != nil {
+			return nil, err
+		}
 	}
 	r := &Report{
 		Command: opt.Command, Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(),
@@ -165,6 +180,11 @@ func Run(opt Options) (*Report, error) {
 		r.HintBytesRatio = r.DLRM[len(r.DLRM)-1].BytesRatio
 	}
 
+	if opt.Decoder.Steps >= 0 {
+		if r.DecoderReport, err = decoder(opt.Socket, opt.Decoder, opt.Progress); err != nil {
+			return nil, err
+		}
+	}
 	if opt.NodeLinkBytes > 0 {
 		opt.Progress("mediator→node writes, TLS against plain TCP")
 		if r.NodeLinkReport, err = NodeLink(opt.NodeLinkBytes, opt.Rounds); err != nil {

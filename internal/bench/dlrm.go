@@ -133,7 +133,7 @@ func stats(ts []*dlrmTenant) (net, dedup uint64, err error) {
 }
 
 // eachTenant runs f for every tenant at once and joins their errors.
-func eachTenant(ts []*dlrmTenant, f func(i int, t *dlrmTenant) error) error {
+func eachTenant[T any](ts []T, f func(i int, t T) error) error {
 	errs := make([]error, len(ts))
 	var wg sync.WaitGroup
 	for i, t := range ts {
@@ -168,15 +168,24 @@ func dialDLRM(socket string, i int) (*dlrmTenant, error) {
 	return &dlrmTenant{c: c, s: c.Stream()}, nil
 }
 
-// closeAll ends the sessions of ts and waits until the mediator has torn
-// them down, their device memory freed.
-func closeAll(socket string, ts []*dlrmTenant) error {
-	var ids []uint64
+// sessions are the sessions of ts, those dialled.
+func sessions(ts []*dlrmTenant) []*client.Client {
+	var cs []*client.Client
 	for _, t := range ts {
 		if t != nil {
-			ids = append(ids, t.c.Session())
-			t.c.Close()
+			cs = append(cs, t.c)
 		}
+	}
+	return cs
+}
+
+// closeAll ends the sessions cs and waits until the mediator has torn
+// them down, their device memory freed.
+func closeAll(socket string, cs []*client.Client) error {
+	var ids []uint64
+	for _, c := range cs {
+		ids = append(ids, c.Session())
+		c.Close()
 	}
 	op, err := client.DialOperator(socket)
 	if err != nil {
@@ -204,7 +213,7 @@ func reload(socket string, m *models.DLRM, hints bool) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer closeAll(socket, []*dlrmTenant{t})
+	defer closeAll(socket, []*client.Client{t.c})
 	if err := t.load(m, hints); err != nil {
 		return 0, fmt.Errorf("reloading the model: %w", err)
 	}
@@ -219,7 +228,7 @@ func reload(socket string, m *models.DLRM, hints bool) (uint64, error) {
 func serveDLRM(socket string, m *models.DLRM, n int, hints bool) (r DLRMRun, err error) {
 	r = DLRMRun{Tenants: n, Hints: hints}
 	ts := make([]*dlrmTenant, n)
-	defer func() { err = errors.Join(err, closeAll(socket, ts)) }()
+	defer func() { err = errors.Join(err, closeAll(socket, sessions(ts))) }()
 	for i := range ts {
 		if ts[i], err = dialDLRM(socket, i); err != nil {
 			return r, err

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/vgpu/vgpu/api"
 )
@@ -133,6 +134,10 @@ func (r *Report) WriteMarkdown(w io.Writer, chart string) error {
 		}
 	}
 
+	if d := r.DecoderReport; d != nil {
+		writeDecoder(&b, r.Command, d)
+	}
+
 	if nl := r.NodeLinkReport; nl != nil {
 		fmt.Fprintf(&b, "\n## Mutual TLS on the node link\n\n")
 		fmt.Fprintf(&b, "`%s`: an in-process sim node with a plain and a mutual-TLS listener; %s of pipelined node writes through each, "+
@@ -142,4 +147,49 @@ func (r *Report) WriteMarkdown(w io.Writer, chart string) error {
 	}
 	_, err := w.Write(b.Bytes())
 	return err
+}
+
+// writeDecoder writes the decoder part's tables.
+func writeDecoder(b *bytes.Buffer, command string, d *DecoderReport) {
+	m := d.Model
+	fmt.Fprintf(b, "\n## GPT-style decoder: registered graphs against op-by-op launches\n\n")
+	fmt.Fprintf(b, "`%s`: a decoder of %d layers, d_model %d, %d heads, vocabulary %d, context %d (internal/models), "+
+		"in two sessions: (a) registered prefill and decode graphs over sealed weights and KV caches; (b) the same kernels "+
+		"launched one by one on a stream, weights uploaded once without hints. Both prefill a prompt of %d tokens, then decode "+
+		"along the float64 reference's greedy path, every step's token checked; %d rounds of %d steps each, alternating "+
+		"which way goes first. Bytes are those on the tenant's socket and on the mediator's node links, both ways.\n\n",
+		command, m.Layers, m.DModel, m.Heads, m.Vocab, m.Context, d.Prompt, d.Rounds, d.Steps/max(1, d.Rounds))
+	fmt.Fprintf(b, "| per decode step | (a) graph | (b) op by op | **(a) / (b)** |\n|---|---:|---:|---:|\n")
+	spread := make([]string, len(d.StepRatios))
+	for i, x := range d.StepRatios {
+		spread[i] = fmt.Sprintf("%.2f", x)
+	}
+	fmt.Fprintf(b, "| time (median) | %.0f µs | %.0f µs | **%.2f** (rounds: %s) |\n", d.GraphStepUs, d.OpsStepUs, d.StepRatio, strings.Join(spread, ", "))
+	fmt.Fprintf(b, "| requests on the tenant's socket | %.2f | %.2f | – |\n", d.RoundTrips, d.OpsRoundTrips)
+	fmt.Fprintf(b, "| bytes, tenant's socket | %.0f | %.0f | – |\n", d.GraphTenantBytes, d.OpsTenantBytes)
+	fmt.Fprintf(b, "| bytes, node links | %.0f | %.0f | – |\n", d.GraphNodeBytes, d.OpsNodeBytes)
+	fmt.Fprintf(b, "| bytes, both | %.0f | %.0f | **%.3f** |\n", d.GraphTenantBytes+d.GraphNodeBytes, d.OpsTenantBytes+d.OpsNodeBytes, d.CommandBytesRatio)
+	fmt.Fprintf(b, "\nKV cache: a token appends %s to the caches; the graph's decode steps moved %.0f B on the node links per step "+
+		"in the first half of each round and %.0f B in the second (longer caches): **%.0f** cache bytes over the network per step.\n",
+		api.FormatSize(d.KVBytesPerToken), d.NodeBytesEarly, d.NodeBytesLate, d.KVBytesOverNetwork)
+
+	fmt.Fprintf(b, "\n### Decoding beside another tenant's prefills\n\n")
+	fmt.Fprintf(b, "One session decodes step by step (graph), in windows alone and windows in which another session runs prefills of "+
+		"the whole context back to back, alternating; its step time's p99 beside the flood over its p99 alone. Without phases, "+
+		"both sessions' graphs are registered with phase other.\n\n")
+	fmt.Fprintf(b, "| phases | steps | alone p50 / p99 | beside the flood p50 / p99 | prefills of the flood | **p99 ratio** |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, f := range d.Flood {
+		fmt.Fprintf(b, "| %v | %d | %.0f / %.0f µs | %.0f / %.0f µs | %d | **%.2f** |\n", f.Phases, f.Steps, f.AloneP50Us, f.AloneP99Us,
+			f.FloodP50Us, f.FloodP99Us, f.FloodPrefills, f.Ratio)
+	}
+
+	fmt.Fprintf(b, "\n### Tenants loading one model\n\n")
+	fmt.Fprintf(b, "Each tenant its own session; the first loads the model, then the others at once; bytes sent to the node meanwhile, "+
+		"against one copy of the weights. Every tenant then runs a checked pass.\n\n")
+	fmt.Fprintf(b, "| model | tenants | hints | weights (one copy) | sent to the node | not sent (dedup) | **sent / one copy** |\n|---|---:|---|---:|---:|---:|---:|\n")
+	for _, l := range d.Load {
+		fmt.Fprintf(b, "| %d layers × d_model %d, vocabulary %d | %d | %v | %s | %s | %s | **%.2f** |\n", l.Model.Layers, l.Model.DModel, l.Model.Vocab,
+			l.Tenants, l.Hints, api.FormatSize(l.WeightBytes), api.FormatSize(l.SentBytes), api.FormatSize(l.DedupBytes),
+			ratio(float64(l.SentBytes), float64(l.WeightBytes)))
+	}
 }

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/vgpu/vgpu/internal/models"
 )
 
 // sampleReport is a report as a run of two sizes and two tenant counts
@@ -33,6 +35,21 @@ func sampleReport() *Report {
 			{Tenants: 2, Hints: true, LoadBytes: 66 << 20, StepBytes: 2 << 20, DedupBytes: 64 << 20, LoadS: 0.1, Steps: 64, StepsPerS: 150, BytesRatio: 1.9, ReloadBytes: 1 << 20, ReloadRatio: 64},
 		},
 		NodeLinkReport: &NodeLinkReport{Bytes: 64 << 20, PlainMBps: 2000, TLSMBps: 900, Ratio: 0.45},
+		DecoderReport: &DecoderReport{
+			Model: models.SmallGPT, Prompt: 16, Rounds: 2, Steps: 128, GraphStepUs: 600, OpsStepUs: 1000, StepRatio: 0.6, StepRatios: []float64{0.55, 0.65},
+			RoundTrips: 1, OpsRoundTrips: 2, GraphTenantBytes: 56, GraphNodeBytes: 170, OpsTenantBytes: 4600, OpsNodeBytes: 6200, CommandBytesRatio: 0.021,
+			KVBytesPerToken: 2048, NodeBytesEarly: 170, NodeBytesLate: 170,
+			Flood: []FloodRun{
+				{Phases: true, Steps: 400, AloneP50Us: 600, AloneP99Us: 900, FloodP50Us: 650, FloodP99Us: 1200, Ratio: 1.33, FloodPrefills: 30},
+				{Steps: 400, AloneP50Us: 600, AloneP99Us: 900, FloodP50Us: 2000, FloodP99Us: 9000, Ratio: 10, FloodPrefills: 40},
+			},
+			FloodRatio: 1.33, FloodNoPhasesRatio: 10,
+			Load: []DecoderLoad{
+				{Model: LoadGPT, Tenants: 8, WeightBytes: 26 << 20, SentBytes: 208 << 20},
+				{Model: LoadGPT, Tenants: 8, Hints: true, WeightBytes: 26 << 20, SentBytes: 52 << 20, DedupBytes: 156 << 20},
+			},
+			LoadSentRatio: 2, LoadHintRatio: 4,
+		},
 	}
 	return r
 }
@@ -50,10 +67,16 @@ func TestJSONKeys(t *testing.T) {
 		"h2d_ratio", "d2h_ratio", "small_op_ratio", "node_tls_ratio", "hint_bytes_ratio",
 		"dlrm_1_tenants_bytes_ratio", "dlrm_2_tenants_bytes_ratio", "dlrm_1_tenants_reload_ratio", "dlrm_2_tenants_reload_ratio",
 		"launches_per_s", "memcpy_mb_per_s", "raw_tcp_mb_per_s", "raw_ping_pong_us", "bulk_bytes",
+		"decode_round_trips_per_step", "decode_step_graph_vs_ops_ratio", "decode_command_bytes_graph_vs_ops_ratio",
+		"decode_p99_under_prefill_flood_ratio", "decode_p99_under_prefill_flood_no_phases_ratio", "kv_cache_bytes_per_token",
+		"decoder_load_sent_over_weight_bytes_ratio", "decoder_load_bytes_without_over_with_hints_ratio",
 	} {
 		if v, ok := m[k].(float64); !ok || !(v > 0) {
 			t.Errorf("%s = %v, want a positive number", k, m[k])
 		}
+	}
+	if v, ok := m["kv_cache_bytes_over_network_per_step"]; v != 0.0 || !ok {
+		t.Errorf("kv_cache_bytes_over_network_per_step = %v", v)
 	}
 	if m["dlrm_2_tenants_bytes_ratio"] != 1.9 || m["command"] != "make bench" {
 		t.Errorf("dlrm_2_tenants_bytes_ratio %v, command %v", m["dlrm_2_tenants_bytes_ratio"], m["command"])
@@ -95,7 +118,7 @@ func TestJSONKeys(t *testing.T) {
 // syntax.
 func TestJSONWithoutOptionalParts(t *testing.T) {
 	r := sampleReport()
-	r.DLRM, r.NodeLinkReport, r.HintBytesRatio = nil, nil, 0
+	r.DLRM, r.NodeLinkReport, r.DecoderReport, r.HintBytesRatio = nil, nil, nil, 0
 	b, err := json.Marshal(r)
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +128,7 @@ func TestJSONWithoutOptionalParts(t *testing.T) {
 		t.Fatalf("%v\n%s", err, b)
 	}
 	for k := range m {
-		if strings.HasPrefix(k, "dlrm_") && k != "dlrm_model" || strings.HasPrefix(k, "node_") {
+		if strings.HasPrefix(k, "dlrm_") && k != "dlrm_model" || strings.HasPrefix(k, "node_") || strings.HasPrefix(k, "decode") || strings.HasPrefix(k, "kv_") {
 			t.Errorf("unexpected key %s", k)
 		}
 	}
@@ -127,6 +150,10 @@ func TestMarkdownTables(t *testing.T) {
 		"## Small operations", "| **1.30** |", "250000 /s",
 		"## DLRM-style inference", "| 2 | yes | 66.0 MiB | 2.0 MiB | 64.0 MiB | 0.10 s | 150.0 | **1.90** |",
 		"## Mutual TLS on the node link", "| 2000 MB/s | 900 MB/s | **0.45** |",
+		"## GPT-style decoder", "| time (median) | 600 µs | 1000 µs | **0.60** (rounds: 0.55, 0.65) |",
+		"| bytes, both | 226 | 10800 | **0.021** |", "**0** cache bytes over the network per step",
+		"| true | 400 | 600 / 900 µs | 650 / 1200 µs | 30 | **1.33** |",
+		"| 2 layers × d_model 512, vocabulary 1024 | 8 | true | 26.0 MiB | 52.0 MiB | 156.0 MiB | **2.00** |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)

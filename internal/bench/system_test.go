@@ -3,50 +3,21 @@ package bench
 import (
 	"encoding/json"
 	"errors"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/sirupsen/logrus"
-
-	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/internal/models"
-	"github.com/vgpu/vgpu/mediator"
+	"github.com/vgpu/vgpu/internal/systest"
 )
 
-// startSystem starts a sim node of devs devices of size bytes and a
-// mediator in front of it, in this process, and returns the mediator's
-// socket (the setup of mediator/harness_test.go, which is not exported).
-func startSystem(t *testing.T, devs int, size uint64) string {
-	t.Helper()
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	dir, err := os.MkdirTemp("", "vgpu-bench") // short: socket paths are limited to 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	node, addr, err := accelerator.StartSim("127.0.0.1:0", devs, size, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Close() })
-	m, err := mediator.New(mediator.Config{Nodes: []string{addr.String()}, ContainerDir: filepath.Join(dir, "c"), StateDir: dir, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	socket := filepath.Join(dir, "m.sock")
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go m.Serve(l)
-	t.Cleanup(func() { m.Close() })
-	return socket
+// tinyDecoder is the decoder part small enough for the race detector; its
+// load model's embedding fills a 2 MiB frame.
+var tinyDecoder = DecoderOptions{
+	Model: models.GPTConfig{Vocab: 64, DModel: 32, Heads: 2, Layers: 2, Context: 24, Seed: 5}, Prompt: 4, Steps: 8, Rounds: 2, FloodSteps: 8,
+	LoadModel: models.GPTConfig{Vocab: 4096, DModel: 128, Heads: 2, Layers: 1, Context: 8, TiedHead: true, Seed: 6}, LoadTenants: 3,
 }
 
 // tinyDLRM is a model small enough for the race detector.
@@ -55,11 +26,11 @@ var tinyDLRM = DLRMShape{TableBytes: 4 << 20, Dim: 16, Batch: 8, Pooling: 4, Hid
 // The whole suite at tiny sizes against a real node and mediator: every
 // figure is measured, every check passes, and the reports come out.
 func TestSuiteEndToEnd(t *testing.T) {
-	socket := startSystem(t, 2, 64<<20)
+	socket := systest.Start(t, 2, 64<<20)
 	var heard []string
 	r, err := Run(Options{
 		Socket: socket, Command: "go test", BulkBytes: 64 << 10, MaxBytes: 1 << 20, Rounds: 1, SmallOps: 20, Launches: 200,
-		Tenants: []int{1, 2}, DLRM: tinyDLRM, NodeLinkBytes: 2 << 20,
+		Tenants: []int{1, 2}, DLRM: tinyDLRM, NodeLinkBytes: 2 << 20, Decoder: tinyDecoder,
 		Progress: func(s string) { heard = append(heard, s) },
 	})
 	if err != nil {
@@ -123,7 +94,8 @@ func TestSuiteEndToEnd(t *testing.T) {
 	if err := json.Unmarshal(js, &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"h2d_ratio", "d2h_ratio", "small_op_ratio", "launches_per_s", "node_tls_ratio", "hint_bytes_ratio", "dlrm_2_tenants_bytes_ratio"} {
+	for _, k := range []string{"h2d_ratio", "d2h_ratio", "small_op_ratio", "launches_per_s", "node_tls_ratio", "hint_bytes_ratio", "dlrm_2_tenants_bytes_ratio",
+		"decode_round_trips_per_step", "decode_step_graph_vs_ops_ratio", "decode_command_bytes_graph_vs_ops_ratio", "decode_p99_under_prefill_flood_ratio"} {
 		if v, ok := m[k].(float64); !ok || !(v > 0) {
 			t.Errorf("%s = %v", k, m[k])
 		}
@@ -142,7 +114,7 @@ func TestSuiteEndToEnd(t *testing.T) {
 // A DLRM step whose output differs from the reference fails the run: the
 // check is real.
 func TestDLRMCheckCatchesWrongOutput(t *testing.T) {
-	socket := startSystem(t, 1, 32<<20)
+	socket := systest.Start(t, 1, 32<<20)
 	sh := tinyDLRM
 	sh.Defaults(1 << 30)
 	m := models.NewDLRM(sh, 1)
@@ -153,8 +125,49 @@ func TestDLRMCheckCatchesWrongOutput(t *testing.T) {
 	}
 }
 
-func TestRunRejectsBadTenantCount(t *testing.T) {
-	if _, err := Run(Options{Socket: "/nonexistent", Tenants: []int{2, 0}}); !errors.Is(err, api.ErrInvalidArgument) {
-		t.Fatalf("err %v", err)
+func TestRunRejectsBadOptionsFirst(t *testing.T) {
+	for _, o := range []Options{
+		{Tenants: []int{2, 0}},
+		{Decoder: DecoderOptions{Prompt: 200}},
+		{Decoder: DecoderOptions{Steps: 1}},
+		{Decoder: DecoderOptions{Prompt: 100, Steps: 29}},
+		{Decoder: DecoderOptions{FloodSteps: 3}},
+		{Decoder: DecoderOptions{LoadModel: models.GPTConfig{Vocab: 8, DModel: 6, Heads: 4, Layers: 1, Context: 8}}},
+	} {
+		o.Socket = "/nonexistent"
+		if _, err := Run(o); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("%+v: err %v", o.Decoder, err)
+		}
+	}
+}
+
+// The decoder part at tiny sizes: every figure measured, both ways
+// checked against the reference at every step, the graph's decode step
+// one request, and no KV cache bytes over the network.
+func TestDecoderPart(t *testing.T) {
+	socket := systest.Start(t, 1, 128<<20)
+	r, err := decoder(socket, tinyDecoder, func(string) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", *r)
+	if r.RoundTrips != 1 || !(r.OpsRoundTrips >= 2) {
+		t.Errorf("round trips per step: graph %v, op by op %v", r.RoundTrips, r.OpsRoundTrips)
+	}
+	if !(r.StepRatio > 0) || len(r.StepRatios) != 2 || !(r.CommandBytesRatio > 0 && r.CommandBytesRatio < 1) {
+		t.Errorf("ratios: step %v %v, bytes %v", r.StepRatio, r.StepRatios, r.CommandBytesRatio)
+	}
+	if r.KVBytesOverNetwork != 0 || !(r.GraphNodeBytes > 0) || r.GraphNodeBytes >= float64(r.KVBytesPerToken) {
+		t.Errorf("graph node bytes per step %v (early %v, late %v), KV per token %d: over the network %v",
+			r.GraphNodeBytes, r.NodeBytesEarly, r.NodeBytesLate, r.KVBytesPerToken, r.KVBytesOverNetwork)
+	}
+	if len(r.Flood) != 2 || !r.Flood[0].Phases || r.Flood[1].Phases || !(r.FloodRatio > 0 && r.FloodNoPhasesRatio > 0) || r.Flood[0].FloodPrefills == 0 {
+		t.Errorf("flood %+v", r.Flood)
+	}
+	// The load model's 2 MiB embedding is sent once with hints, by every
+	// tenant without.
+	without, with := r.Load[0], r.Load[1]
+	if without.SentBytes < 3*without.WeightBytes || with.DedupBytes < 2*(2<<20) || !(r.LoadHintRatio > 1.5) {
+		t.Errorf("load without hints %+v, with %+v, ratio %v", without, with, r.LoadHintRatio)
 	}
 }
