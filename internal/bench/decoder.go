@@ -26,10 +26,10 @@ import (
 //     alternate the two. Per decode step: the time (median), the requests
 //     on the tenant's socket (client.Client.Requests), and the bytes on the
 //     tenant's socket and on the mediator's node links (api.SessionStats).
-//   - A decode beside a flood of prefills. One session decodes, step by
-//     step, in windows alone and windows in which another session runs
-//     prefills of the whole context back to back; its step time's p99
-//     beside the flood over its p99 alone. Then the same with the graphs
+//   - A decode beside a flood of prefills. One session decodes at a steady
+//     pace (a third of the device), in windows alone and windows in which
+//     another session runs prefills of the whole context back to back; its
+//     step time's p99 beside the flood over its p99 alone. Then the same with the graphs
 //     registered with api.PhaseOther, which withholds the phases from the
 //     node's scheduler.
 //   - Eight tenants loading the same model, without hints and with them:
@@ -150,8 +150,12 @@ type DecoderReport struct {
 
 // FloodRun is a decode beside a flood of prefills, with or without phases.
 type FloodRun struct {
-	Phases        bool    `json:"phases"`
-	Steps         int     `json:"steps"` // timed, each alone and beside the flood
+	Phases bool `json:"phases"`
+	Steps  int  `json:"steps"` // timed, each alone and beside the flood
+	// PeriodUs is the victim's pace: a step begins every PeriodUs (three
+	// times its median step alone, measured first), or as soon as the one
+	// before ends if that is later.
+	PeriodUs      float64 `json:"period_us"`
 	AloneP50Us    float64 `json:"alone_p50_us"`
 	AloneP99Us    float64 `json:"alone_p99_us"`
 	FloodP50Us    float64 `json:"flood_p50_us"`
@@ -421,8 +425,14 @@ func add(a, b counters) counters {
 	return counters{a.requests + b.requests, a.tenantBytes + b.tenantBytes, a.nodeBytes + b.nodeBytes}
 }
 
-// floodWindows is how many windows alone and beside the flood alternate.
-const floodWindows = 4
+// Beside the flood: how many windows alone and beside it alternate, the
+// steps that measure the victim's pace first, and the share of the device
+// its pace asks for.
+const (
+	floodWindows = 4
+	floodWarmup  = 32
+	floodDuty    = 1.0 / 3
+)
 
 // flood times a session's decode steps alone and beside another session's
 // prefills of the whole context, in alternating windows, both sessions'
@@ -453,10 +463,30 @@ func flood(socket string, m *models.GPT, sc *script, steps int, phases bool) (f 
 		return f, err
 	}
 
-	f = FloodRun{Phases: phases, Steps: steps}
+	// The victim decodes at a steady pace, as a server streaming tokens to
+	// a user does, using floodDuty of the device alone: within its fair
+	// share of half the device beside the flood. (Back to back, it would
+	// ask for the whole device, and beside another busy tenant its share,
+	// not its phase, would set its step time.)
+	warm := make([]time.Duration, 0, floodWarmup)
+	for range floodWarmup {
+		t, err := victim.step()
+		if err != nil {
+			return f, fmt.Errorf("warm-up: %w", err)
+		}
+		warm = append(warm, t)
+	}
+	period := time.Duration(float64(medianOf(warm)) / floodDuty)
+	f = FloodRun{Phases: phases, Steps: steps, PeriodUs: us(period, 1)}
 	var alone, beside []time.Duration
 	window := func(into *[]time.Duration, n int) error {
+		next := time.Now()
 		for range n {
+			time.Sleep(time.Until(next))
+			// A late step does not make the next ones hurry.
+			if next = next.Add(period); next.Before(time.Now()) {
+				next = time.Now()
+			}
 			t, err := victim.step()
 			if err != nil {
 				return err

@@ -40,8 +40,8 @@ func sampleReport() *Report {
 			RoundTrips: 1, OpsRoundTrips: 2, GraphTenantBytes: 56, GraphNodeBytes: 170, OpsTenantBytes: 4600, OpsNodeBytes: 6200, CommandBytesRatio: 0.021,
 			KVBytesPerToken: 2048, NodeBytesEarly: 170, NodeBytesLate: 170,
 			Flood: []FloodRun{
-				{Phases: true, Steps: 400, AloneP50Us: 600, AloneP99Us: 900, FloodP50Us: 650, FloodP99Us: 1200, Ratio: 1.33, FloodPrefills: 30},
-				{Steps: 400, AloneP50Us: 600, AloneP99Us: 900, FloodP50Us: 2000, FloodP99Us: 9000, Ratio: 10, FloodPrefills: 40},
+				{Phases: true, Steps: 400, PeriodUs: 1800, AloneP50Us: 600, AloneP99Us: 900, FloodP50Us: 650, FloodP99Us: 1200, Ratio: 1.33, FloodPrefills: 30},
+				{Steps: 400, PeriodUs: 1800, AloneP50Us: 600, AloneP99Us: 900, FloodP50Us: 2000, FloodP99Us: 9000, Ratio: 10, FloodPrefills: 40},
 			},
 			FloodRatio: 1.33, FloodNoPhasesRatio: 10,
 			Load: []DecoderLoad{
@@ -152,7 +152,7 @@ func TestMarkdownTables(t *testing.T) {
 		"## Mutual TLS on the node link", "| 2000 MB/s | 900 MB/s | **0.45** |",
 		"## GPT-style decoder", "| time (median) | 600 µs | 1000 µs | **0.60** (rounds: 0.55, 0.65) |",
 		"| bytes, both | 226 | 10800 | **0.021** |", "**0** cache bytes over the network per step",
-		"| true | 400 | 600 / 900 µs | 650 / 1200 µs | 30 | **1.33** |",
+		"| true | 400 | 1800 µs | 600 / 900 µs | 650 / 1200 µs | 30 | **1.33** |",
 		"| 2 layers × d_model 512, vocabulary 1024 | 8 | true | 26.0 MiB | 52.0 MiB | 156.0 MiB | **2.00** |",
 	} {
 		if !strings.Contains(md, want) {

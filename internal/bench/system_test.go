@@ -161,7 +161,8 @@ func TestDecoderPart(t *testing.T) {
 		t.Errorf("graph node bytes per step %v (early %v, late %v), KV per token %d: over the network %v",
 			r.GraphNodeBytes, r.NodeBytesEarly, r.NodeBytesLate, r.KVBytesPerToken, r.KVBytesOverNetwork)
 	}
-	if len(r.Flood) != 2 || !r.Flood[0].Phases || r.Flood[1].Phases || !(r.FloodRatio > 0 && r.FloodNoPhasesRatio > 0) || r.Flood[0].FloodPrefills == 0 {
+	if len(r.Flood) != 2 || !r.Flood[0].Phases || r.Flood[1].Phases || !(r.FloodRatio > 0 && r.FloodNoPhasesRatio > 0) || r.Flood[0].FloodPrefills == 0 ||
+		!(r.Flood[0].PeriodUs > 2*r.Flood[0].AloneP50Us) {
 		t.Errorf("flood %+v", r.Flood)
 	}
 	// The load model's 2 MiB embedding is sent once with hints, by every
