@@ -16,6 +16,10 @@
 // HostAlloc move straight between that shared memory and the network, and
 // other host memory is staged through a shared buffer of the stream's
 // (stream.go, hostmem.go).
+//
+// A model's work can also be registered once as a tensor graph, its
+// tensors and operations with their meaning, and invoked in one round trip
+// (tensorgraph.go, docs/graphs.md).
 package client
 
 import (
