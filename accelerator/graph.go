@@ -60,7 +60,6 @@ package accelerator
 import (
 	"fmt"
 	"math"
-	"math/bits"
 	"slices"
 
 	"github.com/vgpu/vgpu/accelerator/kernels"
@@ -374,7 +373,7 @@ func (l *graphLaunch) bind(scalars []int64) ([]api.NodeArg, error) {
 			continue
 		}
 		s := scalars[a.Scalar]
-		v, ok := mulAdd(a.Mul, s, a.Add)
+		v, ok := api.ScalarValue(a.Mul, s, a.Add)
 		if !ok {
 			return nil, fmt.Errorf("%s: argument %d (%s) = %d × scalar %d (%d) + %d overflows int64: %w",
 				l.k.Info.Name, i, l.k.Info.Params[i].Name, a.Mul, a.Scalar, s, a.Add, api.ErrInvalidArgument)
@@ -382,34 +381,6 @@ func (l *graphLaunch) bind(scalars []int64) ([]api.NodeArg, error) {
 		args[i].Bits = uint64(v)
 	}
 	return args, nil
-}
-
-// mulAdd is mul·x + add, and false if that does not fit an int64. It
-// computes in 128 bits, where nothing overflows (|mul·x| ≤ 2^126), so a
-// product past int64 that add brings back is right.
-func mulAdd(mul, x, add int64) (int64, bool) {
-	hi, lo := bits.Mul64(abs(mul), abs(x))
-	if (mul < 0) != (x < 0) { // two's complement of hi:lo
-		var borrow uint64
-		lo, borrow = bits.Sub64(0, lo, 0)
-		hi, _ = bits.Sub64(0, hi, borrow)
-	}
-	var carry uint64
-	lo, carry = bits.Add64(lo, uint64(add), 0)
-	hi, _ = bits.Add64(hi, uint64(add>>63), carry) // add sign-extended
-	// It fits if hi is lo's sign, extended.
-	if hi != uint64(int64(lo)>>63) {
-		return 0, false
-	}
-	return int64(lo), true
-}
-
-// abs is |v|: math.MinInt64 gives 2^63.
-func abs(v int64) uint64 {
-	if v < 0 {
-		return -uint64(v)
-	}
-	return uint64(v)
 }
 
 // byteRange is the bytes [lo, hi) of device memory a launch touches.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"math"
-	"math/big"
 	"slices"
 	"strings"
 	"testing"
@@ -377,37 +376,6 @@ func TestNodeGraphEndsWithConnection(t *testing.T) {
 }
 
 // TestMulAdd: mulAdd agrees with exact arithmetic, and says false exactly
-// where the result does not fit an int64.
-func TestMulAdd(t *testing.T) {
-	for _, tc := range []struct {
-		mul, x, add, want int64
-		ok                bool
-	}{
-		{3, 4, 5, 17, true},
-		{-2, -(1 << 62), -1, math.MaxInt64, true}, // the product alone overflows
-		{-2, 1 << 62, 0, math.MinInt64, true},
-		{2, 1 << 62, 0, 0, false},
-		{math.MinInt64, -1, 0, 0, false},
-		{math.MinInt64, 1, -1, 0, false},
-		{math.MaxInt64, 1, 1, 0, false},
-	} {
-		if got, ok := mulAdd(tc.mul, tc.x, tc.add); got != tc.want || ok != tc.ok {
-			t.Errorf("mulAdd(%d, %d, %d) = %d, %v; want %d, %v", tc.mul, tc.x, tc.add, got, ok, tc.want, tc.ok)
-		}
-	}
-	edge := rapid.SampledFrom([]int64{0, 1, -1, 2, -2, math.MaxInt64, math.MinInt64, math.MaxInt64 / 2, math.MinInt64 / 2, 1 << 32, -(1 << 32), 3037000499, 3037000500})
-	gen := rapid.OneOf(rapid.Int64(), edge, rapid.Int64Range(-1000, 1000))
-	rapid.Check(t, func(t *rapid.T) {
-		mul, x, add := gen.Draw(t, "mul"), gen.Draw(t, "x"), gen.Draw(t, "add")
-		want := new(big.Int).Mul(big.NewInt(mul), big.NewInt(x))
-		want.Add(want, big.NewInt(add))
-		got, ok := mulAdd(mul, x, add)
-		if fits := want.IsInt64(); ok != fits || ok && got != want.Int64() {
-			t.Fatalf("mulAdd(%d, %d, %d) = %d, %v; want %v (fits: %v)", mul, x, add, got, ok, want, fits)
-		}
-	})
-}
-
 // TestWrittenBefore: the segment tree agrees with comparing every read
 // with every write.
 func TestWrittenBefore(t *testing.T) {

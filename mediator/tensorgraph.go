@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 
@@ -459,7 +458,7 @@ func (g *tensorGraph) checkInvocation(m *api.GraphInvoke) error {
 	}
 	for _, u := range g.scalarUses {
 		s := m.Scalars[u.arg.Scalar]
-		v, ok := mulAdd(u.arg.Mul, s, u.arg.I64)
+		v, ok := api.ScalarValue(u.arg.Mul, s, u.arg.I64)
 		if !ok || v < 0 {
 			op := g.def.Ops[u.op]
 			what := "overflows"
@@ -479,19 +478,6 @@ func (g *tensorGraph) checkInvocation(m *api.GraphInvoke) error {
 			g, len(m.Inputs), g.inBytes, strings.Join(sizes, ", "), api.ErrInvalidArgument)
 	}
 	return nil
-}
-
-// mulAdd is mul×s + add, and whether it fits in an int64.
-func mulAdd(mul, s, add int64) (int64, bool) {
-	p := mul * s
-	if mul != 0 && (p/mul != s || (mul == -1 && s == math.MinInt64)) {
-		return 0, false
-	}
-	v := p + add
-	if (add > 0 && v < p) || (add < 0 && v > p) {
-		return 0, false
-	}
-	return v, true
 }
 
 // releaseGraph releases a graph as an api.Graph in body asks.
