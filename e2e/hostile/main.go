@@ -102,24 +102,45 @@ func stallHellos(socket string, n int, announce uint32, operator bool) (Stalled,
 	if st.Opened == 0 {
 		return st, fmt.Errorf("no connection to %s opened", socket)
 	}
-	time.Sleep(time.Second)
-	for _, c := range open {
-		_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
-		var b [api.HeaderSize]byte
-		_, err := io.ReadFull(c, b[:])
-		var ne net.Error
-		switch {
-		case err == nil && binary.LittleEndian.Uint16(b[6:])&api.FlagError != 0:
-			st.Errors++
-		case err == nil:
-			st.Other++
-		case errors.As(err, &ne) && ne.Timeout():
-			st.Held++
-		default: // EOF or reset: closed by the mediator
-			st.Refused++
+	// A connection still open may only wait in the listen queue for the
+	// mediator's accept loop, which a loaded host runs late: look again
+	// while connections keep closing, a second apart, for up to 10 s.
+	held := open
+	for round := 0; round < 10 && len(held) > 0; round++ {
+		time.Sleep(time.Second)
+		still := held[:0]
+		for _, c := range held {
+			if st.classify(c) {
+				still = append(still, c)
+			}
 		}
+		if len(still) == len(held) && round > 0 {
+			break
+		}
+		held = still
 	}
+	st.Held = len(held)
 	return st, nil
+}
+
+// classify counts c as answered or closed, or reports that it is still
+// open, waiting.
+func (st *Stalled) classify(c net.Conn) (open bool) {
+	_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
+	var b [api.HeaderSize]byte
+	_, err := io.ReadFull(c, b[:])
+	var ne net.Error
+	switch {
+	case err == nil && binary.LittleEndian.Uint16(b[6:])&api.FlagError != 0:
+		st.Errors++
+	case err == nil:
+		st.Other++
+	case errors.As(err, &ne) && ne.Timeout():
+		return true
+	default: // EOF or reset: closed by the mediator
+		st.Refused++
+	}
+	return false
 }
 
 // sayHello completes an operator's hello on c.
