@@ -216,3 +216,34 @@ func TestCleanEviction(t *testing.T) {
 		t.Errorf("after close: %d entries, %v, %v", store.count(), store.problems(), node.violations)
 	}
 }
+
+// TestAllocationAt: any address inside an allocation's addressable range
+// names the whole allocation, with its device and seal; the rounded
+// tail, the gap after it and a freed allocation name none.
+func TestAllocationAt(t *testing.T) {
+	s := NewSpace(newFakeNode(8).lease(0), 0)
+	small := mustAllocHint(t, s, 0, 100, api.HintKVCache)
+	big := mustAllocHint(t, s, 1, Page2M+8, api.HintWeight)
+	if err := s.Seal(big); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		va   uint64
+		want Allocation
+	}{
+		{small, Allocation{VA: small, End: small + 100, Dev: 0}},
+		{small + 99, Allocation{VA: small, End: small + 100, Dev: 0}},
+		{big + Page2M, Allocation{VA: big, End: big + Page2M + 8, Dev: 1, Sealed: true}},
+	} {
+		if got, err := s.AllocationAt(tc.va); err != nil || got != tc.want {
+			t.Errorf("allocation at %#x: %+v, %v; want %+v", tc.va, got, err, tc.want)
+		}
+	}
+	if err := s.Free(small); err != nil {
+		t.Fatal(err)
+	}
+	for _, va := range []uint64{small, big + Page2M + 8, big + Page2M + Page4K} {
+		_, err := s.AllocationAt(va)
+		wantErr(t, fmt.Sprintf("allocation at %#x", va), err, api.ErrInvalidAddress, fmt.Sprintf("%#x", va))
+	}
+}

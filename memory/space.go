@@ -883,6 +883,28 @@ func (s *Space) Span(va uint64) (dev uint32, end uint64, err error) {
 	return a.dev, a.limit(), nil
 }
 
+// Allocation describes a live allocation: it starts at VA, the tenant may
+// address [VA, End), it lives on Dev, and whether it is sealed.
+type Allocation struct {
+	VA, End uint64
+	Dev     uint32
+	Sealed  bool
+}
+
+// AllocationAt describes the live allocation that contains va, which may
+// lie anywhere in its addressable range: what a caller that keys state on
+// whole allocations (their start, as Free and Seal take) needs of a
+// pointer into one.
+func (s *Space) AllocationAt(va uint64) (Allocation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, err := s.containing("allocation at", va)
+	if err != nil {
+		return Allocation{}, err
+	}
+	return Allocation{VA: a.va, End: a.limit(), Dev: a.dev, Sealed: a.sealed}, nil
+}
+
 // Close frees every allocation and returns every frame, one Return per
 // device. The Space is unusable afterwards, even if a Return fails: the
 // frames are forgotten for the reason Free gives, and the errors reported.
