@@ -98,6 +98,10 @@ func checkTensor(i int, t *TensorDef) (uint64, error) {
 		return 0, bad("shape %v has %d dimensions, want 1 to %d", t.Shape, len(t.Shape), MaxTensorDims)
 	case t.Residency.Bound() && t.Addr == 0:
 		return 0, bad("a %v tensor lives in an allocation of the tenant, but its address is 0", t.Residency)
+	case t.Residency.Bound() && t.Addr%t.DType.Size() != 0:
+		// Kernels read elements whole; a tensor may start anywhere in its
+		// allocation (a model's weights packed in one) but on an element.
+		return 0, bad("address %#x is not a multiple of its %v elements' %d bytes", t.Addr, t.DType, t.DType.Size())
 	case !t.Residency.Bound() && t.Addr != 0:
 		return 0, bad("a %v tensor lives in the graph's arena, but it names address %#x", t.Residency, t.Addr)
 	}

@@ -98,6 +98,7 @@ func TestCheckGraphRefusesBadGraphs(t *testing.T) {
 		{"negative dimension", func(g *GraphDef) { g.Tensors[6].Shape = shape(-3) }, ErrInvalidArgument, []string{`tensor 6`, "is -3"}},
 		{"huge tensor overflows", func(g *GraphDef) { g.Tensors[6].Shape = shape(1<<31, 1<<31, 1<<2) }, ErrInvalidArgument, []string{`tensor 6 "unused"`, "2^64"}},
 		{"bound tensor without address", func(g *GraphDef) { g.Tensors[1].Addr = 0 }, ErrInvalidArgument, []string{`tensor 1 "table"`, "weight", "address is 0"}},
+		{"bound tensor between elements", func(g *GraphDef) { g.Tensors[4].Addr = 0x30002 }, ErrInvalidArgument, []string{`tensor 4 "cache"`, "0x30002", "f32 elements' 4 bytes"}},
 		{"arena tensor with address", func(g *GraphDef) { g.Tensors[0].Addr = 0x4000 }, ErrInvalidArgument, []string{`tensor 0 "ids"`, "0x4000"}},
 		{"phase", func(g *GraphDef) { g.Ops[3].Phase = 17 }, ErrInvalidArgument, []string{"op 3 (reduce_sum_f32)", "phase(17)"}},
 		{"argument count", func(g *GraphDef) { g.Ops[1].Args = g.Ops[1].Args[:3] }, ErrInvalidArgument, []string{"op 1 (saxpy)", "takes 4 arguments (n, a, x, y), 3 given"}},

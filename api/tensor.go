@@ -116,8 +116,10 @@ type TensorDef struct {
 	DType     DType
 	Shape     []int64 // 1 to MaxTensorDims dimensions, each at least 1
 	Residency Residency
-	// Addr is, for a bound tensor (Residency.Bound), the start of the
-	// tenant's allocation that holds it; 0 otherwise.
+	// Addr is, for a bound tensor (Residency.Bound), its first byte: any
+	// multiple of its element size such that all its bytes lie within one
+	// allocation of the tenant (a model's weights may share one); 0
+	// otherwise.
 	Addr uint64
 }
 
