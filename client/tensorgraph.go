@@ -80,15 +80,16 @@ func (b *GraphDef) Scalar(name string) Scalar {
 	return Scalar(len(b.def.Scalars) - 1)
 }
 
-// Weight declares a read-only tensor held by the sealed allocation that
-// starts at p (uploaded once, shared by the session's graphs).
+// Weight declares a read-only tensor at p, anywhere in a sealed allocation
+// that holds all of it (uploaded once, shared by the session's graphs;
+// one allocation may hold a model's weights).
 func (b *GraphDef) Weight(name string, dt api.DType, p Ptr, shape ...int64) Tensor {
 	return b.tensor(name, dt, api.ResWeight, p, shape)
 }
 
-// KVCache declares a tensor kept across invocations in the allocation that
-// starts at p (allocated with api.HintKVCache), which the session's graphs
-// may share.
+// KVCache declares a tensor kept across invocations at p, anywhere in an
+// allocation that holds all of it (allocated with api.HintKVCache), which
+// the session's graphs may share.
 func (b *GraphDef) KVCache(name string, dt api.DType, p Ptr, shape ...int64) Tensor {
 	return b.tensor(name, dt, api.ResKVCache, p, shape)
 }

@@ -60,9 +60,9 @@ type tensorGraph struct {
 	dev   uint32 // the session's virtual device
 	node  uint32 // the node graph's id on that device's connection
 	arena uint64 // the arena allocation's address; 0 if the graph has none
-	// bound are the allocation starts the graph binds, with the first
-	// tensor bound to each (a weight's is sealed, a KV cache's is not, so
-	// no allocation is both).
+	// bound are the starts of the allocations that hold the graph's
+	// bound tensors, with the first tensor in each (a weight's allocation
+	// is sealed, a KV cache's is not, so no allocation holds both).
 	bound map[uint64]int
 	// inputs and outputs are the graph's input and output tensors in
 	// tensor order, with their sizes and where they are.
@@ -152,11 +152,14 @@ func (s *session) registerGraph(body []byte) (uint32, error) {
 	return g.id, nil
 }
 
-// bindTensors resolves g's bound tensors to the session's allocations: each
-// names the start of a live allocation at least as large, a weight's is
-// sealed (sealing is what makes sharing a weight safe), a KV cache's is not
+// bindTensors resolves g's bound tensors to the session's allocations: the
+// bytes of each lie within one live allocation (anywhere in it, so that a
+// model's weights may share one: models.Upload), a weight's is sealed
+// (sealing is what makes sharing a weight safe), a KV cache's is not
 // exported (the node refuses kernels' writes to exported buffers), and all
-// are on one device, which becomes the graph's (device 0 if none is bound).
+// are on one device, which becomes the graph's (device 0 if none is
+// bound). g.bound keys each allocation by its start, the address that
+// free, seal and export take, so that they are refused while g lives.
 func (s *session) bindTensors(g *tensorGraph, c *api.CheckedGraph) error {
 	devSet := false
 	for i, t := range g.def.Tensors {
@@ -164,33 +167,52 @@ func (s *session) bindTensors(g *tensorGraph, c *api.CheckedGraph) error {
 			continue
 		}
 		name := g.def.TensorName(i)
-		if err := s.space.CheckStart(name, t.Addr); err != nil {
-			return err
-		}
-		dev, end, err := s.space.Span(t.Addr)
+		a, err := s.space.AllocationAt(t.Addr)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		switch _, sealed, _ := s.space.Hint(t.Addr); {
-		case end-t.Addr < c.Bytes[i]:
-			return fmt.Errorf("%s of %d bytes: the allocation at %#x holds %d: %w", name, c.Bytes[i], t.Addr, end-t.Addr, api.ErrInvalidArgument)
-		case t.Residency == api.ResWeight && !sealed:
-			return fmt.Errorf("%s: the weight's allocation at %#x is not sealed: seal weights once uploaded, which makes them read-only and shareable: %w", name, t.Addr, api.ErrInvalidArgument)
-		case devSet && dev != g.dev:
-			return fmt.Errorf("%s: the allocation at %#x is on device %d, the graph's earlier bound tensors on device %d: a graph runs on one device: %w",
-				name, t.Addr, dev, g.dev, api.ErrInvalidArgument)
+		if owner := s.arenaOf(a.VA); owner != nil {
+			// An arena is its graph's own: releasing that graph frees it,
+			// whoever else would still bind it.
+			return fmt.Errorf("%s at %#x: the allocation at %#x is the arena of %v, which no other graph may bind: %w",
+				name, t.Addr, a.VA, owner, api.ErrInvalidArgument)
+		}
+		switch {
+		case c.Bytes[i] > a.End-t.Addr:
+			return s.pastAllocation(name, t.Addr, c.Bytes[i], a)
+		case t.Residency == api.ResWeight && !a.Sealed:
+			return fmt.Errorf("%s at %#x: the weight's allocation at %#x is not sealed: seal weights once uploaded, which makes them read-only and shareable: %w",
+				name, t.Addr, a.VA, api.ErrInvalidArgument)
+		case devSet && a.Dev != g.dev:
+			return fmt.Errorf("%s at %#x: the allocation at %#x is on device %d, the graph's earlier bound tensors on device %d: a graph runs on one device: %w",
+				name, t.Addr, a.VA, a.Dev, g.dev, api.ErrInvalidArgument)
 		}
 		if t.Residency == api.ResKVCache {
 			if r, _ := s.sharedAt(t.Addr, 1); r != nil {
-				return fmt.Errorf("%s: the allocation at %#x is exported (object %d), and the node refuses kernels' writes to exported buffers: %w", name, t.Addr, r.object, api.ErrInvalidArgument)
+				return fmt.Errorf("%s at %#x: the allocation at %#x is exported (object %d), and the node refuses kernels' writes to exported buffers: %w",
+					name, t.Addr, a.VA, r.object, api.ErrInvalidArgument)
 			}
 		}
-		g.dev, devSet = dev, true
-		if _, ok := g.bound[t.Addr]; !ok {
-			g.bound[t.Addr] = i
+		g.dev, devSet = a.Dev, true
+		if _, ok := g.bound[a.VA]; !ok {
+			g.bound[a.VA] = i
 		}
 	}
 	return nil
+}
+
+// pastAllocation refuses the bound tensor name of n bytes at va, whose
+// allocation a ends before it does, naming the allocation it runs into if
+// any: a kernel may never cross from one buffer into another.
+func (s *session) pastAllocation(name string, va, n uint64, a memory.Allocation) error {
+	into := ""
+	if last := va + (n - 1); last > va { // n ≥ 1 element; no wrap past 2^64
+		if b, err := s.space.AllocationAt(last); err == nil {
+			into = fmt.Sprintf(" into the allocation at %#x", b.VA)
+		}
+	}
+	return fmt.Errorf("%s of %d bytes at %#x, %d bytes into the %d-byte allocation at %#x, runs past its end %#x%s: a bound tensor lies within one allocation: %w",
+		name, n, va, va-a.VA, a.End-a.VA, a.VA, a.End, into, api.ErrInvalidArgument)
 }
 
 // checkIO notes g's inputs and outputs and checks that an invocation's
@@ -293,8 +315,10 @@ func layArena(def *api.GraphDef, c *api.CheckedGraph) ([]uint64, uint64) {
 func alignArena(n uint64) uint64 { return (n + arenaAlign - 1) &^ (arenaAlign - 1) }
 
 // translateGraph translates every tensor of g that an op or the invocation
-// uses (bound ones at their allocations, the others in the arena at
-// offsets) and builds the node graph's launches. The session's memory does
+// uses (bound ones at their addresses, the others in the arena at
+// offsets), exactly its bytes, and builds the node graph's launches: a
+// kernel's extents cover its tensor and nothing beside it, even where the
+// tensor shares its allocation with others. The session's memory does
 // not move (no eviction), so the runs stay valid while the allocations live.
 func (s *session) translateGraph(g *tensorGraph, c *api.CheckedGraph, offsets []uint64) (*api.NodeGraph, error) {
 	var ranges []memory.Range
@@ -508,14 +532,24 @@ func (s *session) releaseGraph(body []byte) error {
 	return nil
 }
 
+// arenaOf is the tensor graph whose arena is the allocation at va, if any.
+func (s *session) arenaOf(va uint64) *tensorGraph {
+	for _, g := range s.tgraphs {
+		if g.arena == va {
+			return g
+		}
+	}
+	return nil
+}
+
 // graphHolding names the tensor graph that holds the allocation at va —
 // binds it, or has it as its arena — if any; writes says whether the
 // graph's ops write it.
 func (s *session) graphHolding(va uint64) (what string, writes bool) {
+	if g := s.arenaOf(va); g != nil {
+		return fmt.Sprintf("%v has it as its arena", g), true
+	}
 	for _, g := range s.tgraphs {
-		if g.arena == va {
-			return fmt.Sprintf("%v has it as its arena", g), true
-		}
 		if i, ok := g.bound[va]; ok {
 			return fmt.Sprintf("%v binds it as %s", g, g.def.TensorName(i)), g.def.Tensors[i].Residency == api.ResKVCache
 		}

@@ -246,23 +246,110 @@ func TestTensorGraphsShareAKVCache(t *testing.T) {
 		t.Fatal("the KV cache read with a copy differs from what the graphs accumulated")
 	}
 	// A cache the graphs write cannot be sealed, exported or freed.
-	for _, tc := range []struct {
-		op   api.Op
-		body []byte
-	}{
-		{api.OpSeal, api.Encode(&api.Seal{Addr: cache})},
-		{api.OpExport, api.Encode(&api.Export{Addr: cache, Mode: api.ModeCoherent, Grants: []api.Grant{{Tenant: "b"}}})},
-		{api.OpFree, api.Encode(&api.Free{Addr: cache})},
-	} {
-		_, err := roundTrip(t, c, tc.op, tc.body)
-		wantErr(t, err, api.ErrInvalidArgument, fmt.Sprintf("%#x", cache), `tensor graph`, `tensor`, `"cache"`, "release the graph first")
-	}
+	wantWritten(t, c, cache, `tensor graph`, `tensor`, `"cache"`)
 	if err := release(t, c, a); err != nil {
 		t.Fatal(err)
 	}
 	_, err := roundTrip(t, c, api.OpFree, api.Encode(&api.Free{Addr: cache}))
 	wantErr(t, err, api.ErrInvalidArgument, fmt.Sprintf(`tensor graph %d "read"`, r))
 	if err := release(t, c, r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := roundTrip(t, c, api.OpFree, api.Encode(&api.Free{Addr: cache})); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantWritten checks that the allocation at va, which a tensor graph
+// writes, can be neither sealed, exported nor freed, each refusal naming
+// it, names and the way out.
+func wantWritten(t *testing.T, c *api.Conn, va uint64, names ...string) {
+	t.Helper()
+	for _, tc := range []struct {
+		op   api.Op
+		body []byte
+	}{
+		{api.OpSeal, api.Encode(&api.Seal{Addr: va})},
+		{api.OpExport, api.Encode(&api.Export{Addr: va, Mode: api.ModeCoherent, Grants: []api.Grant{{Tenant: "b"}}})},
+		{api.OpFree, api.Encode(&api.Free{Addr: va})},
+	} {
+		_, err := roundTrip(t, c, tc.op, tc.body)
+		wantErr(t, err, api.ErrInvalidArgument, append([]string{fmt.Sprintf("%#x", va), "release the graph first"}, names...)...)
+	}
+}
+
+// TestTensorGraphsOverPackedAllocations binds tensors anywhere in their
+// allocations, as a model's weights packed into one sealed allocation
+// are: each graph computes over exactly its tensor's bytes (what it
+// computes over an allocation of its own; a KV cache's neighbours stay as
+// they were), and while any graph binds a tensor in an allocation, the
+// allocation keeps the protections of one bound whole.
+func TestTensorGraphsOverPackedAllocations(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	c := hostile(t, sys, "acme")
+	const n = 64
+	all := seq(3*n, func(i int) float32 { return float32(i)/4 - 7 })
+	wBase := weight(t, c, all)
+	// At the start, at 256 bytes, and one element past that: any
+	// element-aligned address of the allocation.
+	offs := []uint64{0, 4 * n, 4*n + 4}
+	ids := make([]uint32, len(offs))
+	for k, off := range offs {
+		ids[k] = mustRegister(t, c, affineGraph(n, wBase+off))
+		checkAffine(t, c, ids[k], all[off/4:off/4+n], k+1)
+	}
+	alone := mustRegister(t, c, affineGraph(n, weight(t, c, all[n+1:2*n+1])))
+	x := client.Float32Bytes(seq(n, func(i int) float32 { return float32(i % 7) }))
+	packed, err := invoke(t, c, ids[2], nil, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if own, err := invoke(t, c, alone, nil, x); err != nil || !bytes.Equal(packed, own) {
+		t.Fatalf("a weight packed at offset %d and the same weight alone give different outputs (%v)", offs[2], err)
+	}
+	// The weights' allocation cannot be freed while any graph binds a
+	// tensor in it; at an inner address there is no allocation to free.
+	for _, id := range ids {
+		_, err := roundTrip(t, c, api.OpFree, api.Encode(&api.Free{Addr: wBase}))
+		wantErr(t, err, api.ErrInvalidArgument, fmt.Sprintf("free %#x", wBase), "tensor graph", `tensor 1 "w"`, "release the graph first")
+		if err := release(t, c, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := roundTrip(t, c, api.OpFree, api.Encode(&api.Free{Addr: wBase})); err != nil {
+		t.Fatal(err)
+	}
+
+	// Three caches in one allocation; a graph accumulates into the middle one.
+	cache := mallocHint(t, c, 3*4*n, api.HintKVCache)
+	before := seq(3*n, func(i int) float32 { return float32(i) + 0.5 })
+	putRaw(t, c, cache, client.Float32Bytes(before))
+	acc := mustRegister(t, c, &api.GraphDef{
+		Name: "accumulate",
+		Tensors: []api.TensorDef{
+			{Name: "x", DType: api.DTypeF32, Shape: []int64{n}, Residency: api.ResInput},
+			{Name: "cache", DType: api.DTypeF32, Shape: []int64{n}, Residency: api.ResKVCache, Addr: cache + 4*n},
+		},
+		Ops: []api.OpDef{{Kernel: "saxpy", Phase: api.PhaseDecode, Args: []api.OpArg{tgI64(n), tgF32(1), tgTensor(0), tgTensor(1)}}},
+	})
+	in := seq(n, func(i int) float32 { return float32(3 * i) })
+	for range 2 {
+		if _, err := invoke(t, c, acc, nil, client.Float32Bytes(in)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := append([]float32(nil), before...)
+	for i := range in {
+		want[n+i] = float32(1*in[i]) + want[n+i]
+		want[n+i] = float32(1*in[i]) + want[n+i]
+	}
+	if got := getRaw(t, c, cache, 3*4*n); !bytes.Equal(got, client.Float32Bytes(want)) {
+		t.Fatalf("the packed caches read %v…, want %v…", client.BytesFloat32(got)[n-2:n+2], want[n-2:n+2])
+	}
+	wantWritten(t, c, cache, fmt.Sprintf(`tensor graph %d "accumulate"`, acc), `tensor 1 "cache"`)
+	_, err = roundTrip(t, c, api.OpFree, api.Encode(&api.Free{Addr: cache + 4*n}))
+	wantErr(t, err, api.ErrInvalidAddress, fmt.Sprintf("%#x", cache+4*n), "not the start of an allocation")
+	if err := release(t, c, acc); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := roundTrip(t, c, api.OpFree, api.Encode(&api.Free{Addr: cache})); err != nil {
@@ -281,8 +368,23 @@ func TestTensorGraphBadInputFailsAlone(t *testing.T) {
 	w := seq(n, func(i int) float32 { return float32(i) })
 	wAddr := weight(t, c, w)
 	good := mustRegister(t, c, affineGraph(n, wAddr))
-	unsealed := mallocHint(t, c, 4*n, api.HintWeight)
+	unsealed := mallocHint(t, c, 4*n+4*8, api.HintWeight)
 	small := mallocHint(t, c, 4*n-4, api.HintKVCache)
+	gone := mallocHint(t, c, 4*n, api.HintWeight)
+	if _, err := roundTrip(t, c, api.OpFree, api.Encode(&api.Free{Addr: gone})); err != nil {
+		t.Fatal(err)
+	}
+	// Two caches of a page each, side by side in their chunk.
+	left, right := mallocHint(t, c, 4096, api.HintKVCache), mallocHint(t, c, 4096, api.HintKVCache)
+	if right != left+4096 {
+		t.Fatalf("caches at %#x and %#x are not adjacent", left, right)
+	}
+	kv := func(addr uint64) func(g *api.GraphDef) {
+		return func(g *api.GraphDef) {
+			g.Tensors = append(g.Tensors, api.TensorDef{Name: "kv", DType: api.DTypeF32, Shape: []int64{n}, Residency: api.ResKVCache, Addr: addr})
+			g.Ops = append(g.Ops, api.OpDef{Kernel: "saxpy", Args: []api.OpArg{tgI64(n), tgF32(1), tgTensor(0), tgTensor(4)}})
+		}
+	}
 
 	for _, tc := range []struct {
 		name     string
@@ -308,12 +410,16 @@ func TestTensorGraphBadInputFailsAlone(t *testing.T) {
 			g.Ops = append(g.Ops, api.OpDef{Kernel: "fill_f32", Args: []api.OpArg{tgTensor(4), tgI64(8 << 20), tgF32(0)}})
 		}, api.ErrQuotaExceeded, []string{`graph "affine"`, `tensor 4 "big"`, "33554432"}},
 		{"overflowing tensor", func(g *api.GraphDef) { g.Tensors[0].Shape = []int64{math.MaxInt64, 4} }, api.ErrInvalidArgument, []string{`tensor 0 "x"`, "2^64"}},
-		{"unsealed weight", func(g *api.GraphDef) { g.Tensors[1].Addr = unsealed }, api.ErrInvalidArgument, []string{`tensor 1 "w"`, fmt.Sprintf("%#x", unsealed), "not sealed"}},
-		{"bound tensor not at an allocation", func(g *api.GraphDef) { g.Tensors[1].Addr = wAddr + 4 }, api.ErrInvalidAddress, []string{`tensor 1 "w"`, fmt.Sprintf("%#x", wAddr+4)}},
-		{"allocation too small", func(g *api.GraphDef) {
-			g.Tensors = append(g.Tensors, api.TensorDef{Name: "kv", DType: api.DTypeF32, Shape: []int64{n}, Residency: api.ResKVCache, Addr: small})
-			g.Ops = append(g.Ops, api.OpDef{Kernel: "saxpy", Args: []api.OpArg{tgI64(n), tgF32(1), tgTensor(0), tgTensor(4)}})
-		}, api.ErrInvalidArgument, []string{`tensor 4 "kv" of 256 bytes`, fmt.Sprintf("%#x holds 252", small)}},
+		{"unsealed weight", func(g *api.GraphDef) { g.Tensors[1].Addr = unsealed + 4*8 }, api.ErrInvalidArgument,
+			[]string{`tensor 1 "w" at ` + fmt.Sprintf("%#x", unsealed+4*8), fmt.Sprintf("allocation at %#x is not sealed", unsealed)}},
+		{"bound tensor in no allocation", func(g *api.GraphDef) { g.Tensors[1].Addr = gone }, api.ErrInvalidAddress, []string{`tensor 1 "w"`, fmt.Sprintf("%#x", gone)}},
+		{"bound tensor between elements", func(g *api.GraphDef) { g.Tensors[1].Addr = wAddr + 2 }, api.ErrInvalidArgument,
+			[]string{`tensor 1 "w"`, fmt.Sprintf("%#x", wAddr+2), "f32 elements' 4 bytes"}},
+		{"tensor past its allocation's end", func(g *api.GraphDef) { g.Tensors[1].Addr = wAddr + 4 }, api.ErrInvalidArgument,
+			[]string{fmt.Sprintf(`tensor 1 "w" of 256 bytes at %#x, 4 bytes into the 256-byte allocation at %#x, runs past its end %#x`, wAddr+4, wAddr, wAddr+256)}},
+		{"allocation too small", kv(small), api.ErrInvalidArgument, []string{fmt.Sprintf(`tensor 4 "kv" of 256 bytes at %#x, 0 bytes into the 252-byte allocation`, small)}},
+		{"tensor across two allocations", kv(left + 4096 - 128), api.ErrInvalidArgument,
+			[]string{`tensor 4 "kv" of 256 bytes`, fmt.Sprintf("the 4096-byte allocation at %#x, runs past its end %#x into the allocation at %#x", left, right, right)}},
 		{"weight written", func(g *api.GraphDef) { g.Ops[1].Args[3] = tgTensor(1) }, api.ErrInvalidArgument, []string{`writes tensor 1 "w"`, "read-only"}},
 		{"inputs too large", func(g *api.GraphDef) {
 			g.Tensors = append(g.Tensors, api.TensorDef{Name: "in2", DType: api.DTypeF32, Shape: []int64{api.MaxChunk / 4}, Residency: api.ResInput})
@@ -447,4 +553,39 @@ func TestTensorGraphsEndWithTheirSession(t *testing.T) {
 	mustRegister(t, c, affineGraph(1000, weight(t, c, w)))
 	c.NetConn().Close()
 	sys.waitIdle(t)
+}
+
+// A graph's arena is its own: another graph may not bind it (as a KV
+// cache, say), since releasing its graph frees it. Its address is learnt
+// as a tenant would: a freed allocation of the arena's size is where the
+// arena goes next, which the free check confirms.
+func TestTensorGraphArenaIsNotBound(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	c := hostile(t, sys, "acme")
+	const n = 1024
+	probe := mallocHint(t, c, 4*n, api.HintActivation)
+	if _, err := roundTrip(t, c, api.OpFree, api.Encode(&api.Free{Addr: probe})); err != nil {
+		t.Fatal(err)
+	}
+	fill := &api.GraphDef{
+		Name:    "fill",
+		Tensors: []api.TensorDef{{Name: "y", DType: api.DTypeF32, Shape: []int64{n}, Residency: api.ResOutput}},
+		Ops:     []api.OpDef{{Kernel: "fill_f32", Args: []api.OpArg{tgTensor(0), tgI64(n), tgF32(1)}}},
+	}
+	a := mustRegister(t, c, fill)
+	_, err := roundTrip(t, c, api.OpFree, api.Encode(&api.Free{Addr: probe}))
+	wantErr(t, err, api.ErrInvalidArgument, "has it as its arena")
+	reader := &api.GraphDef{
+		Name: "reader",
+		Tensors: []api.TensorDef{
+			{Name: "stolen", DType: api.DTypeF32, Shape: []int64{n}, Residency: api.ResKVCache, Addr: probe},
+			{Name: "sum", DType: api.DTypeF32, Shape: []int64{1}, Residency: api.ResOutput},
+		},
+		Ops: []api.OpDef{{Kernel: "reduce_sum_f32", Args: []api.OpArg{tgI64(n), tgTensor(0), tgTensor(1)}}},
+	}
+	_, err = roundTrip(t, c, api.OpGraphRegister, api.Encode(reader))
+	wantErr(t, err, api.ErrInvalidArgument, `"stolen"`, fmt.Sprintf("%#x", probe), "the arena of", `"fill"`)
+	if err := release(t, c, a); err != nil {
+		t.Fatal(err)
+	}
 }
