@@ -1,6 +1,7 @@
 package mediator
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -228,18 +229,67 @@ func (st *stream) toDeviceHost(m *api.CopyHost, c *completion, idx int) error {
 		if sent.covers(off, n) {
 			continue
 		}
-		st.s.issueMu.Lock()
-		dev, xs, err := st.s.space.TranslateWrite(m.Addr+off, n)
-		if err == nil {
-			v := st.on(dev)
-			c.call(v, idx, api.OpNodeWrite, nil, api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs}), src[off:off+n])
+		// The zeros that end a chunk travel as a fill, not as bytes: a
+		// model's weights padded with zeros to whole frames, so that
+		// their last frame deduplicates too, cost the weights' bytes.
+		data := src[off : off+n]
+		z := zeroTail(data)
+		if z < zeroFillMin {
+			z = 0
 		}
-		st.s.issueMu.Unlock()
-		if err != nil {
-			return fmt.Errorf("copy %d bytes to %#x: %w", n, m.Addr+off, err)
+		if err := st.writeChunk(m.Addr+off, data[:len(data)-z], false, c, idx); err != nil {
+			return err
+		}
+		if err := st.writeChunk(m.Addr+off+uint64(len(data)-z), data[len(data)-z:], true, c, idx); err != nil {
+			return err
 		}
 	}
 	c.in += m.Len
+	return nil
+}
+
+// zeroFillMin is the shortest run of zeros ending a chunk that a copy sends
+// as a fill: a fill is a request of its own, and a node's work.
+const zeroFillMin = 4 << 10
+
+var zeroPage [4 << 10]byte
+
+// zeroTail is the length of the run of zero bytes that ends b: page by page
+// while whole pages are zero (a vectorised compare), then byte by byte.
+func zeroTail(b []byte) int {
+	end := len(b)
+	for end >= len(zeroPage) && bytes.Equal(b[end-len(zeroPage):end], zeroPage[:]) {
+		end -= len(zeroPage)
+	}
+	for end > 0 && b[end-1] == 0 {
+		end--
+	}
+	return len(b) - end
+}
+
+// writeChunk issues the write of b, at most api.MaxChunk bytes, at va, or
+// if zeros says b is all zero a fill of its length, translated under
+// issueMu. An empty b issues nothing.
+func (st *stream) writeChunk(va uint64, b []byte, zeros bool, c *completion, idx int) error {
+	if len(b) == 0 {
+		return nil
+	}
+	n := uint64(len(b))
+	st.s.issueMu.Lock()
+	dev, xs, err := st.s.space.TranslateWrite(va, n)
+	if err == nil {
+		v := st.on(dev)
+		at := api.NodeAccess{Device: v.dev.info.Index, Extents: xs}
+		if zeros {
+			c.call(v, idx, api.OpNodeFill, nil, api.Encode(&at))
+		} else {
+			c.call(v, idx, api.OpNodeWrite, nil, api.Encode(&at), b)
+		}
+	}
+	st.s.issueMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("copy %d bytes to %#x: %w", n, va, err)
+	}
 	return nil
 }
 

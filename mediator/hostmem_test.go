@@ -97,3 +97,81 @@ func TestRegisteredHostMemoryKeepsItsPages(t *testing.T) {
 		t.Fatal("bytes copied through the region came back different")
 	}
 }
+
+// The zeros that end each 1 MiB chunk of a copy from host memory travel as
+// a fill, not as bytes, from a page of them on: the device holds exactly
+// what was copied (over bytes that were not zero), and the node link
+// carries the rest of the bytes and little more.
+func TestZerosEndingACopyTravelAsFills(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	c := sys.dial(t, "acme", 1)
+	const n = 3<<20 + 5000 // three chunks and a short one
+	zeros := func(b []byte, from, to int) []byte { clear(b[from:to]); return b }
+	for _, tc := range []struct {
+		name string
+		src  []byte
+	}{
+		{"data", randomBytes(1, n)},
+		{"zeros after the data", zeros(randomBytes(2, n), 1<<20+777, n)},
+		{"all zeros", make([]byte, n)},
+		{"a chunk of zeros between data", zeros(randomBytes(3, n), 1<<20, 2<<20)},
+		{"zeros ending each chunk", zeros(zeros(zeros(randomBytes(4, n), 1<<20-8192, 1<<20), 2<<20-4097, 2<<20), 3<<20-300, 3<<20)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			host, err := c.HostAlloc(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.HostFree(host)
+			copy(host, tc.src)
+			p, err := c.Malloc(0, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Free(p)
+			s := c.Stream()
+			s.Memset(p, 0xa5, n)
+			if err := s.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			before, err := c.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.CopyToDevice(p, host)
+			if err := s.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			after, err := c.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			back := make([]byte, n)
+			s.CopyFromDevice(back, p)
+			if err := s.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(back, tc.src) {
+				t.Fatal("the device holds other bytes than were copied")
+			}
+			// The bytes that must travel: each chunk's, less the run of
+			// zeros that ends it if that is a page or more.
+			var payload uint64
+			for off := 0; off < n; off += 1 << 20 {
+				chunk := tc.src[off:min(off+1<<20, n)]
+				end := len(chunk)
+				for end > 0 && chunk[end-1] == 0 {
+					end--
+				}
+				if len(chunk)-end < 4096 {
+					end = len(chunk)
+				}
+				payload += uint64(end)
+			}
+			if sent := after.NetOut - before.NetOut; sent < payload || sent > payload+1024 || after.CopiedIn-before.CopiedIn != n {
+				t.Fatalf("a copy of %d bytes, %d of them to send, sent %d bytes to the node; counted %d copied in",
+					n, payload, sent, after.CopiedIn-before.CopiedIn)
+			}
+		})
+	}
+}
