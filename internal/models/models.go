@@ -26,6 +26,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/memory"
 )
 
 // Weight is one named weight tensor of a model, in float32 as the device
@@ -36,23 +37,42 @@ type Weight struct {
 	Data  []float32
 }
 
-// Upload allocates one buffer per weight on device 0 and copies the weights
-// in through shared host memory (client.HostAlloc, as a model file is read
-// into pinned memory). With hints the buffers are allocated as weights
-// (api.HintWeight) and sealed: a node that already holds a whole 2 MiB
-// piece of them from another tenant is sent its hash, not its bytes, and
-// graphs may bind them. Without hints they are plain buffers, as a driver
-// that knows nothing of their meaning would see them.
+// weightAlign aligns each weight in its model's allocation, as a GPU
+// allocator aligns buffers (and a graph's arena its tensors), so that
+// vectorised kernels may assume it.
+const weightAlign = 256
+
+// Upload copies a model's weights into one allocation on device 0, each at
+// an offset aligned to weightAlign, in one copy from shared host memory
+// (client.HostAlloc, as a model file is read into pinned memory), and
+// returns each weight's address: ptrs[0], the first weight's, is the
+// allocation's start (what Free takes).
+//
+// With hints the allocation is a weight (api.HintWeight), its size
+// rounded up to whole frames (memory.FrameSize) with zeros, and sealed. A
+// node deduplicates sealed weights by whole frames, and an allocation of
+// whole frames starts on one, so every byte of the model is in a frame
+// that a node already holding the model from another tenant is sent the
+// hash of, not the bytes: each tensor alone, or a last partial frame,
+// would be sent by every tenant. Graphs bind each weight at its address.
+// Without hints the allocation is a plain buffer of just the weights'
+// bytes, as a driver that knows nothing of their meaning would see them.
 func Upload(c *client.Client, ws []Weight, hints bool) ([]client.Ptr, error) {
+	if len(ws) == 0 {
+		return nil, fmt.Errorf("upload of no weights: %w", api.ErrInvalidArgument)
+	}
+	offs := make([]int, len(ws))
+	size := 0
+	for i, w := range ws {
+		offs[i] = (size + weightAlign - 1) &^ (weightAlign - 1)
+		size = offs[i] + 4*len(w.Data)
+	}
 	var o client.AllocOptions
 	if hints {
 		o.Hint = api.HintWeight
+		size = (size + memory.FrameSize - 1) &^ (memory.FrameSize - 1)
 	}
-	total := 0
-	for _, w := range ws {
-		total += 4 * len(w.Data)
-	}
-	host, err := c.HostAlloc(max(total, 1))
+	host, err := c.HostAlloc(size)
 	if err != nil {
 		return nil, err
 	}
@@ -61,17 +81,18 @@ func Upload(c *client.Client, ws []Weight, hints bool) ([]client.Ptr, error) {
 			_ = c.HostFree(host)
 		}
 	}()
-	s := c.Stream()
-	ptrs := make([]client.Ptr, len(ws))
-	off := 0
+	// The gaps and the padding are zeros: every tenant's frames of the
+	// same model then hold the same bytes.
+	clear(host)
 	for i, w := range ws {
-		if ptrs[i], err = c.MallocWith(0, uint64(4*len(w.Data)), o); err != nil {
-			return nil, fmt.Errorf("weight %s: %w", w.Name, err)
-		}
-		src := host[off : off+copy(host[off:], client.Float32Bytes(w.Data))]
-		off += len(src)
-		s.CopyToDevice(ptrs[i], src)
+		copy(host[offs[i]:], client.Float32Bytes(w.Data))
 	}
+	base, err := c.MallocWith(0, uint64(size), o)
+	if err != nil {
+		return nil, fmt.Errorf("weights of %d bytes: %w", size, err)
+	}
+	s := c.Stream()
+	s.CopyToDevice(base, host)
 	if err := s.Synchronize(); err != nil {
 		return nil, fmt.Errorf("copying the weights in: %w", err)
 	}
@@ -81,11 +102,13 @@ func Upload(c *client.Client, ws []Weight, hints bool) ([]client.Ptr, error) {
 		return nil, err
 	}
 	if hints {
-		for i, p := range ptrs {
-			if err := c.Seal(p); err != nil {
-				return nil, fmt.Errorf("sealing weight %s: %w", ws[i].Name, err)
-			}
+		if err := c.Seal(base); err != nil {
+			return nil, fmt.Errorf("sealing the weights: %w", err)
 		}
+	}
+	ptrs := make([]client.Ptr, len(ws))
+	for i, off := range offs {
+		ptrs[i] = base + client.Ptr(off)
 	}
 	return ptrs, nil
 }
