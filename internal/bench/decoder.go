@@ -33,16 +33,15 @@ import (
 //     registered with api.PhaseOther, which withholds the phases from the
 //     node's scheduler.
 //   - Eight tenants loading the same model, without hints and with them:
-//     the bytes sent to the node, against the bytes of one copy of the
-//     weights. A node deduplicates sealed weights by whole 2 MiB frames, so
-//     this part loads a larger configuration of the decoder (LoadGPT),
-//     whose big matrices fill frames; SmallGPT's weights, 1.6 MiB in all,
-//     fill none.
+//     the bytes sent to the node, in copies of the weights. A node
+//     deduplicates sealed weights by whole 2 MiB frames; with hints each
+//     tenant uploads the model as one sealed allocation of whole frames
+//     (models.Upload), so every tenant but the first sends hashes only.
+//     The model is the decoder's configuration with weights of its own
+//     (loadSeed), so that it finds none of the other parts' on the node.
 
-// LoadGPT is the decoder the load part of a run loads: about 6.8 M
-// parameters (26 MiB), in allocations of 2 to 4 MiB for its embedding and
-// its layers' big matrices.
-var LoadGPT = models.GPTConfig{Vocab: 1024, DModel: 512, Heads: 8, Layers: 2, Context: 128, TiedHead: true, Seed: 0x10ad}
+// loadSeed changes the decoder's seed for the load part.
+const loadSeed = 0x10ad
 
 // DecoderOptions size the decoder part of a run; zero values take the
 // defaults.
@@ -56,16 +55,12 @@ type DecoderOptions struct {
 	// FloodSteps is the decode steps timed alone, and again beside the
 	// flood, in four windows each; default 400.
 	FloodSteps  int
-	LoadModel   models.GPTConfig // default LoadGPT
-	LoadTenants int              // default 8
+	LoadTenants int // tenants loading Model (weights of their own: loadSeed); default 8
 }
 
 func (o *DecoderOptions) defaults() {
 	if o.Model == (models.GPTConfig{}) {
 		o.Model = models.SmallGPT
-	}
-	if o.LoadModel == (models.GPTConfig{}) {
-		o.LoadModel = LoadGPT
 	}
 	def := func(v *int, d int) {
 		if *v == 0 {
@@ -80,10 +75,8 @@ func (o *DecoderOptions) defaults() {
 }
 
 func (o *DecoderOptions) check() error {
-	for _, m := range []models.GPTConfig{o.Model, o.LoadModel} {
-		if err := m.Check(); err != nil {
-			return err
-		}
+	if err := o.Model.Check(); err != nil {
+		return err
 	}
 	switch {
 	case o.Prompt < 1 || o.Prompt >= o.Model.Context:
@@ -143,9 +136,11 @@ type DecoderReport struct {
 	Load []DecoderLoad `json:"decoder_load"` // without hints, then with
 	// Bytes sent to nodes while LoadTenants tenants loaded the model with
 	// hints, over the bytes of one copy of its weights (1: sent once);
-	// and without hints over with them.
-	LoadSentRatio float64 `json:"decoder_load_sent_over_weight_bytes_ratio"`
-	LoadHintRatio float64 `json:"decoder_load_bytes_without_over_with_hints_ratio"`
+	// the same without hints (LoadTenants: sent by each); and without
+	// hints over with them.
+	LoadSentRatio        float64 `json:"decoder_load_sent_over_weight_bytes_ratio"`
+	LoadSentNoHintsRatio float64 `json:"decoder_load_sent_over_weight_bytes_no_hints_ratio"`
+	LoadHintRatio        float64 `json:"decoder_load_bytes_without_over_with_hints_ratio"`
 }
 
 // FloodRun is a decode beside a flood of prefills, with or without phases.
@@ -164,8 +159,8 @@ type FloodRun struct {
 	FloodPrefills int     `json:"flood_prefills"` // prefills of the context the flooding tenant completed
 }
 
-// DecoderLoad is LoadTenants tenants loading the load model, with or
-// without hints.
+// DecoderLoad is LoadTenants tenants loading the model, with or without
+// hints.
 type DecoderLoad struct {
 	Model       models.GPTConfig `json:"model"`
 	Tenants     int              `json:"tenants"`
@@ -204,7 +199,9 @@ func decoder(socket string, o DecoderOptions, progress func(string)) (*DecoderRe
 	}
 	r.FloodRatio, r.FloodNoPhasesRatio = r.Flood[0].Ratio, r.Flood[1].Ratio
 
-	lm, err := models.NewGPT(o.LoadModel)
+	lc := o.Model
+	lc.Seed ^= loadSeed
+	lm, err := models.NewGPT(lc)
 	if err != nil {
 		return nil, err
 	}
@@ -217,6 +214,7 @@ func decoder(socket string, o DecoderOptions, progress func(string)) (*DecoderRe
 		r.Load = append(r.Load, l)
 	}
 	r.LoadSentRatio = ratio(float64(r.Load[1].SentBytes), float64(r.Load[1].WeightBytes))
+	r.LoadSentNoHintsRatio = ratio(float64(r.Load[0].SentBytes), float64(r.Load[0].WeightBytes))
 	r.LoadHintRatio = ratio(float64(r.Load[0].SentBytes), float64(r.Load[1].SentBytes))
 	return r, nil
 }

@@ -186,7 +186,8 @@ func writeDecoder(b *bytes.Buffer, command string, d *DecoderReport) {
 	}
 
 	fmt.Fprintf(b, "\n### Tenants loading one model\n\n")
-	fmt.Fprintf(b, "Each tenant its own session; the first loads the model, then the others at once; bytes sent to the node meanwhile, "+
+	fmt.Fprintf(b, "Each tenant its own session; the first loads the model (the decoder's configuration, weights of another seed), "+
+		"then the others at once, with hints as one sealed allocation of whole 2 MiB frames; bytes sent to the node meanwhile, "+
 		"against one copy of the weights. Every tenant then runs a checked pass.\n\n")
 	fmt.Fprintf(b, "| model | tenants | hints | weights (one copy) | sent to the node | not sent (dedup) | **sent / one copy** |\n|---|---:|---|---:|---:|---:|---:|\n")
 	for _, l := range d.Load {

@@ -45,10 +45,10 @@ func sampleReport() *Report {
 			},
 			FloodRatio: 1.33, FloodNoPhasesRatio: 10,
 			Load: []DecoderLoad{
-				{Model: LoadGPT, Tenants: 8, WeightBytes: 26 << 20, SentBytes: 208 << 20},
-				{Model: LoadGPT, Tenants: 8, Hints: true, WeightBytes: 26 << 20, SentBytes: 52 << 20, DedupBytes: 156 << 20},
+				{Model: models.SmallGPT, Tenants: 8, WeightBytes: 2 << 20, SentBytes: 16 << 20},
+				{Model: models.SmallGPT, Tenants: 8, Hints: true, WeightBytes: 2 << 20, SentBytes: 2 << 20, DedupBytes: 14 << 20},
 			},
-			LoadSentRatio: 2, LoadHintRatio: 4,
+			LoadSentRatio: 1, LoadSentNoHintsRatio: 8, LoadHintRatio: 8,
 		},
 	}
 	return r
@@ -69,7 +69,7 @@ func TestJSONKeys(t *testing.T) {
 		"launches_per_s", "memcpy_mb_per_s", "raw_tcp_mb_per_s", "raw_ping_pong_us", "bulk_bytes",
 		"decode_round_trips_per_step", "decode_step_graph_vs_ops_ratio", "decode_command_bytes_graph_vs_ops_ratio",
 		"decode_p99_under_prefill_flood_ratio", "decode_p99_under_prefill_flood_no_phases_ratio", "kv_cache_bytes_per_token",
-		"decoder_load_sent_over_weight_bytes_ratio", "decoder_load_bytes_without_over_with_hints_ratio",
+		"decoder_load_sent_over_weight_bytes_ratio", "decoder_load_sent_over_weight_bytes_no_hints_ratio", "decoder_load_bytes_without_over_with_hints_ratio",
 	} {
 		if v, ok := m[k].(float64); !ok || !(v > 0) {
 			t.Errorf("%s = %v, want a positive number", k, m[k])
@@ -153,7 +153,7 @@ func TestMarkdownTables(t *testing.T) {
 		"## GPT-style decoder", "| time (median) | 600 µs | 1000 µs | **0.60** (rounds: 0.55, 0.65) |",
 		"| bytes, both | 226 | 10800 | **0.021** |", "**0** cache bytes over the network per step",
 		"| true | 400 | 1800 µs | 600 / 900 µs | 650 / 1200 µs | 30 | **1.33** |",
-		"| 2 layers × d_model 512, vocabulary 1024 | 8 | true | 26.0 MiB | 52.0 MiB | 156.0 MiB | **2.00** |",
+		"| 2 layers × d_model 128, vocabulary 512 | 8 | true | 2.0 MiB | 2.0 MiB | 14.0 MiB | **1.00** |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)

@@ -13,11 +13,9 @@ import (
 	"github.com/vgpu/vgpu/internal/systest"
 )
 
-// tinyDecoder is the decoder part small enough for the race detector; its
-// load model's embedding fills a 2 MiB frame.
+// tinyDecoder is the decoder part small enough for the race detector.
 var tinyDecoder = DecoderOptions{
-	Model: models.GPTConfig{Vocab: 64, DModel: 32, Heads: 2, Layers: 2, Context: 24, Seed: 5}, Prompt: 4, Steps: 8, Rounds: 2, FloodSteps: 8,
-	LoadModel: models.GPTConfig{Vocab: 4096, DModel: 128, Heads: 2, Layers: 1, Context: 8, TiedHead: true, Seed: 6}, LoadTenants: 3,
+	Model: models.GPTConfig{Vocab: 64, DModel: 32, Heads: 2, Layers: 2, Context: 24, Seed: 5}, Prompt: 4, Steps: 8, Rounds: 2, FloodSteps: 8, LoadTenants: 3,
 }
 
 // tinyDLRM is a model small enough for the race detector.
@@ -132,7 +130,7 @@ func TestRunRejectsBadOptionsFirst(t *testing.T) {
 		{Decoder: DecoderOptions{Steps: 1}},
 		{Decoder: DecoderOptions{Prompt: 100, Steps: 29}},
 		{Decoder: DecoderOptions{FloodSteps: 3}},
-		{Decoder: DecoderOptions{LoadModel: models.GPTConfig{Vocab: 8, DModel: 6, Heads: 4, Layers: 1, Context: 8}}},
+		{Decoder: DecoderOptions{Model: models.GPTConfig{Vocab: 8, DModel: 6, Heads: 4, Layers: 1, Context: 8}}},
 	} {
 		o.Socket = "/nonexistent"
 		if _, err := Run(o); !errors.Is(err, api.ErrInvalidArgument) {
@@ -165,10 +163,11 @@ func TestDecoderPart(t *testing.T) {
 		!(r.Flood[0].PeriodUs > 2*r.Flood[0].AloneP50Us) {
 		t.Errorf("flood %+v", r.Flood)
 	}
-	// The load model's 2 MiB embedding is sent once with hints, by every
+	// The model's weights, 0.1 MiB packed into one frame, are sent once
+	// with hints (the later tenants' frame named by its hash), by every
 	// tenant without.
 	without, with := r.Load[0], r.Load[1]
-	if without.SentBytes < 3*without.WeightBytes || with.DedupBytes < 2*(2<<20) || !(r.LoadHintRatio > 1.5) {
-		t.Errorf("load without hints %+v, with %+v, ratio %v", without, with, r.LoadHintRatio)
+	if !(r.LoadSentNoHintsRatio >= 3) || !(r.LoadSentRatio >= 1 && r.LoadSentRatio < 1.05) || with.DedupBytes != 2*(2<<20) || !(r.LoadHintRatio > 2.8) {
+		t.Errorf("load without hints %+v, with %+v: copies sent %v and %v, ratio %v", without, with, r.LoadSentNoHintsRatio, r.LoadSentRatio, r.LoadHintRatio)
 	}
 }
