@@ -115,6 +115,19 @@ package accelerator
 // holds scheduler.mu only briefly, but a host saturated by other work can
 // leave it waiting for a core with it.
 //
+// Between two slices of a job, either runner yields its core to the host's
+// threads queued on it (sched_yield(2)). Linux leaves a thread woken or
+// preempted on the core of a thread that burns it, as a runner of the sim
+// does, queued there until that thread's time slice ends, 3-4 ms on these
+// 2-core hosts, even while the other core idles. Beside a flood of long
+// kernels, such a thread of a decoding tenant's path (the node reading its
+// request, planning its graph or answering it, the mediator, the tenant)
+// added 3-4 ms to 6-10% of its steps, with or without phases; with the
+// yield it waits for one slice (docs/benchmarks.md). A yield with nobody
+// queued costs a system call (about 0.3 µs), and what one gives away is
+// nobody's device time: the slice is measured before it, the gap to the
+// next dispatch after it.
+//
 // Lock order: scheduler.mu is a leaf; slices run without it.
 
 import (
@@ -125,6 +138,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vgpu/vgpu/api"
 )
@@ -244,6 +259,9 @@ type account struct {
 // scheduler shares one device among tenants.
 type scheduler struct {
 	clock clock
+	// yield gives the runner's core to the host's threads waiting for it
+	// between two slices of a job (yieldCore; tests count the calls).
+	yield func()
 	// Capacity 1 each: a job arrived, the device was handed over, or close.
 	wake, busyWake chan struct{}
 
@@ -275,8 +293,13 @@ type scheduler struct {
 }
 
 func newScheduler(c clock) *scheduler {
-	return &scheduler{clock: c, wake: make(chan struct{}, 1), busyWake: make(chan struct{}, 1), accounts: map[string]*account{}}
+	return &scheduler{clock: c, yield: yieldCore, wake: make(chan struct{}, 1), busyWake: make(chan struct{}, 1), accounts: map[string]*account{}}
 }
+
+// yieldCore lets the threads waiting for the calling thread's CPU core
+// run first, if any (sched_yield(2)): a raw system call, as it does not
+// block, so the runner keeps its P.
+func yieldCore() { _, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // tenantShare is who a launch is for.
 type tenantShare struct {
@@ -645,9 +668,18 @@ func (s *scheduler) runner(busy bool) {
 		completed, more, err := guardStep(j.step)
 		end := s.clock.now()
 		used := end - start
+		resumed := end
+		if more && err == nil {
+			// Threads of the host queued on this core (the network
+			// path, the mediator, tenants) run now rather than after
+			// the host's time slice; what they take is nobody's
+			// device time (see the package comment).
+			s.yield()
+			resumed = s.clock.now()
+		}
 
 		s.mu.Lock()
-		s.last, s.lastEnd = a, end
+		s.last, s.lastEnd = a, resumed
 		a.used += used
 		a.slices++
 		a.launches += uint64(completed)

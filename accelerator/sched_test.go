@@ -471,6 +471,62 @@ func TestSchedBusyRunnerOwnsAThread(t *testing.T) {
 	}
 }
 
+// TestSchedYieldsBetweenSlices: between two slices of a job the runner
+// yields its core to the host's threads waiting for it, whichever runner
+// dispatches, and not after a job's last slice or a failed one; the host
+// time a yield gives away is no tenant's device time.
+func TestSchedYieldsBetweenSlices(t *testing.T) {
+	const cost, away = 100 * time.Microsecond, time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		beside bool // another tenant used the device just before: the busy runner dispatches
+		slices int
+		failAt int // the slice that fails (and says it has more), or 0
+		yields int
+	}{
+		{"one slice", false, 1, 0, 0},
+		{"long job alone", false, 4, 0, 3},
+		{"long job beside another tenant", true, 4, 0, 3},
+		{"failed slice", false, 4, 2, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newSchedHarness(t)
+			yields := 0
+			h.s.yield = func() { yields++; h.clock.advance(away) } // the host takes the core a while
+			if tc.beside {
+				if err := h.s.run(tenantShare{name: "b"}, func() (int, bool, error) { h.clock.advance(cost); return 1, false, nil }); err != nil {
+					t.Fatal(err)
+				}
+				yields = 0
+			}
+			ran, busy := 0, false
+			err := h.s.run(tenantShare{name: "a"}, func() (int, bool, error) {
+				h.clock.advance(cost)
+				ran++
+				h.s.mu.Lock()
+				busy = busy || h.s.busy
+				h.s.mu.Unlock()
+				if ran == tc.failAt {
+					return 1, true, errors.New("slice failed")
+				}
+				return 1, ran < tc.slices, nil
+			})
+			if (err != nil) != (tc.failAt > 0) {
+				t.Fatalf("job: %v", err)
+			}
+			if yields != tc.yields {
+				t.Errorf("%d slices run, %d yields, want %d", ran, yields, tc.yields)
+			}
+			if busy != tc.beside {
+				t.Errorf("the busy runner dispatched: %v, want %v", busy, tc.beside)
+			}
+			if got, want := h.used()["a"], time.Duration(ran)*cost; got != want {
+				t.Errorf("device time charged %v for %d slices of %v, want %v: the yields' time counted", got, ran, cost, want)
+			}
+		})
+	}
+}
+
 // The time the device idles for an anticipated tenant while another has
 // work is that tenant's: it is charged to its virtual time (and to its cap),
 // so a tenant that keeps requests queued behind tiny launches cannot hold
