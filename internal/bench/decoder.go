@@ -28,10 +28,10 @@ import (
 //     tenant's socket and on the mediator's node links (api.SessionStats).
 //   - A decode beside a flood of prefills. One session decodes at a steady
 //     pace (a third of the device), in windows alone and windows in which
-//     another session runs prefills of the whole context back to back; its
-//     step time's p99 beside the flood over its p99 alone. Then the same with the graphs
-//     registered with api.PhaseOther, which withholds the phases from the
-//     node's scheduler.
+//     another session on the same device runs prefills of the whole context
+//     back to back; its step time's p99 beside the flood over its p99
+//     alone. Then the same with the graphs registered with api.PhaseOther,
+//     which withholds the phases from the node's scheduler.
 //   - Eight tenants loading the same model, without hints and with them:
 //     the bytes sent to the node, in copies of the weights. A node
 //     deduplicates sealed weights by whole 2 MiB frames; with hints each
@@ -145,8 +145,9 @@ type DecoderReport struct {
 
 // FloodRun is a decode beside a flood of prefills, with or without phases.
 type FloodRun struct {
-	Phases bool `json:"phases"`
-	Steps  int  `json:"steps"` // timed, each alone and beside the flood
+	Phases bool   `json:"phases"`
+	Device string `json:"device"` // both sessions': its name, of its node
+	Steps  int    `json:"steps"`  // timed, each alone and beside the flood
 	// PeriodUs is the victim's pace: a step begins every PeriodUs (three
 	// times its median step alone, measured first), or as soon as the one
 	// before ends if that is later.
@@ -260,8 +261,8 @@ type decodeSession struct {
 // newDecodeSession loads m into a new session of tenant (with hints for
 // registered graphs; without for op by op) and registers or allocates its
 // prefill and decode passes.
-func newDecodeSession(socket, tenant string, m *models.GPT, sc *script, o models.RunOptions) (*decodeSession, error) {
-	c, err := client.Dial(client.Options{Socket: socket, Tenant: tenant})
+func newDecodeSession(opt client.Options, m *models.GPT, sc *script, o models.RunOptions) (*decodeSession, error) {
+	c, err := client.Dial(opt)
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +275,7 @@ func newDecodeSession(socket, tenant string, m *models.GPT, sc *script, o models
 	}
 	if err != nil {
 		c.Close()
-		return nil, fmt.Errorf("%s: %w", tenant, err)
+		return nil, fmt.Errorf("%s: %w", opt.Tenant, err)
 	}
 	return d, nil
 }
@@ -373,12 +374,12 @@ func (d *decodeSession) round(n int) (w wayRound, err error) {
 // graphAgainstOps runs the rounds of the two ways, alternating which goes
 // first, and fills in r's step, request, byte and KV figures.
 func graphAgainstOps(socket string, m *models.GPT, sc *script, o DecoderOptions, r *DecoderReport) (err error) {
-	graph, err := newDecodeSession(socket, "decode-graph", m, sc, models.RunOptions{})
+	graph, err := newDecodeSession(client.Options{Socket: socket, Tenant: "decode-graph"}, m, sc, models.RunOptions{})
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, closeAll(socket, []*client.Client{graph.c})) }()
-	ops, err := newDecodeSession(socket, "decode-ops", m, sc, models.RunOptions{OpByOp: true})
+	ops, err := newDecodeSession(client.Options{Socket: socket, Tenant: "decode-ops"}, m, sc, models.RunOptions{OpByOp: true})
 	if err != nil {
 		return err
 	}
@@ -433,20 +434,36 @@ const (
 )
 
 // flood times a session's decode steps alone and beside another session's
-// prefills of the whole context, in alternating windows, both sessions'
-// graphs of their phases or of api.PhaseOther.
+// prefills of the whole context on the same device, in alternating
+// windows, both sessions' graphs of their phases or of api.PhaseOther.
 func flood(socket string, m *models.GPT, sc *script, steps int, phases bool) (f FloodRun, err error) {
+	// The phases order the work of one device's scheduler, so both
+	// sessions run on one device: each takes every device of the system
+	// and uses its first. The mediator gives a session the devices with
+	// the fewest sessions first, in their order on a tie; the first
+	// session adds one to each, so the second gets the same order.
+	// (Sessions on two devices of a sim node share only the host's CPU
+	// cores, which no phase orders.)
+	devices, err := systemDevices(socket)
+	if err != nil {
+		return f, err
+	}
 	o := models.RunOptions{NoPhases: !phases}
-	victim, err := newDecodeSession(socket, "decode-victim", m, sc, o)
+	victim, err := newDecodeSession(client.Options{Socket: socket, Tenant: "decode-victim", Devices: devices}, m, sc, o)
 	if err != nil {
 		return f, err
 	}
 	defer func() { err = errors.Join(err, closeAll(socket, []*client.Client{victim.c})) }()
-	c, err := client.Dial(client.Options{Socket: socket, Tenant: "prefill-flood"})
+	c, err := client.Dial(client.Options{Socket: socket, Tenant: "prefill-flood", Devices: devices})
 	if err != nil {
 		return f, err
 	}
 	defer func() { err = errors.Join(err, closeAll(socket, []*client.Client{c})) }()
+	v, p := victim.c.Devices()[0], c.Devices()[0]
+	if v.Node != p.Node || v.Name != p.Name {
+		return f, fmt.Errorf("the decoding session got device %s of %s, the flooding one %s of %s, not the same: %w",
+			v.Name, v.Node, p.Name, p.Node, api.ErrUnavailable)
+	}
 	dev, err := m.Load(c, true)
 	if err != nil {
 		return f, err
@@ -475,7 +492,7 @@ func flood(socket string, m *models.GPT, sc *script, steps int, phases bool) (f 
 		warm = append(warm, t)
 	}
 	period := time.Duration(float64(medianOf(warm)) / floodDuty)
-	f = FloodRun{Phases: phases, Steps: steps, PeriodUs: us(period, 1)}
+	f = FloodRun{Phases: phases, Device: v.Name + " of " + v.Node, Steps: steps, PeriodUs: us(period, 1)}
 	var alone, beside []time.Duration
 	window := func(into *[]time.Duration, n int) error {
 		next := time.Now()
@@ -523,6 +540,29 @@ func flood(socket string, m *models.GPT, sc *script, steps int, phases bool) (f 
 	f.FloodP50Us, f.FloodP99Us = us(percentile(beside, 0.5), 1), us(percentile(beside, 0.99), 1)
 	f.Ratio = ratio(f.FloodP99Us, f.AloneP99Us)
 	return f, nil
+}
+
+// operatorStatus is the status of the mediator at socket.
+func operatorStatus(socket string) (*api.Status, error) {
+	op, err := client.DialOperator(socket)
+	if err != nil {
+		return nil, err
+	}
+	defer op.Close()
+	return op.Status()
+}
+
+// systemDevices is how many devices the mediator at socket drives.
+func systemDevices(socket string) (int, error) {
+	st, err := operatorStatus(socket)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, nd := range st.Nodes {
+		n += len(nd.Devices)
+	}
+	return n, nil
 }
 
 // percentile is the nearest-rank p-quantile of ds.

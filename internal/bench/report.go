@@ -175,7 +175,7 @@ func writeDecoder(b *bytes.Buffer, command string, d *DecoderReport) {
 
 	fmt.Fprintf(b, "\n### Decoding beside another tenant's prefills\n\n")
 	fmt.Fprintf(b, "One session decodes (graph) at a steady pace, a step every three times its median step alone (a third of the "+
-		"device, within its fair share of half), in windows alone and windows in which another session runs prefills of the "+
+		"device, within its fair share of half), in windows alone and windows in which another session on the same device runs prefills of the "+
 		"whole context back to back, alternating; its step time's p99 beside the flood over its p99 alone. Without phases, "+
 		"both sessions' graphs are registered with phase other.\n\n")
 	fmt.Fprintf(b, "| phases | steps | a step every | alone p50 / p99 | beside the flood p50 / p99 | prefills of the flood | **p99 ratio** |\n"+

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -139,11 +140,12 @@ func TestRunRejectsBadOptionsFirst(t *testing.T) {
 	}
 }
 
-// The decoder part at tiny sizes: every figure measured, both ways
-// checked against the reference at every step, the graph's decode step
-// one request, and no KV cache bytes over the network.
+// The decoder part at tiny sizes on a node of two devices: every figure
+// measured, both ways checked against the reference at every step, the
+// graph's decode step one request, no KV cache bytes over the network,
+// and the decoding and the flooding sessions on one device.
 func TestDecoderPart(t *testing.T) {
-	socket := systest.Start(t, 1, 128<<20)
+	socket := systest.Start(t, 2, 128<<20)
 	r, err := decoder(socket, tinyDecoder, func(string) {})
 	if err != nil {
 		t.Fatal(err)
@@ -160,8 +162,22 @@ func TestDecoderPart(t *testing.T) {
 			r.GraphNodeBytes, r.NodeBytesEarly, r.NodeBytesLate, r.KVBytesPerToken, r.KVBytesOverNetwork)
 	}
 	if len(r.Flood) != 2 || !r.Flood[0].Phases || r.Flood[1].Phases || !(r.FloodRatio > 0 && r.FloodNoPhasesRatio > 0) || r.Flood[0].FloodPrefills == 0 ||
-		!(r.Flood[0].PeriodUs > 2*r.Flood[0].AloneP50Us) {
+		!(r.Flood[0].PeriodUs > 2*r.Flood[0].AloneP50Us) || r.Flood[0].Device == "" {
 		t.Errorf("flood %+v", r.Flood)
+	}
+	// The node's scheduler saw both tenants' work on the same devices.
+	st, err := operatorStatus(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[string][]uint32{}
+	for _, sh := range st.Nodes[0].Shares {
+		if sh.DeviceTime > 0 {
+			used[sh.Tenant] = append(used[sh.Tenant], sh.Device)
+		}
+	}
+	if v, p := used["decode-victim"], used["prefill-flood"]; len(v) == 0 || !slices.Equal(v, p) {
+		t.Errorf("devices used: decoding tenant %v, flooding tenant %v, want the same", v, p)
 	}
 	// The model's weights, 0.1 MiB packed into one frame, are sent once
 	// with hints (the later tenants' frame named by its hash), by every
