@@ -201,14 +201,15 @@ func (d *device) chargeOff(t tenantShare, took time.Duration) {
 
 // chargeAside charges t.aside, device work done for t off the runners: it
 // adds it to what t owes d (scheduler.owe), and once that comes to a step
-// or more, charges it in an empty job. The job takes the tenant's turn, so
-// its next work waits as long as after a slice that long, and a cap holds.
+// or more, charges it in an empty job (scheduler.runCharge: of the phase
+// of the tenant's last slice). The job takes the tenant's turn, so its
+// next work waits as long as after a slice that long, and a cap holds.
 // Shorter work, like a look for a launch left or a small fill, waits for
 // nothing: it costs no more than reading its request, and adds up. The job
 // fails only if the scheduler closed, when there is nothing left to charge.
 func (d *device) chargeAside(t tenantShare) {
 	if t.aside = d.sched.owe(t); t.aside > 0 {
-		_ = d.sched.run(t, func() (int, bool, error) { return 0, false, nil })
+		_ = d.sched.runCharge(t)
 	}
 }
 

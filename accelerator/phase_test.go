@@ -90,3 +90,65 @@ func TestSchedDecodeKeepsShares(t *testing.T) {
 		})
 	}
 }
+
+// TestSchedChargeTakesLastPhase: an empty job that charges a tenant's work
+// off the runners (runCharge) is of the phase of the tenant's last slice.
+// A decode tenant ahead of a heavier bulk tenant in virtual time, within
+// decodeLead, has its charge run after the slice in progress; as bulk work
+// (as charges were) it would wait for the bulk tenant to catch up, and
+// after a prefill of its own it does.
+func TestSchedChargeTakesLastPhase(t *testing.T) {
+	const slice = time.Millisecond
+	for _, tc := range []struct {
+		name             string
+		last             api.Phase // of the tenant's job before the charge
+		plain            bool      // the charge as an empty job of phase other
+		minWait, maxWait int       // bulk slices run while the charge waits
+	}{
+		{"after decode", api.PhaseDecode, false, 0, 1},
+		{"after decode, as bulk work", api.PhaseDecode, true, 15, 25},
+		{"after prefill", api.PhasePrefill, false, 5, 15},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newSchedHarness(t)
+			dec := tenantShare{name: "dec"}
+			slicesOf := func() uint64 {
+				h.s.mu.Lock()
+				defer h.s.mu.Unlock()
+				return h.s.accounts[dec.name].slices
+			}
+			var jobDone <-chan error
+			charged := make(chan error, 1)
+			arrived, wait := -1, -1
+			bulk := h.submitPhase(tenantShare{name: "bulk", weight: 10}, api.PhasePrefill, slice, func(i int) bool {
+				switch {
+				case i == 10: // the tenant's own job of two slices
+					jobDone = h.submitPhase(dec, tc.last, slice, func(i int) bool { return i < 2 })
+				case i > 10 && arrived < 0 && len(jobDone) > 0: // then its charge
+					arrived = i
+					h.wg.Go(func() {
+						if tc.plain {
+							charged <- h.s.run(dec, func() (int, bool, error) { return 0, false, nil })
+						} else {
+							charged <- h.s.runCharge(dec)
+						}
+					})
+					for !h.queued(dec.name, charged) {
+						time.Sleep(50 * time.Microsecond)
+					}
+				case arrived >= 0 && wait < 0 && slicesOf() == 3:
+					wait = i - arrived - 1
+				}
+				return i < 100
+			})
+			for _, c := range []<-chan error{bulk, charged} {
+				if err := <-c; err != nil {
+					t.Fatal(err)
+				}
+			}
+			if wait < tc.minWait || wait > tc.maxWait {
+				t.Errorf("the charge waited for %d bulk slices, want %d to %d", wait, tc.minWait, tc.maxWait)
+			}
+		})
+	}
+}

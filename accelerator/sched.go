@@ -32,7 +32,12 @@ package accelerator
 // queue) is at a decode slice and its virtual time is at most v plus
 // decodeLead, the one of those with the least virtual time runs next, and
 // an anticipation (below) gives way to it; otherwise the tenant at v runs,
-// as without phases. So, precisely:
+// as without phases. The empty job that charges a tenant's work done off
+// the runners once it adds up (runCharge: preparing launches, the small
+// reads and writes around a graph's run) is of the phase of the tenant's
+// last slice, so that a decode step's reply does not wait behind bulk
+// work for it (it did, for 1-2 ms, in one or two steps of a hundred beside
+// a prefill flood). So, precisely:
 //   - Decode work whose tenant is within its share (not decodeLead ahead)
 //     waits for at most the slice in progress and the pick, whatever bulk
 //     work is queued, then runs slice after slice until it is done, its
@@ -233,8 +238,16 @@ type job struct {
 	done    chan error  // buffered; receives the job's result once
 }
 
+// nextPhase is the phase of j's next slice.
+func (j *job) nextPhase() api.Phase {
+	if j.phase == nil {
+		return api.PhaseOther
+	}
+	return j.phase()
+}
+
 // decode says whether j's next slice is latency-sensitive decode work.
-func (j *job) decode() bool { return j.phase != nil && j.phase() == api.PhaseDecode }
+func (j *job) decode() bool { return j.nextPhase() == api.PhaseDecode }
 
 // account is one tenant's queue and use of one device.
 type account struct {
@@ -246,7 +259,8 @@ type account struct {
 	throttled  bool
 	idleSince  time.Duration // clock time its last job ended, if ran
 	ran        bool
-	waiting    bool // its connection had requests waiting when its last job ended
+	waiting    bool      // its connection had requests waiting when its last job ended
+	phase      api.Phase // of the slice of it dispatched last (runCharge)
 
 	budget   time.Duration // token bucket of a capped tenant
 	owed     time.Duration // work off the runners not charged yet, less than stepTime (owe)
@@ -363,6 +377,16 @@ func (s *scheduler) runPhased(t tenantShare, st step, phase func() api.Phase) er
 	s.mu.Unlock()
 	poke(wake)
 	return <-j.done
+}
+
+// runCharge runs an empty job for t: it charges t.aside (chargeTo) and
+// returns once t's turn has come. The job is of the phase of t's last
+// slice, so the work off the runners of a decode tenant's invocations
+// (preparing launches, the reads and writes around a graph's run) waits as
+// its decode work would, not behind other tenants' bulk work. (t's account
+// stays while the job is queued: prune drops only accounts without jobs.)
+func (s *scheduler) runCharge(t tenantShare) error {
+	return s.runPhased(t, func() (int, bool, error) { return 0, false, nil }, func() api.Phase { return s.accounts[t.name].phase })
 }
 
 // owe adds t.aside, device work done for t off the runners, to what t's
@@ -662,6 +686,7 @@ func (s *scheduler) runner(busy bool) {
 		}
 		s.vnow = a.vtime
 		j := a.jobs[0]
+		a.phase = j.nextPhase()
 		s.mu.Unlock()
 
 		start := s.clock.now()
