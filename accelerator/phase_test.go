@@ -1,6 +1,7 @@
 package accelerator
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -150,5 +151,33 @@ func TestSchedChargeTakesLastPhase(t *testing.T) {
 				t.Errorf("the charge waited for %d bulk slices, want %d to %d", wait, tc.minWait, tc.maxWait)
 			}
 		})
+	}
+}
+
+// TestSchedDecodeEndsAnticipation: decode work next by virtual time does
+// not wait while the device anticipates another tenant's next job. Tenant
+// c (weight 10) has requests waiting when its job ends, so the device
+// would wait for it, c being behind d in virtual time; d's decode job,
+// queued meanwhile, runs at once instead.
+func TestSchedDecodeEndsAnticipation(t *testing.T) {
+	h := newSchedHarness(t)
+	h.hold()
+	start := h.clock.now()
+	var second <-chan error
+	d := tenantShare{name: "d"}
+	first := h.submitPhase(d, api.PhaseDecode, time.Millisecond, func(int) bool { return false })
+	c := h.submit(tenantShare{name: "c", weight: 10, waiting: func() bool { return true }}, time.Millisecond, func(int) bool {
+		second = h.submitPhase(d, api.PhaseDecode, time.Millisecond, func(int) bool { return false })
+		return false
+	})
+	h.release()
+	if err := errors.Join(<-first, <-c); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	if idle := h.clock.now() - start - 3*time.Millisecond; idle != 0 {
+		t.Fatalf("the device idled %v in front of a decode job next by virtual time, anticipating another tenant", idle)
 	}
 }

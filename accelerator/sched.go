@@ -562,8 +562,9 @@ func (s *scheduler) pick() (*account, time.Duration) {
 	s.shared = active > 1
 	// Decode work within decodeLead of the least virtual time goes first;
 	// it also ends any anticipation of another tenant's next job, which
-	// would keep the device idle in front of it.
-	urgent := decode != nil && decode != best && decode.vtime-best.vtime <= decodeLead.Seconds()
+	// would keep the device idle in front of it, also when it is next by
+	// virtual time anyway.
+	urgent := decode != nil && decode.vtime-best.vtime <= decodeLead.Seconds()
 	if urgent {
 		best = decode
 	}
