@@ -28,9 +28,11 @@ func main() {
 }
 
 // dial connects to the mediator, whose answers need not be awaited beyond
-// the hook's own deadline.
+// the hook's own deadline. RunHook gives up at that deadline and says on
+// what; the connection's timeout, a little later, only backs it up, so
+// that the two never race to report one stall.
 func dial(socket string) (runtimehook.Mediator, error) {
-	o, err := client.DialOperatorTimeout(socket, runtimehook.HookDeadline)
+	o, err := client.DialOperatorTimeout(socket, runtimehook.HookDeadline+250*time.Millisecond)
 	if err != nil {
 		return nil, err
 	}
