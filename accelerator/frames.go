@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vgpu/vgpu/api"
 )
@@ -36,9 +37,14 @@ const retainedOwner = ^owner(0)
 // held frame is sealed (retainedOwner's count as held), and it is unsealed
 // (unseal) before it is released;
 // a frame in a shared object that may be written (coherent or versioned) is
-// never sealed, so the content index's hashes hold (shared.go, content.go).
+// never sealed, so the content index's hashes hold (shared.go, content.go);
+// gen changes, under mu, with every change of the table.
 type frameTable struct {
-	mu     sync.RWMutex
+	mu sync.RWMutex
+	// gen counts the table's changes: owners, held counts, seals and
+	// shared runs alike. A check of extents made while gen was g holds
+	// for as long as gen is g (a graph's run skips them then: graph.go).
+	gen    atomic.Uint64
 	owners []owner              // by frame number
 	held   map[owner]int        // frames each owner holds
 	sealed []bool               // by frame number
@@ -57,6 +63,7 @@ func newFrameTable(memory uint64) *frameTable {
 func (t *frameTable) alloc(o owner, n int) ([]uint64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.gen.Add(1)
 	if n <= 0 {
 		return nil, fmt.Errorf("allocate %d frames: %w", n, api.ErrInvalidArgument)
 	}
@@ -139,6 +146,7 @@ func (t *frameTable) checkOwned(o owner, addrs []uint64) error {
 func (t *frameTable) release(addrs []uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.gen.Add(1)
 	for _, a := range addrs {
 		o := t.owners[a/FrameSize]
 		if t.held[o]--; t.held[o] == 0 {
@@ -154,6 +162,7 @@ func (t *frameTable) release(addrs []uint64) {
 func (t *frameTable) move(from, to owner, addrs []uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.gen.Add(1)
 	for _, a := range addrs {
 		t.owners[a/FrameSize] = to
 	}
@@ -231,6 +240,7 @@ func (t *frameTable) isSealed(addr uint64) bool {
 func (t *frameTable) seal(addr uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.gen.Add(1)
 	t.sealed[addr/FrameSize] = true
 }
 
@@ -239,6 +249,7 @@ func (t *frameTable) seal(addr uint64) {
 func (t *frameTable) unseal(addrs []uint64) []uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.gen.Add(1)
 	var out []uint64
 	for _, a := range addrs {
 		if f := a / FrameSize; t.sealed[f] {
@@ -325,6 +336,7 @@ func (t *frameTable) share(xs []api.Extent) error {
 	byFrame := runsByFrame(xs)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.gen.Add(1)
 	if err := t.shareableLocked(byFrame); err != nil {
 		return err
 	}
@@ -341,6 +353,7 @@ func (t *frameTable) unshare(xs []api.Extent) {
 	byFrame := runsByFrame(xs)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.gen.Add(1)
 	for f, ps := range byFrame {
 		// Both lists are sorted: one pass drops the runs of ps.
 		i := 0

@@ -23,11 +23,21 @@ package accelerator
 //     node does not rely on it, and the ownership check at each run costs
 //     a frame-table look-up per extent. A frame freed (or sealed, or
 //     shared) since registration fails the run naming the launch; a frame
-//     freed and handed to another connection is never touched.
+//     freed and handed to another connection is never touched. These
+//     checks look at nothing but the bound values and the frame table, so
+//     a launch whose values are those of the last run that got through
+//     step 3's plans keeps that run's checked arguments while the table's
+//     generation (frameTable.gen, changed by every alloc, free, seal,
+//     unseal, share and unshare on the device, any connection's) is the
+//     one that run read before its checks.
 //  3. Plan every launch (kernels.Plan checks everything and writes
 //     nothing), then run the launches in order; a failure is the first
 //     failing launch's, as an *api.BatchError of op api.OpNodeLaunch whose
-//     Index is the launch's.
+//     Index is the launch's. A launch kept from the last run as in step 2
+//     is not planned here where the plan would only be a check (an after
+//     or gathered one, below) and it reads no indices: with the same
+//     arguments in the same frames, and no contents looked at, its plan
+//     passes again.
 //
 // A plan made up front sees the bytes as they are before the run, which
 // matters where a kernel checks contents: the indices of the embedding
@@ -55,7 +65,8 @@ package accelerator
 // Invariants: a connection's graphs are used only by whichever goroutine
 // executes its requests (one at a time, node.go), so they need no lock;
 // a graph's launches, arguments and extents never change once registered
-// (a run binds and trims copies).
+// (a run binds and trims copies); nodeGraph.checked holds what the last
+// run that planned the whole graph checked, valid only with gen and ok.
 
 import (
 	"fmt"
@@ -90,8 +101,22 @@ type connGraphs struct {
 type nodeGraph struct {
 	d        *device
 	launches []graphLaunch
-	scalars  int // a run's scalars: 1 + the highest index referenced, or 0
+	phases   []api.Phase // by launch
+	scalars  int         // a run's scalars: 1 + the highest index referenced, or 0
 	extents  int
+	// checked is, by launch, its arguments bound, checked and trimmed by
+	// the last run that planned the whole graph (ok), when d's frame
+	// table's generation was gen; the run after reuses those whose values
+	// are its own while the generation is still gen.
+	checked []checkedLaunch
+	gen     uint64
+	ok      bool
+	// Scratch of a run, by launch: whether its check was reused, and the
+	// plans made before the run.
+	reused []bool
+	plans  []*kernels.Plan
+	// rechecks counts the launches checked in full, over all runs.
+	rechecks int
 }
 
 // graphLaunch is one launch of a graph, checked at registration.
@@ -107,6 +132,8 @@ type graphLaunch struct {
 	late bool
 	// gathered: a buffer of it lies in several runs of memory.
 	gathered bool
+	// indices: it reads an i32 buffer, whose contents its plan checks.
+	indices bool
 }
 
 // graphOp executes a graph request; false if r is none.
@@ -172,13 +199,15 @@ func (c *conn) registerGraph(m *api.NodeGraph) (uint32, error) {
 	if err != nil {
 		return 0, err
 	}
-	g := &nodeGraph{d: d, launches: make([]graphLaunch, len(m.Launches)), extents: extents}
+	n := len(m.Launches)
+	g := &nodeGraph{d: d, launches: make([]graphLaunch, n), phases: make([]api.Phase, n), extents: extents,
+		checked: make([]checkedLaunch, n), reused: make([]bool, n), plans: make([]*kernels.Plan, n)}
 	for i, l := range m.Launches {
 		gl, need, err := c.checkGraphLaunch(d, l)
 		if err != nil {
 			return 0, launchError(i, err)
 		}
-		g.launches[i] = gl
+		g.launches[i], g.phases[i] = gl, gl.phase
 		g.scalars = max(g.scalars, need)
 	}
 	g.classify()
@@ -212,13 +241,14 @@ func (c *conn) checkGraphLaunch(d *device, l api.NodeGraphLaunch) (graphLaunch, 
 		return graphLaunch{}, 0, err
 	}
 	need := 0
-	gathered := false
+	gathered, indices := false, false
 	for i, a := range l.Args {
+		p := k.Info.Params[i]
 		gathered = gathered || len(a.Extents) > 1
+		indices = indices || a.Kind == api.ArgBuffer && p.DType == api.DTypeI32 && (p.Access == api.AccessRead || p.Access == api.AccessReadWrite)
 		if a.Scalar < 0 {
 			continue
 		}
-		p := k.Info.Params[i]
 		if a.Kind != api.ArgI64 {
 			return graphLaunch{}, 0, fmt.Errorf("%s: argument %d (%s) is %v and cannot come from scalar %d: only i64 arguments can: %w",
 				l.Kernel, i, p.Name, a.Kind, a.Scalar, api.ErrInvalidArgument)
@@ -232,7 +262,7 @@ func (c *conn) checkGraphLaunch(d *device, l api.NodeGraphLaunch) (graphLaunch, 
 	if err := c.checkBuffers(d, k, args); err != nil {
 		return graphLaunch{}, 0, err
 	}
-	return graphLaunch{k: k, phase: l.Phase, args: l.Args, gathered: gathered}, need, nil
+	return graphLaunch{k: k, phase: l.Phase, args: l.Args, gathered: gathered, indices: indices}, need, nil
 }
 
 // classify marks the launches of g that read bytes an earlier launch
@@ -295,18 +325,15 @@ func (c *conn) runGraph(m *api.NodeGraphRun) error {
 	}
 	d := g.d
 	start := d.sched.clock.now()
-	ls, plans, err := c.planGraph(g, m.Scalars)
+	err := c.planGraph(g, m.Scalars)
 	t := c.share
 	t.aside = d.sched.clock.now() - start // device work of the run's, as a launch's preparation
 	if err != nil {
 		d.chargeAside(t)
 		return err
 	}
-	phases := make([]api.Phase, len(g.launches))
-	for i, l := range g.launches {
-		phases[i] = l.phase
-	}
-	errs := d.runLaunches(t, &launchRun{d: d, ls: ls, plans: plans, phases: phases, stop: true})
+	errs := d.runLaunches(t, &launchRun{d: d, ls: g.checked, plans: g.plans, phases: g.phases, stop: true})
+	clear(g.plans) // those of launches a failure left unrun
 	for i, err := range errs {
 		if err != nil {
 			return launchError(i, err)
@@ -315,15 +342,30 @@ func (c *conn) runGraph(m *api.NodeGraphRun) error {
 	return nil
 }
 
-// planGraph binds and checks every launch of g with scalars and plans
-// those it may plan before the run (see the file comment), writing
-// nothing. It returns the launches and, by launch, the plans to run (nil:
-// prepare at its turn).
-func (c *conn) planGraph(g *nodeGraph, scalars []int64) ([]checkedLaunch, []*kernels.Plan, error) {
+// planGraph binds and checks every launch of g with scalars into
+// g.checked and plans into g.plans those it may plan before the run (see
+// the file comment), writing nothing; a nil plan is prepared at its turn.
+//
+// What the last run that got this far checked is not checked again while
+// the frame table has not changed since (its generation is the same), for
+// every launch whose bound values are the same: the checks look at nothing
+// else. Nor is such a launch planned before the run if that plan is only a
+// check (an after or gathered launch: it is prepared again at its turn
+// anyway) and it reads no indices, whose contents a run's inputs may have
+// changed: given its arguments and the frames they lie in, a plan that
+// passed passes again.
+func (c *conn) planGraph(g *nodeGraph, scalars []int64) error {
 	d := g.d
-	ls := make([]checkedLaunch, len(g.launches))
+	gen := d.frames.gen.Load() // before any check: a change after it is seen by the next run
+	valid := g.ok && g.gen == gen
+	g.ok = false // until every launch is checked and planned again
 	for i := range g.launches {
 		l := &g.launches[i]
+		g.reused[i] = valid && l.bound(g.checked[i].args, scalars)
+		if g.reused[i] {
+			continue
+		}
+		g.rechecks++
 		args, err := l.bind(scalars)
 		if err == nil {
 			err = c.checkBuffers(d, l.k, args)
@@ -334,33 +376,51 @@ func (c *conn) planGraph(g *nodeGraph, scalars []int64) ([]checkedLaunch, []*ker
 			}
 		}
 		if err != nil {
-			return nil, nil, launchError(i, err)
+			return launchError(i, err)
 		}
-		ls[i] = checkedLaunch{k: l.k, args: args}
+		g.checked[i] = checkedLaunch{k: l.k, args: args}
 	}
 	// With every launch checked, aliased frames to be written get memory
 	// of their own (which changes no byte), before any plan takes a view
-	// of them.
-	for i, l := range ls {
+	// of them. A dedup may alias a frame between two runs without changing
+	// the frame table, so this is done at every run.
+	for i, l := range g.checked {
 		if err := c.ownWritten(d, l.k, l.args); err != nil {
-			return nil, nil, launchError(i, err)
+			return launchError(i, err)
 		}
 	}
-	plans := make([]*kernels.Plan, len(ls))
-	for i, l := range ls {
+	for i, l := range g.checked {
 		gl := &g.launches[i]
-		if gl.late {
+		g.plans[i] = nil
+		if gl.late || g.reused[i] && (gl.after || gl.gathered) && !gl.indices {
 			continue
 		}
 		p, finish, err := d.prepare(l)
 		if err != nil {
-			return nil, nil, launchError(i, fmt.Errorf("%s: %w", d.Info().Name, err))
+			clear(g.plans)
+			return launchError(i, fmt.Errorf("%s: %w", d.Info().Name, err))
 		}
 		if !gl.after && !gl.gathered && finish == nil {
-			plans[i] = p
+			g.plans[i] = p
 		}
 	}
-	return ls, plans, nil
+	g.gen, g.ok = gen, true
+	return nil
+}
+
+// bound says whether args, l's arguments bound and trimmed for a run,
+// have the values scalars give them.
+func (l *graphLaunch) bound(args []api.NodeArg, scalars []int64) bool {
+	for i, a := range l.args {
+		if a.Scalar < 0 {
+			continue
+		}
+		v, ok := api.ScalarValue(a.Mul, scalars[a.Scalar], a.Add)
+		if !ok || uint64(v) != args[i].Bits {
+			return false
+		}
+	}
+	return true
 }
 
 // bind returns l's arguments with the values scalars give them: copies,

@@ -2,6 +2,7 @@ package accelerator
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -302,6 +303,21 @@ func TestNodeGraphFailedRunWritesNothing(t *testing.T) {
 	if got := c.floats(0, x, y, out); got != "[7 7 7 7 14 14 14 14 40 42]" {
 		t.Fatalf("x, y, out after a good run: %s", got)
 	}
+	// The same, where the launch reading the indices also reads what an
+	// earlier one writes: its plan before the run, a check of them, is
+	// made at every run, the frame table unchanged or not.
+	tableFill := gLaunch(api.PhaseDecode, "fill_f32", gBuf(table), gI64(rows*dim), gF32(5))
+	afterTable := c.mustRegister(0, tableFill, bag)
+	reset()
+	if err := c.runGraph(afterTable); err != nil {
+		t.Fatal(err)
+	}
+	c.mustWrite(0, []api.Extent{table}, f32Bytes(0, 1, 10, 11, 20, 21, 30, 31))
+	c.mustWrite(0, []api.Extent{ext(idx.Addr+4, 0, 4)}, []byte{rows, 0, 0, 0})
+	wantErr(t, c.runGraph(afterTable), api.ErrInvalidArgument, "command 1 (node-launch)", "embedding_bag_sum", "indices[1] = 4")
+	if got := c.floats(0, table); got != "[0 1 10 11 20 21 30 31]" {
+		t.Fatalf("table after a run whose 2nd launch's index was out of range: %s, want it untouched", got)
+	}
 	// Indices an earlier launch of the run writes are checked at their
 	// launch's turn (the limit in graph.go): the launches before it ran.
 	reset()
@@ -452,4 +468,91 @@ func FuzzNodeGraph(f *testing.F) {
 			t.Fatalf("another connection's frame reads %x, %v: a graph changed it", got, err)
 		}
 	})
+}
+
+// directConn is a connection of tenant to tn's node without a socket, so
+// that a test can call its graph requests and see what each run checked.
+func directConn(t *testing.T, tn *testNode, tenant string) *conn {
+	t.Helper()
+	n := tn.node
+	c := &conn{node: n, owner: owner(n.nextOwner.Add(1)), tenant: tenant}
+	limits, _ := n.joinTenant(tenant, c.owner, limit{weight: 1})
+	c.share = tenantShare{name: tenant, limits: limits, waiting: func() bool { return false }}
+	t.Cleanup(func() { n.leaveTenant(tenant, c.owner) })
+	return c
+}
+
+// TestNodeGraphRecheck: a run checks again only the launches whose values
+// changed, while the frame table has not changed since the last run that
+// planned the whole graph; any change of it (another connection's too)
+// has every launch checked again, so a frame freed, sealed or shared
+// since fails the run naming the launch, as at the first run.
+func TestNodeGraphRecheck(t *testing.T) {
+	tn := startNode(t)
+	c := directConn(t, tn, "acme")
+	other := directConn(t, tn, "rival")
+	d := tn.node.devs[0]
+	for _, tc := range []struct {
+		name     string
+		change   func(x, y api.Extent)
+		scalars  []int64
+		rechecks int      // launches checked in full by the second run
+		sentinel error    // of the second run
+		names    []string // in its error
+	}{
+		{"nothing changed", func(x, y api.Extent) {}, []int64{2}, 0, nil, nil},
+		{"a value changed", func(x, y api.Extent) {}, []int64{3}, 1, nil, nil},
+		{"another connection allocated", func(x, y api.Extent) {
+			if _, err := d.frames.alloc(other.owner, 1); err != nil {
+				t.Fatal(err)
+			}
+		}, []int64{2}, 2, nil, nil},
+		{"a frame freed", func(x, y api.Extent) { d.frames.release([]uint64{y.Addr}) }, []int64{2}, 2,
+			api.ErrPermissionDenied, []string{"command 1 (node-launch)", "saxpy argument 3 (y)", "not held"}},
+		{"a frame sealed", func(x, y api.Extent) { d.frames.seal(x.Addr) }, []int64{2}, 1,
+			api.ErrPermissionDenied, []string{"command 0 (node-launch)", "fill_f32 argument 0 (x)", "sealed"}},
+		{"a frame shared", func(x, y api.Extent) {
+			if err := d.frames.share([]api.Extent{y}); err != nil {
+				t.Fatal(err)
+			}
+		}, []int64{2}, 2, api.ErrPermissionDenied, []string{"command 1 (node-launch)", "saxpy argument 3 (y)", "shared object"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := d.frames.alloc(c.owner, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x, y := ext(f[0], 0, 16), ext(f[1], 0, 16)
+			id, err := c.registerGraph(&api.NodeGraph{Launches: []api.NodeGraphLaunch{
+				gLaunch(api.PhaseDecode, "fill_f32", gBuf(x), gI64(4), gF32(2)),
+				gLaunch(api.PhaseDecode, "saxpy", gScalar(0, 1, 0), gF32(1), gBuf(x), gBuf(y)), // reads what fill_f32 wrote
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := c.graphs.byID[id]
+			if err := c.runGraph(&api.NodeGraphRun{Graph: id, Scalars: []int64{2}}); err != nil || g.rechecks != 2 {
+				t.Fatalf("first run: err %v, %d launches checked, want 2", err, g.rechecks)
+			}
+			tc.change(x, y)
+			err = c.runGraph(&api.NodeGraphRun{Graph: id, Scalars: tc.scalars})
+			if got := g.rechecks - 2; got != tc.rechecks {
+				t.Errorf("second run checked %d launches, want %d", got, tc.rechecks)
+			}
+			if tc.sentinel == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, tc.sentinel) {
+				t.Fatalf("second run: %v, want %v", err, tc.sentinel)
+			}
+			for _, s := range tc.names {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not name %q", err, s)
+				}
+			}
+		})
+	}
 }
