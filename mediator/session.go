@@ -1088,6 +1088,8 @@ func (s *session) drainAll() {
 	}
 	s.mu.Unlock()
 	for _, st := range streams {
-		st.drain()
+		if !st.idle() {
+			st.drain()
+		}
 	}
 }

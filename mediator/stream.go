@@ -351,6 +351,17 @@ func (s *session) newStream(id uint32) *stream {
 	return st
 }
 
+// idle says whether every command queued on st so far has completed
+// (been answered), when a drain would only cost two goroutine hand-offs.
+func (st *stream) idle() bool {
+	if st.queued.Load() != 0 {
+		return false // some not issued yet
+	}
+	st.answers.mu.Lock()
+	defer st.answers.mu.Unlock()
+	return st.answers.n == 0
+}
+
 // drain returns once every command queued before it has completed.
 func (st *stream) drain() {
 	ch := make(chan struct{})

@@ -424,19 +424,36 @@ func (s *session) invokeGraph(h api.Header, body []byte) error {
 	defer putOut(out)
 	v := s.vdevs[g.dev]
 	dev := v.dev.info.Index
-	calls := make([]*api.Call, 0, len(g.inputs)+1+len(g.outputs))
+	n := len(g.inputs) + 1 + len(g.outputs)
+	calls := make([]*api.Call, 0, n)
+	// The writes, the run and the reads leave in one system call, not one
+	// each: the connection is held while they are sent, and all but the
+	// last stay in its buffer (GoThen) until the last (Go) flushes them.
+	// A failed flush fails the connection, and so every one of them.
+	v.rpc.Hold()
+	send := func(op api.Op, into []byte, parts ...[]byte) {
+		if len(calls)+1 == n {
+			calls = append(calls, v.rpc.Go(op, into, parts...))
+		} else {
+			calls = append(calls, v.rpc.GoThen(op, into, nil, parts...))
+		}
+	}
 	in := m.Inputs
 	for _, t := range g.inputs {
-		calls = append(calls, v.rpc.Go(api.OpNodeWrite, nil, api.Encode(&api.NodeAccess{Device: dev, Extents: t.xs}), in[:t.bytes]))
+		send(api.OpNodeWrite, nil, api.Encode(&api.NodeAccess{Device: dev, Extents: t.xs}), in[:t.bytes])
 		in = in[t.bytes:]
 	}
 	run := len(calls)
-	calls = append(calls, v.rpc.Go(api.OpNodeGraphRun, nil, api.Encode(&api.NodeGraphRun{Graph: g.node, Scalars: m.Scalars[:g.nodeScalars]})))
+	send(api.OpNodeGraphRun, nil, api.Encode(&api.NodeGraphRun{Graph: g.node, Scalars: m.Scalars[:g.nodeScalars]}))
 	var off uint64
 	for _, t := range g.outputs {
-		calls = append(calls, v.rpc.Go(api.OpNodeRead, (*out)[off:off+t.bytes], api.Encode(&api.NodeAccess{Device: dev, Extents: t.xs})))
+		send(api.OpNodeRead, (*out)[off:off+t.bytes], api.Encode(&api.NodeAccess{Device: dev, Extents: t.xs}))
 		off += t.bytes
 	}
+	// Release flushes what other goroutines wrote after our last frame
+	// while we held the connection: their calls learn of a failed flush
+	// as of any broken connection, from its reader.
+	_ = v.rpc.Release()
 	// The first failure in order is the one to report: the run's (the
 	// first failing op's) unless an input failed to land before it.
 	var first error
