@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
@@ -587,5 +588,61 @@ func TestTensorGraphArenaIsNotBound(t *testing.T) {
 	wantErr(t, err, api.ErrInvalidArgument, `"stolen"`, fmt.Sprintf("%#x", probe), "the arena of", `"fill"`)
 	if err := release(t, c, a); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTensorGraphInvocationFollowsQueuedWork: an invocation sent right
+// behind a copy that is still queued on a stream (too large to run on
+// arrival) reads what the copy wrote, and one behind a stream with nothing
+// pending reads what is there: an invocation waits for exactly the work
+// queued before it.
+func TestTensorGraphInvocationFollowsQueuedWork(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	c := hostile(t, sys, "acme")
+	const n = 1 << 17 // 512 KiB: a copy of it is handed to the stream's executor
+	cache := mallocHint(t, c, 4*n, api.HintKVCache)
+	id := mustRegister(t, c, &api.GraphDef{
+		Name: "sum",
+		Tensors: []api.TensorDef{
+			{Name: "cache", DType: api.DTypeF32, Shape: []int64{n}, Residency: api.ResKVCache, Addr: cache},
+			{Name: "sum", DType: api.DTypeF32, Shape: []int64{1}, Residency: api.ResOutput},
+		},
+		Ops: []api.OpDef{{Kernel: "reduce_sum_f32", Phase: api.PhaseDecode, Args: []api.OpArg{tgI64(n), tgTensor(0), tgTensor(1)}}},
+	})
+	reply := func(id uint64) []byte {
+		t.Helper()
+		_ = c.NetConn().SetReadDeadline(time.Now().Add(5 * time.Second))
+		h, err := c.ReadHeader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, h.Len)
+		if err := c.ReadBody(b); err != nil {
+			t.Fatal(err)
+		}
+		if h.ID != id || h.Flags&api.FlagError != 0 {
+			t.Fatalf("reply %+v, want a good one to request %d", h, id)
+		}
+		return b
+	}
+	var copied float32 // the value every float of the cache has
+	for k := range uint64(4) {
+		busy := k%2 == 1 // a stream busy with a copy; else idle
+		if busy {
+			copied = float32(k)
+			v := client.Float32Bytes(seq(n, func(int) float32 { return copied }))
+			if err := c.WriteFrame(api.OpCopyToDevice, 0, 100+k, api.Encode(&api.CopyToDevice{Dst: cache, Payload: v})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.WriteFrame(api.OpGraphInvoke, 0, 200+k, api.Encode(&api.GraphInvoke{Graph: id})); err != nil {
+			t.Fatal(err)
+		}
+		if busy {
+			reply(100 + k) // answered before the invocation ran
+		}
+		if got, want := client.BytesFloat32(reply(200 + k))[0], copied*n; got != want {
+			t.Fatalf("invocation %d: sum %v, want %v", k, got, want)
+		}
 	}
 }
