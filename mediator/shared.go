@@ -54,6 +54,14 @@ type pageCache struct {
 	mu    sync.Mutex
 	cache *coherence.Cache
 	m     *Mediator
+	// stale is nil but in a test (PlantStaleAfterInval, export_test.go)
+	// that plants a broken protocol, to show that the linearizability
+	// checker catches one: invalidations are acknowledged but not applied,
+	// so a copy is served until its lease runs out. It holds the highest
+	// version each page was invalidated for; staleServes counts the copies
+	// of older versions served since. Both are guarded by mu.
+	stale       map[coherence.Key]uint64
+	staleServes uint64
 }
 
 func newPageCache(m *Mediator, bytes int64) (*pageCache, error) {
@@ -87,7 +95,12 @@ func (pc *pageCache) push(rpc *api.RPC, op api.Op, body []byte) {
 		return
 	}
 	pc.mu.Lock()
-	pc.cache.Invalidate(m.Object, m.Page, m.Version)
+	if pc.stale != nil { // the planted bug
+		k := coherence.Key{Object: m.Object, Page: m.Page}
+		pc.stale[k] = max(pc.stale[k], m.Version)
+	} else {
+		pc.cache.Invalidate(m.Object, m.Page, m.Version)
+	}
 	pc.mu.Unlock()
 	rpc.Go(api.OpNodeInvalAck, nil, body) // nobody waits: a lost ack costs the writer a lease
 }
@@ -555,8 +568,11 @@ func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completi
 		version := r.version.Load() // 0 but for versioned buffers
 		key := coherence.Key{Object: r.object, Version: version, Page: page}
 		pc.mu.Lock()
-		data, _, ok := pc.cache.Lookup(key, mnow())
+		data, v, ok := pc.cache.Lookup(key, mnow())
 		if ok {
+			if pc.stale != nil && v < pc.stale[key] {
+				pc.staleServes++
+			}
 			copy(dst[at:at+k], data[inPage:inPage+k])
 			pc.mu.Unlock()
 			st.s.sharedHits.Add(1)
