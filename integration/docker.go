@@ -82,7 +82,7 @@ func editDaemonJSON(path string, data []byte, rts []Runtime) ([]byte, []string, 
 			return nil, nil, err
 		}
 	}
-	ri, err := findMember(path, top, "runtimes", "")
+	ri, err := findMember(path, top, "runtimes", "", false)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -95,7 +95,7 @@ func editDaemonJSON(path string, data []byte, rts []Runtime) ([]byte, []string, 
 	var actions []string
 	changed := false
 	for _, rt := range rts {
-		i, err := findMember(path, runtimes, rt.Name, "runtimes")
+		i, err := findMember(path, runtimes, rt.Name, "runtimes", false)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -193,11 +193,14 @@ func parseObject(path string, data []byte, where string) ([]member, error) {
 }
 
 // findMember returns the index of key in ms, -1 when absent. A key given
-// twice is an error: which one Docker uses is not something to guess.
-func findMember(path string, ms []member, key, where string) (int, error) {
+// twice is an error: which one Docker uses is not something to guess. fold
+// matches keys as dockerd's encoding/json matches a struct's fields, case
+// insensitively ("PATH" is a runtime's path); map keys (runtime names) are
+// matched exactly.
+func findMember(path string, ms []member, key, where string, fold bool) (int, error) {
 	at := -1
 	for i, m := range ms {
-		if m.key != key {
+		if !sameKey(m.key, key, fold) {
 			continue
 		}
 		if at >= 0 {
@@ -210,6 +213,19 @@ func findMember(path string, ms []member, key, where string) (int, error) {
 		at = i
 	}
 	return at, nil
+}
+
+func sameKey(a, b string, fold bool) bool {
+	if fold {
+		return strings.EqualFold(a, b)
+	}
+	return a == b
+}
+
+// isField tells whether key is one of fields as dockerd decodes a
+// runtime's members: case insensitively.
+func isField(key string, fields []string) bool {
+	return slices.ContainsFunc(fields, func(f string) bool { return strings.EqualFold(key, f) })
 }
 
 // pathConflicts are the members of a runtime that dockerd refuses beside
@@ -228,7 +244,7 @@ func updateDockerRuntime(path string, raw json.RawMessage, rt Runtime) (json.Raw
 	// The members edited must be there once: the edit would change the
 	// first, dockerd reads the last.
 	for _, k := range []string{"path", "runtimeArgs"} {
-		if _, err := findMember(path, old, k, where); err != nil {
+		if _, err := findMember(path, old, k, where, true); err != nil {
 			return nil, "", err
 		}
 	}
@@ -246,7 +262,7 @@ func updateDockerRuntime(path string, raw json.RawMessage, rt Runtime) (json.Raw
 	}
 	var removed []string
 	for _, m := range old {
-		if slices.Contains(pathConflicts, m.key) {
+		if isField(m.key, pathConflicts) {
 			removed = append(removed, fmt.Sprintf("%q: %s", m.key, compactJSON(m.value)))
 		}
 	}
@@ -327,8 +343,9 @@ func withTenant(args []string, tenant string) []string {
 
 // marshalRuntime returns the runtime's JSON object: old's members in their
 // order with "path" and "runtimeArgs" set (runtimeArgs dropped when args is
-// empty), the ones old lacks appended, and the members named in drop
-// removed.
+// empty; a member that dockerd reads as one of them, "PATH" say, renamed),
+// the ones old lacks appended, and the members named in drop removed
+// (matched as dockerd matches them, case insensitively).
 func marshalRuntime(old []member, path string, args []string, drop []string) (json.RawMessage, error) {
 	p, err := marshalValue(path)
 	if err != nil {
@@ -340,14 +357,14 @@ func marshalRuntime(old []member, path string, args []string, drop []string) (js
 			return nil, err
 		}
 	}
-	ms := slices.DeleteFunc(slices.Clone(old), func(m member) bool { return slices.Contains(drop, m.key) })
+	ms := slices.DeleteFunc(slices.Clone(old), func(m member) bool { return isField(m.key, drop) })
 	set := func(key string, v json.RawMessage) {
-		i := slices.IndexFunc(ms, func(m member) bool { return m.key == key })
+		i := slices.IndexFunc(ms, func(m member) bool { return strings.EqualFold(m.key, key) })
 		switch {
 		case i >= 0 && v == nil:
 			ms = slices.Delete(ms, i, i+1)
 		case i >= 0:
-			ms[i].value = v
+			ms[i] = member{key, v}
 		case v != nil:
 			ms = append(ms, member{key, v})
 		}

@@ -155,6 +155,25 @@ func TestInstallDocker(t *testing.T) {
 			},
 		},
 		{
+			// dockerd decodes a runtime's members with encoding/json, which
+			// matches field names case insensitively: "PATH" is its path and
+			// "RuntimeType" its runtimeType. Before, "path" was added beside
+			// "PATH" (dockerd read the old one) and every run said updated.
+			name: "members are matched as dockerd matches them",
+			before: ptr(`{"runtimes": {
+				"vgpu": {"PATH": "/opt/old/vgpu-runtime", "RuntimeType": "io.containerd.runc.v2", "Options": {}},
+				"vgpu-alice": {"pAth": "/usr/local/bin/vgpu-runtime", "RuntimeArgs": ["--vgpu-tenant", "alice"]}}}`),
+			tenants: []string{"alice"},
+			want: map[string]any{"runtimes": map[string]any{
+				"vgpu":       map[string]any{"path": rp},
+				"vgpu-alice": map[string]any{"pAth": rp, "RuntimeArgs": []any{"--vgpu-tenant", "alice"}},
+			}},
+			wantAction: []string{
+				`updated runtime "vgpu": was path "/opt/old/vgpu-runtime", now path /usr/local/bin/vgpu-runtime; removed "RuntimeType": "io.containerd.runc.v2", "Options": {}: dockerd refuses them beside "path"`,
+				`runtime "vgpu-alice" already in place`,
+			},
+		},
+		{
 			// Only the --vgpu-tenant pair is the installer's; both forms
 			// of it are recognised.
 			name: "the operator's runtimeArgs are kept",
@@ -282,6 +301,7 @@ func TestInstallDockerErrors(t *testing.T) {
 		{name: "duplicate runtimes", before: `{"runtimes": {}, "runtimes": {}}`, wantMsg: `key "runtimes" is given twice`},
 		{name: "duplicate runtime", before: `{"runtimes": {"vgpu": {}, "vgpu": {}}}`, wantMsg: `key "runtimes.vgpu" is given twice`},
 		{name: "duplicate runtimeArgs", before: `{"runtimes": {"vgpu": {"runtimeArgs": [], "path": "/x", "runtimeArgs": []}}}`, wantMsg: `key "runtimes.vgpu.runtimeArgs" is given twice`},
+		{name: "path in two cases", before: `{"runtimes": {"vgpu": {"path": "/usr/local/bin/vgpu-runtime", "PATH": "/x"}}}`, wantMsg: `key "runtimes.vgpu.path" is given twice`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
