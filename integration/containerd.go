@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"math"
 	"os"
 	"reflect"
 	"regexp"
@@ -258,7 +259,7 @@ func editConfigTOML(path string, data []byte, rts []Runtime) (*tomlEdit, error) 
 			b.WriteString("version = 2\n\n")
 		}
 		b.WriteString(appendText.String())
-		if got, err := parseTOML(path, b.Bytes()); err == nil && reflect.DeepEqual(got, expected) {
+		if got, err := parseTOML(path, b.Bytes()); err == nil && sameTOML(got, expected) {
 			e.after = b.Bytes()
 			return e, nil
 		}
@@ -269,7 +270,7 @@ func editConfigTOML(path string, data []byte, rts []Runtime) (*tomlEdit, error) 
 	if err := te.Encode(expected); err != nil {
 		return nil, fmt.Errorf("%s: marshal the new file: %w", path, err)
 	}
-	if got, err := parseTOML(path, enc.Bytes()); err != nil || !reflect.DeepEqual(got, expected) {
+	if got, err := parseTOML(path, enc.Bytes()); err != nil || !sameTOML(got, expected) {
 		return nil, fmt.Errorf("%s: rewriting the file would change other settings; add the vgpu runtime tables by hand:\n%s", path, appendText.String())
 	}
 	e.after = enc.Bytes()
@@ -355,11 +356,38 @@ func setTable(doc map[string]any, key []string, t map[string]any) {
 // subset tells whether every key of want has the same value in have.
 func subset(want, have map[string]any) bool {
 	for k, v := range want {
-		if !reflect.DeepEqual(have[k], v) {
+		if !sameTOML(have[k], v) {
 			return false
 		}
 	}
 	return true
+}
+
+// sameTOML tells whether two parsed TOML values are equal, as
+// reflect.DeepEqual does except that NaN equals NaN: "x = nan" is valid
+// TOML, and with DeepEqual a file holding one could never be edited (its
+// parse never equals itself).
+func sameTOML(a, b any) bool {
+	switch a := a.(type) {
+	case float64:
+		b, ok := b.(float64)
+		return ok && (a == b || math.IsNaN(a) && math.IsNaN(b))
+	case map[string]any:
+		b, ok := b.(map[string]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for k, v := range a {
+			if w, ok := b[k]; !ok || !sameTOML(v, w) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		b, ok := b.([]any)
+		return ok && slices.EqualFunc(a, b, sameTOML)
+	}
+	return reflect.DeepEqual(a, b)
 }
 
 func deepCopy(m map[string]any) map[string]any {

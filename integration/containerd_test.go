@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -458,5 +459,36 @@ func TestInstallContainerdDryRun(t *testing.T) {
 			t.Errorf("diff:\n%s", d)
 		}
 		checkNoTemp(t, dir)
+	}
+}
+
+// TestInstallContainerdNaN: "x = nan" is valid TOML, and reflect.DeepEqual
+// finds NaN unequal to itself, so every install into such a file failed
+// with "rewriting the file would change other settings" (found by
+// FuzzEditConfigTOML). Both ways of editing must take it.
+func TestInstallContainerdNaN(t *testing.T) {
+	rts, err := Runtimes("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		before    string
+		rewritten bool
+	}{
+		{before: "version = 2\nx = nan\n"},
+		{before: "version = 2\nx = [-nan]\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vgpu]\nruntime_type = \"io.containerd.runc.v1\"\n", rewritten: true},
+	} {
+		e, err := editConfigTOML("config.toml", []byte(tc.before), rts)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.before, err)
+		}
+		doc := parse(t, e.after)
+		vg, _ := table("", doc, append(slices.Clone(v2Runtimes), "vgpu", "options"))
+		if e.rewritten != tc.rewritten || vg["BinaryName"] != DefaultRuntimePath {
+			t.Errorf("%q: rewritten %v, vgpu options %v:\n%s", tc.before, e.rewritten, vg, e.after)
+		}
+		if !sameTOML(doc["x"], parse(t, []byte(tc.before))["x"]) {
+			t.Errorf("%q: x is %v now:\n%s", tc.before, doc["x"], e.after)
+		}
 	}
 }
