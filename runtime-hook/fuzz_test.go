@@ -1,6 +1,7 @@
 package runtimehook
 
 import (
+	"bytes"
 	"errors"
 	"strconv"
 	"strings"
@@ -81,6 +82,45 @@ func FuzzParseRequest(f *testing.F) {
 			if n, err := strconv.ParseUint(strings.TrimSpace(compute), 10, 32); err != nil || uint32(n) != req.Compute {
 				t.Fatalf("compute %q gave %d", compute, req.Compute)
 			}
+		}
+	})
+}
+
+// FuzzReadState feeds arbitrary bytes to ReadState as runc's state on the
+// hook's stdin: the hook hands the id to path joins and the pid to
+// /proc lookups, so what it accepts must be a valid id and a pid in range,
+// and everything it refuses must be invalid-argument (the hook's exit code
+// and message depend on that).
+func FuzzReadState(f *testing.F) {
+	f.Add([]byte(`{"ociVersion":"1.0.2","id":"abc","status":"creating","pid":4242,"bundle":"/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc","annotations":{"io.kubernetes.cri.container-type":"container"}}`))
+	f.Add([]byte(`{"ociVersion":"1.2.0","id":"web.1_x-2","status":"stopped","bundle":"/b"}`))
+	f.Add([]byte(`{"id":"a","pid":0}`))
+	f.Add([]byte(`{"id":"../etc","pid":1}`))
+	f.Add([]byte(`{"id":"a","pid":4294967296}`))
+	f.Add([]byte(`{"id":"a","pid":-1,"id":"b"}`))
+	f.Add([]byte(`{"id":"a\u0000b","pid":1e3}`))
+	f.Add([]byte(`[]`))
+	f.Add([]byte(`null`))
+	f.Add([]byte(""))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		st, err := ReadState(bytes.NewReader(data))
+		if err != nil {
+			if !errors.Is(err, api.ErrInvalidArgument) {
+				t.Fatalf("ReadState(%q): error %q is not invalid-argument", data, err)
+			}
+			if st != nil {
+				t.Fatalf("ReadState(%q) = %+v beside error %v", data, st, err)
+			}
+			return
+		}
+		if len(data) > maxStateJSON {
+			t.Fatalf("ReadState accepted %d bytes, more than %d", len(data), maxStateJSON)
+		}
+		if err := ValidID(st.ID); err != nil {
+			t.Fatalf("ReadState(%q) accepted id %q: %v", data, st.ID, err)
+		}
+		if st.Pid < 0 || st.Pid > 1<<32-1 {
+			t.Fatalf("ReadState(%q) accepted pid %d", data, st.Pid)
 		}
 	})
 }
