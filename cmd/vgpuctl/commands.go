@@ -101,6 +101,12 @@ func kernelList(socket string, _ []string) error {
 		params := make([]string, len(k.Params))
 		for i, p := range k.Params {
 			params[i] = p.Name + " " + p.Kind.String()
+			// A buffer's element type is part of its contract: an index
+			// buffer holds i32, not the f32 most take. 0 is a node too old
+			// to say.
+			if p.Kind == api.ArgBuffer && p.DType != 0 {
+				params[i] += "(" + p.DType.String() + ")"
+			}
 		}
 		fmt.Printf("%s(%s)\n    %s\n", k.Name, strings.Join(params, ", "), k.Doc)
 	}
