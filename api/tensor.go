@@ -25,12 +25,7 @@ const (
 
 var dtypeNames = [...]string{DTypeF32: "f32", DTypeI32: "i32"}
 
-func (t DType) String() string {
-	if t > 0 && t < dtypeEnd {
-		return dtypeNames[t]
-	}
-	return fmt.Sprintf("dtype(%d)", uint8(t))
-}
+func (t DType) String() string { return enumString(dtypeNames[:], t, "dtype") }
 
 // Valid reports whether t is a known element type.
 func (t DType) Valid() bool { return t > 0 && t < dtypeEnd }
@@ -61,12 +56,7 @@ const (
 
 var residencyNames = [...]string{ResWeight: "weight", ResActivation: "activation", ResKVCache: "kv-cache", ResInput: "input", ResOutput: "output"}
 
-func (r Residency) String() string {
-	if r > 0 && r < residencyEnd {
-		return residencyNames[r]
-	}
-	return fmt.Sprintf("residency(%d)", uint8(r))
-}
+func (r Residency) String() string { return enumString(residencyNames[:], r, "residency") }
 
 // Valid reports whether r is a known residency.
 func (r Residency) Valid() bool { return r > 0 && r < residencyEnd }
@@ -92,11 +82,14 @@ const (
 
 var phaseNames = [...]string{PhaseOther: "other", PhasePrefill: "prefill", PhaseDecode: "decode", PhaseForward: "forward", PhaseBackward: "backward"}
 
-func (p Phase) String() string {
-	if p < phaseEnd {
-		return phaseNames[p]
+func (p Phase) String() string { return enumString(phaseNames[:], p, "phase") }
+
+// enumString is v's name in names, or kind(v) for a value that has none.
+func enumString[T ~uint8](names []string, v T, kind string) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
 	}
-	return fmt.Sprintf("phase(%d)", uint8(p))
+	return fmt.Sprintf("%s(%d)", kind, uint8(v))
 }
 
 // Valid reports whether p is a known phase.
