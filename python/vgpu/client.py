@@ -1,0 +1,667 @@
+"""A session with the mediator: the connection, device memory, host memory
+shared with the mediator, and streams.
+
+The connection carries pipelined requests: each frame has an id and its
+reply names it, in whatever order the mediator answers. A reader thread
+reads every reply as it arrives and hands it to whoever sent the request,
+so the mediator, which stops reading a socket whose replies are not read
+(16 384 requests in flight), always finds them read: a caller may send
+any number of stream operations without waiting and never deadlocks.
+Requests go out at once, in call order, so a call the mediator orders
+after earlier stream work (free, seal, a graph's registration or
+invocation) finds that work sent.
+
+Stream operations do not wait: Stream.synchronize waits for all of a
+stream's replies and raises the first error among them. Other calls wait
+for their own reply. ``Client.requests`` counts requests sent and
+``Client.waits`` the times a caller blocked for replies, so a caller can
+check what a piece of work cost in round trips.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import fcntl
+import mmap
+import numbers
+import os
+import socket as _socket
+import struct
+import threading
+import weakref
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import _wire as w
+from ._buffers import address, byte_view, data_address, positive
+from .errors import InternalError, InvalidArgument, OutOfMemory, ProtocolError, Unavailable, VgpuError
+from .graph import GraphDef, TensorGraph
+
+DEFAULT_SOCKET = "/run/vgpu/mediator.sock"
+
+
+class Arg:
+    """A kernel argument as the wire carries it: a kind and 64 bits."""
+
+    __slots__ = ("kind", "bits")
+
+    def __init__(self, kind: w.ArgKind, fmt: str, value: object, what: str) -> None:
+        try:
+            raw = struct.pack(fmt, value)
+        except (struct.error, OverflowError, TypeError) as e:
+            raise InvalidArgument(f"{what} {value!r} is out of range: {e}") from None
+        self.kind = kind
+        self.bits = int.from_bytes(raw, "little")
+
+
+class Ptr(Arg):
+    """A device address, passed to a kernel's buffer parameter. An int is
+    an i64, never an address: a kernel that takes a buffer needs a Ptr."""
+
+    __slots__ = ()
+
+    def __init__(self, addr: int) -> None:
+        super().__init__(w.ArgKind.BUFFER, "<Q", address(addr, "device address"), "device address")
+
+    @property
+    def addr(self) -> int:
+        return self.bits
+
+    def __index__(self) -> int:
+        return self.bits
+
+    def __add__(self, off: int) -> Ptr:
+        return Ptr(self.bits + _integer(off, "pointer offset"))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Ptr) and other.bits == self.bits
+
+    def __hash__(self) -> int:
+        return hash(self.bits)
+
+    def __repr__(self) -> str:
+        return f"Ptr({self.bits:#x})"
+
+
+class I64(Arg):
+    """An explicit i64 kernel argument (a plain int means the same)."""
+
+    __slots__ = ()
+
+    def __init__(self, v: int) -> None:
+        super().__init__(w.ArgKind.I64, "<q", _integer(v, "i64 argument"), "i64 argument")
+
+    def __repr__(self) -> str:
+        return f"I64({struct.unpack('<q', self.bits.to_bytes(8, 'little'))[0]})"
+
+
+class F32(Arg):
+    """An explicit f32 kernel argument (a plain float means the same)."""
+
+    __slots__ = ()
+
+    def __init__(self, v: float) -> None:
+        if not isinstance(v, numbers.Real):
+            raise InvalidArgument(f"f32 argument {v!r} is not a real number")
+        super().__init__(w.ArgKind.F32, "<f", float(v), "f32 argument")
+
+    def __repr__(self) -> str:
+        return f"F32({struct.unpack('<f', self.bits.to_bytes(4, 'little'))[0]!r})"
+
+
+def _integer(v: object, what: str) -> int:
+    """v as an int, refusing bools (True is no count or offset) and non-integers."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise InvalidArgument(f"{what} {v!r} is not an integer")
+    return int(v)
+
+
+def _kernel_arg(kernel: str, i: int, a: object) -> tuple[int, int]:
+    """Argument i of a launch as (kind, bits)."""
+    if isinstance(a, Arg):
+        return a.kind, a.bits
+    if isinstance(a, numbers.Integral) and not isinstance(a, bool):
+        a = I64(a)
+    elif isinstance(a, numbers.Real) and not isinstance(a, bool):
+        a = F32(a)
+    else:
+        raise InvalidArgument(f"launch of {kernel}: argument {i} {a!r} ({type(a).__name__}) is not "
+                              "a vgpu.Ptr (device address), an int (i64) or a float (f32)")
+    return a.kind, a.bits
+
+
+class _Reader:
+    """Buffered reads of the socket, for the reader thread only."""
+
+    def __init__(self, sock: _socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray(1 << 16)
+        self.mv = memoryview(self.buf)
+        self.lo = self.hi = 0
+
+    def _recv(self, into: memoryview) -> int:
+        n = self.sock.recv_into(into)
+        if n == 0:
+            raise EOFError("the mediator closed the connection")
+        return n
+
+    def exact(self, n: int) -> bytes | bytearray:
+        """The next n bytes."""
+        if n > len(self.buf):
+            out = bytearray(n)
+            self.into(memoryview(out))
+            return out
+        while self.hi - self.lo < n:
+            if len(self.buf) - self.lo < n:  # move what is left to the front
+                k = self.hi - self.lo
+                self.buf[:k] = self.mv[self.lo:self.hi]
+                self.lo, self.hi = 0, k
+            self.hi += self._recv(self.mv[self.hi:])
+        b = bytes(self.mv[self.lo:self.lo + n])
+        self.lo += n
+        return b
+
+    def into(self, out: memoryview) -> None:
+        """Fill out, straight from the socket past what is buffered."""
+        k = min(len(out), self.hi - self.lo)
+        out[:k] = self.mv[self.lo:self.lo + k]
+        self.lo += k
+        while k < len(out):
+            k += self._recv(out[k:])
+
+    def skip(self, n: int) -> None:
+        """Discard the next n bytes."""
+        while n:
+            k = min(n, len(self.buf))
+            self.exact(k)
+            n -= k
+
+
+class _Call:
+    """A request whose caller waits for its reply."""
+
+    __slots__ = ("into", "body", "error", "event")
+
+    def __init__(self, into: memoryview | None) -> None:
+        self.into = into
+        self.body: bytes | bytearray | None = None
+        self.error: VgpuError | None = None
+        self.event = threading.Event()
+
+    def done(self, rid: int, body: bytes | bytearray | None, error: VgpuError | None) -> None:
+        self.body, self.error = body, error
+        self.event.set()
+
+
+class _Conn:
+    """One session's socket: sends frames, reads replies on a thread and
+    hands each to the entry its request registered (an object with
+    ``into``, where the body goes or None, and ``done(rid, body, error)``).
+
+    Every entry registered gets exactly one done, from the reader, from
+    fail, or at once if the connection had already failed. Lock order:
+    _wlock, then _lock; entries' own locks are taken under neither.
+    """
+
+    def __init__(self, sock: _socket.socket, path: str, timeout: float | None) -> None:
+        self.sock = sock
+        self.path = path
+        self.timeout = timeout
+        self.requests = 0
+        self.waits = 0
+        self._lock = threading.Lock()
+        self._wlock = threading.Lock()
+        self._pending: dict[int, object] = {}
+        self._next = 0
+        self._failed: tuple[type[VgpuError], str] | None = None
+        self._reader = threading.Thread(target=self._read_loop, name=f"vgpu reader {path}", daemon=True)
+        self._reader.start()
+
+    def error(self) -> VgpuError | None:
+        """A fresh exception for the failure that ended the connection, if any."""
+        failed = self._failed
+        return failed[0](failed[1]) if failed else None
+
+    def send(self, op: w.Op, parts: Sequence[object], entry, fd: int | None = None) -> None:
+        """Send a request whose body is parts, its reply going to entry;
+        fd, if given, travels with it (SCM_RIGHTS). Raises the connection's
+        failure if it could not be sent; entry then has it too."""
+        size = sum(memoryview(p).nbytes for p in parts)
+        with self._lock:
+            self._next += 1
+            rid = self._next
+            err = self.error()
+            if err is None:
+                self._pending[rid] = entry
+                self.requests += 1
+        if err is not None:
+            entry.done(rid, None, err)
+            raise self.error()
+        hdr = w.HEADER.pack(size, op, 0, rid)
+        try:
+            with self._wlock:
+                if fd is None:
+                    self._sendall([hdr, *parts])
+                else:
+                    self._send_fd(hdr + b"".join(parts), fd)
+        except OSError as e:
+            self.fail(Unavailable(f"send {op.name.lower()} to mediator at {self.path}: {e}"))
+            raise self.error() from None
+
+    def _sendall(self, parts: Sequence[object]) -> None:
+        bufs = [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]
+        while bufs:
+            n = self.sock.sendmsg(bufs[:512])
+            while n:
+                if n >= len(bufs[0]):
+                    n -= len(bufs.pop(0))
+                else:
+                    bufs[0], n = bufs[0][n:], 0
+
+    def _send_fd(self, frame: bytes, fd: int) -> None:
+        n = self.sock.sendmsg([frame], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [fd]))])
+        # A stream socket may take part of the frame (the descriptor goes
+        # with that part); the rest follows as plain bytes.
+        self.sock.sendall(frame[n:])
+
+    def call(self, op: w.Op, parts: Sequence[object], into: memoryview | None = None, fd: int | None = None):
+        """Send a request and wait for its reply body."""
+        c = _Call(into)
+        self.send(op, parts, c, fd)
+        self.wait(c.event.wait, op.name.lower())
+        if c.error is not None:
+            raise c.error
+        return c.body
+
+    def wait(self, ready: Callable[[float | None], bool], what: str) -> None:
+        """Block until ready(timeout) is true, counting one wait. Past the
+        client's timeout the connection is closed, which completes every
+        request: a late reply must not be taken for a later request's."""
+        with self._lock:
+            self.waits += 1
+        if not ready(self.timeout):
+            self.fail(Unavailable(f"mediator at {self.path} did not answer {what} within "
+                                  f"{self.timeout} s; connection closed"))
+            ready(None)
+
+    def fail(self, err: VgpuError) -> None:
+        """End the connection with err: every pending request gets it, and
+        so does every later one."""
+        with self._lock:
+            if self._failed is not None:
+                return
+            self._failed = (type(err), str(err))
+            pending, self._pending = self._pending, {}
+        try:
+            self.sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+        for rid, entry in pending.items():
+            entry.done(rid, None, self.error())
+
+    def close(self) -> None:
+        """Close the connection; pending requests fail with Unavailable."""
+        self.fail(Unavailable(f"connection to mediator at {self.path} closed"))
+        if threading.current_thread() is not self._reader:
+            self._reader.join()
+        self.sock.close()
+
+    def _read_loop(self) -> None:
+        r = _Reader(self.sock)
+        try:
+            while True:
+                self._read_one(r)
+        except VgpuError as e:
+            self.fail(e)
+        except (OSError, EOFError) as e:
+            self.fail(Unavailable(f"connection to mediator at {self.path} lost: {e}"))
+        except Exception as e:  # a bug here must not leave callers waiting forever
+            self.fail(InternalError(f"reading replies from mediator at {self.path}: {e!r}"))
+
+    def _read_one(self, r: _Reader) -> None:
+        n, op, flags, rid = w.HEADER.unpack(r.exact(w.HEADER_SIZE))
+        if n > w.MAX_BODY:
+            raise ProtocolError(f"mediator at {self.path}: frame {rid} announces a {n}-byte body, limit {w.MAX_BODY}")
+        if not flags & w.FLAG_REPLY:
+            raise ProtocolError(f"mediator at {self.path} sent request {rid} (op {op}) where a reply was due")
+        with self._lock:
+            entry = self._pending.pop(rid, None)
+        if entry is None:
+            raise ProtocolError(f"mediator at {self.path} replied to unknown request {rid}")
+        if flags & w.FLAG_ERROR:
+            entry.done(rid, None, w.decode_error(r.exact(n)))
+        elif entry.into is None:
+            entry.done(rid, r.exact(n), None)
+        elif n != len(entry.into):
+            r.skip(n)
+            entry.done(rid, None, ProtocolError(f"mediator at {self.path} replied {n} bytes to op {op}, "
+                                                f"want {len(entry.into)}"))
+        else:
+            r.into(entry.into)
+            entry.done(rid, None, None)
+
+
+class _Region:
+    """Host memory registered with the mediator: a memfd mapping."""
+
+    __slots__ = ("id", "arr", "base", "size")
+
+    def __init__(self, rid: int, arr: np.ndarray) -> None:
+        self.id = rid
+        self.arr = arr
+        self.base = data_address(arr)
+        self.size = arr.nbytes
+
+
+class Client:
+    """A session with the mediator on this host.
+
+    socket: the mediator's Unix socket (default $VGPU_SOCKET, else
+    /run/vgpu/mediator.sock); tenant: the tenant to act for (default
+    $VGPU_TENANT; the mediator may decide otherwise); devices: virtual
+    devices wanted (default $VGPU_DEVICES, else 1); timeout: seconds any
+    wait for replies may take before the connection is given up as
+    Unavailable (None: no bound).
+    """
+
+    def __init__(self, socket: str | None = None, tenant: str | None = None,
+                 devices: int | None = None, timeout: float | None = None) -> None:
+        path = socket or os.environ.get("VGPU_SOCKET") or DEFAULT_SOCKET
+        if tenant is None:
+            tenant = os.environ.get("VGPU_TENANT", "")
+        if devices is None:
+            env = os.environ.get("VGPU_DEVICES", "").strip()
+            devices = _devices(env, "VGPU_DEVICES") if env else 0  # 0: the mediator's default, 1
+        else:
+            devices = _devices(devices, "devices")
+        if timeout is not None and (not isinstance(timeout, numbers.Real) or not timeout > 0):
+            raise InvalidArgument(f"timeout {timeout!r} is not a positive number of seconds")
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+        except OSError as e:
+            sock.close()
+            raise Unavailable(f"connect to mediator at {path}: {e}") from None
+        self._conn = _Conn(sock, path, timeout)
+        try:
+            body = self._conn.call(w.Op.HELLO, [w.encode_hello(tenant, devices)])
+            self.session, devices_info = w.decode_hello_reply(body)
+        except VgpuError:
+            self._conn.close()
+            raise
+        self.devices: list[w.DeviceInfo] = devices_info
+        self._conn.requests = self._conn.waits = 0
+        self._regions: list[_Region] = []
+        self._regions_lock = threading.Lock()
+        self.stream = Stream(self, 0)
+        weakref.finalize(self, self._conn.close)
+
+    @property
+    def socket(self) -> str:
+        """The mediator socket this session talks to."""
+        return self._conn.path
+
+    @property
+    def requests(self) -> int:
+        """Requests sent since the hello, each a frame that gets a reply."""
+        return self._conn.requests
+
+    @property
+    def waits(self) -> int:
+        """Times a caller blocked for replies: the round trips it paid for.
+        Every call that waits for its reply counts one, and so does a
+        synchronize with requests sent since the last one, whether or not
+        their replies had come already."""
+        return self._conn.waits
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the session; the mediator frees its device memory and host
+        regions. Work not synchronized is abandoned."""
+        self._conn.close()
+        with self._regions_lock:
+            self._regions = []
+
+    def _call(self, op: w.Op, parts: Sequence[object], into: memoryview | None = None,
+              fd: int | None = None) -> bytes | bytearray | None:
+        return self._conn.call(op, parts, into, fd)
+
+    def malloc(self, size: int, device: int = 0, hint: w.Hint = w.Hint.NONE, near: int | None = None) -> int:
+        """Allocate size bytes on virtual device ``device`` (or, with near,
+        on the device of the allocation holding that address) and return
+        its device address. The memory reads as zeros until written."""
+        size = positive(size, "malloc size")
+        try:
+            hint = w.Hint(hint)
+        except ValueError:
+            raise InvalidArgument(f"malloc: {hint!r} is not a residency hint") from None
+        flags, at = (0, 0) if near is None else (w.MALLOC_NEAR, address(near, "near address"))
+        body = self._call(w.Op.MALLOC, [w.encode_malloc(device, size, hint, flags, at)])
+        return w.decode_u64(body)
+
+    def free(self, addr: int) -> None:
+        """Free the allocation at addr once the work sent before is done."""
+        self._call(w.Op.FREE, [w.encode_u64(address(addr, "free of"), "free of")])
+
+    def seal(self, addr: int) -> None:
+        """Make the allocation at addr immutable once the work sent before
+        is done: later writes are refused (PermissionDenied), and a node
+        that holds its contents already is not sent them again."""
+        self._call(w.Op.SEAL, [w.encode_u64(address(addr, "seal of"), "seal of")])
+
+    def kernels(self) -> list[w.KernelInfo]:
+        """The kernel catalog."""
+        return w.decode_kernel_list(self._call(w.Op.KERNELS, []))
+
+    def stats(self) -> w.SessionStats:
+        """What the session's work has cost so far, as the mediator counted it."""
+        return w.decode_session_stats(self._call(w.Op.SESSION_STATS, []))
+
+    def new_stream(self) -> Stream:
+        """A stream that runs independently of the others."""
+        return Stream(self, w.decode_u32(self._call(w.Op.STREAM_CREATE, [])))
+
+    def register_graph(self, g: GraphDef) -> TensorGraph:
+        """Register a tensor graph with the mediator, which checks it whole
+        and refuses a bad one naming the op, tensor or value. It lives until
+        release() or the session's end."""
+        return TensorGraph._register(self, g)
+
+    def host_alloc(self, n: int) -> np.ndarray:
+        """n bytes of host memory shared with the mediator, like a GPU
+        driver's pinned memory: copies from and to any part of it move
+        through the shared mapping, not the socket. The pages are committed
+        now (the mediator refuses memory with holes). Release it with
+        host_free; the session's end releases it too."""
+        n = positive(n, "host allocation of")
+        try:
+            fd = os.memfd_create("vgpu-host", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError as e:
+            raise _os_error(f"host allocation of {n} bytes: memfd", e) from None
+        try:
+            # Sealed so that it can neither shrink nor grow: the mediator
+            # maps it and must never fault past its end.
+            os.ftruncate(fd, n)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+            mem = mmap.mmap(fd, n, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            arr = np.frombuffer(mem, dtype=np.uint8)
+            arr[::mmap.PAGESIZE] = 0  # write every page, so none is a hole
+            rid = w.decode_u32(self._call(w.Op.HOST_REGISTER, [w.encode_u64(n, "host allocation of")], fd=fd))
+        except OSError as e:
+            raise _os_error(f"host allocation of {n} bytes", e) from None
+        finally:
+            os.close(fd)
+        with self._regions_lock:
+            self._regions.append(_Region(rid, arr))
+        return arr
+
+    def host_free(self, arr: np.ndarray) -> None:
+        """Unregister memory of host_alloc once the work sent before is
+        done. Copies no longer use it; its mapping goes with the last
+        array that refers to it."""
+        view = byte_view(arr, False, "host free")
+        with self._regions_lock:
+            r = next((r for r in self._regions if r.base == data_address(view)), None)
+            if r is not None:
+                self._regions.remove(r)
+        if r is None:
+            raise InvalidArgument(f"host free of {view.nbytes} bytes: not memory of host_alloc")
+        self._call(w.Op.HOST_UNREGISTER, [w.encode_u32(r.id, "host region")])
+
+    def _region_of(self, view: np.ndarray) -> tuple[int, int] | None:
+        """The registered region holding all of view, and view's offset in it."""
+        p = data_address(view)
+        with self._regions_lock:
+            for r in self._regions:
+                if r.base <= p and p + view.nbytes <= r.base + r.size:
+                    return r.id, p - r.base
+        return None
+
+
+def _devices(v: object, what: str) -> int:
+    """A count of virtual devices: an int, or the text of $VGPU_DEVICES."""
+    try:
+        n = int(v, 10) if isinstance(v, str) else _integer(v, what)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InvalidArgument(f"{what}={v!r}: want a positive whole number")
+    return n
+
+
+def _os_error(what: str, e: OSError) -> VgpuError:
+    """A local system call's failure, typed: memory runs out as OutOfMemory."""
+    if e.errno in (errno.ENOMEM, errno.ENOSPC):
+        return OutOfMemory(f"{what}: {e}")
+    return InternalError(f"{what}: {e}")
+
+
+class _Into:
+    """A stream's copy from the device whose reply body goes straight into
+    the caller's buffer."""
+
+    __slots__ = ("stream", "into")
+
+    def __init__(self, stream: Stream, into: memoryview) -> None:
+        self.stream = stream
+        self.into = into
+
+    def done(self, rid: int, body: object, error: VgpuError | None) -> None:
+        self.stream.done(rid, body, error)
+
+
+class Stream:
+    """An in-order queue of device work. Its operations are sent at once
+    and not waited for; synchronize waits for all of them."""
+
+    into = None  # the replies of most operations are empty
+
+    def __init__(self, client: Client, sid: int) -> None:
+        self.client = client
+        self.id = sid
+        self._cond = threading.Condition(threading.Lock())
+        self._outstanding = 0  # requests sent and not answered
+        self._sent = False  # anything sent since the last synchronize
+        self._error: tuple[int, VgpuError] | None = None  # the first failure, by request id
+
+    def __repr__(self) -> str:
+        return f"<vgpu.Stream {self.id} of session {self.client.session}>"
+
+    def done(self, rid: int, body: object, error: VgpuError | None) -> None:
+        """A reply to one of the stream's requests (the reader's thread)."""
+        with self._cond:
+            if error is not None and (self._error is None or rid < self._error[0]):
+                self._error = (rid, error)
+            self._outstanding -= 1
+            if self._outstanding == 0:
+                self._cond.notify_all()
+
+    def _send(self, op: w.Op, parts: Sequence[object], entry: object = None) -> None:
+        with self._cond:
+            self._outstanding += 1
+            self._sent = True
+        self.client._conn.send(op, parts, entry or self)
+
+    def copy_to_device(self, dst: int, data: object) -> None:
+        """Copy data (bytes-like or a C-contiguous numpy array) to device
+        address dst. From memory of host_alloc the bytes move through the
+        shared mapping, and must stay unchanged until synchronize returns;
+        other bytes are on the socket, in frames of at most 1 MiB, when
+        this returns."""
+        dst = address(dst, "copy destination")
+        src = byte_view(data, False, "copy source")
+        n = src.nbytes
+        if n == 0:
+            raise InvalidArgument(f"copy of 0 bytes to {dst:#x}")
+        region = self.client._region_of(src)
+        if region is not None:
+            self._send(w.Op.COPY_TO_DEVICE_HOST, [w.encode_copy_host(self.id, dst, region[0], region[1], n)])
+            return
+        for off in range(0, n, w.MAX_CHUNK):
+            self._send(w.Op.COPY_TO_DEVICE, [w.encode_copy_to_device(self.id, dst + off), src[off:off + w.MAX_CHUNK]])
+
+    def copy_from_device(self, src: int, out: object) -> None:
+        """Copy len(out) bytes at device address src into out (a writable
+        numpy array, bytearray or memoryview), which holds them once
+        synchronize returns."""
+        src = address(src, "copy source")
+        dst = byte_view(out, True, "copy destination")
+        n = dst.nbytes
+        if n == 0:
+            raise InvalidArgument(f"copy of 0 bytes from {src:#x}")
+        region = self.client._region_of(dst)
+        if region is not None:
+            self._send(w.Op.COPY_FROM_DEVICE_HOST, [w.encode_copy_host(self.id, src, region[0], region[1], n)])
+            return
+        for off in range(0, n, w.MAX_CHUNK):
+            part = dst[off:off + w.MAX_CHUNK]
+            self._send(w.Op.COPY_FROM_DEVICE, [w.encode_copy_from_device(self.id, src + off, part.nbytes)],
+                       _Into(self, memoryview(part)))
+
+    def memset(self, dst: int, value: int, n: int) -> None:
+        """Set n bytes at device address dst to value."""
+        self._send(w.Op.MEMSET, [w.encode_memset(self.id, address(dst, "memset at"), value, positive(n, "memset of"))])
+
+    def copy_device(self, dst: int, src: int, n: int) -> None:
+        """Copy n bytes from device address src to dst."""
+        self._send(w.Op.COPY_DEVICE, [w.encode_copy_device(self.id, address(dst, "copy destination"),
+                                                           address(src, "copy source"), positive(n, "copy of"))])
+
+    def launch(self, kernel: str, *args: object) -> None:
+        """Launch kernel with args in the order of its parameters: a
+        vgpu.Ptr for a buffer, an int (or vgpu.I64) for an i64, a float (or
+        vgpu.F32) for an f32."""
+        packed = [_kernel_arg(kernel, i, a) for i, a in enumerate(args)]
+        self._send(w.Op.LAUNCH, [w.encode_launch(self.id, kernel, packed)])
+
+    def synchronize(self) -> None:
+        """Wait for everything sent on the stream; raise the first error any
+        of it met since the last synchronize (or the connection's failure)."""
+        with self._cond:
+            sent, self._sent = self._sent, False
+        if sent:
+            def idle(timeout: float | None) -> bool:
+                with self._cond:
+                    return self._cond.wait_for(lambda: self._outstanding == 0, timeout)
+            self.client._conn.wait(idle, "synchronize")
+        with self._cond:
+            failed, self._error = self._error, None
+        if failed is not None:
+            raise failed[1]
+        err = self.client._conn.error()
+        if err is not None:
+            raise err
+
+    def destroy(self) -> None:
+        """Synchronize and remove the stream."""
+        if self.id == 0:
+            raise InvalidArgument("the default stream cannot be destroyed")
+        self.synchronize()
+        self.client._call(w.Op.STREAM_DESTROY, [w.encode_u32(self.id, "stream")])
