@@ -296,6 +296,10 @@ class Lowerer:
         v = self.as_dev(v, what)
         if self.plain(v):
             return v
+        if v.dtype != F32:
+            # slice and permute move float32 only: the mediator would refuse the graph.
+            self.fail(f"{what}: a view of shape {list(v.shape)} of the int32 tensor {v.base.name} {list(getattr(v.base, 'shape', [v.base.numel]))} "
+                      "would have to be copied, and no kernel copies int32; pass it to forward as a tensor of its own")
         dims = [(d, s) for d, s in zip(v.shape, v.strides) if d != 1]
         if any(s == 0 for _, s in dims):
             self.fail(f"{what}: a broadcast (expanded) view of shape {list(v.shape)} would have to be copied; no kernel does that here")
@@ -310,7 +314,7 @@ class Lowerer:
             else:
                 groups.append([d, s])
         src = v
-        if len(groups) > 2 or (groups and groups[-1][1] != 1) or not (self.plain_runs(v, groups)):
+        if len(groups) > 2 or (groups and groups[-1][1] != 1):
             self.fail(f"{what}: a view of shape {list(v.shape)} (strides {list(v.strides)}) of {v.base.name} is not one slice of it")
         n = v.numel
         if n != v.base.numel or not (v.offset.const and v.offset.add == 0):
@@ -329,9 +333,6 @@ class Lowerer:
         if perm == sorted(perm):
             return Dev(src.base, v.shape, contiguous_strides(v.shape), Affine.of(0))
         return self.permute(src.base, [v.shape[i] for i in perm], [perm.index(i) for i in kept], v.shape)
-
-    def plain_runs(self, v: Dev, groups: List[List[int]]) -> bool:
-        return all(s > 0 for _, s in groups)
 
     def permute(self, base: Handle, mem_shape: List[int], perm: List[int], shape: Sequence[int]) -> Dev:
         """A launch of permute: base holds mem_shape contiguously; the result
@@ -380,7 +381,7 @@ class Lowerer:
         kwargs = {k: self._resolve(v) for k, v in node.kwargs.items()}
         tensors = [a for a in _leaves((args, kwargs)) if isinstance(a, (Dev, Const, Scaled, Masked))]
         name = node.func.overloadpacket.__name__
-        if all(isinstance(a, Const) for a in tensors) and not name.endswith("_") and name not in _NOT_FOLDED:
+        if all(isinstance(a, Const) for a in tensors) and not name.endswith("_"):
             for i, r in enumerate(refs):
                 if node.outs[i] is not None:
                     self.set(r, Const([run[i] for run in runs]))
@@ -411,10 +412,6 @@ def _leaves(x: Any) -> List[Any]:
     return [x]
 
 
-# Operations on constants that must not be folded: their result needs the
-# device (none yet) — kept as a hook for data-dependent reads.
-_NOT_FOLDED: set = set()
-
 Rule = Callable[[Lowerer, Node, Sequence[Any], Dict[str, Any], List[List[Any]]], List[Any]]
 _RULES: Dict[str, Rule] = {}
 
@@ -431,16 +428,18 @@ def rule(*names: str) -> Callable[[Rule], Rule]:
 # ---- views
 
 
-@rule("alias", "detach", "lift_fresh", "clone", "contiguous", "_to_copy", "to", "_reshape_alias_copy")
+@rule("alias", "detach", "lift_fresh", "clone", "contiguous", "_to_copy", "to")
 def _same(L: Lowerer, node: Node, args, kwargs, runs):
+    """Copies and conversions that change nothing the device holds: values
+    are immutable once computed (but for KV caches, which only kv_append
+    writes), and float32 stays float32."""
     v = args[0]
-    dt = kwargs.get("dtype")
-    if dt is not None and dt != node.outs[0].dtype:
-        pass
-    if isinstance(v, Dev) and node.outs[0].dtype not in (torch.float32, torch.int64, torch.int32):
-        L.fail(f"conversion to {node.outs[0].dtype}: kernels take float32 (and int32 indices)")
-    if isinstance(v, Dev) and node.outs[0].dtype == torch.float32 and v.dtype != F32:
-        L.fail("conversion of integer indices to float32 has no kernel")
+    if isinstance(v, Dev):
+        dt = node.outs[0].dtype
+        if dt == torch.float32 and v.dtype != F32:
+            L.fail("conversion of integer indices to float32 has no kernel")
+        if dt not in (torch.float32, torch.int64, torch.int32):
+            L.fail(f"conversion to {dt}: kernels take float32 (and int32 indices)")
     return [v]
 
 
@@ -504,12 +503,8 @@ def _slice(L, node, args, kwargs, runs):
     start = 0 if start is None else start
     shape = L.out_shape(node)
     nd = len(shape)
-    if isinstance(start, Affine):
-        pass
-    elif start < 0:
+    if not isinstance(start, Affine) and start < 0:
         start += L.as_dev(v, "sliced operand").shape[_dim(dim, nd)]
-    if isinstance(v, Const):
-        return [Const([r[0] for r in runs])]
     return [_sliced(L, v, dim, start, shape[_dim(dim, nd)])]
 
 
@@ -572,11 +567,9 @@ def _elementwise_operands(L: Lowerer, a: Dev, b: Dev, shape: Tuple[int, ...], wh
     if any(d != 1 for d in bs[:k]):
         L.fail(f"{what}: broadcasting {list(b.shape)} to {list(shape)}: only a trailing block (a bias row) broadcasts")
     cols = math.prod(shape[k:])
-    rows = n // cols
-    bb = Dev(b.base, tuple(shape[k:]), tuple(s for d, s in zip(b.shape[len(b.shape) - (len(shape) - k):], b.strides[len(b.strides) - (len(shape) - k):])) if len(shape) > k else (), b.offset)
-    if len(shape) == k:
-        bb = Dev(b.base, (1,), (1,), b.offset)
-    return rows, cols, 1, a, L.contiguous(bb, what)
+    tail = len(shape) - k  # b's dims that are the trailing block
+    bb = Dev(b.base, tuple(shape[k:]) or (1,), tuple(b.strides[len(b.strides) - tail:]) if tail else (1,), b.offset)
+    return n // cols, cols, 1, a, L.contiguous(bb, what)
 
 
 def _full(v: Any, shape: Tuple[int, ...]) -> bool:
@@ -759,7 +752,7 @@ def _masked_fill(L, node, args, kwargs, runs):
     shape = L.out_shape(node)
     if len(shape) < 2:
         L.fail("masked_fill of a tensor of fewer than 2 dimensions")
-    q, k = shape[-2], shape[-1]
+    q = shape[-2]
     offsets = [_causal_offset(L, m, shape) for m in mask.values]
     off = L.fit(offsets, "the causal mask's diagonal")
     if not off.const or off.add >= 0:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
