@@ -4,6 +4,7 @@
 # Both are stopped cleanly afterwards; the exit status is vgpuctl's, or
 # non-zero if a daemon failed to start or to stop.
 # usage: scripts/with-cluster.sh vgpuctl-args...
+#        scripts/with-cluster.sh -- command args...   (run with VGPU_SOCKET set)
 set -euo pipefail
 bin=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/bin}
 dir=$(mktemp -d -t vgpu-XXXXXX)
@@ -40,7 +41,12 @@ for _ in $(seq 100); do
 done
 
 rc=0
-"$bin/vgpuctl" --socket "$sock" "$@" || rc=$?
+if [ "${1:-}" = "--" ]; then
+  shift
+  VGPU_SOCKET=$sock "$@" || rc=$?
+else
+  "$bin/vgpuctl" --socket "$sock" "$@" || rc=$?
+fi
 if ! stop; then
   echo "a daemon did not stop cleanly; logs:" >&2
   cat "$dir/node.log" "$dir/mediator.log" >&2
