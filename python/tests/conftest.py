@@ -7,7 +7,11 @@ else <repo>/bin/vgpu-mediator; build it first with ``make build``.
 - ``mediator``: the socket path of a mediator started for the test.
 - ``start_mediator``: starts one with extra flags, e.g.
   ``start_mediator("--tenant-memory", "64MiB")``, and returns a Mediator
-  (``.socket``, ``.kill()``); every one is stopped after the test.
+  (``.socket``; ``.kill()`` as a crash; ``with .frozen():`` it answers
+  nothing); every one is stopped after the test.
+
+The mediators run without a quota file: any tenant name goes (a client
+must still give one, e.g. ``vgpu.Client(socket=path, tenant="test")``).
 
 Stopping sends SIGTERM and checks that the mediator exits 0 (a clean
 shutdown is part of what every test checks), unless the test killed it.
@@ -15,6 +19,7 @@ shutdown is part of what every test checks), unless the test killed it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -79,6 +84,23 @@ class Mediator:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """SIGSTOP the mediator, for a test of what a client does while it
+        answers nothing, and SIGCONT it after. It is stopped once every
+        thread is (the signal is delivered asynchronously)."""
+        self.proc.send_signal(signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT
+            while not all(_task_state(t) in "Tt" for t in Path(f"/proc/{self.proc.pid}/task").iterdir()):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"vgpu-mediator {self.proc.pid} did not stop on SIGSTOP", pytrace=False)
+                time.sleep(0.005)
+            yield
+        finally:
+            if not self.killed:
+                self.proc.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL: the mediator vanishes as in a crash."""
         self.killed = True
@@ -97,6 +119,15 @@ class Mediator:
             pytest.fail(f"vgpu-mediator ignored SIGTERM for {STOP_TIMEOUT} s:\n{self.output()}", pytrace=False)
         if rc != 0:
             pytest.fail(f"vgpu-mediator exited {rc} on SIGTERM:\n{self.output()}", pytrace=False)
+
+
+def _task_state(task: Path) -> str:
+    """The state letter of a thread, from /proc/<pid>/task/<tid>/stat."""
+    try:
+        stat = (task / "stat").read_text()
+    except FileNotFoundError:  # the thread is gone
+        return "T"
+    return stat[stat.rindex(")") + 2]
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ that vanishes shows as Unavailable."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import signal
+import threading
 import time
 from typing import Iterator
 
@@ -302,14 +302,30 @@ def test_mediator_killed_mid_session(start_mediator) -> None:
 def test_pending_calls_fail_when_the_mediator_dies(start_mediator) -> None:
     m = start_mediator()
     c = vgpu.Client(socket=m.socket, tenant="test")
-    x = c.malloc(MiB)
-    out = np.empty(MiB, np.uint8)
-    with deadline(60):
-        for _ in range(200):
-            c.stream.copy_from_device(x, out)
+    x = c.malloc(4096)
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            c.malloc(4096)
+        except BaseException as e:
+            failed.append(e)
+    t = threading.Thread(target=call)
+    # Frozen, the mediator answers nothing: every request below is still
+    # pending when it dies.
+    with m.frozen():
+        for _ in range(100):
+            c.stream.memset(x, 1, 4096)
+        t.start()
+        while c.requests < 102:  # the thread's malloc is sent
+            time.sleep(0.01)
         m.kill()
+    with deadline(60):
         with pytest.raises(vgpu.Unavailable, match=re.escape(m.socket)):
             c.stream.synchronize()
+        t.join()
+    assert len(failed) == 1 and isinstance(failed[0], vgpu.Unavailable), failed
+    c.close()
 
 
 def test_tenant_memory_cap(start_mediator) -> None:
@@ -324,14 +340,11 @@ def test_timeout_gives_up_on_a_silent_mediator(start_mediator) -> None:
     m = start_mediator()
     c = vgpu.Client(socket=m.socket, tenant="test", timeout=0.5)
     c.malloc(4096)
-    os.kill(m.proc.pid, signal.SIGSTOP)
-    try:
+    with m.frozen():
         with pytest.raises(vgpu.Unavailable, match="did not answer malloc within 0.5 s"):
             c.malloc(4096)
         with pytest.raises(vgpu.Unavailable, match=re.escape(m.socket)):
             c.stream.synchronize()
-    finally:
-        os.kill(m.proc.pid, signal.SIGCONT)
     c.close()
 
 

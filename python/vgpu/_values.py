@@ -7,6 +7,7 @@ silently taken from the wrong place).
 
 from __future__ import annotations
 
+import numbers
 import operator
 
 import numpy as np
@@ -22,12 +23,16 @@ def address(v: object, what: str) -> int:
         raise InvalidArgument(f"{what} {v!r} is not a device address (vgpu.Ptr or int)") from None
 
 
+def integer(v: object, what: str) -> int:
+    """v as an int: any integer type but bool (True is no count or offset)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise InvalidArgument(f"{what} {v!r} is not a whole number")
+    return int(v)
+
+
 def positive(n: object, what: str) -> int:
     """A byte count, which must be a whole number of at least 1."""
-    try:
-        v = operator.index(n)
-    except TypeError:
-        raise InvalidArgument(f"{what} {n!r} is not a whole number") from None
+    v = integer(n, what)
     if v < 1:
         raise InvalidArgument(f"{what} {v} is not positive")
     return v

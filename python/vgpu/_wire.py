@@ -25,7 +25,6 @@ MAX_CHUNK = 1 << 20
 MAX_BODY = MAX_CHUNK + (64 << 10)
 FLAG_REPLY = 1
 FLAG_ERROR = 2
-FLAG_PUSH = 4
 
 # api/codec.go
 MAX_STRING = 4096
@@ -58,7 +57,6 @@ class Op(enum.IntEnum):
     COPY_DEVICE = 22
     MEMSET = 23
     LAUNCH = 24
-    SYNCHRONIZE = 25
     HOST_REGISTER = 32
     HOST_UNREGISTER = 33
     COPY_TO_DEVICE_HOST = 34
@@ -343,6 +341,9 @@ def decode_hello_reply(body: bytes) -> tuple[int, list[DeviceInfo]]:
     return session, devices
 
 
+MALLOC_NEAR = 2  # api.MallocNear
+
+
 def encode_malloc(device: int, size: int, hint: int, flags: int, near: int) -> bytearray:
     """api.Malloc (the stream of MallocFreeWithStream unused: flags never carry it)."""
     e = Encoder()
@@ -353,9 +354,6 @@ def encode_malloc(device: int, size: int, hint: int, flags: int, near: int) -> b
     e.u32(0)
     e.u64(near, "near address")
     return e.b
-
-
-MALLOC_NEAR = 2  # api.MallocNear
 
 
 def encode_u32(v: int, what: str) -> bytearray:

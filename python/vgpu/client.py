@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import _wire as w
-from ._buffers import address, byte_view, data_address, positive
+from ._values import address, byte_view, data_address, integer, positive
 from .errors import InternalError, InvalidArgument, OutOfMemory, ProtocolError, Unavailable, VgpuError
 from .graph import GraphDef, TensorGraph
 
@@ -45,15 +45,25 @@ DEFAULT_SOCKET = "/run/vgpu/mediator.sock"
 class Arg:
     """A kernel argument as the wire carries it: a kind and 64 bits."""
 
-    __slots__ = ("kind", "bits")
+    __slots__ = ("kind", "bits", "value")
 
-    def __init__(self, kind: w.ArgKind, fmt: str, value: object, what: str) -> None:
+    def __init__(self, kind: w.ArgKind, fmt: str, value: int | float, what: str) -> None:
         try:
             raw = struct.pack(fmt, value)
-        except (struct.error, OverflowError, TypeError) as e:
+        except (struct.error, OverflowError) as e:
             raise InvalidArgument(f"{what} {value!r} is out of range: {e}") from None
         self.kind = kind
         self.bits = int.from_bytes(raw, "little")
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.bits == self.bits
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.bits))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.value!r})"
 
 
 class Ptr(Arg):
@@ -73,13 +83,7 @@ class Ptr(Arg):
         return self.bits
 
     def __add__(self, off: int) -> Ptr:
-        return Ptr(self.bits + _integer(off, "pointer offset"))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Ptr) and other.bits == self.bits
-
-    def __hash__(self) -> int:
-        return hash(self.bits)
+        return Ptr(self.bits + integer(off, "pointer offset"))
 
     def __repr__(self) -> str:
         return f"Ptr({self.bits:#x})"
@@ -91,10 +95,7 @@ class I64(Arg):
     __slots__ = ()
 
     def __init__(self, v: int) -> None:
-        super().__init__(w.ArgKind.I64, "<q", _integer(v, "i64 argument"), "i64 argument")
-
-    def __repr__(self) -> str:
-        return f"I64({struct.unpack('<q', self.bits.to_bytes(8, 'little'))[0]})"
+        super().__init__(w.ArgKind.I64, "<q", integer(v, "i64 argument"), "i64 argument")
 
 
 class F32(Arg):
@@ -103,19 +104,9 @@ class F32(Arg):
     __slots__ = ()
 
     def __init__(self, v: float) -> None:
-        if not isinstance(v, numbers.Real):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise InvalidArgument(f"f32 argument {v!r} is not a real number")
         super().__init__(w.ArgKind.F32, "<f", float(v), "f32 argument")
-
-    def __repr__(self) -> str:
-        return f"F32({struct.unpack('<f', self.bits.to_bytes(4, 'little'))[0]!r})"
-
-
-def _integer(v: object, what: str) -> int:
-    """v as an int, refusing bools (True is no count or offset) and non-integers."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise InvalidArgument(f"{what} {v!r} is not an integer")
-    return int(v)
 
 
 def _kernel_arg(kernel: str, i: int, a: object) -> tuple[int, int]:
@@ -528,7 +519,7 @@ class Client:
 def _devices(v: object, what: str) -> int:
     """A count of virtual devices: an int, or the text of $VGPU_DEVICES."""
     try:
-        n = int(v, 10) if isinstance(v, str) else _integer(v, what)
+        n = int(v, 10) if isinstance(v, str) else integer(v, what)
     except ValueError:
         n = 0
     if n < 1:

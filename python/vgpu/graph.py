@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import numpy as np
 
 from . import _wire as w
-from ._buffers import address, byte_view
+from ._values import address, byte_view, integer
 from .errors import InvalidArgument, ProtocolError
 
 if TYPE_CHECKING:
@@ -50,12 +50,6 @@ class Tensor(int):
         return f"Tensor({int(self)}, {self.name!r}, {self.dtype.name}, {list(self.shape)}, {self.residency.name})"
 
 
-def _whole(v: object, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise InvalidArgument(f"{what}: {v!r} is not a whole number")
-    return int(v)
-
-
 @dataclass(frozen=True)
 class ScalarExpr:
     """mul × (scalar input number ``scalar``) + add, for an i64 parameter:
@@ -66,18 +60,18 @@ class ScalarExpr:
     add: int = 0
 
     def __mul__(self, k: int) -> ScalarExpr:
-        k = _whole(k, f"scalar {self.scalar} times")
+        k = integer(k, f"scalar {self.scalar} times")
         return ScalarExpr(self.scalar, self.mul * k, self.add * k)
 
     __rmul__ = __mul__
 
     def __add__(self, k: int) -> ScalarExpr:
-        return ScalarExpr(self.scalar, self.mul, self.add + _whole(k, f"scalar {self.scalar} plus"))
+        return ScalarExpr(self.scalar, self.mul, self.add + integer(k, f"scalar {self.scalar} plus"))
 
     __radd__ = __add__
 
     def __sub__(self, k: int) -> ScalarExpr:
-        return ScalarExpr(self.scalar, self.mul, self.add - _whole(k, f"scalar {self.scalar} minus"))
+        return ScalarExpr(self.scalar, self.mul, self.add - integer(k, f"scalar {self.scalar} minus"))
 
 
 @dataclass(frozen=True)
@@ -139,7 +133,7 @@ class GraphDef:
         dims = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
         if not 1 <= len(dims) <= w.MAX_TENSOR_DIMS:
             raise InvalidArgument(f"{what}: shape {list(dims)} has {len(dims)} dimensions, want 1 to {w.MAX_TENSOR_DIMS}")
-        dims = tuple(_whole(d, f"{what}: shape {list(dims)}") for d in dims)
+        dims = tuple(integer(d, f"{what}: shape {list(dims)}") for d in dims)
         if min(dims) < 1:
             raise InvalidArgument(f"{what}: shape {list(dims)} has a dimension below 1")
         at = 0
@@ -225,7 +219,7 @@ class TensorGraph:
             raise InvalidArgument(f"graph {self.name!r} takes {len(self.scalars)} scalars {list(self.scalars)}, got {len(scalars)}")
         if len(inputs) != len(self.inputs):
             raise InvalidArgument(f"graph {self.name!r} takes {len(self.inputs)} inputs, got {len(inputs)}")
-        parts: list[object] = [w.encode_graph_invoke(self.id, [_whole(s, f"graph {self.name!r}: scalar") for s in scalars])]
+        parts: list[object] = [w.encode_graph_invoke(self.id, [integer(s, f"graph {self.name!r}: scalar") for s in scalars])]
         for info, x in zip(self.inputs, inputs):
             what = f"graph {self.name!r}: input tensor {info.index} ({info.name})"
             if isinstance(x, np.ndarray) and x.dtype not in (np.dtype(info.dtype.numpy), np.dtype(np.uint8)):
