@@ -172,7 +172,7 @@ class KernelInfo:
 
     name: str
     doc: str
-    params: tuple[Param, ...]
+    params: list[Param]
 
 
 @dataclass(frozen=True)
@@ -450,7 +450,7 @@ def decode_kernel_list(body: bytes) -> list[KernelInfo]:
             dims = tuple(d.string() for _ in range(d.u32()))
             dtype = _known(DType, d.u8() or DType.F32, what)  # 0 on the wire: f32
             params.append(Param(pname, kind, access, elem, dims, dtype if kind == ArgKind.BUFFER else None))
-        kernels.append(KernelInfo(name, doc, tuple(params)))
+        kernels.append(KernelInfo(name, doc, params))
     d.finish()
     return kernels
 
