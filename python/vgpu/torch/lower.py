@@ -393,6 +393,22 @@ class Lowerer:
         for r, o in zip(refs, outs):
             self.set(r, o)
 
+    def check_host_reads(self, nodes: Sequence[Node]) -> None:
+        """Refuses, before anything is lowered, a read on the host (if
+        tensor:, .item()) of a value computed from an input, weight or
+        cache: data-dependent control flow. Lowering in order would
+        otherwise stop at the first operation without a kernel on the way
+        to it (a sum, a comparison) and name that instead. The leaves must
+        be set."""
+        live = set()
+        for i, node in enumerate(nodes):
+            refs = [a for a in _leaves((node.args, node.kwargs)) if isinstance(a, Ref)]
+            if any(r in live if r.kind == "node" else not isinstance(self.vals.get(r), Const) for r in refs):
+                if node.func.overloadpacket.__name__ in _HOST_READS:
+                    self.where = f"{node.name}, {node.where}"
+                    _data_dependent(self, node, node.args, node.kwargs, [])
+                live.update(Ref("node", (i, k)) for k in range(len(node.outs)))
+
     def _resolve(self, a: Any) -> Any:
         if isinstance(a, Ref):
             return self.get(a)
@@ -917,7 +933,10 @@ def _cache_shape(L: Lowerer, v: Dev) -> Tuple[int, ...]:
 # ---- control flow on values the device computes
 
 
-@rule("_local_scalar_dense", "is_nonzero", "equal", "allclose", "item")
+_HOST_READS = ("_local_scalar_dense", "is_nonzero", "equal", "allclose", "item")
+
+
+@rule(*_HOST_READS)
 def _data_dependent(L, node, args, kwargs, runs):
     L.fail("data-dependent control flow or a read of a value on the host (.item(), if tensor:): the graph would keep "
            "the branch the example took; compute it outside the module or with tensor operations")

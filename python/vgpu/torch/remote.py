@@ -266,6 +266,15 @@ def lower_module(module: torch.nn.Module, args: Sequence[Any], phase: vgpu.Phase
                  kv_caches: Sequence[str] = ()) -> _Graph:
     """Captures module(*args) and lowers it to a graph of phase, sharing store."""
     names = _arg_names(module, len(args))
+    # Element types before the module runs: torch would fail a float64 input
+    # of a float32 model without naming it, and a float64 weight must not
+    # be uploaded as anything else.
+    for name, p in module.named_parameters():
+        if p.dtype != torch.float32:
+            raise TraceError(f"parameter {name} of {type(module).__name__} is {p.dtype}; weights are float32 (module.float())")
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.dtype not in (torch.float32, torch.int64, torch.int32):
+            raise TraceError(f"input {i} ({names[i]}) is {a.dtype}; inputs are float32, or integer ids")
     base = capture(module, args)
     traces, varied, what = [base], {}, ["at the example"]
     scalar_pos = [i for i, a in enumerate(args) if _is_scalar(a)]
@@ -315,17 +324,13 @@ def lower_module(module: torch.nn.Module, args: Sequence[Any], phase: vgpu.Phase
     inputs = []
     for j, t in enumerate(base.inputs):
         pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)][j]
-        if t.dtype == torch.float32:
-            dt = F32
-        elif t.dtype in (torch.int64, torch.int32):
-            dt = I32
-        else:
-            raise TraceError(f"input {pos} ({names[pos]}) is {t.dtype}; inputs are float32, or integer ids")
+        dt = F32 if t.dtype == torch.float32 else I32  # checked above
         h = Handle(names[pos], dt, max(1, t.numel()), "input")
         h.shape = tuple(t.shape)
         emitter.use(h)
         inputs.append(_Input(pos, tuple(t.shape), dt, h))
         L.set(Ref("input", j), Dev(h, tuple(t.shape), contiguous_strides(t.shape), Affine.of(0)))
+    L.check_host_reads([node for node, _ in aligned])
     for i, (node, runs) in enumerate(aligned):
         L.node(i, node, runs)
     outputs = []
