@@ -113,9 +113,11 @@ def _kernel_arg(kernel: str, i: int, a: object) -> tuple[int, int]:
     """Argument i of a launch as (kind, bits)."""
     if isinstance(a, Arg):
         return a.kind, a.bits
-    if isinstance(a, numbers.Integral) and not isinstance(a, bool):
+    # The exact types first: the numbers ABCs' checks are slow, and a
+    # launch's arguments are on the path of every kernel.
+    if type(a) is int or isinstance(a, numbers.Integral) and not isinstance(a, bool):
         a = I64(a)
-    elif isinstance(a, numbers.Real) and not isinstance(a, bool):
+    elif type(a) is float or isinstance(a, numbers.Real) and not isinstance(a, bool):
         a = F32(a)
     else:
         raise InvalidArgument(f"launch of {kernel}: argument {i} {a!r} ({type(a).__name__}) is not "
