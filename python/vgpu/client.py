@@ -194,8 +194,11 @@ class _Conn:
     ``into``, where the body goes or None, and ``done(rid, body, error)``).
 
     Every entry registered gets exactly one done, from the reader, from
-    fail, or at once if the connection had already failed. Lock order:
-    _wlock, then _lock; entries' own locks are taken under neither.
+    fail, or at once if the connection had already failed. _wlock (held
+    while a frame is written, which may block until the mediator reads)
+    and _lock (the pending table) are never held together, and entries'
+    own locks are taken under neither: the reader thread never waits for
+    a writer, so replies are read however full the socket is.
     """
 
     def __init__(self, sock: _socket.socket, path: str, timeout: float | None) -> None:
