@@ -354,6 +354,7 @@ def lower_module(module: torch.nn.Module, args: Sequence[Any], phase: vgpu.Phase
             d = copy
         taken.add(id(d.base))
         d.base.kind = "output"
+        d.base.shape = tuple(t.shape)  # declared with the module's shape, for the mediator's messages
         outputs.append(("dev", d.base, tuple(t.shape), t.dtype))
     used = {id(a) for _, args_, _ in emitter.launches for a in args_ if isinstance(a, Handle)}
     for inp in inputs:
