@@ -17,8 +17,9 @@ three ways of running the model on the same mediator:
              protocol's cost of a request per kernel.
 
 and prints, per decode step: requests sent, round trips waited for, bytes
-on the tenant's link (frames on its socket, both ways, as the mediator
-counts them), and step time (median over the steps). The runs repeat
+on the tenant's socket and on the mediator's link to the node (frames,
+both ways, as the mediator counts them), and step time, each the median
+over the steps. The runs repeat
 (--runs) with the three interleaved, and the step-time ratios are reported
 as median and range over the runs, because these machines are noisy.
 Every way must generate the same tokens as CPU torch, or the run fails.
@@ -34,7 +35,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
@@ -48,31 +49,41 @@ from vgpu.torch.eager import eager  # noqa: E402
 import gpt  # noqa: E402
 
 
-def _socket_bytes(c: "vgpu.Client") -> int:
+def _link_bytes(c: "vgpu.Client") -> Tuple[int, int]:
+    """Bytes of frames so far on the tenant's socket and on the mediator's
+    links to nodes, both ways, as the mediator counts them."""
     st = c.stats()
-    return st.socket_in + st.socket_out
+    return st.socket_in + st.socket_out, st.net_in + st.net_out
 
 
 def measure(name: str, c: "vgpu.Client", step: Callable[[int, int], Any], first: int, start: int, n: int) -> Dict[str, Any]:
     """Runs n greedy decode steps from token first at position start and
-    measures each; returns per-step figures and the tokens."""
-    empty = _socket_bytes(c)
-    empty = _socket_bytes(c) - empty  # what one stats call adds by itself
-    b0, r0, w0 = _socket_bytes(c), c.requests, c.waits
-    times, tokens, tok = [], [], first
+    measures each: its time, and the requests, waits and link bytes it
+    took (counted between steps, less what the counting itself costs).
+    The figures are medians over the steps, so that the first step's
+    warm-up (a pool's first allocations) does not count."""
+    b = _link_bytes(c)
+    stats_bytes = _link_bytes(c)[0] - b[0]  # what one stats call adds to the socket by itself
+    times, reqs, waits, link, node, tokens, tok = [], [], [], [], [], [], first
     for i in range(n):
+        b0, r0, w0 = _link_bytes(c), c.requests, c.waits
         t = time.perf_counter()
         logits = step(tok, start + i)
         times.append(time.perf_counter() - t)
+        b1 = _link_bytes(c)
+        reqs.append(c.requests - r0 - 1)  # less the stats call
+        waits.append(c.waits - w0 - 1)
+        link.append(b1[0] - b0[0] - stats_bytes)
+        node.append(b1[1] - b0[1])
         tok = int(logits[0, -1].argmax())
         tokens.append(tok)
-    b1, r1, w1 = _socket_bytes(c), c.requests, c.waits
     return {
         "mode": name,
         "step_ms": statistics.median(times) * 1e3,
-        "requests_per_step": (r1 - r0 - 1) / n,  # less the stats call
-        "waits_per_step": (w1 - w0 - 1) / n,
-        "link_bytes_per_step": (b1 - b0 - empty) / n,
+        "requests_per_step": statistics.median(reqs),
+        "waits_per_step": statistics.median(waits),
+        "link_bytes_per_step": statistics.median(link),
+        "node_bytes_per_step": statistics.median(node),
         "tokens": tokens,
     }
 
@@ -137,7 +148,8 @@ def main() -> None:
              f"capacity {model.capacity}), prompt {args.prompt}, {args.steps} greedy decode steps, {args.runs} runs, torch {torch.__version__}",
              "", f"{'per decode step':<18}" + "".join(f"{m:>14}" for m in modes)]
     for key, label, fmt in (("requests_per_step", "requests", "{:>14.1f}"), ("waits_per_step", "round trips", "{:>14.1f}"),
-                            ("link_bytes_per_step", "link bytes", "{:>14.0f}"), ("step_ms", "step ms (median)", "{:>14.3f}")):
+                            ("link_bytes_per_step", "socket bytes", "{:>14.0f}"),
+                            ("node_bytes_per_step", "node link bytes", "{:>14.0f}"), ("step_ms", "step ms (median)", "{:>14.3f}")):
         vals = [statistics.median(r[m][key] for r in runs) for m in modes]
         lines.append(f"{label:<18}" + "".join(fmt.format(v) for v in vals))
     ratios = {}
