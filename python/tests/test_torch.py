@@ -77,6 +77,10 @@ def test_gpt_greedy_generation_matches_cpu(client: vgpu.Client) -> None:
 
     # One sealed allocation of weights, one of KV caches, both graphs bound to them.
     assert spy.mallocs == [vgpu.Hint.WEIGHT, vgpu.Hint.KV_CACHE]
+    # The weights went through shared memory: they were copied in, and not over the socket.
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    st = client.stats()
+    assert st.copied_in >= weights and st.socket_in < weights // 10, (weights, st)
     assert [g.name for g in spy.graphs] == ["GPT.prefill", "GPT.decode"]
     caches = {}
     for g, phase in zip(spy.graphs, (vgpu.Phase.PREFILL, vgpu.Phase.DECODE)):

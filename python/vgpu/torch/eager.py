@@ -31,7 +31,7 @@ import vgpu
 
 from .capture import Node, Ref, capture, functional_call
 from .lower import F32, Affine, Const, Dev, Emitter, F32Arg, Handle, Lowerer, contiguous_strides
-from .remote import Store, _np_dtype, _pack
+from .remote import Store, _np_dtype, _pack, upload
 
 
 class EagerEmitter(Emitter):
@@ -156,11 +156,10 @@ class EagerModule:
             off, buf = _pack(items)
             addr = client.malloc(len(buf), device=device, hint=hint)
             self._allocs.append(addr)
-            client.stream.copy_to_device(addr, buf)
+            upload(client, addr, buf)
             for h, _ in items:
                 h.addr = addr + off[id(h)]
                 self._handles[h.name] = h
-        client.stream.synchronize()
 
     def __call__(self, *args: Any) -> Any:
         return self._call(args, [])

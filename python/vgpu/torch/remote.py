@@ -384,6 +384,19 @@ def _pack(items: List[Tuple[Handle, torch.Tensor]]) -> Tuple[Dict[int, int], np.
     return offsets, buf
 
 
+def upload(client: "vgpu.Client", addr: int, data: np.ndarray) -> None:
+    """Copies data to device address addr through host memory shared with
+    the mediator (host_alloc), so that a model's weights do not cross the
+    socket, and waits for it."""
+    staging = client.host_alloc(len(data))
+    try:
+        staging[:] = data
+        client.stream.copy_to_device(addr, staging)
+        client.stream.synchronize()
+    finally:
+        client.host_free(staging)
+
+
 class RemoteModule:
     """A module's graphs loaded on a vGPU; call it like the module.
 
@@ -414,16 +427,13 @@ class RemoteModule:
             w_off, wbuf = _pack(self.store.weights)
             size = -(-len(wbuf) // _FRAME) * _FRAME
             self.weights_addr = self._alloc(size, vgpu.Hint.WEIGHT)
-            s = self.client.stream
-            s.copy_to_device(self.weights_addr, wbuf)
-            s.synchronize()
+            upload(self.client, self.weights_addr, wbuf)
             self.client.seal(self.weights_addr)
             c_off: Dict[int, int] = {}
             if self.store.caches:
                 c_off, self._cache_buf = _pack(self.store.caches)
                 self.caches_addr = self._alloc(len(self._cache_buf), vgpu.Hint.KV_CACHE, near=self.weights_addr)
-                s.copy_to_device(self.caches_addr, self._cache_buf)
-                s.synchronize()
+                upload(self.client, self.caches_addr, self._cache_buf)
             addr = {}
             for h, _ in self.store.weights:
                 addr[id(h)] = self.weights_addr + w_off[id(h)]
@@ -476,8 +486,7 @@ class RemoteModule:
     def reset_caches(self) -> None:
         """Puts the KV caches back to the module's buffers as captured."""
         if self._cache_buf is not None:
-            self.client.stream.copy_to_device(self.caches_addr, self._cache_buf)
-            self.client.stream.synchronize()
+            upload(self.client, self.caches_addr, self._cache_buf)
 
     def _match(self, args: Sequence[Any]) -> _Graph:
         for g in self.graphs:
