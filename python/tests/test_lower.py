@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch") if not os.environ.get("VGPU_REQUIRE_TORCH") else __import__("torch")
 
 from vgpu.torch.capture import TraceError, capture  # noqa: E402
-from vgpu.torch.lower import Affine, contiguous_strides, view_strides  # noqa: E402
+from vgpu.torch.lower import Affine, Const, Emitter, Handle, Lowerer, contiguous_strides, view_strides  # noqa: E402
 from vgpu.torch.remote import _Fit  # noqa: E402
 
 
@@ -92,3 +92,21 @@ def test_capture_leaves_the_module_as_it_was_and_finds_the_written_buffer():
     assert torch.equal(tr.buffers["cache"][2], torch.full((3,), 2.0))  # ... which it did write
     assert set(tr.mutated) == {"cache"}
     assert "test_lower.py" in tr.mutated["cache"] and "self.cache[pos:pos + 1] = x * self.scale" in tr.mutated["cache"]
+
+
+class _Uploads(Emitter):
+    """Records the first value of each constant uploaded, and keeps no tensor
+    (as vgpu.torch.eager's emitter does not)."""
+
+    def constant(self, name, value):
+        h = Handle(name, "f32", value.numel(), "weight")
+        h.first = float(value.flatten()[0])
+        return h
+
+
+def test_each_constant_is_uploaded_as_itself():
+    # Constants a rule makes (layer_norm's ones and zeros) die as it returns;
+    # a later one at the same address must not be taken for them.
+    L = Lowerer(_Uploads(), None)
+    got = [L.as_dev(Const([torch.full((4,), float(i))]), "c").base.first for i in range(20)]
+    assert got == [float(i) for i in range(20)]

@@ -229,7 +229,10 @@ class Lowerer:
         self.vals: Dict[Ref, Any] = {}
         self.where = ""
         self._rows: Dict[Tuple[float, int], Handle] = {}
-        self._consts: Dict[int, Handle] = {}
+        # Uploaded constants by id of their tensor, which each entry keeps
+        # alive: an id is unique only while its object lives, and a rule's
+        # constants (layer_norm's ones) die as it returns.
+        self._consts: Dict[int, Tuple[torch.Tensor, Handle]] = {}
 
     # ---- values
 
@@ -264,8 +267,10 @@ class Lowerer:
             if v.varies:
                 self.fail(f"{what} is a constant that depends on a scalar input, and no kernel takes it as such")
             t = v.values[0]
-            h = self._consts.get(id(t))
-            if h is None:
+            known = self._consts.get(id(t))
+            if known is not None:
+                h = known[1]
+            else:
                 if t.dtype == torch.float32:
                     c = t.contiguous()
                 elif t.dtype in (torch.int64, torch.int32) and t.numel() > 0 and int(t.min()) >= -(2**31) and int(t.max()) < 2**31:
@@ -273,7 +278,7 @@ class Lowerer:
                 else:
                     self.fail(f"{what} is a constant of dtype {t.dtype}; kernels take float32, and int32 indices")
                 h = self.emit.constant(f"const{len(self._consts)}", c)
-                self._consts[id(t)] = h
+                self._consts[id(t)] = (t, h)
             return Dev(h, tuple(t.shape), contiguous_strides(t.shape), Affine.of(0))
         self.fail(f"{what} is {type(v).__name__}, not a tensor")
 
