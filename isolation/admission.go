@@ -169,6 +169,78 @@ func (a *Admission) Admit(r Request) (Grant, *Tenant, error) {
 	return g, t, nil
 }
 
+// Restore reinstates grant g of a container that an earlier process (the
+// mediator, before a restart) admitted under limits t, the tenant's as they
+// were at that admission. It keeps the grant as a reload would have: even
+// where the tenant is now over its cap or max_containers (the tenant then
+// admits no more until under), and, for a tenant the configuration no longer
+// has, under t as its last limits until its last grant goes (Limits); of
+// several such grants, the one restored last sets them. The tenant is not
+// resolved again: a running container's tenant never changes.
+//
+// It fails with api.ErrInvalidArgument, changing nothing, for a grant or
+// limits that Admit could not have made (an empty or mismatched name, no
+// memory or device, a compute weight or factor out of range) or a container
+// already admitted.
+func (a *Admission) Restore(g Grant, t Tenant) error {
+	if err := checkRestored(g, t); err != nil {
+		return fmt.Errorf("restore container %v: %w", ref{g.Namespace, g.Container}, err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k := ref{g.Namespace, g.Container}
+	if old, dup := a.grants[k]; dup {
+		return fmt.Errorf("restore container %v: already admitted for tenant %q: %w", k, old.Tenant, api.ErrInvalidArgument)
+	}
+	if _, ok := a.cfg.Tenants[t.Name]; !ok {
+		a.retired[t.Name] = &t
+	}
+	u := a.use[g.Tenant]
+	if u == nil {
+		u = &usage{}
+		a.use[g.Tenant] = u
+	}
+	u.containers++
+	u.reserved += g.Memory
+	a.grants[k] = g
+	return nil
+}
+
+// checkRestored checks that grant g and limits t are values Admit and the
+// quota file could have made, g admitted under t.
+func checkRestored(g Grant, t Tenant) error {
+	bad := func(what string, v any) error { return fmt.Errorf("%s %v: %w", what, v, api.ErrInvalidArgument) }
+	switch {
+	case g.Container == "":
+		return bad("container id", `""`)
+	case !tenantName.MatchString(t.Name):
+		return bad("tenant name", fmt.Sprintf("%q", t.Name))
+	case g.Tenant != t.Name:
+		return fmt.Errorf("granted to tenant %q, limits of tenant %q: %w", g.Tenant, t.Name, api.ErrInvalidArgument)
+	case g.Memory == 0:
+		return bad("memory", g.Memory)
+	case g.Devices == 0:
+		return bad("devices", g.Devices)
+	case t.Compute < 1 || t.Compute > maxCompute:
+		return bad("tenant compute", t.Compute)
+	case g.Compute < 1 || g.Compute > t.Compute:
+		return fmt.Errorf("compute weight %d: want 1 to the tenant's %d: %w", g.Compute, t.Compute, api.ErrInvalidArgument)
+	case t.ComputeMax != 0 && !(t.ComputeMax >= MinComputeMax && t.ComputeMax <= 1):
+		return bad("compute_max", t.ComputeMax)
+	case !(t.DedupCharge >= 0 && t.DedupCharge <= 1):
+		return bad("dedup_charge", t.DedupCharge)
+	case t.MaxContainers < 0:
+		return bad("max_containers", t.MaxContainers)
+	}
+	if err := CheckOversubscribe(t.Oversubscribe); err != nil {
+		return fmt.Errorf("oversubscribe %w", err)
+	}
+	if err := CheckVirtualMemory(g.Memory, t.Oversubscribe); err != nil {
+		return fmt.Errorf("memory × oversubscribe: %w", err)
+	}
+	return nil
+}
+
 // Release returns the reservation of container id of namespace. It reports
 // false, changing nothing, for a container that holds no grant.
 func (a *Admission) Release(namespace, container string) (Grant, bool) {

@@ -71,7 +71,9 @@
 //   - a grant was admitted only if, at that moment, the tenant's reserved
 //     memory plus the grant was at most its memory cap (exactly: ending at
 //     the cap is allowed, one byte more is not) and its containers were fewer
-//     than max_containers;
+//     than max_containers; a grant restored after a mediator restart
+//     (Restore) was so admitted by the earlier process, and is kept as a
+//     reload keeps grants;
 //   - a grant's tenant was resolved, and its limits checked, against one
 //     Config: Admit resolves under the lock that SetConfig takes.
 //
