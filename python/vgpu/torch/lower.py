@@ -523,10 +523,12 @@ def _slice(L, node, args, kwargs, runs):
         L.fail(f"a slice with step {step}; only step 1 is supported")
     start = 0 if start is None else start
     shape = L.out_shape(node)
-    nd = len(shape)
-    if not isinstance(start, Affine) and start < 0:
-        start += L.as_dev(v, "sliced operand").shape[_dim(dim, nd)]
-    return [_sliced(L, v, dim, start, shape[_dim(dim, nd)])]
+    dim = _dim(dim, len(shape))
+    if not isinstance(start, Affine):
+        # As torch does: from the end if negative, then clamped to the dimension.
+        size = L.as_dev(v, "sliced operand").shape[dim]
+        start = min(max(start + size if start < 0 else start, 0), size)
+    return [_sliced(L, v, dim, start, shape[dim])]
 
 
 @rule("select")
@@ -575,26 +577,27 @@ def _expand(L, node, args, kwargs, runs):
 
 def _elementwise_operands(L: Lowerer, a: Dev, b: Dev, shape: Tuple[int, ...], what: str):
     """(rows, cols, b_rows, a, b) for add/mul of a full-shape a and b, which
-    is full too or one row broadcast over a's leading dimensions."""
+    is full too or one block broadcast over a's leading dimensions: fewer
+    dimensions, dimensions of 1, or dimensions expanded (stride 0)."""
     a = L.contiguous(a, what)
     n = math.prod(shape)
-    if b.numel == n and tuple(b.shape) == shape:
-        return 1, n, 1, a, L.contiguous(b, what)
-    # b broadcast: right-aligned, ones (or absent) before a trailing block of shape's.
-    bs = [1] * (len(shape) - len(b.shape)) + list(b.shape)
+    # b right-aligned with shape; a dimension it repeats counts as 1.
+    lead = len(shape) - len(b.shape)
+    bs = [1] * lead + [1 if st == 0 else d for d, st in zip(b.shape, b.strides)]
+    bst = [0] * lead + list(b.strides)
     k = len(shape)
     while k > 0 and bs[k - 1] == shape[k - 1]:
         k -= 1
     if any(d != 1 for d in bs[:k]):
         L.fail(f"{what}: broadcasting {list(b.shape)} to {list(shape)}: only a trailing block (a bias row) broadcasts")
     cols = math.prod(shape[k:])
-    tail = len(shape) - k  # b's dims that are the trailing block
-    bb = Dev(b.base, tuple(shape[k:]) or (1,), tuple(b.strides[len(b.strides) - tail:]) if tail else (1,), b.offset)
+    bb = Dev(b.base, tuple(shape[k:]) or (1,), tuple(bst[k:]) or (1,), b.offset)
     return n // cols, cols, 1, a, L.contiguous(bb, what)
 
 
-def _full(v: Any, shape: Tuple[int, ...]) -> bool:
-    return isinstance(v, Dev) and tuple(v.shape) == shape and v.numel == math.prod(shape) and all(s != 0 for s in v.strides)
+def _full(v: Dev, shape: Tuple[int, ...]) -> bool:
+    """Whether v has an element of its own for each of shape's (not expanded)."""
+    return v.numel == math.prod(shape) and all(s != 0 or d == 1 for d, s in zip(v.shape, v.strides))
 
 
 def _binary(L: Lowerer, kernel: str, a: Any, b: Any, shape: Tuple[int, ...]) -> Dev:
@@ -602,7 +605,7 @@ def _binary(L: Lowerer, kernel: str, a: Any, b: Any, shape: Tuple[int, ...]) -> 
     a, b = L.as_dev(a, what), L.as_dev(b, what)
     if not _full(a, shape) and _full(b, shape):
         a, b = b, a  # both kernels commute
-    if math.prod(a.shape) != math.prod(shape):
+    if not _full(a, shape):
         L.fail(f"{kernel}: broadcasting both operands ({list(a.shape)}, {list(b.shape)}) to {list(shape)} is not supported")
     rows, cols, brows, a, b = _elementwise_operands(L, a, b, shape, what)
     out = L.fresh(kernel, F32, shape)
@@ -614,12 +617,15 @@ def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-@rule("add", "sub")
+@rule("add", "sub", "rsub")
 def _add(L, node, args, kwargs, runs):
     a, b = args[0], args[1]
     alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
-    if node.func.overloadpacket.__name__ == "sub":
+    name = node.func.overloadpacket.__name__
+    if name == "sub":
         alpha = -alpha
+    elif name == "rsub":  # b - alpha * a (`1 - x` reaches aten as rsub(x, 1))
+        a, alpha = Scaled(a, -float(alpha)), 1
     shape = L.out_shape(node)
     if _number(b):
         if b * alpha == 0:
