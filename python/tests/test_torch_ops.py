@@ -148,11 +148,19 @@ CASES = {
     "slice_rows": (Fn(lambda m, x: x[1:] * 1.0), (X,)),
     "select": (Fn(lambda m, x: x[:, 1] * 1.0), (X,)),
     "select_negative": (Fn(lambda m, x: x[:, -1] * 1.0), (X,)),
+    "select_last_dim": (Fn(lambda m, x: x[..., -2] * 1.0), (X,)),
+    "slice_block": (Fn(lambda m, x: x[0, 1:3, 2:5] * 1.0), (X,)),
+    "slice_block_3d": (Fn(lambda m, x: x[:, 1:, 2:5] * 1.0), (X,)),
+    "slice_leading_rows": (Fn(lambda m, x: x.view(6, 8)[:4] * 1.0), (X,)),
+    "slice_column_of_rows": (Fn(lambda m, x: x.view(6, 8)[:4, 3] * 1.0), (X,)),
+    "slice_column_from_row": (Fn(lambda m, x: x.view(6, 8)[2:5, -1] * 1.0), (X,)),
     "slice_transposed": (Fn(lambda m, x: x[..., 2:6].transpose(1, 2).contiguous()), (X,)),
     "narrow": (Fn(lambda m, x: x.narrow(2, 1, 4) * 1.0), (X,)),
     "split": (Fn(lambda m, x: [p * 1.0 for p in x.split(3, dim=-1)]), (X,)),
+    "split_with_sizes": (Fn(lambda m, x: [p * 1.0 for p in x.split([2, 5, 1], dim=-1)]), (X,)),
     "chunk": (Fn(lambda m, x: [p * 1.0 for p in x.chunk(2, dim=-1)]), (X,)),
     "unbind": (Fn(lambda m, x: [p * 1.0 for p in x.unbind(1)]), (X,)),
+    "unbind_last": (Fn(lambda m, x: [p * 1.0 for p in x.unbind(-1)][:3]), (X,)),
     "qkv": (Fn(lambda m, x: [p.view(2, 3, 2, 4).transpose(1, 2) @ p.view(2, 3, 2, 4).transpose(1, 2).transpose(-1, -2)
                              for p in m.l(x).split(8, dim=-1)], linear(8, 24)), (X,)),
     # concatenation
@@ -209,6 +217,21 @@ def test_slice_at_a_scalar_position(client: vgpu.Client) -> None:
             with torch.no_grad():
                 want = model(x, pos)
             same(f"pos {pos}", r(x, pos), want)
+
+
+class ReadBlockAtPos(ReadAtPos):
+    def forward(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+        self.cache[:, pos:pos + 2] = x
+        return self.cache[:, pos:pos + 2, :4] + 1
+
+
+def test_slice_at_a_scalar_position_of_two_dimensions_is_refused(client: vgpu.Client) -> None:
+    n = client.requests
+    with pytest.raises(vgpu.torch.TraceError) as e:
+        vgpu.torch.remote(ReadBlockAtPos(), (X[:, :2], 0), client=client)
+    msg = str(e.value)
+    assert "[2, 2, 4]" in msg and "one dimension only" in msg and "self.cache[:, pos:pos + 2, :4]" in msg, msg
+    assert client.requests == n
 
 
 def same(name: str, got: Any, want: Any) -> None:

@@ -296,8 +296,9 @@ class Lowerer:
         return Dev(h, shape, contiguous_strides(shape), Affine.of(0))
 
     def contiguous(self, v: Any, what: str) -> Dev:
-        """v laid out contiguously as a whole tensor, with a slice and/or a
-        permute launch when its view is not."""
+        """v laid out contiguously as a whole tensor: when its view is not,
+        copied by a slice launch per dimension it narrows, then one permute
+        launch if its dimensions are not in memory order."""
         v = self.as_dev(v, what)
         if self.plain(v):
             return v
@@ -319,25 +320,67 @@ class Lowerer:
             else:
                 groups.append([d, s])
         src = v
-        if len(groups) > 2 or (groups and groups[-1][1] != 1):
-            self.fail(f"{what}: a view of shape {list(v.shape)} (strides {list(v.strides)}) of {v.base.name} is not one slice of it")
-        n = v.numel
-        if n != v.base.numel or not (v.offset.const and v.offset.add == 0):
-            # One slice: outer runs of inner elements, `stride` apart.
-            inner = groups[-1][0]
-            outer, stride = (groups[0][0], groups[0][1]) if len(groups) == 2 else (1, v.base.numel)
-            if outer * stride != v.base.numel:
-                self.fail(f"{what}: a view of shape {list(v.shape)} of {v.base.name} is not one slice of it")
-            unit = math.gcd(inner, stride, v.offset.mul, v.offset.add)
-            out = self.fresh("slice", v.dtype, [n])
-            self.emit.launch("slice", [outer, stride // unit, unit, v.offset.div(unit), inner // unit, v.base, out.base], self.where)
-            src = out
+        if v.numel != v.base.numel or not (v.offset.const and v.offset.add == 0):
+            src = self._gather(v, groups, what)
         # The elements are now contiguous in stride order; permute to the view's order.
         kept = [i for i, d in enumerate(v.shape) if d != 1]
         perm = [kept[i] for i in order]  # memory order of the view's dims
         if perm == sorted(perm):
             return Dev(src.base, v.shape, contiguous_strides(v.shape), Affine.of(0))
         return self.permute(src.base, [v.shape[i] for i in perm], [perm.index(i) for i in kept], v.shape)
+
+    def _gather(self, v: Dev, groups: List[List[int]], what: str) -> Dev:
+        """A fresh tensor of v's elements in memory order, copied by slice
+        launches; groups are v's (size, stride) runs, strides decreasing."""
+        if not groups or groups[-1][1] != 1:
+            groups = groups + [[1, 1]]  # runs of single elements (a column)
+        base, n = v.base, v.numel
+        off = v.offset
+        if not off.const:
+            # A start that moves with a scalar (a KV cache read at pos): one
+            # slice of outer runs of inner elements, stride apart, over the
+            # whole base, its start in units that divide the scalar's step.
+            inner = groups[-1][0]
+            outer, stride = groups[0] if len(groups) == 2 else (1, base.numel)
+            if len(groups) > 2 or outer * stride != base.numel:
+                self.fail(f"{what}: a view of shape {list(v.shape)} of {base.name} whose start moves with a scalar "
+                          "would have to be copied, which takes one slice: it may narrow one dimension only")
+            unit = math.gcd(inner, stride, off.mul, off.add)
+            out = self.fresh("slice", v.dtype, [n])
+            self.emit.launch("slice", [outer, stride // unit, unit, off.div(unit), inner // unit, base, out.base], self.where)
+            return out
+        # The base as a row-major array whose dimensions have the groups'
+        # strides (the first as many rows as it holds): mids[i] long, of
+        # which v takes sizes[i] from starts[i].
+        strides = [s for _, s in groups]
+        sizes = [d for d, _ in groups]
+        if any(a % b for a, b in zip(strides, strides[1:])):
+            self._not_a_slice(v, what)
+        mids = [base.numel // strides[0]] + [a // b for a, b in zip(strides, strides[1:])]
+        starts, rem = [], off.add
+        for s in strides:
+            starts.append(rem // s)
+            rem %= s
+        if any(k + d > m for k, d, m in zip(starts, sizes, mids)):
+            self._not_a_slice(v, what)
+        # One slice per dimension v narrows, outermost first; the first as a
+        # run of the whole base (whose length a slice must give exactly).
+        src = base
+        if starts[0] or sizes[0] != mids[0] or mids[0] * strides[0] != base.numel:
+            out = self.fresh("slice", v.dtype, [sizes[0] * strides[0]])
+            self.emit.launch("slice", [1, base.numel, 1, starts[0] * strides[0], sizes[0] * strides[0], src, out.base], self.where)
+            src = out.base
+        for i in range(1, len(groups)):
+            if starts[i] or sizes[i] != mids[i]:
+                outer, inner = math.prod(sizes[:i]), math.prod(mids[i + 1:])
+                out = self.fresh("slice", v.dtype, [outer * sizes[i] * inner])
+                self.emit.launch("slice", [outer, mids[i], inner, starts[i], sizes[i], src, out.base], self.where)
+                src = out.base
+        return Dev(src, (n,), (1,), Affine.of(0))
+
+    def _not_a_slice(self, v: Dev, what: str) -> None:
+        self.fail(f"{what}: a view of shape {list(v.shape)} (strides {list(v.strides)}) of {v.base.name} "
+                  "is not a slice of it")
 
     def permute(self, base: Handle, mem_shape: List[int], perm: List[int], shape: Sequence[int]) -> Dev:
         """A launch of permute: base holds mem_shape contiguously; the result
