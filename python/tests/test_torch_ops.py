@@ -100,6 +100,8 @@ CASES = {
     "mul_number": (Fn(lambda m, x: x * 3), (X,)),
     "number_mul": (Fn(lambda m, x: 0.25 * x), (X,)),
     "div_number": (Fn(lambda m, x: x / 4), (X,)),
+    "div_buffer": (Fn(lambda m, x: x / m.c, lambda m: m.register_buffer("c", torch.arange(1., 9.))), (X,)),
+    "sub_alpha_buffer": (Fn(lambda m, x: torch.sub(x, m.c, alpha=2), lambda m: m.register_buffer("c", torch.arange(1., 9.))), (X,)),
     "scaled_add": (Fn(lambda m, x, y: x * 2 + y / 3), (X, Y)),
     "expand_add": (Fn(lambda m, x: x + m.b.expand(2, 3, 8), params(none, b=(8,))), (X,)),
     "expand_left_mul": (Fn(lambda m, x: m.b.expand_as(x) * x, params(none, b=(1, 1, 8))), (X,)),
@@ -112,12 +114,20 @@ CASES = {
     "matmul_transposed": (Fn(lambda m, x, y: x @ y.transpose(-1, -2)), (X, Y)),
     "matmul_4d": (Fn(lambda m, s: s @ s.transpose(-1, -2)), (S,)),
     "bmm": (Fn(lambda m, x, y: torch.bmm(x.transpose(1, 2), y)), (X, Y)),
+    "matmul_weight_left": (Fn(lambda m, x: m.w @ x, params(none, w=(5, 3))), (X,)),
+    "matmul_4d_weight": (Fn(lambda m, s: s @ m.w, params(none, w=(6, 2))), (S,)),
+    "matmul_vector_right": (Fn(lambda m, x: x[0] @ m.w, params(none, w=(8,))), (X,)),
+    "matmul_vector_left": (Fn(lambda m, x: x[0, 0] @ m.w, params(none, w=(8, 5))), (X,)),
+    "matmul_vectors": (Fn(lambda m, x: m.w @ x[0, 0], params(none, w=(8,))), (X,)),
+    "linear_of_views": (Fn(lambda m, x: (m.l(x.transpose(0, 1)), m.l(x[:, 1:])), linear(8, 5)), (X,)),
+    "addmm_bias_block": (Fn(lambda m, x: torch.addmm(m.b, x[0], m.w), params(none, b=(3, 4), w=(8, 4))), (X,)),
     # rows
     "layer_norm": (Fn(lambda m, x: m.ln(x), lambda m: setattr(m, "ln", nn.LayerNorm(8))), (X,)),
     "layer_norm_no_affine": (Fn(lambda m, x, y: (m.a(x), m.b(y)),
                                 lambda m: (setattr(m, "a", nn.LayerNorm(8, elementwise_affine=False)),
                                            setattr(m, "b", nn.LayerNorm(8, elementwise_affine=False)))), (X, Y * 3 + 1)),
     "layer_norm_f": (Fn(lambda m, x: F.layer_norm(x, (8,), eps=1e-3)), (X,)),
+    "layer_norm_2d": (Fn(lambda m, x: F.layer_norm(x, (3, 8))), (X,)),
     "gelu": (Fn(lambda m, x: F.gelu(x)), (X,)),
     "gelu_tanh": (Fn(lambda m, x: F.gelu(x, approximate="tanh")), (X,)),
     "silu": (Fn(lambda m, x: F.silu(x)), (X,)),
@@ -130,8 +140,16 @@ CASES = {
     "softmax_causal_buffer": (Fn(lambda m, s: torch.softmax(
         s.masked_fill(m.mask[:, :, :6, :6] == 0, float("-inf")), -1),
         lambda m: m.register_buffer("mask", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))), (S,)),
+    "softmax_causal_triu": (Fn(lambda m, s: torch.softmax(
+        s.masked_fill(torch.triu(torch.ones(6, 6), 1).bool(), float("-inf")), -1)), (S,)),
+    "softmax_causal_then_scaled": (Fn(lambda m, s: torch.softmax(
+        (s * 0.5).masked_fill(torch.tril(torch.ones(6, 6)) == 0, -1e9) / 4, -1)), (S,)),
+    "argmax_of_scaled": (Fn(lambda m, x: (x * -1).argmax(-1)), (X,)),
+    "relu_of_scaled": (Fn(lambda m, x: torch.relu(x * -2)), (X,)),
     "argmax": (Fn(lambda m, x: torch.argmax(x, dim=-1)), (X,)),
     "argmax_keepdim": (Fn(lambda m, x: x.argmax(-1, keepdim=True)), (X,)),
+    "embedding_constant_ids": (Fn(lambda m, x: (m.e(torch.tensor([1, 3])), m.e(torch.arange(0, 3)) + x[0, :, :4]),
+                                  lambda m: setattr(m, "e", nn.Embedding(10, 4))), (X,)),
     "embedding": (Fn(lambda m, i: m.e(i), lambda m: setattr(m, "e", nn.Embedding(10, 4))),
                   (torch.tensor([[1, 2, 9], [0, 0, 5]]),)),
     # views
@@ -166,10 +184,14 @@ CASES = {
     # concatenation
     "cat": (Fn(lambda m, x, y: torch.cat([x, y], dim=-1)), (X, Y)),
     "cat3": (Fn(lambda m, x, y: torch.cat([x, y * 2, x + 1], dim=1)), (X, Y)),
+    "cat_negative_dim": (Fn(lambda m, x, y: torch.cat((x, y), -2)), (X, Y)),
     "cat_dim0": (Fn(lambda m, x, y: torch.cat([y, x, y], dim=0)), (X, Y)),
     "cat_views": (Fn(lambda m, x, y: torch.cat([x[..., :3], y.transpose(0, 1).transpose(0, 1)], -1)), (X, Y)),
     # outputs that are inputs or views of them
     "identity": (Fn(lambda m, x: x), (X,)),
+    "view_of_input": (Fn(lambda m, x: x[0]), (X,)),
+    "scaled": (Fn(lambda m, x: x * -2), (X,)),
+    "constant": (Fn(lambda m, x: (x * 2, torch.ones(3))), (X,)),
     "two_outputs_one_value": (Fn(lambda m, x: (x * 2, (x * 2).view(6, 8))), (X,)),
 }
 
@@ -232,6 +254,15 @@ def test_slice_at_a_scalar_position_of_two_dimensions_is_refused(client: vgpu.Cl
     msg = str(e.value)
     assert "[2, 2, 4]" in msg and "one dimension only" in msg and "self.cache[:, pos:pos + 2, :4]" in msg, msg
     assert client.requests == n
+
+
+def test_masked_scores_scaled_by_a_negative_number_are_refused(client: vgpu.Client) -> None:
+    # softmax(masked * -1) sees the hidden columns at +inf; the kernel, which
+    # scales and then masks, would hide them: a different result.
+    module = Fn(lambda m, s: torch.softmax(s.masked_fill(torch.tril(torch.ones(6, 6)) == 0, -1e9) * -1, -1))
+    with pytest.raises(vgpu.torch.TraceError) as e:
+        vgpu.torch.remote(module, (S,), client=client)
+    assert "multiplied by -1" in str(e.value), str(e.value)
 
 
 def same(name: str, got: Any, want: Any) -> None:

@@ -518,7 +518,8 @@ def _view_of(L: Lowerer, v: Any, shape: Tuple[int, ...]) -> Any:
     return Dev(v.base, shape, st, v.offset)
 
 
-@rule("view", "_unsafe_view", "_reshape_alias", "reshape", "unsqueeze", "squeeze", "flatten", "view_copy", "unflatten")
+@rule("view", "_unsafe_view", "_reshape_alias", "reshape", "unsqueeze", "squeeze", "flatten", "view_copy", "unflatten",
+      "squeeze_", "unsqueeze_")  # in place on a value of its own (torch.matmul of a vector): a new view of it
 def _view(L, node, args, kwargs, runs):
     return [_view_of(L, args[0], L.out_shape(node))]
 
@@ -747,7 +748,7 @@ def _matmul(L: Lowerer, a: Any, b: Any, shape: Tuple[int, ...]) -> Dev:
     return out
 
 
-@rule("mm", "bmm")
+@rule("mm", "bmm", "mv", "dot")
 def _mm(L, node, args, kwargs, runs):
     a, b = args[0], args[1]
     fa = fb = 1.0
@@ -755,7 +756,17 @@ def _mm(L, node, args, kwargs, runs):
         a, fa = a.src, a.factor
     if isinstance(b, Scaled):
         b, fb = b.src, b.factor
-    out = _matmul(L, a, b, L.out_shape(node))
+    shape = L.out_shape(node)
+    if node.func.overloadpacket.__name__ in ("mv", "dot"):
+        # A vector on the right is a matrix of one column; on the left (dot), of one row.
+        a, b = L.as_dev(a, "matmul operand"), L.as_dev(b, "matmul operand")
+        if len(a.shape) == 1:
+            a = _view_of(L, a, (1, a.shape[0]))
+        b = _view_of(L, b, (b.shape[0], 1))
+        out = _matmul(L, a, b, (a.shape[0], 1))
+        out = Dev(out.base, shape, contiguous_strides(shape), Affine.of(0))
+    else:
+        out = _matmul(L, a, b, shape)
     return [out if fa * fb == 1.0 else Scaled(out, fa * fb)]
 
 
@@ -801,6 +812,9 @@ def _softmax(L, node, args, kwargs, runs):
         else:
             if causal:
                 L.fail("two masks on one softmax")
+            if scale <= 0:
+                # The kernel scales, then masks: the same only if the scale keeps -inf at -inf.
+                L.fail(f"masked scores multiplied by {scale:g} before softmax; only a positive scale keeps the mask")
             q, causal, offset = v.q, 1, v.offset
         v = v.src
     x = L.contiguous(v, "softmax input")
