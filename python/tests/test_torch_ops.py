@@ -241,6 +241,38 @@ def test_slice_at_a_scalar_position(client: vgpu.Client) -> None:
             same(f"pos {pos}", r(x, pos), want)
 
 
+class Rows(nn.Module):
+    """A cache of rows that forward reads, by a copy or scaled, before it
+    writes x into it at pos (through a slice or a select): what is read is
+    what the cache held before the write."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.register_buffer("cache", torch.arange(48.0).view(2, 3, 8))
+
+    def forward(self, x: torch.Tensor, pos: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        before = self.cache.clone() if self.how == "clone" else self.cache * 2
+        if self.how == "select":
+            self.cache[:, pos] = x
+        else:
+            self.cache[:, pos:pos + 1] = x.unsqueeze(1)
+        return before, self.cache * 1
+
+
+@pytest.mark.parametrize("how", ["clone", "scaled", "select"])
+def test_kv_cache_reads_before_a_write(client: vgpu.Client, how: str) -> None:
+    model = Rows(how)
+    # The example's run writes its x into (a clone of) the cache; the cache
+    # on the device starts as the module holds it all the same.
+    with vgpu.torch.remote(model, (randn(2, 8, seed=9), 0), client=client) as r:
+        for pos in (0, 2, 1, 2):
+            x = randn(2, 8, seed=pos)
+            with torch.no_grad():
+                want = model(x, pos)
+            same(f"{how} at {pos}", r(x, pos), want)
+
+
 class ReadBlockAtPos(ReadAtPos):
     def forward(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         self.cache[:, pos:pos + 2] = x

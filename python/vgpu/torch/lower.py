@@ -457,6 +457,20 @@ class Lowerer:
                     _data_dependent(self, node, node.args, node.kwargs, [])
                 live.update(Ref("node", (i, k)) for k in range(len(node.outs)))
 
+    def before_write(self, cache: Handle) -> None:
+        """Computes now the pending values that read cache (its rows scaled),
+        which torch computed before the write about to change it."""
+        for ref, v in self.vals.items():
+            chain = []
+            while isinstance(v, (Scaled, Masked)):
+                chain.append(v)
+                v = v.src
+            if not (chain and isinstance(v, Dev) and v.base is cache):
+                continue
+            if any(isinstance(c, Masked) for c in chain):
+                self.fail(f"a write into buffer {cache.name} between a masked_fill of it and the softmax that takes the mask")
+            self.vals[ref] = self.as_dev(chain[0], "a value read from a KV cache before a write into it")
+
     def _resolve(self, a: Any) -> Any:
         if isinstance(a, Ref):
             return self.get(a)
@@ -504,6 +518,13 @@ def _same(L: Lowerer, node: Node, args, kwargs, runs):
             L.fail("conversion of integer indices to float32 has no kernel")
         if dt not in (torch.float32, torch.int64, torch.int32):
             L.fail(f"conversion to {dt}: kernels take float32 (and int32 indices)")
+        if v.base.kind == "kv-cache" and node.func.overloadpacket.__name__ in ("clone", "_to_copy"):
+            # A copy of a KV cache keeps what it holds now, through later writes.
+            if L.plain(v):
+                out = L.fresh("clone", v.dtype, v.shape)
+                L.emit.launch("slice", [1, v.numel, 1, 0, v.numel, v.base, out.base], L.where)
+                return [out]
+            return [L.contiguous(v, "a copy of a KV cache")]
     return [v]
 
 
@@ -965,29 +986,37 @@ def _cat(L, node, args, kwargs, runs):
 
 @rule("copy_")
 def _copy(L, node, args, kwargs, runs):
+    """A write into a KV cache: rows start..start + len of one of its
+    dimensions, across the others (a slice or a select of it), by
+    kv_append."""
     dst, src = args[0], args[1]
     if not isinstance(dst, Dev) or dst.base.kind != "kv-cache":
         L.fail("an in-place copy into a tensor other than a module buffer (a KV cache)")
     cache = dst.base
-    full = _cache_shape(L, dst)
-    dims = [i for i, (a, b) in enumerate(zip(dst.shape, full)) if a != b]
-    if len(dims) > 1:
-        L.fail(f"a write to a view of shape {list(dst.shape)} of buffer {cache.name} {list(full)}: only a slice along one dimension")
-    d = dims[0] if dims else 0
-    if tuple(dst.strides) != contiguous_strides(full) and any(n != 1 for n in dst.shape):
-        # strides of a size-1 dim do not matter
-        if any(s != c for s, c, n in zip(dst.strides, contiguous_strides(full), dst.shape) if n != 1):
-            L.fail(f"a write to a permuted view of buffer {cache.name}")
-    stride = contiguous_strides(full)[d]
-    if not dst.offset.divisible(stride):
-        L.fail(f"a write to buffer {cache.name} that does not start at a whole row of dimension {d}")
-    pos = dst.offset.div(stride)
-    s = L.contiguous(src, "written value")
+    s = L.as_dev(src, "written value")
     if s.numel != dst.numel:
-        if s.numel == 1 or tuple(L.as_dev(src, "written value").shape) != tuple(dst.shape):
-            L.fail(f"a write of shape {list(L.as_dev(src, 'v').shape)} into a view of shape {list(dst.shape)}: broadcasting writes are not supported")
-    outer, inner = math.prod(full[:d]), math.prod(full[d + 1:])
-    L.emit.launch("kv_append", [outer, full[d], dst.shape[d], inner, pos, s.base, cache], L.where)
+        L.fail(f"a write of shape {list(s.shape)} into a view of shape {list(dst.shape)} of buffer {cache.name}: "
+               "broadcasting writes are not supported")
+    # The view's dimensions in memory order, merged where contiguous: one
+    # run (rows of the cache's first dimension), or outer runs, stride apart.
+    dims = [(d, st) for d, st in zip(dst.shape, dst.strides) if d != 1]
+    if any(a[1] <= b[1] for a, b in zip(dims, dims[1:])):
+        L.fail(f"a write to a permuted view of buffer {cache.name}")
+    groups: List[List[int]] = []
+    for d, st in dims:
+        if groups and groups[-1][1] == d * st:
+            groups[-1] = [groups[-1][0] * d, st]
+        else:
+            groups.append([d, st])
+    run = groups[-1][0] if groups else 1
+    outer, stride = groups[0] if len(groups) == 2 else (1, cache.numel)
+    if (groups and groups[-1][1] != 1) or len(groups) > 2 or outer * stride != cache.numel:
+        L.fail(f"a write to a view of shape {list(dst.shape)} of buffer {cache.name} {list(_cache_shape(L, dst))}: "
+               "only a slice along one dimension")
+    unit = math.gcd(run, stride, dst.offset.mul, dst.offset.add)
+    L.before_write(cache)
+    s = L.contiguous(s, "written value")
+    L.emit.launch("kv_append", [outer, stride // unit, run // unit, unit, dst.offset.div(unit), s.base, cache], L.where)
     return [dst]
 
 

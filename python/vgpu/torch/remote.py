@@ -310,12 +310,14 @@ def lower_module(module: torch.nn.Module, args: Sequence[Any], phase: vgpu.Phase
     for name, t in base.params.items():
         h = store.weight(("param", name), name, t)
         L.set(Ref("param", name), Dev(h, tuple(t.shape), contiguous_strides(t.shape), Affine.of(0)))
+    held = dict(module.named_buffers())
     for name, t in base.buffers.items():
         if name in base.mutated or name in kv_caches:
             if t.dtype != torch.float32:
                 raise TraceError(f"buffer {name} is written by forward ({base.mutated.get(name, 'named a KV cache')}) "
                                  f"but holds {t.dtype}; KV caches hold float32")
-            h = store.cache(name, t)
+            # The cache starts as the module holds it, not as the example's run left the clone it wrote.
+            h = store.cache(name, held[name].detach().clone())
             L.set(Ref("buffer", name), Dev(h, tuple(t.shape), contiguous_strides(t.shape), Affine.of(0)))
         else:
             L.set(Ref("buffer", name), Const([tr.buffers[name] for tr in traces]))
@@ -405,7 +407,7 @@ class RemoteModule:
     arguments), sends the input tensors and integer arguments, and returns
     the outputs as CPU torch tensors shaped as the module returns them:
     one request and one wait. The KV caches stay on the device between
-    calls; `reset_caches` puts back the buffers' contents from capture.
+    calls; `reset_caches` puts back the buffers' contents at loading.
     """
 
     def __init__(self, module: torch.nn.Module, graphs: List[_Graph], store: Store, client: "vgpu.Client",
@@ -484,7 +486,8 @@ class RemoteModule:
         return gd
 
     def reset_caches(self) -> None:
-        """Puts the KV caches back to the module's buffers as captured."""
+        """Puts the KV caches back to what the module's buffers held when it
+        was loaded."""
         if self._cache_buf is not None:
             upload(self.client, self.caches_addr, self._cache_buf)
 
