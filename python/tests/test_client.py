@@ -348,6 +348,22 @@ def test_timeout_gives_up_on_a_silent_mediator(start_mediator) -> None:
     c.close()
 
 
+def test_timeout_bounds_a_send_the_mediator_does_not_read(start_mediator) -> None:
+    # 64 MiB do not fit the socket's buffer: the copy's frames wait for the
+    # mediator to read them, and the timeout bounds that wait too.
+    m = start_mediator()
+    c = vgpu.Client(socket=m.socket, tenant="test", timeout=0.5)
+    a = c.malloc(64 * MiB)
+    with m.frozen():
+        start = time.monotonic()
+        with pytest.raises(vgpu.Unavailable, match="it read nothing for 0.5 s"):
+            c.stream.copy_to_device(a, np.ones(64 * MiB, dtype=np.uint8))
+        assert time.monotonic() - start < 10
+        with pytest.raises(vgpu.Unavailable):
+            c.malloc(4096)
+    c.close()
+
+
 def test_pipelined_launches_never_deadlock(client: vgpu.Client) -> None:
     # Past 16 384 requests in flight the mediator stops reading until
     # replies are read: a client that read them only at synchronize would

@@ -212,6 +212,11 @@ class _Conn:
         self._pending: dict[int, object] = {}
         self._next = 0
         self._failed: tuple[type[VgpuError], str] | None = None
+        if timeout is not None:
+            # A mediator that stops reading blocks a send once the socket's
+            # buffer is full (a large copy): bound that as a wait for replies.
+            sec, usec = divmod(max(1, round(timeout * 1e6)), 1_000_000)  # 0 would be no bound
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, struct.pack("@ll", sec, usec))
         self._reader = threading.Thread(target=self._read_loop, name=f"vgpu reader {path}", daemon=True)
         self._reader.start()
 
@@ -243,6 +248,8 @@ class _Conn:
                 else:
                     self._send_fd(hdr + b"".join(parts), fd)
         except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):  # SO_SNDTIMEO ran out
+                e = f"it read nothing for {self.timeout} s; connection closed"
             self.fail(Unavailable(f"send {op.name.lower()} to mediator at {self.path}: {e}"))
             raise self.error() from None
 
@@ -358,8 +365,8 @@ class Client:
     /run/vgpu/mediator.sock); tenant: the tenant to act for (default
     $VGPU_TENANT; the mediator may decide otherwise); devices: virtual
     devices wanted (default $VGPU_DEVICES, else 1); timeout: seconds any
-    wait for replies may take before the connection is given up as
-    Unavailable (None: no bound).
+    wait for replies, or for the mediator to read a request, may take
+    before the connection is given up as Unavailable (None: no bound).
     """
 
     def __init__(self, socket: str | None = None, tenant: str | None = None,
