@@ -310,3 +310,18 @@ def _flat(v: Any) -> list:
     if isinstance(v, (list, tuple)):
         return [y for x in v for y in _flat(x)]
     return [v]
+
+
+def test_op_by_op_call_that_fails_returns_its_memory(client: vgpu.Client) -> None:
+    module = Fn(lambda m, x, bad: torch.cumsum(x * 2 + 1, -1) if bad else x * 2 + 1)
+    e = eager(module, (X, False), client)
+    try:
+        pooled = []
+        for _ in range(3):
+            with pytest.raises(vgpu.torch.TraceError, match="aten.cumsum"):
+                e(X, True)
+            pooled.append(sum(len(p) for p in e.emit.free.values()))
+        assert pooled[0] > 0 and pooled == pooled[:1] * 3, pooled  # reused, not allocated again
+        same("after failures", e(X, False), module(X, False))
+    finally:
+        e.close()

@@ -177,6 +177,15 @@ class EagerModule:
             self.emit.recorded = None
 
     def _call(self, args: Sequence[Any], outputs: List[Tuple[int, int]]) -> Any:
+        try:
+            return self._run(args, outputs)
+        finally:
+            # The call's activations go back to the pool even when it fails
+            # part way (an operation without a kernel): the stream runs in
+            # order, so the next call's work on them comes after this one's.
+            self.emit.end_call()
+
+    def _run(self, args: Sequence[Any], outputs: List[Tuple[int, int]]) -> Any:
         names: Dict[int, Ref] = {}
         L = Lowerer(self.emit, _one_run)
         state: Dict[str, torch.Tensor] = {}
@@ -221,7 +230,6 @@ class EagerModule:
             reads.append((len(results), host, o))
             results.append(None)
         self.client.stream.synchronize()
-        self.emit.end_call()
         for i, host, o in reads:
             results[i] = torch.from_numpy(host).reshape(o.shape).to(o.dtype)
         return pytree.tree_unflatten(results, spec)
