@@ -325,3 +325,13 @@ def test_op_by_op_call_that_fails_returns_its_memory(client: vgpu.Client) -> Non
         same("after failures", e(X, False), module(X, False))
     finally:
         e.close()
+
+
+def test_op_by_op_load_over_quota_leaves_nothing_charged(start_mediator) -> None:
+    from test_torch import History  # 256 KiB of weights, and a cache of rows x 1 KiB
+
+    m = start_mediator("--tenant-memory", "8MiB")
+    with vgpu.Client(socket=m.socket, tenant="t1") as c:
+        with pytest.raises(vgpu.QuotaExceeded):
+            eager(History(8 << 10), (randn(1, 256), 0), c)  # the weights fit, the 8 MiB cache does not
+        c.free(c.malloc(8 << 20))  # the whole quota is free again

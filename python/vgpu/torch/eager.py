@@ -150,16 +150,20 @@ class EagerModule:
             store.cache(n, self.buffers[n])
         self._handles: Dict[str, Handle] = {}
         self._allocs: List[int] = []
-        for items, hint in ((store.weights, vgpu.Hint.WEIGHT), (store.caches, vgpu.Hint.KV_CACHE)):
-            if not items:
-                continue
-            off, buf = _pack(items)
-            addr = client.malloc(len(buf), device=device, hint=hint)
-            self._allocs.append(addr)
-            upload(client, addr, buf)
-            for h, _ in items:
-                h.addr = addr + off[id(h)]
-                self._handles[h.name] = h
+        try:
+            for items, hint in ((store.weights, vgpu.Hint.WEIGHT), (store.caches, vgpu.Hint.KV_CACHE)):
+                if not items:
+                    continue
+                off, buf = _pack(items)
+                addr = client.malloc(len(buf), device=device, hint=hint)
+                self._allocs.append(addr)
+                upload(client, addr, buf)
+                for h, _ in items:
+                    h.addr = addr + off[id(h)]
+                    self._handles[h.name] = h
+        except BaseException:
+            self.close()  # the weights, when the caches do not fit
+            raise
 
     def __call__(self, *args: Any) -> Any:
         return self._call(args, [])
