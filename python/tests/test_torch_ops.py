@@ -273,6 +273,30 @@ def test_kv_cache_reads_before_a_write(client: vgpu.Client, how: str) -> None:
             same(f"{how} at {pos}", r(x, pos), want)
 
 
+class Previous(nn.Module):
+    """A state buffer written whole, in place, at each call (an RNN's
+    hidden state): each call adds the previous call's x."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.ones(2, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + self.state
+        self.state.copy_(x)
+        return y
+
+
+def test_buffer_written_whole_in_place(client: vgpu.Client) -> None:
+    model = Previous()
+    with vgpu.torch.remote(model, (X[0, :2],), client=client) as r:
+        for seed in range(3):
+            x = randn(2, 8, seed=seed)
+            with torch.no_grad():
+                want = model(x)
+            same(f"call {seed}", r(x), want)
+
+
 class ReadBlockAtPos(ReadAtPos):
     def forward(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         self.cache[:, pos:pos + 2] = x
@@ -328,10 +352,11 @@ def test_op_by_op_call_that_fails_returns_its_memory(client: vgpu.Client) -> Non
 
 
 def test_op_by_op_load_over_quota_leaves_nothing_charged(start_mediator) -> None:
-    from test_torch import History  # 256 KiB of weights, and a cache of rows x 1 KiB
-
     m = start_mediator("--tenant-memory", "8MiB")
+    # 256 KiB of weights fit; the 8 MiB cache, which forward writes, does not.
+    module = Fn(lambda m, x: m.cache.copy_(m.l(x).expand(8192, 256)) * 1,
+                lambda m: (linear(256, 256)(m), m.register_buffer("cache", torch.zeros(8192, 256))))
     with vgpu.Client(socket=m.socket, tenant="t1") as c:
         with pytest.raises(vgpu.QuotaExceeded):
-            eager(History(8 << 10), (randn(1, 256), 0), c)  # the weights fit, the 8 MiB cache does not
+            eager(module, (randn(1, 256),), c)
         c.free(c.malloc(8 << 20))  # the whole quota is free again

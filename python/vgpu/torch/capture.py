@@ -154,17 +154,20 @@ class _Recorder(TorchDispatchMode):
             else:
                 kept.append(None)
         self.trace.nodes.append(Node(func, tuple(rargs), dict(rkwargs), kept, out_spec, where))
-        self._note_buffer_writes(func, flat, outs, where)
+        self._note_buffer_writes(func, flat, refs, outs, where)
         return out
 
-    def _note_buffer_writes(self, func: Any, flat: List[Any], outs: List[Any], where: str) -> None:
-        """Follows views of buffers, so that a write through one marks the buffer."""
+    def _note_buffer_writes(self, func: Any, flat: List[Any], refs: List[Any], outs: List[Any], where: str) -> None:
+        """Follows views of buffers, so that a write through one marks the
+        buffer. refs are flat's names before the call: an in-place
+        operation's output, its first argument itself, is named since as
+        the node's."""
         first = flat[0] if flat else None
         if not isinstance(first, torch.Tensor):
             return
         base = self.bases.get(id(first))
-        r = self.names.get(id(first))
-        if base is None and r is not None and r.kind == "buffer":
+        r = refs[0]
+        if base is None and r.kind == "buffer":
             base = r.key
         if base is None:
             return
