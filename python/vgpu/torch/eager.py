@@ -31,7 +31,7 @@ import vgpu
 
 from .capture import Node, Ref, capture, functional_call
 from .lower import F32, Affine, Const, Dev, Emitter, F32Arg, Handle, Lowerer, contiguous_strides
-from .remote import Store, _np_dtype, _pack, upload
+from .remote import Store, _np_dtype, _pack, free_all, upload
 
 
 class EagerEmitter(Emitter):
@@ -242,11 +242,7 @@ class EagerModule:
         for pool in self.emit.free.values():
             for h in pool:
                 self._allocs.append(h.addr)
-        for a in self._allocs:
-            try:
-                self.client.free(a)
-            except vgpu.VgpuError:
-                pass
+        free_all(self.client, self._allocs)
         self._allocs = []
         self.emit.free = {}
 

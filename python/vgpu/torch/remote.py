@@ -399,6 +399,17 @@ def upload(client: "vgpu.Client", addr: int, data: np.ndarray) -> None:
         client.host_free(staging)
 
 
+def free_all(client: "vgpu.Client", addrs: Sequence[int]) -> None:
+    """Frees each allocation, going on past errors: a close after the
+    session failed (the mediator gone) has nothing left to free, and must
+    not hide the error that led to it."""
+    for a in addrs:
+        try:
+            client.free(a)
+        except vgpu.VgpuError:
+            pass
+
+
 class RemoteModule:
     """A module's graphs loaded on a vGPU; call it like the module.
 
@@ -551,11 +562,7 @@ class RemoteModule:
                 except vgpu.VgpuError:
                     pass
                 g.registered = None
-        for a in self._allocs:
-            try:
-                self.client.free(a)
-            except vgpu.VgpuError:
-                pass
+        free_all(self.client, self._allocs)
         self._allocs = []
         if self._owns_client:
             self.client.close()
