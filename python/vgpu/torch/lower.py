@@ -78,11 +78,6 @@ class Affine:
     def div(self, k: int) -> "Affine":
         return Affine(self.scalar, self.mul // k, self.add // k)
 
-    def eval(self, scalars: Sequence[int]) -> int:
-        if self.const:
-            return self.add
-        return self.mul * scalars[self.scalar] + self.add
-
 
 Int = Any  # int or Affine
 
@@ -478,8 +473,8 @@ class Lowerer:
             return type(a)(self._resolve(x) for x in a)
         return a
 
-    def out_shape(self, node: Node, i: int = 0) -> Tuple[int, ...]:
-        return tuple(node.outs[i].shape)
+    def out_shape(self, node: Node) -> Tuple[int, ...]:
+        return tuple(node.outs[0].shape)
 
 
 def _leaves(x: Any) -> List[Any]:
@@ -641,9 +636,10 @@ def _expand(L, node, args, kwargs, runs):
 
 
 def _elementwise_operands(L: Lowerer, a: Dev, b: Dev, shape: Tuple[int, ...], what: str):
-    """(rows, cols, b_rows, a, b) for add/mul of a full-shape a and b, which
-    is full too or one block broadcast over a's leading dimensions: fewer
-    dimensions, dimensions of 1, or dimensions expanded (stride 0)."""
+    """(rows, cols, a, b) for add/mul of a full-shape a and b, which is full
+    too or one block broadcast over a's leading dimensions: fewer
+    dimensions, dimensions of 1, or dimensions expanded (stride 0). b is
+    then one row of cols (b_rows = 1): a full b is one row of all of a."""
     a = L.contiguous(a, what)
     n = math.prod(shape)
     # b right-aligned with shape; a dimension it repeats counts as 1.
@@ -657,7 +653,7 @@ def _elementwise_operands(L: Lowerer, a: Dev, b: Dev, shape: Tuple[int, ...], wh
         L.fail(f"{what}: broadcasting {list(b.shape)} to {list(shape)}: only a trailing block (a bias row) broadcasts")
     cols = math.prod(shape[k:])
     bb = Dev(b.base, tuple(shape[k:]) or (1,), tuple(bst[k:]) or (1,), b.offset)
-    return n // cols, cols, 1, a, L.contiguous(bb, what)
+    return n // cols, cols, a, L.contiguous(bb, what)
 
 
 def _full(v: Dev, shape: Tuple[int, ...]) -> bool:
@@ -672,9 +668,9 @@ def _binary(L: Lowerer, kernel: str, a: Any, b: Any, shape: Tuple[int, ...]) -> 
         a, b = b, a  # both kernels commute
     if not _full(a, shape):
         L.fail(f"{kernel}: broadcasting both operands ({list(a.shape)}, {list(b.shape)}) to {list(shape)} is not supported")
-    rows, cols, brows, a, b = _elementwise_operands(L, a, b, shape, what)
+    rows, cols, a, b = _elementwise_operands(L, a, b, shape, what)
     out = L.fresh(kernel, F32, shape)
-    L.emit.launch(kernel, [rows, cols, brows, a.base, b.base, out.base], L.where)
+    L.emit.launch(kernel, [rows, cols, 1, a.base, b.base, out.base], L.where)
     return out
 
 
@@ -798,8 +794,8 @@ def _addmm(L, node, args, kwargs, runs):
     shape = L.out_shape(node)
     prod = _matmul(L, args[1], args[2], shape)
     bias = L.as_dev(args[0], "addmm bias")
-    rows, cols, brows, a, b = _elementwise_operands(L, prod, bias, shape, "addmm bias")
-    L.emit.launch("add", [rows, cols, brows, a.base, b.base, a.base], L.where)
+    rows, cols, a, b = _elementwise_operands(L, prod, bias, shape, "addmm bias")
+    L.emit.launch("add", [rows, cols, 1, a.base, b.base, a.base], L.where)  # in place: prod is the addmm's own
     return [prod]
 
 

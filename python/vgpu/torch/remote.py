@@ -140,7 +140,6 @@ class _Graph:
     out_spec: Any
     emitter: GraphEmitter
     registered: Any = None
-    io_bytes: Tuple[int, int] = (0, 0)
 
 
 def _is_scalar(a: Any) -> bool:
@@ -369,7 +368,6 @@ def lower_module(module: torch.nn.Module, args: Sequence[Any], phase: vgpu.Phase
     for what_, n in (("inputs", in_bytes), ("outputs", out_bytes)):
         if n > _MAX_IO:
             raise TraceError(f"the graph's {what_} total {n} bytes; an invocation carries at most 1 MiB of each")
-    g.io_bytes = (in_bytes, out_bytes)
     return g
 
 
