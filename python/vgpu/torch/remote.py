@@ -159,11 +159,19 @@ def _describe(sig: List[Any]) -> str:
 
 
 def _arg_names(module: torch.nn.Module, n: int) -> List[str]:
+    """The names of forward's first n positional arguments, for messages and
+    the graphs' tensors: those of *args are args[0], args[1], ..."""
     try:
-        params = [p.name for p in inspect.signature(module.forward).parameters.values()]
+        params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
         params = []
-    return [params[i] if i < len(params) else f"arg{i}" for i in range(n)]
+    names = []
+    for i in range(n):
+        if i < len(params) and params[i].kind == inspect.Parameter.VAR_POSITIONAL:
+            names += [f"{params[i].name}[{k}]" for k in range(n - i)]
+            break
+        names.append(params[i].name if i < len(params) else f"arg{i}")
+    return names
 
 
 def _vary(module: torch.nn.Module, args: Sequence[Any], i: int) -> List[Tuple[int, Trace]]:
