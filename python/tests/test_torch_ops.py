@@ -150,6 +150,7 @@ CASES = {
     "argmax_keepdim": (Fn(lambda m, x: x.argmax(-1, keepdim=True)), (X,)),
     "embedding_constant_ids": (Fn(lambda m, x: (m.e(torch.tensor([1, 3])), m.e(torch.arange(0, 3)) + x[0, :, :4]),
                                   lambda m: setattr(m, "e", nn.Embedding(10, 4))), (X,)),
+    "matmul_of_constants": (Fn(lambda m, x: x[0, 0] + torch.ones(8) @ torch.ones(8, 8)), (X,)),
     "embedding": (Fn(lambda m, i: m.e(i), lambda m: setattr(m, "e", nn.Embedding(10, 4))),
                   (torch.tensor([[1, 2, 9], [0, 0, 5]]),)),
     # views
@@ -319,6 +320,27 @@ def test_masked_scores_scaled_by_a_negative_number_are_refused(client: vgpu.Clie
     with pytest.raises(vgpu.torch.TraceError) as e:
         vgpu.torch.remote(module, (S,), client=client)
     assert "multiplied by -1" in str(e.value), str(e.value)
+
+
+REFUSED = {
+    # A host tensor changed in place is, for every earlier use, its last value.
+    "in-place operation aten.tril_.default on a value computed on the host": (
+        Fn(lambda m, s: torch.softmax(s.masked_fill(torch.ones(6, 6).tril_() == 0, float("-inf")), -1)), (S,)),
+    # Registration would refuse it, after the weights were sent.
+    "a concatenation of int32 ids": (
+        Fn(lambda m, i, j: m.e(torch.cat([i, j])), lambda m: setattr(m, "e", nn.Embedding(5, 2))),
+        (torch.tensor([1, 2]), torch.tensor([3]))),
+}
+
+
+@pytest.mark.parametrize("message", sorted(REFUSED))
+def test_refused_before_anything_is_sent(client: vgpu.Client, message: str) -> None:
+    module, args = REFUSED[message]
+    n = client.requests
+    with pytest.raises(vgpu.torch.TraceError) as e:
+        vgpu.torch.remote(module, args, client=client)
+    assert message in str(e.value) and "test_torch_ops.py:" in str(e.value), str(e.value)
+    assert client.requests == n
 
 
 def same(name: str, got: Any, want: Any) -> None:

@@ -424,7 +424,12 @@ class Lowerer:
         kwargs = {k: self._resolve(v) for k, v in node.kwargs.items()}
         tensors = [a for a in _leaves((args, kwargs)) if isinstance(a, (Dev, Const, Scaled, Masked))]
         name = node.func.overloadpacket.__name__
-        if all(isinstance(a, Const) for a in tensors) and not name.endswith("_"):
+        if all(isinstance(a, Const) for a in tensors):
+            if name.endswith("_") and name not in _IN_PLACE_VIEWS:
+                # Its tensor, which every earlier use of the value refers to
+                # too, holds only the last value it was given in the run.
+                self.fail(f"in-place operation {node.name} on a value computed on the host; "
+                          f"write it out of place (x = x.{name[:-1]}(...))")
             for i, r in enumerate(refs):
                 if node.outs[i] is not None:
                     self.set(r, Const([run[i] for run in runs]))
@@ -534,8 +539,13 @@ def _view_of(L: Lowerer, v: Any, shape: Tuple[int, ...]) -> Any:
     return Dev(v.base, shape, st, v.offset)
 
 
+# In place, but on a value of torch's own making that nothing else reads
+# (torch.matmul's result for a vector): a new view of it.
+_IN_PLACE_VIEWS = ("squeeze_", "unsqueeze_")
+
+
 @rule("view", "_unsafe_view", "_reshape_alias", "reshape", "unsqueeze", "squeeze", "flatten", "view_copy", "unflatten",
-      "squeeze_", "unsqueeze_")  # in place on a value of its own (torch.matmul of a vector): a new view of it
+      *_IN_PLACE_VIEWS)
 def _view(L, node, args, kwargs, runs):
     return [_view_of(L, args[0], L.out_shape(node))]
 
@@ -965,9 +975,11 @@ def _cat(L, node, args, kwargs, runs):
     shape = L.out_shape(node)
     dim = _dim(L.const_int(args[1] if len(args) > 1 else kwargs.get("dim", 0), "cat dimension"), len(shape))
     outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
-    acc = L.contiguous(parts[0], "cat operand")
+    parts = [L.contiguous(p, "cat operand") for p in parts]
+    if len(parts) > 1 and any(p.dtype != F32 for p in parts):
+        L.fail("a concatenation of int32 ids: concat moves float32 only; pass the ids to forward concatenated")
+    acc = parts[0]
     for p in parts[1:]:
-        p = L.contiguous(p, "cat operand")
         ma, mb = acc.numel // (outer * inner), p.numel // (outer * inner)
         nshape = list(shape)
         nshape[dim] = ma + mb
