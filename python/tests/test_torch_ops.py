@@ -193,6 +193,7 @@ CASES = {
     "view_of_input": (Fn(lambda m, x: x[0]), (X,)),
     "scaled": (Fn(lambda m, x: x * -2), (X,)),
     "constant": (Fn(lambda m, x: (x * 2, torch.ones(3))), (X,)),
+    "buffer_returned": (Fn(lambda m, x: (x * 2, m.c), lambda m: m.register_buffer("c", torch.arange(3.0))), (X,)),
     "two_outputs_one_value": (Fn(lambda m, x: (x * 2, (x * 2).view(6, 8))), (X,)),
 }
 

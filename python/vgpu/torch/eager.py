@@ -223,7 +223,11 @@ class EagerModule:
             if not isinstance(o, torch.Tensor):
                 results.append(o)
                 continue
-            v = L.get(names[id(o)])
+            r = names.get(id(o))
+            if r is None:  # a host tensor no operation made (a constant buffer returned as it is)
+                results.append(o)
+                continue
+            v = L.get(r)
             if isinstance(v, Const):
                 results.append(v.values[0])
                 continue

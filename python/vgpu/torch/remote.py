@@ -539,8 +539,10 @@ class RemoteModule:
                 continue
             t = args[inp.index].detach()
             if inp.dtype == I32:
-                if t.numel() and (int(t.min()) < -(2**31) or int(t.max()) >= 2**31):
-                    raise vgpu.InvalidArgument(f"input {inp.index} of {self.module_name} holds ids outside int32")
+                lo, hi = (int(t.min()), int(t.max())) if t.numel() else (0, 0)
+                if lo < -(2**31) or hi >= 2**31:
+                    raise vgpu.InvalidArgument(f"input {inp.index} of {self.module_name} holds ids outside int32 "
+                                               f"(from {lo} to {hi})")
                 a = t.to(torch.int32).contiguous().numpy()
             else:
                 a = t.contiguous().numpy()
