@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vgpu/vgpu/internal/testenv"
 )
 
 // Who may act as which tenant on the host socket, with real processes: a
@@ -66,9 +68,7 @@ func runCred(t *testing.T, cred *syscall.Credential, name string, args ...string
 // binaries must be theirs to run too.
 func hostDir(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to run processes as other users")
-	}
+	testenv.NeedRoot(t, "needs root, to run processes as other users")
 	if err := os.Chmod(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}

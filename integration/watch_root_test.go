@@ -19,6 +19,8 @@ import (
 	"github.com/containerd/containerd/v2/plugins"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	logtest "github.com/sirupsen/logrus/hooks/test"
+
+	"github.com/vgpu/vgpu/internal/testenv"
 )
 
 // startContainerd starts a private containerd (its own root, state and
@@ -26,12 +28,10 @@ import (
 // skips the test unless it runs as root on a host with containerd.
 func startContainerd(t *testing.T) (dir, sock string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run containerd")
-	}
+	testenv.NeedRoot(t, "needs root to run containerd")
 	bin, err := exec.LookPath("containerd")
 	if err != nil {
-		t.Skip("containerd is not installed (apt-get install containerd runc)")
+		testenv.Missing(t, "containerd is not installed (apt-get install containerd runc)")
 	}
 	// A short path: unix socket names are limited to 108 bytes.
 	dir, err = os.MkdirTemp("", "vgpu-ctd-")
@@ -160,9 +160,9 @@ func TestWatchContainerdReal(t *testing.T) {
 		defer ctr.Delete(context.WithoutCancel(nctx))
 		task, err := ctr.NewTask(nctx, cio.NullIO)
 		if err != nil {
-			// The record path above is what CI must have; a host where
-			// runc cannot start containers only loses this part.
-			t.Skipf("runc cannot start a container here: %v", err)
+			// A host where runc cannot start containers loses only this
+			// part; CI must have it.
+			testenv.Missing(t, fmt.Sprintf("runc cannot start a container here: %v", err))
 		}
 		defer task.Delete(context.WithoutCancel(nctx), client.WithProcessKill)
 		exited, err := task.Wait(nctx)
@@ -170,7 +170,7 @@ func TestWatchContainerdReal(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := task.Start(nctx); err != nil {
-			t.Skipf("runc cannot start a container here: %v", err)
+			testenv.Missing(t, fmt.Sprintf("runc cannot start a container here: %v", err))
 		}
 
 		// An exec'd process that exits is not the container's end.

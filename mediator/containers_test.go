@@ -14,6 +14,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/testenv"
 	"github.com/vgpu/vgpu/mediator"
 )
 
@@ -412,12 +413,10 @@ func TestQuotaReloadOfMissingFileKeepsQuotas(t *testing.T) {
 // A process outside the container's pid namespace that gets hold of the
 // container's socket is refused.
 func TestContainerSocketRefusesOutsiders(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make a pid namespace")
-	}
+	testenv.NeedRoot(t, "needs root to make a pid namespace")
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
-		t.Skip("unshare not installed")
+		testenv.Missing(t, "unshare not installed (util-linux)")
 	}
 	cs := startContainers(t)
 	op := cs.operator(t)

@@ -44,10 +44,8 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/internal/testenv"
 )
-
-// requireEnv, when "1", turns a missing prerequisite into a failure.
-const requireEnv = "VGPU_E2E_REQUIRE_ROOT"
 
 // binEnv names a directory of prebuilt binaries to use instead of building.
 const binEnv = "VGPU_E2E_BIN"
@@ -134,10 +132,7 @@ func static(path string) bool {
 func env(tb testing.TB) *harness {
 	tb.Helper()
 	if skipReason != "" {
-		if os.Getenv(requireEnv) == "1" {
-			tb.Fatalf("%s=1: %s", requireEnv, skipReason)
-		}
-		tb.Skip(skipReason)
+		testenv.Missing(tb, skipReason)
 	}
 	if setupErr != nil {
 		tb.Fatalf("root e2e harness: %v", setupErr)

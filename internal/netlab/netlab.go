@@ -75,6 +75,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/vgpu/vgpu/internal/testenv"
 )
 
 // Prefix starts the name of every namespace a lab makes.
@@ -84,7 +86,7 @@ const Prefix = "vgpulab"
 // nsenter, no permission to make namespaces) into a failure instead of a
 // skip. It is the variable of the root end-to-end tests, so CI, which sets
 // it, runs the lab's tests too.
-const RequireEnv = "VGPU_E2E_REQUIRE_ROOT"
+const RequireEnv = testenv.RequireEnv
 
 // Subnet is the /24 the hosts' addresses come from, in the order New was
 // given them: 10.77.0.1, 10.77.0.2, …. Every lab has its own switch, so
@@ -200,10 +202,7 @@ func New(tb testing.TB, hosts ...string) *Lab {
 // skip skips the test for why, or fails it under RequireEnv=1.
 func skip(tb testing.TB, why string) {
 	tb.Helper()
-	if os.Getenv(RequireEnv) == "1" {
-		tb.Fatalf("%s=1: %s", RequireEnv, why)
-	}
-	tb.Skip(why)
+	testenv.Missing(tb, why)
 }
 
 // prerequisites says what the machine lacks for a lab, or "".
