@@ -124,3 +124,45 @@ func TestQuotaFileOverTheLimit(t *testing.T) {
 		t.Fatalf("vgpuctl tenants after the refused reload: %v, want the old tenant kept\n%s", err, out)
 	}
 }
+
+// TestQuotaReloadOnSIGHUP: SIGHUP makes a running mediator read its quota
+// file again and apply it — the tenants and limits vgpuctl lists change —
+// and the mediator goes on serving (SIGHUP's default action would end it).
+func TestQuotaReloadOnSIGHUP(t *testing.T) {
+	quota := filepath.Join(t.TempDir(), "tenants.toml")
+	if err := os.WriteFile(quota, []byte("[tenants.before]\nmemory = \"64MiB\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	socket := startSystem(t, []string{"--devices", "1", "--memory", "256MiB"}, []string{"--quota", quota})
+	tenants := func() string {
+		out, err := run(t, "vgpuctl", "--socket", socket, "tenants")
+		if err != nil {
+			t.Fatalf("vgpuctl tenants: %v\n%s", err, out)
+		}
+		return out
+	}
+	if out := tenants(); !strings.Contains(out, "before") || !strings.Contains(out, "64.0 MiB") {
+		t.Fatalf("vgpuctl tenants before the reload lacks tenant before and its 64 MiB:\n%s", out)
+	}
+	if err := os.WriteFile(quota, []byte("[tenants.after]\nmemory = \"96MiB\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pid := serverPid(t, socket)
+	if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	waitFor(t, "the reload to list tenant after", func() bool {
+		out = tenants()
+		return strings.Contains(out, "after")
+	})
+	if strings.Contains(out, "before") || !strings.Contains(out, "96.0 MiB") {
+		t.Fatalf("vgpuctl tenants after SIGHUP still lists tenant before, or lacks after's 96 MiB:\n%s", out)
+	}
+	if got := serverPid(t, socket); got != pid {
+		t.Fatalf("the mediator's pid went from %d to %d", pid, got)
+	}
+	if out, err := run(t, "tenant", "--socket", socket, "--tenant", "after"); err != nil || strings.TrimSpace(out) != "ok" {
+		t.Fatalf("a session after the reload: %v\n%s", err, out)
+	}
+}
