@@ -51,7 +51,7 @@ func (k ctrKey) String() string {
 // connections that came through it.
 type container struct {
 	grant  isolation.Grant
-	pid    int
+	proc   process // its init process
 	socket string
 	// dir is the socket's directory, held open from registration to
 	// closeSocket: the socket is unlinked through it, and the directory
@@ -355,8 +355,18 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
-	ctr, err := m.openContainer(grant, tenant, dir, r.SocketDir != "", int(r.Pid))
+	// Recorded before the container is opened, so before any release of
+	// it can delete the record (regstore.go's order of records).
+	proc := processOf(int(r.Pid))
+	if err := m.regs.put(newRegistration(grant, tenant, proc, m.boot, dir, r.SocketDir != "")); err != nil {
+		m.admission.Release(r.Namespace, r.Container)
+		return nil, fmt.Errorf("register %v: %w", k, err)
+	}
+	ctr, err := m.openContainer(grant, tenant, dir, r.SocketDir != "", proc, false)
 	if err != nil {
+		if err := m.regs.remove(k); err != nil {
+			m.log.WithError(err).Error("a failed registration's record stays; the next start drops it if its container is gone")
+		}
 		m.admission.Release(r.Namespace, r.Container)
 		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
@@ -433,8 +443,10 @@ func listenIn(d *os.File, name string) (net.Listener, error) {
 // directory, below its namespace's. A runtime's registration (byRuntime)
 // uses the directory the runtime made and mounted at the container's
 // /run/vgpu: one made here in its place would not be the container's, so a
-// missing one is an error. Without a runtime, the mediator makes it.
-func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir string, byRuntime bool, pid int) (*container, error) {
+// missing one is an error. Without a runtime, the mediator makes it; a
+// registration restored from an earlier mediator process (restored) made
+// it then, so its directory is the mediator's to remove all the same.
+func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir string, byRuntime bool, proc process, restored bool) (*container, error) {
 	if err := os.MkdirAll(m.cfg.ContainerDir, 0o755); err != nil {
 		return nil, fmt.Errorf("container directory: %v: %w", err, api.ErrInternal)
 	}
@@ -463,7 +475,7 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 	}
 	k := ctrKey{g.Namespace, g.Container}
 	ctr := &container{
-		grant: g, pid: pid, socket: sock, dir: d, ownDir: made, listener: l, conns: map[net.Conn]struct{}{}, sessions: map[*session]struct{}{},
+		grant: g, proc: proc, socket: sock, dir: d, ownDir: made || restored && !byRuntime, listener: l, conns: map[net.Conn]struct{}{}, sessions: map[*session]struct{}{},
 		oversubscribe: t.Oversubscribe, dedupCharge: t.DedupCharge,
 		budget:     &budget{owner: fmt.Sprintf("container %v of tenant %q", k, g.Tenant), limit: virtual(g.Memory, t.Oversubscribe), log: m.log},
 		hostMapped: budget{owner: fmt.Sprintf("host regions of container %v", k), limit: MaxHostMappedPerContainer, log: m.log},
@@ -515,8 +527,8 @@ func (m *Mediator) Release(namespace, id string) error {
 func (m *Mediator) ContainerGone(namespace, id string, pid uint32) error {
 	k := ctrKey{namespace, id}
 	return m.releaseIf(k, func(c *container) error {
-		if c.pid > 0 && alive(c.pid) && (pid == 0 || uint32(c.pid) != pid) {
-			return fmt.Errorf("release: container %v: its process %d is still running: %w", k, c.pid, api.ErrInvalidArgument)
+		if c.proc.running() && (pid == 0 || uint32(c.proc.pid) != pid) {
+			return fmt.Errorf("release: container %v: its process %d is still running: %w", k, c.proc.pid, api.ErrInvalidArgument)
 		}
 		return nil
 	})
@@ -546,6 +558,11 @@ func (m *Mediator) releaseIf(k ctrKey, check func(*container) error) error {
 	if !ctr.close() {
 		log.Warn("sessions still tearing down after 10s; returning the quota anyway")
 	}
+	// Before the grant returns, so before the container can register
+	// again (regstore.go's order of records).
+	if err := m.regs.remove(k); err != nil {
+		log.WithError(err).Error("the released container's record stays; the next start restores it if its process still runs")
+	}
 	m.admission.Release(k.namespace, k.id)
 	m.mu.Lock()
 	delete(m.releasing, k)
@@ -569,7 +586,7 @@ func (m *Mediator) reclaimLoop() {
 		m.mu.Lock()
 		var gone []ctrKey
 		for k, c := range m.containers {
-			if c.pid > 0 && !alive(c.pid) {
+			if c.proc.pid > 0 && !c.proc.running() {
 				gone = append(gone, k)
 			}
 		}
@@ -578,7 +595,7 @@ func (m *Mediator) reclaimLoop() {
 			// Checked again: k may have been released and registered
 			// again, by a live process, since the scan.
 			err := m.releaseIf(k, func(c *container) error {
-				if c.pid > 0 && !alive(c.pid) {
+				if c.proc.pid > 0 && !c.proc.running() {
 					return nil
 				}
 				return fmt.Errorf("container %v was registered again: %w", k, api.ErrInvalidArgument)
@@ -662,7 +679,7 @@ func (m *Mediator) tenantsJSON() ([]byte, error) {
 // namespace of the container's init process. The socket is only mounted
 // into the container, so this guards against a socket passed out of it.
 func (c *container) admitPeer(nc net.Conn) error {
-	if c.pid <= 0 {
+	if c.proc.pid <= 0 {
 		return nil // registered without a process (tests, operators by hand)
 	}
 	cred, err := peerCred(nc)
@@ -670,9 +687,9 @@ func (c *container) admitPeer(nc net.Conn) error {
 		return fmt.Errorf("container %v: peer credentials: %v: %w", c.key(), err, api.ErrPermissionDenied)
 	}
 	peer, err1 := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", cred.Pid))
-	init, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", c.pid))
+	init, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", c.proc.pid))
 	if err := errors.Join(err1, err2); err != nil {
-		return fmt.Errorf("container %v: pid namespaces of peer %d and init %d: %v: %w", c.key(), cred.Pid, c.pid, err, api.ErrPermissionDenied)
+		return fmt.Errorf("container %v: pid namespaces of peer %d and init %d: %v: %w", c.key(), cred.Pid, c.proc.pid, err, api.ErrPermissionDenied)
 	}
 	if peer != init {
 		return fmt.Errorf("container %v: process %d is not in the container (pid namespace %s, the container's %s): %w",

@@ -24,8 +24,14 @@
 //     released: its address space returns its frames and its node
 //     connections close, and nodes free whatever a connection held.
 //   - A bad request fails alone; the session and every other session go on.
+//   - A container's registration is in the registration store (regstore.go)
+//     from before it is acknowledged until before its grant returns, so a
+//     mediator that restarts finds every container it had admitted, and
+//     restores those still running (restore.go).
 //
 // Lock order: Mediator.mu, then session.mu. Streams lock nothing of others.
+// The registration store is never written with Mediator.mu held: its
+// writes wait for the disk.
 package mediator
 
 import (
@@ -70,9 +76,13 @@ type Config struct {
 	// HostMemory is the RAM that evicted device memory may use, divided
 	// among oversubscribing containers by their bounds and lent while
 	// unused (memory.HostStore); past it, evicted memory goes to a spill
-	// file in StateDir ("" : no spill file).
+	// file in StateDir.
 	HostMemory uint64
-	StateDir   string
+	// StateDir holds the spill file and the registration store
+	// (regstore.go), which lets registrations survive a restart; "" means
+	// neither: evicted memory stays in RAM, and a restarted mediator has
+	// forgotten every container.
+	StateDir string
 	// NodeTLS, when set, is the client configuration for connections to
 	// nodes (mutual TLS under the cluster CA); nil means plain TCP.
 	NodeTLS *tls.Config
@@ -110,6 +120,8 @@ type Mediator struct {
 	catalog map[string]api.KernelInfo
 
 	admission  *isolation.Admission
+	regs       *regStore         // nil without a state directory
+	boot       string            // the kernel's boot id (bootID)
 	reloadMu   sync.Mutex        // one Reload at a time
 	store      *memory.HostStore // evicted device memory of every session
 	hostMapped budget            // bytes of every session's host regions (hostmem.go)
@@ -165,8 +177,16 @@ func New(cfg Config) (*Mediator, error) {
 	if err != nil {
 		return nil, err
 	}
+	var regs *regStore
+	var got loaded
+	if cfg.StateDir == "" {
+		cfg.Log.Info("no state directory: container registrations are not kept; a restarted mediator forgets every container and its reservation")
+	} else if regs, got, err = openRegStore(cfg.StateDir); err != nil {
+		store.Close()
+		return nil, err
+	}
 	m := &Mediator{
-		cfg: cfg, log: cfg.Log, admission: isolation.NewAdmission(quota), store: store,
+		cfg: cfg, log: cfg.Log, admission: isolation.NewAdmission(quota), store: store, regs: regs, boot: bootID(),
 		sessions: map[uint64]*session{}, containers: map[ctrKey]*container{}, releasing: map[ctrKey]chan struct{}{},
 		conns: map[net.Conn]struct{}{}, stop: make(chan struct{}),
 		hostMapped: budget{owner: "host regions of the mediator's sessions", limit: MaxHostMapped, log: cfg.Log},
@@ -179,6 +199,7 @@ func New(cfg Config) (*Mediator, error) {
 		if err != nil {
 			m.closeNodes()
 			store.Close()
+			regs.close()
 			return nil, err
 		}
 		m.nodes = append(m.nodes, n)
@@ -195,8 +216,10 @@ func New(cfg Config) (*Mediator, error) {
 	if len(m.devices) == 0 {
 		m.closeNodes()
 		store.Close()
+		regs.close()
 		return nil, fmt.Errorf("nodes %v export no devices: %w", cfg.Nodes, api.ErrUnavailable)
 	}
+	m.restore(got)
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -338,7 +361,8 @@ func (m *Mediator) forget(nc net.Conn) {
 }
 
 // Close stops accepting, ends every session (releasing its memory) and
-// disconnects from the nodes.
+// disconnects from the nodes. Registrations stay recorded: their
+// containers still run, and the next mediator restores them.
 func (m *Mediator) Close() error {
 	m.mu.Lock()
 	if m.closed {
@@ -360,7 +384,7 @@ func (m *Mediator) Close() error {
 	m.wg.Wait()
 	m.closeNodes()
 	forgetLimiters(m)
-	return m.store.Close()
+	return errors.Join(m.store.Close(), m.regs.close())
 }
 
 // Status reports nodes, devices and tenant sessions. Nodes are asked at

@@ -17,10 +17,11 @@ import (
 
 // another starts one more mediator in front of sys's nodes, as a second
 // host would have, and returns a system value for dialling it. edit, if
-// set, changes its configuration.
+// set, changes its configuration. Its state directory is its own: a
+// mediator's registration store is its alone.
 func (s *system) another(t testing.TB, name string, edit ...func(*mediator.Config)) *system {
 	t.Helper()
-	cfg := mediator.Config{ContainerDir: filepath.Join(s.dir, name+"-c"), StateDir: s.dir, Log: quietLog()}
+	cfg := mediator.Config{ContainerDir: filepath.Join(s.dir, name+"-c"), StateDir: filepath.Join(s.dir, name+"-state"), Log: quietLog()}
 	for _, n := range s.med.Status().Nodes {
 		cfg.Nodes = append(cfg.Nodes, n.Addr)
 	}

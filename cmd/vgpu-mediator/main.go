@@ -44,7 +44,8 @@ func main() {
 	containerd := flag.String("containerd", "/run/containerd/containerd.sock", "containerd socket to watch for vanished containers (\"\": don't)")
 	oversub := flag.Float64("oversubscribe", 1, "host-socket sessions may allocate this many times --tenant-memory, evicting cold memory to the host; 1 to 16, as the quota file's oversubscribe (1: off)")
 	hostMem := flag.String("host-memory", "2GiB", "host RAM for evicted device memory, divided among oversubscribing containers")
-	stateDir := flag.String("state-dir", defaultStateDir(), "where evicted memory spills past --host-memory (\"\": no spill file)")
+	stateDir := flag.String("state-dir", defaultStateDir(),
+		"where evicted memory spills past --host-memory and container registrations are kept across restarts, one mediator's alone (\"\": neither; a restarted mediator forgets every container)")
 	tlsCert := flag.String("node-tls-cert", "", "mediator certificate (PEM, from vgpuctl certs init) for mutual TLS to the --node nodes; with --node-tls-key and --node-tls-ca")
 	tlsKey := flag.String("node-tls-key", "", "mediator certificate's private key (PEM)")
 	tlsCA := flag.String("node-tls-ca", "", "cluster CA certificate (PEM): nodes must present a node certificate it signed, for the host dialled")
