@@ -79,6 +79,9 @@ type harness struct {
 	runcRoots         string // --root directories of runc containers the tests drive directly
 	mediatorErr       error  // vgpu-node, vgpu-mediator or vgpuctl is not up
 
+	nodeAddr, quota string  // the mediator's node and quota file
+	med             *daemon // the mediator running now
+
 	daemons []*daemon // in start order
 }
 
@@ -394,16 +397,24 @@ func (h *harness) startMediator() error {
 	}); err != nil {
 		return err
 	}
-	quota := filepath.Join(h.dir, "tenants.toml")
-	if err := os.WriteFile(quota, []byte(quotaFile), 0o644); err != nil {
+	h.nodeAddr, h.quota = addr, filepath.Join(h.dir, "tenants.toml")
+	if err := os.WriteFile(h.quota, []byte(quotaFile), 0o644); err != nil {
 		return err
 	}
+	return h.serveMediator()
+}
+
+// serveMediator starts vgpu-mediator on the harness's node, with its state
+// directory, as at first or again after killMediator, and waits until it
+// answers (its socket may be a killed one's, left behind).
+func (h *harness) serveMediator() error {
 	med, err := h.startDaemon("vgpu-mediator", nil, h.binPath("vgpu-mediator"),
-		"--socket", h.medSock, "--node", addr, "--quota", quota,
+		"--socket", h.medSock, "--node", h.nodeAddr, "--quota", h.quota,
 		"--container-dir", h.ctrDir, "--containerd", h.ctdSock, "--state-dir", filepath.Join(h.dir, "state"), "--log-level", "info")
 	if err != nil {
 		return err
 	}
+	h.med = med
 	return med.waitUp(15*time.Second, func() bool {
 		if _, err := os.Stat(h.medSock); err != nil {
 			return false
@@ -411,6 +422,16 @@ func (h *harness) startMediator() error {
 		_, err := run(context.Background(), nil, h.binPath("vgpuctl"), "--socket", h.medSock, "tenants", "--json")
 		return err == nil
 	})
+}
+
+// killMediator SIGKILLs the mediator and waits until it is gone: nothing of
+// its own ending runs.
+func (h *harness) killMediator(tb testing.TB) {
+	tb.Helper()
+	if err := h.med.cmd.Process.Kill(); err != nil {
+		tb.Fatal(err)
+	}
+	<-h.med.done
 }
 
 // dockerCmd runs the docker CLI against the private dockerd.
