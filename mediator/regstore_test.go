@@ -326,3 +326,31 @@ func update(t *testing.T, path string, f func(*bolt.Tx) error) {
 		t.Fatal(err)
 	}
 }
+
+// FuzzDecodeRecord: whatever bytes a damaged file holds under a key,
+// decoding them never panics, and a record it accepts encodes back to one
+// that decodes the same.
+func FuzzDecodeRecord(f *testing.F) {
+	good := testRegistration("moby", "c")
+	v, err := good.encode()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add([]byte("moby\x00c"), v)
+	f.Add([]byte("moby\x00c"), seal([]byte(`{"namespace":"moby","container":"c","pid":-1}`)))
+	f.Add([]byte("\x00c"), seal([]byte(`{"container":"c","socket_dir":"/x"}`)))
+	f.Fuzz(func(t *testing.T, key, v []byte) {
+		r, err := decodeRecord(key, v)
+		if err != nil {
+			return
+		}
+		again, err := r.encode()
+		if err != nil {
+			t.Fatalf("an accepted record %+v does not encode: %v", r, err)
+		}
+		r2, err := decodeRecord(key, again)
+		if err != nil || !reflect.DeepEqual(r, r2) {
+			t.Fatalf("an accepted record %+v encodes to one that decodes to %+v, %v", r, r2, err)
+		}
+	})
+}

@@ -232,6 +232,9 @@ func TestRegistrationsSurviveARestart(t *testing.T) {
 	if err := h.med.Release("", "noproc"); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := os.Lstat(api.ContainerSocketDir(h.containerDir(), "", "noproc")); !os.IsNotExist(err) {
+		t.Fatalf("a restored container's socket directory, which the mediator made, after its release: %v, want it removed", err)
+	}
 	out = h.start()
 	if ti := h.tenant("shared"); ti.Containers != 0 || strings.Contains(out, "restored") {
 		t.Fatalf("released registrations came back: %+v\n%s", ti, out)
