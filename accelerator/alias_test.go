@@ -234,9 +234,27 @@ func TestNodeDedupAliases(t *testing.T) {
 // TestNodeAliasRaces: dedups aliasing a frame that its holder seals and
 // frees over and over, and writes to the alias, see the source's whole
 // contents or miss, and never change the source, whether the node retains
-// freed sealed frames or not. Run with -race.
+// freed sealed frames or not. Run with -race. The race must happen: some
+// frees take a frame that aliases of it map, before their holder writes
+// them (every other chance, the dedup waits, before it aliases the frame,
+// for a free of it to begin).
 func TestNodeAliasRaces(t *testing.T) {
 	withRetention(t, func(t *testing.T, tn *testNode) {
+		var frees raceCount // dedups that aliased a frame while a free of it was under way
+		freedAliased := 0   // frees that took a frame with live aliases
+		w := watchRaces(t, tn, func(w *raceWatch) {
+			w.onCopy = func(src frameRef) {
+				if tn.node.content.sealer[src] == "" {
+					return // retained: nobody frees it
+				}
+				w.meet(&frees, func() bool { return w.freeBegun(src) })
+			}
+			w.onFree = func(r frameRef) {
+				if len(tn.node.content.aliases[r]) > 0 {
+					w.note(&freedAliased)
+				}
+			}
+		})
 		a := tn.connect(t, "alice")
 		b := tn.connect(t, "bob")
 		dst := b.alloc(0, 2)
@@ -252,7 +270,11 @@ func TestNodeAliasRaces(t *testing.T) {
 				return err
 			})
 		}, dedupRound(b, 0, dst, want, &hits)) // writes to both aliases, by two paths
-		t.Logf("%d dedup hits over %d seal-free rounds", hits, rounds)
+		c, n := w.count(&frees), w.read(&freedAliased)
+		t.Logf("%d dedup hits over %d seal-free rounds; %d frees took a frame with aliases; an alias and a free of its source %v", hits, rounds, n, c)
+		if n == 0 {
+			t.Errorf("the race never happened: no free took a frame while aliases of it were live (an alias and a free %v)", c)
+		}
 		tn.wantAliased(t, 0)
 		wantOnlyRetained(t, tn, 1)
 	})

@@ -108,6 +108,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vgpu/vgpu/api"
@@ -135,6 +136,29 @@ type contentIndex struct {
 	retainMax int
 	lookups   uint64 // hashes asked for by dedups
 	hits      uint64 // of which a sealed frame was copied or aliased
+	// hook, set by tests only, is called at each hookPoint.
+	hook atomic.Pointer[func(hookPoint, frameRef)]
+}
+
+// hookPoint names a point of the index's protocols at which a test may
+// watch the node or hold it up (contentIndex.hook): the race tests use
+// them to make the interleavings they are about happen, and to count them.
+type hookPoint int
+
+const (
+	hookCopy         hookPoint = iota // a dedup is about to copy or alias r; x.mu held
+	hookFreeBegin                     // a free of r is about to take x.mu
+	hookFree                          // a free is about to retain or forget r; x.mu held
+	hookReclaimBegin                  // a reclaim of r.dev is about to take x.mu
+	hookReclaim                       // a reclaim is about to forget r; x.mu held
+	hookReclaimEnd                    // a reclaim of r.dev is done
+)
+
+// at calls the test hook, if one is set, at p with r.
+func (x *contentIndex) at(p hookPoint, r frameRef) {
+	if h := x.hook.Load(); h != nil {
+		(*h)(p, r)
+	}
 }
 
 func newContentIndex() *contentIndex {
@@ -300,10 +324,14 @@ func (x *contentIndex) storedOnce(ref frameRef, tenant string) bool {
 // and all stay held: those it retained go back to o (unkeep), unless an
 // allocation reclaimed one meanwhile.
 func (x *contentIndex) forget(t tenantShare, o owner, d *device, frames []uint64) (scrub []uint64, kept []frameRef, err error) {
+	for _, f := range frames {
+		x.at(hookFreeBegin, frameRef{d, f})
+	}
 	for _, f := range x.latestSealedFirst(d, frames) {
 		ref := frameRef{d, f}
 		x.mu.Lock()
 		took, err := d.timed(func() error {
+			x.at(hookFree, ref)
 			if x.keep(o, ref) {
 				kept = append(kept, ref)
 				return nil
@@ -391,6 +419,8 @@ func (x *contentIndex) keep(o owner, ref frameRef) bool {
 // caller holds d.allocMu, so that two allocations do not reclaim the same
 // frames.
 func (x *contentIndex) reclaim(d *device, n int, withAliases bool) (int, time.Duration, error) {
+	x.at(hookReclaimBegin, frameRef{dev: d})
+	defer x.at(hookReclaimEnd, frameRef{dev: d})
 	x.mu.Lock()
 	var refs []frameRef
 	for r := range x.kept {
@@ -414,6 +444,7 @@ func (x *contentIndex) reclaim(d *device, n int, withAliases bool) (int, time.Du
 			if _, ok := x.kept[r]; !ok {
 				return nil // a failed free took it back
 			}
+			x.at(hookReclaim, r)
 			for a, t := range x.aliases[r] {
 				copied, err := d.timed(func() error { return x.unalias(a, true) })
 				if err != nil {
@@ -607,6 +638,7 @@ func (x *contentIndex) copyToLocked(t tenantShare, d *device, dst uint64, sum [3
 	if root, ok := x.aliasOf[src]; ok {
 		src = root // alias to the memory itself
 	}
+	x.at(hookCopy, src)
 	if _, ok := x.kept[src]; ok { // used: reclaimed after colder ones
 		x.keptSeq++
 		x.kept[src] = x.keptSeq

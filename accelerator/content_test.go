@@ -202,17 +202,37 @@ func TestNodeDedup(t *testing.T) {
 
 // TestNodeDedupRacesFree: dedups from a frame that its holder seals and
 // frees over and over see its whole contents or miss, never a frame being
-// scrubbed, whether the node retains freed sealed frames or not.
+// scrubbed, whether the node retains freed sealed frames or not. The race
+// must happen: some dedups copy a frame while a free of it is under way.
+// The holder frees each frame once a dedup began to copy it, and every
+// other such copy waits for the free to begin.
 func TestNodeDedupRacesFree(t *testing.T) {
 	withRetention(t, func(t *testing.T, tn *testNode) {
+		var frees raceCount // dedups that copied a frame while a free of it was under way
+		w := watchRaces(t, tn, func(w *raceWatch) {
+			w.onCopy = func(src frameRef) {
+				if tn.node.content.sealer[src] == "" {
+					return // retained: nobody frees it
+				}
+				w.meet(&frees, func() bool { return w.freeBegun(src) })
+			}
+		})
 		a := tn.connect(t, "alice")
 		b := tn.connect(t, "bob")
 		dst := b.alloc(1, 1)
 		want := bytes.Repeat([]byte{0x5a}, FrameSize)
 		const rounds = 30
 		hits := 0
-		race(t, func() error { return churnSealed(a, rounds, nil) }, dedupRound(b, 1, dst, want, &hits))
-		t.Logf("%d dedup hits over %d seal-free rounds", hits, rounds)
+		copied := func(f uint64) error {
+			w.await(func() bool { return w.copied(frameRef{tn.node.devs[0], f}) }, racePatience)
+			return nil
+		}
+		race(t, func() error { return churnSealed(a, rounds, copied) }, dedupRound(b, 1, dst, want, &hits))
+		c := w.count(&frees)
+		t.Logf("%d dedup hits over %d seal-free rounds; a copy and a free of its source %v", hits, rounds, c)
+		if c.met == 0 {
+			t.Errorf("the race never happened: no dedup copied a frame while a free of it was under way (%v)", c)
+		}
 		wantOnlyRetained(t, tn, 1)
 	})
 }

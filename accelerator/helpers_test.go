@@ -440,3 +440,179 @@ func pattern(seed byte, n int) []byte {
 	}
 	return b
 }
+
+// raceWatch watches a node's content index through its test hook
+// (contentIndex.hook): which frees have begun and not yet taken their
+// frame, which reclaims have begun and not ended. A race test's callbacks
+// see dedups about to copy or alias a frame, frees about to take one and
+// reclaims about to take one, under the index's lock; a copy's callback
+// may ask whether the free or reclaim the test is about is under way, and
+// hold the copy until one begins (meet), so that the interleaving the test
+// is about happens, not only may happen.
+type raceWatch struct {
+	mu sync.Mutex
+	// frames being freed: begun, not yet retained or forgotten
+	freeing map[frameRef]int
+	// reclaims of a device begun and not ended
+	reclaiming map[*device]int
+	// dedups that began to copy or alias a frame since it was last freed
+	copies map[frameRef]int
+	// closed, and replaced, whenever a free or reclaim begins or a test
+	// notes something (note)
+	changed chan struct{}
+	// called at hookCopy, hookFree and hookReclaim, where set, with the
+	// index's lock held; set only by watchRaces's setup
+	onCopy, onFree, onReclaim func(r frameRef)
+}
+
+// watchRaces installs a raceWatch, whose callbacks setup sets, on tn's
+// content index until t ends.
+func watchRaces(t *testing.T, tn *testNode, setup func(w *raceWatch)) *raceWatch {
+	w := &raceWatch{freeing: map[frameRef]int{}, reclaiming: map[*device]int{}, copies: map[frameRef]int{}, changed: make(chan struct{})}
+	setup(w)
+	hook := func(p hookPoint, r frameRef) {
+		var call func(frameRef)
+		w.mu.Lock()
+		switch p {
+		case hookCopy:
+			w.copies[r]++
+			w.signal()
+			call = w.onCopy
+		case hookFreeBegin:
+			w.freeing[r]++
+			w.signal()
+		case hookFree:
+			if w.freeing[r]--; w.freeing[r] <= 0 {
+				delete(w.freeing, r)
+			}
+			delete(w.copies, r)
+			call = w.onFree
+		case hookReclaimBegin:
+			w.reclaiming[r.dev]++
+			w.signal()
+		case hookReclaim:
+			call = w.onReclaim
+		case hookReclaimEnd:
+			w.reclaiming[r.dev]--
+		}
+		w.mu.Unlock()
+		if call != nil {
+			call(r)
+		}
+	}
+	x := tn.node.content
+	x.hook.Store(&hook)
+	t.Cleanup(func() { x.hook.Store(nil) })
+	return w
+}
+
+// signal wakes those awaiting something. The caller holds w.mu.
+func (w *raceWatch) signal() {
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// freeBegun says whether a free of r has begun and not yet taken it.
+func (w *raceWatch) freeBegun(r frameRef) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.freeing[r] > 0
+}
+
+// copied says whether a dedup has begun to copy or alias r since it was
+// last freed.
+func (w *raceWatch) copied(r frameRef) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.copies[r] > 0
+}
+
+// reclaimBegun says whether a reclaim of d's retained frames has begun and
+// not ended.
+func (w *raceWatch) reclaimBegun(d *device) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reclaiming[d] > 0
+}
+
+// await waits until cond holds, checked whenever a free or reclaim begins
+// or a test notes something, for up to patience, and says whether it held.
+func (w *raceWatch) await(cond func() bool, patience time.Duration) bool {
+	deadline := time.After(patience)
+	for {
+		w.mu.Lock()
+		changed := w.changed
+		w.mu.Unlock()
+		if cond() {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			return false
+		}
+	}
+}
+
+// racePatience is how long a race test holds a dedup, under the index's
+// lock, for the free or reclaim it is to meet: far longer than either
+// takes to begin once its client has sent it.
+const racePatience = 500 * time.Millisecond
+
+// raceCount is how often a race test's interleaving happened, out of the
+// chances it had; held counts those the test brought about by holding a
+// dedup, missed those it held in vain. It is guarded by its raceWatch's mu.
+type raceCount struct{ chances, met, held, missed int }
+
+func (c raceCount) String() string {
+	return fmt.Sprintf("met %d times in %d chances (%d by holding a dedup for it, %d holds in vain)", c.met, c.chances, c.held, c.missed)
+}
+
+// meet is a chance, counted in c, for a copy to meet what pending reports:
+// it is met if pending holds now; else every other chance holds the copy
+// until pending holds, up to racePatience. It says whether it was met.
+func (w *raceWatch) meet(c *raceCount, pending func() bool) bool {
+	w.mu.Lock()
+	c.chances++
+	hold := c.chances%2 == 1
+	w.mu.Unlock()
+	met := pending()
+	hold = hold && !met
+	if hold {
+		met = w.await(pending, racePatience)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case hold && met:
+		c.held++
+		c.met++
+	case hold:
+		c.missed++
+	case met:
+		c.met++
+	}
+	return met
+}
+
+// count reads c, which w guards.
+func (w *raceWatch) count(c *raceCount) raceCount {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return *c
+}
+
+// note adds one to *n, which w guards, and wakes those awaiting it.
+func (w *raceWatch) note(n *int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	*n++
+	w.signal()
+}
+
+// read reads n, which w guards.
+func (w *raceWatch) read(n *int) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return *n
+}

@@ -207,9 +207,37 @@ func TestNodeRetentionChoices(t *testing.T) {
 // allocations keep reclaiming the retained frame, see the whole contents
 // or miss; the reclaiming tenant finds only zeros. The dedups copy to
 // another device, so that the frame has no alias when it is freed, and is
-// retained. Run with -race.
+// retained. Run with -race. The race must happen: some reclaims take a
+// frame that a dedup was copying when they began. The reclaiming tenant
+// allocates once a dedup began to copy the retained frame, and every other
+// such copy waits for a reclaim to begin.
 func TestNodeReclaimRaces(t *testing.T) {
 	tn := startSim(t, 2, 6*FrameSize)
+	var met raceCount             // dedups that copied a retained frame while a reclaim of its device was under way
+	copied := map[frameRef]bool{} // the frames they copied, until a reclaim takes them
+	taken := 0                    // reclaims that took one
+	keptCopies := 0               // dedups that began to copy a retained frame
+	w := watchRaces(t, tn, func(w *raceWatch) {
+		w.onCopy = func(src frameRef) {
+			if _, ok := tn.node.content.kept[src]; !ok {
+				return // held: the dedups race its free, not a reclaim
+			}
+			w.note(&keptCopies)
+			if w.meet(&met, func() bool { return w.reclaimBegun(src.dev) }) {
+				w.mu.Lock()
+				copied[src] = true
+				w.mu.Unlock()
+			}
+		}
+		w.onReclaim = func(r frameRef) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if copied[r] {
+				delete(copied, r)
+				taken++
+			}
+		}
+	})
 	a := tn.connect(t, "alice")
 	b := tn.connect(t, "bob")
 	c := tn.connect(t, "carol")
@@ -229,11 +257,17 @@ func TestNodeReclaimRaces(t *testing.T) {
 		}
 		return nil
 	}
-	reclaims, hits := 0, 0
+	reclaims, hits, seen := 0, 0, 0
 	reclaim := func() error {
+		if _, _, retained := tn.node.devs[0].frames.usage(); retained == 0 {
+			runtime.Gosched()
+			return nil
+		}
+		// Once a dedup copies the retained frame, if one does soon.
+		w.await(func() bool { return w.read(&keptCopies) > seen }, racePatience/5)
+		seen = w.read(&keptCopies)
 		_, free, retained := tn.node.devs[0].frames.usage()
 		if retained == 0 {
-			runtime.Gosched()
 			return nil
 		}
 		fs, err := c.tryAlloc(0, uint32(free+retained))
@@ -252,7 +286,12 @@ func TestNodeReclaimRaces(t *testing.T) {
 		return c.free(0, fs...)
 	}
 	race(t, churn, reclaim, dedupRound(b, 1, dst, want, &hits))
-	t.Logf("%d dedup hits, %d allocations that reclaimed, over %d seal-free rounds", hits, reclaims, rounds)
+	rc, n := w.count(&met), w.read(&taken)
+	t.Logf("%d dedup hits, %d allocations that reclaimed, over %d seal-free rounds; %d reclaims took a frame a dedup copied as they began; a copy of a retained frame and a reclaim %v",
+		hits, reclaims, rounds, n, rc)
+	if n == 0 {
+		t.Errorf("the race never happened: no reclaim took a retained frame that a dedup was copying as it began (a copy and a reclaim %v)", rc)
+	}
 	wantOnlyRetained(t, tn, 1)
 }
 
