@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -257,6 +258,7 @@ func TestRegisterAcrossReloads(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var reloads sync.WaitGroup
+	var reloaded atomic.Int64 // reloads done
 	reloads.Add(1)
 	go func() {
 		defer reloads.Done()
@@ -271,8 +273,12 @@ func TestRegisterAcrossReloads(t *testing.T) {
 				t.Errorf("reload: %v", err)
 				return
 			}
+			reloaded.Add(1)
 		}
 	}()
+	// The race needs reloads that switch the file while registrations run:
+	// counted from the first registration's start to the last one's end.
+	first := reloaded.Load()
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Add(1)
@@ -288,8 +294,13 @@ func TestRegisterAcrossReloads(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	during := reloaded.Load() - first
 	close(stop)
 	reloads.Wait()
+	t.Logf("%d reloads while 4000 registrations ran", during)
+	if during < 2 {
+		t.Errorf("the race never happened: %d reloads while the registrations ran, want at least 2 (one each way)", during)
+	}
 }
 
 // A containerd report that a container ended arrives late: it must not

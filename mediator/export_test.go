@@ -23,3 +23,26 @@ func PlantStaleAfterInval(m *Mediator) (staleServes func() uint64) {
 		return s
 	}
 }
+
+// SessionEvictions is how many chunks of session id of m have been evicted
+// from the device so far: by its own fault-ins, or for another session of
+// its container (containers.go, reclaim); 0 once the session has ended.
+func SessionEvictions(m *Mediator, id uint64) uint64 {
+	m.mu.Lock()
+	s := m.sessions[id]
+	m.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	return s.space.Stats().Evictions
+}
+
+// HoldIssuing holds session id's issueMu, as the session does while it
+// issues a command, until release is called.
+func HoldIssuing(m *Mediator, id uint64) (release func()) {
+	m.mu.Lock()
+	s := m.sessions[id]
+	m.mu.Unlock()
+	s.issueMu.Lock()
+	return s.issueMu.Unlock
+}

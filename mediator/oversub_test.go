@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
@@ -214,22 +215,19 @@ func TestContainerSessionsShareResidentMemory(t *testing.T) {
 // resident grant fill and read back their buffers at once: every read
 // holds what its session last wrote, the container never keeps more than
 // its grant resident, and a command that finds the others holding every
-// frame fails alone with out-of-memory (run it with -race).
+// frame fails alone with out-of-memory (run it with -race). The race must
+// happen: some reads find their buffer evicted for another session since
+// their fill. (That a command fails alone when the others are amid
+// issuing, which happens here only by chance, is
+// TestContainerSessionReclaimPassesOverBusySiblings.)
 func TestContainerSessionsReclaimConcurrently(t *testing.T) {
 	const grant, size, rounds = 8 << 20, 4 << 20, 15
 	s, socket := startOversubscribedContainer(t, grant, 1)
 	var wg sync.WaitGroup
-	var oom atomic.Int64
-	for g := range 3 {
-		c, err := client.Dial(client.Options{Socket: socket})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		p, err := c.Malloc(0, size)
-		if err != nil {
-			t.Fatal(err)
-		}
+	var oom, reclaimed atomic.Int64
+	cs, ps := dialWithBuffers(t, socket, 3, size)
+	for g, c := range cs {
+		p := ps[g]
 		wg.Go(func() {
 			st := c.Stream()
 			got := make([]byte, size)
@@ -245,6 +243,7 @@ func TestContainerSessionsReclaimConcurrently(t *testing.T) {
 				} else {
 					want = v
 				}
+				filled := mediator.SessionEvictions(s.med, c.Session())
 				st.CopyFromDevice(got, p)
 				if err := st.Synchronize(); errors.Is(err, api.ErrOutOfMemory) {
 					oom.Add(1)
@@ -252,6 +251,9 @@ func TestContainerSessionsReclaimConcurrently(t *testing.T) {
 				} else if err != nil {
 					t.Errorf("session %d, round %d: read: %v", g, r, err)
 					return
+				}
+				if after := mediator.SessionEvictions(s.med, c.Session()); after > filled {
+					reclaimed.Add(1)
 				}
 				if i := firstDiff(got, bytes.Repeat([]byte{want}, size)); i >= 0 {
 					t.Errorf("session %d, round %d: byte %d reads %d, want %d", g, r, i, got[i], want)
@@ -270,7 +272,91 @@ func TestContainerSessionsReclaimConcurrently(t *testing.T) {
 	if resident > grant {
 		t.Fatalf("the container's sessions keep %d bytes resident, its grant is %d", resident, grant)
 	}
-	t.Logf("%d of %d commands found every frame held", oom.Load(), 3*2*rounds)
+	t.Logf("%d of %d commands found every frame held; %d reads of %d found their buffer evicted since its fill", oom.Load(), 3*2*rounds, reclaimed.Load(), 3*rounds)
+	if reclaimed.Load() == 0 {
+		t.Errorf("the race never happened: no session's buffer was evicted for another between its fill and its read")
+	}
+}
+
+// A command of one session that needs the frames its container's other
+// sessions hold while they are amid issuing (the race that
+// TestContainerSessionsReclaimConcurrently leaves to chance) does not wait
+// for them, as they may be waiting for it: it fails alone with
+// out-of-memory, and succeeds once they are done; they read back what
+// they wrote.
+func TestContainerSessionReclaimPassesOverBusySiblings(t *testing.T) {
+	const grant, size = 8 << 20, 4 << 20
+	s, socket := startOversubscribedContainer(t, grant, 1)
+	cs, ps := dialWithBuffers(t, socket, 3, size)
+	for i, c := range cs[1:] {
+		st := c.Stream()
+		st.Memset(ps[i+1], byte(i+1), size)
+		if err := st.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Sessions 1 and 2 hold the whole grant, and are amid issuing.
+	holds := []func(){mediator.HoldIssuing(s.med, cs[1].Session()), mediator.HoldIssuing(s.med, cs[2].Session())}
+	st := cs[0].Stream()
+	st.Memset(ps[0], 9, size)
+	done := make(chan error, 1)
+	go func() { done <- st.Synchronize() }()
+	var err error
+	waited := false
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		waited = true
+	}
+	for _, release := range holds {
+		release()
+	}
+	if waited {
+		t.Fatalf("a memset that needs the frames of sessions amid issuing waited 10s for them (then: %v)", <-done)
+	}
+	if !errors.Is(err, api.ErrOutOfMemory) {
+		t.Fatalf("a memset that needs the frames of sessions amid issuing: %v, want out of memory", err)
+	}
+	st.Memset(ps[0], 9, size)
+	if err := st.Synchronize(); err != nil {
+		t.Fatalf("once the others were done: %v", err)
+	}
+	for i, c := range cs {
+		want := bytes.Repeat([]byte{byte(i)}, size)
+		if i == 0 {
+			want = bytes.Repeat([]byte{9}, size)
+		}
+		got := make([]byte, size)
+		st := c.Stream()
+		st.CopyFromDevice(got, ps[i])
+		if err := st.Synchronize(); err != nil {
+			t.Fatalf("session %d: read: %v", i, err)
+		}
+		if j := firstDiff(got, want); j >= 0 {
+			t.Fatalf("session %d: byte %d reads %d, want %d", i, j, got[j], want[j])
+		}
+	}
+}
+
+// dialWithBuffers opens n sessions on socket, each with a buffer of size
+// bytes on device 0, closed when t ends.
+func dialWithBuffers(t *testing.T, socket string, n int, size uint64) ([]*client.Client, []client.Ptr) {
+	t.Helper()
+	var cs []*client.Client
+	var ps []client.Ptr
+	for range n {
+		c, err := client.Dial(client.Options{Socket: socket})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		p, err := c.Malloc(0, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, ps = append(cs, c), append(ps, p)
+	}
+	return cs, ps
 }
 
 // evictSealedWeight uploads weights (one chunk) and seals them, then, in a
