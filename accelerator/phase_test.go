@@ -77,8 +77,8 @@ func TestSchedDecodeKeepsShares(t *testing.T) {
 			h.submitPhase(tenantShare{name: "bulk"}, api.PhasePrefill, slice, track(&bulk, 1))
 			h.release()
 			h.wait()
-			used := h.used()
-			share := used["greedy"].Seconds() / (used["greedy"] + used["bulk"]).Seconds()
+			done := h.completed()
+			share := done["greedy"].Seconds() / (done["greedy"] + done["bulk"]).Seconds()
 			if want := float64(w) / float64(w+1); share < want-0.005 || share > want+0.005 {
 				t.Errorf("decode tenant of weight %d beside a bulk one: share %.4f, want %.4f", w, share, want)
 			}
