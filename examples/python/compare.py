@@ -126,7 +126,7 @@ def main() -> None:
     p.add_argument("--socket", default=None, help="mediator socket (default $VGPU_SOCKET, else /run/vgpu/mediator.sock)")
     p.add_argument("--tenant", default=os.environ.get("VGPU_TENANT", "bench"))
     p.add_argument("--steps", type=int, default=32, help="decode steps per run")
-    p.add_argument("--runs", type=int, default=5, help="repetitions, for the spread")
+    p.add_argument("--runs", type=int, default=10, help="repetitions, for the spread")
     p.add_argument("--prompt", type=int, default=8, help="prompt tokens")
     p.add_argument("--out", default=None, help="directory to write torch-compare.json and .txt into")
     p.add_argument("--command", default="python3 examples/python/compare.py", help="the command line recorded in the output")
