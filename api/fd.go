@@ -156,8 +156,8 @@ func (c *Conn) WriteFrameFD(op Op, id uint64, fd int, parts ...[]byte) error {
 
 // CallFD sends a request with fd attached and waits for its reply body.
 func (r *RPC) CallFD(op Op, fd int, parts ...[]byte) ([]byte, error) {
-	c := r.register(op, nil)
-	if c.Err == nil {
+	c, ok := r.register(op, nil)
+	if ok {
 		if err := r.conn.WriteFrameFD(op, c.id, fd, parts...); err != nil {
 			r.sendFailed(c, err)
 		}

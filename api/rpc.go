@@ -154,8 +154,8 @@ func (r *RPC) readWhile(more func() bool) {
 // error that broke it, which wraps ErrUnavailable or ErrProtocol.
 // The caller must not modify parts until the call is done.
 func (r *RPC) Go(op Op, into []byte, parts ...[]byte) *Call {
-	c := r.register(op, into)
-	if c.Err == nil {
+	c, ok := r.register(op, into)
+	if ok {
 		if err := r.conn.writeFrame(true, op, 0, c.id, parts...); err != nil {
 			r.sendFailed(c, err)
 		}
@@ -171,8 +171,8 @@ func (r *RPC) Go(op Op, into []byte, parts ...[]byte) *Call {
 // behind it. Unlike Go, it leaves the request in the connection's
 // buffer while the connection is held (Hold).
 func (r *RPC) GoThen(op Op, into []byte, then func(*Call), parts ...[]byte) *Call {
-	c := r.registerThen(op, into, then)
-	if c.Err == nil {
+	c, ok := r.registerThen(op, into, then)
+	if ok {
 		if err := r.conn.WriteFrame(op, 0, c.id, parts...); err != nil {
 			r.sendFailed(c, err)
 		}
@@ -180,13 +180,15 @@ func (r *RPC) GoThen(op Op, into []byte, then func(*Call), parts ...[]byte) *Cal
 	return c
 }
 
-// register makes a call pending under a new id, or completes it at once
-// with the error that broke the connection.
-func (r *RPC) register(op Op, into []byte) *Call {
+// register makes a call pending under a new id and reports true, or
+// completes it at once with the error that broke the connection. The
+// caller sends the request only on true, and must not read c.Err to tell:
+// once pending, the call is the reader's to fail at any moment.
+func (r *RPC) register(op Op, into []byte) (*Call, bool) {
 	return r.registerThen(op, into, nil)
 }
 
-func (r *RPC) registerThen(op Op, into []byte, then func(*Call)) *Call {
+func (r *RPC) registerThen(op Op, into []byte, then func(*Call)) (*Call, bool) {
 	c := &Call{Op: op, into: into, done: make(chan struct{}), then: then}
 	if r.role != nil {
 		c.rpc = r
@@ -196,7 +198,7 @@ func (r *RPC) registerThen(op Op, into []byte, then func(*Call)) *Call {
 		c.Err = r.err
 		r.mu.Unlock()
 		c.finish()
-		return c
+		return c, false
 	}
 	r.next++
 	c.id = r.next
@@ -209,7 +211,7 @@ func (r *RPC) registerThen(op Op, into []byte, then func(*Call)) *Call {
 		default: // already woken
 		}
 	}
-	return c
+	return c, true
 }
 
 func (r *RPC) sendFailed(c *Call, err error) {

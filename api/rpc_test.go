@@ -906,3 +906,20 @@ func TestRPCCallerReadsAnyOrder(t *testing.T) {
 		}
 	})
 }
+
+// TestGoRacesAFailingConnection: a call made while the reader fails the
+// connection (the peer hung up at once, as a node refusing a TLS client
+// does) is failed by one side only, without a data race on it (run with
+// -race): the caller learns from register whether it may send, never by
+// reading the call's error, which the reader may be writing.
+func TestGoRacesAFailingConnection(t *testing.T) {
+	for i := 0; i < 200; i++ {
+		a, b := net.Pipe()
+		b.Close()
+		r := NewRPC(NewConn(a), "peer")
+		c := r.Go(OpHello, nil, []byte("hi"))
+		if err := c.Wait(); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("call %d on a connection whose peer hung up: %v, want unavailable", i, err)
+		}
+	}
+}
