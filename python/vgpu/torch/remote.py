@@ -269,31 +269,17 @@ def _align(traces: List[Trace], what: List[str], fit: _Fit) -> List[Tuple[Node, 
     return out
 
 
-def lower_module(module: torch.nn.Module, args: Sequence[Any], phase: vgpu.Phase, store: Store,
-                 kv_caches: Sequence[str] = ()) -> _Graph:
-    """Captures module(*args) and lowers it to a graph of phase, sharing store."""
-    names = _arg_names(module, len(args))
-    # Element types before the module runs: torch would fail a float64 input
-    # of a float32 model without naming it, and a float64 weight must not
-    # be uploaded as anything else.
-    for name, p in module.named_parameters():
-        if p.dtype != torch.float32:
-            raise TraceError(f"parameter {name} of {type(module).__name__} is {p.dtype}; weights are float32 (module.float())")
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor) and a.dtype not in (torch.float32, torch.int64, torch.int32):
-            raise TraceError(f"input {i} ({names[i]}) is {a.dtype}; inputs are float32, or integer ids")
-    base = capture(module, args)
-    traces, varied, what = [base], {}, ["at the example"]
-    scalar_pos = [i for i, a in enumerate(args) if _is_scalar(a)]
-    signature: List[Any] = []
+def _capture_runs(module: torch.nn.Module, args: Sequence[Any], names: List[str]
+                  ) -> Tuple[List[Trace], List[str], List[Any], List[int], _Fit]:
+    """Captures module(*args), and again with each integer argument moved
+    (_vary). Returns the traces (the example's first), what each run was
+    (for messages), the call signature, the arguments that became the
+    graph's scalars, and the fit of integers over the runs to them."""
+    traces, varied, what = [capture(module, args)], {}, ["at the example"]
+    signature: List[Any] = [("tensor", tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else ("fixed", a) for a in args]
     graph_scalars: List[int] = []
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            signature.append(("tensor", tuple(a.shape), a.dtype))
-        else:
-            signature.append(("fixed", a))
     moved_values: List[Tuple[int, int]] = []  # (scalar, value) of each run after the first
-    for i in scalar_pos:
+    for i in [i for i, a in enumerate(args) if _is_scalar(a)]:
         moved = _vary(module, args, i)
         if not moved:
             continue
@@ -309,7 +295,24 @@ def lower_module(module: torch.nn.Module, args: Sequence[Any], phase: vgpu.Phase
     values = [[args[i] for i in graph_scalars] for _ in traces]
     for k, (s, v) in enumerate(moved_values, 1):
         values[k][s] = v
-    fit = _Fit(values, varied, [names[i] for i in graph_scalars])
+    return traces, what, signature, graph_scalars, _Fit(values, varied, [names[i] for i in graph_scalars])
+
+
+def lower_module(module: torch.nn.Module, args: Sequence[Any], phase: vgpu.Phase, store: Store,
+                 kv_caches: Sequence[str] = ()) -> _Graph:
+    """Captures module(*args) and lowers it to a graph of phase, sharing store."""
+    names = _arg_names(module, len(args))
+    # Element types before the module runs: torch would fail a float64 input
+    # of a float32 model without naming it, and a float64 weight must not
+    # be uploaded as anything else.
+    for name, p in module.named_parameters():
+        if p.dtype != torch.float32:
+            raise TraceError(f"parameter {name} of {type(module).__name__} is {p.dtype}; weights are float32 (module.float())")
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.dtype not in (torch.float32, torch.int64, torch.int32):
+            raise TraceError(f"input {i} ({names[i]}) is {a.dtype}; inputs are float32, or integer ids")
+    traces, what, signature, graph_scalars, fit = _capture_runs(module, args, names)
+    base = traces[0]
     aligned = _align(traces, what, fit)
 
     emitter = GraphEmitter(store)
