@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/version"
 	runtimehook "github.com/vgpu/vgpu/runtime-hook"
 )
 
@@ -39,8 +40,32 @@ func dial(socket string) (runtimehook.Mediator, error) {
 	return o, nil
 }
 
+const help = `usage: vgpu-hook createRuntime --socket PATH --socket-dir DIR --state-dir DIR
+                 [--namespace NS] [--tenant NAME] [--memory BYTES] [--compute WEIGHT] [--devices N]
+       vgpu-hook poststop --socket PATH --socket-dir DIR --state-dir DIR [--namespace NS]
+
+The OCI hook vgpu-runtime puts in the spec of a container that asks for a
+vGPU; it is not run by hand. It reads the container's state from stdin. At
+createRuntime it registers the container with the mediator at --socket
+(operator socket), which mounts the tenant socket into --socket-dir (a
+directory of --state-dir); a refused admission fails it, so the container
+does not start. At poststop it releases the container.
+`
+
 // run is the hook: it returns the exit status.
 func run(argv []string, stdin io.Reader, stderr io.Writer) int {
+	// A lone --help or --version is an operator's; a runtime always names
+	// a stage first.
+	if len(argv) == 2 {
+		switch argv[1] {
+		case "--help", "-h":
+			fmt.Print(help)
+			return 0
+		case "--version":
+			fmt.Println(version.String("vgpu-hook"))
+			return 0
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), runtimehook.HookDeadline)
 	defer cancel()
 	done := make(chan error, 1)

@@ -21,6 +21,7 @@ import (
 	"github.com/vgpu/vgpu/integration"
 	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/pki"
+	"github.com/vgpu/vgpu/internal/version"
 	"github.com/vgpu/vgpu/isolation"
 	"github.com/vgpu/vgpu/mediator"
 )
@@ -56,7 +57,12 @@ func main() {
 	dedup := flag.Bool("dedup", true, "send a sealed weight's 2 MiB pieces a node already holds as references, not bytes (a tenant can then tell that contents it has exist on the node)")
 	var tenantBW uint64
 	flag.Func("tenant-bandwidth", "bytes per second each tenant not in the quota file may copy, e.g. 1GiB (0: no cap)", func(v string) (err error) { tenantBW, err = api.ParseSize(v); return err })
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(version.String("vgpu-mediator"))
+		return
+	}
 	cfg := mediator.Config{Nodes: nodes, Quota: *quota, ContainerDir: *ctrDir, Oversubscribe: *oversub, StateDir: *stateDir,
 		TenantBandwidth: tenantBW, NoDedup: !*dedup, NodeTimeout: *nodeTimeout}
 	sock, err := hostSocketFlags(*socket, *sockMode, *sockGroup)

@@ -15,6 +15,7 @@ import (
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/pki"
+	"github.com/vgpu/vgpu/internal/version"
 )
 
 func main() {
@@ -31,7 +32,12 @@ func main() {
 	retainFlag := flag.String("retain-weights", "all",
 		"keep sealed frames (weights) whose holders freed them, until an allocation needs the memory, so that a tenant loading the same weights again is not sent them: "+
 			"all (as much as free memory holds), a size per device (the least recently used beyond it are scrubbed; on sim, retained frames hold host RAM), or off")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(version.String("vgpu-node"))
+		return
+	}
 	if err := api.CheckPeerTimeout(*medTimeout); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-node: --mediator-timeout:", err)
 		os.Exit(2)

@@ -4,7 +4,7 @@
 // create (and run) first attaches a container that asks for a vGPU to the
 // mediator by editing its config.json; it refuses to restore one from a
 // checkpoint. Its own flags are --vgpu-tenant, --vgpu-runtime,
-// --vgpu-socket, --vgpu-hook and --vgpu-state; run as vgpu-runtime-<tenant>
+// --vgpu-socket, --vgpu-hook and --vgpu-state (--help); run as vgpu-runtime-<tenant>
 // (a symlink), it serves that tenant, as with --vgpu-tenant. See package
 // runtimehook.
 package main
@@ -12,16 +12,58 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/internal/version"
 	runtimehook "github.com/vgpu/vgpu/runtime-hook"
 )
+
+// help is what a lone --help or -h prints. Anything else, --help among
+// other arguments included, is the real runtime's to answer.
+var help = `usage: vgpu-runtime [--vgpu-tenant NAME] [--vgpu-runtime PATH] [--vgpu-socket PATH]
+                    [--vgpu-hook PATH] [--vgpu-state DIR] RUNTIME-ARGUMENTS...
+
+An OCI runtime wrapper: it passes every argument but its own --vgpu-* flags
+to the real runtime (runc) unchanged, and on create and run first attaches a
+container that asks for a vGPU (VGPU_* in its environment) to the mediator by
+editing its config.json. Docker, containerd and Kubernetes use it as a
+runtime class (vgpuctl install docker|containerd).
+
+flags (anywhere among the runtime's arguments, "--vgpu-x V" or "--vgpu-x=V"):
+  --vgpu-tenant NAME    the tenant its containers run as; run as vgpu-runtime-NAME
+                        (a symlink) it is NAME without this flag
+  --vgpu-runtime PATH   the real runtime, a path or a name in $PATH (default:
+                        the first of ` + strings.Join(runtimehook.DefaultRuntimes, ", ") + `)
+  --vgpu-socket PATH    the mediator's operator socket (default ` + runtimehook.DefaultOperatorSocket + `)
+  --vgpu-hook PATH      vgpu-hook, put in the spec of each container it attaches
+                        (default: beside this binary)
+  --vgpu-state DIR      where containers' socket directories are made
+                        (default ` + runtimehook.DefaultStateDir + `)
+  --version             this wrapper's version, then the real runtime's
+
+The real runtime's own help: RUNTIME --help.
+`
 
 func main() {
 	inv, err := runtimehook.ParseArgs(os.Args[1:])
 	if err != nil {
 		fail(inv, err)
+	}
+	// Only a runtime argument list of exactly --help, -h or --version is
+	// the wrapper's: containerd and Docker never send those alongside a
+	// command, so nothing they pass through is changed.
+	switch {
+	case slices.Equal(inv.Args, []string{"--help"}), slices.Equal(inv.Args, []string{"-h"}):
+		fmt.Print(help)
+		return
+	case slices.Equal(inv.Args, []string{"--version"}):
+		// The real runtime's version follows, from the exec below: dockerd
+		// reads its default runtime's --version output for docker info,
+		// and finds runc's lines after this one.
+		fmt.Println(version.String("vgpu-runtime"))
 	}
 	self, err := os.Executable()
 	if err != nil {

@@ -371,3 +371,19 @@ func TestTenantFromSymlink(t *testing.T) {
 		t.Fatalf("err %v, output %q", err, out)
 	}
 }
+
+// A lone --help is the wrapper's and runs nothing; --help with a command
+// is the real runtime's, passed on unchanged.
+func TestHelpIsOnlyALoneFlag(t *testing.T) {
+	e := newEnv(t)
+	for _, h := range []string{"--help", "-h"} {
+		code, out := e.run(t, 0, "--vgpu-runtime", e.runtime, h)
+		if code != 0 || !strings.HasPrefix(out, "usage: vgpu-runtime") || e.recorded(t) != nil {
+			t.Errorf("%s: exit %d, ran %v:\n%s", h, code, e.recorded(t), out)
+		}
+	}
+	code, out := e.run(t, 0, "--vgpu-runtime", e.runtime, "state", "--help")
+	if got := e.recorded(t); code != 0 || strings.Join(got, " ") != "state --help" || strings.Contains(out, "usage: vgpu-runtime") {
+		t.Errorf("state --help: exit %d, runtime got %v:\n%s", code, got, out)
+	}
+}
