@@ -1,9 +1,9 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -22,75 +22,98 @@ decoder as registered graphs against op-by-op launches (and decoding beside
 another tenant's prefills, and several tenants loading one model), and TLS on
 the node link. Prints markdown tables (or --json); --out also writes
 ` + bench.JSONFile + `, ` + bench.MarkdownFile + ` and ` + bench.SVGFile + ` there.
-
-flags:
 `
 
-func benchCmd(socket string, args []string) error {
+// benchArgs are bench's flags.
+type benchArgs struct {
+	asJSON       *bool
+	out          *string
+	size         *string
+	maxSize      *string
+	rounds       *int
+	pageable     *bool
+	ops          *int
+	launches     *int
+	tenants      *string
+	table        *string
+	steps        *int
+	decodeSteps  *int
+	decodeRounds *int
+	floodSteps   *int
+	loadTenants  *int
+	nodeLink     *string
+	command      *string
+}
+
+func benchFlags() (*flag.FlagSet, *benchArgs) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), benchUsage); fs.PrintDefaults() }
-	asJSON := fs.Bool("json", false, "print JSON instead of markdown")
-	out := fs.String("out", "", "also write the JSON, markdown and SVG chart to this directory")
-	size := fs.String("size", "256MiB", "headline bulk copy size (h2d_ratio, d2h_ratio); alone, also the largest size")
-	maxSize := fs.String("max-size", "1GiB", "largest host↔device copy size (sizes: 4KiB 64KiB 1MiB 16MiB 64MiB 256MiB 1GiB)")
-	rounds := fs.Int("rounds", 5, "timed rounds of each copy size (the median counts)")
-	pageable := fs.Bool("pageable", false, "bulk host buffers of ordinary memory instead of HostAlloc's shared memory")
-	ops := fs.Int("ops", 2000, "small operations to time")
-	launches := fs.Int("launches", 20000, "asynchronous tiny kernel launches to time")
-	tenants := fs.String("tenants", "1,2,4,8", `DLRM tenant counts, comma-separated ("0": skip DLRM)`)
-	table := fs.String("dlrm-table", "64MiB", "DLRM embedding table size (at most --max-size)")
-	steps := fs.Int("dlrm-steps", 32, "DLRM inference steps per tenant")
-	decodeSteps := fs.Int("decode-steps", 64, `decoder: decode steps timed per way and round ("0": skip the decoder)`)
-	decodeRounds := fs.Int("decode-rounds", 5, "decoder: rounds of graph against op by op")
-	floodSteps := fs.Int("flood-steps", 400, "decoder: decode steps timed alone, and again beside a prefill flood")
-	loadTenants := fs.Int("load-tenants", 8, "decoder: tenants loading one model")
-	nodeLink := fs.String("node-link", "", `bytes of the TLS-against-plain node link comparison (default min(--size, 64MiB); "0": skip)`)
-	command := fs.String("command", "", "how this run was started, for the reports (default: this vgpuctl command line)")
-	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
-		return nil
-	} else if err != nil {
+	fs.SetOutput(io.Discard) // the error says what is wrong; help is vgpuctl's
+	a := &benchArgs{}
+	a.asJSON = fs.Bool("json", false, "print JSON instead of markdown")
+	a.out = fs.String("out", "", "also write the JSON, markdown and SVG chart to this directory")
+	a.size = fs.String("size", "256MiB", "headline bulk copy size (h2d_ratio, d2h_ratio); alone, also the largest size")
+	a.maxSize = fs.String("max-size", "1GiB", "largest host↔device copy size (sizes: 4KiB 64KiB 1MiB 16MiB 64MiB 256MiB 1GiB)")
+	a.rounds = fs.Int("rounds", 5, "timed rounds of each copy size (the median counts)")
+	a.pageable = fs.Bool("pageable", false, "bulk host buffers of ordinary memory instead of HostAlloc's shared memory")
+	a.ops = fs.Int("ops", 2000, "small operations to time")
+	a.launches = fs.Int("launches", 20000, "asynchronous tiny kernel launches to time")
+	a.tenants = fs.String("tenants", "1,2,4,8", `DLRM tenant counts, comma-separated ("0": skip DLRM)`)
+	a.table = fs.String("dlrm-table", "64MiB", "DLRM embedding table size (at most --max-size)")
+	a.steps = fs.Int("dlrm-steps", 32, "DLRM inference steps per tenant")
+	a.decodeSteps = fs.Int("decode-steps", 64, `decoder: decode steps timed per way and round ("0": skip the decoder)`)
+	a.decodeRounds = fs.Int("decode-rounds", 5, "decoder: rounds of graph against op by op")
+	a.floodSteps = fs.Int("flood-steps", 400, "decoder: decode steps timed alone, and again beside a prefill flood")
+	a.loadTenants = fs.Int("load-tenants", 8, "decoder: tenants loading one model")
+	a.nodeLink = fs.String("node-link", "", `bytes of the TLS-against-plain node link comparison (default min(--size, 64MiB); "0": skip)`)
+	a.command = fs.String("command", "", "how this run was started, for the reports (default: this vgpuctl command line)")
+	return fs, a
+}
+
+func benchCmd(socket string, args []string) error {
+	fs, a := benchFlags()
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	opt := bench.Options{Socket: socket, Rounds: *rounds, Pageable: *pageable, SmallOps: *ops, Launches: *launches, Command: *command}
+	opt := bench.Options{Socket: socket, Rounds: *a.rounds, Pageable: *a.pageable, SmallOps: *a.ops, Launches: *a.launches, Command: *a.command}
 	if opt.Command == "" {
 		opt.Command = strings.TrimSpace("vgpuctl bench " + strings.Join(args, " "))
 	}
 	var err error
 	if set["size"] || !set["max-size"] {
-		if opt.BulkBytes, err = parseSize("--size", *size); err != nil {
+		if opt.BulkBytes, err = parseSize("--size", *a.size); err != nil {
 			return err
 		}
 	}
 	if set["max-size"] || !set["size"] {
-		if opt.MaxBytes, err = parseSize("--max-size", *maxSize); err != nil {
+		if opt.MaxBytes, err = parseSize("--max-size", *a.maxSize); err != nil {
 			return err
 		}
 	} else {
 		opt.MaxBytes = opt.BulkBytes
 	}
 	if opt.BulkBytes > opt.MaxBytes {
-		return fmt.Errorf("--size %s is larger than --max-size %s: %w", *size, *maxSize, api.ErrInvalidArgument)
+		return fmt.Errorf("--size %s is larger than --max-size %s: %w", *a.size, *a.maxSize, api.ErrInvalidArgument)
 	}
-	if opt.Tenants, err = parseTenants(*tenants); err != nil {
+	if opt.Tenants, err = parseTenants(*a.tenants); err != nil {
 		return err
 	}
-	if opt.DLRM.TableBytes, err = parseSize("--dlrm-table", *table); err != nil {
+	if opt.DLRM.TableBytes, err = parseSize("--dlrm-table", *a.table); err != nil {
 		return err
 	}
 	opt.DLRM.TableBytes = min(opt.DLRM.TableBytes, opt.MaxBytes)
-	opt.DLRM.Steps = *steps
-	opt.Decoder = bench.DecoderOptions{Steps: *decodeSteps, Rounds: *decodeRounds, FloodSteps: *floodSteps, LoadTenants: *loadTenants}
+	opt.DLRM.Steps = *a.steps
+	opt.Decoder = bench.DecoderOptions{Steps: *a.decodeSteps, Rounds: *a.decodeRounds, FloodSteps: *a.floodSteps, LoadTenants: *a.loadTenants}
 	switch {
-	case *decodeSteps == 0:
+	case *a.decodeSteps == 0:
 		opt.Decoder.Steps = -1
-	case *decodeSteps < 0 || *decodeRounds < 1 || *floodSteps < 1 || *loadTenants < 1:
+	case *a.decodeSteps < 0 || *a.decodeRounds < 1 || *a.floodSteps < 1 || *a.loadTenants < 1:
 		return fmt.Errorf("--decode-steps %d, --decode-rounds %d, --flood-steps %d, --load-tenants %d: want positive counts: %w",
-			*decodeSteps, *decodeRounds, *floodSteps, *loadTenants, api.ErrInvalidArgument)
+			*a.decodeSteps, *a.decodeRounds, *a.floodSteps, *a.loadTenants, api.ErrInvalidArgument)
 	}
-	if *nodeLink != "" {
-		n, err := api.ParseSize(*nodeLink)
+	if *a.nodeLink != "" {
+		n, err := api.ParseSize(*a.nodeLink)
 		if err != nil {
 			return fmt.Errorf("--node-link: %w", err)
 		}
@@ -107,15 +130,15 @@ func benchCmd(socket string, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *out != "" {
-		if err := r.WriteFiles(*out); err != nil {
+	if *a.out != "" {
+		if err := r.WriteFiles(*a.out); err != nil {
 			return err
 		}
-		if !*asJSON {
-			fmt.Fprintf(os.Stderr, "wrote %s/{%s,%s,%s}\n", *out, bench.JSONFile, bench.MarkdownFile, bench.SVGFile)
+		if !*a.asJSON {
+			fmt.Fprintf(os.Stderr, "wrote %s/{%s,%s,%s}\n", *a.out, bench.JSONFile, bench.MarkdownFile, bench.SVGFile)
 		}
 	}
-	if *asJSON {
+	if *a.asJSON {
 		return r.WriteJSON(os.Stdout)
 	}
 	return r.WriteMarkdown(os.Stdout, "")

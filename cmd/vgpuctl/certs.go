@@ -29,7 +29,8 @@ issue signs one more certificate with the CA that init wrote in DIR: a node
 certificate naming its hosts (node-NAME.pem, node-NAME-key.pem) or a mediator
 certificate (mediator-NAME.pem, mediator-NAME-key.pem).
 
-Existing files are kept unless --force.
+Existing files are kept unless --force. The flags of each: vgpuctl certs
+init --help, vgpuctl certs issue --help.
 `
 
 // certsCmd is "vgpuctl certs": it needs no mediator (socket is unused).
@@ -40,7 +41,6 @@ func certsCmd(_ string, args []string) error {
 func certs(w io.Writer, args []string) error {
 	sub := map[string]func(io.Writer, []string) error{"init": certsInit, "issue": certsIssue}
 	if len(args) == 0 || sub[args[0]] == nil {
-		fmt.Fprint(os.Stderr, certsUsage)
 		if len(args) == 0 {
 			return fmt.Errorf("certs: missing subcommand (init, issue)")
 		}
@@ -52,7 +52,7 @@ func certs(w io.Writer, args []string) error {
 // certsFlags is a flag set for "certs SUB" with the flags every subcommand has.
 func certsFlags(sub string) (fs *flag.FlagSet, dir *string, force *bool) {
 	fs = flag.NewFlagSet("certs "+sub, flag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), certsUsage); fs.PrintDefaults() }
+	fs.SetOutput(io.Discard) // the error says what is wrong; help is vgpuctl's
 	dir = fs.String("dir", "", "directory of the certificates (init creates it 0700)")
 	force = fs.Bool("force", false, "replace existing files")
 	return fs, dir, force
@@ -72,15 +72,44 @@ func parseCerts(fs *flag.FlagSet, dir *string, args []string) (string, error) {
 	return filepath.Abs(*dir)
 }
 
+// certsSubFlags is the flag set of "certs SUB", for help: none for certs
+// alone, whose usage sends the operator to each subcommand's.
+func certsSubFlags(sub string) *flag.FlagSet {
+	switch sub {
+	case "init":
+		fs, _, _, _, _ := certsInitFlags()
+		return fs
+	case "issue":
+		fs, _, _, _, _, _ := certsIssueFlags()
+		return fs
+	}
+	return nil
+}
+
+func certsInitFlags() (fs *flag.FlagSet, dir *string, force *bool, hosts *stringList, med *string) {
+	fs, dir, force = certsFlags("init")
+	hosts = &stringList{}
+	fs.Var(hosts, "node-host", "address or DNS name mediators dial the node by, a SAN of the node certificate; repeat for several (default 127.0.0.1, ::1, localhost)")
+	med = fs.String("mediator", "mediator", "the mediator's name in its certificate (CN mediator:NAME, URI vgpu://mediator/NAME)")
+	return fs, dir, force, hosts, med
+}
+
+func certsIssueFlags() (fs *flag.FlagSet, dir *string, force *bool, node *string, hosts *stringList, med *string) {
+	fs, dir, force = certsFlags("issue")
+	node = fs.String("node", "", "issue a node certificate for the node NAME (CN node:NAME)")
+	hosts = &stringList{}
+	fs.Var(hosts, "host", "with --node: address or DNS name mediators dial the node by, a SAN of its certificate; at least one, repeat for several")
+	med = fs.String("mediator", "", "issue a mediator certificate for the mediator NAME (CN mediator:NAME, URI vgpu://mediator/NAME)")
+	return fs, dir, force, node, hosts, med
+}
+
 func certsInit(w io.Writer, args []string) error {
-	fs, dir, force := certsFlags("init")
-	var hosts stringList
-	fs.Var(&hosts, "node-host", "address or DNS name mediators dial the node by, a SAN of the node certificate; repeat for several (default 127.0.0.1, ::1, localhost)")
-	med := fs.String("mediator", "mediator", "the mediator's name in its certificate (CN mediator:NAME, URI vgpu://mediator/NAME)")
+	fs, dir, force, hostsp, med := certsInitFlags()
 	abs, err := parseCerts(fs, dir, args)
 	if err != nil {
 		return err
 	}
+	hosts := *hostsp
 	f, err := pki.Init(pki.InitOptions{Dir: abs, NodeHosts: hosts, Mediator: *med, Force: *force})
 	if err != nil {
 		return fmt.Errorf("certs init: %w", err)
@@ -103,15 +132,12 @@ func certsInit(w io.Writer, args []string) error {
 }
 
 func certsIssue(w io.Writer, args []string) error {
-	fs, dir, force := certsFlags("issue")
-	node := fs.String("node", "", "issue a node certificate for the node NAME (CN node:NAME)")
-	var hosts stringList
-	fs.Var(&hosts, "host", "with --node: address or DNS name mediators dial the node by, a SAN of its certificate; at least one, repeat for several")
-	med := fs.String("mediator", "", "issue a mediator certificate for the mediator NAME (CN mediator:NAME, URI vgpu://mediator/NAME)")
+	fs, dir, force, node, hostsp, med := certsIssueFlags()
 	abs, err := parseCerts(fs, dir, args)
 	if err != nil {
 		return err
 	}
+	hosts := *hostsp
 	var role, name string
 	switch {
 	case *node != "" && *med != "":

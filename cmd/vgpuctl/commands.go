@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -20,10 +21,47 @@ import (
 // mediator that does not answer within it.
 var operatorTimeout = client.DefaultOperatorTimeout
 
+const (
+	statusUsage = `usage: vgpuctl status [--json]
+
+The mediator's nodes and their devices (memory, used, retained weights,
+launches), the device memory evicted to this host, and every tenant session.
+`
+	tenantsUsage = `usage: vgpuctl tenants [--json]
+       vgpuctl tenants reload
+
+tenants lists each tenant: its limits from the quota file and its current use.
+reload makes the mediator re-read the quota file; if the new one is invalid,
+the old one stays and the error says why.
+`
+	kernelsUsage = `usage: vgpuctl kernels
+
+The kernel catalog of the mediator's nodes: each kernel's parameters and what
+it computes.
+`
+	demoUsage = `usage: vgpuctl demo
+
+Three tenants compute at once through the mediator (a decoder among them);
+every result is checked against a reference computed here. Exits 1 if any
+differs.
+`
+)
+
+// jsonFlags is the flag set of a command whose only flag is --json.
+func jsonFlags(name string) (*flag.FlagSet, *bool) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // the error says what is wrong; help is vgpuctl's
+	return fs, fs.Bool("json", false, "print JSON")
+}
+
+// jsonFlagsOnly is jsonFlags for help, which lists the flags.
+func jsonFlagsOnly(name string) func(string) *flag.FlagSet {
+	return func(string) *flag.FlagSet { fs, _ := jsonFlags(name); return fs }
+}
+
 // operatorCmd parses a command's --json flag and connects as an operator.
 func operatorCmd(name, socket string, args []string) (op *client.Operator, fs *flag.FlagSet, asJSON bool, err error) {
-	fs = flag.NewFlagSet(name, flag.ContinueOnError)
-	j := fs.Bool("json", false, "print JSON")
+	fs, j := jsonFlags(name)
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, false, err
 	}

@@ -17,8 +17,6 @@ const installUsage = `usage: vgpuctl install docker|containerd [--config PATH] [
 Adds the OCI runtime "vgpu" (and "vgpu-NAME" per --tenant, bound to that
 tenant) to Docker's daemon.json or containerd's config.toml, keeping every
 other setting. Running it again changes nothing. It prints what to restart.
-
-flags:
 `
 
 // tenantList is a repeatable --tenant flag.
@@ -33,22 +31,30 @@ func installCmd(_ string, args []string) error {
 	return installTo(os.Stdout, args)
 }
 
-func installTo(out io.Writer, args []string) error {
+// installArgs are install's flags.
+type installArgs struct {
+	config, runtimePath *string
+	dryRun              *bool
+	tenants             tenantList
+}
+
+func installFlags() (*flag.FlagSet, *installArgs) {
 	fs := flag.NewFlagSet("install", flag.ContinueOnError)
-	config := fs.String("config", "", "configuration file to edit (default "+integration.DefaultDockerConfig+" or "+integration.DefaultContainerdConfig+")")
-	runtimePath := fs.String("runtime-path", integration.DefaultRuntimePath, "path of vgpu-runtime")
-	dryRun := fs.Bool("dry-run", false, "print the change as a diff (or the new file); write nothing")
-	var tenants tenantList
-	fs.Var(&tenants, "tenant", "also add runtime vgpu-`NAME`, bound to tenant NAME (repeatable)")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), installUsage)
-		fs.PrintDefaults()
-	}
+	fs.SetOutput(io.Discard) // the error says what is wrong; help is vgpuctl's
+	a := &installArgs{}
+	a.config = fs.String("config", "", "configuration file to edit (default "+integration.DefaultDockerConfig+" or "+integration.DefaultContainerdConfig+")")
+	a.runtimePath = fs.String("runtime-path", integration.DefaultRuntimePath, "path of vgpu-runtime")
+	a.dryRun = fs.Bool("dry-run", false, "print the change as a diff (or the new file); write nothing")
+	fs.Var(&a.tenants, "tenant", "also add runtime vgpu-`NAME`, bound to tenant NAME (repeatable)")
+	return fs, a
+}
+
+func installTo(out io.Writer, args []string) error {
+	fs, a := installFlags()
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
-		fs.Usage()
 		return fmt.Errorf("install: which engine? docker or containerd: %w", api.ErrInvalidArgument)
 	}
 	engine := fs.Arg(0)
@@ -59,10 +65,10 @@ func installTo(out io.Writer, args []string) error {
 		return fmt.Errorf("install %s: unexpected argument %q: %w", engine, fs.Arg(0), api.ErrInvalidArgument)
 	}
 	opts := integration.InstallOptions{
-		ConfigPath:  *config,
-		RuntimePath: *runtimePath,
-		Tenants:     tenants,
-		DryRun:      *dryRun,
+		ConfigPath:  *a.config,
+		RuntimePath: *a.runtimePath,
+		Tenants:     a.tenants,
+		DryRun:      *a.dryRun,
 	}
 	var (
 		r   *integration.Result
@@ -83,7 +89,7 @@ func installTo(out io.Writer, args []string) error {
 		}
 		return err
 	}
-	printInstall(out, r, *dryRun)
+	printInstall(out, r, *a.dryRun)
 	return nil
 }
 
