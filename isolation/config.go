@@ -1,7 +1,6 @@
 package isolation
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -72,25 +71,65 @@ var (
 	tenantKeys = []string{"memory", "compute", "compute_max", "bandwidth", "max_containers", "default_memory", "oversubscribe", "dedup_charge"}
 )
 
-// fileDoc and fileTenant are what the decoder fills. Leaves are untyped so
-// that parse checks their types itself and names key, line and value in
-// its messages; the decoder still rejects unknown keys and syntax errors.
+// fileDoc and fileTenant are the document's tables, taken by their exact
+// keys from what the decoder fills (docFrom). Leaves are untyped so that
+// parse checks their types itself and names key, line and value in its
+// messages; unknown keys are index's to report (checkSchema).
 type fileDoc struct {
-	DefaultTenant any                   `toml:"default_tenant"`
-	Namespaces    map[string]any        `toml:"namespaces"`
-	Tenants       map[string]fileTenant `toml:"tenants"`
-	Host          *fileHost             `toml:"host"`
+	DefaultTenant any
+	Namespaces    map[string]any
+	Tenants       map[string]fileTenant
+	Host          *fileHost
 }
 
 type fileTenant struct {
-	Memory        any `toml:"memory"`
-	Compute       any `toml:"compute"`
-	ComputeMax    any `toml:"compute_max"`
-	Bandwidth     any `toml:"bandwidth"`
-	MaxContainers any `toml:"max_containers"`
-	DefaultMemory any `toml:"default_memory"`
-	Oversubscribe any `toml:"oversubscribe"`
-	DedupCharge   any `toml:"dedup_charge"`
+	Memory, Compute, ComputeMax, Bandwidth, MaxContainers, DefaultMemory, Oversubscribe, DedupCharge any
+}
+
+// docFrom takes the schema's tables and values out of the decoded document
+// m, and reports each table that is some other value, so that a file's
+// mistakes of shape are reported along with those of its values.
+func (p *parser) docFrom(m map[string]any) fileDoc {
+	doc := fileDoc{DefaultTenant: m["default_tenant"]}
+	if v, ok := m["namespaces"]; ok {
+		doc.Namespaces, _ = p.table([]string{"namespaces"}, v)
+	}
+	if v, ok := m["tenants"]; ok {
+		tenants, _ := p.table([]string{"tenants"}, v)
+		doc.Tenants = make(map[string]fileTenant, len(tenants))
+		for name, v := range tenants {
+			t, ok := p.table([]string{"tenants", name}, v)
+			if !ok {
+				continue
+			}
+			doc.Tenants[name] = fileTenant{
+				Memory: t["memory"], Compute: t["compute"], ComputeMax: t["compute_max"],
+				Bandwidth: t["bandwidth"], MaxContainers: t["max_containers"], DefaultMemory: t["default_memory"],
+				Oversubscribe: t["oversubscribe"], DedupCharge: t["dedup_charge"],
+			}
+		}
+	}
+	if v, ok := m["host"]; ok {
+		if h, ok := p.table([]string{"host"}, v); ok {
+			doc.Host = &fileHost{Access: h["access"]}
+			if v, ok := h["users"]; ok {
+				doc.Host.Users, _ = p.table([]string{"host", "users"}, v)
+			}
+			if v, ok := h["groups"]; ok {
+				doc.Host.Groups, _ = p.table([]string{"host", "groups"}, v)
+			}
+		}
+	}
+	return doc
+}
+
+// table reads the value of key, which must be a table.
+func (p *parser) table(key []string, v any) (map[string]any, bool) {
+	t, ok := v.(map[string]any)
+	if !ok {
+		p.fail(key, fmt.Errorf("want a table, got %s: %w", describe(v), api.ErrInvalidArgument))
+	}
+	return t, ok
 }
 
 // MaxQuotaFile is the largest quota file Load reads, in bytes. Thousands
@@ -150,27 +189,20 @@ func fileType(m fs.FileMode) string {
 // api.ErrInvalidArgument and start with path:line. Where a file has several
 // problems of its values, the error lists them all, in the file's order.
 func Parse(path string, data []byte) (*Config, error) {
-	var doc fileDoc
-	dec := toml.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&doc)
+	// The document is decoded whole, without the schema, so that every
+	// problem of its keys and values is found, not only the first:
+	// decoding into structs stops at the first key or type it cannot take.
+	var m map[string]any
+	err := toml.Unmarshal(data, &m)
 	// index also locates the values of a document that the decoder
 	// refused, for its message (decodeError).
 	p := &parser{file: path, lines: map[string]int{}}
 	p.index(data)
-	var strict *toml.StrictMissingError
-	if err != nil && !errors.As(err, &strict) {
-		return nil, p.decodeError(data, err)
-	}
-	// The document is valid TOML. The schema check in index finds the keys
-	// that strict decoding rejected, and names them better: the decoder
-	// drops the key of an inline table from their paths.
-	if len(p.errs) > 0 {
-		return nil, p.err()
-	}
 	if err != nil {
+		// Invalid TOML: the parser cannot read on past its error.
 		return nil, p.decodeError(data, err)
 	}
+	doc := p.docFrom(m)
 	cfg := &Config{Path: path, Tenants: map[string]*Tenant{}, Namespaces: map[string]string{}}
 	for _, name := range slices.Sorted(maps.Keys(doc.Tenants)) {
 		if t, ok := p.tenant(name, doc.Tenants[name]); ok {
@@ -199,9 +231,7 @@ func Parse(path string, data []byte) (*Config, error) {
 
 // decodeError turns the decoder's error into one that names file and line
 // and, where the error is about a value, the value as written (a number
-// too large for an integer, say, or a malformed one) and its key. A
-// StrictMissingError unwraps to its DecodeErrors, the first of which is
-// reported.
+// too large for an integer, say, or a malformed one) and its key.
 func (p *parser) decodeError(data []byte, err error) error {
 	var de *toml.DecodeError
 	if !errors.As(err, &de) {

@@ -127,11 +127,11 @@ func TestParseErrors(t *testing.T) {
 		{"wrong case root", "\nTenants.a.memory = 1\n",
 			`tenants.toml:2: Tenants: unknown key (keys are case-sensitive: did you mean tenants?): invalid argument`},
 		{"namespaces not a table", "namespaces = 5\n",
-			`tenants.toml:1: namespaces: 5: cannot decode TOML integer into struct field isolation.fileDoc.Namespaces of type map[string]interface {}: invalid argument`},
+			`tenants.toml:1: namespaces: want a table, got integer 5: invalid argument`},
 		{"tenant a multi-line string", "[tenants]\na = \"\"\"\nx\ny\"\"\"\n",
-			`tenants.toml:2: tenants.a: """…: cannot decode TOML string into isolation.fileTenant: invalid argument`},
+			`tenants.toml:2: tenants.a: want a table, got string "x\ny": invalid argument`},
 		{"tenant not a table", "[tenants]\na = 5\n",
-			`tenants.toml:2: tenants.a: 5: cannot decode TOML integer into isolation.fileTenant: invalid argument`},
+			`tenants.toml:2: tenants.a: want a table, got integer 5: invalid argument`},
 		{"bad size", "\n\n[tenants.team-a]\nmemory = \"12X\"\n",
 			`tenants.toml:4: tenants.team-a.memory: size "12X": want a whole number with an optional unit (Ki, Mi, Gi, K, M, G): invalid argument`},
 		{"size too large", "[tenants.a]\nbandwidth = \"99999999Ti\"\n",
@@ -264,6 +264,83 @@ func TestLoad(t *testing.T) {
 	_, err = Load(filepath.Join(dir, "missing.toml"))
 	if !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, api.ErrUnavailable) {
 		t.Errorf("missing file: got %v", err)
+	}
+}
+
+// TestLoadReportsEveryMistake: a quota file with many mistakes of every
+// kind (unknown keys, bad values, a bad tenant name, tables of the wrong
+// shape, bad [host] entries, references to undefined tenants) is refused
+// with all of them at once, one line each, in the file's order, each
+// naming file:line, the key and the value; the error is still an invalid
+// argument.
+func TestLoadReportsEveryMistake(t *testing.T) {
+	const doc = `default_tenant = "nobody"
+colour = "blue"
+
+[namespaces]
+moby = "ghost"
+
+[tenants.ok]
+memory = "12X"
+Compute = 2
+compute = 0
+oversubscribe = 17
+
+[tenants."-bad"]
+memory = "1GiB"
+
+[tenants.team-b]
+compute_max = 2
+default_memory = "2GiB"
+memory = "1GiB"
+dedup_charge = "half"
+
+[tenants.flat]
+memory = 1
+max_containers = -1
+
+[host]
+access = "closed"
+
+[host.users]
+alice = ["ok"]
+1000 = ["ok", "ok"]
+1001 = "team-b"
+`
+	path := filepath.Join(t.TempDir(), "tenants.toml")
+	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(path)
+	if err == nil {
+		t.Fatalf("accepted: %+v", cfg)
+	}
+	if !errors.Is(err, api.ErrInvalidArgument) {
+		t.Errorf("error does not wrap ErrInvalidArgument: %v", err)
+	}
+	want := []string{
+		`:1: default_tenant: tenant "nobody" is not defined (no [tenants.nobody] table): invalid argument`,
+		`:2: colour: unknown key: invalid argument`,
+		`:5: namespaces.moby: tenant "ghost" is not defined (no [tenants.ghost] table): invalid argument`,
+		`:8: tenants.ok.memory: size "12X": want a whole number with an optional unit (Ki, Mi, Gi, K, M, G): invalid argument`,
+		`:9: tenants.ok.Compute: unknown key (keys are case-sensitive: did you mean compute?): invalid argument`,
+		`:10: tenants.ok.compute: 0: want 1 to 10000: invalid argument`,
+		`:11: tenants.ok.oversubscribe: 17: want a number from 1 to 16: invalid argument`,
+		`:13: tenants.-bad: tenant name "-bad": want 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit: invalid argument`,
+		`:17: tenants.team-b.compute_max: 2: want a number from 0.001 to 1: invalid argument`,
+		`:18: tenants.team-b.default_memory: 2147483648 bytes is more than memory, 1073741824 bytes: invalid argument`,
+		`:20: tenants.team-b.dedup_charge: want a number in [0, 1], got string "half": invalid argument`,
+		`:24: tenants.flat.max_containers: -1: want 0 to 2147483647: invalid argument`,
+		`:27: host.access: want "mapped" or "open", got string "closed": invalid argument`,
+		`:30: host.users.alice: uid "alice": want a number from 0 to 4294967294 (names are not looked up: "id -u NAME" prints a user's): invalid argument`,
+		`:31: host.users.1000: tenant "ok" is listed twice: invalid argument`,
+		`:32: host.users.1001: want an array of tenant names such as ["team-a"], got string "team-b": invalid argument`,
+	}
+	for i := range want {
+		want[i] = path + want[i]
+	}
+	if got := strings.Split(err.Error(), "\n"); !reflect.DeepEqual(got, want) {
+		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 
