@@ -34,7 +34,7 @@
 //	compute_max = 0.5        # cap on its share of a device, 0.001 to 1; absent: none
 //	bandwidth = "2GiB"       # bytes per second copied; 0 or absent: none
 //	max_containers = 10      # 0 or absent: none
-//	default_memory = "512MiB" # reservation of a container that asks for none; absent: it must ask
+//	default_memory = "512MiB" # reservation of a container that asks for a vGPU but no memory; absent: it must ask
 //	oversubscribe = 1.5      # 1..16; default 1
 //	dedup_charge = 0.25      # share charged for a sealed weight frame stored once, 0..1; default 1
 //
@@ -105,7 +105,7 @@ type Tenant struct {
 	ComputeMax    float64 // cap on its share of a device, 0.001 to 1 (MinComputeMax); 0 = none
 	Bandwidth     uint64  // bytes per second copied; 0 = none
 	MaxContainers int     // 0 = none
-	DefaultMemory uint64  // what a container that asks for nothing gets; 0 = nothing (the container must ask)
+	DefaultMemory uint64  // what a container that asks for no memory gets; 0 = nothing (the container must ask)
 	Oversubscribe float64 // >= 1.0, default 1.0
 	// DedupCharge is the share of a frame the tenant is charged for a
 	// sealed weight frame that the node stores once with another tenant's
