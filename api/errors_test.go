@@ -218,6 +218,35 @@ func TestReplyErrorLongMessage(t *testing.T) {
 	}
 }
 
+// TestReplyErrorManyLines: a message of many lines (a quota file's every
+// mistake) too long for one reply keeps whole lines and says how many more
+// there were.
+func TestReplyErrorManyLines(t *testing.T) {
+	var lines []string
+	for i := range 300 {
+		lines = append(lines, fmt.Sprintf("tenants.toml:%d: tenants.t%d.memory: bad size %q", i+1, i, "lots"))
+	}
+	got := hop(t, fmt.Errorf("%s: %w", strings.Join(lines, "\n"), ErrInvalidArgument)).Error()
+	if len(got) > MaxString {
+		t.Fatalf("message of %d bytes, over %d", len(got), MaxString)
+	}
+	kept := strings.Split(got, "\n")
+	more := kept[len(kept)-1]
+	kept = kept[:len(kept)-1]
+	var n int
+	if _, err := fmt.Sscanf(more, "(%d more lines)", &n); err != nil {
+		t.Fatalf("last line %q does not say how many lines were dropped", more)
+	}
+	if len(kept)+n != len(lines) || len(kept) < 50 {
+		t.Fatalf("kept %d lines and dropped %d, of %d", len(kept), n, len(lines))
+	}
+	for i, l := range kept {
+		if l != lines[i] {
+			t.Fatalf("line %d is %q, want %q whole", i, l, lines[i])
+		}
+	}
+}
+
 // TestReplyErrorLongInvalidUTF8: a message that is not UTF-8 at all is cut
 // near the limit all the same, not emptied.
 func TestReplyErrorLongInvalidUTF8(t *testing.T) {

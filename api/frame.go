@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -258,25 +259,37 @@ func (c *Conn) Reply(h Header, parts ...[]byte) error {
 	return c.WriteFrame(h.Op, FlagReply, h.ID, parts...)
 }
 
-// ReplyError answers request h with err's code and message. A message longer
-// than MaxString is cut, on a UTF-8 boundary. A nil err is answered as an
-// internal error rather than with a code the peer would reject.
+// ReplyError answers request h with err's code and message, cut to
+// MaxString bytes (cutMessage). A nil err is answered as an internal error
+// rather than with a code the peer would reject.
 func (c *Conn) ReplyError(h Header, err error) error {
 	if err == nil {
 		err = fmt.Errorf("%v failed without an error: %w", h.Op, ErrInternal)
 	}
-	msg := err.Error()
-	if len(msg) > MaxString {
-		cut := MaxString
-		for cut > MaxString-utf8.UTFMax && !utf8.RuneStart(msg[cut]) {
-			cut--
-		}
-		msg = msg[:cut]
-	}
 	e := Encoder{}
 	e.U16(uint16(CodeOf(err)))
-	e.String(msg)
+	e.String(cutMessage(err.Error()))
 	return c.WriteFrame(h.Op, FlagReply|FlagError, h.ID, e.B)
+}
+
+// cutMessage fits msg in MaxString bytes. A message of several lines (every
+// mistake of a quota file, one a line) keeps whole lines from its start and
+// says how many it dropped, so no line reaches the reader cut in the
+// middle; a message whose first lines already fill the limit is cut on a
+// UTF-8 boundary.
+func cutMessage(msg string) string {
+	if len(msg) <= MaxString {
+		return msg
+	}
+	const room = 32 // for "\n(N more lines)"
+	if i := strings.LastIndexByte(msg[:MaxString-room], '\n'); i > 0 {
+		return fmt.Sprintf("%s\n(%d more lines)", msg[:i], strings.Count(msg[i+1:], "\n")+1)
+	}
+	cut := MaxString
+	for cut > MaxString-utf8.UTFMax && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut]
 }
 
 // DecodeError turns an error reply body into a *RemoteError.
