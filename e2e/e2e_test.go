@@ -143,7 +143,15 @@ func startSystem(t *testing.T, nodeFlags, mediatorFlags []string) (socket string
 func startNode(t *testing.T, flags ...string) (addr string) {
 	t.Helper()
 	addr = freePort(t)
-	startProc(t, "vgpu-node", append([]string{"--listen", addr, "--log-level", "warn"}, flags...)...)
+	startNodeAt(t, addr, flags...)
+	return addr
+}
+
+// startNodeAt starts a vgpu-node listening on addr, with extra flags, and
+// waits until it accepts connections.
+func startNodeAt(t *testing.T, addr string, flags ...string) *proc {
+	t.Helper()
+	p := startProc(t, "vgpu-node", append([]string{"--listen", addr, "--log-level", "warn"}, flags...)...)
 	waitFor(t, "vgpu-node to listen", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
@@ -151,7 +159,7 @@ func startNode(t *testing.T, flags ...string) (addr string) {
 		}
 		return err == nil
 	})
-	return addr
+	return p
 }
 
 func run(t *testing.T, name string, args ...string) (string, error) {

@@ -347,6 +347,9 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if err := m.awaitRelease(k); err != nil {
 		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
+	if err := m.canServe(max(int(r.Devices), 1)); err != nil {
+		return nil, fmt.Errorf("register %v: %w", k, err)
+	}
 	// One step, so that the tenant, its limits at admission and those the
 	// container keeps come from one quota file even while a reload runs.
 	grant, tenant, err := m.admission.Admit(isolation.Request{

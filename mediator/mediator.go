@@ -420,15 +420,26 @@ func (m *Mediator) statusJSON() ([]byte, error) {
 }
 
 // place chooses n distinct physical devices for a new session, least used
-// first, and counts them as used.
+// first, and counts them as used. Devices of nodes whose connection is up
+// come before those of nodes that are down, so that a session admitted
+// because a reachable node can serve it (canServe) is placed there.
 func (m *Mediator) place(n int) ([]*device, error) {
 	if n > len(m.devices) {
 		return nil, fmt.Errorf("%d virtual devices asked, %d physical devices exist: %w", n, len(m.devices), api.ErrInvalidArgument)
 	}
+	up := make([]bool, len(m.nodes))
+	for i, nd := range m.nodes {
+		up[i] = nd.up()
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	order := append([]*device(nil), m.devices...)
-	sort.SliceStable(order, func(i, j int) bool { return order[i].sessions.Load() < order[j].sessions.Load() })
+	sort.SliceStable(order, func(i, j int) bool {
+		if a, b := up[order[i].node], up[order[j].node]; a != b {
+			return a
+		}
+		return order[i].sessions.Load() < order[j].sessions.Load()
+	})
 	order = order[:n]
 	for _, d := range order {
 		d.sessions.Add(1)

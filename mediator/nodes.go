@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -204,8 +205,64 @@ func (n *node) control(ctx context.Context) (*api.RPC, error) {
 	case <-r.done:
 		return r.rpc, r.err
 	case <-ctx.Done():
-		return nil, fmt.Errorf("node %s unreachable: reconnecting, not connected within %v: %w", n.addr, statusTimeout, api.ErrUnavailable)
+		return nil, fmt.Errorf("node %s unreachable: reconnecting, %v: %w", n.addr, context.Cause(ctx), api.ErrUnavailable)
 	}
+}
+
+// up says, without blocking, whether the mediator's control connection to
+// the node is open. It closes when the node goes away or its host is
+// silent past the node timeout (api.WatchPeer), and opens again when a
+// status query or an admission finds the node back (control).
+func (n *node) up() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	select {
+	case <-n.ctl.Closed():
+		return false
+	default:
+		return true
+	}
+}
+
+// notConnectedWithin is a deadline for control: its error then says how
+// long the redial was given.
+func notConnectedWithin(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(context.Background(), d, fmt.Errorf("not connected within %v", d))
+}
+
+// admitTimeout bounds how long an admission waits for the redial of a node
+// whose connection is down. With registerWait it stays below the deadline
+// of the hook that asks (runtimehook.HookDeadline, 8 s).
+const admitTimeout = 2 * time.Second
+
+// canServe returns nil when the nodes that can be reached now have at
+// least want devices; otherwise an api.ErrUnavailable error naming each
+// node that cannot. A node counts as reachable when its control
+// connection is open or is redialled within admitTimeout, so that a
+// container is not admitted only to fail at its first call, and is not
+// refused while reachable nodes can serve it.
+func (m *Mediator) canServe(want int) error {
+	ctx, cancel := notConnectedWithin(admitTimeout)
+	defer cancel()
+	errs := make([]error, len(m.nodes))
+	var wg sync.WaitGroup
+	for i, n := range m.nodes {
+		wg.Go(func() { _, errs[i] = n.control(ctx) })
+	}
+	wg.Wait()
+	usable := 0
+	var down []string
+	for i, n := range m.nodes {
+		if errs[i] != nil {
+			down = append(down, errs[i].Error())
+			continue
+		}
+		usable += len(n.devices)
+	}
+	if usable >= want {
+		return nil
+	}
+	return fmt.Errorf("%d devices asked, %d on nodes that can be reached (%s): %w", want, usable, strings.Join(down, "; "), api.ErrUnavailable)
 }
 
 // redialControl dials a new control connection for r and installs it, or
@@ -241,7 +298,7 @@ func (n *node) close() {
 // status asks the node for its status, taking at most statusTimeout in
 // all, reconnecting included.
 func (n *node) status() api.NodeStatus {
-	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	ctx, cancel := notConnectedWithin(statusTimeout)
 	defer cancel()
 	st := api.NodeStatus{Addr: n.addr}
 	ctl, err := n.control(ctx)

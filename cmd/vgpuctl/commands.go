@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -26,6 +27,11 @@ const (
 
 The mediator's nodes and their devices (memory, used, retained weights,
 launches), the device memory evicted to this host, and every tenant session.
+
+Exits 3 when a node the mediator uses cannot be reached (its connection is
+down, or its host was silent past the mediator's --node-timeout), after
+printing the status and naming each such node on stderr; 0 when every node
+answers.
 `
 	tenantsUsage = `usage: vgpuctl tenants [--json]
        vgpuctl tenants reload
@@ -75,6 +81,40 @@ func printJSON(v any) error {
 	return enc.Encode(v)
 }
 
+// exitNodesDown is vgpuctl status's exit status when a node cannot be
+// reached: distinct from 1 (vgpuctl or the mediator failed) so that a
+// probe or a script tells a degraded system from a failed query.
+const exitNodesDown = 3
+
+// nodesDownError is status's error when nodes cannot be reached; its exit
+// status is exitNodesDown.
+type nodesDownError struct{ nodes []api.NodeStatus }
+
+func (e *nodesDownError) Error() string {
+	msgs := make([]string, len(e.nodes))
+	for i, n := range e.nodes {
+		msgs[i] = fmt.Sprintf("node %s is unreachable: %s", n.Addr, n.Error)
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (e *nodesDownError) exitCode() int { return exitNodesDown }
+
+// nodesDown is the error of a status whose nodes do not all answer; nil
+// when they do. The mediator sets a node's Error when it cannot reach it.
+func nodesDown(st *api.Status) error {
+	var down []api.NodeStatus
+	for _, n := range st.Nodes {
+		if n.Error != "" {
+			down = append(down, n)
+		}
+	}
+	if len(down) == 0 {
+		return nil
+	}
+	return &nodesDownError{down}
+}
+
 func status(socket string, args []string) error {
 	op, _, asJSON, err := operatorCmd("status", socket, args)
 	if err != nil {
@@ -86,7 +126,7 @@ func status(socket string, args []string) error {
 		return err
 	}
 	if asJSON {
-		return printJSON(st)
+		return cmp.Or(printJSON(st), nodesDown(st))
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tBACKEND\tDEVICE\tMEMORY\tUSED\tRETAINED\tLAUNCHES")
@@ -122,7 +162,7 @@ func status(socket string, args []string) error {
 			api.FormatSize(t.Resident), api.FormatSize(t.Evicted), 100*t.TLBHitRate,
 			api.FormatSize(t.CopiedIn), api.FormatSize(t.CopiedOut), t.Launches)
 	}
-	return w.Flush()
+	return cmp.Or(w.Flush(), nodesDown(st))
 }
 
 func kernelList(socket string, _ []string) error {

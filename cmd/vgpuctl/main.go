@@ -170,9 +170,19 @@ func vgpuctl(argv []string, stdout, stderr io.Writer) int {
 	operatorTimeout = g.timeout
 	if err := c.run(g.socketPath(), rest); err != nil {
 		fmt.Fprintln(stderr, "vgpuctl:", err)
+		if e, ok := errors.AsType[exitCoder](err); ok {
+			return e.exitCode()
+		}
 		return 1
 	}
 	return 0
+}
+
+// exitCoder is an error of a command that exits with a status of its own
+// rather than 1 (vgpuctl status with a node down).
+type exitCoder interface {
+	error
+	exitCode() int
 }
 
 func lookup(name string) (command, bool) {
