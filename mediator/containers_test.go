@@ -101,6 +101,10 @@ func TestContainerLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	// Its virtual device has the memory of its grant, not the device's 256 MiB.
+	if m := c.Devices()[0].Memory; m != 32<<20 {
+		t.Fatalf("the container's device reports %d bytes, want its grant of %d", m, 32<<20)
+	}
 	// The grant is exact: all of it can be allocated, one byte more cannot.
 	if _, err := c.Malloc(0, 32<<20); err != nil {
 		t.Fatalf("allocate the whole grant: %v", err)
@@ -109,6 +113,9 @@ func TestContainerLifecycle(t *testing.T) {
 	wantErr(t, err, api.ErrQuotaExceeded, "c1", "team-a")
 	bystander := cs.dial(t, "bystander", 1)
 	victim(t, bystander) // host sessions are unaffected
+	if m := bystander.Devices()[0].Memory; m != 256<<20 {
+		t.Fatalf("an uncapped host session's device reports %d bytes, want the device's %d", m, 256<<20)
+	}
 
 	ti := tenantInfo(t, op, "team-a")
 	if ti.Containers != 1 || ti.Reserved != 32<<20 || ti.Allocated != 32<<20 || ti.Memory != 64<<20 {

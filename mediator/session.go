@@ -551,8 +551,15 @@ func (f *frameSource) resident() *budget {
 func (s *session) run(hello api.Header) {
 	reply := api.HelloReply{Version: api.Version, Session: s.id}
 	for i, v := range s.vdevs {
+		// A virtual device has the memory the session may use, not the
+		// physical device's: a container granted 1 GiB sees 1 GiB, as
+		// nvidia-smi shows a partition's own size.
+		mem := v.dev.info.Memory
+		if s.budget.limit != 0 {
+			mem = min(mem, s.budget.limit)
+		}
 		reply.Devices = append(reply.Devices, api.DeviceInfo{
-			Index: uint32(i), Name: v.dev.info.Name, Node: s.m.nodes[v.dev.node].addr, Memory: v.dev.info.Memory,
+			Index: uint32(i), Name: v.dev.info.Name, Node: s.m.nodes[v.dev.node].addr, Memory: mem,
 		})
 	}
 	s.log.WithField("devices", len(s.vdevs)).Info("session opened")
