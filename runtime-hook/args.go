@@ -41,6 +41,11 @@ type Invocation struct {
 	Socket   string // --vgpu-socket: the mediator's operator socket
 	Hook     string // --vgpu-hook: vgpu-hook
 	StateDir string // --vgpu-state: where containers' socket directories go
+	Config   string // --vgpu-config: the runtime settings file (Resolve)
+
+	// RuntimeName is the settings file's runtime the wrapper was run as
+	// (Resolve); "" when its name resolved without the file.
+	RuntimeName string
 }
 
 // Namespace is the containerd namespace: the base name of runc's --root
@@ -66,6 +71,7 @@ var wrapperFlags = map[string]func(*Invocation) *string{
 	"--vgpu-socket":  func(i *Invocation) *string { return &i.Socket },
 	"--vgpu-hook":    func(i *Invocation) *string { return &i.Hook },
 	"--vgpu-state":   func(i *Invocation) *string { return &i.StateDir },
+	"--vgpu-config":  func(i *Invocation) *string { return &i.Config },
 }
 
 // valueFlags lists, for runc's global flags ("") and for the subcommands
@@ -127,7 +133,7 @@ func ParseArgs(args []string) (*Invocation, error) {
 			name, value, hasValue := strings.Cut(arg, "=")
 			dst, known := wrapperFlags[name]
 			if !known {
-				return nil, fmt.Errorf("unknown wrapper flag %s (have --vgpu-tenant, --vgpu-runtime, --vgpu-socket, --vgpu-hook, --vgpu-state): %w",
+				return nil, fmt.Errorf("unknown wrapper flag %s (have --vgpu-tenant, --vgpu-runtime, --vgpu-socket, --vgpu-hook, --vgpu-state, --vgpu-config): %w",
 					name, api.ErrInvalidArgument)
 			}
 			if !hasValue {
@@ -183,44 +189,13 @@ func ParseArgs(args []string) (*Invocation, error) {
 	return inv, nil
 }
 
-// RuntimeName is the wrapper's installed name. A copy of it or a symlink to
-// it named RuntimeName-<tenant> fixes that tenant, as --vgpu-tenant does:
-// containerd's runc shim runs a binary by name and cannot pass it arguments.
+// RuntimeName is the wrapper's installed name: run as RuntimeName it is the
+// plain runtime, as RuntimeName-<tenant> (a symlink) that tenant's, when
+// the settings file does not say otherwise (Resolve).
 const RuntimeName = "vgpu-runtime"
 
 // tenantPattern is the syntax of a tenant's name, the mediator's.
 var tenantPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-
-// TenantFromName applies the tenant the wrapper's own name fixes: argv0 is
-// the name it was run as, self its executable (a symlink's target). Names
-// "vgpu-runtime-<tenant>" and "<base name of self>-<tenant>" fix <tenant>.
-// A name that fixes one tenant while --vgpu-tenant says another is an error.
-func (inv *Invocation) TenantFromName(argv0, self string) error {
-	name := filepath.Base(argv0)
-	prefixes := []string{RuntimeName + "-"}
-	if self != "" {
-		prefixes = append(prefixes, filepath.Base(self)+"-")
-	}
-	var tenant string
-	for _, prefix := range prefixes {
-		if t, ok := strings.CutPrefix(name, prefix); ok && t != "" {
-			tenant = t
-			break
-		}
-	}
-	if tenant == "" {
-		return nil
-	}
-	if !tenantPattern.MatchString(tenant) {
-		return fmt.Errorf("runtime %s: tenant %q in its name: want 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit: %w",
-			name, tenant, api.ErrInvalidArgument)
-	}
-	if inv.Tenant != "" && inv.Tenant != tenant {
-		return fmt.Errorf("runtime %s serves tenant %q by its name, but --vgpu-tenant says %q: %w", name, tenant, inv.Tenant, api.ErrInvalidArgument)
-	}
-	inv.Tenant = tenant
-	return nil
-}
 
 // Settings fills in the defaults of the wrapper's flags and checks them:
 // the real runtime (found, and not this wrapper), the hook (absolute and

@@ -292,37 +292,6 @@ func TestSettings(t *testing.T) {
 	})
 }
 
-func TestTenantFromName(t *testing.T) {
-	for _, tc := range []struct {
-		argv0, self, flag string
-		want              string
-		err               bool
-	}{
-		{"vgpu-runtime", "/usr/local/bin/vgpu-runtime", "", "", false},
-		{"/usr/local/bin/vgpu-runtime", "/usr/local/bin/vgpu-runtime", "team-a", "team-a", false},
-		{"/usr/local/bin/vgpu-runtime-alice", "/usr/local/bin/vgpu-runtime", "", "alice", false},
-		{"/usr/local/bin/vgpu-runtime-alice", "", "", "alice", false},
-		{"/opt/bin/myrt-bob", "/opt/bin/myrt", "", "bob", false},
-		{"/usr/local/bin/vgpu-runtime-alice", "/usr/local/bin/vgpu-runtime", "alice", "alice", false},
-		{"/usr/local/bin/vgpu-runtime-alice", "/usr/local/bin/vgpu-runtime", "bob", "", true},
-		{"/usr/local/bin/vgpu-runtime-", "/usr/local/bin/vgpu-runtime", "", "", false},
-		{"/usr/local/bin/vgpu-runtime--x", "/usr/local/bin/vgpu-runtime", "", "", true},
-		{"runc", "/usr/local/bin/vgpu-runtime", "", "", false},
-	} {
-		inv := &Invocation{Tenant: tc.flag}
-		err := inv.TenantFromName(tc.argv0, tc.self)
-		if tc.err {
-			if !errors.Is(err, api.ErrInvalidArgument) {
-				t.Errorf("TenantFromName(%q, %q) with flag %q = %v, want an error", tc.argv0, tc.self, tc.flag, err)
-			}
-			continue
-		}
-		if err != nil || inv.Tenant != tc.want {
-			t.Errorf("TenantFromName(%q, %q) with flag %q: tenant %q, %v; want %q", tc.argv0, tc.self, tc.flag, inv.Tenant, err, tc.want)
-		}
-	}
-}
-
 func TestSettingsTenantName(t *testing.T) {
 	dir := t.TempDir()
 	runc := writeExe(t, filepath.Join(dir, "runc"))

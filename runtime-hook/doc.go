@@ -10,6 +10,10 @@
 //     too, never asks;
 //   - the wrapper's command line: its own --vgpu-* flags are taken out, runc's
 //     are passed on unchanged and in order (ParseArgs);
+//   - the runtime settings file (/etc/vgpu/runtime.toml): by the name the
+//     wrapper is run as, its tenant, socket and state directory, which
+//     containerd's runc.v2 options cannot pass as arguments (SettingsFile,
+//     Resolve);
 //   - the edits of config.json on create and run, each a small Modifier
 //     composed in a Chain (SocketMount, SetEnv, AddHook), and the bundle
 //     rewrite (EditBundle); a restore (runc restore, which runs the bundle's
@@ -31,11 +35,14 @@
 // Invariants:
 //   - A container that asks for no vGPU is not touched: its config.json is
 //     not rewritten, not even re-encoded (it stays byte-identical).
-//   - The tenant comes from the operator only: the wrapper's --vgpu-tenant
-//     or its name (vgpu-runtime-<tenant>), else the mediator's mapping of
-//     the containerd namespace. A container
-//     may restate the operator's tenant but never name another
-//     (ErrPermissionDenied).
+//   - The tenant comes from the operator only: the wrapper's --vgpu-tenant,
+//     or the name it is run as, resolved through the runtime settings file
+//     that vgpuctl install writes (Resolve, SettingsFile) or of the form
+//     vgpu-runtime-<tenant>; else, for the plain vgpu-runtime, the
+//     mediator's mapping of the containerd namespace. A name that resolves
+//     to none of these never falls back to that mapping: the wrapper
+//     refuses to create the container. A container may restate the
+//     operator's tenant but never name another (ErrPermissionDenied).
 //   - A malformed request stops the container from starting, with an error
 //     that names the key and the value (ErrInvalidArgument).
 //   - config.json is replaced atomically (temporary file in the bundle,

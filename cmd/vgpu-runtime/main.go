@@ -4,9 +4,10 @@
 // create (and run) first attaches a container that asks for a vGPU to the
 // mediator by editing its config.json; it refuses to restore one from a
 // checkpoint. Its own flags are --vgpu-tenant, --vgpu-runtime,
-// --vgpu-socket, --vgpu-hook and --vgpu-state (--help); run as vgpu-runtime-<tenant>
-// (a symlink), it serves that tenant, as with --vgpu-tenant. See package
-// runtimehook.
+// --vgpu-socket, --vgpu-hook, --vgpu-state and --vgpu-config (--help). The
+// name it is run as says which runtime it is, through the settings file
+// vgpuctl install writes (/etc/vgpu/runtime.toml); a name it cannot resolve
+// makes it refuse to create containers. See package runtimehook.
 package main
 
 import (
@@ -24,7 +25,8 @@ import (
 // help is what a lone --help or -h prints. Anything else, --help among
 // other arguments included, is the real runtime's to answer.
 var help = `usage: vgpu-runtime [--vgpu-tenant NAME] [--vgpu-runtime PATH] [--vgpu-socket PATH]
-                    [--vgpu-hook PATH] [--vgpu-state DIR] RUNTIME-ARGUMENTS...
+                    [--vgpu-hook PATH] [--vgpu-state DIR] [--vgpu-config PATH]
+                    RUNTIME-ARGUMENTS...
 
 An OCI runtime wrapper: it passes every argument but its own --vgpu-* flags
 to the real runtime (runc) unchanged, and on create and run first attaches a
@@ -35,6 +37,10 @@ runtime class (vgpuctl install docker|containerd).
 flags (anywhere among the runtime's arguments, "--vgpu-x V" or "--vgpu-x=V"):
   --vgpu-tenant NAME    the tenant its containers run as; run as vgpu-runtime-NAME
                         (a symlink) it is NAME without this flag
+  --vgpu-config PATH    the runtime settings file (default $` + runtimehook.SettingsFileEnv + `,
+                        else ` + runtimehook.DefaultSettingsFile + `), written by vgpuctl install:
+                        by the name this binary is run as (argv[0]), its tenant,
+                        socket and state directory; flags win over it
   --vgpu-runtime PATH   the real runtime, a path or a name in $PATH (default:
                         the first of ` + strings.Join(runtimehook.DefaultRuntimes, ", ") + `)
   --vgpu-socket PATH    the mediator's operator socket (default ` + runtimehook.DefaultOperatorSocket + `)
@@ -43,6 +49,10 @@ flags (anywhere among the runtime's arguments, "--vgpu-x V" or "--vgpu-x=V"):
   --vgpu-state DIR      where containers' socket directories are made
                         (default ` + runtimehook.DefaultStateDir + `)
   --version             this wrapper's version, then the real runtime's
+
+Run under a name that is neither a runtime of the settings file, nor
+vgpu-runtime, nor vgpu-runtime-TENANT, it refuses to create containers
+(a wrapper script must keep argv[0]: exec -a NAME).
 
 The real runtime's own help: RUNTIME --help.
 `
@@ -69,7 +79,10 @@ func main() {
 	if err != nil {
 		self = ""
 	}
-	if err := inv.TenantFromName(os.Args[0], self); err != nil {
+	// A name that resolves to no runtime stops only what makes a
+	// container: the containers that exist must still be stopped and
+	// deleted, and those commands need no tenant.
+	if err := inv.Resolve(os.Args[0], os.Getenv); err != nil && inv.FromBundle() {
 		fail(inv, err)
 	}
 	if err := inv.Settings(self); err != nil {

@@ -50,18 +50,20 @@ exit "${FAKE_EXIT:-0}"
 
 type env struct {
 	dir, runtime, record, state, root, log string
+	settings                               string // $VGPU_RUNTIME_CONFIG: absent unless a test writes it
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	d := t.TempDir()
 	e := &env{
-		dir:     d,
-		runtime: filepath.Join(d, "fake-runc"),
-		record:  filepath.Join(d, "argv"),
-		state:   filepath.Join(d, "state"),
-		root:    filepath.Join(d, "runtime-runc", "moby"),
-		log:     filepath.Join(d, "log.json"),
+		dir:      d,
+		runtime:  filepath.Join(d, "fake-runc"),
+		record:   filepath.Join(d, "argv"),
+		state:    filepath.Join(d, "state"),
+		root:     filepath.Join(d, "runtime-runc", "moby"),
+		log:      filepath.Join(d, "log.json"),
+		settings: filepath.Join(d, "runtime.toml"),
 	}
 	if err := os.WriteFile(e.runtime, []byte(fakeRuntime), 0o755); err != nil {
 		t.Fatal(err)
@@ -72,8 +74,15 @@ func newEnv(t *testing.T) *env {
 // run runs the wrapper with args and returns its exit status and output.
 func (e *env) run(t *testing.T, exit int, args ...string) (int, string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "vgpu-runtime"), args...)
-	cmd.Env = append(os.Environ(), "VGPU_TEST_RECORD="+e.record, fmt.Sprintf("FAKE_EXIT=%d", exit))
+	return e.runAs(t, filepath.Join(binDir, "vgpu-runtime"), exit, args...)
+}
+
+// runAs runs the wrapper as argv0 (a link to it, or its own path).
+func (e *env) runAs(t *testing.T, argv0 string, exit int, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(argv0, args...)
+	cmd.Env = append(os.Environ(), "VGPU_TEST_RECORD="+e.record, fmt.Sprintf("FAKE_EXIT=%d", exit),
+		runtimehook.SettingsFileEnv+"="+e.settings)
 	cmd.Dir = e.dir
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
@@ -342,7 +351,7 @@ func TestTenantFromSymlink(t *testing.T) {
 	b, _ := e.bundle(t, specJSON([]string{"VGPU_DEVICES=1"}, nil))
 	args := []string{"--root", filepath.Join(e.dir, "k8s.io"), "create", "--bundle", b, "ctr1"}
 	cmd := exec.Command(link, append([]string{"--vgpu-runtime", e.runtime, "--vgpu-state", e.state}, args...)...)
-	cmd.Env = append(os.Environ(), "VGPU_TEST_RECORD="+e.record)
+	cmd.Env = append(os.Environ(), "VGPU_TEST_RECORD="+e.record, runtimehook.SettingsFileEnv+"="+e.settings)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -367,8 +376,67 @@ func TestTenantFromSymlink(t *testing.T) {
 
 	// The name and the flag disagree: refused.
 	cmd = exec.Command(link, append([]string{"--vgpu-runtime", e.runtime, "--vgpu-tenant", "team-a"}, args...)...)
+	cmd.Env = append(os.Environ(), runtimehook.SettingsFileEnv+"="+e.settings)
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), `serves tenant "team-b" by its name`) {
 		t.Fatalf("err %v, output %q", err, out)
+	}
+}
+
+// TestSettingsFileByName: with no flag but the real runtime's path, a link
+// named as a runtime of the settings file gets that runtime's tenant,
+// socket and state directory (what containerd's BinaryName cannot pass).
+// A link under a name the file does not know (the engine's runtime name,
+// vgpu-team-b) refuses to create, naming argv[0], and runs nothing; it
+// still passes the commands that need no tenant through.
+func TestSettingsFileByName(t *testing.T) {
+	e := newEnv(t)
+	link := filepath.Join(e.dir, "rt-team-c")
+	stranger := filepath.Join(e.dir, "vgpu-team-b")
+	for _, l := range []string{link, stranger} {
+		if err := os.Symlink(filepath.Join(binDir, "vgpu-runtime"), l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settings := fmt.Sprintf("[runtimes.vgpu-team-c]\nbinary = %q\ntenant = \"team-c\"\nsocket = \"/run/m-c.sock\"\nstate_dir = %q\n", link, e.state)
+	if err := os.WriteFile(e.settings, []byte(settings), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.bundle(t, specJSON([]string{"VGPU_MEMORY=1GiB"}, nil))
+	args := []string{"--root", filepath.Join(e.dir, "k8s.io"), "create", "--bundle", b, "ctr1"}
+	if code, out := e.runAs(t, link, 0, append([]string{"--vgpu-runtime", e.runtime}, args...)...); code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	if got := e.recorded(t); !slices.Equal(got, args) {
+		t.Fatalf("runtime got %q, want %q", got, args)
+	}
+	raw, _ := os.ReadFile(filepath.Join(b, "config.json"))
+	var s specs.Spec
+	if err := json.Unmarshal(raw, &s); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := runtimehook.ParseHookArgs(s.Hooks.CreateRuntime[0].Args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Tenant != "team-c" || cfg.Socket != "/run/m-c.sock" || cfg.StateDir != e.state {
+		t.Fatalf("hook config %+v, want tenant team-c, socket /run/m-c.sock, state %s from the settings file", cfg, e.state)
+	}
+
+	os.Remove(e.record)
+	b, orig := e.bundle(t, specJSON([]string{"VGPU_MEMORY=1GiB"}, nil))
+	code, out := e.runAs(t, stranger, 0, append([]string{"--vgpu-runtime", e.runtime}, args...)...)
+	if code == 0 || !strings.Contains(out, fmt.Sprintf("run as %q", stranger)) || !strings.Contains(out, "refusing to create the container") {
+		t.Fatalf("create as %s: exit %d, output %q; want a refusal naming it", stranger, code, out)
+	}
+	if got := e.recorded(t); got != nil {
+		t.Fatalf("the real runtime ran: %q", got)
+	}
+	if raw, _ := os.ReadFile(filepath.Join(b, "config.json")); !bytes.Equal(raw, orig) {
+		t.Fatalf("config.json changed by a refused create")
+	}
+	state := []string{"--root", filepath.Join(e.dir, "k8s.io"), "state", "ctr1"}
+	if code, out := e.runAs(t, stranger, 0, append([]string{"--vgpu-runtime", e.runtime}, state...)...); code != 0 || !slices.Equal(e.recorded(t), state) {
+		t.Fatalf("state as %s: exit %d, ran %q: %s", stranger, code, e.recorded(t), out)
 	}
 }
 
