@@ -153,6 +153,10 @@ func (d *Decoder) fail(format string, args ...any) {
 	}
 }
 
+// More says whether bytes remain to decode: an optional trailing field
+// follows.
+func (d *Decoder) More() bool { return d.err == nil && d.off < len(d.b) }
+
 // Finish reports the first failure, or trailing bytes the message did not use.
 func (d *Decoder) Finish() error {
 	if d.err == nil && d.off != len(d.b) {

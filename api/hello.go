@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// MaxHelloBody is the largest body of a Hello: its fixed fields and a
-// tenant name of MaxString bytes. A hello's header that announces more is
-// refused before anything is allocated for its body.
-const MaxHelloBody = 4 + 2 + 1 + 4 + MaxString + 4 + 4 + 4
+// MaxHelloBody is the largest body of a Hello: its fixed fields, a tenant
+// name of MaxString bytes and a session token of MaxToken. A hello's header
+// that announces more is refused before anything is allocated for its body.
+const MaxHelloBody = 4 + 2 + 1 + 4 + MaxString + 4 + 4 + 4 + 4 + MaxToken
 
 // ReadHello reads the first frame of a connection, which must be a Hello
 // request, and checks its magic and version; self names the reader in

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -28,7 +29,7 @@ func helloPipe(t *testing.T, n uint32, op Op, flags uint16, body []byte) (*Conn,
 // MaxHelloBody is exactly the largest Hello: a change to Hello's fields
 // must change it.
 func TestMaxHelloBodyFitsTheLargestHello(t *testing.T) {
-	h := Hello{Magic: Magic, Version: Version, Role: RoleTenant, Tenant: strings.Repeat("t", MaxString)}
+	h := Hello{Magic: Magic, Version: Version, Role: RoleTenant, Tenant: strings.Repeat("t", MaxString), Resumable: true, Resume: strings.Repeat("r", MaxToken)}
 	if n := len(Encode(&h)); n != MaxHelloBody {
 		t.Fatalf("largest hello encodes to %d bytes, MaxHelloBody is %d", n, MaxHelloBody)
 	}
@@ -57,7 +58,7 @@ func TestReadHello(t *testing.T) {
 	// is read or allocated: nothing follows the header here.
 	c, _ := helloPipe(t, MaxHelloBody+1, OpHello, 0, nil)
 	h, _, err := ReadHello(c, deadline(), "test")
-	if !errors.Is(err, ErrProtocol) || h.ID != 7 || !strings.Contains(err.Error(), "4120-byte body") {
+	if !errors.Is(err, ErrProtocol) || h.ID != 7 || !strings.Contains(err.Error(), fmt.Sprintf("%d-byte body", MaxHelloBody+1)) {
 		t.Errorf("oversized hello: %+v, %v; want a protocol error naming the size, answerable", h, err)
 	}
 	c, _ = helloPipe(t, uint32(len(good)), OpMalloc, 0, good)

@@ -59,6 +59,9 @@ const (
 	OpRelease                 // Release; a stopped container's memory and socket are freed
 	OpTenants                 // → JSON []TenantInfo
 	OpReload                  // re-read the quota file; the old one stays if the new one is invalid
+	// OpSelf → JSON SelfStatus: on a container's socket, what that
+	// container has; the only status a container may read (self.go).
+	OpSelf
 )
 
 // Node operations: mediator → node. Addresses are physical device addresses.
@@ -87,6 +90,11 @@ const (
 	OpNodePublish                   // NodeObject → BufVersion
 	OpNodePin                       // NodeObject → BufVersion: one more pin of the published version by the connection
 	OpNodeUnpin                     // NodeVersion: undoes one pin of that version by the connection
+	// OpNodeAttach: NodeAttach → NodeAttached. With Owner 0 the node keeps
+	// the connection's frames for its reattach grace under Token when the
+	// connection drops; with an Owner it hands the frames it kept of that
+	// connection to this one (a restarted mediator's reclaim).
+	OpNodeAttach
 )
 
 // Tensor graphs (tensor.go): tenant → mediator.
@@ -108,7 +116,7 @@ var opNames = map[Op]string{
 	OpMalloc: "malloc", OpFree: "free", OpStreamCreate: "stream-create", OpStreamDestroy: "stream-destroy",
 	OpCopyToDevice: "copy-to-device", OpCopyFromDevice: "copy-from-device", OpCopyDevice: "copy-device",
 	OpMemset: "memset", OpLaunch: "launch", OpSynchronize: "synchronize", OpStatus: "status",
-	OpRegister: "register", OpRelease: "release", OpTenants: "tenants", OpReload: "reload",
+	OpRegister: "register", OpRelease: "release", OpTenants: "tenants", OpReload: "reload", OpSelf: "self",
 	OpNodeAlloc: "node-alloc", OpNodeFree: "node-free", OpNodeWrite: "node-write", OpNodeRead: "node-read",
 	OpNodeFill: "node-fill", OpNodeCopy: "node-copy", OpNodeLaunch: "node-launch", OpNodeStatus: "node-status",
 	OpHostRegister: "host-register", OpHostUnregister: "host-unregister",
@@ -117,7 +125,7 @@ var opNames = map[Op]string{
 	OpGraphDestroy: "graph-destroy", OpSessionStats: "session-stats",
 	OpNodeBatch: "node-batch", OpNodeSeal: "node-seal", OpNodeDedup: "node-dedup",
 	OpExport: "export", OpImport: "import", OpRevoke: "revoke", OpPublish: "publish", OpPin: "pin",
-	OpNodePublish: "node-publish", OpNodePin: "node-pin", OpNodeUnpin: "node-unpin",
+	OpNodePublish: "node-publish", OpNodePin: "node-pin", OpNodeUnpin: "node-unpin", OpNodeAttach: "node-attach",
 	OpNodeExport: "node-export", OpNodeImport: "node-import", OpNodeRevoke: "node-revoke",
 	OpNodeObjRead: "node-obj-read", OpNodeObjWrite: "node-obj-write", OpNodeInval: "node-inval", OpNodeInvalAck: "node-inval-ack",
 	OpNodeRevoked: "node-revoked", OpNodeRevokedAck: "node-revoked-ack", OpNodeUnexport: "node-unexport",
@@ -182,7 +190,18 @@ type Hello struct {
 	// mediator's quota file.
 	Weight     uint32
 	ComputeMax float32
+	// Tenant → mediator only, an optional trailing field (a hello without
+	// it is a client that cannot reconnect, the Python one say): Resumable
+	// asks for a session token in the reply (HelloReply.Token), and Resume,
+	// if not empty, is the token of a session to take up again after the
+	// mediator restarted, instead of opening a new one.
+	Resumable bool
+	Resume    string
 }
+
+// MaxToken bounds a session token (Hello.Resume, HelloReply.Token,
+// NodeAttach.Token).
+const MaxToken = 64
 
 func (m *Hello) Marshal(e *Encoder) {
 	e.U32(m.Magic)
@@ -192,6 +211,9 @@ func (m *Hello) Marshal(e *Encoder) {
 	e.U32(m.Devices)
 	e.U32(m.Weight)
 	e.F32(m.ComputeMax)
+	if m.Resumable {
+		e.String(m.Resume)
+	}
 }
 
 func (m *Hello) Unmarshal(d *Decoder) {
@@ -202,6 +224,13 @@ func (m *Hello) Unmarshal(d *Decoder) {
 	m.Devices = d.U32()
 	m.Weight = d.U32()
 	m.ComputeMax = d.F32()
+	if d.More() {
+		m.Resumable = true
+		m.Resume = d.Str()
+		if len(m.Resume) > MaxToken {
+			d.fail("session token of %d bytes, limit %d", len(m.Resume), MaxToken)
+		}
+	}
 }
 
 // DeviceInfo describes a device: to a tenant its virtual device, to a
@@ -218,6 +247,11 @@ type HelloReply struct {
 	Version uint16
 	Session uint64
 	Devices []DeviceInfo
+	// Token, an optional trailing field sent only to a Resumable hello:
+	// the secret that takes this session up again after a mediator
+	// restart (Hello.Resume); empty where the mediator keeps no journal.
+	Resumable bool
+	Token     string
 }
 
 func (m *HelloReply) Marshal(e *Encoder) {
@@ -230,6 +264,9 @@ func (m *HelloReply) Marshal(e *Encoder) {
 		e.String(dv.Node)
 		e.U64(dv.Memory)
 	}
+	if m.Resumable {
+		e.String(m.Token)
+	}
 }
 
 func (m *HelloReply) Unmarshal(d *Decoder) {
@@ -238,6 +275,10 @@ func (m *HelloReply) Unmarshal(d *Decoder) {
 	m.Devices = make([]DeviceInfo, d.Len(20))
 	for i := range m.Devices {
 		m.Devices[i] = DeviceInfo{Index: d.U32(), Name: d.Str(), Node: d.Str(), Memory: d.U64()}
+	}
+	if d.More() {
+		m.Resumable = true
+		m.Token = d.Str()
 	}
 }
 
@@ -639,6 +680,48 @@ func (m *NodeFrames) Unmarshal(d *Decoder) {
 	m.Frames = make([]uint64, d.Len(8))
 	for i := range m.Frames {
 		m.Frames[i] = d.U64()
+	}
+}
+
+// NodeAttach asks a node to keep a connection's frames through its drop
+// (Owner 0), or to hand over those it kept of connection Owner (the
+// HelloReply.Session that connection had), whose Token this must be.
+type NodeAttach struct {
+	Owner uint64
+	Token string
+}
+
+func (m *NodeAttach) Marshal(e *Encoder) { e.U64(m.Owner); e.String(m.Token) }
+
+func (m *NodeAttach) Unmarshal(d *Decoder) {
+	m.Owner = d.U64()
+	m.Token = d.Str()
+	if len(m.Token) > MaxToken {
+		d.fail("attach token of %d bytes, limit %d", len(m.Token), MaxToken)
+	}
+}
+
+// NodeAttached answers NodeAttach: the connection's id as the node knows
+// it (an Owner to reclaim later), and, for a reclaim, the frames it now
+// holds on each device.
+type NodeAttached struct {
+	Owner   uint64
+	Devices []NodeFrames
+}
+
+func (m *NodeAttached) Marshal(e *Encoder) {
+	e.U64(m.Owner)
+	e.U32(uint32(len(m.Devices)))
+	for i := range m.Devices {
+		m.Devices[i].Marshal(e)
+	}
+}
+
+func (m *NodeAttached) Unmarshal(d *Decoder) {
+	m.Owner = d.U64()
+	m.Devices = make([]NodeFrames, d.Len(8))
+	for i := range m.Devices {
+		m.Devices[i].Unmarshal(d)
 	}
 }
 
