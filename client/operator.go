@@ -80,3 +80,19 @@ func (o *Operator) Kernels() ([]api.KernelInfo, error) {
 	})
 	return ks, err
 }
+
+// Self reports, over a container's own socket, what that container has:
+// its grant, virtual devices, tenant limits and sessions. On the host
+// socket the mediator refuses it; in a container, it is all the mediator
+// answers besides Kernels.
+func (o *Operator) Self() (*api.SelfStatus, error) {
+	body, err := o.call(api.OpSelf)
+	if err != nil {
+		return nil, err
+	}
+	var st api.SelfStatus
+	if err := json.Unmarshal(body, &st); err != nil {
+		return nil, fmt.Errorf("self reply: %v: %w", err, api.ErrProtocol)
+	}
+	return &st, nil
+}

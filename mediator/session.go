@@ -45,6 +45,7 @@ type session struct {
 	log    logrus.FieldLogger
 	vdevs  []vdev
 	space  *memory.Space
+	frames *frameSource // the space's source: frames held, by device (self.go)
 	ctr    *container // the container whose socket the session came through; nil on the host socket
 	budget *budget    // the container's, shared by its sessions, or the session's own
 	evicts bool       // the space oversubscribes and may evict
@@ -131,6 +132,13 @@ func (m *Mediator) serveConn(nc net.Conn, ctr *container, greeted func()) {
 	switch {
 	case hello.Role == api.RoleOperator && ctr == nil:
 		m.serveOperator(c, h, privileged(nc))
+	case hello.Role == api.RoleOperator: // a container reading its own view (self.go)
+		if err := ctr.admitPeer(nc); err != nil {
+			log.WithError(err).Warn("connection to a container's socket from outside it")
+			_ = c.ReplyError(h, err)
+			return
+		}
+		m.serveSelf(c, h, ctr)
 	case hello.Role == api.RoleTenant:
 		if ctr != nil {
 			if err := ctr.admitPeer(nc); err != nil {
@@ -293,7 +301,8 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 		}
 		s.vdevs = append(s.vdevs, vdev{dev: d, rpc: rpc})
 	}
-	s.space = memory.NewSpace(newFrameSource(s), 0)
+	s.frames = newFrameSource(s)
+	s.space = memory.NewSpace(s.frames, 0)
 	resident, factor := m.cfg.TenantMemory, m.cfg.Oversubscribe
 	s.budget = &budget{owner: fmt.Sprintf("session %d of tenant %q", s.id, s.tenant), limit: virtual(resident, factor), log: s.log}
 	if ctr != nil {

@@ -1,0 +1,158 @@
+package mediator
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/memory"
+)
+
+// A container's own view: a connection to a container's socket that says
+// hello as an operator (vgpu-smi, `vgpuctl top` inside the container) may
+// read what that container has (OpSelf) and the kernel catalog, nothing
+// else. Everything in the answer is the container's, or its tenant's
+// (limits, device time on the devices its sessions use): never another
+// container's sessions, nor a physical device's total use, which would tell
+// it what other tenants hold.
+
+// serveSelf answers a container's requests about itself until it hangs up.
+func (m *Mediator) serveSelf(c *api.Conn, hello api.Header, ctr *container) {
+	if err := c.Reply(hello, api.Encode(&api.HelloReply{Version: api.Version})); err != nil {
+		return
+	}
+	for {
+		h, err := c.ReadHeader()
+		if err != nil {
+			return
+		}
+		if h.Len > 0 {
+			// What it may ask has no body: nothing is read or allocated for one.
+			_ = c.ReplyError(h, fmt.Errorf("%v with a %d-byte body on the socket of container %v: its requests have none: %w",
+				h.Op, h.Len, ctr.key(), api.ErrPermissionDenied))
+			return
+		}
+		var reply []byte
+		switch h.Op {
+		case api.OpSelf:
+			reply, err = json.Marshal(m.selfStatus(ctr))
+			if err != nil {
+				err = fmt.Errorf("encode the status of container %v: %v: %w", ctr.key(), err, api.ErrInternal)
+			}
+		case api.OpKernels:
+			reply = m.catalogBody()
+		default:
+			err = fmt.Errorf("%v on the socket of container %v: a container may read only its own status (%v) and the kernels: %w",
+				h.Op, ctr.key(), api.OpSelf, api.ErrPermissionDenied)
+		}
+		if err != nil {
+			err = c.ReplyError(h, err)
+		} else {
+			err = c.Reply(h, reply)
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// selfStatus is what container c has now. Its virtual device i is, for
+// each of its sessions, that session's vdevs[i]; name and node are taken
+// from the first session that has it.
+func (m *Mediator) selfStatus(c *container) api.SelfStatus {
+	g := c.grant
+	st := api.SelfStatus{
+		Tenant: g.Tenant, Container: g.Container, Namespace: g.Namespace,
+		Memory: c.budget.limit, Resident: g.Memory, Charged: c.budget.inUse(),
+		Sessions: []api.TenantStatus{},
+	}
+	if q := m.admission.Limits(g.Tenant); q != nil {
+		st.Compute, st.ComputeMax, st.Bandwidth = q.Compute, q.ComputeMax, q.Bandwidth
+	}
+	c.mu.Lock()
+	sessions := make([]*session, 0, len(c.sessions))
+	for s := range c.sessions {
+		sessions = append(sessions, s)
+	}
+	c.mu.Unlock()
+	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
+
+	st.Devices = make([]api.SelfDevice, max(int(g.Devices), 1))
+	behind := make([]map[*device]bool, len(st.Devices)) // physical devices behind each virtual one
+	for i := range st.Devices {
+		st.Devices[i] = api.SelfDevice{Index: uint32(i), Memory: c.budget.limit}
+		behind[i] = map[*device]bool{}
+	}
+	for _, s := range sessions {
+		st.Sessions = append(st.Sessions, s.status())
+		held := s.frames.byDevice()
+		for i, v := range s.vdevs {
+			if i >= len(st.Devices) { // more than granted: newSession refuses it
+				break
+			}
+			d := &st.Devices[i]
+			if d.Name == "" {
+				d.Name, d.Node = v.dev.info.Name, m.nodes[v.dev.node].addr
+				if d.Memory == 0 || v.dev.info.Memory < d.Memory { // as the session's hello reports it
+					d.Memory = v.dev.info.Memory
+				}
+			}
+			d.Used += held[uint32(i)]
+			behind[i][v.dev] = true
+		}
+	}
+	m.addDeviceTime(g.Tenant, st.Devices, behind)
+	return st
+}
+
+// addDeviceTime adds to each device the tenant's device time, launches and
+// throttling on the physical devices behind it, from their nodes' status.
+func (m *Mediator) addDeviceTime(tenant string, devs []api.SelfDevice, behind []map[*device]bool) {
+	var want []int // nodes behind any device, each once
+	for _, b := range behind {
+		for d := range b {
+			if !slices.Contains(want, d.node) {
+				want = append(want, d.node)
+			}
+		}
+	}
+	nodes := make(map[int]api.NodeStatus, len(want))
+	var (
+		mu sync.Mutex // guards nodes while the calls run
+		wg sync.WaitGroup
+	)
+	for _, i := range want {
+		wg.Go(func() {
+			ns := m.nodes[i].status()
+			mu.Lock()
+			nodes[i] = ns
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for i, b := range behind {
+		for d := range b {
+			for _, sh := range nodes[d.node].Shares {
+				if sh.Tenant == tenant && sh.Device == d.info.Index {
+					devs[i].DeviceTime += sh.DeviceTime
+					devs[i].Launches += sh.Launches
+					devs[i].Throttled = devs[i].Throttled || sh.Throttled
+				}
+			}
+		}
+	}
+}
+
+// byDevice is the memory of the frames held, by virtual device.
+func (f *frameSource) byDevice() map[uint32]uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[uint32]uint64{}
+	for df := range f.held {
+		out[df.dev] += memory.FrameSize
+	}
+	return out
+}
