@@ -18,7 +18,7 @@ import (
 
 // ContainerdRestart is how containerd picks up a changed config.toml: it
 // reads it only when it starts.
-const ContainerdRestart = "systemctl restart containerd   # containerd reads config.toml only at start; running containers keep running (their shims are separate processes)"
+const ContainerdRestart = "systemctl restart containerd   # containerd reads config.toml only at start (without systemd: stop it and start it again); running containers keep running (their shims are separate processes)"
 
 // RuncV2 is the runtime type (shim) the vgpu runtimes use; vgpu-runtime is
 // the runc binary it runs.
@@ -45,9 +45,11 @@ const PodAnnotations = "vgpu.io/*"
 // empty file becomes a version 2 file. pod_annotations passes a pod's
 // vgpu.io/* annotations (its request) to its containers; an operator's other
 // patterns there are kept. The runc.v2 options cannot carry
-// arguments, so runtime "vgpu-<tenant>" runs "<runtime path>-<tenant>":
-// the operator makes it a symlink to vgpu-runtime (the Result's Notes say
-// how), and vgpu-runtime takes the tenant from its own name. When the
+// arguments, so runtime "vgpu-<tenant>" runs "<runtime path>-<tenant>", a
+// symlink to vgpu-runtime, which finds its tenant, socket and state
+// directory by that name in the runtime settings file; with
+// opts.SettingsPath the install writes both (else the Result's Notes say
+// how to make the link). When the
 // default runtime sets SystemdCgroup, the vgpu runtimes set it too, so all
 // containers use one cgroup driver.
 //
@@ -65,6 +67,10 @@ func InstallContainerd(opts InstallOptions) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	x, err := planExtras(opts, rts)
+	if err != nil {
+		return nil, err
+	}
 	r := &Result{
 		Path:      real,
 		Existed:   existed,
@@ -76,8 +82,8 @@ func InstallContainerd(opts InstallOptions) (*Result, error) {
 		Notes:     e.notes,
 	}
 	for _, rt := range rts {
-		if !missingBinary(rt.Binary) {
-			continue
+		if !missingBinary(rt.Binary) || (rt.Tenant != "" && opts.SettingsPath != "") {
+			continue // the install makes tenants' links
 		}
 		if rt.Tenant == "" {
 			r.Notes = append(r.Notes, fmt.Sprintf("%s does not exist yet: install vgpu-runtime there before starting containers with runtime %q", rt.Binary, rt.Name))
@@ -86,11 +92,11 @@ func InstallContainerd(opts InstallOptions) (*Result, error) {
 		r.Notes = append(r.Notes, fmt.Sprintf("runtime %q runs %s, which does not exist yet (runc.v2 options cannot pass --vgpu-tenant, so vgpu-runtime takes the tenant from its own name); create it: ln -s %s %s", rt.Name, rt.Binary, rt.Path, rt.Binary))
 	}
 	if !r.Changed {
-		return r, nil
+		return r, x.apply(r, opts.DryRun)
 	}
 	r.Restart = ContainerdRestart
 	if opts.DryRun {
-		return r, nil
+		return r, x.apply(r, true)
 	}
 	if e.rewritten && existed {
 		// The backup gets the old file's mode: a config may hold secrets.
@@ -110,7 +116,7 @@ func InstallContainerd(opts InstallOptions) (*Result, error) {
 		return nil, err
 	}
 	r.Written = true
-	return r, nil
+	return r, x.apply(r, false)
 }
 
 // tomlEdit is the outcome of editConfigTOML.

@@ -12,7 +12,7 @@ import (
 
 // DockerRestart is how dockerd picks up a changed "runtimes": it re-reads
 // daemon.json on SIGHUP, which systemd's docker.service sends on reload.
-const DockerRestart = "systemctl reload docker   # sends SIGHUP: dockerd re-reads daemon.json, running containers are not touched (or: systemctl restart docker)"
+const DockerRestart = "systemctl reload docker   # sends SIGHUP: dockerd re-reads daemon.json, running containers are not touched; without systemd: kill -HUP $(pidof dockerd)"
 
 // InstallDocker adds the vgpu runtimes to Docker's daemon.json:
 //
@@ -40,6 +40,10 @@ func InstallDocker(opts InstallOptions) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	x, err := planExtras(opts, rts)
+	if err != nil {
+		return nil, err
+	}
 	r := &Result{
 		Path:    real,
 		Existed: existed,
@@ -52,7 +56,7 @@ func InstallDocker(opts InstallOptions) (*Result, error) {
 		r.Notes = append(r.Notes, fmt.Sprintf("%s does not exist yet: install vgpu-runtime there before running containers with --runtime %s", rts[0].Path, RuntimeName))
 	}
 	if !r.Changed {
-		return r, nil
+		return r, x.apply(r, opts.DryRun)
 	}
 	r.Restart = DockerRestart
 	if !opts.DryRun {
@@ -61,7 +65,7 @@ func InstallDocker(opts InstallOptions) (*Result, error) {
 		}
 		r.Written = true
 	}
-	return r, nil
+	return r, x.apply(r, opts.DryRun)
 }
 
 // member is one "key": value of a JSON object, in file order; the value is

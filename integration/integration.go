@@ -120,6 +120,16 @@ type InstallOptions struct {
 	Tenants []string
 	// DryRun computes the result but writes nothing.
 	DryRun bool
+	// SettingsPath is the runtime settings file vgpu-runtime reads
+	// (runtimehook.DefaultSettingsFile for vgpuctl install): the install
+	// writes there, by runtime name, each runtime's tenant, socket and state
+	// directory, and makes the tenants' runtime links "<RuntimePath>-<tenant>".
+	// "" leaves the settings file and the links alone.
+	SettingsPath string
+	// Socket and StateDir are the mediator's socket and the containers'
+	// state directory the runtimes use ("" keeps what the settings file
+	// says, else vgpu-runtime's defaults). Only with SettingsPath.
+	Socket, StateDir string
 }
 
 // Result is what an install did, or, for a dry run, would do.
@@ -147,6 +157,10 @@ type Result struct {
 	// Restart is the command that makes the engine load the change, with
 	// what it does to running containers; "" when nothing changed.
 	Restart string
+	// Also are the runtime settings file and the tenants' runtime links
+	// (with InstallOptions.SettingsPath), changed or in place. vgpu-runtime
+	// reads them on every call: they need no restart.
+	Also []Change
 }
 
 // Diff returns the change as a unified diff of the file ("" when unchanged).

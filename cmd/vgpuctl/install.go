@@ -10,13 +10,18 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/integration"
+	runtimehook "github.com/vgpu/vgpu/runtime-hook"
 )
 
-const installUsage = `usage: vgpuctl install docker|containerd [--config PATH] [--runtime-path PATH] [--tenant NAME]... [--dry-run]
+const installUsage = `usage: vgpuctl install docker|containerd [--config PATH] [--runtime-path PATH] [--tenant NAME]...
+                       [--mediator-socket PATH] [--state-dir DIR] [--settings PATH] [--dry-run]
 
 Adds the OCI runtime "vgpu" (and "vgpu-NAME" per --tenant, bound to that
 tenant) to Docker's daemon.json or containerd's config.toml, keeping every
-other setting. Running it again changes nothing. It prints what to restart.
+other setting; writes vgpu-runtime's settings file (--settings), which says
+by runtime name the tenant, mediator socket and state directory, and makes
+the tenants' runtime links RUNTIME-PATH-NAME. Running it again changes
+nothing. It prints what to restart.
 `
 
 // tenantList is a repeatable --tenant flag.
@@ -36,6 +41,8 @@ type installArgs struct {
 	config, runtimePath *string
 	dryRun              *bool
 	tenants             tenantList
+	settings            *string
+	socket, stateDir    *string
 }
 
 func installFlags() (*flag.FlagSet, *installArgs) {
@@ -46,6 +53,10 @@ func installFlags() (*flag.FlagSet, *installArgs) {
 	a.runtimePath = fs.String("runtime-path", integration.DefaultRuntimePath, "path of vgpu-runtime")
 	a.dryRun = fs.Bool("dry-run", false, "print the change as a diff (or the new file); write nothing")
 	fs.Var(&a.tenants, "tenant", "also add runtime vgpu-`NAME`, bound to tenant NAME (repeatable)")
+	a.settings = fs.String("settings", runtimehook.DefaultSettingsFile, "vgpu-runtime's settings file to write (vgpu-runtime reads $"+runtimehook.SettingsFileEnv+" or this default)")
+	// Not --socket: that global flag is the mediator vgpuctl talks to.
+	a.socket = fs.String("mediator-socket", "", "the mediator socket the runtimes use (default: as the settings file has it, else "+runtimehook.DefaultOperatorSocket+")")
+	a.stateDir = fs.String("state-dir", "", "where the runtimes make containers' socket directories (default: as the settings file has it, else "+runtimehook.DefaultStateDir+")")
 	return fs, a
 }
 
@@ -65,10 +76,13 @@ func installTo(out io.Writer, args []string) error {
 		return fmt.Errorf("install %s: unexpected argument %q: %w", engine, fs.Arg(0), api.ErrInvalidArgument)
 	}
 	opts := integration.InstallOptions{
-		ConfigPath:  *a.config,
-		RuntimePath: *a.runtimePath,
-		Tenants:     a.tenants,
-		DryRun:      *a.dryRun,
+		ConfigPath:   *a.config,
+		RuntimePath:  *a.runtimePath,
+		Tenants:      a.tenants,
+		DryRun:       *a.dryRun,
+		SettingsPath: *a.settings,
+		Socket:       *a.socket,
+		StateDir:     *a.stateDir,
 	}
 	var (
 		r   *integration.Result
@@ -114,6 +128,16 @@ func printInstall(out io.Writer, r *integration.Result, dryRun bool) {
 	}
 	if r.Backup != "" {
 		fmt.Fprintf(out, "%s: the previous file is kept as %s\n", r.Path, r.Backup)
+	}
+	for _, c := range r.Also {
+		if diff := c.Diff(); dryRun && diff != "" {
+			fmt.Fprintf(out, "dry run: %s would change:\n\n%s\n", c.Path, diff)
+		}
+		action := c.Action
+		if dryRun && c.Changed {
+			action = "would be " + action
+		}
+		fmt.Fprintf(out, "%s: %s\n", c.Path, action)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(out, "note: %s\n", n)
