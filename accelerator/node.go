@@ -31,7 +31,8 @@
 //     table at every run, so a frame that changed hands since its
 //     registration is never touched through it.
 //   - When a connection ends, cleanly or not, every frame it held is scrubbed
-//     and freed. A frame is always taken out of the content index, unsealed,
+//     and freed; one that attached first waits for a reclaim for the
+//     reattach grace (reattach.go), and is scrubbed and freed after it. A frame is always taken out of the content index, unsealed,
 //     unaliased (its aliases given copies) and scrubbed before it can change
 //     hands.
 //   - A frame aliased to a sealed frame's memory (content.go) gets memory
@@ -140,6 +141,11 @@ type Node struct {
 	listeners []net.Listener
 	conns     map[net.Conn]struct{}
 	tenants   map[string]*tenantLimits // of tenants with live connections (limits.go)
+	// grace is how long an attached connection's frames are kept after it
+	// drops, parked by owner until reclaimed (reattach.go).
+	grace   time.Duration
+	parked  map[owner]*parkedConn
+	expired atomic.Uint64 // parked connections released at the end of their grace
 	// graphLimits bounds each connection's graphs (graph.go; tests lower it).
 	graphLimits graphLimits
 	closed      bool
@@ -150,7 +156,7 @@ type Node struct {
 // of FrameSize. backend names them in status ("sim").
 func New(backend string, devs []Device, log logrus.FieldLogger) (*Node, error) {
 	n := &Node{backend: backend, log: log, content: newContentIndex(), objects: newObjectTable(), conns: map[net.Conn]struct{}{},
-		tenants: map[string]*tenantLimits{}, graphLimits: graphLimits{MaxNodeGraphs, MaxNodeGraphLaunches, MaxNodeGraphExtents}}
+		tenants: map[string]*tenantLimits{}, grace: DefaultReattachGrace, parked: map[owner]*parkedConn{}, graphLimits: graphLimits{MaxNodeGraphs, MaxNodeGraphLaunches, MaxNodeGraphExtents}}
 	for i, d := range devs {
 		info := d.Info()
 		if info.Index != uint32(i) || info.Memory < FrameSize || info.Memory%FrameSize != 0 {
@@ -217,6 +223,8 @@ func (n *Node) Close() error {
 		c.Close()
 	}
 	n.mu.Unlock()
+	// Nothing is parked from here on: the frames kept for a reclaim go now.
+	n.releaseParked()
 	// Launches still queued fail, so their connections end promptly.
 	for _, d := range n.devs {
 		d.sched.close()
@@ -263,6 +271,10 @@ type conn struct {
 	exportExtents int
 	pushes        *pusher // from the handshake on (push.go)
 	graphs        connGraphs
+	// token is the secret a reclaim of this connection's frames must
+	// present, once it attached (reattach.go); set and read by its
+	// requests, which run one at a time, and by end after them.
+	token string
 }
 
 type request struct {
@@ -294,7 +306,7 @@ func (n *Node) serveConn(nc net.Conn) {
 	err := c.readLoop(queue)
 	close(queue)
 	<-done
-	c.releaseAll()
+	c.end() // releases its frames, or keeps them for a reclaim (reattach.go)
 	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 		c.log.Info("mediator disconnected")
 	} else {
@@ -609,6 +621,8 @@ func (c *conn) do(r request) error {
 		return d.Read(m.Extents, func(parts ...[]byte) error { return c.c.Reply(r.h, parts...) })
 	case api.OpNodeBatch:
 		return c.batch(r.h, r.body)
+	case api.OpNodeAttach:
+		return c.attach(r.h, r.body)
 	case api.OpNodeWrite, api.OpNodeFill, api.OpNodeCopy, api.OpNodeLaunch:
 		if err := c.apply(r.h.Op, r.body); err != nil {
 			return err

@@ -41,6 +41,10 @@ type SimOptions struct {
 	// RetainMax bounds the bytes of sealed frames retained per device
 	// (LimitRetention); 0: as many as free memory holds.
 	RetainMax uint64
+	// ReattachGrace is how long the frames of an attached mediator
+	// connection that dropped wait for a reclaim (SetReattachGrace; 0:
+	// DefaultReattachGrace, a negative value: no wait, freed at once).
+	ReattachGrace time.Duration
 }
 
 // StartSimWith is StartSim with options.
@@ -69,6 +73,9 @@ func StartSimWith(addr string, n int, size uint64, o SimOptions, log logrus.Fiel
 	}
 	node.SetRetention(!o.NoRetention)
 	node.LimitRetention(o.RetainMax)
+	if o.ReattachGrace != 0 {
+		node.SetReattachGrace(max(o.ReattachGrace, 0))
+	}
 	l, err := ListenTimeout(addr, o.TLS, mediatorTimeout)
 	if err != nil {
 		node.Close()

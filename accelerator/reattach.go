@@ -1,0 +1,178 @@
+package accelerator
+
+// Reattach: a mediator that restarts (a crash, a kill, an upgrade) must not
+// take its tenants' device memory with it. A connection that attached
+// (OpNodeAttach with Owner 0) gives the node a secret token; when such a
+// connection drops, the node keeps its frames, sealed state and tenant
+// accounting for the reattach grace, parked under its owner id, instead
+// of scrubbing and freeing them at once. A later connection of the same
+// tenant that presents the owner id and the token (OpNodeAttach with the
+// Owner) takes them over: it becomes that owner, and the node answers
+// with the frames it holds. Once the grace has passed with no reclaim,
+// the frames are scrubbed and freed as for any connection that ended.
+//
+// Invariants:
+//   - A parked owner is in Node.parked exactly until it is reclaimed or
+//     released; whoever takes it out of the map (a reclaim, the expiry's
+//     timer, Close) alone acts on it, so it is released at most once and
+//     never both released and reclaimed.
+//   - A parked owner stays joined to its tenant (limits.go), so its
+//     tenant's weight and cap, and the frames it holds against the
+//     device, count as before while it waits.
+//   - Shared objects a parked connection exported or imported end with
+//     the connection, as do its graphs: only frames are kept.
+//   - Only a connection that holds nothing yet (no frames) may reclaim,
+//     and only for its own tenant; a wrong token is refused with
+//     api.ErrPermissionDenied and the parked frames stay parked.
+
+import (
+	"crypto/subtle"
+	"fmt"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+// DefaultReattachGrace is how long a node keeps an attached connection's
+// frames after it dropped (SetReattachGrace).
+const DefaultReattachGrace = 60 * time.Second
+
+// minToken is the shortest token a connection may attach with: 128 bits
+// in hex.
+const minToken = 32
+
+// parkedConn is a dropped connection whose frames wait for a reclaim.
+type parkedConn struct {
+	c     *conn // ended: its reader and executor are done
+	timer *time.Timer
+	since time.Time
+}
+
+// SetReattachGrace sets how long the frames of an attached connection that
+// dropped are kept for a reclaim; 0 frees them at once, as for any other
+// connection. Set before Serve.
+func (n *Node) SetReattachGrace(d time.Duration) {
+	n.mu.Lock()
+	n.grace = d
+	n.mu.Unlock()
+}
+
+// Expired counts the parked connections whose grace ended without a
+// reclaim, their frames scrubbed and freed.
+func (n *Node) Expired() uint64 { return n.expired.Load() }
+
+// attach answers OpNodeAttach.
+func (c *conn) attach(h api.Header, body []byte) error {
+	var m api.NodeAttach
+	if err := decode(h.Op, body, &m); err != nil {
+		return err
+	}
+	if len(m.Token) < minToken {
+		return fmt.Errorf("attach: token of %d bytes, want at least %d: %w", len(m.Token), minToken, api.ErrInvalidArgument)
+	}
+	if m.Owner == 0 {
+		c.token = m.Token
+		return c.c.Reply(h, api.Encode(&api.NodeAttached{Owner: uint64(c.owner)}))
+	}
+	reply, err := c.reclaim(owner(m.Owner), m.Token)
+	if err != nil {
+		return err
+	}
+	return c.c.Reply(h, api.Encode(reply))
+}
+
+// reclaim makes c the parked connection o, whose token must be token:
+// c takes its owner id, and with it its frames and its place in its
+// tenant's accounting.
+func (c *conn) reclaim(o owner, token string) (*api.NodeAttached, error) {
+	n := c.node
+	for _, d := range n.devs {
+		if len(d.frames.ownedBy(c.owner)) > 0 {
+			return nil, fmt.Errorf("reclaim of connection %d: this connection holds frames already: %w", o, api.ErrInvalidArgument)
+		}
+	}
+	n.mu.Lock()
+	p := n.parked[o]
+	switch {
+	case p == nil:
+		n.mu.Unlock()
+		return nil, fmt.Errorf("reclaim of connection %d: the node keeps nothing of it (never attached, reclaimed already, or its %v grace ended and its frames were freed): %w",
+			o, n.grace, api.ErrUnavailable)
+	case p.c.tenant != c.tenant:
+		n.mu.Unlock()
+		return nil, fmt.Errorf("reclaim of connection %d of tenant %q by tenant %q: %w", o, p.c.tenant, c.tenant, api.ErrPermissionDenied)
+	case subtle.ConstantTimeCompare([]byte(p.c.token), []byte(token)) != 1:
+		n.mu.Unlock()
+		return nil, fmt.Errorf("reclaim of connection %d: the token does not match the one it attached with: %w", o, api.ErrPermissionDenied)
+	}
+	delete(n.parked, o)
+	p.timer.Stop() // its callback, if it runs, finds nothing parked
+	n.mu.Unlock()
+	// c's own owner id held nothing: it leaves the tenant, and c goes on
+	// as o, which never left it.
+	n.leaveTenant(c.tenant, c.owner)
+	c.owner, c.token, c.share.limits = o, token, p.c.share.limits
+	c.log = c.log.WithField("reclaimed", uint64(o))
+	reply := &api.NodeAttached{Owner: uint64(o)}
+	held := 0
+	for i, d := range n.devs {
+		fs := d.frames.ownedBy(o)
+		held += len(fs)
+		reply.Devices = append(reply.Devices, api.NodeFrames{Device: uint32(i), Frames: fs})
+	}
+	c.log.WithFields(logrus.Fields{"frames": held, "parked_for": time.Since(p.since).Round(time.Millisecond).String()}).
+		Info("mediator reclaimed the frames of its dropped connection")
+	return reply, nil
+}
+
+// end releases what an ended connection held, or parks it for the
+// reattach grace if it attached.
+func (c *conn) end() {
+	n := c.node
+	n.mu.Lock()
+	if c.token == "" || n.grace <= 0 || n.closed {
+		n.mu.Unlock()
+		c.releaseAll()
+		return
+	}
+	o := c.owner
+	p := &parkedConn{c: c, since: time.Now()}
+	p.timer = time.AfterFunc(n.grace, func() { n.expire(o, p) })
+	n.parked[o] = p
+	grace := n.grace
+	n.mu.Unlock()
+	// Its shared objects and graphs end with it; its frames wait.
+	n.dropObjects(c, nil, nil)
+	c.log.WithField("grace", grace.String()).Info("mediator connection dropped: its frames are kept for a reclaim")
+}
+
+// expire releases p, parked as o, if it is still parked.
+func (n *Node) expire(o owner, p *parkedConn) {
+	n.mu.Lock()
+	if n.parked[o] != p || n.closed {
+		n.mu.Unlock()
+		return
+	}
+	delete(n.parked, o)
+	n.wg.Add(1) // Close waits for the release
+	n.mu.Unlock()
+	defer n.wg.Done()
+	p.c.releaseAll()
+	n.expired.Add(1)
+	p.c.log.WithField("grace", n.grace.String()).Info("reattach grace ended with no reclaim: frames scrubbed and freed")
+}
+
+// releaseParked releases every parked connection; Close calls it once no
+// more can be parked.
+func (n *Node) releaseParked() {
+	n.mu.Lock()
+	ps := n.parked
+	n.parked = map[owner]*parkedConn{}
+	n.mu.Unlock()
+	for _, p := range ps {
+		p.timer.Stop()
+		p.c.releaseAll()
+	}
+}
