@@ -187,7 +187,11 @@ func WriteSpec(path string, spec *specs.Spec) (err error) {
 // stderr, and to runc's --log file in its --log-format (json or text), the
 // last error line of which containerd shows for a failed create.
 func (inv *Invocation) ReportError(stderr io.Writer, err error) {
-	msg := "vgpu-runtime: " + err.Error()
+	inv.report(stderr, "vgpu-runtime: "+err.Error())
+}
+
+// report writes msg as ReportError does.
+func (inv *Invocation) report(stderr io.Writer, msg string) {
 	fmt.Fprintln(stderr, msg)
 	if inv == nil || inv.Log == "" {
 		return

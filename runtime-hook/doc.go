@@ -20,6 +20,10 @@
 //     hooks too) of a container that asks for a vGPU is refused;
 //   - the hook's typed command line (HookConfig) and its work on createRuntime
 //     (register with the mediator) and poststop (release) (RunHook);
+//   - a refused registration's reason shown first: the hook writes the
+//     mediator's words as its first line (RefusedError), and the wrapper,
+//     runc's parent on the create of a container it attached (RunCreate),
+//     logs them as the error containerd and Docker show, runc's chain below;
 //   - the container's socket directory on the host, StateDir/namespace/id
 //     (SocketDir; "_" for no namespace). A container is named by its
 //     containerd namespace (the base name of runc's --root) and its id

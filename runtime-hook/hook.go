@@ -326,8 +326,12 @@ func register(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer
 		if rerr := RemoveSocketDir(cfg.StateDir, cfg.SocketDir); rerr != nil {
 			fmt.Fprintf(log, "vgpu-hook: container %s: %v\n", st.ID, rerr)
 		}
-		return fmt.Errorf("register container %s (namespace %q, tenant %q, memory %d, compute %d, devices %d): %w",
-			st.ID, cfg.Namespace, cfg.Tenant, cfg.Memory, cfg.Compute, cfg.Devices, err)
+		req := fmt.Sprintf("register container %s (namespace %q, tenant %q, memory %d, compute %d, devices %d)",
+			st.ID, cfg.Namespace, cfg.Tenant, cfg.Memory, cfg.Compute, cfg.Devices)
+		if rerr, ok := errors.AsType[*api.RemoteError](err); ok {
+			return &RefusedError{Reason: rerr.Msg, Request: req, Err: err}
+		}
+		return fmt.Errorf("%s: %w", req, err)
 	}
 	fmt.Fprintf(log, "vgpu-hook: container %s registered: tenant %q, memory %s, socket %s\n",
 		st.ID, reply.Tenant, api.FormatSize(reply.Memory), reply.Socket)

@@ -275,6 +275,11 @@ func TestHookRegisterRefused(t *testing.T) {
 			t.Errorf("stderr %q lacks %q", stderr, part)
 		}
 	}
+	// The mediator's reason is the first line, for vgpu-runtime to find in
+	// runc's error and show first.
+	if first, _, _ := strings.Cut(stderr, "\n"); first != "vgpu-hook: the mediator refused the container: "+f.regErr.Error() {
+		t.Errorf("first line %q; want the mediator's reason", first)
+	}
 	if _, err := os.Lstat(c.cfg.SocketDir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket directory left after a refusal: %v", err)
 	}

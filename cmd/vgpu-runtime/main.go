@@ -88,12 +88,18 @@ func main() {
 	if err := inv.Settings(self); err != nil {
 		fail(inv, err)
 	}
+	attached := false
 	if inv.FromBundle() {
-		if _, err := runtimehook.EditBundle(inv); err != nil {
+		if attached, err = runtimehook.EditBundle(inv); err != nil {
 			fail(inv, err)
 		}
 	}
 	argv := append([]string{inv.Runtime}, inv.Args...)
+	if attached && inv.Command == "create" {
+		// The hook registers the container inside runc: staying runc's
+		// parent lets a refusal's reason be the error the caller shows.
+		os.Exit(inv.RunCreate(argv))
+	}
 	err = syscall.Exec(inv.Runtime, argv, os.Environ())
 	fail(inv, fmt.Errorf("exec %s: %v: %w", inv.Runtime, err, api.ErrUnavailable))
 }

@@ -63,6 +63,14 @@ func TestDockerOverQuotaRequestFailsClearly(t *testing.T) {
 		t.Fatalf("docker run failed (%v) without the mediator's quota-exceeded message:\n%s", err, out)
 	}
 	t.Logf("docker run's refusal:\n%s", strings.TrimSpace(out))
+	// The mediator's reason is on the first line, right after Docker's own
+	// words, not at the end of runc's chain of hook errors.
+	first, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
+	if !strings.Contains(first, "OCI runtime create failed: vgpu: the mediator refused the container: ") ||
+		!strings.Contains(first, `tenant "team-a": requested 1073741824 bytes (1.0 GiB)`) || !strings.Contains(first, "quota exceeded") ||
+		strings.Contains(first, "error running hook") {
+		t.Errorf("the first line of docker run's output is not the mediator's reason:\n%s", first)
+	}
 	if ids := lines(h.docker(t, "ps", "-aq", "--filter", "name="+name)); len(ids) > 0 {
 		t.Errorf("the refused container is left in docker: %v", ids)
 	}
