@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
@@ -24,6 +26,7 @@ import (
 	"github.com/vgpu/vgpu/internal/version"
 	"github.com/vgpu/vgpu/isolation"
 	"github.com/vgpu/vgpu/mediator"
+	"github.com/vgpu/vgpu/statuspage"
 )
 
 type nodeList []string
@@ -57,6 +60,9 @@ func main() {
 	dedup := flag.Bool("dedup", true, "send a sealed weight's 2 MiB pieces a node already holds as references, not bytes (a tenant can then tell that contents it has exist on the node)")
 	var tenantBW uint64
 	flag.Func("tenant-bandwidth", "bytes per second each tenant not in the quota file may copy, e.g. 1GiB (0: no cap)", func(v string) (err error) { tenantBW, err = api.ParseSize(v); return err })
+	page := statuspage.Config{}
+	flag.StringVar(&page.Addr, "http", "", "serve the operator's status page (nodes, devices, tenants, sessions, charts; /status.json) on this address, such as 127.0.0.1:8080 (\"\": don't)")
+	flag.BoolVar(&page.AllowRemote, "http-remote", false, "let --http listen beyond loopback: the page has no authentication and shows every tenant and container")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -98,7 +104,7 @@ func main() {
 	} else {
 		cfg.CacheMemory = int64(n)
 	}
-	if err := run(cfg, sock, *embMem, *embDevs, *containerd, *level); err != nil {
+	if err := run(cfg, sock, *embMem, *embDevs, *containerd, *level, page); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(1)
 	}
@@ -184,7 +190,7 @@ func defaultStateDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("vgpu-%d", os.Geteuid()))
 }
 
-func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, containerd, level string) error {
+func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, containerd, level string, page statuspage.Config) error {
 	log, err := daemon.Logger("vgpu-mediator", level)
 	if err != nil {
 		return err
@@ -217,6 +223,14 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 			log.WithError(err).Error("stopped serving")
 		}
 	}()
+	if page.Addr != "" {
+		page.Log = log.WithField("component", "statuspage")
+		stop, err := startStatusPage(page, sock.path)
+		if err != nil {
+			return err
+		}
+		defer stop() // before the mediator closes: the page asks it until then
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if containerd != "" {
@@ -229,4 +243,21 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 	log.WithFields(map[string]any{"socket": sock.path, "nodes": cfg.Nodes, "node_tls": cfg.NodeTLS != nil, "node_timeout": cfg.NodeTimeout.String()}).Info("serving")
 	daemon.RunUntilStopped(log, m.Reload)
 	return nil
+}
+
+// startStatusPage serves --http with snapshots from the mediator's own
+// operator socket, what vgpuctl status reads; stop ends it.
+func startStatusPage(cfg statuspage.Config, socket string) (stop func(), err error) {
+	// Twice the longest a status waits for a node (5s): a wedged mediator
+	// leaves the page's "sampled at" time behind, not a hung sampler.
+	src := statuspage.NewOperatorSource(socket, 10*time.Second)
+	cfg.Source = src
+	page, err := statuspage.Start(cfg)
+	if errors.Is(err, api.ErrPermissionDenied) {
+		return nil, fmt.Errorf("--http %s (--http-remote allows it): %w", cfg.Addr, err)
+	} else if err != nil {
+		return nil, fmt.Errorf("--http %s: %w", cfg.Addr, err)
+	}
+	cfg.Log.WithField("address", page.Addr().String()).Info("serving the status page")
+	return func() { page.Close(); src.Close() }, nil
 }
