@@ -42,6 +42,7 @@ type Invocation struct {
 	Hook     string // --vgpu-hook: vgpu-hook
 	StateDir string // --vgpu-state: where containers' socket directories go
 	Config   string // --vgpu-config: the runtime settings file (Resolve)
+	Smi      string // --vgpu-smi: vgpu-smi, mounted into each container it attaches (smi.go)
 
 	// RuntimeName is the settings file's runtime the wrapper was run as
 	// (Resolve); "" when its name resolved without the file.
@@ -72,6 +73,7 @@ var wrapperFlags = map[string]func(*Invocation) *string{
 	"--vgpu-hook":    func(i *Invocation) *string { return &i.Hook },
 	"--vgpu-state":   func(i *Invocation) *string { return &i.StateDir },
 	"--vgpu-config":  func(i *Invocation) *string { return &i.Config },
+	"--vgpu-smi":     func(i *Invocation) *string { return &i.Smi },
 }
 
 // valueFlags lists, for runc's global flags ("") and for the subcommands
@@ -133,7 +135,7 @@ func ParseArgs(args []string) (*Invocation, error) {
 			name, value, hasValue := strings.Cut(arg, "=")
 			dst, known := wrapperFlags[name]
 			if !known {
-				return nil, fmt.Errorf("unknown wrapper flag %s (have --vgpu-tenant, --vgpu-runtime, --vgpu-socket, --vgpu-hook, --vgpu-state, --vgpu-config): %w",
+				return nil, fmt.Errorf("unknown wrapper flag %s (have --vgpu-tenant, --vgpu-runtime, --vgpu-socket, --vgpu-hook, --vgpu-state, --vgpu-config, --vgpu-smi): %w",
 					name, api.ErrInvalidArgument)
 			}
 			if !hasValue {
@@ -230,7 +232,7 @@ func (inv *Invocation) Settings(self string) error {
 		return fmt.Errorf("--vgpu-hook %q: want an absolute path: %w", inv.Hook, api.ErrInvalidArgument)
 	}
 	inv.Hook = filepath.Clean(inv.Hook)
-	return nil
+	return inv.smiSetting(self)
 }
 
 // CheckHook checks that the hook is an executable file; the wrapper does so

@@ -69,7 +69,7 @@ func EditBundle(inv *Invocation) (bool, error) {
 	}
 	// The spec is edited in memory first: a refusal there leaves nothing
 	// on the host.
-	a := Attach{Request: req, ID: inv.ID, Namespace: inv.Namespace(), Socket: inv.Socket, Hook: inv.Hook, StateDir: inv.StateDir}
+	a := Attach{Request: req, ID: inv.ID, Namespace: inv.Namespace(), Socket: inv.Socket, Hook: inv.Hook, StateDir: inv.StateDir, Smi: inv.Smi}
 	if err := a.Modifiers().Modify(&spec); err != nil {
 		return false, fmt.Errorf("container %s: %w", inv.ID, err)
 	}

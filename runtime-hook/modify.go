@@ -160,6 +160,7 @@ type Attach struct {
 	Socket    string // the mediator's operator socket, on the host
 	Hook      string // absolute path of vgpu-hook, on the host
 	StateDir  string // host directory that holds the containers' socket directories
+	Smi       string // vgpu-smi on the host, mounted at ContainerSmi; "": none
 }
 
 // SocketDir is the container's socket directory on the host:
@@ -167,7 +168,8 @@ type Attach struct {
 func (a Attach) SocketDir() string { return SocketDir(a.StateDir, a.Namespace, a.ID) }
 
 // Modifiers returns the chain of edits that attach the container: its
-// socket directory mounted, the client's environment, and the hooks.
+// socket directory mounted, the client's environment, the hooks, and
+// vgpu-smi where the runtime has it.
 func (a Attach) Modifiers() Chain {
 	reg := HookConfig{
 		Stage:     StageCreateRuntime,
@@ -187,7 +189,7 @@ func (a Attach) Modifiers() Chain {
 		SocketDir: a.SocketDir(),
 		StateDir:  a.StateDir,
 	}
-	return Chain{
+	chain := Chain{
 		SocketMount{Source: a.SocketDir()},
 		SetEnv{
 			EnvSocket + "=" + ContainerSocket,
@@ -196,4 +198,8 @@ func (a Attach) Modifiers() Chain {
 		AddHook{Stage: StageCreateRuntime, Hook: reg.Spec(a.Hook)},
 		AddHook{Stage: StagePoststop, Hook: rel.Spec(a.Hook)},
 	}
+	if a.Smi != "" {
+		chain = append(chain, SmiMount{Source: a.Smi})
+	}
+	return chain
 }

@@ -4,10 +4,10 @@
 // create (and run) first attaches a container that asks for a vGPU to the
 // mediator by editing its config.json; it refuses to restore one from a
 // checkpoint. Its own flags are --vgpu-tenant, --vgpu-runtime,
-// --vgpu-socket, --vgpu-hook, --vgpu-state and --vgpu-config (--help). The
-// name it is run as says which runtime it is, through the settings file
-// vgpuctl install writes (/etc/vgpu/runtime.toml); a name it cannot resolve
-// makes it refuse to create containers. See package runtimehook.
+// --vgpu-socket, --vgpu-hook, --vgpu-state, --vgpu-config and --vgpu-smi
+// (--help). The name it is run as says which runtime it is, through the
+// settings file vgpuctl install writes (/etc/vgpu/runtime.toml); a name it
+// cannot resolve makes it refuse to create containers. See package runtimehook.
 package main
 
 import (
@@ -25,7 +25,7 @@ import (
 // help is what a lone --help or -h prints. Anything else, --help among
 // other arguments included, is the real runtime's to answer.
 var help = `usage: vgpu-runtime [--vgpu-tenant NAME] [--vgpu-runtime PATH] [--vgpu-socket PATH]
-                    [--vgpu-hook PATH] [--vgpu-state DIR] [--vgpu-config PATH]
+                    [--vgpu-hook PATH] [--vgpu-state DIR] [--vgpu-config PATH] [--vgpu-smi PATH]
                     RUNTIME-ARGUMENTS...
 
 An OCI runtime wrapper: it passes every argument but its own --vgpu-* flags
@@ -46,6 +46,8 @@ flags (anywhere among the runtime's arguments, "--vgpu-x V" or "--vgpu-x=V"):
   --vgpu-socket PATH    the mediator's operator socket (default ` + runtimehook.DefaultOperatorSocket + `)
   --vgpu-hook PATH      vgpu-hook, put in the spec of each container it attaches
                         (default: beside this binary)
+  --vgpu-smi PATH       vgpu-smi, mounted read-only at ` + runtimehook.ContainerSmi + ` in each
+                        container it attaches (default: beside this binary, if there)
   --vgpu-state DIR      where containers' socket directories are made
                         (default ` + runtimehook.DefaultStateDir + `)
   --version             this wrapper's version, then the real runtime's
