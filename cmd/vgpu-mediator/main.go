@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
@@ -190,12 +192,20 @@ func defaultStateDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("vgpu-%d", os.Geteuid()))
 }
 
-func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, containerd, level string, page statuspage.Config) error {
+func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, containerd, level string, pageCfg statuspage.Config) error {
 	log, err := daemon.Logger("vgpu-mediator", level)
 	if err != nil {
 		return err
 	}
 	cfg.Log = log
+	var page *statuspage.Server
+	if pageCfg.Addr != "" {
+		// Before anything starts, so that a taken port stops the mediator at once.
+		if page, err = listenStatusPage(pageCfg, sock.path, log); err != nil {
+			return err
+		}
+		defer page.Close()
+	}
 	if len(cfg.Nodes) == 0 {
 		size, err := api.ParseSize(embMem)
 		if err != nil {
@@ -223,13 +233,8 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 			log.WithError(err).Error("stopped serving")
 		}
 	}()
-	if page.Addr != "" {
-		page.Log = log.WithField("component", "statuspage")
-		stop, err := startStatusPage(page, sock.path)
-		if err != nil {
-			return err
-		}
-		defer stop() // before the mediator closes: the page asks it until then
+	if page != nil {
+		page.Serve()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -242,22 +247,26 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 	}
 	log.WithFields(map[string]any{"socket": sock.path, "nodes": cfg.Nodes, "node_tls": cfg.NodeTLS != nil, "node_timeout": cfg.NodeTimeout.String()}).Info("serving")
 	daemon.RunUntilStopped(log, m.Reload)
+	if page != nil {
+		page.Close() // before the mediator: the page asks it until then
+	}
 	return nil
 }
 
-// startStatusPage serves --http with snapshots from the mediator's own
-// operator socket, what vgpuctl status reads; stop ends it.
-func startStatusPage(cfg statuspage.Config, socket string) (stop func(), err error) {
+// listenStatusPage listens for --http; the page's snapshots come from the
+// mediator's own operator socket, what vgpuctl status reads.
+func listenStatusPage(cfg statuspage.Config, socket string, log *logrus.Entry) (*statuspage.Server, error) {
 	// Twice the longest a status waits for a node (5s): a wedged mediator
-	// leaves the page's "sampled at" time behind, not a hung sampler.
-	src := statuspage.NewOperatorSource(socket, 10*time.Second)
-	cfg.Source = src
-	page, err := statuspage.Start(cfg)
+	// leaves the page's "sampled at" time behind, not a hung sampler. Its
+	// connection ends with the mediator.
+	cfg.Source = statuspage.NewOperatorSource(socket, 10*time.Second)
+	cfg.Log = log.WithField("component", "statuspage")
+	page, err := statuspage.Listen(cfg)
 	if errors.Is(err, api.ErrPermissionDenied) {
 		return nil, fmt.Errorf("--http %s (--http-remote allows it): %w", cfg.Addr, err)
 	} else if err != nil {
 		return nil, fmt.Errorf("--http %s: %w", cfg.Addr, err)
 	}
-	cfg.Log.WithField("address", page.Addr().String()).Info("serving the status page")
-	return func() { page.Close(); src.Close() }, nil
+	log.WithField("address", page.Addr().String()).Info("serving the status page")
+	return page, nil
 }
