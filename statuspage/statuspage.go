@@ -11,7 +11,7 @@
 // browser's refreshes never reach the mediator or its nodes and a slow node
 // slows the samples, not the page.
 //
-// The page is for operators, like the operator socket: Start refuses an
+// The page is for operators, like the operator socket: Listen refuses an
 // address that is not loopback unless Config.AllowRemote says the operator
 // means it, and with a loopback address requests must name a loopback host
 // (a DNS-rebinding page in the operator's browser names its own).
@@ -74,7 +74,8 @@ type Snapshot struct {
 	History []Sample `json:"history,omitempty"`
 }
 
-// Server is a running status page.
+// Server is a status page: listening after Listen, serving after Serve,
+// until Close.
 type Server struct {
 	cfg    Config
 	l      net.Listener
@@ -83,15 +84,21 @@ type Server struct {
 	stop   context.CancelFunc
 	done   chan struct{} // closed when the sampler has returned
 
+	serveOnce sync.Once // Serve's start, and stop's set
+	closeOnce sync.Once
+	closeErr  error // Close's result, set once
+
 	mu   sync.Mutex
 	last Snapshot      // guarded by mu: the newest, without History
 	hist *Ring[Sample] // guarded by mu
 }
 
-// Start listens on cfg.Addr, takes a first sample (so the first page has
-// data) and serves until Close. A taken port, or an address that is not
-// loopback without AllowRemote, is an error that names the address.
-func Start(cfg Config) (*Server, error) {
+// Listen checks cfg and listens on cfg.Addr; Serve then serves. A taken
+// port, or an address that is not loopback without AllowRemote, is an
+// error that names the address. The mediator listens before it starts
+// anything else, so that such a mistake stops it at once, and serves once
+// its socket answers.
+func Listen(cfg Config) (*Server, error) {
 	if cfg.Source == nil {
 		return nil, fmt.Errorf("status page: no source: %w", api.ErrInvalidArgument)
 	}
@@ -123,40 +130,58 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, l: l, served: make(chan struct{}), done: make(chan struct{}),
 		hist: NewRing[Sample](int(cfg.Window/cfg.Interval) + 1)}
-	s.sample(time.Now())
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", s.page("page"))
 	mux.HandleFunc("GET /live", s.page("live"))
 	mux.HandleFunc("GET /status.json", s.statusJSON)
 	s.srv = &http.Server{Handler: s.checkHost(mux), ReadHeaderTimeout: 10 * time.Second}
-	ctx, stop := context.WithCancel(context.Background())
-	s.stop = stop
-	go func() {
-		defer close(s.served)
-		if err := s.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			cfg.Log.WithError(err).Error("status page stopped serving")
-		}
-	}()
-	go s.sampler(ctx)
 	return s, nil
+}
+
+// Serve takes a first sample, so that the first page has data, and serves
+// until Close, in goroutines of its own. Later calls do nothing.
+func (s *Server) Serve() {
+	s.serveOnce.Do(func() {
+		s.sample(time.Now())
+		ctx, stop := context.WithCancel(context.Background())
+		s.stop = stop
+		go func() {
+			defer close(s.served)
+			if err := s.srv.Serve(s.l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.cfg.Log.WithError(err).Error("status page stopped serving")
+			}
+		}()
+		go s.sampler(ctx)
+	})
 }
 
 // Addr is the address the page is served on.
 func (s *Server) Addr() net.Addr { return s.l.Addr() }
 
-// Close stops serving: it lets requests in flight finish for a moment,
-// then cuts them, and stops the sampler. The Source is the caller's.
+// Close stops listening and serving: it lets requests in flight finish for
+// a moment, then cuts them, and stops the sampler. The Source is the
+// caller's. Later calls return the first one's result.
 func (s *Server) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer cancel()
-	err := s.srv.Shutdown(ctx)
-	if errors.Is(err, context.DeadlineExceeded) {
-		err = s.srv.Close()
-	}
-	<-s.served
-	s.stop()
-	<-s.done
-	return err
+	s.closeOnce.Do(func() {
+		// Once this returns, a Serve before has finished starting and one
+		// after does nothing.
+		s.serveOnce.Do(func() {})
+		if s.stop == nil { // never served
+			s.closeErr = s.l.Close()
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		defer cancel()
+		err := s.srv.Shutdown(ctx)
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = s.srv.Close()
+		}
+		<-s.served
+		s.stop()
+		<-s.done
+		s.closeErr = err
+	})
+	return s.closeErr
 }
 
 // sampler samples every interval until ctx ends.

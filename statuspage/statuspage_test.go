@@ -64,10 +64,11 @@ func startPage(t *testing.T, socket string) *statuspage.Server {
 	t.Helper()
 	src := statuspage.NewOperatorSource(socket, 5*time.Second)
 	t.Cleanup(func() { src.Close() })
-	p, err := statuspage.Start(statuspage.Config{Addr: "127.0.0.1:0", Source: src, Interval: 50 * time.Millisecond, Window: 10 * time.Second, Log: quietLog()})
+	p, err := statuspage.Listen(statuspage.Config{Addr: "127.0.0.1:0", Source: src, Interval: 50 * time.Millisecond, Window: 10 * time.Second, Log: quietLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.Serve()
 	t.Cleanup(func() { p.Close() })
 	return p
 }
@@ -131,7 +132,7 @@ func TestServesTheMediatorsStatus(t *testing.T) {
 	p := startPage(t, socket)
 	base := "http://" + p.Addr().String()
 
-	// The first page has data: Start sampled before serving.
+	// The first page has data: Serve sampled before serving.
 	code, html := get(t, base+"/")
 	if code != http.StatusOK || !strings.Contains(html, `data-tenant="alice"`) || !strings.Contains(html, "8.0 MiB") {
 		t.Fatalf("/: %d, want the page with alice's 8 MiB:\n%s", code, html)
@@ -197,22 +198,29 @@ func TestRefusesATakenPortAndAnAddressBeyondLoopback(t *testing.T) {
 	}
 	defer taken.Close()
 	addr := taken.Addr().String()
-	_, err = statuspage.Start(statuspage.Config{Addr: addr, Source: src, Log: quietLog()})
+	_, err = statuspage.Listen(statuspage.Config{Addr: addr, Source: src, Log: quietLog()})
 	if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "address already in use") {
 		t.Fatalf("a taken port: %v, want an error naming %s in use", err, addr)
 	}
 	for _, a := range []string{"0.0.0.0:0", ":0"} {
-		_, err := statuspage.Start(statuspage.Config{Addr: a, Source: src, Log: quietLog()})
+		_, err := statuspage.Listen(statuspage.Config{Addr: a, Source: src, Log: quietLog()})
 		if !errors.Is(err, api.ErrPermissionDenied) || !strings.Contains(err.Error(), a) {
 			t.Fatalf("%s without AllowRemote: %v, want permission denied naming it", a, err)
 		}
 	}
-	p, err := statuspage.Start(statuspage.Config{Addr: "0.0.0.0:0", AllowRemote: true, Source: src, Log: quietLog()})
+	p, err := statuspage.Listen(statuspage.Config{Addr: "0.0.0.0:0", AllowRemote: true, Source: src, Log: quietLog()})
 	if err != nil {
 		t.Fatalf("0.0.0.0:0 with AllowRemote: %v", err)
 	}
-	p.Close()
-	if _, err := statuspage.Start(statuspage.Config{Addr: "127.0.0.1:0", Log: quietLog()}); !errors.Is(err, api.ErrInvalidArgument) {
+	// Closed without serving, it listens no more.
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := net.Dial("tcp", p.Addr().String()); err == nil {
+		c.Close()
+		t.Fatalf("%s still accepts after Close", p.Addr())
+	}
+	if _, err := statuspage.Listen(statuspage.Config{Addr: "127.0.0.1:0", Log: quietLog()}); !errors.Is(err, api.ErrInvalidArgument) {
 		t.Fatalf("no source: %v, want invalid argument", err)
 	}
 }
@@ -224,10 +232,11 @@ func TestClosesWhileBrowsersAsk(t *testing.T) {
 	socket, _ := startMediator(t)
 	src := statuspage.NewOperatorSource(socket, 5*time.Second)
 	defer src.Close()
-	p, err := statuspage.Start(statuspage.Config{Addr: "127.0.0.1:0", Source: src, Interval: 20 * time.Millisecond, Window: time.Second, Log: quietLog()})
+	p, err := statuspage.Listen(statuspage.Config{Addr: "127.0.0.1:0", Source: src, Interval: 20 * time.Millisecond, Window: time.Second, Log: quietLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.Serve()
 	base := "http://" + p.Addr().String()
 	var whole, refused atomic.Int64
 	var bad sync.Map
@@ -275,6 +284,9 @@ func TestClosesWhileBrowsersAsk(t *testing.T) {
 	bad.Range(func(k, _ any) bool { t.Errorf("answer neither whole nor refused: %s", k); return true })
 	if _, err := http.Get(base + "/"); err == nil {
 		t.Errorf("the page still serves after Close")
+	}
+	if err := p.Close(); err != nil {
+		t.Errorf("a second Close: %v", err)
 	}
 	t.Logf("%d whole answers, %d refused", whole.Load(), refused.Load())
 }
