@@ -148,8 +148,11 @@ type Node struct {
 	expired atomic.Uint64 // parked connections released at the end of their grace
 	// graphLimits bounds each connection's graphs (graph.go; tests lower it).
 	graphLimits graphLimits
-	closed      bool
-	wg          sync.WaitGroup
+	// requests is told of each reply to a request (SimOptions.Requests);
+	// set before Serve.
+	requests api.ReplyObserver
+	closed   bool
+	wg       sync.WaitGroup
 }
 
 // New returns a node that serves devs, whose memory sizes must be multiples
@@ -289,6 +292,9 @@ var bodyPool = sync.Pool{New: func() any { b := make([]byte, api.MaxBody); retur
 
 func (n *Node) serveConn(nc net.Conn) {
 	c := &conn{node: n, c: api.NewConn(nc), log: n.log.WithField("peer", nc.RemoteAddr().String())}
+	if n.requests != nil {
+		c.c.Observe(n.requests)
+	}
 	defer nc.Close()
 	if err := c.handshake(); err != nil {
 		c.log.WithError(err).Info("handshake refused")

@@ -45,6 +45,9 @@ type SimOptions struct {
 	// connection that dropped wait for a reclaim (SetReattachGrace; 0:
 	// DefaultReattachGrace, a negative value: no wait, freed at once).
 	ReattachGrace time.Duration
+	// Requests, when set, is told of every reply to a mediator's request
+	// (metrics of latency and errors by operation).
+	Requests api.ReplyObserver
 }
 
 // StartSimWith is StartSim with options.
@@ -76,6 +79,7 @@ func StartSimWith(addr string, n int, size uint64, o SimOptions, log logrus.Fiel
 	if o.ReattachGrace != 0 {
 		node.SetReattachGrace(max(o.ReattachGrace, 0))
 	}
+	node.requests = o.Requests
 	l, err := ListenTimeout(addr, o.TLS, mediatorTimeout)
 	if err != nil {
 		node.Close()

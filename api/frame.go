@@ -48,6 +48,9 @@ type Header struct {
 	Op    Op
 	Flags uint16
 	ID    uint64
+	// read is when a Conn with an observer read this request (observe.go);
+	// 0 otherwise. Not on the wire.
+	read int64
 }
 
 // Conn frames a byte stream. Reads are for one goroutine at a time; writes
@@ -63,6 +66,7 @@ type Conn struct {
 
 	sent, recv atomic.Uint64 // frame bytes written and read
 	holds      atomic.Int32  // Hold calls not yet released: writes stay buffered
+	obs        ReplyObserver // told of each reply to a request read here; set before the first read (Observe)
 }
 
 // Hold keeps frames written from now on in the connection's buffer, so that
@@ -138,6 +142,9 @@ func (c *Conn) ReadHeader() (Header, error) {
 		Op:    Op(binary.LittleEndian.Uint16(c.hdr[4:])),
 		Flags: binary.LittleEndian.Uint16(c.hdr[6:]),
 		ID:    binary.LittleEndian.Uint64(c.hdr[8:]),
+	}
+	if c.obs != nil && h.Flags&(FlagReply|FlagPush) == 0 {
+		h.read = monotonic()
 	}
 	if h.Len > MaxBody {
 		return h, fmt.Errorf("frame %d (%v) announces a %d-byte body, limit %d: %w", h.ID, h.Op, h.Len, MaxBody, ErrProtocol)
@@ -256,7 +263,9 @@ func (c *Conn) Push(op Op, body []byte) error {
 
 // Reply answers request h with a body made of parts.
 func (c *Conn) Reply(h Header, parts ...[]byte) error {
-	return c.WriteFrame(h.Op, FlagReply, h.ID, parts...)
+	err := c.WriteFrame(h.Op, FlagReply, h.ID, parts...)
+	c.observe(h, CodeOK)
+	return err
 }
 
 // ReplyError answers request h with err's code and message, cut to
@@ -269,7 +278,9 @@ func (c *Conn) ReplyError(h Header, err error) error {
 	e := Encoder{}
 	e.U16(uint16(CodeOf(err)))
 	e.String(cutMessage(err.Error()))
-	return c.WriteFrame(h.Op, FlagReply|FlagError, h.ID, e.B)
+	werr := c.WriteFrame(h.Op, FlagReply|FlagError, h.ID, e.B)
+	c.observe(h, CodeOf(err))
+	return werr
 }
 
 // cutMessage fits msg in MaxString bytes. A message of several lines (every

@@ -91,6 +91,23 @@ type TenantStatus struct {
 	CopiedIn    uint64  `json:"copied_in_bytes"`
 	CopiedOut   uint64  `json:"copied_out_bytes"`
 	Launches    uint64  `json:"launches"`
+	// SharedHits and SharedMisses count the session's reads of imported
+	// shared buffers served from the host's page cache, and those that had
+	// to ask the buffer's home node.
+	SharedHits   uint64 `json:"shared_hits"`
+	SharedMisses uint64 `json:"shared_misses"`
+	// Links are the bytes of frames the session moved over each of its
+	// connections: its socket, and one per node its devices are on.
+	Links []LinkStatus `json:"links,omitempty"`
+}
+
+// LinkStatus is what a session sent and received over one connection, frame
+// headers included. Peer is "socket" for the tenant's own connection, else
+// "node ADDR".
+type LinkStatus struct {
+	Peer     string `json:"peer"`
+	Sent     uint64 `json:"sent_bytes"`
+	Received uint64 `json:"received_bytes"`
 }
 
 // TenantInfo is a tenant's limits from the quota file and its current use

@@ -643,9 +643,18 @@ func peerCred(nc net.Conn) (*unix.Ucred, error) {
 	return cred, cerr
 }
 
-// tenantsJSON lists tenants with limits, containers, reservations and the
-// memory their sessions hold.
+// tenantsJSON is Tenants for OpTenants.
 func (m *Mediator) tenantsJSON() ([]byte, error) {
+	b, err := json.Marshal(m.Tenants())
+	if err != nil {
+		return nil, fmt.Errorf("encode tenants: %v: %w", err, api.ErrInternal)
+	}
+	return b, nil
+}
+
+// Tenants lists tenants with limits, containers, reservations and the
+// memory their sessions hold, by name.
+func (m *Mediator) Tenants() []api.TenantInfo {
 	infos := m.admission.Tenants()
 	held, charged := map[string]uint64{}, map[string]uint64{}
 	m.mu.Lock()
@@ -670,11 +679,7 @@ func (m *Mediator) tenantsJSON() ([]byte, error) {
 		}
 	}
 	sort.Slice(infos, func(i, j int) bool { return infos[i].Name < infos[j].Name })
-	b, err := json.Marshal(infos)
-	if err != nil {
-		return nil, fmt.Errorf("encode tenants: %v: %w", err, api.ErrInternal)
-	}
-	return b, nil
+	return infos
 }
 
 // admitPeer checks that the process on the other end of a connection to a

@@ -101,7 +101,10 @@ type Config struct {
 	// NoDedup turns off deduplication of sealed weights (dedup.go): a
 	// tenant then cannot learn whether a node holds contents it uploads.
 	NoDedup bool
-	Log     logrus.FieldLogger
+	// Requests, when set, is told of every reply to a tenant's or an
+	// operator's request (metrics of latency and errors by operation).
+	Requests api.ReplyObserver
+	Log      logrus.FieldLogger
 }
 
 // device is a physical device of some node, as the mediator places work.

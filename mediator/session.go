@@ -118,6 +118,9 @@ func (m *Mediator) serveConn(nc net.Conn, ctr *container, greeted func()) {
 	} else {
 		c = api.NewConn(withReplyTimeout(nc))
 	}
+	if m.cfg.Requests != nil {
+		c.Observe(m.cfg.Requests)
+	}
 	defer c.Close()
 	log := m.log.WithField("conn", fmt.Sprintf("%p", nc))
 	h, hello, err := api.ReadHello(c, time.Now().Add(HandshakeTimeout), "mediator")
@@ -649,7 +652,33 @@ func (s *session) status() api.TenantStatus {
 		Resident: st.Resident, Evicted: st.Evicted,
 		TLBHitRate: hitRate(st.TLBHits, st.TLBMisses),
 		CopiedIn:   s.copiedIn.Load(), CopiedOut: s.copiedOut.Load(), Launches: s.launches.Load(),
+		SharedHits: s.sharedHits.Load(), SharedMisses: s.sharedMisses.Load(), Links: s.links(),
 	}
+}
+
+// links reports the bytes moved over the session's socket and over its
+// connections to each node its devices are on, one entry a node.
+func (s *session) links() []api.LinkStatus {
+	sent, recv := s.c.Counts()
+	out := []api.LinkStatus{{Peer: "socket", Sent: sent, Received: recv}}
+	seen := map[*api.RPC]bool{}
+	at := map[int]int{} // node → its entry in out
+	for _, v := range s.vdevs {
+		if seen[v.rpc] {
+			continue
+		}
+		seen[v.rpc] = true
+		i, ok := at[v.dev.node]
+		if !ok {
+			i = len(out)
+			at[v.dev.node] = i
+			out = append(out, api.LinkStatus{Peer: "node " + s.m.nodes[v.dev.node].addr})
+		}
+		sent, recv := v.rpc.Counts()
+		out[i].Sent += sent
+		out[i].Received += recv
+	}
+	return out
 }
 
 // alloc reserves the allocation's footprint in the session's budget first,
