@@ -95,7 +95,9 @@ func charts(hist []Sample, now time.Time, window time.Duration) []chart {
 }
 
 // lineChart plots value for each name over the samples inside the window
-// ending at now. A name missing from a sample counts as 0 there (a tenant
+// ending at now. Until the samples span the window (a mediator that
+// started a minute ago) the x axis spans the samples, so that they fill
+// the chart. A name missing from a sample counts as 0 there (a tenant
 // whose sessions ended holds nothing). The y axis runs from 0 to ceil of
 // the largest value, so a flat line at 0 is at the bottom, not the middle.
 func lineChart(title, id string, hist []Sample, names []string, value func(Sample, string) float64,
@@ -106,6 +108,10 @@ func lineChart(title, id string, hist []Sample, names []string, value func(Sampl
 		if !s.Time.Before(start) && !s.Time.After(now) {
 			in = append(in, s)
 		}
+	}
+	if len(in) > 1 && in[0].Time.After(start) {
+		start = in[0].Time
+		window = now.Sub(start)
 	}
 	top := 0.0
 	for _, s := range in {

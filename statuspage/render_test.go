@@ -50,7 +50,7 @@ func TestPageShowsTheStatus(t *testing.T) {
 		"k8s.io/0123456789ab",                   // a container's session, its id cut to 12
 		"&lt;script&gt;alert(1)&lt;/script&gt;", // a tenant's name is text, never markup
 		`id="chart-tenant-memory"`, `id="chart-device-memory"`, `id="chart-launches"`,
-		"-1m", // the window's span
+		"-2s", // the samples' span, shorter than the window
 	} {
 		if !strings.Contains(html, want) {
 			t.Errorf("page lacks %q", want)
@@ -114,6 +114,12 @@ func TestLineChartPlacesPointsInTheWindow(t *testing.T) {
 	}
 	if colour("a") != colour("a") || colour("a") == "" {
 		t.Errorf("a series' colour is not stable")
+	}
+	// Samples of the last 30s of a window of a minute span the chart.
+	short := lineChart("t", "id", hist[2:], []string{"a"}, func(s Sample, k string) float64 { return float64(s.TenantMemory[k]) },
+		ceilPow2, func(v float64) string { return api.FormatSize(uint64(v)) }, now, time.Minute)
+	if a := short.Lines[0]; a.Points != "0.0,75.0 600.0,37.5" || short.Span != "-30s" {
+		t.Errorf("a history shorter than the window: span %s, line %+v; want -30s, from x 0 to 600", short.Span, a)
 	}
 	// No sample: an empty chart with an axis, not a division by zero.
 	empty := lineChart("t", "id", nil, []string{"a"}, func(Sample, string) float64 { return 0 }, ceil125, func(v float64) string { return "x" }, now, time.Minute)
