@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,8 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
+
+	runtimehook "github.com/vgpu/vgpu/runtime-hook"
 )
 
 // snapshotter unpacks the OCI image for the containerd client test;
@@ -31,44 +34,76 @@ const snapshotter = "overlayfs"
 // (vgpu-runtime-team-b); the namespace maps to none.
 func TestContainerdClientRuncV2BinaryName(t *testing.T) {
 	h := vgpuEnv(t)
+	h.runClientContainer(t, "vgpu-e2e-client", h.runtimeWrapper(t, "team-b"))
+}
+
+// Issue #21 item 7: the runtime as vgpuctl install containerd leaves it,
+// with no wrapper script between containerd and vgpu-runtime: BinaryName
+// is the link the install made (vgpu-runtime-team-b, no arguments), and
+// the settings file it wrote gives the runtime its tenant, this harness's
+// mediator socket and state directory (not the defaults, so a container
+// that computes proves they were read). A link under a name the file does
+// not know (the engine's name for the runtime, vgpu-team-b) is refused at
+// create, naming itself, and registers nothing.
+func TestContainerdRuntimeFromInstalledSettings(t *testing.T) {
+	h := vgpuEnv(t)
+	if !slices.Contains(runtimehook.DefaultRuntimes, h.runc) {
+		t.Skipf("runc is %s, not one vgpu-runtime finds without --vgpu-runtime (%v)", h.runc, runtimehook.DefaultRuntimes)
+	}
+	sbin := filepath.Join(h.dir, "sbin")
+	runtimePath := filepath.Join(sbin, "vgpu-runtime")
+	stranger := filepath.Join(sbin, "vgpu-team-b")
+	os.RemoveAll(sbin)
+	if err := os.MkdirAll(sbin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{runtimePath, stranger} {
+		if err := os.Symlink(h.binPath("vgpu-runtime"), l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { os.Remove(h.settings) })
+	install := []string{"install", "containerd", "--config", filepath.Join(h.dir, "cri.toml"), "--runtime-path", runtimePath,
+		"--tenant", "team-b", "--settings", h.settings, "--mediator-socket", h.medSock, "--state-dir", h.ctrDir}
+	h.vgpuctl(t, install...)
+	again := string(h.vgpuctl(t, install...))
+	for _, want := range []string{"already up to date, nothing written", "runtime settings already in place", "link to " + runtimePath + " already in place"} {
+		if !strings.Contains(again, want) {
+			t.Errorf("install run again: no %q in\n%s", want, again)
+		}
+	}
+	h.runClientContainer(t, "vgpu-e2e-settings", runtimePath+"-team-b")
+
+	c, ctx := h.containerd(t, ctrNS)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	ctr := h.newClientContainer(t, ctx, c, "vgpu-e2e-stranger", stranger)
+	defer ctr.Delete(context.WithoutCancel(ctx), client.WithSnapshotCleanup)
+	task, err := ctr.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, io.Discard, io.Discard), cio.WithFIFODir(h.fifoDir)))
+	if err == nil {
+		task.Delete(context.WithoutCancel(ctx), client.WithProcessKill)
+		t.Fatalf("a task under %s was created; want it refused", stranger)
+	}
+	if want := fmt.Sprintf("run as %q", stranger); !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "refusing to create the container") {
+		t.Fatalf("create under %s: %v; want a refusal with %s", stranger, err, want)
+	}
+	t.Logf("refused: %v", err)
+	if tb := tenant(h.tenants(t), "team-b"); tb.Containers != 0 {
+		t.Errorf("tenant team-b has %d containers after a refused create", tb.Containers)
+	}
+	h.waitIdle(t, 10*time.Second, "after a refused create")
+}
+
+// runClientContainer runs a container through the containerd client with
+// runtime io.containerd.runc.v2 and BinaryName binary, asking for 128MiB
+// by annotation, and checks that it is registered for team-b, computes on
+// its vGPU and is released when deleted.
+func (h *harness) runClientContainer(t *testing.T, id, binary string) {
+	t.Helper()
 	c, ctx := h.containerd(t, ctrNS)
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-
-	archive, err := ociArchive(ctrImage, h.tarball)
-	if err != nil {
-		t.Fatalf("OCI archive: %v", err)
-	}
-	imgs, err := c.Import(ctx, bytes.NewReader(archive))
-	if err != nil {
-		t.Fatalf("import the OCI archive: %v", err)
-	}
-	if len(imgs) != 1 || imgs[0].Name != ctrImage {
-		t.Fatalf("imported %+v, want one image %s", imgs, ctrImage)
-	}
-	img := client.NewImage(c, imgs[0])
-	if err := img.Unpack(ctx, snapshotter); err != nil {
-		t.Fatalf("unpack with %s: %v", snapshotter, err)
-	}
-
-	id := "vgpu-e2e-client"
-	ctr, err := c.NewContainer(ctx, id,
-		client.WithImage(img),
-		client.WithSnapshotter(snapshotter),
-		client.WithNewSnapshot(id+"-snapshot", img),
-		client.WithRuntime("io.containerd.runc.v2", &options.Options{
-			BinaryName: h.runtimeWrapper(t, "team-b"),
-			Root:       filepath.Join(h.runcRoots, "containerd"),
-		}),
-		client.WithNewSpec(
-			oci.WithImageConfig(img),
-			oci.WithHostname("e2e"),
-			oci.WithProcessArgs("/bin/sh", "-c", `echo "socket=$VGPU_SOCKET"; exec /testimage`),
-			oci.WithAnnotations(map[string]string{"vgpu.io/memory": "128MiB"}),
-		))
-	if err != nil {
-		t.Fatalf("new container: %v", err)
-	}
+	ctr := h.newClientContainer(t, ctx, c, id, binary)
 	defer ctr.Delete(context.WithoutCancel(ctx), client.WithSnapshotCleanup)
 
 	var stdout, stderr lockedBuffer
@@ -109,6 +144,48 @@ func TestContainerdClientRuncV2BinaryName(t *testing.T) {
 	}
 	took := h.waitIdle(t, 10*time.Second, "after the task and container were deleted")
 	t.Logf("mediator idle %v after the delete", took)
+}
+
+// newClientContainer imports the test image from an OCI archive (once per
+// run: a second import finds it), unpacks it and makes container id with
+// runtime io.containerd.runc.v2 and BinaryName binary, asking for 128MiB by
+// the annotation vgpu.io/memory.
+func (h *harness) newClientContainer(t *testing.T, ctx context.Context, c *client.Client, id, binary string) client.Container {
+	t.Helper()
+	archive, err := ociArchive(ctrImage, h.tarball)
+	if err != nil {
+		t.Fatalf("OCI archive: %v", err)
+	}
+	imgs, err := c.Import(ctx, bytes.NewReader(archive))
+	if err != nil {
+		t.Fatalf("import the OCI archive: %v", err)
+	}
+	if len(imgs) != 1 || imgs[0].Name != ctrImage {
+		t.Fatalf("imported %+v, want one image %s", imgs, ctrImage)
+	}
+	img := client.NewImage(c, imgs[0])
+	if err := img.Unpack(ctx, snapshotter); err != nil {
+		t.Fatalf("unpack with %s: %v", snapshotter, err)
+	}
+
+	ctr, err := c.NewContainer(ctx, id,
+		client.WithImage(img),
+		client.WithSnapshotter(snapshotter),
+		client.WithNewSnapshot(id+"-snapshot", img),
+		client.WithRuntime("io.containerd.runc.v2", &options.Options{
+			BinaryName: binary,
+			Root:       filepath.Join(h.runcRoots, "containerd"),
+		}),
+		client.WithNewSpec(
+			oci.WithImageConfig(img),
+			oci.WithHostname("e2e"),
+			oci.WithProcessArgs("/bin/sh", "-c", `echo "socket=$VGPU_SOCKET"; exec /testimage`),
+			oci.WithAnnotations(map[string]string{"vgpu.io/memory": "128MiB"}),
+		))
+	if err != nil {
+		t.Fatalf("new container: %v", err)
+	}
+	return ctr
 }
 
 // runtimeWrapper is the BinaryName for a tenant: a symlink

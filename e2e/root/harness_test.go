@@ -75,6 +75,7 @@ type harness struct {
 	dockerSock        string // dockerd's API
 	dockerEnv         []string
 	medSock, ctrDir   string // mediator socket; containers' socket directories (= vgpu-runtime's --vgpu-state)
+	settings          string // vgpu-runtime's settings file: containerd's $VGPU_RUNTIME_CONFIG, absent unless a test installs it
 	fifoDir           string // containerd client's stdio fifos
 	runcRoots         string // --root directories of runc containers the tests drive directly
 	mediatorErr       error  // vgpu-node, vgpu-mediator or vgpuctl is not up
@@ -100,6 +101,7 @@ func newHarness() (*harness, error) {
 		ctdState:  filepath.Join(dir, "cs"),
 		medSock:   filepath.Join(dir, "m.sock"),
 		ctrDir:    filepath.Join(dir, "c"),
+		settings:  filepath.Join(dir, "runtime.toml"),
 		fifoDir:   filepath.Join(dir, "fifo"),
 		runcRoots: filepath.Join(dir, "runc"),
 	}
@@ -297,7 +299,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		return err
 	}
-	d, err := h.startDaemon("containerd", nil, "containerd", "--config", path)
+	// The shims, and so vgpu-runtime, inherit containerd's environment:
+	// this keeps the host's /etc/vgpu/runtime.toml out of the tests.
+	d, err := h.startDaemon("containerd", []string{"VGPU_RUNTIME_CONFIG=" + h.settings}, "containerd", "--config", path)
 	if err != nil {
 		return err
 	}
