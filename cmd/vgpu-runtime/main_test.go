@@ -358,15 +358,7 @@ func TestTenantFromSymlink(t *testing.T) {
 	if got := e.recorded(t); !slices.Equal(got, args) {
 		t.Fatalf("runtime got %q, want %q", got, args)
 	}
-	raw, _ := os.ReadFile(filepath.Join(b, "config.json"))
-	var s specs.Spec
-	if err := json.Unmarshal(raw, &s); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := runtimehook.ParseHookArgs(s.Hooks.CreateRuntime[0].Args)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, cfg := createRuntimeHook(t, b)
 	if cfg.Tenant != "team-b" || cfg.Namespace != "k8s.io" {
 		t.Fatalf("hook config %+v, want tenant team-b in namespace k8s.io", cfg)
 	}
@@ -380,6 +372,25 @@ func TestTenantFromSymlink(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), `serves tenant "team-b" by its name`) {
 		t.Fatalf("err %v, output %q", err, out)
 	}
+}
+
+// createRuntimeHook returns the spec the wrapper left in bundle b and the
+// configuration of its createRuntime hook.
+func createRuntimeHook(t *testing.T, b string) (*specs.Spec, *runtimehook.HookConfig) {
+	t.Helper()
+	raw, _ := os.ReadFile(filepath.Join(b, "config.json"))
+	var s specs.Spec
+	if err := json.Unmarshal(raw, &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Hooks == nil || len(s.Hooks.CreateRuntime) == 0 {
+		t.Fatalf("no createRuntime hook in %s", b)
+	}
+	cfg, err := runtimehook.ParseHookArgs(s.Hooks.CreateRuntime[0].Args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &s, cfg
 }
 
 // TestSettingsFileByName: with no flag but the real runtime's path, a link
@@ -409,15 +420,7 @@ func TestSettingsFileByName(t *testing.T) {
 	if got := e.recorded(t); !slices.Equal(got, args) {
 		t.Fatalf("runtime got %q, want %q", got, args)
 	}
-	raw, _ := os.ReadFile(filepath.Join(b, "config.json"))
-	var s specs.Spec
-	if err := json.Unmarshal(raw, &s); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := runtimehook.ParseHookArgs(s.Hooks.CreateRuntime[0].Args)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cfg := createRuntimeHook(t, b)
 	if cfg.Tenant != "team-c" || cfg.Socket != "/run/m-c.sock" || cfg.StateDir != e.state {
 		t.Fatalf("hook config %+v, want tenant team-c, socket /run/m-c.sock, state %s from the settings file", cfg, e.state)
 	}
