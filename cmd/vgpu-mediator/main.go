@@ -28,6 +28,7 @@ import (
 	"github.com/vgpu/vgpu/internal/version"
 	"github.com/vgpu/vgpu/isolation"
 	"github.com/vgpu/vgpu/mediator"
+	"github.com/vgpu/vgpu/metrics"
 	"github.com/vgpu/vgpu/statuspage"
 )
 
@@ -35,6 +36,9 @@ type nodeList []string
 
 func (n *nodeList) String() string     { return strings.Join(*n, ",") }
 func (n *nodeList) Set(v string) error { *n = append(*n, v); return nil }
+
+// metricsAddr is --metrics, read by run.
+var metricsAddr = flag.String("metrics", "", "serve Prometheus metrics at /metrics on this address, such as 127.0.0.1:9400 (\"\": don't)")
 
 func main() {
 	var nodes nodeList
@@ -206,6 +210,11 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 		}
 		defer page.Close()
 	}
+	var requests *metrics.Requests // latency and errors of tenants' and operators' requests
+	if *metricsAddr != "" {
+		requests = metrics.NewRequests(true)
+		cfg.Requests = requests
+	}
 	if len(cfg.Nodes) == 0 {
 		size, err := api.ParseSize(embMem)
 		if err != nil {
@@ -224,6 +233,14 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 		return err
 	}
 	defer m.Close()
+	if *metricsAddr != "" {
+		srv, err := metrics.Start(*metricsAddr, log.WithField("component", "metrics"), metrics.NewMediatorCollector(m), requests)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		log.WithField("addr", srv.Addr().String()).Info("serving metrics")
+	}
 	l, err := daemon.ListenUnix(sock.path, sock.mode, sock.gid)
 	if err != nil {
 		return fmt.Errorf("--socket: %w", err)

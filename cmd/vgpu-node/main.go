@@ -3,6 +3,7 @@ package main
 
 import (
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/pki"
 	"github.com/vgpu/vgpu/internal/version"
+	"github.com/vgpu/vgpu/metrics"
 )
 
 func main() {
@@ -32,6 +34,7 @@ func main() {
 	retainFlag := flag.String("retain-weights", "all",
 		"keep sealed frames (weights) whose holders freed them, until an allocation needs the memory, so that a tenant loading the same weights again is not sent them: "+
 			"all (as much as free memory holds), a size per device (the least recently used beyond it are scrubbed; on sim, retained frames hold host RAM), or off")
+	metricsAddr := flag.String("metrics", "", "serve Prometheus metrics at /metrics on this address, such as 127.0.0.1:9400 (\"\": don't)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -47,7 +50,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "vgpu-node: --retain-weights:", err)
 		os.Exit(2)
 	}
-	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA, *medTimeout, retain); err != nil {
+	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA, *medTimeout, retain, *metricsAddr); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-node:", err)
 		os.Exit(1)
 	}
@@ -119,7 +122,7 @@ func retainText(r retention) string {
 	return api.FormatSize(r.max) + " per device"
 }
 
-func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration, retain retention) error {
+func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration, retain retention, metricsAddr string) error {
 	log, err := daemon.Logger("vgpu-node", level)
 	if err != nil {
 		return err
@@ -135,10 +138,27 @@ func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tl
 	if err != nil {
 		return err
 	}
-	node, addr, err := accelerator.StartSimWith(listen, devices, size,
-		accelerator.SimOptions{TLS: tlsCfg, MediatorTimeout: medTimeout, NoRetention: retain.off, RetainMax: retain.max}, log)
+	opts := accelerator.SimOptions{TLS: tlsCfg, MediatorTimeout: medTimeout, NoRetention: retain.off, RetainMax: retain.max}
+	var requests *metrics.Requests // latency and errors of the mediators' requests
+	if metricsAddr != "" {
+		requests = metrics.NewRequests(false)
+		opts.Requests = requests
+	}
+	node, addr, err := accelerator.StartSimWith(listen, devices, size, opts, log)
 	if err != nil {
 		return err
+	}
+	if metricsAddr != "" {
+		dedup := func() metrics.Dedup {
+			c := node.ContentStats()
+			return metrics.Dedup{Lookups: c.Lookups, Hits: c.Hits, Saved: c.Saved, Sealed: c.Sealed}
+		}
+		srv, err := metrics.Start(metricsAddr, log.WithField("component", "metrics"), metrics.NewNodeCollector(addr.String(), node.Status, dedup), requests)
+		if err != nil {
+			return errors.Join(err, node.Close())
+		}
+		defer srv.Close()
+		log.WithField("addr", srv.Addr().String()).Info("serving metrics")
 	}
 	warnIfExposed(log, addr, tlsCfg != nil)
 	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil,
