@@ -11,6 +11,19 @@ type Status struct {
 	// spill file.
 	HostRAM     uint64 `json:"host_ram_bytes"`
 	HostSpilled uint64 `json:"host_spilled_bytes"`
+	// Containers are the registered containers, each with what admission
+	// reserved for it, whether or not a session of it is open.
+	Containers []ContainerStatus `json:"containers"`
+}
+
+// ContainerStatus is one registered container and its grant.
+type ContainerStatus struct {
+	Namespace string `json:"namespace,omitempty"`
+	Container string `json:"container"`
+	Tenant    string `json:"tenant"`
+	Memory    uint64 `json:"memory"`  // reserved for it, of its tenant's cap
+	Compute   uint32 `json:"compute"` // fair-share weight granted
+	Devices   uint32 `json:"devices"` // virtual devices granted
 }
 
 // NodeStatus is what a node reports (OpNodeStatus, JSON body).

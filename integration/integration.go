@@ -2,7 +2,10 @@
 // a host. It owns two jobs:
 //
 //   - install: add vgpu's OCI runtimes to Docker's daemon.json
-//     (InstallDocker) or to containerd's config.toml (InstallContainerd);
+//     (InstallDocker) or to containerd's config.toml (InstallContainerd),
+//     write vgpu-runtime's settings file by runtime name (tenant, socket,
+//     state directory) and make the tenants' runtime links, which
+//     containerd runs because its runc.v2 options cannot pass arguments;
 //   - watch: follow containerd's events (WatchContainerd) so the mediator
 //     reclaims, within seconds, what containers that vanished without a
 //     poststop hook still hold.
@@ -12,7 +15,10 @@
 //     and their values survive (Docker: semantically, and in their order;
 //     containerd: byte for byte when the new tables can be appended as text,
 //     semantically when the file must be rewritten, which the Result says);
-//   - it is idempotent: when everything is in place it writes nothing;
+//   - it is idempotent: when everything is in place it writes nothing (not
+//     the engine's file, not the settings file, not a link);
+//   - what stands in its way (a file it cannot parse, a file where a link
+//     goes) is found before anything is written;
 //   - it writes atomically (a temporary file in the same directory, fsync,
 //     rename) with the mode and owner of the file it replaces, so a failed
 //     or interrupted install leaves the old file whole;

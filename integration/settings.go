@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/vgpu/vgpu/api"
 	runtimehook "github.com/vgpu/vgpu/runtime-hook"
@@ -24,6 +25,8 @@ type Change struct {
 	// Before and After are a file's contents (nil for a link; Before nil
 	// for a file that did not exist).
 	Before, After []byte
+	// Target is a link's target ("" for a file).
+	Target string
 }
 
 // extras are the settings file and links of one install, worked out
@@ -31,8 +34,6 @@ type Change struct {
 type extras struct {
 	settings *Change
 	links    []Change
-	// linkTargets are the links' targets, by Path, for the ones to make.
-	linkTargets map[string]string
 }
 
 // planExtras works out the runtime settings file and the tenants' links
@@ -43,7 +44,7 @@ type extras struct {
 // something that is not a link to vgpu-runtime (a copy, a wrapper script
 // that may lose argv[0]), is an error and nothing is written.
 func planExtras(opts InstallOptions, rts []Runtime) (*extras, error) {
-	x := &extras{linkTargets: map[string]string{}}
+	x := &extras{}
 	if opts.SettingsPath == "" {
 		return x, nil
 	}
@@ -105,9 +106,6 @@ func planExtras(opts InstallOptions, rts []Runtime) (*extras, error) {
 		if err != nil {
 			return nil, err
 		}
-		if c.Changed {
-			x.linkTargets[c.Path] = rt.Path
-		}
 		x.links = append(x.links, c)
 	}
 	return x, nil
@@ -128,19 +126,16 @@ func equalSettings(a, b *runtimehook.SettingsFile) bool {
 }
 
 func runtimeNames(rts []Runtime) string {
-	s := ""
+	names := make([]string, len(rts))
 	for i, rt := range rts {
-		if i > 0 {
-			s += ", "
-		}
-		s += rt.Name
+		names[i] = rt.Name
 	}
-	return s
+	return strings.Join(names, ", ")
 }
 
 // planLink works out the link rt.Binary -> rt.Path.
 func planLink(rt Runtime) (Change, error) {
-	c := Change{Path: rt.Binary}
+	c := Change{Path: rt.Binary, Target: rt.Path}
 	fi, err := os.Lstat(rt.Binary)
 	if errors.Is(err, fs.ErrNotExist) {
 		c.Changed, c.Action = true, fmt.Sprintf("created: link to %s, runtime %q of tenant %q", rt.Path, rt.Name, rt.Tenant)
@@ -193,7 +188,7 @@ func (x *extras) apply(r *Result, dryRun bool) error {
 	}
 	for _, l := range x.links {
 		if l.Changed && !dryRun {
-			if err := replaceSymlink(x.linkTargets[l.Path], l.Path); err != nil {
+			if err := replaceSymlink(l.Target, l.Path); err != nil {
 				return err
 			}
 		}

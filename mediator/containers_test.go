@@ -130,6 +130,11 @@ func TestContainerLifecycle(t *testing.T) {
 	if inC1 != 1 {
 		t.Fatalf("status shows %d sessions of container c1, want 1", inC1)
 	}
+	// Status shows the container's reservation, beside its sessions.
+	if got := cs.med.Status().Containers; len(got) != 1 || got[0].Namespace != "moby" || got[0].Container != "c1" ||
+		got[0].Tenant != "team-a" || got[0].Memory != 32<<20 {
+		t.Fatalf("status containers %+v, want c1 of moby with 32 MiB reserved for team-a", got)
+	}
 	// Release ends the sessions and frees everything.
 	bystander.Close()
 	wantErr(t, op.Release("", "c1"), api.ErrInvalidArgument, `"c1" of namespace ""`) // the id alone names none
@@ -146,6 +151,9 @@ func TestContainerLifecycle(t *testing.T) {
 	}
 	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 0 || ti.Reserved != 0 {
 		t.Fatalf("after release: %+v", ti)
+	}
+	if got := cs.med.Status().Containers; len(got) != 0 {
+		t.Fatalf("status containers after release: %+v", got)
 	}
 	wantErr(t, op.Release("moby", "c1"), api.ErrInvalidArgument, "c1")
 }

@@ -411,6 +411,7 @@ func (m *Mediator) Status() api.Status {
 		st.Tenants = append(st.Tenants, s.status())
 	}
 	sort.Slice(st.Tenants, func(i, j int) bool { return st.Tenants[i].Session < st.Tenants[j].Session })
+	st.Containers = m.containerStatus()
 	return st
 }
 

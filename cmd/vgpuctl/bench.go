@@ -10,6 +10,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/internal/bench"
+	"github.com/vgpu/vgpu/internal/progress"
 )
 
 const benchUsage = `usage: vgpuctl bench [flags]
@@ -122,11 +123,13 @@ func benchCmd(socket string, args []string) error {
 			opt.NodeLinkBytes = -1
 		}
 	}
-	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-		opt.Progress = func(what string) { fmt.Fprintf(os.Stderr, "bench: %s…\n", what) }
-	}
-
+	// On a terminal, one line on stderr says what is being measured, as
+	// step n of the run's; nothing where stderr is piped, or with --json.
+	line := progress.Start(os.Stderr, "bench", *a.asJSON, progress.Terminal)
+	line.Total(opt.Steps())
+	opt.Progress = line.Step
 	r, err := bench.Run(opt)
+	line.Done()
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -11,10 +10,12 @@ import (
 	"strings"
 	"sync"
 	"text/tabwriter"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/internal/models"
+	"github.com/vgpu/vgpu/internal/progress"
 	"github.com/vgpu/vgpu/internal/workload"
 )
 
@@ -23,33 +24,26 @@ import (
 var operatorTimeout = client.DefaultOperatorTimeout
 
 const (
-	statusUsage = `usage: vgpuctl status [--json]
-
-The mediator's nodes and their devices (memory, used, retained weights,
-launches), the device memory evicted to this host, and every tenant session.
-
-Exits 3 when a node the mediator uses cannot be reached (its connection is
-down, or its host was silent past the mediator's --node-timeout), after
-printing the status and naming each such node on stderr; 0 when every node
-answers.
-`
 	tenantsUsage = `usage: vgpuctl tenants [--json]
        vgpuctl tenants reload
 
-tenants lists each tenant: its limits from the quota file and its current use.
+tenants lists each tenant: every limit of the quota file (memory cap,
+default_memory, compute weight, compute_max, bandwidth, max_containers,
+oversubscribe, dedup_charge) and its current use (containers, memory
+reserved for them, allocated, charged).
 reload makes the mediator re-read the quota file; if the new one is invalid,
 the old one stays and the error says why.
 `
-	kernelsUsage = `usage: vgpuctl kernels
+	kernelsUsage = `usage: vgpuctl kernels [--json]
 
 The kernel catalog of the mediator's nodes: each kernel's parameters and what
 it computes.
 `
-	demoUsage = `usage: vgpuctl demo
+	demoUsage = `usage: vgpuctl demo [--json]
 
-Three tenants compute at once through the mediator (a decoder among them);
+Four tenants compute at once through the mediator (a decoder among them);
 every result is checked against a reference computed here. Exits 1 if any
-differs.
+differs. On a terminal, stderr shows how many have finished as they go.
 `
 )
 
@@ -71,8 +65,12 @@ func operatorCmd(name, socket string, args []string) (op *client.Operator, fs *f
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, false, err
 	}
-	op, err = client.DialOperatorTimeout(socket, operatorTimeout)
+	op, err = dialOperator(socket)
 	return op, fs, *j, err
+}
+
+func dialOperator(socket string) (*client.Operator, error) {
+	return client.DialOperatorTimeout(socket, operatorTimeout)
 }
 
 func printJSON(v any) error {
@@ -115,58 +113,21 @@ func nodesDown(st *api.Status) error {
 	return &nodesDownError{down}
 }
 
-func status(socket string, args []string) error {
-	op, _, asJSON, err := operatorCmd("status", socket, args)
-	if err != nil {
-		return err
-	}
-	defer op.Close()
-	st, err := op.Status()
-	if err != nil {
-		return err
-	}
-	if asJSON {
-		return cmp.Or(printJSON(st), nodesDown(st))
-	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NODE\tBACKEND\tDEVICE\tMEMORY\tUSED\tRETAINED\tLAUNCHES")
-	for _, n := range st.Nodes {
-		if n.Error != "" {
-			fmt.Fprintf(w, "%s\t-\t-\t-\t-\t-\t-\t(%s)\n", n.Addr, n.Error)
-		}
-		for _, d := range n.Devices {
-			// Retained: sealed weights kept after their sessions, free to
-			// any allocation that needs the memory.
-			var retained uint64
-			if d.Frames > 0 {
-				retained = d.Memory / uint64(d.Frames) * uint64(d.Retained)
-			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", n.Addr, n.Backend, d.Name, api.FormatSize(d.Memory), api.FormatSize(d.Used),
-				api.FormatSize(retained), d.Launches)
-		}
-	}
-	fmt.Fprintf(w, "\nevicted device memory on this host: %s in RAM, %s in the spill file\n\n", api.FormatSize(st.HostRAM), api.FormatSize(st.HostSpilled))
-	fmt.Fprintln(w, "TENANT\tNAMESPACE/CONTAINER\tSESSION\tALLOCATIONS\tALLOCATED\tIN 4K/64K/2M PAGES\tRESIDENT\tEVICTED\tTLB HITS\tIN\tOUT\tLAUNCHES")
-	for _, t := range st.Tenants {
-		ctr := t.Container
-		if ctr == "" {
-			ctr = "-"
-		} else if len(ctr) > 12 {
-			ctr = ctr[:12]
-		}
-		if t.Namespace != "" { // one id may be used in several namespaces
-			ctr = t.Namespace + "/" + ctr
-		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s / %s / %s\t%s\t%s\t%.1f%%\t%s\t%s\t%d\n", t.Tenant, ctr, t.Session, t.Allocations,
-			api.FormatSize(t.Allocated), api.FormatSize(t.Mapped4K), api.FormatSize(t.Mapped64K), api.FormatSize(t.Mapped2M),
-			api.FormatSize(t.Resident), api.FormatSize(t.Evicted), 100*t.TLBHitRate,
-			api.FormatSize(t.CopiedIn), api.FormatSize(t.CopiedOut), t.Launches)
-	}
-	return cmp.Or(w.Flush(), nodesDown(st))
+// kernelJSON is a kernel of vgpuctl kernels --json.
+type kernelJSON struct {
+	Name   string      `json:"name"`
+	Doc    string      `json:"doc"`
+	Params []paramJSON `json:"params"`
 }
 
-func kernelList(socket string, _ []string) error {
-	op, err := client.DialOperatorTimeout(socket, operatorTimeout)
+type paramJSON struct {
+	Name  string `json:"name"`
+	Kind  string `json:"kind"`
+	DType string `json:"dtype,omitempty"` // a buffer's element type, where the node says
+}
+
+func kernelList(socket string, args []string) error {
+	op, _, asJSON, err := operatorCmd("kernels", socket, args)
 	if err != nil {
 		return err
 	}
@@ -175,15 +136,28 @@ func kernelList(socket string, _ []string) error {
 	if err != nil {
 		return err
 	}
-	for _, k := range ks {
-		params := make([]string, len(k.Params))
-		for i, p := range k.Params {
-			params[i] = p.Name + " " + p.Kind.String()
+	out := make([]kernelJSON, len(ks))
+	for i, k := range ks {
+		out[i] = kernelJSON{Name: k.Name, Doc: k.Doc, Params: make([]paramJSON, len(k.Params))}
+		for j, p := range k.Params {
+			out[i].Params[j] = paramJSON{Name: p.Name, Kind: p.Kind.String()}
 			// A buffer's element type is part of its contract: an index
 			// buffer holds i32, not the f32 most take. 0 is a node too old
 			// to say.
 			if p.Kind == api.ArgBuffer && p.DType != 0 {
-				params[i] += "(" + p.DType.String() + ")"
+				out[i].Params[j].DType = p.DType.String()
+			}
+		}
+	}
+	if asJSON {
+		return printJSON(out)
+	}
+	for _, k := range out {
+		params := make([]string, len(k.Params))
+		for i, p := range k.Params {
+			params[i] = p.Name + " " + p.Kind
+			if p.DType != "" {
+				params[i] += "(" + p.DType + ")"
 			}
 		}
 		fmt.Printf("%s(%s)\n    %s\n", k.Name, strings.Join(params, ", "), k.Doc)
@@ -195,30 +169,61 @@ func kernelList(socket string, _ []string) error {
 // prefilled, then tokens generated greedily, every pass checked.
 const demoPrompt, demoTokens = 16, 32
 
-func demo(socket string, _ []string) error {
+// demoResult is a workload of vgpuctl demo --json.
+type demoResult struct {
+	Tenant   string        `json:"tenant"`
+	Workload string        `json:"workload"`
+	Work     string        `json:"work"`
+	Bytes    uint64        `json:"bytes_moved"`
+	Elapsed  time.Duration `json:"elapsed_ns"`
+	Checked  bool          `json:"checked"` // the result matched the reference
+	Detail   string        `json:"detail,omitempty"`
+	Error    string        `json:"error,omitempty"`
+}
+
+func demo(socket string, args []string) error {
+	fs, asJSON := jsonFlags("demo")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	ws := append(workload.Demo(), models.DecoderDemo(models.SmallGPT, demoPrompt, demoTokens))
+	line := progress.Start(os.Stderr, "demo", *asJSON, progress.Terminal)
+	line.Total(len(ws))
+	line.Show(fmt.Sprintf("%d tenants computing", len(ws)))
 	results := make([]workload.Result, len(ws))
 	var wg sync.WaitGroup
 	for i, w := range ws {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			results[i] = workload.Execute(socket, fmt.Sprintf("tenant-%c", 'a'+i), w)
-		}()
+			line.Step(fmt.Sprintf("%s finished %s", results[i].Tenant, w.Name))
+		})
 	}
 	wg.Wait()
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tWORKLOAD\tWORK\tBYTES MOVED\tTIME\tCHECK")
+	line.Done()
 	var errs []error
-	for _, r := range results {
-		check := "passed"
+	out := make([]demoResult, len(results))
+	for i, r := range results {
+		out[i] = demoResult{Tenant: r.Tenant, Workload: r.Workload, Work: r.Work, Bytes: r.Bytes, Elapsed: r.Elapsed, Checked: r.Err == nil && r.Checked, Detail: r.Detail}
 		switch {
 		case r.Err != nil:
-			check = "error: " + r.Err.Error()
+			out[i].Error = r.Err.Error()
 			errs = append(errs, fmt.Errorf("%s: %s: %w", r.Tenant, r.Workload, r.Err))
 		case !r.Checked:
-			check = "FAILED: " + r.Detail
 			errs = append(errs, fmt.Errorf("%s: %s: result differs from the reference: %s", r.Tenant, r.Workload, r.Detail))
+		}
+	}
+	if *asJSON {
+		return errors.Join(append([]error{printJSON(out)}, errs...)...)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tWORKLOAD\tWORK\tBYTES MOVED\tTIME\tCHECK")
+	for _, r := range out {
+		check := "passed"
+		switch {
+		case r.Error != "":
+			check = "error: " + r.Error
+		case !r.Checked:
+			check = "FAILED: " + r.Detail
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\n", r.Tenant, r.Workload, r.Work, api.FormatSize(r.Bytes), r.Elapsed.Round(1e6), check)
 	}
@@ -250,21 +255,58 @@ func tenants(socket string, args []string) error {
 	if asJSON {
 		return printJSON(ts)
 	}
-	limit := func(n uint64) string {
-		if n == 0 {
-			return "-"
-		}
-		return api.FormatSize(n)
+	return renderTenants(os.Stdout, ts)
+}
+
+// tenantColumn is a column of vgpuctl tenants: a quota field (the name of
+// its isolation.Tenant field; "" for use, not a limit) and its value.
+type tenantColumn struct {
+	header, field string
+	value         func(api.TenantInfo) string
+}
+
+// none is a limit of 0: no cap.
+func none[T comparable](v T, f func(T) string) string {
+	var zero T
+	if v == zero {
+		return "-"
 	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "TENANT\tMEMORY CAP\tCOMPUTE\tBANDWIDTH/s\tCONTAINERS\tRESERVED\tALLOCATED\tCHARGED")
+	return f(v)
+}
+
+// tenantColumns show every limit of a tenant's quota, and its use; a test
+// fails when isolation.Tenant has a field no column shows.
+var tenantColumns = []tenantColumn{
+	{"TENANT", "Name", func(t api.TenantInfo) string { return t.Name }},
+	{"MEMORY CAP", "Memory", func(t api.TenantInfo) string { return none(t.Memory, api.FormatSize) }},
+	{"DEFAULT", "DefaultMemory", func(t api.TenantInfo) string { return none(t.DefaultMemory, api.FormatSize) }},
+	{"COMPUTE", "Compute", func(t api.TenantInfo) string { return fmt.Sprint(t.Compute) }},
+	{"MAX SHARE", "ComputeMax", func(t api.TenantInfo) string {
+		return none(t.ComputeMax, func(v float64) string { return fmt.Sprintf("%.4g%%", 100*v) })
+	}},
+	{"BANDWIDTH/s", "Bandwidth", func(t api.TenantInfo) string { return none(t.Bandwidth, api.FormatSize) }},
+	{"OVERSUB", "Oversubscribe", func(t api.TenantInfo) string { return fmt.Sprintf("%.4gx", t.Oversubscribe) }},
+	{"DEDUP", "DedupCharge", func(t api.TenantInfo) string { return fmt.Sprintf("%.4g", t.DedupCharge) }},
+	{"CONTAINERS", "MaxContainers", func(t api.TenantInfo) string {
+		return fmt.Sprintf("%d/%s", t.Containers, none(t.MaxContainers, func(n int) string { return fmt.Sprint(n) }))
+	}},
+	{"RESERVED", "", func(t api.TenantInfo) string { return api.FormatSize(t.Reserved) }},
+	{"ALLOCATED", "", func(t api.TenantInfo) string { return api.FormatSize(t.Allocated) }},
+	{"CHARGED", "", func(t api.TenantInfo) string { return api.FormatSize(t.Charged) }},
+}
+
+func renderTenants(out io.Writer, ts []api.TenantInfo) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	cells := make([]string, len(tenantColumns))
+	for i, c := range tenantColumns {
+		cells[i] = c.header
+	}
+	fmt.Fprintln(w, strings.Join(cells, "\t"))
 	for _, t := range ts {
-		maxc := "-"
-		if t.MaxContainers > 0 {
-			maxc = fmt.Sprint(t.MaxContainers)
+		for i, c := range tenantColumns {
+			cells[i] = c.value(t)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d/%s\t%s\t%s\t%s\n", t.Name, limit(t.Memory), t.Compute, limit(t.Bandwidth),
-			t.Containers, maxc, api.FormatSize(t.Reserved), api.FormatSize(t.Allocated), api.FormatSize(t.Charged))
+		fmt.Fprintln(w, strings.Join(cells, "\t"))
 	}
 	return w.Flush()
 }

@@ -23,17 +23,19 @@ const usage = `usage: vgpuctl [--socket PATH] [--timeout DURATION] COMMAND [flag
        vgpuctl --version
 
 commands:
-  status [--json]   nodes, devices, memory and tenant sessions of the mediator
-  tenants [--json]  tenants: limits from the quota file and current use
+  status [-o wide] [--json]
+                    nodes, devices, containers with their reservations, and
+                    tenant sessions of the mediator (-o wide: every column)
+  tenants [--json]  tenants: every limit from the quota file and current use
   tenants reload    re-read the quota file (the old one stays if the new one is invalid)
-  kernels           the kernel catalog
+  kernels [--json]  the kernel catalog
   install docker|containerd [--config PATH] [--runtime-path PATH] [--tenant NAME]... [--dry-run]
                     add the vgpu runtimes to Docker or containerd; prints what to restart
   certs init --dir DIR [--node-host H]... [--mediator NAME] [--force]
                     create the cluster CA and node/mediator certificates for mutual TLS
   certs issue --dir DIR (--node NAME --host H [--host H]... | --mediator NAME) [--force]
                     one more node or mediator certificate from the CA in DIR
-  demo              three tenants compute at once; every result is checked
+  demo [--json]     four tenants compute at once; every result is checked
   bench [--json] [--out DIR] [--max-size SIZE] [--tenants 1,2,4,8] ...
                     data path against raw baselines measured in the same run, as
                     ratios; --out writes JSON, markdown and an SVG chart (bench --help)
@@ -56,13 +58,13 @@ type command struct {
 
 // commands is every vgpuctl command; help and its tests walk this table.
 var commands = []command{
-	{name: "status", usage: statusUsage, flags: jsonFlagsOnly("status"), run: status},
+	{name: "status", usage: statusUsage, flags: func(string) *flag.FlagSet { fs, _ := statusFlags(); return fs }, run: status},
 	{name: "tenants", usage: tenantsUsage, subs: []string{"reload"}, flags: jsonFlagsOnly("tenants"), run: tenants},
-	{name: "kernels", usage: kernelsUsage, run: kernelList},
+	{name: "kernels", usage: kernelsUsage, flags: jsonFlagsOnly("kernels"), run: kernelList},
 	{name: "install", usage: installUsage, subs: []string{"docker", "containerd"},
 		flags: func(string) *flag.FlagSet { fs, _ := installFlags(); return fs }, run: installCmd},
 	{name: "certs", usage: certsUsage, subs: []string{"init", "issue"}, flags: certsSubFlags, run: certsCmd},
-	{name: "demo", usage: demoUsage, run: demo},
+	{name: "demo", usage: demoUsage, flags: jsonFlagsOnly("demo"), run: demo},
 	{name: "bench", usage: benchUsage, flags: func(string) *flag.FlagSet { fs, _ := benchFlags(); return fs }, run: benchCmd},
 }
 

@@ -153,6 +153,20 @@ func (o *Options) defaults() {
 	}
 }
 
+// Steps is how many times Run calls Progress with opt: once for each step
+// of the run, so that a progress line can say "[3/12]".
+func (opt Options) Steps() int {
+	opt.defaults()
+	n := len(sizesFor(opt.MaxBytes, opt.BulkBytes)) + 1 + 2*len(opt.Tenants) // copies, small operations, DLRM
+	if opt.Decoder.Steps >= 0 {
+		n += 5 // graph against ops, two floods, two loads
+	}
+	if opt.NodeLinkBytes > 0 {
+		n++
+	}
+	return n
+}
+
 // Run measures baselines and the system side by side.
 func Run(opt Options) (*Report, error) {
 	opt.defaults()

@@ -77,8 +77,8 @@ func TestSuiteEndToEnd(t *testing.T) {
 	if twoHinted.DedupBytes == 0 || twoHinted.LoadBytes >= two.LoadBytes || !(twoHinted.BytesRatio > 1) || r.HintBytesRatio != twoHinted.BytesRatio {
 		t.Errorf("hints saved nothing: without %+v, with %+v", two, twoHinted)
 	}
-	if len(heard) == 0 {
-		t.Error("no progress reported")
+	if steps := (Options{BulkBytes: 64 << 10, MaxBytes: 1 << 20, Tenants: []int{1, 2}, NodeLinkBytes: 2 << 20, Decoder: tinyDecoder}).Steps(); len(heard) != steps {
+		t.Errorf("progress heard %d steps, Steps says %d: %q", len(heard), steps, heard)
 	}
 
 	dir := t.TempDir()
