@@ -29,6 +29,8 @@ commands:
   tenants [--json]  tenants: every limit from the quota file and current use
   tenants reload    re-read the quota file (the old one stays if the new one is invalid)
   kernels [--json]  the kernel catalog
+  top [--interval DURATION]
+                    live view: devices, tenants' memory, share and bandwidth, sessions (q quits)
   install docker|containerd [--config PATH] [--runtime-path PATH] [--tenant NAME]... [--dry-run]
                     add the vgpu runtimes to Docker or containerd; prints what to restart
   certs init --dir DIR [--node-host H]... [--mediator NAME] [--force]
@@ -61,6 +63,7 @@ var commands = []command{
 	{name: "status", usage: statusUsage, flags: func(string) *flag.FlagSet { fs, _ := statusFlags(); return fs }, run: status},
 	{name: "tenants", usage: tenantsUsage, subs: []string{"reload"}, flags: jsonFlagsOnly("tenants"), run: tenants},
 	{name: "kernels", usage: kernelsUsage, flags: jsonFlagsOnly("kernels"), run: kernelList},
+	{name: "top", usage: topUsage, flags: func(string) *flag.FlagSet { fs, _, _ := topFlags(); return fs }, run: topCmd},
 	{name: "install", usage: installUsage, subs: []string{"docker", "containerd"},
 		flags: func(string) *flag.FlagSet { fs, _ := installFlags(); return fs }, run: installCmd},
 	{name: "certs", usage: certsUsage, subs: []string{"init", "issue"}, flags: certsSubFlags, run: certsCmd},

@@ -6,6 +6,7 @@ where, before anything is sent where it can be."""
 from __future__ import annotations
 
 import inspect
+import io
 import os
 import sys
 import threading
@@ -325,3 +326,31 @@ def test_quota_exceeded_while_loading_leaves_nothing_charged(start_mediator, wha
         # Everything the load took is freed: the whole quota can be allocated again.
         a = c.malloc(QUOTA)
         c.free(a)
+
+
+# ---- progress of the weights' upload
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stderr_tty,progress,drawn", [
+    (True, None, True), (False, None, False), (True, False, False), (False, True, True)])
+def test_weight_upload_progress(client: vgpu.Client, monkeypatch, stderr_tty: bool, progress: Any, drawn: bool) -> None:
+    """The weights' upload draws its line on stderr when stderr is a
+    terminal (or when asked), in place, ending at 100% and cleared; the
+    model computes the same either way."""
+    err = _Terminal() if stderr_tty else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    model = Square(1024)  # 4 MiB of weights: several frames, several copies
+    x = torch.randn(2, 1024)
+    with vgpu.torch.remote(model, (x,), client=client, progress=progress) as r:
+        assert float((r(x) - model(x)).abs().max()) < 1e-4
+    out = err.getvalue()
+    if not drawn:
+        assert out == ""
+        return
+    assert out.count("\rvgpu.torch: weights of Square  [") >= 2, out
+    assert "100%" in out and out.endswith("\r\x1b[K") and "\n" not in out, out

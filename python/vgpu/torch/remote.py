@@ -45,6 +45,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import vgpu
+from vgpu.progress import Progress
 
 from .capture import Node, Ref, Trace, TraceError, capture
 from .lower import F32, I32, Affine, Const, Dev, Emitter, F32Arg, Handle, Lowerer, contiguous_strides
@@ -395,17 +396,31 @@ def _pack(items: List[Tuple[Handle, torch.Tensor]]) -> Tuple[Dict[int, int], np.
     return offsets, buf
 
 
-def upload(client: "vgpu.Client", addr: int, data: np.ndarray) -> None:
+# A drawn upload goes in about this many copies, each whole frames, so
+# that its line moves; an undrawn one is a single copy.
+_UPLOAD_STEPS = 64
+
+
+def upload(client: "vgpu.Client", addr: int, data: np.ndarray, progress: Optional[Progress] = None) -> None:
     """Copies data to device address addr through host memory shared with
     the mediator (host_alloc), so that a model's weights do not cross the
-    socket, and waits for it."""
+    socket, and waits for it. With a progress line that draws, the copy
+    goes in pieces of whole frames, each awaited and drawn."""
     staging = client.host_alloc(len(data))
     try:
         staging[:] = data
-        client.stream.copy_to_device(addr, staging)
-        client.stream.synchronize()
+        step = len(data)
+        if progress is not None and progress.enabled:
+            step = max(1, -(-len(data) // _UPLOAD_STEPS // _FRAME)) * _FRAME
+        for off in range(0, len(data), step):
+            client.stream.copy_to_device(addr + off, staging[off:off + step])
+            client.stream.synchronize()
+            if progress is not None:
+                progress.update(min(off + step, len(data)))
     finally:
         client.host_free(staging)
+        if progress is not None:
+            progress.close()
 
 
 def free_all(client: "vgpu.Client", addrs: Sequence[int]) -> None:
@@ -431,7 +446,7 @@ class RemoteModule:
     """
 
     def __init__(self, module: torch.nn.Module, graphs: List[_Graph], store: Store, client: "vgpu.Client",
-                 owns_client: bool, device: int):
+                 owns_client: bool, device: int, progress: Optional[bool] = None):
         self.module_name = type(module).__name__
         self.graphs = graphs
         self.store = store
@@ -442,14 +457,15 @@ class RemoteModule:
         self.weights_addr = 0
         self.caches_addr = 0
         self._cache_buf: Optional[np.ndarray] = None
-        self._load()
+        self._load(progress)
 
-    def _load(self) -> None:
+    def _load(self, progress: Optional[bool]) -> None:
         try:
             w_off, wbuf = _pack(self.store.weights)
             size = -(-len(wbuf) // _FRAME) * _FRAME
             self.weights_addr = self._alloc(size, vgpu.Hint.WEIGHT)
-            upload(self.client, self.weights_addr, wbuf)
+            upload(self.client, self.weights_addr, wbuf,
+                   Progress(f"vgpu.torch: weights of {self.module_name}", len(wbuf), enabled=progress))
             self.client.seal(self.weights_addr)
             c_off: Dict[int, int] = {}
             if self.store.caches:
@@ -587,7 +603,7 @@ class RemoteModule:
 
 def remote(module: torch.nn.Module, example_inputs: Sequence[Any], *, decode_inputs: Optional[Sequence[Any]] = None,
            client: Optional["vgpu.Client"] = None, socket: Optional[str] = None, tenant: Optional[str] = None,
-           device: int = 0, kv_caches: Sequence[str] = ()) -> RemoteModule:
+           device: int = 0, kv_caches: Sequence[str] = (), progress: Optional[bool] = None) -> RemoteModule:
     """Runs module on a vGPU: captured from example_inputs (and, for a
     second graph of phase decode that shares the weights and the KV
     caches, from decode_inputs), uploaded once, and returned as a
@@ -598,6 +614,9 @@ def remote(module: torch.nn.Module, example_inputs: Sequence[Any], *, decode_inp
     as KV caches even if forward does not write them. The session is
     client's, or a new one on socket (default $VGPU_SOCKET, else
     /run/vgpu/mediator.sock) as tenant.
+
+    progress: the weights' upload draws a progress line on stderr when it
+    is a terminal (None, the default), always (True) or never (False).
     """
     if not isinstance(module, torch.nn.Module):
         raise vgpu.InvalidArgument(f"remote takes a torch.nn.Module, not {type(module).__name__}")
@@ -613,7 +632,7 @@ def remote(module: torch.nn.Module, example_inputs: Sequence[Any], *, decode_inp
     if owns:
         client = vgpu.Client(socket=socket, tenant=tenant)
     try:
-        return RemoteModule(module, graphs, store, client, owns, device)
+        return RemoteModule(module, graphs, store, client, owns, device, progress)
     except BaseException:
         if owns:
             client.close()
