@@ -34,6 +34,7 @@ type Change struct {
 type extras struct {
 	settings *Change
 	links    []Change
+	notes    []string
 }
 
 // planExtras works out the runtime settings file and the tenants' links
@@ -97,6 +98,10 @@ func planExtras(opts InstallOptions, rts []Runtime) (*extras, error) {
 		sc.Before, sc.Changed, sc.Action = before, true, "updated: runtime settings for "+runtimeNames(rts)
 	}
 	x.settings = sc
+	if filepath.Clean(opts.SettingsPath) != runtimehook.DefaultSettingsFile {
+		x.notes = append(x.notes, fmt.Sprintf("vgpu-runtime reads %s unless told otherwise: give the engine's daemon (and so its runtimes) %s=%s in its environment",
+			runtimehook.DefaultSettingsFile, runtimehook.SettingsFileEnv, opts.SettingsPath))
+	}
 
 	for _, rt := range rts {
 		if rt.Tenant == "" {
@@ -194,6 +199,7 @@ func (x *extras) apply(r *Result, dryRun bool) error {
 		}
 		r.Also = append(r.Also, l)
 	}
+	r.Notes = append(r.Notes, x.notes...)
 	return nil
 }
 

@@ -103,6 +103,9 @@ func TestInstallSettingsAndLinks(t *testing.T) {
 			if plain := f.Runtimes["vgpu"]; plain != (runtimehook.RuntimeSettings{Binary: h.runtime, Socket: "/run/v/m.sock", StateDir: "/run/v/c"}) {
 				t.Errorf("runtime vgpu: %+v", plain)
 			}
+			if !strings.Contains(strings.Join(r.Notes, "\n"), runtimehook.SettingsFileEnv+"="+h.settings) {
+				t.Errorf("notes %q do not say how vgpu-runtime finds %s", r.Notes, h.settings)
+			}
 			checkMode(t, h.settings, 0o644)
 			checkNoTemp(t, h.bin)
 			checkNoTemp(t, filepath.Dir(h.settings))
