@@ -200,18 +200,17 @@ func retainedBytes(d api.DeviceStatus) uint64 {
 	return d.Memory / uint64(d.Frames) * uint64(d.Retained)
 }
 
-// containerName is a session's container as vgpuctl status shows it:
-// "namespace/id" with the id cut to 12 characters, "-" for a host session.
-func containerName(t api.TenantStatus) string {
-	if t.Container == "" {
+// containerName is a container as vgpuctl status shows it: "namespace/id"
+// with the id cut to 12 characters, "-" for none (a host session).
+func containerName(namespace, id string) string {
+	if id == "" {
 		return "-"
 	}
-	id := t.Container
 	if len(id) > 12 {
 		id = id[:12]
 	}
-	if t.Namespace != "" {
-		return t.Namespace + "/" + id
+	if namespace != "" {
+		return namespace + "/" + id
 	}
 	return id
 }

@@ -22,7 +22,8 @@ func snapshotAt(now time.Time) Snapshot {
 			Tenants: []api.TenantStatus{
 				{Tenant: "alice", Session: 7, Devices: 1, Allocations: 2, Allocated: 64 << 20, Resident: 64 << 20, TLBHitRate: 0.5, Launches: 12},
 				{Tenant: "<script>alert(1)</script>", Container: "0123456789abcdef", Namespace: "k8s.io", Session: 8, Allocated: 1 << 20},
-			}},
+			},
+			Containers: []api.ContainerStatus{{Namespace: "moby", Container: "fedcba9876543210", Tenant: "alice", Memory: 1 << 30, Compute: 2, Devices: 1}}},
 		Tenants: []api.TenantInfo{{Name: "alice", Memory: 2 << 30, Compute: 3, ComputeMax: 0.5, Containers: 1, Reserved: 1 << 30, Allocated: 64 << 20, Charged: 64 << 20}},
 	}
 }
@@ -47,7 +48,8 @@ func TestPageShowsTheStatus(t *testing.T) {
 		"3.0 MiB in RAM",                                                       // evicted memory on the host
 		`data-tenant="alice"`, "2.0 GiB", "3 (max 50%)", "1.0 GiB", "64.0 MiB", // the tenant's quota and use
 		`data-session="7"`, "50.0%", ">12<", // its session
-		"k8s.io/0123456789ab",                   // a container's session, its id cut to 12
+		"k8s.io/0123456789ab",                                    // a container's session, its id cut to 12
+		`data-container="fedcba9876543210"`, "moby/fedcba987654", // a registered container
 		"&lt;script&gt;alert(1)&lt;/script&gt;", // a tenant's name is text, never markup
 		`id="chart-tenant-memory"`, `id="chart-device-memory"`, `id="chart-launches"`,
 		"-2s", // the samples' span, shorter than the window
@@ -79,7 +81,8 @@ func TestPageShowsWhyTheMediatorDidNotAnswer(t *testing.T) {
 	if err := render(&b, "live", snap, nil, time.Minute, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if html := b.String(); !strings.Contains(html, `id="error"`) || !strings.Contains(html, "connect: connection refused") || !strings.Contains(html, "No tenant.") {
+	if html := b.String(); !strings.Contains(html, `id="error"`) || !strings.Contains(html, "connect: connection refused") || !strings.Contains(html, "No tenant.") ||
+		strings.Contains(html, "No container registered.") { // no status: nothing to say about containers
 		t.Errorf("page without a status:\n%s", html)
 	}
 }
