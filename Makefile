@@ -10,7 +10,8 @@ STATICCHECK_VERSION := v0.8.2
 .PHONY: build test test-go test-python demo bench bench-root e2e lint fuzz clean
 
 # Static binaries: the hook runs in a container's runtime context and must not load
-# the host's libc through a path the container could influence.
+# the host's libc through a path the container could influence; vgpu-smi, which the
+# runtime mounts into containers, must run in any image.
 build:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/... ./examples/...
 

@@ -134,14 +134,15 @@ func newHarness() (*harness, error) {
 	return h, nil
 }
 
-// vgpuCommands are built from cmd/; vgpu-runtime and vgpu-hook static, as
-// they are installed (the hook runs as root on the host).
+// vgpuCommands are built from cmd/; vgpu-runtime, vgpu-hook and vgpu-smi
+// static, as they are installed (the hook runs as root on the host,
+// vgpu-smi in any container's image).
 var vgpuCommands = []struct {
 	name   string
 	static bool
 }{
 	{"vgpu-node", false}, {"vgpu-mediator", false}, {"vgpuctl", false},
-	{"vgpu-runtime", true}, {"vgpu-hook", true},
+	{"vgpu-runtime", true}, {"vgpu-hook", true}, {"vgpu-smi", true},
 }
 
 // build builds the vgpu binaries (a failure is recorded per binary: the
