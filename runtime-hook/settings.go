@@ -237,7 +237,7 @@ func (inv *Invocation) Resolve(argv0 string, getenv func(string) string) error {
 	if !found {
 		where = path + " does not exist"
 	}
-	return fmt.Errorf("run as %q, a name that says no runtime: %s, and it is neither %s nor %s-<tenant>; "+
+	return fmt.Errorf("run as %q, a name it cannot resolve: %s, and it is neither %s nor %s-<tenant>; "+
 		"refusing to create the container rather than run it as another tenant "+
 		"(run vgpuctl install, or make a wrapper script keep argv[0]: exec -a): %w",
 		argv0, where, RuntimeName, RuntimeName, api.ErrInvalidArgument)
