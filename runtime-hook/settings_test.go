@@ -2,6 +2,7 @@ package runtimehook
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -156,4 +157,32 @@ func TestSettingsFileRoundTrip(t *testing.T) {
 	if len(g.Runtimes) != 3 || g.Runtimes["vgpu-team-a"] != f.Runtimes["vgpu-team-a"] || g.Runtimes["vgpu-team-b"] != f.Runtimes["vgpu-team-b"] {
 		t.Fatalf("round trip: %+v, want %+v\n%s", g, f, b)
 	}
+}
+
+// FuzzParseSettingsFile: no input panics the parser, and a file it
+// accepts encodes to one it reads back the same.
+func FuzzParseSettingsFile(f *testing.F) {
+	f.Add([]byte(settingsTOML))
+	f.Add([]byte("[runtimes.a]\nbinary = \"/x\"\n[runtimes.b]\nbinary = \"/y/x\"\n"))
+	f.Add([]byte("runtimes = 3\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		sf, err := ParseSettingsFile("fuzz", data)
+		if err != nil {
+			if !errors.Is(err, api.ErrInvalidArgument) {
+				t.Fatalf("error %v is not ErrInvalidArgument", err)
+			}
+			return
+		}
+		b, err := sf.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := ParseSettingsFile("encoded", b)
+		if err != nil {
+			t.Fatalf("an accepted file encodes to one refused: %v\n%s", err, b)
+		}
+		if !maps.Equal(sf.Runtimes, again.Runtimes) {
+			t.Fatalf("round trip: %+v, want %+v", again.Runtimes, sf.Runtimes)
+		}
+	})
 }
