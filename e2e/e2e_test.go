@@ -239,6 +239,9 @@ func TestDemoChecksEveryResult(t *testing.T) {
 	if n := strings.Count(out, "passed"); n != 4 {
 		t.Fatalf("want 4 passed checks, got %d:\n%s", n, out)
 	}
+	if strings.Contains(out, "\r") { // its output is a pipe: no progress line
+		t.Errorf("vgpuctl demo drew a progress line into a pipe:\n%q", out)
+	}
 	waitFor(t, "all memory released", func() bool { return idle(status(t, socket)) })
 }
 

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/vgpu/vgpu/internal/testenv"
 )
 
 // buffer is a writer safe for the ticker's redraws.
@@ -139,5 +141,13 @@ func TestTerminal(t *testing.T) {
 		if ok, _ := Terminal(w); ok {
 			t.Errorf("%s is a terminal", name)
 		}
+	}
+}
+
+// Terminal: a pseudo-terminal is one, with its width.
+func TestTerminalOnAPTY(t *testing.T) {
+	_, tty := testenv.PTY(t, 97)
+	if ok, width := Terminal(tty); !ok || width != 97 {
+		t.Errorf("Terminal(pty) = %v, %d; want true, 97", ok, width)
 	}
 }
