@@ -11,6 +11,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -250,7 +251,11 @@ func TestRuntimeClassesMatchTheInstall(t *testing.T) {
 	if len(pod.InitContainers) != 1 || len(pod.InitContainers[0].Args) != 1 {
 		t.Fatalf("vgpu-mediator.yaml: want one init container with a script, have %+v", pod.InitContainers)
 	}
-	args := installArgs(t, pod.InitContainers[0].Args[0])
+	script := pod.InitContainers[0].Args[0]
+	if out, err := exec.Command("sh", "-n", "-c", script).CombinedOutput(); err != nil {
+		t.Errorf("the install step's script does not parse as sh: %v\n%s", err, out)
+	}
+	args := installArgs(t, script)
 	if got := slices.Sorted(slices.Values(flagValues(args, "tenant"))); !slices.Equal(got, tenants) {
 		t.Errorf("the install step's --tenant flags %v, want the quota file's tenants %v", got, tenants)
 	}
