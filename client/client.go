@@ -43,6 +43,10 @@ type Options struct {
 	Socket  string // default: $VGPU_SOCKET, else DefaultSocket
 	Tenant  string // default: $VGPU_TENANT; the mediator may override it
 	Devices int    // virtual devices wanted; default: $VGPU_DEVICES, else 1
+	// Reconnect is how long to try to reach the mediator again when the
+	// connection breaks, resuming the session (reconnect.go); 0 means
+	// DefaultReconnect, a negative value never.
+	Reconnect time.Duration
 }
 
 // Ptr is a device virtual address.
@@ -88,38 +92,21 @@ func Dial(opt Options) (*Client, error) {
 	}
 	// No bound on the hello: the mediator answers it once it has connected
 	// to the nodes of the session's devices, which have their own.
-	rpc, reply, err := dial(opt.Socket, api.Hello{
+	hello := api.Hello{
 		Magic: api.Magic, Version: api.Version, Role: api.RoleTenant,
-		Tenant: opt.Tenant, Devices: uint32(opt.Devices),
-	}, 0)
+		Tenant: opt.Tenant, Devices: uint32(opt.Devices), Resumable: true,
+	}
+	rpc, reply, err := dial(opt.Socket, hello, 0)
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{rpc: &link{RPC: rpc}, session: reply.Session, devices: reply.Devices, streams: map[*Stream]bool{}}
+	if opt.Reconnect == 0 {
+		opt.Reconnect = DefaultReconnect
+	}
+	c := &Client{session: reply.Session, devices: reply.Devices, streams: map[*Stream]bool{}}
+	c.rpc = &link{socket: opt.Socket, hello: hello, wait: opt.Reconnect, c: c, rpc: rpc, token: reply.Token}
 	c.def = c.newStream(api.DefaultStream)
 	return c, nil
-}
-
-// link is a session's connection to its mediator, counting the requests
-// sent on it (Requests).
-type link struct {
-	*api.RPC
-	requests atomic.Uint64
-}
-
-func (l *link) Go(op api.Op, into []byte, parts ...[]byte) *api.Call {
-	l.requests.Add(1)
-	return l.RPC.Go(op, into, parts...)
-}
-
-func (l *link) Call(op api.Op, into []byte, parts ...[]byte) ([]byte, error) {
-	l.requests.Add(1)
-	return l.RPC.Call(op, into, parts...)
-}
-
-func (l *link) CallFD(op api.Op, fd int, parts ...[]byte) ([]byte, error) {
-	l.requests.Add(1)
-	return l.RPC.CallFD(op, fd, parts...)
 }
 
 // Requests is how many requests the session has sent to the mediator

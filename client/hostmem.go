@@ -20,7 +20,7 @@ import (
 
 // region is a registered memfd mapping.
 type region struct {
-	id  uint32
+	id  uint32 // guarded by Client.mu: a resumed session renumbers it (reconnect.go)
 	mem []byte
 }
 
@@ -102,22 +102,29 @@ func (c *Client) HostFree(b []byte) error {
 
 func (c *Client) unregister(r *region) error {
 	c.flushAll()
-	_, err := c.rpc.Call(api.OpHostUnregister, nil, api.Encode(&api.HostRegion{Region: r.id}))
+	_, err := c.rpc.Call(api.OpHostUnregister, nil, api.Encode(&api.HostRegion{Region: c.regionID(r)}))
 	r.unmap()
 	return err
 }
 
+// regionID is r's id with the mediator now.
+func (c *Client) regionID(r *region) uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return r.id
+}
+
 // hostRegion finds the registered region that holds all of b, and b's
 // offset in it.
-func (c *Client) hostRegion(b []byte) (uint32, uint64, bool) {
+func (c *Client) hostRegion(b []byte) (*region, uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, r := range c.regions {
 		if off, ok := within(r.mem, b); ok {
-			return r.id, off, true
+			return r, off, true
 		}
 	}
-	return 0, 0, false
+	return nil, 0, false
 }
 
 // Staging: a stream copies other host memory through a ring of slots in a
@@ -178,7 +185,8 @@ func (s *Stream) closeStaging() {
 	s.staging = nil
 	s.c.mu.Lock()
 	s.c.regions = slices.DeleteFunc(s.c.regions, func(x *region) bool { return x == r })
+	id := r.id
 	s.c.mu.Unlock()
-	_, _ = s.c.rpc.Call(api.OpHostUnregister, nil, api.Encode(&api.HostRegion{Region: r.id}))
+	_, _ = s.c.rpc.Call(api.OpHostUnregister, nil, api.Encode(&api.HostRegion{Region: id}))
 	r.unmap()
 }

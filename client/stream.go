@@ -35,7 +35,28 @@ type inflight struct {
 	call    *api.Call
 	afters  []func()
 	settled bool
+	// What sending it again after a reconnect needs (reconnect.go): the
+	// request, the connection it went out on and that connection's
+	// generation, whether it is safe to repeat, and where its body names
+	// host regions, whose ids a resumed session changes.
+	op     api.Op
+	into   []byte
+	parts  [][]byte
+	rpc    *api.RPC
+	sentOn uint64
+	unsafe bool
+	fixups []fixup
 }
+
+// fixup is where a batch's body names region r by its id.
+type fixup struct {
+	at int
+	r  *region
+}
+
+// regionAt is the offset of a CopyHost command's region id in its
+// encoding (api.AppendCmd: op, length; then stream, address).
+const regionAt = 2 + 4 + 4 + 8
 
 // Batches are sent once they hold this many commands or bytes.
 const (
@@ -67,13 +88,33 @@ func (s *Stream) add(op api.Op, m api.Message) {
 		return
 	}
 	if s.cur == nil {
-		s.cur = &inflight{}
+		s.cur = &inflight{op: api.OpBatch}
+	}
+	switch op {
+	case api.OpCopyToDevice, api.OpMemset, api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost:
+		// Repeated, they leave memory as one run would.
+	default:
+		s.cur.unsafe = true
 	}
 	s.cur.body = api.AppendCmd(s.cur.body, op, m)
 	s.cur.n++
 	if s.cur.n >= batchCmds || len(s.cur.body) >= batchBytes {
 		s.flush()
 	}
+}
+
+// addHost is add for a copy through host region r, whose id the batch's
+// body gets now and again whenever it is sent (link.send). The caller
+// holds s.mu.
+func (s *Stream) addHost(op api.Op, m *api.CopyHost, r *region) {
+	m.Region = s.c.regionID(r)
+	if s.capture == nil {
+		if s.cur == nil {
+			s.cur = &inflight{op: api.OpBatch}
+		}
+		s.cur.fixups = append(s.cur.fixups, fixup{at: len(s.cur.body) + regionAt, r: r})
+	}
+	s.add(op, m)
 }
 
 // flush sends the batch being built. The caller holds s.mu.
@@ -86,7 +127,8 @@ func (s *Stream) flush() {
 	var hdr api.Encoder
 	hdr.U32(s.id)
 	hdr.U32(uint32(f.n))
-	f.call = s.c.rpc.Go(api.OpBatch, nil, hdr.B, f.body)
+	f.parts = [][]byte{hdr.B, f.body}
+	s.c.rpc.send(f)
 	s.sent(f)
 }
 
@@ -118,9 +160,12 @@ func (s *Stream) settle(f *inflight) {
 	}
 	f.settled = true
 	err := f.call.Wait()
+	if err != nil && broken(f.rpc, err) {
+		err = s.c.rpc.resend(f)
+	}
 	if err != nil {
 		if s.err == nil {
-			s.err = fmt.Errorf("%v: %w", f.call.Op, err)
+			s.err = fmt.Errorf("%v: %w", f.op, err)
 		}
 		return // the staged bytes are not a result
 	}
@@ -153,7 +198,7 @@ func (s *Stream) CopyToDevice(dst Ptr, src []byte) {
 			return
 		}
 		copy(slot.buf, part)
-		s.add(api.OpCopyToDeviceHost, &api.CopyHost{Stream: s.id, Addr: uint64(dst) + uint64(off), Region: s.staging.region.id, Off: slot.off, Len: uint64(len(part))})
+		s.addHost(api.OpCopyToDeviceHost, &api.CopyHost{Stream: s.id, Addr: uint64(dst) + uint64(off), Off: slot.off, Len: uint64(len(part))}, s.staging.region)
 		slot.user = s.last()
 	}
 }
@@ -171,7 +216,9 @@ func (s *Stream) CopyFromDevice(dst []byte, src Ptr) {
 		// goes first, so order holds.
 		s.flush()
 		req := api.CopyFromDevice{Stream: s.id, Src: uint64(src), Len: uint64(len(dst))}
-		s.sent(&inflight{call: s.c.rpc.Go(api.OpCopyFromDevice, dst, api.Encode(&req))})
+		f := &inflight{op: api.OpCopyFromDevice, into: dst, parts: [][]byte{api.Encode(&req)}}
+		s.c.rpc.send(f)
+		s.sent(f)
 		return
 	}
 	for off := 0; off < len(dst); off += stagingSlot {
@@ -181,7 +228,7 @@ func (s *Stream) CopyFromDevice(dst []byte, src Ptr) {
 			s.fail(err)
 			return
 		}
-		s.add(api.OpCopyFromDeviceHost, &api.CopyHost{Stream: s.id, Addr: uint64(src) + uint64(off), Region: s.staging.region.id, Off: slot.off, Len: uint64(len(part))})
+		s.addHost(api.OpCopyFromDeviceHost, &api.CopyHost{Stream: s.id, Addr: uint64(src) + uint64(off), Off: slot.off, Len: uint64(len(part))}, s.staging.region)
 		buf := slot.buf[:len(part)]
 		f := s.last()
 		f.afters = append(f.afters, func() { copy(part, buf) })
@@ -204,7 +251,7 @@ func (s *Stream) last() *inflight {
 // dealt with the copy. The caller holds s.mu.
 func (s *Stream) viaRegion(op api.Op, dir string, addr Ptr, b []byte) bool {
 	if r, off, ok := s.c.hostRegion(b); ok {
-		s.add(op, &api.CopyHost{Stream: s.id, Addr: uint64(addr), Region: r, Off: off, Len: uint64(len(b))})
+		s.addHost(op, &api.CopyHost{Stream: s.id, Addr: uint64(addr), Off: off, Len: uint64(len(b))}, r)
 		return true
 	}
 	if s.capture != nil {
