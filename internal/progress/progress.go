@@ -51,7 +51,9 @@ func Terminal(w io.Writer) (bool, int) {
 type Line struct {
 	w      io.Writer
 	prefix string
-	width  int // columns the line fits in, less one so it never wraps
+	// width is the terminal's width in columns, asked at each draw, so
+	// that a terminal resized narrower still gets one line.
+	width func() int
 	now    func() time.Time
 	stop   chan struct{}
 
@@ -72,20 +74,16 @@ func Start(w io.Writer, prefix string, quiet bool, tty func(io.Writer) (bool, in
 	if quiet {
 		return nil
 	}
-	ok, width := tty(w)
-	if !ok {
+	if ok, _ := tty(w); !ok {
 		return nil
 	}
-	l := newLine(w, prefix, width, time.Now)
+	l := newLine(w, prefix, func() int { _, n := tty(w); return n }, time.Now)
 	go l.ticks()
 	return l
 }
 
-func newLine(w io.Writer, prefix string, width int, now func() time.Time) *Line {
-	if width <= 0 {
-		width = defaultWidth
-	}
-	return &Line{w: w, prefix: prefix, width: width - 1, now: now, stop: make(chan struct{}), started: now()}
+func newLine(w io.Writer, prefix string, width func() int, now func() time.Time) *Line {
+	return &Line{w: w, prefix: prefix, width: width, now: now, stop: make(chan struct{}), started: now()}
 }
 
 func (l *Line) ticks() {
@@ -194,9 +192,14 @@ func (l *Line) text() string {
 	if d := l.now().Sub(l.started); d >= tick {
 		s += "  " + d.Truncate(time.Second).String()
 	}
-	if utf8.RuneCountInString(s) > l.width {
-		r := []rune(s)
-		s = string(r[:max(l.width-1, 0)]) + "…"
+	// One column short of the width: a line reaching the last column
+	// wraps on some terminals, and \r would then redraw only its end.
+	width := l.width()
+	if width <= 0 {
+		width = defaultWidth
+	}
+	if n := width - 1; utf8.RuneCountInString(s) > n {
+		s = string([]rune(s)[:max(n-1, 0)]) + "…"
 	}
 	return s
 }

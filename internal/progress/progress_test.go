@@ -83,7 +83,7 @@ func TestDrawnInPlace(t *testing.T) {
 func TestBarTimeAndWidth(t *testing.T) {
 	var b buffer
 	now := time.Unix(1000, 0)
-	l := newLine(&b, "upload", 100, func() time.Time { return now })
+	l := newLine(&b, "upload", func() int { return 100 }, func() time.Time { return now })
 	l.Step("weights of model")
 	l.Bytes(96<<20, 256<<20)
 	if got, want := l.text(), "upload: weights of model  [#######.............]  37%  96.0 MiB of 256.0 MiB"; got != want {
@@ -93,11 +93,18 @@ func TestBarTimeAndWidth(t *testing.T) {
 	if got := l.text(); !strings.HasSuffix(got, "  12s") {
 		t.Errorf("text %q: no elapsed time", got)
 	}
-	for _, width := range []int{20, 40} {
-		n := newLine(&b, "bench", width, time.Now)
-		n.Total(12)
-		n.Step(strings.Repeat("long step name ", 10))
-		if got := n.text(); utf8.RuneCountInString(got) != width-1 || !strings.HasSuffix(got, "…") {
+	// The width is asked at each draw: a terminal resized to 20 columns
+	// gets lines of 19.
+	width := 40
+	n := newLine(&b, "bench", func() int { return width }, time.Now)
+	n.Total(12)
+	n.Step(strings.Repeat("long step name ", 10))
+	for _, width = range []int{40, 20, 0} {
+		want := width - 1
+		if width == 0 { // a terminal that does not say
+			want = defaultWidth - 1
+		}
+		if got := n.text(); utf8.RuneCountInString(got) != want || !strings.HasSuffix(got, "…") {
 			t.Errorf("width %d: %q (%d columns)", width, got, utf8.RuneCountInString(got))
 		}
 	}
