@@ -54,8 +54,8 @@ type Line struct {
 	// width is the terminal's width in columns, asked at each draw, so
 	// that a terminal resized narrower still gets one line.
 	width func() int
-	now    func() time.Time
-	stop   chan struct{}
+	now   func() time.Time
+	stop  chan struct{}
 
 	mu      sync.Mutex // guards what follows
 	what    string     // the current step
