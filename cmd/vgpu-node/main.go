@@ -35,6 +35,8 @@ func main() {
 		"keep sealed frames (weights) whose holders freed them, until an allocation needs the memory, so that a tenant loading the same weights again is not sent them: "+
 			"all (as much as free memory holds), a size per device (the least recently used beyond it are scrubbed; on sim, retained frames hold host RAM), or off")
 	metricsAddr := flag.String("metrics", "", "serve Prometheus metrics at /metrics on this address, such as 127.0.0.1:9400 (\"\": don't)")
+	grace := flag.Duration("reattach-grace", accelerator.DefaultReattachGrace,
+		"how long the device memory of a mediator whose connection dropped (a crash, a restart) is kept for it to reclaim; then it is scrubbed and freed (0: at once)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -50,7 +52,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "vgpu-node: --retain-weights:", err)
 		os.Exit(2)
 	}
-	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA, *medTimeout, retain, *metricsAddr); err != nil {
+	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA, *medTimeout, retain, *metricsAddr, graceOption(*grace)); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-node:", err)
 		os.Exit(1)
 	}
@@ -84,6 +86,15 @@ func warnIfExposed(log logrus.FieldLogger, addr net.Addr, tls bool) bool {
 		"any host that can reach it can connect as a mediator and claim any tenant (the node trusts the tenant a mediator names); " +
 		"serve mutual TLS with --tls-cert, --tls-key and --tls-ca (vgpuctl certs init), or listen on loopback")
 	return true
+}
+
+// graceOption is --reattach-grace as SimOptions.ReattachGrace says it: 0
+// there is the default, a negative value none.
+func graceOption(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 // retention is what --retain-weights asks for.
@@ -122,7 +133,7 @@ func retainText(r retention) string {
 	return api.FormatSize(r.max) + " per device"
 }
 
-func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration, retain retention, metricsAddr string) error {
+func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration, retain retention, metricsAddr string, reattachGrace time.Duration) error {
 	log, err := daemon.Logger("vgpu-node", level)
 	if err != nil {
 		return err
@@ -139,6 +150,7 @@ func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tl
 		return err
 	}
 	opts := accelerator.SimOptions{TLS: tlsCfg, MediatorTimeout: medTimeout, NoRetention: retain.off, RetainMax: retain.max}
+	opts.ReattachGrace = reattachGrace
 	var requests *metrics.Requests // latency and errors of the mediators' requests
 	if metricsAddr != "" {
 		requests = metrics.NewRequests(false)
@@ -162,7 +174,7 @@ func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tl
 	}
 	warnIfExposed(log, addr, tlsCfg != nil)
 	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil,
-		"mediator_timeout": medTimeout.String(), "retain_weights": retainText(retain)}).Info("serving")
+		"mediator_timeout": medTimeout.String(), "retain_weights": retainText(retain), "reattach_grace": max(reattachGrace, 0).String()}).Info("serving")
 	daemon.RunUntilStopped(log, func() error { return nil }) // a node has nothing to reload
 	return node.Close()
 }
