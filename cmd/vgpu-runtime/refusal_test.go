@@ -8,8 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // refusingRuntime fails a create as runc 1.1 does when vgpu-hook's
@@ -86,5 +89,64 @@ func TestCreateFailingOtherwiseKeepsRuncsError(t *testing.T) {
 	raw, _ := os.ReadFile(e.log)
 	if got := strings.TrimSpace(string(raw)); got != `{"level":"error","msg":"runc create failed: no such file"}` {
 		t.Errorf("log %q: the wrapper added to it", got)
+	}
+}
+
+// slowRuntime stands for a create that takes its time: it says it started,
+// notes a SIGTERM it gets, and otherwise sleeps.
+const slowRuntime = `#!/bin/sh
+trap 'echo term > "$VGPU_TEST_RECORD.term"; exit 143' TERM
+echo $$ > "$VGPU_TEST_RECORD.pid"
+while :; do sleep 0.05; done
+`
+
+// While runc creates, a SIGTERM to the wrapper reaches runc, and runc's
+// status is the wrapper's; a SIGKILL of the wrapper kills runc too
+// (Pdeathsig), so no create outlives the one its caller gave up on.
+func TestCreateSignalsReachRunc(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		t.Run(sig.String(), func(t *testing.T) {
+			e := newEnv(t)
+			if err := os.WriteFile(e.runtime, []byte(slowRuntime), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			b, _ := e.bundle(t, specJSON([]string{"VGPU_MEMORY=1GiB"}, nil))
+			args := append([]string{"--vgpu-tenant", "team-a", "--vgpu-runtime", e.runtime, "--vgpu-state", e.state}, e.docker()...)
+			cmd := exec.Command(filepath.Join(binDir, "vgpu-runtime"), append(args, "create", "--bundle", b, "ctr1")...)
+			cmd.Env = append(os.Environ(), "VGPU_TEST_RECORD="+e.record)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var runc int
+			deadline := time.Now().Add(10 * time.Second)
+			for runc == 0 && time.Now().Before(deadline) {
+				raw, _ := os.ReadFile(e.record + ".pid")
+				runc, _ = strconv.Atoi(strings.TrimSpace(string(raw)))
+				time.Sleep(10 * time.Millisecond)
+			}
+			if runc == 0 {
+				cmd.Process.Kill()
+				t.Fatal("runc did not start")
+			}
+			cmd.Process.Signal(sig)
+			err := cmd.Wait()
+			ee, _ := errors.AsType[*exec.ExitError](err)
+			if sig == syscall.SIGTERM {
+				if ee == nil || ee.ExitCode() != 143 {
+					t.Errorf("wrapper: %v; want runc's exit 143", err)
+				}
+				if raw, _ := os.ReadFile(e.record + ".term"); string(raw) != "term\n" {
+					t.Error("runc did not get the SIGTERM")
+				}
+				return
+			}
+			for syscall.Kill(runc, 0) == nil && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if syscall.Kill(runc, 0) == nil {
+				syscall.Kill(runc, syscall.SIGKILL)
+				t.Error("runc outlived the wrapper's SIGKILL")
+			}
+		})
 	}
 }
