@@ -46,7 +46,7 @@ func topFlags() (*flag.FlagSet, *time.Duration, *int) {
 	return fs, every, n
 }
 
-func topCmd(socket string, args []string) error {
+func topCmd(socket string, args []string) (err error) {
 	fs, every, n := topFlags()
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -60,18 +60,28 @@ func topCmd(socket string, args []string) error {
 	if *n < 0 {
 		return fmt.Errorf("top: --iterations %d: want 0 or more: %w", *n, api.ErrInvalidArgument)
 	}
-	op, err := client.DialOperatorTimeout(socket, operatorTimeout)
-	if err != nil {
+	r := &topReader{socket: socket, every: *every, dial: func() (*client.Operator, error) {
+		return client.DialOperatorTimeout(socket, operatorTimeout)
+	}}
+	// The first connection must work: a wrong socket is an error at once.
+	if r.op, err = r.dial(); err != nil {
 		return err
 	}
-	defer op.Close()
-	return runTop(op, socket, *every, *n, os.Stdin, os.Stdout)
+	defer func() {
+		if r.op != nil {
+			r.op.Close()
+		}
+	}()
+	return runTop(r, *every, *n, os.Stdin, os.Stdout)
 }
 
 // topReader takes snapshots; on the first it learns whether the socket is
-// the host's (status) or a container's (self).
+// the host's (status) or a container's (self). A failed reading drops the
+// connection, and the next dials again: a restarted mediator is shown
+// again once it answers.
 type topReader struct {
-	op     *client.Operator
+	op     *client.Operator // nil after a failure
+	dial   func() (*client.Operator, error)
 	socket string
 	every  time.Duration
 	self   bool
@@ -81,19 +91,26 @@ type topReader struct {
 func (r *topReader) read() *topSnapshot {
 	s := &topSnapshot{At: time.Now(), Socket: r.socket, Every: r.every}
 	var err error
-	if !r.self {
+	if r.op == nil {
+		r.op, err = r.dial()
+	}
+	if err == nil && !r.self {
 		s.Status, err = r.op.Status()
 		if errors.Is(err, api.ErrPermissionDenied) {
-			r.self = true // a container's socket answers only for itself
+			r.self, err = true, nil // a container's socket answers only for itself
 		} else if err == nil {
 			s.Tenants, err = r.op.Tenants()
 		}
 	}
-	if r.self {
+	if err == nil && r.self {
 		s.Status = nil
 		s.Self, err = r.op.Self()
 	}
 	if err != nil {
+		if r.op != nil {
+			r.op.Close()
+			r.op = nil
+		}
 		if r.last == nil {
 			return &topSnapshot{At: s.At, Socket: r.socket, Every: r.every, Err: err}
 		}
@@ -108,8 +125,7 @@ func (r *topReader) read() *topSnapshot {
 // runTop draws screens until q, Ctrl-C, SIGTERM, or n screens. On a
 // terminal it puts the keyboard in raw mode and draws on the alternate
 // screen, both undone before it returns.
-func runTop(op *client.Operator, socket string, every time.Duration, n int, in *os.File, out *os.File) error {
-	r := &topReader{op: op, socket: socket, every: every}
+func runTop(r *topReader, every time.Duration, n int, in *os.File, out *os.File) error {
 	tty := term.IsTerminal(int(in.Fd())) && term.IsTerminal(int(out.Fd()))
 	if tty {
 		old, err := term.MakeRaw(int(in.Fd()))

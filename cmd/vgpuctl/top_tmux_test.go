@@ -215,3 +215,44 @@ func waitFile(t *testing.T, path string) string {
 	t.Fatalf("%s not written in 10s: the program did not exit", path)
 	return ""
 }
+
+// A reading that fails keeps the last good one on the screen with the
+// error, and the next reading dials again: a mediator started again on the
+// socket is shown again.
+func TestTopReaderReconnects(t *testing.T) {
+	dir, err := os.MkdirTemp("", "vgpu-top")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	m, sock := topMediator(t, dir)
+	dials := 0
+	r := &topReader{socket: sock, every: time.Second, dial: func() (*client.Operator, error) {
+		dials++
+		return client.DialOperatorTimeout(sock, 5*time.Second)
+	}}
+	first := r.read()
+	if first.Err != nil || first.Status == nil || len(first.Tenants) != 2 {
+		t.Fatalf("first reading: %+v", first)
+	}
+	m.Close()
+	os.Remove(sock)
+	failed := r.read()
+	if failed.Err == nil || failed.Status != first.Status {
+		t.Fatalf("a reading of a stopped mediator: err %v, status %p, want the error over the last good status %p", failed.Err, failed.Status, first.Status)
+	}
+	if out := renderTop(nil, failed, 80, 24); !strings.Contains(out, "! ") || !strings.Contains(out, "team-a") {
+		t.Fatalf("the screen after a failed reading:\n%s", out)
+	}
+	if down := r.read(); down.Err == nil || down.Status != first.Status { // dials, and fails
+		t.Fatalf("a second reading of the stopped mediator: err %v", down.Err)
+	}
+	topMediator(t, dir)
+	again := r.read()
+	if again.Err != nil || again.Status == nil || again.Status == first.Status {
+		t.Fatalf("a reading of the restarted mediator: %+v", again)
+	}
+	if dials != 3 { // the first, one to the stopped mediator, one to the restarted
+		t.Fatalf("%d dials, want 3", dials)
+	}
+}

@@ -310,8 +310,8 @@ func sortSessions(ss []topSession) {
 
 // renderTop is the screen of vgpuctl top for the snapshot cur, with rates
 // since prev (nil for the first), in width columns and height lines: each
-// line is at most width runes and there are at most height lines, with no
-// trailing newline. Below 80 columns bars shrink and then go, and lines
+// line is at most width runes, without trailing blanks, and there are at
+// most height lines, with no trailing newline. Below 80 columns bars shrink and then go, and lines
 // are cut at the width; sessions fill the lines left.
 func renderTop(prev, cur *topSnapshot, width, height int) string {
 	if width < 1 || height < 1 {
@@ -375,7 +375,7 @@ func renderTop(prev, cur *topSnapshot, width, height int) string {
 		lines = lines[:height]
 	}
 	for i, l := range lines {
-		lines[i] = clipTo(l, width)
+		lines[i] = strings.TrimRight(clipTo(l, width), " ")
 	}
 	return strings.Join(lines, "\n")
 }
