@@ -57,7 +57,10 @@ type (
 
 // devKey names a physical device of a node; shareKey one tenant's use of it.
 type (
-	devKey   struct{ node string; dev uint32 }
+	devKey struct {
+		node string
+		dev  uint32
+	}
 	shareKey struct {
 		devKey
 		tenant string
