@@ -2,7 +2,6 @@ package main
 
 import (
 	"debug/elf"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,12 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sirupsen/logrus"
-
-	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
-	"github.com/vgpu/vgpu/mediator"
+	"github.com/vgpu/vgpu/internal/systest"
 )
 
 // The view of a container granted 256 MiB of a 1 GiB device, with one
@@ -90,28 +86,8 @@ func TestSmiOverAContainerSocket(t *testing.T) {
 	}
 	f.Close()
 
-	log := logrus.New()
-	log.SetLevel(logrus.WarnLevel)
-	node, addr, err := accelerator.StartSim("127.0.0.1:0", 1, 1<<30, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Close() })
-	quota := filepath.Join(dir, "q.toml")
-	if err := os.WriteFile(quota, []byte("[namespaces]\nmoby = \"team-a\"\nk8s = \"team-b\"\n[tenants.team-a]\n[tenants.team-b]\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	m, err := mediator.New(mediator.Config{Nodes: []string{addr.String()}, Quota: quota, ContainerDir: filepath.Join(dir, "c"), StateDir: dir, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	sock := filepath.Join(dir, "m.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go m.Serve(l)
+	_, sock := systest.StartWith(t, systest.Options{Devices: 1, Size: 1 << 30,
+		Quota: "[namespaces]\nmoby = \"team-a\"\nk8s = \"team-b\"\n[tenants.team-a]\n[tenants.team-b]\n"})
 	op, err := client.DialOperator(sock)
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,43 +8,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sirupsen/logrus"
-
-	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/systest"
 	"github.com/vgpu/vgpu/internal/testenv"
 	"github.com/vgpu/vgpu/mediator"
 )
 
+// topQuota gives team-a weight 1 and team-b weight 3.
+const topQuota = "[namespaces]\nmoby = \"team-a\"\n[tenants.team-a]\nmemory = \"512MiB\"\n[tenants.team-b]\ncompute = 3\n"
+
 // topMediator starts a mediator on one sim node of two 1 GiB devices, with
-// a quota file that gives team-a weight 1 and team-b weight 3, and returns
-// its socket.
+// topQuota, its socket in dir, and returns it and its socket.
 func topMediator(t *testing.T, dir string) (*mediator.Mediator, string) {
 	t.Helper()
-	log := logrus.New()
-	log.SetLevel(logrus.WarnLevel)
-	node, addr, err := accelerator.StartSim("127.0.0.1:0", 2, 1<<30, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Close() })
-	quota := filepath.Join(dir, "q.toml")
-	if err := os.WriteFile(quota, []byte("[namespaces]\nmoby = \"team-a\"\n[tenants.team-a]\nmemory = \"512MiB\"\n[tenants.team-b]\ncompute = 3\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	m, err := mediator.New(mediator.Config{Nodes: []string{addr.String()}, Quota: quota, ContainerDir: filepath.Join(dir, "c"), StateDir: dir, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	sock := filepath.Join(dir, "m.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go m.Serve(l)
-	return m, sock
+	return systest.StartWith(t, systest.Options{Devices: 2, Size: 1 << 30, Quota: topQuota, Dir: dir})
 }
 
 // busy keeps a tenant session computing until the test ends.

@@ -21,19 +21,50 @@ import (
 // mediator in front of it, and returns the mediator's socket.
 func Start(t testing.TB, devs int, size uint64) string {
 	t.Helper()
+	_, socket := StartWith(t, Options{Devices: devs, Size: size})
+	return socket
+}
+
+// Options describe a system of StartWith.
+type Options struct {
+	Devices int    // of the sim node
+	Size    uint64 // of each device, in bytes
+	// Quota is the text of the mediator's quota file; "": none.
+	Quota string
+	// Dir holds the socket (m.sock), the quota file and the containers'
+	// socket directories (c/); "": a temporary directory, removed at the
+	// end. A test that starts a mediator again on the same socket passes
+	// the same Dir, after closing the first.
+	Dir string
+}
+
+// StartWith starts a sim node and a mediator as o says, and returns the
+// mediator (a test may Close it early) and its socket.
+func StartWith(t testing.TB, o Options) (*mediator.Mediator, string) {
+	t.Helper()
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	dir, err := os.MkdirTemp("", "vgpu-sys") // short: socket paths are limited to 108 bytes
-	if err != nil {
-		t.Fatal(err)
+	dir := o.Dir
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "vgpu-sys"); err != nil { // short: socket paths are limited to 108 bytes
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	node, addr, err := accelerator.StartSim("127.0.0.1:0", devs, size, log)
+	node, addr, err := accelerator.StartSim("127.0.0.1:0", o.Devices, o.Size, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { node.Close() })
-	m, err := mediator.New(mediator.Config{Nodes: []string{addr.String()}, ContainerDir: filepath.Join(dir, "c"), StateDir: dir, Log: log})
+	cfg := mediator.Config{Nodes: []string{addr.String()}, ContainerDir: filepath.Join(dir, "c"), StateDir: dir, Log: log}
+	if o.Quota != "" {
+		cfg.Quota = filepath.Join(dir, "quota.toml")
+		if err := os.WriteFile(cfg.Quota, []byte(o.Quota), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := mediator.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,5 +75,5 @@ func Start(t testing.TB, devs int, size uint64) string {
 	}
 	go m.Serve(l)
 	t.Cleanup(func() { m.Close() })
-	return socket
+	return m, socket
 }
