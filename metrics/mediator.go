@@ -66,12 +66,7 @@ func (c *MediatorCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *MediatorCollector) Collect(ch chan<- prometheus.Metric) {
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	counter := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
-	}
+	gauge, counter := emitters(ch)
 	st := c.src.Status()
 	seen := map[string]bool{} // a node listed twice is exported once: series must be unique
 	for _, n := range st.Nodes {

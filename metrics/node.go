@@ -53,12 +53,7 @@ var nodeDescs = []*prometheus.Desc{nodeUp, nodeConnections, deviceInfo, deviceTo
 // A status with an error (a node a mediator could not reach) gives
 // vgpu_node_up 0 and nothing else.
 func collectNode(ch chan<- prometheus.Metric, addr string, st api.NodeStatus) {
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	counter := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
-	}
+	gauge, counter := emitters(ch)
 	if st.Error != "" {
 		gauge(nodeUp, 0, addr)
 		return
@@ -106,6 +101,18 @@ func collectNode(ch chan<- prometheus.Metric, addr string, st api.NodeStatus) {
 	counter(cohExpired, float64(c.Expired), addr)
 	gauge(cohVersions, float64(c.Versions), addr)
 	gauge(cohVerBytes, float64(c.VersionBytes), addr)
+}
+
+// emitters return functions that send a gauge's and a counter's value to
+// ch, with the labels of the series in its Desc's order.
+func emitters(ch chan<- prometheus.Metric) (gauge, counter func(d *prometheus.Desc, v float64, labels ...string)) {
+	gauge = func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter = func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	return gauge, counter
 }
 
 func b2f(b bool) float64 {
@@ -157,9 +164,10 @@ func (c *NodeCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *NodeCollector) Collect(ch chan<- prometheus.Metric) {
 	collectNode(ch, c.addr, c.status())
+	gauge, counter := emitters(ch)
 	d := c.dedup()
-	ch <- prometheus.MustNewConstMetric(dedupLookups, prometheus.CounterValue, float64(d.Lookups), c.addr)
-	ch <- prometheus.MustNewConstMetric(dedupHits, prometheus.CounterValue, float64(d.Hits), c.addr)
-	ch <- prometheus.MustNewConstMetric(dedupSaved, prometheus.GaugeValue, float64(d.Saved), c.addr)
-	ch <- prometheus.MustNewConstMetric(sealedFrames, prometheus.GaugeValue, float64(d.Sealed), c.addr)
+	counter(dedupLookups, float64(d.Lookups), c.addr)
+	counter(dedupHits, float64(d.Hits), c.addr)
+	gauge(dedupSaved, float64(d.Saved), c.addr)
+	gauge(sealedFrames, float64(d.Sealed), c.addr)
 }
