@@ -17,6 +17,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/internal/testenv"
 )
@@ -40,7 +41,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	dir := t.TempDir()
 	socket, httpAddr := filepath.Join(dir, "mediator.sock"), freePort(t)
 	med := startProc(t, "vgpu-mediator", "--socket", socket, "--node", node, "--state-dir", dir,
-		"--quota", "", "--containerd", "", "--log-level", "warn", "--http", httpAddr)
+		"--quota", "", "--containerd", "", "--container-dir", filepath.Join(dir, "c"), "--log-level", "warn", "--http", httpAddr)
 	base := "http://" + httpAddr
 	waitFor(t, "the status page", func() bool {
 		resp, err := http.Get(base + "/status.json")
@@ -77,6 +78,17 @@ func TestStatusPageInChromium(t *testing.T) {
 	})
 	b := dialTenant(t, socket, "team-b")
 	mallocOK(t, b, 8<<20)
+	// A container registered as the runtime hook does, with this process
+	// as its init, so that the mediator keeps it.
+	op, err := client.DialOperator(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	const ctr = "statuspage0123456789"
+	if _, err := op.Register(api.Register{Container: ctr, Namespace: "moby", Memory: 256 << 20, Pid: uint32(os.Getpid())}); err != nil {
+		t.Fatal(err)
+	}
 
 	browserLog := &output{} // Chromium's, for a failure's message
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.WindowSize(1280, 1000),
@@ -97,6 +109,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(tenantRow)),
 		chromedp.WaitVisible(chromedp.CSS(`#sessions tr[data-tenant="team-b"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#chart-tenant-memory polyline`)),
+		chromedp.WaitVisible(chromedp.CSS(`#containers tr[data-container="`+ctr+`"]`)),
 	); err != nil {
 		t.Fatalf("load the page: %v\n%s", err, browserLog.String())
 	}
@@ -106,6 +119,9 @@ func TestStatusPageInChromium(t *testing.T) {
 	}
 	if d := textOf(ctx, t, "#devices"); !strings.Contains(d, node) || !strings.Contains(d, "1.0 GiB") {
 		t.Errorf("devices table lacks node %s's 1 GiB devices:\n%s", node, d)
+	}
+	if c := textOf(ctx, t, `#containers tr[data-container="`+ctr+`"]`); !strings.Contains(c, "moby/statuspage01") || !strings.Contains(c, "256.0 MiB") {
+		t.Errorf("container row %q, want moby/statuspage01 (its id cut to 12) with its 256 MiB", c)
 	}
 	legend := textOf(ctx, t, "#chart-tenant-memory .legend")
 	if !strings.Contains(legend, "team-a") || !strings.Contains(legend, "team-b") {
