@@ -20,43 +20,22 @@ import (
 // it what other tenants hold.
 
 // serveSelf answers a container's requests about itself until it hangs up.
+// What it may ask has no body.
 func (m *Mediator) serveSelf(c *api.Conn, hello api.Header, ctr *container) {
-	if err := c.Reply(hello, api.Encode(&api.HelloReply{Version: api.Version})); err != nil {
-		return
-	}
-	for {
-		h, err := c.ReadHeader()
-		if err != nil {
-			return
-		}
-		if h.Len > 0 {
-			// What it may ask has no body: nothing is read or allocated for one.
-			_ = c.ReplyError(h, fmt.Errorf("%v with a %d-byte body on the socket of container %v: its requests have none: %w",
-				h.Op, h.Len, ctr.key(), api.ErrPermissionDenied))
-			return
-		}
-		var reply []byte
-		switch h.Op {
+	serveRequests(c, hello, false, fmt.Sprintf("the socket of container %v", ctr.key()), func(op api.Op, _ []byte) ([]byte, error) {
+		switch op {
 		case api.OpSelf:
-			reply, err = json.Marshal(m.selfStatus(ctr))
+			reply, err := json.Marshal(m.selfStatus(ctr))
 			if err != nil {
-				err = fmt.Errorf("encode the status of container %v: %v: %w", ctr.key(), err, api.ErrInternal)
+				return nil, fmt.Errorf("encode the status of container %v: %v: %w", ctr.key(), err, api.ErrInternal)
 			}
+			return reply, nil
 		case api.OpKernels:
-			reply = m.catalogBody()
-		default:
-			err = fmt.Errorf("%v on the socket of container %v: a container may read only its own status (%v) and the kernels: %w",
-				h.Op, ctr.key(), api.OpSelf, api.ErrPermissionDenied)
+			return m.catalogBody(), nil
 		}
-		if err != nil {
-			err = c.ReplyError(h, err)
-		} else {
-			err = c.Reply(h, reply)
-		}
-		if err != nil {
-			return
-		}
-	}
+		return nil, fmt.Errorf("%v on the socket of container %v: a container may read only its own status (%v) and the kernels: %w",
+			op, ctr.key(), api.OpSelf, api.ErrPermissionDenied)
+	})
 }
 
 // selfStatus is what container c has now. Its virtual device i is, for

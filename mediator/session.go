@@ -46,9 +46,9 @@ type session struct {
 	vdevs  []vdev
 	space  *memory.Space
 	frames *frameSource // the space's source: frames held, by device (self.go)
-	ctr    *container // the container whose socket the session came through; nil on the host socket
-	budget *budget    // the container's, shared by its sessions, or the session's own
-	evicts bool       // the space oversubscribes and may evict
+	ctr    *container   // the container whose socket the session came through; nil on the host socket
+	budget *budget      // the container's, shared by its sessions, or the session's own
+	evicts bool         // the space oversubscribes and may evict
 	// frameCredit is what the budget credits for each frame of a sealed
 	// weight that its node stores once (dedup.go): (1 − dedup_charge) of a
 	// frame for a container's session, 0 on the host socket.
@@ -163,8 +163,19 @@ func (m *Mediator) serveConn(nc net.Conn, ctr *container, greeted func()) {
 }
 
 // serveOperator answers operator requests. Those that change state
-// (register, release, reload) need a privileged peer.
+// (register, release, reload) need a privileged peer; what an unprivileged
+// one may ask (status, tenants, the catalog) has no body.
 func (m *Mediator) serveOperator(c *api.Conn, hello api.Header, priv bool) {
+	serveRequests(c, hello, priv, "an unprivileged peer", func(op api.Op, body []byte) ([]byte, error) {
+		return m.operate(op, body, priv)
+	})
+}
+
+// serveRequests answers the hello, then each request with answer, one at a
+// time, until the peer hangs up or a reply cannot be written. Unless
+// bodies, a request with a body is refused unread (nothing is read or
+// allocated for one), naming the peer as who, and the connection closed.
+func serveRequests(c *api.Conn, hello api.Header, bodies bool, who string, answer func(op api.Op, body []byte) ([]byte, error)) {
 	if err := c.Reply(hello, api.Encode(&api.HelloReply{Version: api.Version})); err != nil {
 		return
 	}
@@ -173,17 +184,15 @@ func (m *Mediator) serveOperator(c *api.Conn, hello api.Header, priv bool) {
 		if err != nil {
 			return
 		}
-		if !priv && h.Len > 0 {
-			// What an unprivileged peer may ask (status, tenants, the
-			// catalog) has no body: nothing is read or allocated for one.
-			_ = c.ReplyError(h, fmt.Errorf("%v with a %d-byte body from an unprivileged peer: its requests have none: %w", h.Op, h.Len, api.ErrPermissionDenied))
+		if !bodies && h.Len > 0 {
+			_ = c.ReplyError(h, fmt.Errorf("%v with a %d-byte body from %s: its requests have none: %w", h.Op, h.Len, who, api.ErrPermissionDenied))
 			return
 		}
 		body := make([]byte, h.Len)
 		if err := c.ReadBody(body); err != nil {
 			return
 		}
-		reply, err := m.operate(h.Op, body, priv)
+		reply, err := answer(h.Op, body)
 		if err != nil {
 			err = c.ReplyError(h, err)
 		} else {
