@@ -3,8 +3,10 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"image/png"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -220,4 +222,32 @@ func textOf(ctx context.Context, t *testing.T, sel string) string {
 		t.Fatalf("text of %s: %v", sel, err)
 	}
 	return strings.TrimSpace(s)
+}
+
+// TestStatusPageRefusesBadAddresses starts vgpu-mediator with a taken
+// --http port and with an address beyond loopback: each exits at start
+// with an error that names the address, having served nothing.
+func TestStatusPageRefusesBadAddresses(t *testing.T) {
+	taken := freePort(t)
+	l, err := net.Listen("tcp", taken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, c := range []struct{ addr, want string }{
+		{taken, "--http " + taken + ": status page: listen tcp " + taken + ": bind: address already in use"},
+		{"0.0.0.0:0", "--http 0.0.0.0:0 (--http-remote allows it): status page on 0.0.0.0:0: it would listen on "},
+	} {
+		dir := t.TempDir()
+		socket := filepath.Join(dir, "mediator.sock")
+		out, err := run(t, "vgpu-mediator", "--socket", socket, "--state-dir", dir, "--quota", "", "--containerd", "",
+			"--log-level", "warn", "--http", c.addr)
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(out, c.want) {
+			t.Errorf("--http %s: %v, want exit 1 saying %q:\n%s", c.addr, err, c.want, out)
+		}
+		if _, err := os.Stat(socket); err == nil {
+			t.Errorf("--http %s: the mediator opened its socket before refusing", c.addr)
+		}
+	}
 }
