@@ -41,7 +41,7 @@ func TestVgpuctlGlobalFlagsAfterCommand(t *testing.T) {
 // Every binary says which build it is and which protocol it speaks, and
 // exits 0.
 func TestEveryBinaryHasVersion(t *testing.T) {
-	for _, name := range []string{"vgpu-node", "vgpu-mediator", "vgpu-hook", "vgpuctl"} {
+	for _, name := range []string{"vgpu-node", "vgpu-mediator", "vgpu-hook", "vgpuctl", "vgpu-smi"} {
 		out, err := run(t, name, "--version")
 		if err != nil || !strings.HasPrefix(out, name+" ") || !strings.Contains(out, "(protocol ") {
 			t.Errorf("%s --version: %v\n%s", name, err, out)
@@ -56,7 +56,7 @@ func TestEveryBinaryHasVersion(t *testing.T) {
 	if err != nil || !strings.HasPrefix(out, "vgpu-runtime ") || !strings.HasSuffix(out, "\nfake runc --version\n") {
 		t.Errorf("vgpu-runtime --version: %v\n%s", err, out)
 	}
-	for _, name := range []string{"vgpu-runtime", "vgpu-hook"} {
+	for _, name := range []string{"vgpu-runtime", "vgpu-hook", "vgpu-smi"} {
 		out, err := run(t, name, "--help")
 		if err != nil || !strings.HasPrefix(out, "usage: "+name) {
 			t.Errorf("%s --help: %v\n%s", name, err, out)
