@@ -52,6 +52,9 @@ func (s *session) seal(body []byte) error {
 	if err := s.space.Seal(m.Addr); err != nil {
 		return fmt.Errorf("seal %#x: %w", m.Addr, err)
 	}
+	if !sealed {
+		s.jr.add(journalOp{Op: opSeal, VA: m.Addr})
+	}
 	hint, _, err := s.space.Hint(m.Addr)
 	if err != nil || hint != api.HintWeight || s.m.cfg.NoDedup {
 		return err
@@ -108,6 +111,7 @@ func (s *session) seal(body []byte) error {
 		}
 	}
 	if credit > 0 {
+		s.jr.add(journalOp{Op: opCredit, VA: m.Addr, Credit: credit})
 		s.credits[m.Addr] = credit
 		s.budget.release(credit)
 	}

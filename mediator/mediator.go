@@ -101,6 +101,9 @@ type Config struct {
 	// NoDedup turns off deduplication of sealed weights (dedup.go): a
 	// tenant then cannot learn whether a node holds contents it uploads.
 	NoDedup bool
+	// ResumeGrace is how long a session restored after a restart waits
+	// for its tenant to resume it (resume.go); 0 means DefaultResumeGrace.
+	ResumeGrace time.Duration
 	// Requests, when set, is told of every reply to a tenant's or an
 	// operator's request (metrics of latency and errors by operation).
 	Requests api.ReplyObserver
@@ -124,6 +127,7 @@ type Mediator struct {
 
 	admission  *isolation.Admission
 	regs       *regStore         // nil without a state directory
+	jr         *journal          // the session journal; nil without a state directory
 	boot       string            // the kernel's boot id (bootID)
 	reloadMu   sync.Mutex        // one Reload at a time
 	store      *memory.HostStore // evicted device memory of every session
@@ -132,6 +136,9 @@ type Mediator struct {
 	nextSession atomic.Uint64
 	mu          sync.Mutex
 	sessions    map[uint64]*session
+	// restored are the sessions restored at start that no tenant resumed
+	// yet, by the SHA-256 of their token (resume.go).
+	restored map[string]*session
 	containers  map[ctrKey]*container // by namespace and id
 	// releasing holds the containers being released (their sessions
 	// tearing down, their quota not yet returned); each channel is closed
@@ -159,6 +166,9 @@ func New(cfg Config) (*Mediator, error) {
 		cfg.NodeTimeout = DefaultNodeTimeout
 	} else if err := api.CheckPeerTimeout(cfg.NodeTimeout); err != nil {
 		return nil, fmt.Errorf("node timeout: %w", err)
+	}
+	if cfg.ResumeGrace == 0 {
+		cfg.ResumeGrace = DefaultResumeGrace
 	}
 	if cfg.ReclaimInterval == 0 {
 		cfg.ReclaimInterval = time.Second
@@ -190,7 +200,7 @@ func New(cfg Config) (*Mediator, error) {
 	}
 	m := &Mediator{
 		cfg: cfg, log: cfg.Log, admission: isolation.NewAdmission(quota), store: store, regs: regs, boot: bootID(),
-		sessions: map[uint64]*session{}, containers: map[ctrKey]*container{}, releasing: map[ctrKey]chan struct{}{},
+		sessions: map[uint64]*session{}, restored: map[string]*session{}, containers: map[ctrKey]*container{}, releasing: map[ctrKey]chan struct{}{},
 		conns: map[net.Conn]struct{}{}, stop: make(chan struct{}),
 		hostMapped: budget{owner: "host regions of the mediator's sessions", limit: MaxHostMapped, log: cfg.Log},
 	}
@@ -222,7 +232,17 @@ func New(cfg Config) (*Mediator, error) {
 		regs.close()
 		return nil, fmt.Errorf("nodes %v export no devices: %w", cfg.Nodes, api.ErrUnavailable)
 	}
+	var journaled []journaled
+	if cfg.StateDir != "" {
+		if m.jr, journaled, err = openJournal(cfg.StateDir); err != nil {
+			m.closeNodes()
+			store.Close()
+			regs.close()
+			return nil, err
+		}
+	}
 	m.restore(got)
+	m.restoreSessions(journaled)
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -385,6 +405,7 @@ func (m *Mediator) Close() error {
 	}
 	m.mu.Unlock()
 	m.wg.Wait()
+	m.endRestored()
 	m.closeNodes()
 	forgetLimiters(m)
 	return errors.Join(m.store.Close(), m.regs.close())

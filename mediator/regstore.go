@@ -151,13 +151,8 @@ func decodeRecord(key, v []byte) (registration, error) {
 	if want, got := binary.BigEndian.Uint32(v), crc32.Checksum(body, castagnoli); want != got {
 		return r, fmt.Errorf("checksum %08x, the record's %d bytes sum to %08x", want, len(body), got)
 	}
-	d := json.NewDecoder(bytes.NewReader(body))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&r); err != nil {
+	if err := decodeJSON(body, &r); err != nil {
 		return r, fmt.Errorf("record: %v", err)
-	}
-	if d.More() {
-		return r, fmt.Errorf("record: data after its JSON value")
 	}
 	switch {
 	case !containerName.MatchString(r.Container):

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/memory"
@@ -19,12 +20,21 @@ import (
 // container's sessions, nor a physical device's total use, which would tell
 // it what other tenants hold.
 
+// SelfInterval is the least time between two answers to OpSelf on one
+// connection: each asks the nodes for their status, so a container that
+// asks in a loop is slowed down to a pace its nodes do not notice
+// (MaxContainerConns connections at most).
+const SelfInterval = 100 * time.Millisecond
+
 // serveSelf answers a container's requests about itself until it hangs up.
 // What it may ask has no body.
 func (m *Mediator) serveSelf(c *api.Conn, hello api.Header, ctr *container) {
+	var last time.Time // of the last answer to OpSelf
 	serveRequests(c, hello, false, fmt.Sprintf("the socket of container %v", ctr.key()), func(op api.Op, _ []byte) ([]byte, error) {
 		switch op {
 		case api.OpSelf:
+			time.Sleep(time.Until(last.Add(SelfInterval)))
+			last = time.Now()
 			reply, err := json.Marshal(m.selfStatus(ctr))
 			if err != nil {
 				return nil, fmt.Errorf("encode the status of container %v: %v: %w", ctr.key(), err, api.ErrInternal)

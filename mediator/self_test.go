@@ -5,9 +5,11 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/mediator"
 )
 
 // A container reads what it has over its own socket — its grant as its
@@ -81,6 +83,17 @@ func TestContainerSeesOnlyItself(t *testing.T) {
 	defer view2.Close()
 	if s2, err := view2.Self(); err != nil || s2.Tenant != "shared" || s2.Container != "theirs" || s2.Memory != 16<<20 || len(s2.Sessions) != 1 {
 		t.Fatalf("the other container's view: %+v, %v", s2, err)
+	}
+
+	// Asked in a loop, it answers at most once per SelfInterval.
+	start := time.Now()
+	for range 3 {
+		if _, err := view.Self(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if took := time.Since(start); took < 2*mediator.SelfInterval {
+		t.Errorf("three readings in a row took %v, want at least %v", took, 2*mediator.SelfInterval)
 	}
 
 	// What a container may not read.

@@ -53,6 +53,19 @@ type session struct {
 	// weight that its node stores once (dedup.go): (1 − dedup_charge) of a
 	// frame for a container's session, 0 on the host socket.
 	frameCredit uint64
+	// Surviving a restart (resume.go): jr journals the session (nil: not
+	// journaled); token is the secret that resumes it, tokenHash its
+	// SHA-256 as the journal keeps it; resumable says the tenant's hello
+	// can take a token; expiry ends a restored session its tenant does
+	// not resume in time.
+	jr        *sessionLog
+	token     string
+	tokenHash string
+	resumable bool
+	expiry    *time.Timer
+	// grants are the node's grants of frames during the allocation in
+	// progress, for its journal record; guarded by issueMu.
+	grants [][]uint64
 
 	// issueMu serialises what changes where the session's memory lives —
 	// translation (which may fault in and evict), allocation and free —
@@ -150,7 +163,12 @@ func (m *Mediator) serveConn(nc net.Conn, ctr *container, greeted func()) {
 				return
 			}
 		}
-		s, err := m.newSession(c, hello, ctr)
+		var s *session
+		if hello.Resume != "" {
+			s, err = m.resume(c, hello, ctr)
+		} else {
+			s, err = m.newSession(c, hello, ctr)
+		}
 		if err != nil {
 			log.WithError(err).WithField("tenant", hello.Tenant).Info("session refused")
 			_ = c.ReplyError(h, err)
@@ -289,19 +307,10 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	if err != nil {
 		return nil, err
 	}
-	s := &session{
-		m: m, id: m.nextSession.Add(1), tenant: tenant, c: c,
-		streams: map[uint32]*stream{}, nextStream: 1,
-		regions: map[uint32]*hostRegion{}, graphs: map[uint32][]command{}, withStream: map[uint32][]uint64{},
-		extra: map[int]*api.RPC{}, credits: map[uint64]uint64{}, tgraphs: map[uint32]*tensorGraph{},
-		inflight: bound{limit: maxSessionInflight},
-	}
-	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
 	rpcs := map[int]*api.RPC{}
 	for _, d := range devs {
-		rpc := rpcs[d.node]
-		if rpc == nil {
-			rpc, _, err = dialNode(m.nodes[d.node].addr, m.nodeTenant(s.tenant), m.cfg.NodeTLS, m.nodes[d.node].cache.push)
+		if rpcs[d.node] == nil {
+			rpc, _, err := dialNode(m.nodes[d.node].addr, m.nodeTenant(tenant), m.cfg.NodeTLS, m.nodes[d.node].cache.push)
 			if err != nil {
 				for _, r := range rpcs {
 					r.Close()
@@ -311,7 +320,35 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 			}
 			rpcs[d.node] = rpc
 		}
-		s.vdevs = append(s.vdevs, vdev{dev: d, rpc: rpc})
+	}
+	s := m.openSession(m.nextSession.Add(1), tenant, c, ctr, devs, rpcs)
+	m.mu.Lock()
+	m.sessions[s.id] = s
+	m.mu.Unlock()
+	if ctr != nil {
+		ctr.mu.Lock()
+		ctr.sessions[s] = struct{}{}
+		ctr.mu.Unlock()
+	}
+	m.journalSession(s, hello)
+	return s, nil
+}
+
+// openSession makes session id of tenant on the placed devices devs, whose
+// nodes it reaches through rpcs (by node), for connection c, which came
+// through ctr's socket (nil: the host socket). c is nil for a session a
+// restart restores, until its tenant resumes it.
+func (m *Mediator) openSession(id uint64, tenant string, c *api.Conn, ctr *container, devs []*device, rpcs map[int]*api.RPC) *session {
+	s := &session{
+		m: m, id: id, tenant: tenant, c: c,
+		streams: map[uint32]*stream{}, nextStream: 1,
+		regions: map[uint32]*hostRegion{}, graphs: map[uint32][]command{}, withStream: map[uint32][]uint64{},
+		extra: map[int]*api.RPC{}, credits: map[uint64]uint64{}, tgraphs: map[uint32]*tensorGraph{},
+		inflight: bound{limit: maxSessionInflight},
+	}
+	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
+	for _, d := range devs {
+		s.vdevs = append(s.vdevs, vdev{dev: d, rpc: rpcs[d.node]})
 	}
 	s.frames = newFrameSource(s)
 	s.space = memory.NewSpace(s.frames, 0)
@@ -332,15 +369,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	s.ending, s.bw = make(chan struct{}), m.limiter(s.tenant)
 	s.inBufs, s.outBufs = make(chan struct{}, MaxSessionBuffers), make(chan struct{}, MaxSessionBuffers)
 	s.streams[api.DefaultStream] = s.newStream(api.DefaultStream)
-	m.mu.Lock()
-	m.sessions[s.id] = s
-	m.mu.Unlock()
-	if ctr != nil {
-		ctr.mu.Lock()
-		ctr.sessions[s] = struct{}{}
-		ctr.mu.Unlock()
-	}
-	return s, nil
+	return s
 }
 
 // virtual is the memory a session may allocate when it may keep resident
@@ -375,6 +404,11 @@ func (m *Mediator) nodeTenant(tenant string) nodeTenant {
 // answers.
 type frameSource struct {
 	s *session
+	// replay, while a restart rebuilds the session, grants the frames
+	// its journal records and takes frees without telling the nodes
+	// (resume.go); nil otherwise. Set and cleared before the session
+	// serves anyone.
+	replay *replay
 
 	mu   sync.Mutex
 	held map[devFrame]bool // granted and not returned since
@@ -404,6 +438,13 @@ func (f *frameSource) Grant(dev uint32, n int) (_ []uint64, err error) {
 			}
 		}()
 	}
+	if f.replay != nil {
+		frames, err := f.replay.grant(dev, n)
+		if err == nil {
+			_, err = f.hold(dev, frames, n)
+		}
+		return frames, err
+	}
 	v := f.s.vdevs[dev]
 	addr := f.s.m.nodes[v.dev.node].addr
 	body, err := v.rpc.Call(api.OpNodeAlloc, nil, api.Encode(&api.NodeAlloc{Device: v.dev.info.Index, Count: uint32(n)}))
@@ -423,6 +464,9 @@ func (f *frameSource) Grant(dev uint32, n int) (_ []uint64, err error) {
 			}
 		}
 		return nil, err
+	}
+	if f.s.jr != nil { // the allocation's journal record names them (resume.go)
+		f.s.grants = append(f.s.grants, frames.Frames)
 	}
 	return frames.Frames, nil
 }
@@ -554,6 +598,9 @@ func (f *frameSource) Return(dev uint32, frames []uint64) error {
 	if q := f.resident(); q != nil {
 		defer q.release(released)
 	}
+	if f.replay != nil {
+		return nil // what the nodes kept beyond the replayed space is freed after it
+	}
 	v := f.s.vdevs[dev]
 	_, err := v.rpc.Call(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames}))
 	return err
@@ -570,7 +617,7 @@ func (f *frameSource) resident() *budget {
 // run answers the hello, serves requests until the tenant goes, then
 // releases everything the session held.
 func (s *session) run(hello api.Header) {
-	reply := api.HelloReply{Version: api.Version, Session: s.id}
+	reply := api.HelloReply{Version: api.Version, Session: s.id, Resumable: s.resumable, Token: s.token}
 	for i, v := range s.vdevs {
 		// A virtual device has the memory the session may use, not the
 		// physical device's: a container granted 1 GiB sees 1 GiB, as
@@ -597,6 +644,7 @@ func (s *session) run(hello api.Header) {
 }
 
 func (s *session) teardown() {
+	s.jr.end() // first: a mediator that dies while it tears down restores nothing of it
 	if s.ctr != nil {
 		s.ctr.mu.Lock()
 		delete(s.ctr.sessions, s)
@@ -702,16 +750,19 @@ func (s *session) alloc(dev uint32, size uint64, hint api.Hint) (uint64, error) 
 	}
 	s.issueMu.Lock()
 	defer s.issueMu.Unlock()
+	s.grants = nil
 	va, err := s.space.AllocHint(dev, size, hint)
 	if err != nil {
 		s.budget.release(foot)
 		return 0, err
 	}
+	s.jr.add(journalOp{Op: opAlloc, Dev: dev, Size: size, Hint: uint8(hint), VA: va, Grants: s.grants})
 	// A small allocation may be packed into pages a freed buffer of this
 	// session used; only a chunk's last free returns (and scrubs) its frame.
 	// Clear them, so new memory reads as zeros.
 	if foot < memory.Page2M {
 		if err := s.zero(va, size); err != nil {
+			s.jr.add(journalOp{Op: opFree, VA: va})
 			before := s.space.Stats().Allocated
 			ferr := s.space.Free(va)
 			s.budget.release(before - s.space.Stats().Allocated)
@@ -739,6 +790,9 @@ func (s *session) zero(va, n uint64) error {
 func (s *session) free(va uint64) error {
 	s.issueMu.Lock()
 	defer s.issueMu.Unlock()
+	if s.jr != nil && s.space.CheckStart("free", va) == nil {
+		s.jr.add(journalOp{Op: opFree, VA: va}) // before the node frees its frames
+	}
 	before := s.space.Stats().Allocated
 	err := s.space.Free(va)
 	freed := before - s.space.Stats().Allocated
@@ -784,6 +838,7 @@ func (s *session) malloc(body []byte) (uint64, error) {
 		return 0, fmt.Errorf("malloc %d bytes (%v) on device %d: %w", m.Size, m.Hint, dev, err)
 	}
 	if withStream {
+		s.jr.add(journalOp{Op: opWith, VA: va, Stream: m.Stream})
 		s.mu.Lock()
 		s.withStream[m.Stream] = append(s.withStream[m.Stream], va)
 		s.mu.Unlock()
@@ -1023,6 +1078,7 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 		if err != nil {
 			return false, err
 		}
+		s.jr.add(journalOp{Op: opStream, Stream: id})
 		return false, s.c.Reply(h, api.Encode(&api.StreamReq{Stream: id}))
 	case api.OpStreamDestroy:
 		var m api.StreamReq
@@ -1107,6 +1163,8 @@ func (s *session) destroyStream(id uint32) error {
 	if st == nil {
 		return fmt.Errorf("stream %d does not exist: %w", id, api.ErrInvalidArgument)
 	}
+	// Journaled first: the frees of its buffers below are journaled after.
+	s.jr.add(journalOp{Op: opUnstream, Stream: id})
 	st.stop()
 	if len(owned) > 0 {
 		s.drainAll() // other streams may still use them, as for a free

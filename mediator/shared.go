@@ -347,6 +347,7 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	}
 	s.mu.Lock()
 	s.shared = append(s.shared, r)
+	s.jr.add(journalOp{Op: opShared}) // its restore would lose the sharing: it is not restored
 	s.mu.Unlock()
 	return &api.Shared{Node: s.m.nodes[v.dev.node].addr, Object: obj.Object}, nil
 }
@@ -421,6 +422,7 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 		r.ended.Store(pending.err)
 	}
 	s.shared = append(s.shared, r)
+	s.jr.add(journalOp{Op: opShared}) // its restore would lose the sharing: it is not restored
 	return &api.ImportReply{Addr: r.base, Size: ir.Size, Mode: ir.Mode, Write: ir.Write}, nil
 }
 

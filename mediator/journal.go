@@ -1,0 +1,339 @@
+package mediator
+
+// The session journal lets a restarted mediator rebuild the address spaces
+// of the sessions it served (resume.go): a directory, journalDir in the
+// state directory, beside the registration store (regstore.go), with one
+// append-only file per journaled session, <id>.journal. Its first record
+// is the session's header (sessionRecord), each later one an operation
+// that changed its address space (journalOp), in the order the space
+// applied them. A record is its body's length (4 bytes, little-endian),
+// the CRC-32C of its body (4 bytes, little-endian), then the body: JSON.
+//
+// Invariants:
+//   - A session's header is written before its hello is answered, after
+//     its node connections attached (accelerator/reattach.go); an
+//     operation's record is written before the operation is answered, in
+//     the order the session's space applied it (under session.issueMu,
+//     which orders allocations, frees and seals). So the journal of a
+//     session that answered a tenant names every allocation the tenant
+//     was told of, and replaying it in order through the same placement
+//     code gives the same addresses.
+//   - A session whose record cannot be written loses its whole journal at
+//     once (sessionLog.fail): it is served on, but never restored from a
+//     journal that lacks an operation it applied.
+//   - Reading checks every record; a session with a record that fails its
+//     checks is reported and dropped whole, the others restored. One file
+//     a session keeps a damaged record from touching any other's.
+//   - One mediator at a time uses a state directory: the registration
+//     store's lock (regstore.go) is held first.
+//
+// Cost and durability: a record is one write(2) to a file opened for
+// appending, with no fsync. It is in the kernel's page cache when the call
+// returns, so it survives the mediator's own death (a crash, SIGKILL, an
+// upgrade) — the failure this journal is for. It does not survive the
+// host's: but a host that goes down takes its tenants' processes with it,
+// and the nodes free their frames after --reattach-grace, so nothing is
+// left to resume. A bbolt transaction per record cost 2 to 3.7 times the
+// allocation path's time, unsynced; a disk flush per malloc would cost
+// more again (docs/benchmarks.md).
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+const journalDir = "sessions"
+
+// sessionRecord is a journaled session's header: what reopening it needs
+// besides its operations.
+type sessionRecord struct {
+	ID     uint64 `json:"id"`
+	Tenant string `json:"tenant"`
+	// Namespace and Container name the container whose socket it came
+	// through; both empty on the host socket.
+	Namespace string `json:"namespace"`
+	Container string `json:"container"`
+	// TokenHash is the SHA-256 of the session token, in hex: the token
+	// itself is the tenant's secret and is not written down.
+	TokenHash string `json:"token_hash"`
+	// Devices are its virtual devices in order: a node's address and the
+	// device's index there.
+	Devices []journalDevice `json:"devices"`
+	// Conns are its connections to nodes, one a node, as attached.
+	Conns  []journalConn `json:"conns"`
+	Opened time.Time     `json:"opened"`
+}
+
+type journalDevice struct {
+	Node  string `json:"node"`
+	Index uint32 `json:"index"`
+}
+
+// journalConn is a node connection: its node, the owner id the node gave
+// it and the token that reclaims its frames.
+type journalConn struct {
+	Node  string `json:"node"`
+	Owner uint64 `json:"owner"`
+	Token string `json:"token"`
+}
+
+// Journaled operations (journalOp.Op).
+const (
+	opAlloc    = "alloc"    // Dev, Size, Hint → VA, with the frames granted meanwhile
+	opFree     = "free"     // VA
+	opSeal     = "seal"     // VA
+	opCredit   = "credit"   // VA, Credit: the budget credit its seal earned (dedup.go)
+	opStream   = "stream"   // Stream created
+	opUnstream = "unstream" // Stream destroyed
+	opWith     = "with"     // VA is freed with Stream
+	opShared   = "shared"   // the session exported or imported a buffer: it cannot be restored
+)
+
+// journalOp is one journaled change of a session.
+type journalOp struct {
+	Op   string `json:"op"`
+	Dev  uint32 `json:"dev,omitempty"`
+	Size uint64 `json:"size,omitempty"`
+	Hint uint8  `json:"hint,omitempty"`
+	VA   uint64 `json:"va,omitempty"`
+	// Grants are the node's grants of frames the allocation took, in
+	// the order the space asked for them.
+	Grants [][]uint64 `json:"grants,omitempty"`
+	Stream uint32     `json:"stream,omitempty"`
+	Credit uint64     `json:"credit,omitempty"`
+}
+
+// journaled is what the journal holds of one session.
+type journaled struct {
+	rec sessionRecord
+	ops []journalOp
+	err error // why the session cannot be read back; nil if it can
+	id  uint64
+}
+
+// journal is the session journal's directory. Its methods on a nil
+// *journal do nothing: without a state directory no session survives a
+// restart.
+type journal struct {
+	dir string
+}
+
+// openJournal opens the session journal in state directory dir, making it
+// if need be, and returns it with the sessions it held, by id.
+func openJournal(dir string) (*journal, []journaled, error) {
+	j := &journal{dir: filepath.Join(dir, journalDir)}
+	if err := os.MkdirAll(j.dir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("session journal %s: %v: %w", j.dir, err, api.ErrInternal)
+	}
+	es, err := os.ReadDir(j.dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("session journal %s: %v: %w", j.dir, err, api.ErrInternal)
+	}
+	var got []journaled
+	for _, e := range es {
+		got = append(got, j.read(e.Name()))
+	}
+	slices.SortFunc(got, func(a, b journaled) int { return cmp.Compare(a.id, b.id) })
+	return j, got, nil
+}
+
+func (j *journal) path(id uint64) string {
+	return filepath.Join(j.dir, strconv.FormatUint(id, 10)+".journal")
+}
+
+// read reads the journal file name.
+func (j *journal) read(name string) (s journaled) {
+	id, err := strconv.ParseUint(strings.TrimSuffix(name, ".journal"), 10, 64)
+	if err != nil || id == 0 || j.path(id) != filepath.Join(j.dir, name) {
+		s.err = fmt.Errorf("%s is not a session's journal (<id>.journal)", name)
+		s.id = math.MaxUint64 // dropped last, by name
+		return s
+	}
+	s.id = id
+	b, err := os.ReadFile(j.path(id))
+	if err != nil {
+		s.err = err
+		return s
+	}
+	for n := 0; len(b) > 0; n++ {
+		if len(b) < 8 || uint64(len(b)-8) < uint64(binary.LittleEndian.Uint32(b)) {
+			s.err = fmt.Errorf("session %d: record %d cut short: %d bytes left", id, n, len(b))
+			return s
+		}
+		size := binary.LittleEndian.Uint32(b)
+		body := b[8 : 8+size]
+		var err error
+		if sum := crc32.Checksum(body, castagnoli); sum != binary.LittleEndian.Uint32(b[4:]) {
+			err = fmt.Errorf("checksum %08x, the record's %d bytes sum to %08x", binary.LittleEndian.Uint32(b[4:]), size, sum)
+		} else if n == 0 {
+			err = decodeJSON(body, &s.rec)
+		} else {
+			var op journalOp
+			if err = decodeJSON(body, &op); err == nil {
+				s.ops = append(s.ops, op)
+			}
+		}
+		if err != nil {
+			s.err = fmt.Errorf("session %d: record %d: %v", id, n, err)
+			return s
+		}
+		b = b[8+size:]
+	}
+	switch {
+	case s.rec.ID == 0:
+		s.err = fmt.Errorf("session %d: no header", id)
+	case s.rec.ID != id:
+		s.err = fmt.Errorf("session %d: the header of session %d", id, s.rec.ID)
+	}
+	return s
+}
+
+// decodeJSON decodes a record's body into x, refusing unknown fields and
+// trailing data.
+func decodeJSON(body []byte, x any) error {
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.DisallowUnknownFields()
+	if err := d.Decode(x); err != nil {
+		return err
+	}
+	if d.More() {
+		return fmt.Errorf("data after its JSON value")
+	}
+	return nil
+}
+
+// record is x as a journal record.
+func record(x any) ([]byte, error) {
+	body, err := json.Marshal(x)
+	if err != nil {
+		return nil, err
+	}
+	b := binary.LittleEndian.AppendUint32(nil, uint32(len(body)))
+	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(body, castagnoli))
+	return append(b, body...), nil
+}
+
+// begin starts the journal of a new session with its header, replacing
+// whatever was journaled under its id, and returns its log.
+func (j *journal) begin(r sessionRecord, log logrus.FieldLogger) (*sessionLog, error) {
+	b, err := record(r)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(j.path(r.ID), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(j.path(r.ID))
+		return nil, err
+	}
+	return &sessionLog{j: j, id: r.ID, f: f, log: log}, nil
+}
+
+// reopen goes on with the journal of session id, restored.
+func (j *journal) reopen(id uint64, log logrus.FieldLogger) (*sessionLog, error) {
+	f, err := os.OpenFile(j.path(id), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &sessionLog{j: j, id: id, f: f, log: log}, nil
+}
+
+// drop deletes what is journaled of session id.
+func (j *journal) drop(id uint64) error {
+	if err := os.Remove(j.path(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// sessionLog is one session's journal, open for appending. Its methods on
+// a nil *sessionLog do nothing: the session is not journaled.
+type sessionLog struct {
+	j   *journal
+	id  uint64
+	log logrus.FieldLogger
+
+	mu     sync.Mutex // orders records of calls not under issueMu (streams)
+	f  *os.File   // guarded by mu; nil once the journal ended
+}
+
+// add journals op and returns once it is written. A record that cannot be
+// written ends the session's journal (fail): the operation goes on, and
+// the session will not survive a restart.
+func (l *sessionLog) add(op journalOp) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return
+	}
+	b, err := record(op)
+	if err == nil {
+		_, err = l.f.Write(b)
+	}
+	if err != nil {
+		l.fail(fmt.Errorf("journal %s: record %s: %w", l.f.Name(), op.Op, err))
+	}
+}
+
+// fail gives up the session's journal: it is deleted, so that no restart
+// restores the session from a journal that misses what happened since.
+// The caller holds l.mu.
+func (l *sessionLog) fail(why error) {
+	l.f.Close()
+	l.f = nil
+	err := l.j.drop(l.id)
+	l.log.WithError(errors.Join(why, err)).Error("session journal given up: the session goes on, but will not survive a mediator restart")
+}
+
+// end deletes the session's journal: it ended.
+func (l *sessionLog) end() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return
+	}
+	l.f.Close()
+	l.f = nil
+	if err := l.j.drop(l.id); err != nil {
+		l.log.WithError(err).Warn("deleting the journal of an ended session failed; the next start drops it")
+	}
+}
+
+// maxID is the largest session id in got, so that new sessions take none
+// of theirs.
+func maxID(got []journaled) uint64 {
+	var most uint64
+	for _, j := range got {
+		if j.id != math.MaxUint64 {
+			most = max(most, j.id)
+		}
+	}
+	return most
+}

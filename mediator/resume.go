@@ -1,0 +1,536 @@
+package mediator
+
+// Sessions that survive a mediator restart. A tenant whose hello is
+// Resumable (the Go SDK's) gets a session token in its hello reply; its
+// session's node connections attach to their nodes with secrets of their
+// own (accelerator/reattach.go), and its header and every change to its
+// address space go to the session journal (journal.go) before they are
+// answered. When the mediator dies, the nodes keep the frames of those
+// connections for their reattach grace. A mediator started again on the
+// same state directory rebuilds each journaled session — reclaiming its
+// frames from the nodes, replaying its allocations, frees and seals
+// through the same placement code, and checking that the frames the
+// replayed space maps are exactly those the nodes kept — and waits
+// ResumeGrace for its tenant to come back with the token (Hello.Resume).
+//
+// What a restored session has: its virtual devices, its allocations at the
+// same addresses with their bytes, hints, seals and dedup credits, its
+// streams, and its container's accounting. What it loses: its host
+// regions (HostAlloc memory: the tenant registers them again), graphs and
+// tensor graphs (their arenas stay allocated until the session ends), and
+// queued work that was not answered. A session that exported or imported a
+// shared buffer, or that oversubscribes (its evicted memory lived in this
+// process), is not restored: the log says so, and its frames are freed.
+//
+// Invariants:
+//   - A session is restored whole or not at all: any check that fails
+//     (a record, a node's reclaim, an address or frame the replay does not
+//     reproduce) drops it, frees what the nodes kept of it and deletes its
+//     journal; a tenant resuming it is told it is gone (api.ErrUnavailable).
+//   - A restored session is in Mediator.restored, not Mediator.sessions,
+//     until its tenant resumes it: nothing serves it before.
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/memory"
+)
+
+// DefaultResumeGrace is how long a restored session waits for its tenant
+// (Config.ResumeGrace).
+const DefaultResumeGrace = time.Minute
+
+// secret is n random bytes in hex.
+func secret(n int) (string, error) {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("session token: %v: %w", err, api.ErrInternal)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+func tokenHash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// journalSession makes new session s resumable, as its hello asks, where
+// the mediator keeps a journal: its node connections attach, and its
+// header is journaled. A session that cannot be journaled is served all
+// the same, with no token: it will not survive a restart.
+func (m *Mediator) journalSession(s *session, hello *api.Hello) {
+	s.resumable = hello.Resumable
+	if !hello.Resumable || m.jr == nil {
+		return
+	}
+	if s.evicts {
+		s.log.Info("session not journaled: its evicted memory lives in this process, so it cannot survive a mediator restart")
+		return
+	}
+	rec := sessionRecord{ID: s.id, Tenant: s.tenant, Opened: time.Now().UTC()}
+	if s.ctr != nil {
+		rec.Namespace, rec.Container = s.ctr.grant.Namespace, s.ctr.grant.Container
+	}
+	attached := map[*api.RPC]bool{}
+	for _, v := range s.vdevs {
+		addr := m.nodes[v.dev.node].addr
+		rec.Devices = append(rec.Devices, journalDevice{Node: addr, Index: v.dev.info.Index})
+		if attached[v.rpc] {
+			continue
+		}
+		attached[v.rpc] = true
+		c, err := attach(v.rpc, addr, 0, "")
+		if err != nil {
+			s.log.WithError(err).Warn("session not journaled: its node connection could not attach; it will not survive a mediator restart")
+			return
+		}
+		rec.Conns = append(rec.Conns, c)
+	}
+	token, err := secret(32)
+	var jr *sessionLog
+	if err == nil {
+		rec.TokenHash = tokenHash(token)
+		jr, err = m.jr.begin(rec, s.log)
+	}
+	if err != nil {
+		s.log.WithError(err).Error("session not journaled; it will not survive a mediator restart")
+		return
+	}
+	s.jr, s.token, s.tokenHash = jr, token, rec.TokenHash
+}
+
+// attach attaches a node connection: with owner 0 under a new token, which
+// it returns with the owner id the node gave; otherwise it reclaims the
+// frames kept for owner under token, and returns them by device.
+func attach(rpc *api.RPC, addr string, owner uint64, token string) (journalConn, error) {
+	c := journalConn{Node: addr, Owner: owner, Token: token}
+	if owner == 0 {
+		var err error
+		if c.Token, err = secret(16); err != nil {
+			return c, err
+		}
+	}
+	body, err := rpc.Call(api.OpNodeAttach, nil, api.Encode(&api.NodeAttach{Owner: owner, Token: c.Token}))
+	var r api.NodeAttached
+	if err == nil {
+		err = api.Decode(body, &r)
+	}
+	if err != nil {
+		return c, fmt.Errorf("node %s: attach: %w", addr, err)
+	}
+	c.Owner = r.Owner
+	return c, nil
+}
+
+// restoreSessions rebuilds the sessions the journal held, oldest first,
+// and drops, from the journal too, those it cannot, logging why. It runs
+// in New, after the registrations are restored and before any session
+// opens.
+func (m *Mediator) restoreSessions(got []journaled) {
+	if n := maxID(got); n > m.nextSession.Load() {
+		m.nextSession.Store(n) // new sessions take none of the journaled ids
+	}
+	restored := 0
+	for _, j := range got {
+		log := m.log.WithFields(logrus.Fields{"session": j.id, "tenant": j.rec.Tenant, "container": j.rec.Container})
+		var s *session
+		err := j.err
+		if err == nil {
+			s, err = m.rebuild(j, log)
+		}
+		if err != nil {
+			if j.err != nil {
+				log.WithError(err).WithField("dir", m.jr.dir).Error("session journal: a record failed its checks; the session is dropped, the others restored")
+			} else {
+				log.WithError(err).Warn("session not restored; its journal is deleted and what the nodes kept of it freed")
+			}
+			if err := m.jr.drop(j.id); err != nil {
+				log.WithError(err).Error("deleting the session's journal failed")
+			}
+			continue
+		}
+		restored++
+		st := s.space.Stats()
+		log.WithFields(logrus.Fields{"allocations": st.Allocations, "allocated": st.Allocated}).Info("session restored; waiting for its tenant")
+		m.mu.Lock()
+		m.restored[s.tokenHash] = s
+		m.mu.Unlock()
+		s.expiry = time.AfterFunc(m.cfg.ResumeGrace, func() { m.expireRestored(s) })
+	}
+	if len(got) > 0 {
+		m.log.WithFields(logrus.Fields{"restored": restored, "dropped": len(got) - restored}).Info("sessions restored")
+	}
+}
+
+// expireRestored ends restored session s if its tenant has not resumed it.
+func (m *Mediator) expireRestored(s *session) {
+	m.mu.Lock()
+	h := s.tokenHash
+	if m.restored[h] != s {
+		m.mu.Unlock()
+		return
+	}
+	delete(m.restored, h)
+	m.mu.Unlock()
+	s.log.WithField("grace", m.cfg.ResumeGrace.String()).Info("restored session not resumed in time: its memory is freed")
+	s.teardown()
+}
+
+// resume hands restored session of the token hello presents to connection
+// c, which came through ctr's socket (nil: the host socket).
+func (m *Mediator) resume(c *api.Conn, hello *api.Hello, ctr *container) (*session, error) {
+	h := tokenHash(hello.Resume)
+	m.mu.Lock()
+	s := m.restored[h]
+	var err error
+	switch {
+	case s == nil:
+		err = fmt.Errorf("no session to resume with that token: it ended, or this mediator could not restore it (its log says why): %w", api.ErrUnavailable)
+	case s.ctr != ctr:
+		err = fmt.Errorf("session %d was opened through another socket: %w", s.id, api.ErrPermissionDenied)
+	case hello.Tenant != "" && hello.Tenant != s.tenant:
+		err = fmt.Errorf("session %d is of tenant %q, not %q: %w", s.id, s.tenant, hello.Tenant, api.ErrPermissionDenied)
+	default:
+		delete(m.restored, h)
+	}
+	m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if ctr == nil {
+		if err := m.admitHost(c.NetConn(), s.tenant); err != nil {
+			m.mu.Lock()
+			m.restored[h] = s
+			m.mu.Unlock()
+			return nil, err
+		}
+	}
+	s.expiry.Stop() // if it fires now, it finds the session gone from restored
+	s.c, s.resumable, s.token = c, true, hello.Resume
+	m.mu.Lock()
+	m.sessions[s.id] = s
+	m.mu.Unlock()
+	if ctr != nil {
+		ctr.mu.Lock()
+		ctr.sessions[s] = struct{}{}
+		ctr.mu.Unlock()
+	}
+	s.log.Info("session resumed by its tenant")
+	return s, nil
+}
+
+// endRestored ends the restored sessions no tenant resumed; Close calls it.
+func (m *Mediator) endRestored() {
+	m.mu.Lock()
+	rs := m.restored
+	m.restored = map[string]*session{}
+	m.mu.Unlock()
+	for _, s := range rs {
+		s.expiry.Stop()
+		s.teardown()
+	}
+}
+
+// replay is the frame source of a session being rebuilt: it hands out the
+// frames its journal says each allocation got, checking that they are
+// frames the nodes kept for it, and takes back frees without telling the
+// nodes (what they kept beyond the replayed space is freed at the end).
+type replay struct {
+	kept   []map[uint64]bool // by virtual device: the frames its node kept of its device
+	grants [][]uint64        // of the operation being replayed, in order
+}
+
+func (r *replay) grant(dev uint32, n int) ([]uint64, error) {
+	if len(r.grants) == 0 {
+		return nil, fmt.Errorf("replay asked for %d frames of device %d the journal does not record: %w", n, dev, api.ErrInternal)
+	}
+	g := r.grants[0]
+	r.grants = r.grants[1:]
+	if len(g) != n {
+		return nil, fmt.Errorf("replay asked for %d frames of device %d, the journal records a grant of %d: %w", n, dev, len(g), api.ErrInternal)
+	}
+	for _, f := range g {
+		if !r.kept[dev][f] {
+			return nil, fmt.Errorf("frame %#x of device %d is not one its node kept for the session: %w", f, dev, api.ErrUnavailable)
+		}
+	}
+	return g, nil
+}
+
+// rebuild restores journaled session j, or fails leaving nothing of it.
+func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error) {
+	for _, op := range j.ops {
+		if op.Op == opShared {
+			return nil, fmt.Errorf("it exported or imported a shared buffer, which a restart does not restore")
+		}
+	}
+	var ctr *container
+	if j.rec.Container != "" {
+		m.mu.Lock()
+		ctr = m.containers[ctrKey{j.rec.Namespace, j.rec.Container}]
+		m.mu.Unlock()
+		if ctr == nil {
+			return nil, fmt.Errorf("its container %s/%s has no registration now", j.rec.Namespace, j.rec.Container)
+		}
+		if ctr.grant.Tenant != j.rec.Tenant {
+			return nil, fmt.Errorf("its container is of tenant %q now, not %q", ctr.grant.Tenant, j.rec.Tenant)
+		}
+	}
+	devs := make([]*device, 0, len(j.rec.Devices))
+	for _, jd := range j.rec.Devices {
+		i := m.deviceAt(jd.Node, jd.Index)
+		if i < 0 {
+			return nil, fmt.Errorf("its device %d of node %s is not one this mediator uses", jd.Index, jd.Node)
+		}
+		devs = append(devs, m.devices[i])
+	}
+	// Reclaim the frames each node connection kept.
+	rpcs := map[int]*api.RPC{}
+	kept := map[int][]api.NodeFrames{} // by node: the frames kept, by device
+	var err error
+	for _, jc := range j.rec.Conns {
+		ni := m.nodeAt(jc.Node)
+		if ni < 0 || rpcs[ni] != nil {
+			err = fmt.Errorf("its connection to node %s: not a node of this mediator, or a second one", jc.Node)
+			break
+		}
+		var rpc *api.RPC
+		rpc, _, err = dialNode(jc.Node, m.nodeTenant(j.rec.Tenant), m.cfg.NodeTLS, m.nodes[ni].cache.push)
+		if err != nil {
+			break
+		}
+		rpcs[ni] = rpc
+		var body []byte
+		body, err = rpc.Call(api.OpNodeAttach, nil, api.Encode(&api.NodeAttach{Owner: jc.Owner, Token: jc.Token}))
+		var r api.NodeAttached
+		if err == nil {
+			err = api.Decode(body, &r)
+		}
+		if err != nil {
+			err = fmt.Errorf("reclaiming its frames from node %s: %w", jc.Node, err)
+			break
+		}
+		// From here the frames are this connection's: a new token keeps
+		// them through the next restart.
+		kept[ni] = r.Devices
+	}
+	if err == nil {
+		for _, d := range devs {
+			if rpcs[d.node] == nil {
+				err = fmt.Errorf("no connection to node %s of its device %d", m.nodes[d.node].addr, d.info.Index)
+			}
+		}
+	}
+	freeKept := func() {
+		for ni, ds := range kept {
+			for _, d := range ds {
+				if len(d.Frames) > 0 {
+					if _, err := rpcs[ni].Call(api.OpNodeFree, nil, api.Encode(&d)); err != nil {
+						log.WithError(err).WithField("node", m.nodes[ni].addr).Warn("freeing the frames of a session not restored failed; the node frees them when the connection closes")
+					}
+				}
+			}
+		}
+	}
+	closeAll := func() {
+		for _, rpc := range rpcs {
+			rpc.Close()
+		}
+	}
+	if err != nil {
+		freeKept()
+		closeAll()
+		return nil, err
+	}
+	m.mu.Lock()
+	for _, d := range devs {
+		d.sessions.Add(1)
+	}
+	m.mu.Unlock()
+	s := m.openSession(j.id, j.rec.Tenant, nil, ctr, devs, rpcs)
+	if s.evicts {
+		err = fmt.Errorf("it oversubscribes now")
+	}
+	r := &replay{kept: make([]map[uint64]bool, len(s.vdevs))}
+	for i, v := range s.vdevs {
+		r.kept[i] = map[uint64]bool{}
+		for _, d := range kept[v.dev.node] {
+			if d.Device == v.dev.info.Index {
+				for _, f := range d.Frames {
+					r.kept[i][f] = true
+				}
+			}
+		}
+	}
+	s.frames.replay = r
+	if err == nil {
+		err = s.replay(j.ops, r)
+	}
+	if err == nil {
+		err = s.reconcile(r)
+	}
+	if err != nil {
+		// The replayed space's frees go to the replay, not the nodes:
+		// every frame the nodes kept is freed here, once, then the
+		// session ends as any other.
+		freeKept()
+		s.teardown()
+		return nil, err
+	}
+	s.frames.replay = nil
+	// The node connections keep their tokens (a reclaimed connection
+	// parks under the token it presented), and the session its token and
+	// journal, which goes on from its last record.
+	if s.jr, err = m.jr.reopen(s.id, s.log); err != nil {
+		s.teardown()
+		return nil, err
+	}
+	s.tokenHash = j.rec.TokenHash
+	return s, nil
+}
+
+// deviceAt is the index in m.devices of device index of node addr,
+// or -1.
+func (m *Mediator) deviceAt(addr string, index uint32) int {
+	for i, d := range m.devices {
+		if m.nodes[d.node].addr == addr && d.info.Index == index {
+			return i
+		}
+	}
+	return -1
+}
+
+// nodeAt is the index in m.nodes of the node at addr, or -1.
+func (m *Mediator) nodeAt(addr string) int {
+	for i, n := range m.nodes {
+		if n.addr == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+// replay applies journaled operations to s, a session being rebuilt,
+// whose frame source is r.
+func (s *session) replay(ops []journalOp, r *replay) error {
+	for i, op := range ops {
+		if err := s.replayOne(op, r); err != nil {
+			return fmt.Errorf("journal record %d (%s at %#x): %w", i+1, op.Op, op.VA, err)
+		}
+	}
+	return nil
+}
+
+func (s *session) replayOne(op journalOp, r *replay) error {
+	switch op.Op {
+	case opAlloc:
+		if int(op.Dev) >= len(s.vdevs) {
+			return fmt.Errorf("device %d: the session has %d: %w", op.Dev, len(s.vdevs), api.ErrInvalidArgument)
+		}
+		foot, err := memory.Footprint(op.Size)
+		if err != nil {
+			return err
+		}
+		if err := s.budget.reserve(foot); err != nil {
+			return err
+		}
+		r.grants = op.Grants
+		va, err := s.space.AllocHint(op.Dev, op.Size, api.Hint(op.Hint))
+		unused := len(r.grants)
+		r.grants = nil
+		if err != nil {
+			s.budget.release(foot)
+			return err
+		}
+		if va != op.VA || unused > 0 {
+			return fmt.Errorf("replayed at %#x with %d recorded grants unused: the journal does not rebuild this space: %w", va, unused, api.ErrInternal)
+		}
+	case opFree:
+		if err := s.free(op.VA); err != nil {
+			return err
+		}
+		s.forgetWithStream(op.VA)
+	case opSeal:
+		return s.space.Seal(op.VA)
+	case opCredit:
+		if s.space.CheckStart("credit", op.VA) != nil || s.credits[op.VA] != 0 {
+			return fmt.Errorf("credit %d for no allocation, or a second one: %w", op.Credit, api.ErrInternal)
+		}
+		s.credits[op.VA] = op.Credit
+		s.budget.release(op.Credit)
+	case opStream:
+		if s.streams[op.Stream] != nil {
+			return fmt.Errorf("stream %d made twice: %w", op.Stream, api.ErrInternal)
+		}
+		s.streams[op.Stream] = s.newStream(op.Stream)
+		s.nextStream = op.Stream + 1
+	case opUnstream:
+		st := s.streams[op.Stream]
+		if st == nil || op.Stream == api.DefaultStream {
+			return fmt.Errorf("stream %d destroyed but not live: %w", op.Stream, api.ErrInternal)
+		}
+		delete(s.streams, op.Stream)
+		delete(s.withStream, op.Stream)
+		st.stop()
+	case opWith:
+		s.withStream[op.Stream] = append(s.withStream[op.Stream], op.VA)
+	default:
+		return fmt.Errorf("unknown operation %q: %w", op.Op, api.ErrInternal)
+	}
+	return nil
+}
+
+// reconcile checks that the frames the replayed space holds are frames the
+// nodes kept for it, and frees those they kept beyond: frames granted for
+// an allocation the mediator died before journaling, or kept by a free it
+// journaled but had not sent.
+func (s *session) reconcile(r *replay) error {
+	held := s.frames.heldFrames()
+	for i, v := range s.vdevs {
+		for f := range held[uint32(i)] {
+			if !r.kept[i][f] {
+				return fmt.Errorf("frame %#x of device %d is mapped by the replayed space but its node did not keep it: %w", f, i, api.ErrUnavailable)
+			}
+		}
+		var extra []uint64
+		for f := range r.kept[i] {
+			if !held[uint32(i)][f] {
+				extra = append(extra, f)
+			}
+		}
+		if len(extra) == 0 {
+			continue
+		}
+		slices.Sort(extra)
+		if _, err := v.rpc.Call(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: extra})); err != nil {
+			return fmt.Errorf("freeing %d frames the journal does not map: %w", len(extra), err)
+		}
+		s.log.WithField("frames", len(extra)).Info("restore freed frames the node kept that no journaled allocation maps (granted or freed as the mediator died)")
+		for _, f := range extra {
+			delete(r.kept[i], f)
+		}
+	}
+	return nil
+}
+
+// heldFrames is the frames f holds, by virtual device.
+func (f *frameSource) heldFrames() map[uint32]map[uint64]bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[uint32]map[uint64]bool{}
+	for df := range f.held {
+		if out[df.dev] == nil {
+			out[df.dev] = map[uint64]bool{}
+		}
+		out[df.dev][df.frame] = true
+	}
+	return out
+}

@@ -1,0 +1,213 @@
+package mediator
+
+import (
+	"bytes"
+	"errors"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+)
+
+// serveHost serves the running mediator on the host socket, made anew.
+func (h *host) serveHost() string {
+	h.t.Helper()
+	sock := filepath.Join(h.dir, "m.sock")
+	os.Remove(sock)
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	go h.med.Serve(l)
+	return sock
+}
+
+// crash stops the running mediator as its death would: its files keep
+// what they hold (nothing more is written to them), and the nodes see its
+// connections drop before it frees anything. Its sessions' teardown then
+// fails to reach either.
+func (h *host) crash() {
+	h.t.Helper()
+	m := h.med
+	h.med = nil
+	m.regs.db.Close()
+	m.mu.Lock()
+	var rpcs []*api.RPC
+	for _, s := range append(slices.Collect(maps.Values(m.sessions)), slices.Collect(maps.Values(m.restored))...) {
+		for _, v := range s.vdevs {
+			rpcs = append(rpcs, v.rpc)
+		}
+		if l := s.jr; l != nil {
+			l.mu.Lock()
+			l.f.Close()
+			l.f = nil // its end deletes nothing
+			l.mu.Unlock()
+		}
+	}
+	m.mu.Unlock()
+	for _, r := range rpcs {
+		r.Close()
+	}
+	m.Close()
+}
+
+// pattern is n bytes that depend on seed.
+func pattern(seed byte, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7+i>>9)
+	}
+	return b
+}
+
+// A session's allocations — their addresses, bytes and seals — survive a
+// crash of its mediator: the next one rebuilds them from the journal and
+// the frames the node kept, and the client's next calls resume it.
+func TestSessionSurvivesACrash(t *testing.T) {
+	h := newHost(t)
+	h.start()
+	c, err := client.Dial(client.Options{Socket: h.serveHost(), Tenant: "shared"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sizes := []uint64{3 << 20, 100 << 10, 4 << 10, 40 << 10}
+	var ptrs []client.Ptr
+	for _, n := range sizes {
+		p, err := c.Malloc(0, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ptrs = append(ptrs, p)
+	}
+	if err := c.Free(ptrs[1]); err != nil { // its pages are free again: the replay must free them too
+		t.Fatal(err)
+	}
+	w, err := c.MallocWith(0, 2<<20, client.AllocOptions{Hint: api.HintWeight})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.Stream()
+	for i, p := range ptrs {
+		if i != 1 {
+			s.CopyToDevice(p, pattern(byte(i), int(sizes[i])))
+		}
+	}
+	s.CopyToDevice(w, pattern(9, 2<<20))
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Seal(w); err != nil {
+		t.Fatal(err)
+	}
+
+	h.crash()
+	out := h.start()
+	if !strings.Contains(out, "session restored") {
+		t.Fatalf("restart log does not restore the session:\n%s", out)
+	}
+	h.serveHost()
+
+	for i, p := range ptrs {
+		if i == 1 {
+			continue
+		}
+		got := make([]byte, sizes[i])
+		s.CopyFromDevice(got, p)
+		if err := s.Synchronize(); err != nil {
+			t.Fatalf("read of allocation %d after the restart: %v", i, err)
+		}
+		if !bytes.Equal(got, pattern(byte(i), int(sizes[i]))) {
+			t.Fatalf("allocation %d (%d bytes at %#x) differs after the restart", i, sizes[i], p)
+		}
+	}
+	// Still sealed, still allocated; the freed one stays freed.
+	s.CopyToDevice(w, []byte{1})
+	if err := s.Synchronize(); !errors.Is(err, api.ErrPermissionDenied) {
+		t.Fatalf("write to the sealed weight after the restart: %v, want permission denied", err)
+	}
+	if err := c.Free(ptrs[1]); !errors.Is(err, api.ErrInvalidAddress) {
+		t.Fatalf("free of an allocation freed before the crash: %v, want invalid address", err)
+	}
+	p, err := c.Malloc(0, 8<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, q := range ptrs {
+		if i != 1 && p >= q && p < q.Add(sizes[i]) {
+			t.Fatalf("new allocation %#x lies in allocation %d at %#x", p, i, q)
+		}
+	}
+	// A second crash restores what the first restore and the calls since
+	// journaled. The first call after it, a launch, is not safe to send
+	// again: it fails alone, typed, and the session goes on.
+	h.crash()
+	h.start()
+	h.serveHost()
+	s.Launch("saxpy", client.I64(16), client.F32(2), client.Buf(ptrs[3]), client.Buf(ptrs[2]))
+	if err := s.Synchronize(); !errors.Is(err, client.ErrInterrupted) || !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("a launch sent as the mediator was gone: %v, want client.ErrInterrupted", err)
+	}
+	got := make([]byte, sizes[0])
+	s.CopyFromDevice(got, ptrs[0])
+	if err := s.Synchronize(); err != nil || !bytes.Equal(got, pattern(0, int(sizes[0]))) {
+		t.Fatalf("after a second restart: %v, bytes equal %v", err, bytes.Equal(got, pattern(0, int(sizes[0]))))
+	}
+	if err := c.Free(p); err != nil {
+		t.Fatalf("free of an allocation made between the restarts: %v", err)
+	}
+}
+
+// A journal with a damaged record restores the other sessions and says
+// which one it dropped; the dropped session's client is told it is gone.
+func TestJournalDamagedRecord(t *testing.T) {
+	h := newHost(t)
+	h.start()
+	sock := h.serveHost()
+	var cs []*client.Client
+	for range 2 {
+		c, err := client.Dial(client.Options{Socket: sock, Tenant: "shared"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		p, err := c.Malloc(0, 64<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Stream().CopyToDevice(p, pattern(5, 64<<10))
+		if err := c.Stream().Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	h.crash()
+	// Flip a byte of the second session's last record.
+	path := filepath.Join(h.stateDir(), journalDir, strconv.FormatUint(cs[1].Session(), 10)+".journal")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-2] ^= 0x20
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := h.start()
+	h.serveHost()
+	if !strings.Contains(out, "failed its checks") || !strings.Contains(out, "checksum") || !strings.Contains(out, "restored=1") {
+		t.Fatalf("restart log does not report the damaged record, or restores other than one session:\n%s", out)
+	}
+	if _, err := cs[0].Stats(); err != nil {
+		t.Fatalf("the undamaged session: %v", err)
+	}
+	if _, err := cs[1].Stats(); !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "no session to resume") {
+		t.Fatalf("the damaged session: %v, want unavailable: no session to resume", err)
+	}
+}
