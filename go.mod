@@ -3,6 +3,7 @@ module github.com/vgpu/vgpu
 go 1.26.6
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/chromedp/chromedp v0.23.0
 	github.com/containerd/containerd/api v1.12.0
