@@ -7,8 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,9 +15,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/systest"
 	"github.com/vgpu/vgpu/mediator"
 	"github.com/vgpu/vgpu/statuspage"
 )
@@ -34,27 +32,7 @@ func quietLog() logrus.FieldLogger {
 // process, and returns the mediator's socket and the mediator.
 func startMediator(t *testing.T) (string, *mediator.Mediator) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "vgpu-page") // short: socket paths are limited to 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	n, addr, err := accelerator.StartSim("127.0.0.1:0", 1, 256<<20, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	m, err := mediator.New(mediator.Config{Nodes: []string{addr.String()}, ContainerDir: filepath.Join(dir, "c"), StateDir: dir, Log: quietLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	socket := filepath.Join(dir, "m.sock")
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go m.Serve(l)
+	m, socket := systest.StartWith(t, systest.Options{Devices: 1, Size: 256 << 20})
 	return socket, m
 }
 
