@@ -2,6 +2,7 @@ package main
 
 import (
 	"debug/elf"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -127,6 +128,13 @@ func TestSmiOverAContainerSocket(t *testing.T) {
 		if strings.Contains(string(out), other) {
 			t.Errorf("vgpu-smi shows the other tenant's %q:\n%s", other, out)
 		}
+	}
+	// --json is the mediator's answer, for scripts.
+	cmd = exec.Command(bin, "--json", "--sample", "0", "--socket", sockets["mine"])
+	out, err = cmd.Output()
+	var self api.SelfStatus
+	if err != nil || json.Unmarshal(out, &self) != nil || self.Tenant != "team-a" || self.Memory != 256<<20 || len(self.Sessions) != 1 {
+		t.Fatalf("vgpu-smi --json: %v, %+v\n%s", err, self, out)
 	}
 	// On the host socket there is no container to show: a typed refusal.
 	out, err = exec.Command(bin, "--socket", sock).CombinedOutput()
