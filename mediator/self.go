@@ -43,7 +43,7 @@ func (m *Mediator) serveSelf(c *api.Conn, hello api.Header, ctr *container) {
 		case api.OpKernels:
 			return m.catalogBody(), nil
 		}
-		return nil, fmt.Errorf("%v on the socket of container %v: a container may read only its own status (%v) and the kernels: %w",
+		return nil, fmt.Errorf("%v on the socket of container %v: a container may read only its own status (%v: vgpu-smi, vgpuctl top) and the kernels: %w",
 			op, ctr.key(), api.OpSelf, api.ErrPermissionDenied)
 	})
 }
