@@ -10,6 +10,7 @@ require (
 	github.com/containerd/containerd/v2 v2.4.2
 	github.com/containerd/typeurl/v2 v2.3.0
 	github.com/cyphar/filepath-securejoin v0.7.0
+	github.com/ebitengine/purego v0.11.3
 	github.com/opencontainers/go-digest v1.0.0
 	github.com/opencontainers/image-spec v1.1.1
 	github.com/opencontainers/runtime-spec v1.3.0
