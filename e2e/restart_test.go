@@ -33,9 +33,9 @@ type restartable struct {
 	med    *proc
 }
 
-func newRestartable(t *testing.T) *restartable {
+func newRestartable(t *testing.T, nodeFlags ...string) *restartable {
 	t.Helper()
-	r := &restartable{t: t, node: startNode(t, "--devices", "1", "--memory", "256MiB"), dir: t.TempDir()}
+	r := &restartable{t: t, node: startNode(t, append([]string{"--devices", "1", "--memory", "256MiB"}, nodeFlags...)...), dir: t.TempDir()}
 	r.socket = filepath.Join(r.dir, "m.sock")
 	if err := os.WriteFile(r.quotaFile(), []byte(restartQuota), 0o644); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+)
+
+// nodeUsed asks the node at addr, as a mediator would, how many bytes of
+// its devices are held.
+func nodeUsed(t *testing.T, addr string) uint64 {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rpc := api.NewRPC(api.NewConn(nc), "node "+addr)
+	defer rpc.Close()
+	if _, err := rpc.Call(api.OpHello, nil, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator})); err != nil {
+		t.Fatal(err)
+	}
+	body, err := rpc.Call(api.OpNodeStatus, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st api.NodeStatus
+	if err := json.Unmarshal(body, &st); err != nil {
+		t.Fatal(err)
+	}
+	var used uint64
+	for _, d := range st.Devices {
+		used += d.Used
+	}
+	return used
+}
+
+// written is a buffer a tenant wrote, and the checksum of what it wrote.
+type written struct {
+	p   client.Ptr
+	n   int
+	sum [32]byte
+}
+
+// writeBuffers allocates buffers of the sizes given on c, fills them with
+// random bytes through its default stream, and waits for the writes.
+func writeBuffers(t *testing.T, c *client.Client, sizes ...int) []written {
+	t.Helper()
+	var ws []written
+	s := c.Stream()
+	for _, n := range sizes {
+		p, err := c.Malloc(0, uint64(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rand.Uint32())
+		}
+		s.CopyToDevice(p, b)
+		ws = append(ws, written{p, n, sha256.Sum256(b)})
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	return ws
+}
+
+// TestSessionSurvivesMediatorKill: a tenant writes device memory through a
+// mediator that is then SIGKILLed and started again on the same state
+// directory; the tenant's next calls reconnect and resume its session on
+// their own, and every byte it wrote reads back intact.
+func TestSessionSurvivesMediatorKill(t *testing.T) {
+	r := newRestartable(t)
+	r.start()
+	c, err := client.Dial(client.Options{Socket: r.socket, Tenant: "team-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ws := writeBuffers(t, c, 3<<20, 64<<10, 5000, 8<<20+123, 100)
+	w := ws[3]
+	if err := c.Seal(w.p); err != nil {
+		t.Fatal(err)
+	}
+	session := c.Session()
+
+	r.kill()
+	r.start()
+	s := c.Stream()
+	got := make([][]byte, len(ws))
+	for i, x := range ws {
+		got[i] = make([]byte, x.n)
+		s.CopyFromDevice(got[i], x.p)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatalf("reading back after the restart: %v\nmediator log:\n%s", err, r.med.out.String())
+	}
+	for i, x := range ws {
+		if sha256.Sum256(got[i]) != x.sum {
+			t.Fatalf("buffer %d (%d bytes at %#x) differs after the restart", i, x.n, x.p)
+		}
+	}
+	if c.Session() != session {
+		t.Fatalf("session %d after the restart, want %d resumed", c.Session(), session)
+	}
+	if out := r.med.out.String(); !strings.Contains(out, "session restored") || !strings.Contains(out, "session resumed") {
+		t.Fatalf("the mediator's log does not say it restored and resumed the session:\n%s", out)
+	}
+	// It goes on: new memory, and its sealed weight stays sealed.
+	more := writeBuffers(t, c, 1<<20)
+	s.CopyToDevice(w.p, []byte{1})
+	if err := s.Synchronize(); !errors.Is(err, api.ErrPermissionDenied) {
+		t.Fatalf("write to the sealed weight after the restart: %v, want permission denied", err)
+	}
+	for _, x := range append(ws, more...) {
+		if err := c.Free(x.p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestReattachGraceExpires: with no mediator coming back, the node keeps a
+// killed mediator's frames for its --reattach-grace, then scrubs and frees
+// them; a mediator started after that cannot restore the session, says
+// so, and the tenant's next call fails as unavailable.
+func TestReattachGraceExpires(t *testing.T) {
+	r := newRestartable(t, "--reattach-grace", "1s")
+	r.start()
+	c, err := client.Dial(client.Options{Socket: r.socket, Tenant: "team-a", Reconnect: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	writeBuffers(t, c, 8<<20)
+	r.kill()
+	killed := time.Now()
+	if used := nodeUsed(t, r.node); used < 8<<20 {
+		t.Fatalf("node holds %d bytes right after the kill, want the session's 8 MiB kept", used)
+	}
+	waitFor(t, "the node to free the frames", func() bool { return nodeUsed(t, r.node) == 0 })
+	if held := time.Since(killed); held < 900*time.Millisecond {
+		t.Fatalf("frames freed %v after the kill, before the 1s grace", held)
+	}
+	r.start()
+	if _, err := c.Stats(); !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "no session to resume") {
+		t.Fatalf("call after the grace ended: %v, want unavailable: no session to resume", err)
+	}
+	if out := r.med.out.String(); !strings.Contains(out, "session not restored") || !strings.Contains(out, "grace ended") {
+		t.Fatalf("the mediator's log does not say why it did not restore the session:\n%s", out)
+	}
+}
