@@ -112,6 +112,17 @@ type TenantStatus struct {
 	// Links are the bytes of frames the session moved over each of its
 	// connections: its socket, and one per node its devices are on.
 	Links []LinkStatus `json:"links,omitempty"`
+	// DeviceMemory is the memory of the frames the session holds on each
+	// physical device behind its virtual devices, in their order.
+	DeviceMemory []DeviceMemory `json:"device_memory,omitempty"`
+}
+
+// DeviceMemory is the device memory a session's frames hold on one
+// physical device: Device of the node at Node.
+type DeviceMemory struct {
+	Node   string `json:"node"`
+	Device uint32 `json:"device"`
+	Held   uint64 `json:"held_bytes"`
 }
 
 // LinkStatus is what a session sent and received over one connection, frame

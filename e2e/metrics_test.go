@@ -157,6 +157,11 @@ func TestMetricsLiveScrape(t *testing.T) {
 		t.Fatalf("register over the cap: %v, want quota exceeded", err)
 	}
 
+	// The node's frames hold what the mediator's session maps.
+	mapped := 0.0
+	for _, ts := range status(t, socket).Tenants {
+		mapped += float64(ts.Mapped)
+	}
 	med := scrapeMetrics(t, medMetrics)
 	alice := map[string]string{"tenant": "alice"}
 	session := map[string]string{"tenant": "alice", "session": fmt.Sprint(c.Session())}
@@ -168,6 +173,7 @@ func TestMetricsLiveScrape(t *testing.T) {
 	}{
 		{"vgpu_tenant_memory_used_bytes", alice, 6 << 20},
 		{"vgpu_tenant_memory_cap_bytes", alice, 64 << 20},
+		{"vgpu_tenant_device_memory_used_bytes", map[string]string{"tenant": "alice", "node": nodeAddr, "device": "0"}, mapped},
 		{"vgpu_tenant_memory_reserved_bytes", alice, 16 << 20},
 		{"vgpu_tenant_sessions", alice, 1},
 		{"vgpu_tenant_containers", alice, 1},
@@ -195,11 +201,6 @@ func TestMetricsLiveScrape(t *testing.T) {
 	}
 	if got := node.value(t, "vgpu_device_tenant_launches_total", map[string]string{"tenant": "alice"}); got != 2 {
 		t.Errorf("node: alice's launches = %v, want 2", got)
-	}
-	// The node's frames hold what the mediator's session maps.
-	mapped := 0.0
-	for _, ts := range status(t, socket).Tenants {
-		mapped += float64(ts.Mapped)
 	}
 	if got := node.value(t, "vgpu_device_memory_used_bytes", dev); got != mapped || got < 6<<20 {
 		t.Errorf("node: device memory used = %v, want the %v bytes the session maps (at least its 6 MiB)", got, mapped)

@@ -710,14 +710,29 @@ func (s *session) status() api.TenantStatus {
 		TLBHitRate: hitRate(st.TLBHits, st.TLBMisses),
 		CopiedIn:   s.copiedIn.Load(), CopiedOut: s.copiedOut.Load(), Launches: s.launches.Load(),
 		SharedHits: s.sharedHits.Load(), SharedMisses: s.sharedMisses.Load(), Links: s.links(),
+		DeviceMemory: s.deviceMemory(),
 	}
+}
+
+// deviceMemory reports the memory of the frames the session holds on each
+// physical device behind its virtual devices.
+func (s *session) deviceMemory() []api.DeviceMemory {
+	held := s.frames.byDevice()
+	out := make([]api.DeviceMemory, len(s.vdevs))
+	for i, v := range s.vdevs {
+		out[i] = api.DeviceMemory{Node: s.m.nodes[v.dev.node].addr, Device: v.dev.info.Index, Held: held[uint32(i)]}
+	}
+	return out
 }
 
 // links reports the bytes moved over the session's socket and over its
 // connections to each node its devices are on, one entry a node.
 func (s *session) links() []api.LinkStatus {
-	sent, recv := s.c.Counts()
-	out := []api.LinkStatus{{Peer: "socket", Sent: sent, Received: recv}}
+	var out []api.LinkStatus
+	if s.c != nil { // a session with no tenant connection has no socket link
+		sent, recv := s.c.Counts()
+		out = append(out, api.LinkStatus{Peer: "socket", Sent: sent, Received: recv})
+	}
 	seen := map[*api.RPC]bool{}
 	at := map[int]int{} // node → its entry in out
 	for _, v := range s.vdevs {

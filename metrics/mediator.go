@@ -25,6 +25,7 @@ var (
 	tenantCharged   = desc("vgpu_tenant_memory_charged_bytes", "What the tenant's memory budgets count now: used memory less credits for sealed weights stored once.", "tenant")
 	tenantResident  = desc("vgpu_tenant_memory_resident_bytes", "The tenant's allocated memory on devices now.", "tenant")
 	tenantEvicted   = desc("vgpu_tenant_memory_evicted_bytes", "The tenant's allocated memory evicted to the host (RAM or spill file) now.", "tenant")
+	tenantDevice    = desc("vgpu_tenant_device_memory_used_bytes", "Device memory the tenant's sessions hold in frames on each physical device.", "tenant", "node", "device")
 	tenantCtrs      = desc("vgpu_tenant_containers", "The tenant's registered containers.", "tenant")
 	tenantSessions  = desc("vgpu_tenant_sessions", "The tenant's open sessions.", "tenant")
 	tenantWeight    = desc("vgpu_tenant_compute_weight", "The tenant's fair-share weight from the quota file; absent for a tenant the file does not name.", "tenant")
@@ -38,7 +39,7 @@ var (
 	sessionAlloc    = desc("vgpu_session_memory_allocated_bytes", "Device memory of the session's live allocations.", "tenant", "container", "session")
 )
 
-var mediatorDescs = []*prometheus.Desc{hostEvicted, tenantUsed, tenantCap, tenantReserved, tenantCharged, tenantResident, tenantEvicted,
+var mediatorDescs = []*prometheus.Desc{hostEvicted, tenantUsed, tenantDevice, tenantCap, tenantReserved, tenantCharged, tenantResident, tenantEvicted,
 	tenantCtrs, tenantSessions, tenantWeight, tenantBandwidth,
 	sessionCopied, sessionLink, sessionLaunches, sessionHits, sessionMisses, sessionAlloc}
 
@@ -83,6 +84,8 @@ func (c *MediatorCollector) Collect(ch chan<- prometheus.Metric) {
 		sessions          int
 	}
 	by := map[string]*sums{}
+	type onDevice struct{ tenant, node, device string }
+	held := map[onDevice]float64{}
 	for _, t := range st.Tenants {
 		s := by[t.Tenant]
 		if s == nil {
@@ -92,6 +95,9 @@ func (c *MediatorCollector) Collect(ch chan<- prometheus.Metric) {
 		s.resident += float64(t.Resident)
 		s.evicted += float64(t.Evicted)
 		s.sessions++
+		for _, d := range t.DeviceMemory {
+			held[onDevice{t.Tenant, d.Node, strconv.FormatUint(uint64(d.Device), 10)}] += float64(d.Held)
+		}
 		l := []string{t.Tenant, t.Container, strconv.FormatUint(t.Session, 10)}
 		counter(sessionCopied, float64(t.CopiedIn), append(l, "to_device")...)
 		counter(sessionCopied, float64(t.CopiedOut), append(l, "from_device")...)
@@ -121,6 +127,9 @@ func (c *MediatorCollector) Collect(ch chan<- prometheus.Metric) {
 		if t.Bandwidth > 0 {
 			gauge(tenantBandwidth, float64(t.Bandwidth), t.Name)
 		}
+	}
+	for k, v := range held {
+		gauge(tenantDevice, v, k.tenant, k.node, k.device)
 	}
 	for name, s := range by {
 		gauge(tenantResident, s.resident, name)

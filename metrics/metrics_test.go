@@ -117,8 +117,10 @@ func (fakeMediator) Status() api.Status {
 		Tenants: []api.TenantStatus{
 			{Tenant: "a", Container: "ctr1", Session: 1, Allocated: 4 * mib, Resident: 3 * mib, Evicted: mib, CopiedIn: 100, CopiedOut: 50, Launches: 9,
 				SharedHits: 6, SharedMisses: 2,
-				Links: []api.LinkStatus{{Peer: "socket", Sent: 70, Received: 140}, {Peer: "node 10.0.0.1:7070", Sent: 150, Received: 80}}},
-			{Tenant: "a", Session: 2, Allocated: 2 * mib, Resident: 2 * mib},
+				Links:        []api.LinkStatus{{Peer: "socket", Sent: 70, Received: 140}, {Peer: "node 10.0.0.1:7070", Sent: 150, Received: 80}},
+				DeviceMemory: []api.DeviceMemory{{Node: "10.0.0.1:7070", Device: 0, Held: 4 * mib}}},
+			{Tenant: "a", Session: 2, Allocated: 2 * mib, Resident: 2 * mib,
+				DeviceMemory: []api.DeviceMemory{{Node: "10.0.0.1:7070", Device: 0, Held: 2 * mib}, {Node: "10.0.0.1:7070", Device: 1}}},
 			{Tenant: "b", Session: 3},
 		},
 		HostRAM: mib, HostSpilled: 0,
@@ -146,6 +148,10 @@ vgpu_node_up{node="10.0.0.2:7070"} 0
 vgpu_tenant_memory_used_bytes{tenant="a"} 6.291456e+06
 vgpu_tenant_memory_used_bytes{tenant="b"} 0
 vgpu_tenant_memory_used_bytes{tenant="idle"} 0
+# HELP vgpu_tenant_device_memory_used_bytes Device memory the tenant's sessions hold in frames on each physical device.
+# TYPE vgpu_tenant_device_memory_used_bytes gauge
+vgpu_tenant_device_memory_used_bytes{device="0",node="10.0.0.1:7070",tenant="a"} 6.291456e+06
+vgpu_tenant_device_memory_used_bytes{device="1",node="10.0.0.1:7070",tenant="a"} 0
 # HELP vgpu_tenant_memory_cap_bytes The tenant's memory cap from the quota file, summed over its containers; absent when it has none.
 # TYPE vgpu_tenant_memory_cap_bytes gauge
 vgpu_tenant_memory_cap_bytes{tenant="a"} 8.388608e+06
@@ -185,7 +191,7 @@ vgpu_session_coherence_cache_hits_total{container="",session="3",tenant="b"} 0
 # TYPE vgpu_host_evicted_bytes gauge
 vgpu_host_evicted_bytes{store="ram"} 1.048576e+06
 vgpu_host_evicted_bytes{store="spill"} 0
-`, "vgpu_node_up", "vgpu_tenant_memory_used_bytes", "vgpu_tenant_memory_cap_bytes", "vgpu_tenant_memory_evicted_bytes",
+`, "vgpu_node_up", "vgpu_tenant_memory_used_bytes", "vgpu_tenant_device_memory_used_bytes", "vgpu_tenant_memory_cap_bytes", "vgpu_tenant_memory_evicted_bytes",
 		"vgpu_tenant_sessions", "vgpu_tenant_bandwidth_limit_bytes_per_second", "vgpu_session_copied_bytes_total",
 		"vgpu_session_link_bytes_total", "vgpu_session_coherence_cache_hits_total", "vgpu_host_evicted_bytes")
 }
