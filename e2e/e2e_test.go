@@ -281,7 +281,7 @@ func TestBadFlagsNameTheValue(t *testing.T) {
 
 func TestBenchReportsRatios(t *testing.T) {
 	socket := cluster(t)
-	out, err := run(t, "vgpuctl", "--socket", socket, "bench", "--json", "--size", "8MiB", "--rounds", "1", "--ops", "50", "--tenants", "1,2", "--dlrm-steps", "2")
+	out, err := run(t, "vgpuctl", "--socket", socket, "bench", "--json", "--size", "8MiB", "--rounds", "1", "--window", "20ms", "--ops", "50", "--tenants", "1,2", "--dlrm-steps", "2")
 	if err != nil {
 		t.Fatalf("vgpuctl bench: %v\n%s", err, out)
 	}

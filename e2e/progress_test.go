@@ -19,7 +19,7 @@ import (
 // with stderr piped, nothing is drawn. The output is the same report.
 func TestBenchProgressOnATerminal(t *testing.T) {
 	socket := startSystem(t, []string{"--memory", "256MiB"}, nil)
-	tiny := []string{"--socket", socket, "bench", "--size", "64KiB", "--max-size", "64KiB", "--rounds", "1", "--ops", "10",
+	tiny := []string{"--socket", socket, "bench", "--size", "64KiB", "--max-size", "64KiB", "--rounds", "1", "--window", "20ms", "--ops", "10",
 		"--launches", "10", "--tenants", "0", "--decode-steps", "0", "--node-link", "0"}
 	// onTTY runs vgpuctl with stderr on a pseudo-terminal, and returns its
 	// stdout and what the terminal got.

@@ -58,7 +58,7 @@ func TestTLSNodeLink(t *testing.T) {
 	}
 	// Bulk copies both ways over TLS come back byte for byte (bench checks),
 	// and bench reports what TLS costs against plain TCP.
-	out, err = run(t, "vgpuctl", "--socket", socket, "bench", "--json", "--size", "8MiB", "--rounds", "1", "--ops", "20", "--tenants", "1", "--dlrm-steps", "2")
+	out, err = run(t, "vgpuctl", "--socket", socket, "bench", "--json", "--size", "8MiB", "--rounds", "1", "--window", "20ms", "--ops", "20", "--tenants", "1", "--dlrm-steps", "2")
 	if err != nil {
 		t.Fatalf("vgpuctl bench over TLS: %v\n%s", err, out)
 	}

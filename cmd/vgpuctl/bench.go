@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/internal/bench"
@@ -21,7 +22,9 @@ operation against a raw ping-pong, tiny kernel launches per second, DLRM-style
 inference for several tenants without and with residency hints, a GPT-style
 decoder as registered graphs against op-by-op launches (and decoding beside
 another tenant's prefills, and several tenants loading one model), and TLS on
-the node link. Prints markdown tables (or --json); --out also writes
+the node link. Timed figures take turns in --rounds interleaved rounds of
+windows of at least --window each, and are reported as the median with the
+range of the rounds. Prints markdown tables (or --json); --out also writes
 ` + bench.JSONFile + `, ` + bench.MarkdownFile + ` and ` + bench.SVGFile + ` there.
 `
 
@@ -32,6 +35,7 @@ type benchArgs struct {
 	size         *string
 	maxSize      *string
 	rounds       *int
+	window       *time.Duration
 	pageable     *bool
 	ops          *int
 	launches     *int
@@ -54,10 +58,11 @@ func benchFlags() (*flag.FlagSet, *benchArgs) {
 	a.out = fs.String("out", "", "also write the JSON, markdown and SVG chart to this directory")
 	a.size = fs.String("size", "256MiB", "headline bulk copy size (h2d_ratio, d2h_ratio); alone, also the largest size")
 	a.maxSize = fs.String("max-size", "1GiB", "largest host↔device copy size (sizes: 4KiB 64KiB 1MiB 16MiB 64MiB 256MiB 1GiB)")
-	a.rounds = fs.Int("rounds", 5, "timed rounds of each copy size (the median counts)")
+	a.rounds = fs.Int("rounds", 5, "interleaved rounds of every timed figure (the median counts, the range is reported)")
+	a.window = fs.Duration("window", bench.DefaultWindow, "least time a timed window of work lasts (small copies and operations are repeated to fill it)")
 	a.pageable = fs.Bool("pageable", false, "bulk host buffers of ordinary memory instead of HostAlloc's shared memory")
-	a.ops = fs.Int("ops", 2000, "small operations to time")
-	a.launches = fs.Int("launches", 20000, "asynchronous tiny kernel launches to time")
+	a.ops = fs.Int("ops", 0, "small operations per window at least (0: as many as fill --window)")
+	a.launches = fs.Int("launches", 0, "asynchronous tiny kernel launches per window at least (0: as many as fill --window)")
 	a.tenants = fs.String("tenants", "1,2,4,8", `DLRM tenant counts, comma-separated ("0": skip DLRM)`)
 	a.table = fs.String("dlrm-table", "64MiB", "DLRM embedding table size (at most --max-size)")
 	a.steps = fs.Int("dlrm-steps", 32, "DLRM inference steps per tenant")
@@ -77,7 +82,11 @@ func benchCmd(socket string, args []string) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	opt := bench.Options{Socket: socket, Rounds: *a.rounds, Pageable: *a.pageable, SmallOps: *a.ops, Launches: *a.launches, Command: *a.command}
+	if *a.rounds < 1 || *a.window <= 0 || *a.ops < 0 || *a.launches < 0 {
+		return fmt.Errorf("--rounds %d, --window %v, --ops %d, --launches %d: want at least one round, a positive window, no negative counts: %w",
+			*a.rounds, *a.window, *a.ops, *a.launches, api.ErrInvalidArgument)
+	}
+	opt := bench.Options{Socket: socket, Rounds: *a.rounds, Window: *a.window, Pageable: *a.pageable, SmallOps: *a.ops, Launches: *a.launches, Command: *a.command}
 	if opt.Command == "" {
 		opt.Command = strings.TrimSpace("vgpuctl bench " + strings.Join(args, " "))
 	}

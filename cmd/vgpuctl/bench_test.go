@@ -39,6 +39,9 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"--decode-steps", "-1"},
 		{"--decode-rounds", "0"},
 		{"--load-tenants", "0"},
+		{"--rounds", "0"},
+		{"--window", "0s"},
+		{"--ops", "-1"},
 	} {
 		if err := benchCmd("/nonexistent/socket", args); !errors.Is(err, api.ErrInvalidArgument) {
 			t.Errorf("bench %v: err %v, want invalid argument", args, err)

@@ -2,11 +2,18 @@
 // the same run, since a figure alone on a noisy machine means little: every
 // result is reported beside its baseline and as a ratio to it.
 //
+// Timed figures are taken in interleaved rounds of windows of at least
+// Options.Window of work each, the system and its baselines taking turns,
+// and reported as the median over the rounds with the range beside it
+// (rounds.go).
+//
 // One run (Run) measures, in this order:
 //   - host↔device copies of sizes from 4 KiB to 1 GiB (transfer.go), each
-//     beside memcpy and a raw loopback TCP stream of the same size and
-//     repetitions to a receiver process (and, reported apart, to a
-//     receiver goroutine); host buffers come from the session's shared host
+//     beside memcpy and a raw loopback TCP stream of the same bytes to a
+//     receiver process (and, reported apart, to a receiver goroutine, and
+//     split over parallel streams to processes of their own: the best of
+//     the three is the best raw transport, a second baseline of the
+//     copies); host buffers come from the session's shared host
 //     memory (client.HostAlloc, as GPU bandwidth tests use pinned memory)
 //     unless Options.Pageable; every size is read back and compared;
 //   - a small synchronous operation's round trip beside a raw ping-pong
@@ -14,7 +21,8 @@
 //     process to an echo process, as a request goes from tenant to
 //     mediator to node (peer.go; and, reported apart, through goroutines
 //     of one process, baseline.go);
-//   - asynchronous launches per second of a tiny kernel, checked;
+//   - asynchronous launches per second of a tiny kernel, checked, in the
+//     same rounds as the ping-pong and reported against it too;
 //   - a DLRM-style inference step served by 1, 2, 4 and 8 tenants at once,
 //     checked against a pure-Go reference, without and with residency
 //     hints, counting the bytes the mediator moved to and from nodes
@@ -50,7 +58,9 @@ type Report struct {
 	CPUs      int    `json:"cpus"`       // of the benchmarking process's machine
 	GoOSArch  string `json:"go_os_arch"` // GOOS/GOARCH
 	HostAlloc bool   `json:"host_alloc"` // bulk host buffers from client.HostAlloc
-	Rounds    int    `json:"rounds"`     // timed rounds of each transfer size
+	Rounds    int    `json:"rounds"`     // interleaved rounds of every timed figure
+	// WindowS is the least time, in seconds, a timed window of work lasts.
+	WindowS float64 `json:"window_s"`
 	// The headline bulk size's figures, also in Transfers.
 	BulkBytes  int     `json:"bulk_bytes"`
 	MemcpyMBps float64 `json:"memcpy_mb_per_s"`
@@ -59,19 +69,34 @@ type Report struct {
 	D2HMBps    float64 `json:"d2h_mb_per_s"`
 	H2DRatio   float64 `json:"h2d_ratio"`
 	D2HRatio   float64 `json:"d2h_ratio"`
+	BulkSpread
 
 	// The raw ping-pong through relay and echo processes (the baseline of
 	// small_op_ratio), and through goroutines of this process.
-	RawPingPongUs       float64 `json:"raw_ping_pong_us"`
-	RawPingPongInprocUs float64 `json:"raw_ping_pong_inproc_us"`
-	SmallOpUs           float64 `json:"small_op_us"`
-	SmallOpRatio        float64 `json:"small_op_ratio"`
-	SmallOpInprocRatio  float64 `json:"small_op_inproc_ratio"`
-	SmallOpSamples      int     `json:"small_op_samples"`
+	RawPingPongUs         float64 `json:"raw_ping_pong_us"`
+	RawPingPongInprocUs   float64 `json:"raw_ping_pong_inproc_us"`
+	SmallOpUs             float64 `json:"small_op_us"`
+	SmallOpRatio          float64 `json:"small_op_ratio"`
+	SmallOpInprocRatio    float64 `json:"small_op_inproc_ratio"`
+	SmallOpRatioMin       float64 `json:"small_op_ratio_min"`
+	SmallOpRatioMax       float64 `json:"small_op_ratio_max"`
+	SmallOpInprocRatioMin float64 `json:"small_op_inproc_ratio_min"`
+	SmallOpInprocRatioMax float64 `json:"small_op_inproc_ratio_max"`
+	SmallOpSamples        int     `json:"small_op_samples"` // timed in all rounds
 	// Asynchronous launches of a tiny kernel (fill_f32 of one float) queued
-	// on one stream and synchronized once, per second of the whole batch.
-	LaunchesPerS float64 `json:"launches_per_s"`
-	Launches     int     `json:"launches"`
+	// on one stream and synchronized once per window, per second of the
+	// window: the median of the rounds, and the range.
+	LaunchesPerS    float64 `json:"launches_per_s"`
+	LaunchesPerSMin float64 `json:"launches_per_s_min"`
+	LaunchesPerSMax float64 `json:"launches_per_s_max"`
+	Launches        int     `json:"launches"` // timed in all rounds
+	// LaunchPingPongRatio is launches per second over the raw ping-pong's
+	// round trips per second, round by round: how many launches go in the
+	// time of one round trip through two processes, a figure that the
+	// host's speed of the moment mostly cancels out of.
+	LaunchPingPongRatio    float64 `json:"launch_ping_pong_ratio"`
+	LaunchPingPongRatioMin float64 `json:"launch_ping_pong_ratio_min"`
+	LaunchPingPongRatioMax float64 `json:"launch_ping_pong_ratio_max"`
 
 	// HintBytesRatio is DLRM's bytes moved without hints over with them,
 	// at the largest tenant count (per count: DLRMRun.BytesRatio, and the
@@ -100,10 +125,13 @@ type Options struct {
 	// MaxBytes caps the transfer sizes (DefaultSizes); default 1 GiB, and
 	// at least BulkBytes.
 	MaxBytes int
-	Rounds   int  // timed rounds of each transfer size, the median counts; default 5
+	Rounds   int  // interleaved rounds of every timed figure, the median counts; default 5
 	Pageable bool // bulk host buffers from the Go heap instead of HostAlloc
-	SmallOps int  // small operations timed; default 2000
-	Launches int  // asynchronous tiny launches timed; default 20000
+	// Window is the least time a timed window of work lasts; default
+	// DefaultWindow.
+	Window   time.Duration
+	SmallOps int // small operations per window at least; default as many as fill Window
+	Launches int // asynchronous tiny launches per window at least; default as many as fill Window
 	// Tenants are the DLRM tenant counts, each positive; nil: 1, 2, 4, 8;
 	// empty: no DLRM run.
 	Tenants []int
@@ -134,11 +162,8 @@ func (o *Options) defaults() {
 	if o.Rounds <= 0 {
 		o.Rounds = 5
 	}
-	if o.SmallOps <= 0 {
-		o.SmallOps = 2000
-	}
-	if o.Launches <= 0 {
-		o.Launches = 20000
+	if o.Window <= 0 {
+		o.Window = DefaultWindow
 	}
 	if o.Tenants == nil {
 		o.Tenants = []int{1, 2, 4, 8}
@@ -181,7 +206,7 @@ func Run(opt Options) (*Report, error) {
 	r := &Report{
 		Command: opt.Command, Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(),
 		GoOSArch: runtime.GOOS + "/" + runtime.GOARCH, HostAlloc: !opt.Pageable,
-		Rounds: opt.Rounds, BulkBytes: opt.BulkBytes, SmallOpSamples: opt.SmallOps, Launches: opt.Launches, DLRMModel: opt.DLRM,
+		Rounds: opt.Rounds, WindowS: opt.Window.Seconds(), BulkBytes: opt.BulkBytes, DLRMModel: opt.DLRM,
 	}
 	if err := oneSession(r, opt); err != nil {
 		return nil, err
@@ -201,7 +226,7 @@ func Run(opt Options) (*Report, error) {
 	}
 	if opt.NodeLinkBytes > 0 {
 		opt.Progress("mediator→node writes, TLS against plain TCP")
-		if r.NodeLinkReport, err = NodeLink(opt.NodeLinkBytes, opt.Rounds); err != nil {
+		if r.NodeLinkReport, err = NodeLink(opt.NodeLinkBytes, opt.Rounds, opt.Window); err != nil {
 			return nil, fmt.Errorf("node link, TLS against plain TCP: %w", err)
 		}
 	}
@@ -216,25 +241,22 @@ func oneSession(r *Report, opt Options) error {
 		return err
 	}
 	defer c.Close()
-	if r.Transfers, err = transfers(c, sizesFor(opt.MaxBytes, opt.BulkBytes), opt.Rounds, opt.Pageable, opt.Progress); err != nil {
+	if r.Transfers, err = transfers(c, sizesFor(opt.MaxBytes, opt.BulkBytes), opt.Rounds, opt.Window, opt.Pageable, opt.Progress); err != nil {
 		return err
 	}
 	for _, t := range r.Transfers {
 		if t.Bytes == opt.BulkBytes {
 			r.MemcpyMBps, r.RawTCPMBps, r.H2DMBps, r.D2HMBps = t.MemcpyMBps, t.RawTCPMBps, t.H2DMBps, t.D2HMBps
-			r.H2DRatio, r.D2HRatio = t.H2DRatio, t.D2HRatio
+			r.H2DRatio, r.D2HRatio, r.BulkSpread = t.H2DRatio, t.D2HRatio, t.BulkSpread
 		}
 	}
 	opt.Progress("small synchronous operations and launches")
 	return small(c, r, opt)
 }
 
-// smallRounds is how many rounds the small operation and its baselines
-// take turns in, so that a slow moment of the host weighs on all three.
-const smallRounds = 10
-
 // small measures a 4-byte synchronous device→host copy against the raw
-// ping-pong, and the rate of asynchronous tiny launches.
+// ping-pongs, and the rate of asynchronous tiny launches, all four taking
+// turns in the same rounds.
 func small(c *client.Client, r *Report, opt Options) error {
 	p, err := c.Malloc(0, 4<<10)
 	if err != nil {
@@ -253,51 +275,55 @@ func small(c *client.Client, r *Report, opt Options) error {
 	defer stopIn()
 	s := c.Stream()
 	b := make([]byte, 4)
-	op := func(n int) (time.Duration, error) {
-		start := time.Now()
-		for range n {
-			s.CopyFromDevice(b, p)
-			if err := s.Synchronize(); err != nil {
-				return 0, fmt.Errorf("small operation: %w", err)
+	const (
+		cPing = iota
+		cPingIn
+		cOp
+		cLaunch
+	)
+	cs := []*contender{
+		cPing:   {name: "raw ping-pong", run: func(n int) (time.Duration, error) { return pingPong(ping, n) }},
+		cPingIn: {name: "raw ping-pong in process", run: func(n int) (time.Duration, error) { return pingPong(pingIn, n) }},
+		cOp: {name: "small operation", min: opt.SmallOps, run: func(n int) (time.Duration, error) {
+			start := time.Now()
+			for range n {
+				s.CopyFromDevice(b, p)
+				if err := s.Synchronize(); err != nil {
+					return 0, err
+				}
 			}
-		}
-		return time.Since(start), nil
+			return time.Since(start), nil
+		}},
+		cLaunch: {name: "launches", min: opt.Launches, run: func(n int) (time.Duration, error) { return launches(s, p, n) }},
 	}
-	var tPing, tIn, tOp time.Duration
-	for i := range smallRounds {
-		k := opt.SmallOps*(i+1)/smallRounds - opt.SmallOps*i/smallRounds
-		d, err := pingPong(ping, k)
-		if err != nil {
-			return fmt.Errorf("raw ping-pong: %w", err)
-		}
-		tPing += d
-		if d, err = pingPong(pingIn, k); err != nil {
-			return fmt.Errorf("raw ping-pong in process: %w", err)
-		}
-		tIn += d
-		if d, err = op(k); err != nil {
-			return err
-		}
-		tOp += d
+	rates, err := interleave(cs, opt.Rounds, opt.Window)
+	if err != nil {
+		return err
 	}
-	n := opt.SmallOps
-	r.RawPingPongUs, r.RawPingPongInprocUs, r.SmallOpUs = us(tPing, n), us(tIn, n), us(tOp, n)
-	r.SmallOpRatio, r.SmallOpInprocRatio = ratio(r.SmallOpUs, r.RawPingPongUs), ratio(r.SmallOpUs, r.RawPingPongInprocUs)
-	r.LaunchesPerS, err = launchRate(s, p, opt.Launches)
-	return err
+	med := func(i int) float64 { return spreadOf(rates[i]).Median }
+	r.RawPingPongUs, r.RawPingPongInprocUs, r.SmallOpUs = 1e6/med(cPing), 1e6/med(cPingIn), 1e6/med(cOp)
+	r.SmallOpSamples, r.Launches = cs[cOp].n*opt.Rounds, cs[cLaunch].n*opt.Rounds
+	// A time's ratio is the inverse of the rates'.
+	op, in := ratioSpread(rates[cPing], rates[cOp]), ratioSpread(rates[cPingIn], rates[cOp])
+	r.SmallOpRatio, r.SmallOpRatioMin, r.SmallOpRatioMax = op.Median, op.Min, op.Max
+	r.SmallOpInprocRatio, r.SmallOpInprocRatioMin, r.SmallOpInprocRatioMax = in.Median, in.Min, in.Max
+	l, lp := spreadOf(rates[cLaunch]), ratioSpread(rates[cLaunch], rates[cPing])
+	r.LaunchesPerS, r.LaunchesPerSMin, r.LaunchesPerSMax = l.Median, l.Min, l.Max
+	r.LaunchPingPongRatio, r.LaunchPingPongRatioMin, r.LaunchPingPongRatioMax = lp.Median, lp.Min, lp.Max
+	return nil
 }
 
-// launchRate queues n launches of a one-float fill on s, waits for them
-// all, and checks that the last one took effect.
-func launchRate(s *client.Stream, p client.Ptr, n int) (float64, error) {
+// launches queues n launches of a one-float fill on s and waits for them
+// all; then, untimed, it checks that the last one took effect.
+func launches(s *client.Stream, p client.Ptr, n int) (time.Duration, error) {
 	start := time.Now()
 	for i := range n {
 		s.Launch("fill_f32", client.Buf(p), client.I64(1), client.F32(float32(i)))
 	}
 	if err := s.Synchronize(); err != nil {
-		return 0, fmt.Errorf("launches: %w", err)
+		return 0, err
 	}
-	rate := float64(n) / time.Since(start).Seconds()
+	d := time.Since(start)
 	got := make([]byte, 4)
 	s.CopyFromDevice(got, p)
 	if err := s.Synchronize(); err != nil {
@@ -306,5 +332,5 @@ func launchRate(s *client.Stream, p client.Ptr, n int) (float64, error) {
 	if v := client.BytesFloat32(got)[0]; v != float32(n-1) {
 		return 0, fmt.Errorf("after %d launches the buffer holds %g, want %d: %w", n, v, n-1, api.ErrInternal)
 	}
-	return rate, nil
+	return d, nil
 }

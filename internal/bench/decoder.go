@@ -102,8 +102,11 @@ type DecoderReport struct {
 	GraphStepUs float64 `json:"decode_step_graph_us"`
 	OpsStepUs   float64 `json:"decode_step_ops_us"`
 	StepRatio   float64 `json:"decode_step_graph_vs_ops_ratio"`
-	// StepRatios is the same ratio in each round: its spread.
-	StepRatios []float64 `json:"decode_step_graph_vs_ops_by_round"`
+	// StepRatios is the same ratio in each round: its spread, whose ends
+	// are StepRatioMin and StepRatioMax.
+	StepRatios   []float64 `json:"decode_step_graph_vs_ops_by_round"`
+	StepRatioMin float64   `json:"decode_step_graph_vs_ops_ratio_min"`
+	StepRatioMax float64   `json:"decode_step_graph_vs_ops_ratio_max"`
 
 	// Requests on the tenant's socket per decode step.
 	RoundTrips    float64 `json:"decode_round_trips_per_step"`
@@ -405,6 +408,8 @@ func graphAgainstOps(socket string, m *models.GPT, sc *script, o DecoderOptions,
 	}
 	r.GraphStepUs, r.OpsStepUs = us(medianOf(gTimes), 1), us(medianOf(oTimes), 1)
 	r.StepRatio = ratio(r.GraphStepUs, r.OpsStepUs)
+	sp := spreadOf(r.StepRatios)
+	r.StepRatioMin, r.StepRatioMax = sp.Min, sp.Max
 	n := float64(r.Steps)
 	per := func(v uint64) float64 { return float64(v) / n }
 	r.RoundTrips, r.OpsRoundTrips = per(gAll.requests), per(oAll.requests)

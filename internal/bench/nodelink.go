@@ -23,6 +23,9 @@ type NodeLinkReport struct {
 	PlainMBps float64 `json:"node_plain_mb_per_s"`
 	TLSMBps   float64 `json:"node_tls_mb_per_s"`
 	Ratio     float64 `json:"node_tls_ratio"` // TLS / plain: 1 means TLS costs nothing
+	// The range of the rounds' TLS / plain.
+	RatioMin float64 `json:"node_tls_ratio_min"`
+	RatioMax float64 `json:"node_tls_ratio_max"`
 }
 
 // nodeWindow is how many 1 MiB writes the benchmark keeps in flight, as a
@@ -46,17 +49,26 @@ var Loopback = Network{
 	},
 }
 
-// NodeLink is NodeLinkOn Loopback.
-func NodeLink(bytes, rounds int) (*NodeLinkReport, error) { return NodeLinkOn(Loopback, bytes, rounds) }
+// NodeLink is NodeLinkOn Loopback, each round's writes repeated to last
+// window at least.
+func NodeLink(bytes, rounds int, window time.Duration) (*NodeLinkReport, error) {
+	return nodeLink(Loopback, bytes, rounds, window)
+}
 
 // NodeLinkOn starts an in-process sim node that serves plain TCP on one
 // listener and mutual TLS (a throw-away CA, as `vgpuctl certs init` makes)
 // on another, both on nw's node side, connects to each from the mediator's
 // side as a mediator does, and times writing bytes (rounded up to whole
 // frames) to frames of the connection in pipelined api.MaxChunk node-write
-// frames. Plain and TLS rounds alternate, after one warm-up round each; the
-// median of rounds counts.
+// frames. Plain and TLS take turns in interleaved rounds (rounds.go), after
+// one warm-up write each; the median of rounds counts.
 func NodeLinkOn(nw Network, bytes, rounds int) (*NodeLinkReport, error) {
+	return nodeLink(nw, bytes, rounds, 0)
+}
+
+// nodeLink is NodeLinkOn, each round's writes of bytes repeated to last
+// window at least (0: once).
+func nodeLink(nw Network, bytes, rounds int, window time.Duration) (*NodeLinkReport, error) {
 	if rounds <= 0 {
 		rounds = 3
 	}
@@ -109,23 +121,18 @@ func NodeLinkOn(nw Network, bytes, rounds int) (*NodeLinkReport, error) {
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}
-	var pt, tt []time.Duration
-	for i := range rounds + 1 {
-		p, err := plain.write(buf)
-		if err != nil {
-			return nil, fmt.Errorf("plain TCP: %w", err)
-		}
-		s, err := secure.write(buf)
-		if err != nil {
-			return nil, fmt.Errorf("TLS: %w", err)
-		}
-		if i > 0 { // the first round commits the sim device's memory
-			pt, tt = append(pt, p), append(tt, s)
-		}
+	// The calibration's first write commits the sim device's memory.
+	rates, err := interleave([]*contender{
+		{name: "plain TCP", min: 1, run: func(n int) (time.Duration, error) { return plain.write(buf, n) }},
+		{name: "TLS", min: 1, run: func(n int) (time.Duration, error) { return secure.write(buf, n) }},
+	}, rounds, window)
+	if err != nil {
+		return nil, err
 	}
-	r := &NodeLinkReport{Bytes: bytes, PlainMBps: mbps(bytes, medianOf(pt)), TLSMBps: mbps(bytes, medianOf(tt))}
-	r.Ratio = r.TLSMBps / r.PlainMBps
-	return r, nil
+	mb := float64(bytes) / 1e6
+	tr := ratioSpread(rates[1], rates[0])
+	return &NodeLinkReport{Bytes: bytes, PlainMBps: spreadOf(rates[0]).Median * mb, TLSMBps: spreadOf(rates[1]).Median * mb,
+		Ratio: tr.Median, RatioMin: tr.Min, RatioMax: tr.Max}, nil
 }
 
 // link is a mediator-style connection to a node holding frames.
@@ -170,13 +177,15 @@ func dialLink(nw Network, addr string, cfg *tls.Config, frames int) (*link, erro
 	return &link{rpc: rpc, frames: got.Frames}, nil
 }
 
-// write fills the link's frames with chunk, nodeWindow writes in flight,
-// and returns how long it took until the last one was acknowledged.
-func (l *link) write(chunk []byte) (time.Duration, error) {
+// write fills the link's frames with chunk reps times, nodeWindow writes
+// in flight, and returns how long it took until the last one was
+// acknowledged.
+func (l *link) write(chunk []byte, reps int) (time.Duration, error) {
 	per := accelerator.FrameSize / len(chunk)
 	calls := make([]*api.Call, 0, nodeWindow)
 	start := time.Now()
-	for _, f := range l.frames {
+	for i := range reps * len(l.frames) {
+		f := l.frames[i%len(l.frames)]
 		for j := range per {
 			if len(calls) == nodeWindow {
 				if err := calls[0].Wait(); err != nil {

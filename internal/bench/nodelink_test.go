@@ -11,11 +11,11 @@ import (
 )
 
 func TestNodeLinkMeasuresBoth(t *testing.T) {
-	r, err := NodeLink(3<<20, 1) // rounds up to 2 frames
+	r, err := NodeLink(3<<20, 3, 20*time.Millisecond) // rounds up to 2 frames
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Bytes != 4<<20 || !(r.PlainMBps > 0) || !(r.TLSMBps > 0) || !(r.Ratio > 0) {
+	if r.Bytes != 4<<20 || !(r.PlainMBps > 0) || !(r.TLSMBps > 0) || !(r.RatioMin > 0 && r.RatioMin <= r.Ratio && r.Ratio <= r.RatioMax) {
 		t.Fatalf("report %+v", r)
 	}
 }

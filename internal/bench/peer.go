@@ -3,14 +3,17 @@ package bench
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vgpu/vgpu/api"
@@ -285,4 +288,53 @@ func pingPong(c net.Conn, n int) (time.Duration, error) {
 		}
 	}
 	return time.Since(start), nil
+}
+
+// parallelStreams is how many raw streams the parallel baseline splits
+// the bytes over: one per core, two at least and four at most. The data
+// path itself uses one connection per session and node, so this is a
+// baseline at the limit of what the host's loopback gives, not a twin of
+// the system.
+func parallelStreams() int { return min(4, max(2, runtime.NumCPU())) }
+
+// parallelLink is TCP connections to sink processes, one each, written to
+// at once.
+type parallelLink []*sinkLink
+
+// dialParallel starts n sinks that receive up to size bytes between them.
+func dialParallel(n, size int) (parallelLink, error) {
+	var p parallelLink
+	for range n {
+		l, err := dialSink((size + n - 1) / n)
+		if err != nil {
+			p.Close()
+			return nil, err
+		}
+		p = append(p, l)
+	}
+	return p, nil
+}
+
+func (p parallelLink) Close() error {
+	var errs []error
+	for _, l := range p {
+		errs = append(errs, l.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// stream sends src reps times, split into len(p) parts of (nearly) equal
+// size, each part over its own connection from its own goroutine, and
+// returns the time until every sink has acknowledged every byte.
+func (p parallelLink) stream(src []byte, reps int) (time.Duration, error) {
+	part := (len(src) + len(p) - 1) / len(p)
+	errs := make([]error, len(p))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, l := range p {
+		lo := min(i*part, len(src))
+		wg.Go(func() { _, errs[i] = l.stream(src[lo:min(lo+part, len(src))], reps) })
+	}
+	wg.Wait()
+	return time.Since(start), errors.Join(errs...)
 }

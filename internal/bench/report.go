@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 )
@@ -83,7 +84,9 @@ func (r *Report) WriteMarkdown(w io.Writer, chart string) error {
 	}
 	fmt.Fprintf(&b, "# Data-path benchmark\n\n")
 	fmt.Fprintf(&b, "Produced by `%s` on %s, %d CPUs (%s). Every figure beside its baseline from the same run; "+
-		"a ratio is the system over its baseline.\n\n", r.Command, r.Date, r.CPUs, r.GoOSArch)
+		"a ratio is the system over its baseline. Timed figures are taken in %d interleaved rounds, the system and its baselines "+
+		"taking turns, each in windows of at least %s of work; a figure is the median of the rounds, a ratio the median of the "+
+		"rounds' ratios, with their range [min–max].\n\n", r.Command, r.Date, r.CPUs, r.GoOSArch, r.Rounds, time.Duration(r.WindowS*float64(time.Second)))
 	if chart != "" {
 		fmt.Fprintf(&b, "![host↔device ratios per size; DLRM bytes moved with and without hints](%s)\n\n", chart)
 	}
@@ -91,24 +94,31 @@ func (r *Report) WriteMarkdown(w io.Writer, chart string) error {
 	fmt.Fprintf(&b, "## Host↔device copies\n\n")
 	fmt.Fprintf(&b, "`%s`: copies between host memory %s and device memory, against memcpy and a raw loopback TCP stream "+
 		"of the same bytes to a receiver process (written in %s chunks, read with plain reads into a destination of the transfer's size); "+
-		"the ratios are to that stream. The same stream to a receiver goroutine of the benchmarking process is shown for comparison. "+
-		"Each round is the given number of back-to-back copies and one synchronize; the median of %d rounds counts. "+
-		"Every size's device→host bytes are compared with what was copied in.\n\n", r.Command, host, api.FormatSize(api.MaxChunk), r.Rounds)
-	fmt.Fprintf(&b, "| size | copies per round | memcpy | raw TCP stream | (in process) | host→device | **h2d ratio** | device→host | **d2h ratio** |\n")
-	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		"the ratios are to that stream. The same stream to a receiver goroutine of the benchmarking process, and the same bytes "+
+		"split over several streams to receiver processes of their own, are measured too: the fastest of the three is the best raw "+
+		"transport, the second baseline (memcpy is not one: the bytes must reach the node through a socket). "+
+		"A window is back-to-back copies and one synchronize. Every device→host window's bytes are compared with what was copied in.\n\n",
+		r.Command, host, api.FormatSize(api.MaxChunk))
+	fmt.Fprintf(&b, "| size | copies per window | memcpy | raw TCP stream | (in process) | (parallel) | host→device | **h2d ratio** | h2d / best raw | device→host | **d2h ratio** | d2h / best raw |\n")
+	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, t := range r.Transfers {
-		fmt.Fprintf(&b, "| %s | %d | %.0f MB/s | %.0f MB/s | %.0f MB/s | %.0f MB/s | **%.2f** | %.0f MB/s | **%.2f** |\n",
-			api.FormatSize(uint64(t.Bytes)), t.Reps, t.MemcpyMBps, t.RawTCPMBps, t.RawTCPInprocMBps, t.H2DMBps, t.H2DRatio, t.D2HMBps, t.D2HRatio)
+		fmt.Fprintf(&b, "| %s | %d | %.0f MB/s | %.0f MB/s | %.0f MB/s | %.0f MB/s (%d streams) | %.0f MB/s | **%.2f** [%.2f–%.2f] | %.2f [%.2f–%.2f] (%s) "+
+			"| %.0f MB/s | **%.2f** [%.2f–%.2f] | %.2f [%.2f–%.2f] |\n",
+			api.FormatSize(uint64(t.Bytes)), t.Reps, t.MemcpyMBps, t.RawTCPMBps, t.RawTCPInprocMBps, t.RawTCPParallelMBps, t.RawTCPStreams,
+			t.H2DMBps, t.H2DRatio, t.H2DRatioMin, t.H2DRatioMax, t.H2DBestRatio, t.H2DBestRatioMin, t.H2DBestRatioMax, t.BestRaw,
+			t.D2HMBps, t.D2HRatio, t.D2HRatioMin, t.D2HRatioMax, t.D2HBestRatio, t.D2HBestRatioMin, t.D2HBestRatioMax)
 	}
 
 	fmt.Fprintf(&b, "\n## Small operations\n\n")
-	fmt.Fprintf(&b, "`%s`: one session, one stream.\n\n", r.Command)
+	fmt.Fprintf(&b, "`%s`: one session, one stream; the operation, the launches and both ping-pongs take turns in the same rounds.\n\n", r.Command)
 	fmt.Fprintf(&b, "| measure | vgpu | baseline | ratio |\n|---|---:|---:|---:|\n")
-	fmt.Fprintf(&b, "| 4-byte device→host, synchronous (%d samples) | %.1f µs | %.1f µs (raw Unix+TCP ping-pong through relay and echo processes) | **%.2f** |\n",
-		r.SmallOpSamples, r.SmallOpUs, r.RawPingPongUs, r.SmallOpRatio)
-	fmt.Fprintf(&b, "| the same | %.1f µs | %.1f µs (the ping-pong through goroutines of one process) | %.2f |\n",
-		r.SmallOpUs, r.RawPingPongInprocUs, r.SmallOpInprocRatio)
-	fmt.Fprintf(&b, "| asynchronous launches of a tiny kernel (%d, checked) | %.0f /s | – | – |\n", r.Launches, r.LaunchesPerS)
+	fmt.Fprintf(&b, "| 4-byte device→host, synchronous (%d samples) | %.1f µs | %.1f µs (raw Unix+TCP ping-pong through relay and echo processes) | **%.2f** [%.2f–%.2f] |\n",
+		r.SmallOpSamples, r.SmallOpUs, r.RawPingPongUs, r.SmallOpRatio, r.SmallOpRatioMin, r.SmallOpRatioMax)
+	fmt.Fprintf(&b, "| the same | %.1f µs | %.1f µs (the ping-pong through goroutines of one process) | %.2f [%.2f–%.2f] |\n",
+		r.SmallOpUs, r.RawPingPongInprocUs, r.SmallOpInprocRatio, r.SmallOpInprocRatioMin, r.SmallOpInprocRatioMax)
+	fmt.Fprintf(&b, "| asynchronous launches of a tiny kernel (%d, checked) | %.0f /s [%.0f–%.0f] | %.0f round trips/s (the ping-pong through processes) "+
+		"| %.1f [%.1f–%.1f] launches per round trip |\n", r.Launches, r.LaunchesPerS, r.LaunchesPerSMin, r.LaunchesPerSMax, 1e6/max(r.RawPingPongUs, 1e-9),
+		r.LaunchPingPongRatio, r.LaunchPingPongRatioMin, r.LaunchPingPongRatioMax)
 
 	if len(r.DLRM) > 0 {
 		m := r.DLRMModel
@@ -141,9 +151,9 @@ func (r *Report) WriteMarkdown(w io.Writer, chart string) error {
 	if nl := r.NodeLinkReport; nl != nil {
 		fmt.Fprintf(&b, "\n## Mutual TLS on the node link\n\n")
 		fmt.Fprintf(&b, "`%s`: an in-process sim node with a plain and a mutual-TLS listener; %s of pipelined node writes through each, "+
-			"alternating, median of rounds.\n\n", r.Command, api.FormatSize(uint64(nl.Bytes)))
+			"repeated to fill a window, taking turns in the rounds.\n\n", r.Command, api.FormatSize(uint64(nl.Bytes)))
 		fmt.Fprintf(&b, "| plain TCP | mutual TLS | **TLS / plain** |\n|---:|---:|---:|\n")
-		fmt.Fprintf(&b, "| %.0f MB/s | %.0f MB/s | **%.2f** |\n", nl.PlainMBps, nl.TLSMBps, nl.Ratio)
+		fmt.Fprintf(&b, "| %.0f MB/s | %.0f MB/s | **%.2f** [%.2f–%.2f] |\n", nl.PlainMBps, nl.TLSMBps, nl.Ratio, nl.RatioMin, nl.RatioMax)
 	}
 	_, err := w.Write(b.Bytes())
 	return err

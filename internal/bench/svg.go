@@ -11,7 +11,9 @@ import (
 	"github.com/vgpu/vgpu/api"
 )
 
-// The chart: host↔device ratios per size on a logarithmic axis, and DLRM
+// The chart: host↔device ratios per size on a logarithmic axis, each a
+// median with a whisker from the lowest round to the highest, against the
+// raw TCP stream (solid) and the best raw transport (dashed); and DLRM
 // bytes moved without and with hints per tenant count, as one SVG drawn by
 // hand (no dependency).
 
@@ -91,9 +93,28 @@ func (r *Report) WriteSVG(w io.Writer) error {
 	return err
 }
 
-// ratios plots h2d and d2h ratio against size, x logarithmic.
+// ratioSeries is one line of the ratio chart: a median per size and its
+// range over the rounds.
+type ratioSeries struct {
+	name, color, dash string
+	v                 func(Transfer) (median, lo, hi float64)
+}
+
+var ratioLines = []ratioSeries{
+	{"host→device", colorH2D, "", func(t Transfer) (float64, float64, float64) { return t.H2DRatio, t.H2DRatioMin, t.H2DRatioMax }},
+	{"device→host", colorD2H, "", func(t Transfer) (float64, float64, float64) { return t.D2HRatio, t.D2HRatioMin, t.D2HRatioMax }},
+	{"host→device / best raw", colorH2D, "5 4", func(t Transfer) (float64, float64, float64) {
+		return t.H2DBestRatio, t.H2DBestRatioMin, t.H2DBestRatioMax
+	}},
+	{"device→host / best raw", colorD2H, "5 4", func(t Transfer) (float64, float64, float64) {
+		return t.D2HBestRatio, t.D2HBestRatioMin, t.D2HBestRatioMax
+	}},
+}
+
+// ratios plots the h2d and d2h ratios against size, x logarithmic, each
+// median with a whisker over its rounds' range.
 func (s *svg) ratios(ts []Transfer, y0 float64) {
-	s.text(svgW/2, y0+25, "middle", `font-size="16" font-weight="bold"`, "Host↔device throughput over a raw TCP stream of the same size")
+	s.text(svgW/2, y0+25, "middle", `font-size="16" font-weight="bold"`, "Host↔device throughput over raw transports of the same bytes (median, range of rounds)")
 	top, bot := y0+plotTop, y0+plotBot
 	if len(ts) == 0 {
 		s.text(svgW/2, (top+bot)/2, "middle", `font-size="14"`, "no transfers measured")
@@ -106,7 +127,10 @@ func (s *svg) ratios(ts []Transfer, y0 float64) {
 	x := func(size int) float64 { return plotLeft + (math.Log2(float64(size))-lo)/(hi-lo)*(plotRight-plotLeft) }
 	most := 1.0
 	for _, t := range ts {
-		most = max(most, t.H2DRatio, t.D2HRatio)
+		for _, l := range ratioLines {
+			m, _, hi := l.v(t)
+			most = max(most, m, hi)
+		}
 	}
 	ymax, step := niceMax(most * 1.1)
 	y := func(v float64) float64 { return bot - v/ymax*(bot-top) }
@@ -115,7 +139,7 @@ func (s *svg) ratios(ts []Transfer, y0 float64) {
 		s.text(plotLeft-8, y(v)+4, "end", `font-size="12"`, fmt.Sprintf("%g", math.Round(v*1000)/1000))
 	}
 	s.line(plotLeft, y(1), plotRight, y(1), "#444", `stroke-dasharray="6 4"`)
-	s.text(plotLeft+6, y(1)-5, "start", `font-size="12" fill="#444"`, "raw TCP stream = 1")
+	s.text(plotLeft+6, y(1)-5, "start", `font-size="12" fill="#444"`, "baseline = 1")
 	for _, t := range ts {
 		s.line(x(t.Bytes), bot, x(t.Bytes), bot+5, "#444", "")
 		s.text(x(t.Bytes), bot+20, "middle", `font-size="12"`, api.FormatSize(uint64(t.Bytes)))
@@ -123,26 +147,36 @@ func (s *svg) ratios(ts []Transfer, y0 float64) {
 	s.line(plotLeft, bot, plotRight, bot, "#444", "")
 	s.line(plotLeft, top, plotLeft, bot, "#444", "")
 	s.text(svgW/2, bot+42, "middle", `font-size="13"`, "copy size (logarithmic)")
-	s.printf(`<text x="%d" y="%.1f" text-anchor="middle" font-size="13" transform="rotate(-90 %d %.1f)">ratio to raw TCP</text>`+"\n",
+	s.printf(`<text x="%d" y="%.1f" text-anchor="middle" font-size="13" transform="rotate(-90 %d %.1f)">ratio to raw transport</text>`+"\n",
 		25, (top+bot)/2, 25, (top+bot)/2)
-	for _, series := range []struct {
-		name, color string
-		v           func(Transfer) float64
-	}{
-		{"host→device", colorH2D, func(t Transfer) float64 { return t.H2DRatio }},
-		{"device→host", colorD2H, func(t Transfer) float64 { return t.D2HRatio }},
-	} {
+	for k, series := range ratioLines {
+		dash, width := "", 2
+		if series.dash != "" {
+			dash, width = fmt.Sprintf(` stroke-dasharray="%s"`, series.dash), 1
+		}
+		off := float64(k-len(ratioLines)/2) * 3 // whiskers of one size side by side
 		pts := make([]string, len(ts))
 		for i, t := range ts {
-			pts[i] = fmt.Sprintf("%.1f,%.1f", x(t.Bytes), y(series.v(t)))
+			m, _, _ := series.v(t)
+			pts[i] = fmt.Sprintf("%.1f,%.1f", x(t.Bytes), y(m))
 		}
-		s.printf(`<polyline points="%s" fill="none" stroke="%s" stroke-width="2"/>`+"\n", strings.Join(pts, " "), series.color)
+		s.printf(`<polyline points="%s" fill="none" stroke="%s" stroke-width="%d"%s/>`+"\n", strings.Join(pts, " "), series.color, width, dash)
 		for _, t := range ts {
-			s.printf(`<circle cx="%.1f" cy="%.1f" r="4" fill="%s"><title>%s</title></circle>`+"\n", x(t.Bytes), y(series.v(t)), series.color,
-				esc(fmt.Sprintf("%s %s: %.2f", series.name, api.FormatSize(uint64(t.Bytes)), series.v(t))))
+			m, lo, hi := series.v(t)
+			cx := x(t.Bytes) + off
+			s.line(cx, y(lo), cx, y(hi), series.color, `stroke-width="1.5"`)
+			s.line(cx-3, y(lo), cx+3, y(lo), series.color, "")
+			s.line(cx-3, y(hi), cx+3, y(hi), series.color, "")
+			fill := series.color
+			if series.dash != "" {
+				fill = "white"
+			}
+			s.printf(`<circle cx="%.1f" cy="%.1f" r="4" fill="%s" stroke="%s"><title>%s</title></circle>`+"\n", x(t.Bytes), y(m), fill, series.color,
+				esc(fmt.Sprintf("%s %s: %.2f (rounds %.2f–%.2f)", series.name, api.FormatSize(uint64(t.Bytes)), m, lo, hi)))
 		}
 	}
-	s.legend(plotLeft+10, top-12, [2]string{colorH2D, "host→device"}, [2]string{colorD2H, "device→host"})
+	s.legend(plotLeft+10, top-12, [2]string{colorH2D, "host→device / raw TCP (solid), / best raw (dashed)"},
+		[2]string{colorD2H, "device→host / raw TCP (solid), / best raw (dashed)"})
 }
 
 // dlrmBytes draws grouped bars of bytes moved per tenant count, without

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/internal/models"
@@ -28,25 +29,29 @@ func TestSuiteEndToEnd(t *testing.T) {
 	socket := systest.Start(t, 2, 64<<20)
 	var heard []string
 	r, err := Run(Options{
-		Socket: socket, Command: "go test", BulkBytes: 64 << 10, MaxBytes: 1 << 20, Rounds: 1, SmallOps: 20, Launches: 200,
+		Socket: socket, Command: "go test", BulkBytes: 64 << 10, MaxBytes: 1 << 20, Rounds: 2, Window: 5 * time.Millisecond, SmallOps: 20, Launches: 200,
 		Tenants: []int{1, 2}, DLRM: tinyDLRM, NodeLinkBytes: 2 << 20, Decoder: tinyDecoder,
 		Progress: func(s string) { heard = append(heard, s) },
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Transfers) != 3 || r.Transfers[0].Bytes != 4<<10 || r.Transfers[2].Bytes != 1<<20 || r.Transfers[0].Reps != maxReps {
+	if len(r.Transfers) != 3 || r.Transfers[0].Bytes != 4<<10 || r.Transfers[2].Bytes != 1<<20 || r.Transfers[0].Reps < 1 {
 		t.Fatalf("transfers %+v", r.Transfers)
 	}
 	for _, tr := range r.Transfers {
-		if !(tr.MemcpyMBps > 0 && tr.RawTCPMBps > 0 && tr.H2DMBps > 0 && tr.D2HMBps > 0 && tr.H2DRatio > 0 && tr.D2HRatio > 0) {
+		if !(tr.MemcpyMBps > 0 && tr.RawTCPMBps > 0 && tr.H2DMBps > 0 && tr.D2HMBps > 0 && tr.H2DRatio > 0 && tr.D2HRatio > 0) ||
+			tr.RawTCPStreams < 2 || !(tr.RawTCPParallelMBps > 0) || !(tr.H2DRatioMin <= tr.H2DRatio && tr.H2DRatio <= tr.H2DRatioMax) ||
+			!(tr.BestRawMBps >= tr.RawTCPMBps && tr.BestRawMBps >= tr.RawTCPInprocMBps && tr.BestRawMBps >= tr.RawTCPParallelMBps) ||
+			!(tr.H2DBestRatio > 0 && tr.D2HBestRatioMin <= tr.D2HBestRatio && tr.D2HBestRatio <= tr.D2HBestRatioMax) {
 			t.Errorf("transfer %+v", tr)
 		}
 	}
 	if !r.HostAlloc || r.BulkBytes != 64<<10 || r.H2DRatio != r.Transfers[1].H2DRatio || r.D2HRatio != r.Transfers[1].D2HRatio || !(r.MemcpyMBps > 0) {
 		t.Errorf("headline %+v", r)
 	}
-	if !(r.SmallOpUs > 0 && r.RawPingPongUs > 0 && r.SmallOpRatio > 0 && r.LaunchesPerS > 0) {
+	if !(r.SmallOpUs > 0 && r.RawPingPongUs > 0 && r.SmallOpRatio > 0 && r.LaunchesPerS > 0 && r.LaunchPingPongRatio > 0) ||
+		r.SmallOpSamples < 2*20 || r.Launches < 2*200 || !(r.SmallOpRatioMin <= r.SmallOpRatio && r.SmallOpRatio <= r.SmallOpRatioMax) {
 		t.Errorf("small operations %+v", r)
 	}
 	if r.NodeLinkReport == nil || !(r.NodeLinkReport.Ratio > 0) {
@@ -93,7 +98,8 @@ func TestSuiteEndToEnd(t *testing.T) {
 	if err := json.Unmarshal(js, &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"h2d_ratio", "d2h_ratio", "small_op_ratio", "launches_per_s", "node_tls_ratio", "hint_bytes_ratio", "dlrm_2_tenants_bytes_ratio",
+	for _, k := range []string{"h2d_ratio", "d2h_ratio", "small_op_ratio", "launches_per_s", "h2d_ratio_min", "d2h_ratio_max", "h2d_best_ratio",
+		"d2h_best_ratio_min", "best_raw_mb_per_s", "small_op_ratio_max", "launch_ping_pong_ratio", "node_tls_ratio_min", "window_s", "node_tls_ratio", "hint_bytes_ratio", "dlrm_2_tenants_bytes_ratio",
 		"decode_round_trips_per_step", "decode_step_graph_vs_ops_ratio", "decode_command_bytes_graph_vs_ops_ratio", "decode_p99_under_prefill_flood_ratio"} {
 		if v, ok := m[k].(float64); !ok || !(v > 0) {
 			t.Errorf("%s = %v", k, m[k])

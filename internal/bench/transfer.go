@@ -11,10 +11,12 @@ import (
 )
 
 // Transfer is host↔device copies of one size beside their baselines, all
-// measured in the same rounds.
+// measured in the same interleaved rounds (rounds.go): every MB/s figure
+// is the median over the rounds, every ratio the median of the rounds'
+// ratios.
 type Transfer struct {
 	Bytes      int     `json:"bytes"`
-	Reps       int     `json:"reps"` // copies of Bytes per timed round
+	Reps       int     `json:"reps"` // host→device copies of Bytes per timed window
 	MemcpyMBps float64 `json:"memcpy_mb_per_s"`
 	// The raw stream to a receiver process (the baseline of the ratios),
 	// and to a receiver goroutine of this process.
@@ -24,19 +26,36 @@ type Transfer struct {
 	D2HMBps          float64 `json:"d2h_mb_per_s"`
 	H2DRatio         float64 `json:"h2d_ratio"` // h2d / raw TCP
 	D2HRatio         float64 `json:"d2h_ratio"` // d2h / raw TCP
+	BulkSpread
+}
+
+// BulkSpread is what interleaved rounds add to a size's figures: the
+// ratios' ranges, the parallel streams and the best raw transport, and
+// the copies judged against it. Report embeds the headline size's.
+type BulkSpread struct {
+	H2DRatioMin float64 `json:"h2d_ratio_min"`
+	H2DRatioMax float64 `json:"h2d_ratio_max"`
+	D2HRatioMin float64 `json:"d2h_ratio_min"`
+	D2HRatioMax float64 `json:"d2h_ratio_max"`
+	// The same bytes split over RawTCPStreams streams, each to a receiver
+	// process of its own, at once.
+	RawTCPParallelMBps float64 `json:"raw_tcp_parallel_mb_per_s"`
+	RawTCPStreams      int     `json:"raw_tcp_streams"`
+	// BestRaw names the fastest raw transport of the size (by median):
+	// "tcp" (to a process), "tcp_inproc" or "tcp_parallel"; memcpy is not
+	// one, since the bytes have to reach the node over a socket.
+	BestRaw         string  `json:"best_raw"`
+	BestRawMBps     float64 `json:"best_raw_mb_per_s"`
+	H2DBestRatio    float64 `json:"h2d_best_ratio"` // h2d / the best raw transport
+	H2DBestRatioMin float64 `json:"h2d_best_ratio_min"`
+	H2DBestRatioMax float64 `json:"h2d_best_ratio_max"`
+	D2HBestRatio    float64 `json:"d2h_best_ratio"` // d2h / the best raw transport
+	D2HBestRatioMin float64 `json:"d2h_best_ratio_min"`
+	D2HBestRatioMax float64 `json:"d2h_best_ratio_max"`
 }
 
 // DefaultSizes are the transfer sizes measured, up to Options.MaxBytes.
 var DefaultSizes = []int{4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30}
-
-// Small sizes are timed over many back-to-back copies per round, so that a
-// round lasts long enough to measure: repBytes in all, at most maxReps.
-const (
-	repBytes = 64 << 20
-	maxReps  = 4096
-)
-
-func repsFor(size int) int { return max(1, min(maxReps, repBytes/size)) }
 
 // sizesFor lists DefaultSizes up to maxBytes, with headline among them.
 func sizesFor(maxBytes, headline int) []int {
@@ -83,12 +102,14 @@ func firstDiff(a, b []byte) int {
 	return -1
 }
 
-// transfers measures each size: per round, the raw TCP stream, memcpy,
-// host→device and device→host, each reps copies of the size back to back
-// (one Synchronize per round). Host buffers come from c.HostAlloc unless
-// pageable. Every size's device→host bytes are compared with what was
+// transfers measures each size: in interleaved rounds of windows of at
+// least window (rounds.go), the raw TCP stream to a process, to a
+// goroutine and split over parallel streams, memcpy, host→device and
+// device→host, each a number of copies of the size back to back (a copy's
+// windows one Synchronize each). Host buffers come from c.HostAlloc unless
+// pageable. Every device→host window's bytes are compared with what was
 // copied in.
-func transfers(c *client.Client, sizes []int, rounds int, pageable bool, progress func(string)) ([]Transfer, error) {
+func transfers(c *client.Client, sizes []int, rounds int, window time.Duration, pageable bool, progress func(string)) ([]Transfer, error) {
 	largest := sizes[len(sizes)-1]
 	var src, dst []byte
 	if pageable {
@@ -116,11 +137,19 @@ func transfers(c *client.Client, sizes []int, rounds int, pageable bool, progres
 		return nil, fmt.Errorf("raw TCP stream to a process: %w", err)
 	}
 	defer sink.Close()
+	par, err := dialParallel(parallelStreams(), largest)
+	if err != nil {
+		return nil, fmt.Errorf("parallel raw TCP streams: %w", err)
+	}
+	defer par.Close()
 	s := c.Stream()
 	out := make([]Transfer, 0, len(sizes))
+	// rates are each contender's bytes per second at the last size, to
+	// guess the next size's window.
+	rates := map[string]float64{}
 	for _, size := range sizes {
 		progress(fmt.Sprintf("host↔device copies of %s", api.FormatSize(uint64(size))))
-		t, err := transfer(c, s, links{link, sink}, src[:size], dst[:size], rounds)
+		t, err := transfer(c, s, links{link, sink, par}, src[:size], dst[:size], rounds, window, rates)
 		if err != nil {
 			return nil, fmt.Errorf("copies of %s: %w", api.FormatSize(uint64(size)), err)
 		}
@@ -131,13 +160,24 @@ func transfers(c *client.Client, sizes []int, rounds int, pageable bool, progres
 
 // links are the raw streams a transfer is measured beside.
 type links struct {
-	inproc *tcpLink
-	sink   *sinkLink
+	inproc   *tcpLink
+	sink     *sinkLink
+	parallel parallelLink
 }
 
-func transfer(c *client.Client, s *client.Stream, link links, src, dst []byte, rounds int) (Transfer, error) {
+// The contenders of a transfer size, in the order interleave reports them.
+const (
+	cRaw = iota
+	cInproc
+	cParallel
+	cMemcpy
+	cH2D
+	cD2H
+)
+
+func transfer(c *client.Client, s *client.Stream, link links, src, dst []byte, rounds int, window time.Duration, rates map[string]float64) (Transfer, error) {
 	size := len(src)
-	t := Transfer{Bytes: size, Reps: repsFor(size)}
+	t := Transfer{Bytes: size}
 	p, err := c.Malloc(0, uint64(size))
 	if err != nil {
 		return t, err
@@ -149,44 +189,64 @@ func transfer(c *client.Client, s *client.Stream, link links, src, dst []byte, r
 	if err := s.Synchronize(); err != nil {
 		return t, fmt.Errorf("host to device: %w", err)
 	}
-	var raw, inproc, mem, h2d, d2h []time.Duration
-	for range rounds {
-		d, err := link.sink.stream(src, t.Reps)
-		if err != nil {
-			return t, fmt.Errorf("raw TCP stream: %w", err)
-		}
-		raw = append(raw, d)
-		if d, err = link.inproc.stream(dst, src, t.Reps); err != nil {
-			return t, fmt.Errorf("raw TCP stream in process: %w", err)
-		}
-		inproc = append(inproc, d)
-		mem = append(mem, memcpyTime(dst, src, t.Reps))
-
-		start := time.Now()
-		for range t.Reps {
-			s.CopyToDevice(p, src)
-		}
-		if err := s.Synchronize(); err != nil {
-			return t, fmt.Errorf("host to device: %w", err)
-		}
-		h2d = append(h2d, time.Since(start))
-
-		clear(dst) // what device→host brings back is checked below
-		start = time.Now()
-		for range t.Reps {
-			s.CopyFromDevice(dst, p)
-		}
-		if err := s.Synchronize(); err != nil {
-			return t, fmt.Errorf("device to host: %w", err)
-		}
-		d2h = append(d2h, time.Since(start))
+	cs := []*contender{
+		cRaw:      {name: "raw TCP stream", run: func(n int) (time.Duration, error) { return link.sink.stream(src, n) }},
+		cInproc:   {name: "raw TCP stream in process", run: func(n int) (time.Duration, error) { return link.inproc.stream(dst, src, n) }},
+		cParallel: {name: "parallel raw TCP streams", run: func(n int) (time.Duration, error) { return link.parallel.stream(src, n) }},
+		cMemcpy:   {name: "memcpy", run: func(n int) (time.Duration, error) { return memcpyTime(dst, src, n), nil }},
+		cH2D: {name: "host to device", run: func(n int) (time.Duration, error) {
+			start := time.Now()
+			for range n {
+				s.CopyToDevice(p, src)
+			}
+			err := s.Synchronize()
+			return time.Since(start), err
+		}},
+		cD2H: {name: "device to host", run: func(n int) (time.Duration, error) {
+			clear(dst) // what device→host brings back is checked below
+			start := time.Now()
+			for range n {
+				s.CopyFromDevice(dst, p)
+			}
+			if err := s.Synchronize(); err != nil {
+				return 0, err
+			}
+			d := time.Since(start)
+			if i := firstDiff(dst, src); i >= 0 {
+				return 0, fmt.Errorf("returned byte %#x at offset %d, %#x was copied in: %w", dst[i], i, src[i], api.ErrInternal)
+			}
+			return d, nil
+		}},
 	}
-	if i := firstDiff(dst, src); i >= 0 {
-		return t, fmt.Errorf("device to host returned byte %#x at offset %d, %#x was copied in: %w", dst[i], i, src[i], api.ErrInternal)
+	for _, c := range cs {
+		c.n = int(rates[c.name] * window.Seconds() / float64(size))
 	}
-	n := size * t.Reps
-	t.RawTCPMBps, t.RawTCPInprocMBps, t.MemcpyMBps = mbps(n, medianOf(raw)), mbps(n, medianOf(inproc)), mbps(n, medianOf(mem))
-	t.H2DMBps, t.D2HMBps = mbps(n, medianOf(h2d)), mbps(n, medianOf(d2h))
-	t.H2DRatio, t.D2HRatio = ratio(t.H2DMBps, t.RawTCPMBps), ratio(t.D2HMBps, t.RawTCPMBps)
+	perRound, err := interleave(cs, rounds, window)
+	if err != nil {
+		return t, err
+	}
+	mb := make([][]float64, len(cs))
+	for i, c := range cs {
+		mb[i] = scaled(perRound[i], float64(size)/1e6)
+		rates[c.name] = spreadOf(perRound[i]).Median * float64(size)
+	}
+	med := func(i int) float64 { return spreadOf(mb[i]).Median }
+	t.Reps = cs[cH2D].n
+	t.RawTCPMBps, t.RawTCPInprocMBps, t.MemcpyMBps = med(cRaw), med(cInproc), med(cMemcpy)
+	t.RawTCPParallelMBps, t.RawTCPStreams = med(cParallel), len(link.parallel)
+	t.H2DMBps, t.D2HMBps = med(cH2D), med(cD2H)
+	h2d, d2h := ratioSpread(mb[cH2D], mb[cRaw]), ratioSpread(mb[cD2H], mb[cRaw])
+	t.H2DRatio, t.H2DRatioMin, t.H2DRatioMax = h2d.Median, h2d.Min, h2d.Max
+	t.D2HRatio, t.D2HRatioMin, t.D2HRatioMax = d2h.Median, d2h.Min, d2h.Max
+	best := cRaw
+	for _, i := range []int{cInproc, cParallel} {
+		if med(i) > med(best) {
+			best = i
+		}
+	}
+	t.BestRaw, t.BestRawMBps = map[int]string{cRaw: "tcp", cInproc: "tcp_inproc", cParallel: "tcp_parallel"}[best], med(best)
+	h2d, d2h = ratioSpread(mb[cH2D], mb[best]), ratioSpread(mb[cD2H], mb[best])
+	t.H2DBestRatio, t.H2DBestRatioMin, t.H2DBestRatioMax = h2d.Median, h2d.Min, h2d.Max
+	t.D2HBestRatio, t.D2HBestRatioMin, t.D2HBestRatioMax = d2h.Median, d2h.Min, d2h.Max
 	return t, nil
 }

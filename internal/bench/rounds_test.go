@@ -1,0 +1,127 @@
+package bench
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/api"
+)
+
+func TestSpreadOf(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want Spread
+	}{
+		{nil, Spread{}},
+		{[]float64{3}, Spread{3, 3, 3}},
+		{[]float64{5, 1, 3}, Spread{3, 1, 5}},
+		{[]float64{4, 1, 2, 10}, Spread{3, 1, 10}}, // even: the mean of the middle two
+		{[]float64{2, 9, 2, 7, 1}, Spread{2, 1, 9}},
+	} {
+		in := slices.Clone(c.in)
+		if got := spreadOf(c.in); got != c.want {
+			t.Errorf("spreadOf(%v) = %+v, want %+v", c.in, got, c.want)
+		}
+		if !slices.Equal(in, c.in) {
+			t.Errorf("spreadOf reordered its argument: %v", c.in)
+		}
+	}
+}
+
+// A ratio is taken round by round, so a round in which the host was slow
+// for both sides does not show as a swing.
+func TestRatioSpreadPairsRounds(t *testing.T) {
+	sys := []float64{100, 50, 200, 90, 110}
+	base := []float64{100, 50, 200, 100, 100}
+	got := ratioSpread(sys, base)
+	if got != (Spread{Median: 1, Min: 0.9, Max: 1.1}) {
+		t.Errorf("ratioSpread = %+v, want median 1 in [0.9, 1.1]", got)
+	}
+	// The ratio of the medians would say the same here; with rounds that
+	// disagree, only pairing keeps the range honest.
+	if r := ratioSpread([]float64{1, 2}, []float64{0, 2}); r.Min != 0 || r.Max != 1 {
+		t.Errorf("a missing baseline counts as ratio 0: %+v", r)
+	}
+}
+
+// fakeWork is a contender whose work takes per units of time each,
+// recorded without sleeping.
+type fakeWork struct {
+	name  string
+	per   time.Duration
+	order *[]string
+	calls []int
+}
+
+func (f *fakeWork) contender() *contender {
+	return &contender{name: f.name, run: func(n int) (time.Duration, error) {
+		*f.order = append(*f.order, f.name)
+		f.calls = append(f.calls, n)
+		return time.Duration(n) * f.per, nil
+	}}
+}
+
+// Each contender is calibrated to windows of at least the window, then
+// the contenders take turns, the first of a round rotating, and the rates
+// come back in the contenders' order.
+func TestInterleave(t *testing.T) {
+	var order []string
+	a := &fakeWork{name: "a", per: 2 * time.Microsecond, order: &order}
+	b := &fakeWork{name: "b", per: 300 * time.Millisecond, order: &order}
+	c := &fakeWork{name: "c", per: 10 * time.Millisecond, order: &order}
+	cs := []*contender{a.contender(), b.contender(), c.contender()}
+	cs[2].min = 100
+	const window = 500 * time.Millisecond
+	rates, err := interleave(cs, 5, window)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range []*fakeWork{a, b, c} {
+		n := cs[i].n
+		if d := time.Duration(n) * f.per; d < window || (cs[i].min < n && d > 2*window) {
+			t.Errorf("%s: %d units per window, %v of work; want at least %v and at most twice", f.name, n, d, window)
+		}
+		if got := f.calls[len(f.calls)-5:]; !slices.Equal(got, []int{n, n, n, n, n}) {
+			t.Errorf("%s: timed windows of %v units, want 5 of %d", f.name, got, n)
+		}
+		if len(rates[i]) != 5 || rates[i][0] != 1/f.per.Seconds() {
+			t.Errorf("%s: rates %v, want 5 of %v", f.name, rates[i], 1/f.per.Seconds())
+		}
+	}
+	if cs[2].n != 100 {
+		t.Errorf("c: %d units per window, want its minimum 100", cs[2].n)
+	}
+	// b's one unit is over a window's eighth: a single probe.
+	if b.calls[0] != 1 || len(b.calls) != 6 {
+		t.Errorf("b calibrated with %v", b.calls)
+	}
+	timed := order[len(order)-15:]
+	want := []string{"a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c", "b", "c", "a"}
+	if !slices.Equal(timed, want) {
+		t.Errorf("rounds ran %v, want %v", timed, want)
+	}
+}
+
+// A guess from a smaller size starts the probes near the answer.
+func TestCalibrateStartsFromAGuess(t *testing.T) {
+	var order []string
+	f := &fakeWork{name: "f", per: time.Microsecond, order: &order}
+	c := f.contender()
+	c.n = 500_000
+	if err := calibrate(c, 500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.calls) != 1 || f.calls[0] != 62_500 || c.n != 500_000 {
+		t.Errorf("probes %v, n %d; want one probe of 62500, n 500000", f.calls, c.n)
+	}
+}
+
+func TestInterleaveStopsAtAnError(t *testing.T) {
+	fail := &contender{name: "failing", run: func(int) (time.Duration, error) { return 0, api.ErrInternal }}
+	_, err := interleave([]*contender{fail}, 5, time.Millisecond)
+	if !errors.Is(err, api.ErrInternal) || err.Error() != "failing: "+api.ErrInternal.Error() {
+		t.Errorf("err %v", err)
+	}
+}
