@@ -155,6 +155,9 @@ func TestStatusPageInChromium(t *testing.T) {
 	if launches := textOf(ctx, t, `#sessions tr[data-tenant="team-a"] td.launches`); launches == "0" || launches == "" {
 		t.Errorf("team-a's session shows %q launches, want some", launches)
 	}
+	if legend := textOf(ctx, t, "#chart-device-time .legend"); !strings.Contains(legend, "team-a") {
+		t.Errorf("device time chart's legend %q lacks team-a, whose kernels run", legend)
+	}
 
 	if os.Getenv(screenshotEnv) == "1" {
 		// Let the charts draw some history: team-b grows for a while.

@@ -73,6 +73,14 @@ type Sample struct {
 	// LaunchRate is kernel launches per second over all devices since the
 	// previous sample (0 for the first).
 	LaunchRate float64 `json:"launches_per_second"`
+	// DeviceTime is each tenant's device time on each device, as the
+	// node's scheduler counts it, by DeviceKey + "/" + tenant: monotonic
+	// too.
+	DeviceTime map[string]time.Duration `json:"device_time_ns"`
+	// Busy is the device time each tenant used per second since the
+	// previous sample, over all devices (0.5: half of one device's time),
+	// by tenant.
+	Busy map[string]float64 `json:"busy"`
 }
 
 // DeviceKey names a physical device across nodes: "node-address/index".
@@ -81,12 +89,13 @@ func DeviceKey(node string, index uint32) string {
 }
 
 // NewSample reduces a status snapshot taken at t to a Sample, with its
-// launch rate measured against prev (nil: none before). A device missing
-// from either sample (its node unreachable in one of them), or whose
-// counter went back (the node restarted), adds nothing to the rate rather
-// than a jump or a negative one.
+// rates measured against prev (nil: none before). A counter missing from
+// either sample (its node unreachable in one of them), or that went back
+// (the node restarted), adds nothing to a rate rather than a jump or a
+// negative one.
 func NewSample(t time.Time, st *api.Status, prev *Sample) Sample {
-	s := Sample{Time: t, TenantMemory: map[string]uint64{}, DeviceUsed: map[string]uint64{}, Launches: map[string]uint64{}}
+	s := Sample{Time: t, TenantMemory: map[string]uint64{}, DeviceUsed: map[string]uint64{}, Launches: map[string]uint64{},
+		DeviceTime: map[string]time.Duration{}, Busy: map[string]float64{}}
 	if st == nil {
 		return s
 	}
@@ -98,6 +107,9 @@ func NewSample(t time.Time, st *api.Status, prev *Sample) Sample {
 			k := DeviceKey(n.Addr, d.Index)
 			s.DeviceUsed[k] = d.Used
 			s.Launches[k] = d.Launches
+		}
+		for _, sh := range n.Shares {
+			s.DeviceTime[DeviceKey(n.Addr, sh.Device)+"/"+sh.Tenant] = sh.DeviceTime
 		}
 	}
 	for _, ts := range st.Tenants {
@@ -112,6 +124,17 @@ func NewSample(t time.Time, st *api.Status, prev *Sample) Sample {
 				}
 			}
 			s.LaunchRate = float64(delta) / dt
+			for _, n := range st.Nodes {
+				if n.Error != "" {
+					continue
+				}
+				for _, sh := range n.Shares {
+					k := DeviceKey(n.Addr, sh.Device) + "/" + sh.Tenant
+					if before, ok := prev.DeviceTime[k]; ok && sh.DeviceTime >= before {
+						s.Busy[sh.Tenant] += (sh.DeviceTime - before).Seconds() / dt
+					}
+				}
+			}
 		}
 	}
 	return s
@@ -119,7 +142,7 @@ func NewSample(t time.Time, st *api.Status, prev *Sample) Sample {
 
 // seriesNames returns the sorted union of the keys that pick takes from
 // each sample.
-func seriesNames(samples []Sample, pick func(Sample) map[string]uint64) []string {
+func seriesNames[V any](samples []Sample, pick func(Sample) map[string]V) []string {
 	seen := map[string]bool{}
 	for _, s := range samples {
 		for k := range pick(s) {

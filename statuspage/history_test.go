@@ -83,3 +83,26 @@ func TestSampleSumsTenantsAndMeasuresTheLaunchRate(t *testing.T) {
 		t.Fatalf("launch rate %v right after the node came back, want 0 (no previous counter)", fifth.LaunchRate)
 	}
 }
+
+func TestSampleMeasuresEachTenantsDeviceTime(t *testing.T) {
+	shares := func(a0, a1, b0 time.Duration) *api.Status {
+		return &api.Status{Nodes: []api.NodeStatus{{Addr: "n1:7070", Shares: []api.DeviceTenant{
+			{Device: 0, Tenant: "alice", DeviceTime: a0}, {Device: 1, Tenant: "alice", DeviceTime: a1}, {Device: 0, Tenant: "bob", DeviceTime: b0},
+		}}}}
+	}
+	t0 := time.Unix(1000, 0)
+	first := NewSample(t0, shares(time.Second, 0, 5*time.Second), nil)
+	if len(first.Busy) != 0 {
+		t.Fatalf("first sample busy %v, want none", first.Busy)
+	}
+	// In 2s: alice used 1s of device 0 and 2s of device 1 (1.5 devices'
+	// time per second); bob's node restarted, his counter went back.
+	second := NewSample(t0.Add(2*time.Second), shares(2*time.Second, 2*time.Second, time.Second), &first)
+	if want := map[string]float64{"alice": 1.5}; !reflect.DeepEqual(second.Busy, want) {
+		t.Fatalf("busy %v, want %v", second.Busy, want)
+	}
+	third := NewSample(t0.Add(4*time.Second), shares(2*time.Second, 2*time.Second, 2*time.Second), &second)
+	if want := map[string]float64{"alice": 0, "bob": 0.5}; !reflect.DeepEqual(third.Busy, want) {
+		t.Fatalf("busy %v, want %v", third.Busy, want)
+	}
+}

@@ -77,7 +77,8 @@ func render(w io.Writer, name string, snap Snapshot, hist []Sample, window, refr
 }
 
 // charts builds the page's charts from the samples of the window ending at
-// now: memory per tenant, memory used per device, launches per second.
+// now: memory per tenant, memory used per device, device time per tenant,
+// launches per second.
 func charts(hist []Sample, now time.Time, window time.Duration) []chart {
 	bytesOf := func(m func(Sample) map[string]uint64) func(Sample, string) float64 {
 		return func(s Sample, k string) float64 { return float64(m(s)[k]) }
@@ -86,9 +87,13 @@ func charts(hist []Sample, now time.Time, window time.Duration) []chart {
 	deviceMem := func(s Sample) map[string]uint64 { return s.DeviceUsed }
 	formatBytes := func(v float64) string { return api.FormatSize(uint64(v)) }
 	formatRate := func(v float64) string { return fmt.Sprintf("%.3g/s", v) }
+	formatPercent := func(v float64) string { return fmt.Sprintf("%.0f%%", v) }
+	busy := func(s Sample) map[string]float64 { return s.Busy }
 	return []chart{
 		lineChart("Memory allocated per tenant", "chart-tenant-memory", hist, seriesNames(hist, tenantMem), bytesOf(tenantMem), ceilPow2, formatBytes, now, window),
 		lineChart("Memory used per device", "chart-device-memory", hist, seriesNames(hist, deviceMem), bytesOf(deviceMem), ceilPow2, formatBytes, now, window),
+		lineChart("Device time per tenant, all devices (100%: one device's time)", "chart-device-time", hist, seriesNames(hist, busy),
+			func(s Sample, k string) float64 { return 100 * s.Busy[k] }, ceil125, formatPercent, now, window),
 		lineChart("Kernel launches per second, all devices", "chart-launches", hist, []string{"launches"},
 			func(s Sample, _ string) float64 { return s.LaunchRate }, ceil125, formatRate, now, window),
 	}

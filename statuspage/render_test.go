@@ -51,7 +51,7 @@ func TestPageShowsTheStatus(t *testing.T) {
 		"k8s.io/0123456789ab",                                    // a container's session, its id cut to 12
 		`data-container="fedcba9876543210"`, "moby/fedcba987654", // a registered container
 		"&lt;script&gt;alert(1)&lt;/script&gt;", // a tenant's name is text, never markup
-		`id="chart-tenant-memory"`, `id="chart-device-memory"`, `id="chart-launches"`,
+		`id="chart-tenant-memory"`, `id="chart-device-memory"`, `id="chart-device-time"`, `id="chart-launches"`,
 		"-2s", // the samples' span, shorter than the window
 	} {
 		if !strings.Contains(html, want) {
