@@ -15,7 +15,8 @@
 //     containerd's runc.v2 options cannot pass as arguments (SettingsFile,
 //     Resolve);
 //   - the edits of config.json on create and run, each a small Modifier
-//     composed in a Chain (SocketMount, SetEnv, AddHook), and the bundle
+//     composed in a Chain (SocketMount, SetEnv, AddHook, and SmiMount of
+//     vgpu-smi read-only where the wrapper has one), and the bundle
 //     rewrite (EditBundle); a restore (runc restore, which runs the bundle's
 //     hooks too) of a container that asks for a vGPU is refused;
 //   - the hook's typed command line (HookConfig) and its work on createRuntime
