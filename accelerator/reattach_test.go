@@ -96,7 +96,6 @@ func TestReattachReclaim(t *testing.T) {
 	}
 }
 
-
 // With no reclaim, the grace ends: the frames are scrubbed, freed, and
 // the tenant leaves the node; a late reclaim is refused as unavailable.
 func TestReattachGraceExpires(t *testing.T) {

@@ -10,15 +10,16 @@ package client
 //
 // Safe to send again: requests whose effect does not depend on whether
 // the first one took effect — reads (a small copy from the device, session
-// stats, the kernel catalog) and a stream's batch whose commands only write
-// bytes the program gave (copies of inline bytes to the device, memsets),
-// which leave the memory as one run would. Not safe: allocations, frees,
-// seals, streams made or destroyed, launches, device-to-device copies, and
-// copies through host memory (HostAlloc or a stream's staging buffer,
-// whose registration the restart lost: the link registers the regions
-// again with the new mediator, under new ids). Their outcome is unknown:
-// the mediator may have applied them before it died. A batch is one unit:
-// one unsafe command makes the whole batch fail.
+// stats, the kernel catalog) and a stream's batch whose commands only copy
+// between the device and memory the program gave (inline bytes, HostAlloc
+// memory, a stream's staging buffer) or set memory (memsets), which leave
+// the memory as one run would. The restart lost the host regions'
+// registrations: the link registers them again with the new mediator,
+// under new ids, which it writes into a batch's body each time it sends it
+// (fixup). Not safe: allocations, frees, seals, streams made or destroyed,
+// launches, device-to-device copies, graphs. Their outcome is unknown: the
+// mediator may have applied them before it died. A batch is one unit: one
+// unsafe command makes the whole batch fail.
 //
 // Lock order: a Stream's mu, then link.mu, then Client.mu.
 

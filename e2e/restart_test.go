@@ -98,7 +98,7 @@ func (r *restartable) tenants() map[string]api.TenantInfo {
 	}
 	byName := map[string]api.TenantInfo{}
 	for _, ti := range ts {
-		ti.Allocated, ti.Charged = 0, 0 // sessions' memory, which does not survive yet
+		ti.Allocated, ti.Charged = 0, 0 // sessions' memory: the tenant program's session ended before the kill
 		byName[ti.Name] = ti
 	}
 	return byName

@@ -274,7 +274,7 @@ type sessionLog struct {
 	id  uint64
 	log logrus.FieldLogger
 
-	mu     sync.Mutex // orders records of calls not under issueMu (streams)
+	mu sync.Mutex // orders records of calls not under issueMu (streams)
 	f  *os.File   // guarded by mu; nil once the journal ended
 }
 
