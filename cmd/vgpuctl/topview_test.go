@@ -115,7 +115,8 @@ func TestRenderTopHost(t *testing.T) {
 func TestRenderTopSizes(t *testing.T) {
 	prev, cur := hostSnapshots()
 	self0, self1 := selfSnapshots()
-	for _, pair := range [][2]*topSnapshot{{prev, cur}, {nil, cur}, {self0, self1}} {
+	failed := &topSnapshot{Socket: "/run/vgpu/mediator.sock", Err: errors.New("dial: no such file")} // no reading yet
+	for _, pair := range [][2]*topSnapshot{{prev, cur}, {nil, cur}, {self0, self1}, {nil, failed}, {cur, self1}, {self1, cur}} {
 		for w := 0; w <= 130; w++ {
 			for _, h := range []int{0, 1, 2, 5, 10, 24, 60} {
 				checkFits(t, renderTop(pair[0], pair[1], w, h), w, h)
