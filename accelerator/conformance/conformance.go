@@ -18,7 +18,8 @@
 //   - Errors: extents outside memory (api.ErrInvalidAddress), mismatched
 //     lengths, unaligned scrubs, bad kernel arguments
 //     (api.ErrInvalidArgument), each naming the bad value where the backend
-//     can, and leaving memory as it was; a failing reader or sender.
+//     can; a refused copy, scrub or launch leaves memory as it was; a
+//     failing reader or sender.
 //   - Close: twice, harmlessly.
 //
 // Invariants of the suite itself: it needs no more than Frames frames of
@@ -59,9 +60,6 @@ type Options struct {
 	// (against max(1, |reference|)); 0 means bit for bit, as sim computes
 	// the references themselves. Index results (argmax) are always exact.
 	MaxRelErr float64
-	// SkipKernels skips the kernel subtests, for a backend tested where it
-	// cannot launch (cuda against the fake driver, which has no NVRTC).
-	SkipKernels string
 }
 
 // Run runs the suite against devices from newDevice.
@@ -83,18 +81,8 @@ func Run(t *testing.T, newDevice NewDevice, o Options) {
 	t.Run("Copy", func(t *testing.T) { testCopy(t, open(t)) })
 	t.Run("Scrub", func(t *testing.T) { testScrub(t, open(t)) })
 	t.Run("Bounds", func(t *testing.T) { testBounds(t, open(t)) })
-	t.Run("Kernels", func(t *testing.T) {
-		if o.SkipKernels != "" {
-			t.Skip(o.SkipKernels)
-		}
-		testKernels(t, open(t), o)
-	})
-	t.Run("KernelErrors", func(t *testing.T) {
-		if o.SkipKernels != "" {
-			t.Skip(o.SkipKernels)
-		}
-		testKernelErrors(t, open(t))
-	})
+	t.Run("Kernels", func(t *testing.T) { testKernels(t, open(t), o) })
+	t.Run("KernelErrors", func(t *testing.T) { testKernelErrors(t, open(t)) })
 	t.Run("Close", func(t *testing.T) {
 		d := newDevice(t, Frames*frame)
 		if err := d.Close(); err != nil {

@@ -99,6 +99,7 @@ type Driver struct {
 	cuDevicePrimaryCtxRetain      func(ctx *uintptr, d int32) Result
 	cuDevicePrimaryCtxRelease     func(d int32) Result
 	cuCtxSetCurrent               func(ctx uintptr) Result
+	cuCtxSynchronize              func() Result
 	cuMemGetAllocationGranularity func(g *uintptr, prop *allocProp, option int32) Result
 	cuMemAddressReserve           func(ptr *uint64, size, align uintptr, addr uint64, flags uint64) Result
 	cuMemAddressFree              func(ptr uint64, size uintptr) Result
@@ -141,6 +142,7 @@ func (d *Driver) symbols() []struct {
 		{&d.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"},
 		{&d.cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"},
 		{&d.cuCtxSetCurrent, "cuCtxSetCurrent"},
+		{&d.cuCtxSynchronize, "cuCtxSynchronize"},
 		{&d.cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity"},
 		{&d.cuMemAddressReserve, "cuMemAddressReserve"},
 		{&d.cuMemAddressFree, "cuMemAddressFree"},
@@ -412,14 +414,19 @@ func (c *Calls) Memset(dst uint64, v byte, n uint64) error {
 	return c.d.check("cuMemsetD8", c.d.cuMemsetD8(dst, v, uintptr(n)))
 }
 
+// Synchronize waits for all the context's work, on every stream, and
+// returns the first error of any (a fault of a kernel or a memset).
+func (c *Calls) Synchronize() error { return c.d.check("cuCtxSynchronize", c.d.cuCtxSynchronize()) }
+
 // Stream is a CUstream.
 type Stream uintptr
 
-// NewStream creates a stream that does not synchronise with the legacy
-// default stream (CU_STREAM_NON_BLOCKING).
+// NewStream creates a stream that is ordered after the work of the legacy
+// default stream (CU_STREAM_DEFAULT), which the synchronous calls (Memset,
+// HtoD, DtoH) use: a copy queued on it sees a memset issued before.
 func (c *Calls) NewStream() (Stream, error) {
 	var s uintptr
-	err := c.d.check("cuStreamCreate", c.d.cuStreamCreate(&s, 1))
+	err := c.d.check("cuStreamCreate", c.d.cuStreamCreate(&s, 0))
 	return Stream(s), err
 }
 

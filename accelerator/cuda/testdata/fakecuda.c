@@ -228,6 +228,12 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
 	return CUDA_SUCCESS;
 }
 
+CUresult cuCtxSynchronize(void) {
+	NEED_CTX();
+	INJECT("cuCtxSynchronize");
+	return CUDA_SUCCESS;
+}
+
 CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option) {
 	NEED_CTX();
 	if (!g || !prop || prop->type != 1 || prop->locType != 1 || prop->locId != 0 || option < 0 || option > 1)
