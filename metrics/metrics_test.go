@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -364,4 +365,35 @@ var failingDesc = desc("vgpu_test_failing", "A collector whose source fails.")
 func (failing) Describe(ch chan<- *prometheus.Desc) { ch <- failingDesc }
 func (failing) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.NewInvalidMetric(failingDesc, errors.New("broken source"))
+}
+
+// Replies observed at once from many goroutines, each operation's first
+// among them racing to make its histogram, are all counted (run with -race).
+func TestRequestsConcurrent(t *testing.T) {
+	r := NewRequests(false)
+	const goroutines, each = 8, 500
+	ops := []api.Op{api.OpMalloc, api.OpFree, api.OpLaunch, api.Op(9999)}
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				r.Replied(ops[(g+i)%len(ops)], time.Microsecond, api.CodeOK)
+			}
+		})
+	}
+	wg.Wait()
+	var total uint64
+	for _, op := range []string{"malloc", "free", "launch", "unknown"} {
+		var m dto.Metric
+		if err := r.latency.WithLabelValues(op).(prometheus.Histogram).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		total += m.GetHistogram().GetSampleCount()
+	}
+	if total != goroutines*each {
+		t.Errorf("%d replies observed, want %d", total, goroutines*each)
+	}
+	if n := testutil.CollectAndCount(r, "vgpu_request_duration_seconds"); n != len(ops) {
+		t.Errorf("%d histograms, want one per operation (%d)", n, len(ops))
+	}
 }
