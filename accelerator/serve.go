@@ -67,7 +67,17 @@ func StartSimWith(addr string, n int, size uint64, o SimOptions, log logrus.Fiel
 	for i, d := range devs {
 		ds[i] = d
 	}
-	node, err := New("sim", ds, log)
+	return StartWith(addr, "sim", ds, o, log)
+}
+
+// StartWith is StartSimWith for devices of any backend (backend names them
+// in status: "sim", "cuda"). On an error the devices are closed.
+func StartWith(addr, backend string, devs []Device, o SimOptions, log logrus.FieldLogger) (*Node, net.Addr, error) {
+	mediatorTimeout := o.MediatorTimeout
+	if mediatorTimeout == 0 {
+		mediatorTimeout = DefaultMediatorTimeout
+	}
+	node, err := New(backend, devs, log)
 	if err != nil {
 		for _, d := range devs {
 			d.Close()

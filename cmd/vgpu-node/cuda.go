@@ -1,0 +1,104 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/accelerator"
+	"github.com/vgpu/vgpu/accelerator/cuda"
+	"github.com/vgpu/vgpu/accelerator/gpus"
+	"github.com/vgpu/vgpu/api"
+)
+
+// cudaHeadroom is the memory of each GPU a cuda node leaves to the driver
+// (its context, streams, pinned staging) when --memory is not given.
+const cudaHeadroom = 2 << 30
+
+// startNode starts a node of the backend's devices (run's flags).
+func startNode(listen, backend, devices string, size uint64, opts accelerator.SimOptions, log logrus.FieldLogger) (*accelerator.Node, net.Addr, error) {
+	if backend == "cuda" {
+		devs, err := openCUDA(devices, size, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return accelerator.StartWith(listen, "cuda", devs, opts, log)
+	}
+	n, err := simCount(devices)
+	if err != nil {
+		return nil, nil, err
+	}
+	return accelerator.StartSimWith(listen, n, size, opts, log)
+}
+
+// simCount reads --devices for the sim backend: a number of devices.
+func simCount(v string) (int, error) {
+	if v == "" {
+		return 1, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("--devices %q: the sim backend takes a number of devices: %w", v, api.ErrInvalidArgument)
+	}
+	return n, nil
+}
+
+// openCUDA opens the GPUs --devices selects (all by default) through NVML
+// and the CUDA driver, each with size bytes of memory, or when size is 0
+// all of its memory but cudaHeadroom, in whole frames. Without the driver
+// it fails at once, naming each library missing.
+func openCUDA(sel string, size uint64, log logrus.FieldLogger) ([]accelerator.Device, error) {
+	host, nvmlErr := gpus.Open()
+	drv, cudaErr := cuda.Load("")
+	if err := errors.Join(nvmlErr, cudaErr); err != nil {
+		if host != nil {
+			host.Close()
+		}
+		return nil, fmt.Errorf("--backend cuda needs the NVIDIA driver (%s and %s): %w", gpus.Library, cuda.Library, err)
+	}
+	defer host.Close() // discovery only, so far: telemetry is not served yet
+	chosen, err := host.Select(sel)
+	if err != nil {
+		return nil, fmt.Errorf("--devices: %w", err)
+	}
+	listed, err := drv.GPUs()
+	if err != nil {
+		return nil, err
+	}
+	var devs []accelerator.Device
+	fail := func(err error) ([]accelerator.Device, error) {
+		for _, d := range devs {
+			err = errors.Join(err, d.Close())
+		}
+		return nil, err
+	}
+	for i, g := range chosen {
+		// NVML and CUDA may number GPUs differently (CUDA_DEVICE_ORDER):
+		// the UUID is what both agree on.
+		ordinal := -1
+		for _, c := range listed {
+			if strings.EqualFold(c.UUID, g.UUID) {
+				ordinal = c.Ordinal
+			}
+		}
+		if ordinal < 0 {
+			return fail(fmt.Errorf("GPU %d (%s) is not visible to CUDA (CUDA_VISIBLE_DEVICES? MIG mode %v?): %w", g.Index, g.UUID, g.MIG, api.ErrUnavailable))
+		}
+		n := size
+		if n == 0 {
+			n = max(g.Memory, cudaHeadroom+accelerator.FrameSize) - cudaHeadroom
+		}
+		n = n / accelerator.FrameSize * accelerator.FrameSize
+		d, err := cuda.New(drv, ordinal, uint32(i), n, fmt.Sprintf("%s (GPU %d, %s)", g.Name, g.Index, g.UUID))
+		if err != nil {
+			return fail(err)
+		}
+		log.WithFields(logrus.Fields{"gpu": g.Index, "uuid": g.UUID, "pci": g.PCIBusID, "memory": api.FormatSize(n)}).Info("serving GPU")
+		devs = append(devs, d)
+	}
+	return devs, nil
+}

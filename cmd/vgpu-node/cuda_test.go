@@ -1,0 +1,88 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// runNode runs this test binary as vgpu-node (TestMain) with args and env,
+// and returns its stderr, how long it ran and its exit error.
+func runNode(t *testing.T, env []string, args ...string) (string, time.Duration, error) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), "VGPU_NODE_ARGS="+strings.Join(args, " ")), env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	start := time.Now()
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return stderr.String(), time.Since(start), err
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("vgpu-node %v still running after 20s; stderr:\n%s", args, stderr.String())
+		return "", 0, nil
+	}
+}
+
+// TestCUDABackendWithoutDriver runs vgpu-node --backend cuda on a host
+// without the NVIDIA driver: it must fail at once, saying which libraries
+// are missing, rather than start a node with no devices.
+func TestCUDABackendWithoutDriver(t *testing.T) {
+	if _, err := exec.LookPath("nvidia-smi"); err == nil {
+		t.Skip("this host has the NVIDIA driver")
+	}
+	stderr, took, err := runNode(t, nil, "--backend", "cuda", "--listen", "127.0.0.1:0")
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Fatalf("exit %v, want status 1; stderr:\n%s", err, stderr)
+	}
+	for _, want := range []string{"--backend cuda needs the NVIDIA driver", "libnvidia-ml.so.1 not found", "cannot load libcuda.so.1"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr does not say %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, "serving") {
+		t.Errorf("the node started serving:\n%s", stderr)
+	}
+	if took > 10*time.Second {
+		t.Errorf("took %v to fail", took)
+	}
+
+	// With a libcuda.so.1 on the loader's path (the fake driver of
+	// accelerator/cuda's tests) only NVML is missing, and only it is named.
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("no gcc to build the fake libcuda")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcuda.so.1"),
+		"../../accelerator/cuda/testdata/fakecuda.c").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	stderr, _, err = runNode(t, []string{"LD_LIBRARY_PATH=" + dir}, "--backend", "cuda", "--listen", "127.0.0.1:0")
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Fatalf("exit %v with a libcuda present, want status 1; stderr:\n%s", err, stderr)
+	}
+	if !strings.Contains(stderr, "libnvidia-ml.so.1 not found") || strings.Contains(stderr, "cannot load libcuda.so.1") {
+		t.Errorf("with libcuda.so.1 present, stderr should name only NVML:\n%s", stderr)
+	}
+}
+
+func TestDevicesFlag(t *testing.T) {
+	stderr, _, err := runNode(t, nil, "--devices", "two", "--listen", "127.0.0.1:0")
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(stderr, `--devices "two": the sim backend takes a number of devices`) {
+		t.Errorf("--devices two with sim: exit %v, stderr:\n%s", err, stderr)
+	}
+	stderr, _, err = runNode(t, nil, "--backend", "tpu", "--listen", "127.0.0.1:0")
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(stderr, `--backend "tpu": want sim or cuda`) {
+		t.Errorf("--backend tpu: exit %v, stderr:\n%s", err, stderr)
+	}
+}
