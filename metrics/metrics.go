@@ -68,6 +68,12 @@ func Start(addr string, log logrus.FieldLogger, cs ...prometheus.Collector) (*Se
 	if err != nil {
 		return nil, fmt.Errorf("--metrics %s: %w", addr, err)
 	}
+	if ta, ok := l.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() {
+		// Not refused: Prometheus scrapes from another host. Said, because
+		// the metrics name every tenant and container of the host.
+		log.WithField("addr", l.Addr().String()).Warn("serving metrics beyond loopback, without authentication: " +
+			"whoever reaches the address reads every tenant's and container's names and use; keep it on a trusted network")
+	}
 	mux := http.NewServeMux()
 	mux.Handle(Path, promhttp.HandlerFor(reg, promhttp.HandlerOpts{
 		ErrorLog:      errorLog{log},

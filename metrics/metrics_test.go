@@ -397,3 +397,25 @@ func TestRequestsConcurrent(t *testing.T) {
 		t.Errorf("%d histograms, want one per operation (%d)", n, len(ops))
 	}
 }
+
+// Metrics served beyond loopback are served, with a warning in the log.
+func TestStartBeyondLoopbackWarns(t *testing.T) {
+	log, hook := logtest.NewNullLogger()
+	s, err := Start("0.0.0.0:0", log, NewRequests(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if e := hook.LastEntry(); e == nil || e.Level != logrus.WarnLevel || !strings.Contains(e.Message, "beyond loopback") {
+		t.Errorf("Start on %s: log %v, want a warning that it serves beyond loopback", s.Addr(), hook.AllEntries())
+	}
+	hook.Reset()
+	s2, err := Start("127.0.0.1:0", log, NewRequests(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if len(hook.AllEntries()) != 0 {
+		t.Errorf("Start on loopback logged %v, want nothing", hook.AllEntries())
+	}
+}
