@@ -155,8 +155,10 @@ func TestStatusPageInChromium(t *testing.T) {
 	if launches := textOf(ctx, t, `#sessions tr[data-tenant="team-a"] td.launches`); launches == "0" || launches == "" {
 		t.Errorf("team-a's session shows %q launches, want some", launches)
 	}
-	if legend := textOf(ctx, t, "#chart-device-time .legend"); !strings.Contains(legend, "team-a") {
-		t.Errorf("device time chart's legend %q lacks team-a, whose kernels run", legend)
+	// Device time needs two samples of team-a's running kernels.
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector("#chart-device-time .legend").textContent.includes("team-a")`,
+		chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		t.Errorf("device time chart's legend %q never showed team-a, whose kernels run: %v", textOf(ctx, t, "#chart-device-time .legend"), err)
 	}
 
 	if os.Getenv(screenshotEnv) == "1" {
