@@ -11,6 +11,8 @@ type Status struct {
 	// spill file.
 	HostRAM     uint64 `json:"host_ram_bytes"`
 	HostSpilled uint64 `json:"host_spilled_bytes"`
+	// Cluster is the cluster as etcd has it, in cluster mode; nil otherwise.
+	Cluster *ClusterStatus `json:"cluster,omitempty"`
 	// Containers are the registered containers, each with what admission
 	// reserved for it, whether or not a session of it is open.
 	Containers []ContainerStatus `json:"containers"`

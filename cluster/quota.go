@@ -116,7 +116,9 @@ func (q *Quotas) key(tenant string) string    { return q.prefix(tenant) + q.opts
 // round trip, while its lease is certainly alive (Session.Valid); else it
 // grows its reservation in one etcd transaction (more when other mediators
 // changed theirs meanwhile), by at least a chunk of memory where the cap
-// leaves room, by exactly what is asked where it does not.
+// leaves room, by exactly what is asked where it does not, or where
+// containers are asked for (each container is a round trip anyway: their
+// count is reserved exactly).
 //
 // It fails with api.ErrQuotaExceeded when the tenant's reservations of all
 // mediators, read at one revision, leave too little, and with
@@ -153,7 +155,9 @@ func (q *Quotas) Reserve(tenant string, lim Limits, mem uint64, ctrs int) error 
 			return err
 		}
 		target := Reservation{max(ts.held.Memory, roundUp(want.Memory, q.opts.Chunk)), max(ts.held.Containers, want.Containers)}
-		if over(tenant, ts.others, target, lim) != nil {
+		// A container costs a round trip anyway (its count is exact), so
+		// a chunk would only hold memory that others could use.
+		if ctrs > 0 || over(tenant, ts.others, target, lim) != nil {
 			target.Memory = max(ts.held.Memory, want.Memory)
 		}
 		b, _ := json.Marshal(target)
@@ -240,6 +244,22 @@ func (q *Quotas) Release(tenant string, mem uint64, ctrs int) {
 	ts.mu.Lock()
 	ts.used.Memory -= min(mem, ts.used.Memory)
 	ts.used.Containers -= min(ctrs, ts.used.Containers)
+	ts.mu.Unlock()
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Restore counts mem bytes and ctrs containers of tenant that an earlier
+// run of this mediator admitted (restored after a restart), without
+// checking the caps: they are in use. The trimmer writes them to etcd.
+func (q *Quotas) Restore(tenant string, mem uint64, ctrs int) {
+	ts := q.state(tenant)
+	ts.mu.Lock()
+	ts.used.Memory += mem
+	ts.used.Containers += ctrs
+	ts.dirty = true
 	ts.mu.Unlock()
 	select {
 	case q.kick <- struct{}{}:

@@ -24,6 +24,10 @@ type budget struct {
 	owner string             // for messages: `container "abc" of tenant "t"`
 	limit uint64             // 0: no limit
 	log   logrus.FieldLogger // for accounting drift; nil: logrus's standard logger
+	// cluster, when set, charges what the budget reserves to its tenant
+	// cluster-wide too (a host session's, in cluster mode: cluster.go);
+	// called with mu released.
+	cluster *clusterCharge
 
 	mu   sync.Mutex
 	used uint64
@@ -31,12 +35,21 @@ type budget struct {
 
 func (b *budget) reserve(n uint64) error {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.limit != 0 && n > b.limit-b.used {
+		defer b.mu.Unlock()
 		return fmt.Errorf("%s: %d more bytes would exceed its memory limit of %d (%d in use): %w",
 			b.owner, n, b.limit, b.used, api.ErrQuotaExceeded)
 	}
 	b.used += n
+	b.mu.Unlock()
+	if b.cluster != nil {
+		if err := b.cluster.reserve(n); err != nil {
+			b.mu.Lock()
+			b.used -= n
+			b.mu.Unlock()
+			return fmt.Errorf("%s: %w", b.owner, err)
+		}
+	}
 	return nil
 }
 
@@ -44,6 +57,15 @@ func (b *budget) reserve(n uint64) error {
 // a bug of the mediator's accounting; it is logged and the budget counted
 // empty, since taking the mediator down would end every tenant's sessions.
 func (b *budget) release(n uint64) {
+	n = b.releaseLocal(n)
+	if b.cluster != nil {
+		b.cluster.release(n)
+	}
+}
+
+// releaseLocal is release but for the cluster-wide charge; it returns the
+// bytes released.
+func (b *budget) releaseLocal(n uint64) uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if n > b.used {
@@ -56,6 +78,7 @@ func (b *budget) release(n uint64) {
 		n = b.used
 	}
 	b.used -= n
+	return n
 }
 
 // inUse is what the budget holds reserved now.

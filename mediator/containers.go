@@ -310,6 +310,9 @@ func (m *Mediator) Reload() error {
 	// file is the one left in force.
 	m.reloadMu.Lock()
 	defer m.reloadMu.Unlock()
+	if m.quotasFromEtcd() {
+		return fmt.Errorf("reload: in cluster mode the quotas come from etcd, reloaded on every change; vgpuctl tenants apply FILE stores a new file: %w", api.ErrInvalidArgument)
+	}
 	cfg, err := isolation.Default(), error(nil)
 	if m.cfg.Quota != "" {
 		cfg, err = isolation.Load(m.cfg.Quota)
@@ -341,8 +344,8 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if r.SocketDir != "" && filepath.Clean(r.SocketDir) != dir {
 		return nil, fmt.Errorf("register %v: socket directory %q: this container's socket lives in %s: %w", k, r.SocketDir, dir, api.ErrInvalidArgument)
 	}
-	if int(r.Devices) > len(m.devices) {
-		return nil, fmt.Errorf("register %v: %d devices asked, %d exist: %w", k, r.Devices, len(m.devices), api.ErrInvalidArgument)
+	if int(r.Devices) > len(m.deviceList()) {
+		return nil, fmt.Errorf("register %v: %d devices asked, %d exist: %w", k, r.Devices, len(m.deviceList()), api.ErrInvalidArgument)
 	}
 	if err := m.awaitRelease(k); err != nil {
 		return nil, fmt.Errorf("register %v: %w", k, err)
@@ -358,11 +361,16 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
+	// Cluster-wide after locally: the local checks cost no round trip.
+	if err := m.reserveCluster(grant, tenant); err != nil {
+		m.admission.Release(r.Namespace, r.Container)
+		return nil, fmt.Errorf("register %v: %w", k, err)
+	}
 	// Recorded before the container is opened, so before any release of
 	// it can delete the record (regstore.go's order of records).
 	proc := processOf(int(r.Pid))
 	if err := m.regs.put(newRegistration(grant, tenant, proc, m.boot, dir, r.SocketDir != "")); err != nil {
-		m.admission.Release(r.Namespace, r.Container)
+		m.releaseGrant(r.Namespace, r.Container)
 		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
 	ctr, err := m.openContainer(grant, tenant, dir, r.SocketDir != "", proc, false)
@@ -370,7 +378,7 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 		if err := m.regs.remove(k); err != nil {
 			m.log.WithError(err).Error("a failed registration's record stays; the next start drops it if its container is gone")
 		}
-		m.admission.Release(r.Namespace, r.Container)
+		m.releaseGrant(r.Namespace, r.Container)
 		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
 	m.log.WithFields(map[string]any{"container": r.Container, "namespace": r.Namespace, "tenant": grant.Tenant, "memory": grant.Memory}).Info("container registered")
@@ -566,7 +574,7 @@ func (m *Mediator) releaseIf(k ctrKey, check func(*container) error) error {
 	if err := m.regs.remove(k); err != nil {
 		log.WithError(err).Error("the released container's record stays; the next start restores it if its process still runs")
 	}
-	m.admission.Release(k.namespace, k.id)
+	m.releaseGrant(k.namespace, k.id)
 	m.mu.Lock()
 	delete(m.releasing, k)
 	m.mu.Unlock()

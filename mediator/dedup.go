@@ -91,15 +91,15 @@ func (s *session) seal(body []byte) error {
 	v := s.vdevs[dev]
 	answer, err := v.rpc.Call(api.OpNodeSeal, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames}))
 	if err != nil {
-		return fmt.Errorf("seal %#x on node %s: %w", m.Addr, s.m.nodes[v.dev.node].addr, err)
+		return fmt.Errorf("seal %#x on node %s: %w", m.Addr, s.m.node(v.dev.node).addr, err)
 	}
 	var reply api.NodeSealReply
 	if err := api.Decode(answer, &reply); err != nil {
-		return fmt.Errorf("seal %#x: node %s's answer: %w", m.Addr, s.m.nodes[v.dev.node].addr, err)
+		return fmt.Errorf("seal %#x: node %s's answer: %w", m.Addr, s.m.node(v.dev.node).addr, err)
 	}
 	if len(reply.StoredOnce) != len(frames) {
 		return fmt.Errorf("seal %#x: node %s answered for %d frames, not %d: %w",
-			m.Addr, s.m.nodes[v.dev.node].addr, len(reply.StoredOnce), len(frames), api.ErrProtocol)
+			m.Addr, s.m.node(v.dev.node).addr, len(reply.StoredOnce), len(frames), api.ErrProtocol)
 	}
 	if sealed || s.frameCredit == 0 {
 		return nil // credited at its first seal, or never

@@ -8,14 +8,14 @@ import "github.com/vgpu/vgpu/coherence"
 // show that the linearizability checker catches a broken protocol. The
 // result reports how many copies older than an invalidation m has served.
 func PlantStaleAfterInval(m *Mediator) (staleServes func() uint64) {
-	for _, n := range m.nodes {
+	for _, n := range m.nodeList() {
 		n.cache.mu.Lock()
 		n.cache.stale = make(map[coherence.Key]uint64)
 		n.cache.mu.Unlock()
 	}
 	return func() uint64 {
 		var s uint64
-		for _, n := range m.nodes {
+		for _, n := range m.nodeList() {
 			n.cache.mu.Lock()
 			s += n.cache.staleServes
 			n.cache.mu.Unlock()

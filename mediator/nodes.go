@@ -11,6 +11,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -135,6 +136,9 @@ type node struct {
 	tls     *tls.Config   // nil: plain TCP
 	timeout time.Duration // bound on the node host's silence (Config.NodeTimeout)
 	cache   *pageCache    // copies of pages of its shared objects (shared.go)
+	// gone: the node left the cluster's registry (cluster.go); nothing new
+	// is placed on it.
+	gone atomic.Bool
 	// ctx ends with close, and with it a redial in flight.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -244,15 +248,20 @@ const admitTimeout = 2 * time.Second
 func (m *Mediator) canServe(want int) error {
 	ctx, cancel := notConnectedWithin(admitTimeout)
 	defer cancel()
-	errs := make([]error, len(m.nodes))
+	nodes := m.nodeList()
+	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
-	for i, n := range m.nodes {
+	for i, n := range nodes {
+		if n.gone.Load() {
+			errs[i] = fmt.Errorf("node %s left the cluster: %w", n.addr, api.ErrUnavailable)
+			continue
+		}
 		wg.Go(func() { _, errs[i] = n.control(ctx) })
 	}
 	wg.Wait()
 	usable := 0
 	var down []string
-	for i, n := range m.nodes {
+	for i, n := range nodes {
 		if errs[i] != nil {
 			down = append(down, errs[i].Error())
 			continue

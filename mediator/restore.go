@@ -140,8 +140,9 @@ func (m *Mediator) restoreOne(r registration) error {
 	if err := m.admission.Restore(g, t); err != nil {
 		return err
 	}
+	m.restoreCluster(g)
 	if _, err := m.openContainer(g, &t, dir, r.ByRuntime, r.process(), true); err != nil {
-		m.admission.Release(g.Namespace, g.Container)
+		m.releaseGrant(g.Namespace, g.Container)
 		return err
 	}
 	return nil

@@ -84,7 +84,7 @@ func (m *Mediator) selfStatus(c *container) api.SelfStatus {
 			}
 			d := &st.Devices[i]
 			if d.Name == "" {
-				d.Name, d.Node = v.dev.info.Name, m.nodes[v.dev.node].addr
+				d.Name, d.Node = v.dev.info.Name, m.node(v.dev.node).addr
 				if d.Memory == 0 || v.dev.info.Memory < d.Memory { // as the session's hello reports it
 					d.Memory = v.dev.info.Memory
 				}
@@ -115,7 +115,7 @@ func (m *Mediator) addDeviceTime(tenant string, devs []api.SelfDevice, behind []
 	)
 	for _, i := range want {
 		wg.Go(func() {
-			ns := m.nodes[i].status()
+			ns := m.node(i).status()
 			mu.Lock()
 			nodes[i] = ns
 			mu.Unlock()

@@ -255,7 +255,7 @@ func (s *session) sharedAt(va, n uint64) (*sharedRange, error) {
 				// and pushes a later revocation to nobody: copies cached
 				// here must not outlive it.
 				return nil, fmt.Errorf("shared object %d: the connection to node %s it was reached through is lost: %w",
-					r.object, s.m.nodes[r.node].addr, api.ErrUnavailable)
+					r.object, s.m.node(r.node).addr, api.ErrUnavailable)
 			}
 			return r, nil
 		}
@@ -333,7 +333,7 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 		err = api.Decode(reply, &obj)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("export %#x on node %s: %w", m.Addr, s.m.nodes[v.dev.node].addr, err)
+		return nil, fmt.Errorf("export %#x on node %s: %w", m.Addr, s.m.node(v.dev.node).addr, err)
 	}
 	r := &sharedRange{base: m.Addr, size: end - m.Addr, node: v.dev.node, rpc: v.rpc,
 		object: obj.Object, mode: m.Mode, write: m.Mode != api.ModeImmutable, pageSize: pageSizeOf(0)}
@@ -349,7 +349,7 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	s.shared = append(s.shared, r)
 	s.jr.add(journalOp{Op: opShared}) // its restore would lose the sharing: it is not restored
 	s.mu.Unlock()
-	return &api.Shared{Node: s.m.nodes[v.dev.node].addr, Object: obj.Object}, nil
+	return &api.Shared{Node: s.m.node(v.dev.node).addr, Object: obj.Object}, nil
 }
 
 // pageSizeOf is the node's coherence page (a node says it at import; an
@@ -368,7 +368,7 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 		return nil, err
 	}
 	idx := -1
-	for i, n := range s.m.nodes {
+	for i, n := range s.m.nodeList() {
 		if n.addr == m.Node {
 			idx = i
 		}
@@ -448,7 +448,7 @@ func (s *session) nodeRPC(idx int) (*api.RPC, error) {
 	if rpc != nil && !closed(rpc) {
 		return rpc, nil
 	}
-	n := s.m.nodes[idx]
+	n := s.m.node(idx)
 	rpc, _, err := dialNode(n.addr, s.m.nodeTenant(s.tenant), s.m.cfg.NodeTLS, n.cache.push)
 	if err != nil {
 		return nil, err
@@ -520,7 +520,7 @@ func (s *session) unshare(va uint64, importsOnly bool) (bool, error) {
 // have imported it.
 func (s *session) unexport(r *sharedRange) error {
 	_, err := r.rpc.Call(api.OpNodeUnexport, nil, api.Encode(&api.NodeObject{Object: r.object}))
-	pc := s.m.nodes[r.node].cache
+	pc := s.m.node(r.node).cache
 	pc.mu.Lock()
 	pc.cache.Drop(r.object)
 	pc.mu.Unlock()
@@ -557,7 +557,7 @@ func (r *sharedRange) pages(off, n uint64, f func(page uint32, inPage, at, k uin
 // copy, with the reads already sent still counted towards c. The copy a
 // miss caches is the tenant's, in its share of the cache (coherence.Cache).
 func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completion, idx int) error {
-	pc := st.s.m.nodes[r.node].cache
+	pc := st.s.m.node(r.node).cache
 	misses := 0
 	return r.pages(off, uint64(len(dst)), func(page uint32, inPage, at, k uint64) error {
 		if misses == readsInFlight {
@@ -631,7 +631,7 @@ func (st *stream) writeShared(r *sharedRange, off uint64, src []byte, c *complet
 	if !r.write {
 		return fmt.Errorf("write of shared object %d: this session may only read it: %w", r.object, api.ErrPermissionDenied)
 	}
-	pc := st.s.m.nodes[r.node].cache
+	pc := st.s.m.node(r.node).cache
 	return r.pages(off, uint64(len(src)), func(page uint32, inPage, at, k uint64) error {
 		pc.mu.Lock()
 		err := pc.cache.StartWrite(r.object, page)

@@ -383,11 +383,11 @@ func (s *session) registerNodeGraph(g *tensorGraph, ng *api.NodeGraph) (uint32, 
 	v := s.vdevs[g.dev]
 	reply, err := v.rpc.Call(api.OpNodeGraphRegister, nil, body)
 	if err != nil {
-		return 0, fmt.Errorf("register its launches with node %s: %w", s.m.nodes[v.dev.node].addr, err)
+		return 0, fmt.Errorf("register its launches with node %s: %w", s.m.node(v.dev.node).addr, err)
 	}
 	var id api.Graph
 	if err := api.Decode(reply, &id); err != nil {
-		return 0, fmt.Errorf("node %s's answer to the graph's registration: %w", s.m.nodes[v.dev.node].addr, err)
+		return 0, fmt.Errorf("node %s's answer to the graph's registration: %w", s.m.node(v.dev.node).addr, err)
 	}
 	return id.Graph, nil
 }

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/cluster"
+	"github.com/vgpu/vgpu/mediator"
+)
+
+// Cluster mode's flags, kept here with the code they drive.
+var (
+	etcdFlag  = flag.String("etcd", "", "etcd endpoints, comma-separated (host:port or URLs): cluster mode — nodes come from etcd's registry (no --node), tenants' caps hold across all mediators, the quota file stored by vgpuctl tenants apply replaces --quota (\"\": no cluster mode)")
+	etcdTTL   = flag.Duration("etcd-ttl", cluster.DefaultTTL, "with --etcd: how long after this mediator dies, or loses etcd, its cluster-wide reservations return")
+	clusterID = flag.String("cluster-id", "", "with --etcd: this mediator's name in the cluster, unique among live mediators; a mediator restarted with it takes back its reservations (\"\": the host name)")
+)
+
+// joinCluster fills in cfg.Cluster when --etcd is given, returning what
+// closes the etcd session (revoking its lease) after the mediator closed.
+func joinCluster(cfg *mediator.Config, log logrus.FieldLogger) (leave func(), err error) {
+	if *etcdFlag == "" {
+		return func() {}, nil
+	}
+	endpoints, err := cluster.ParseEndpoints(*etcdFlag)
+	if err != nil {
+		return nil, fmt.Errorf("--etcd: %w", err)
+	}
+	id := *clusterID
+	if id == "" {
+		if id, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("--cluster-id: none given and no host name: %v: %w", err, api.ErrInvalidArgument)
+		}
+	}
+	if strings.Contains(id, "/") {
+		return nil, fmt.Errorf("--cluster-id %q: want a name without '/': %w", id, api.ErrInvalidArgument)
+	}
+	s, err := cluster.Connect(cluster.Options{Endpoints: endpoints, TTL: *etcdTTL, Log: log.WithField("component", "cluster")})
+	if err != nil {
+		return nil, err
+	}
+	cfg.Cluster = &mediator.ClusterConfig{Session: s, ID: id}
+	log.WithFields(map[string]any{"etcd": endpoints, "id": id, "ttl": etcdTTL.String()}).Info("cluster mode")
+	return func() { s.Close() }, nil
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/accelerator"
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/cluster"
+	"github.com/vgpu/vgpu/internal/version"
+)
+
+// Cluster mode's flags, kept here with the code they drive.
+var (
+	etcdFlag  = flag.String("etcd", "", "etcd endpoints, comma-separated (host:port or URLs): register this node and its devices there, under a lease kept alive, for mediators started with --etcd (\"\": no cluster mode)")
+	etcdTTL   = flag.Duration("etcd-ttl", cluster.DefaultTTL, "with --etcd: how long after this node dies, or loses etcd, mediators stop placing on it")
+	advertise = flag.String("advertise", "", "with --etcd: the host:port mediators dial (\"\": the --listen address, which must then not be 0.0.0.0 or [::])")
+)
+
+// refreshInterval is how often a registered node's free memory and
+// connections are written again, when they changed.
+const refreshInterval = 2 * time.Second
+
+// joinCluster registers node, serving on addr, in etcd when --etcd is
+// given, and keeps its entry current until the returned function is
+// called. Without --etcd it does nothing.
+func joinCluster(node *accelerator.Node, addr net.Addr, tlsCfg *tls.Config, log logrus.FieldLogger) (leave func(), err error) {
+	if *etcdFlag == "" {
+		return func() {}, nil
+	}
+	endpoints, err := cluster.ParseEndpoints(*etcdFlag)
+	if err != nil {
+		return nil, fmt.Errorf("--etcd: %w", err)
+	}
+	at, err := advertised(*advertise, addr)
+	if err != nil {
+		return nil, err
+	}
+	s, err := cluster.Connect(cluster.Options{Endpoints: endpoints, TTL: *etcdTTL, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	info := func() cluster.NodeInfo { return nodeInfo(node, at, tlsCfg) }
+	reg, err := s.RegisterNode(info())
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(refreshInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if err := reg.Update(info()); err != nil {
+				log.WithError(err).Warn("cluster: refreshing this node's entry failed; retrying")
+			}
+		}
+	}()
+	log.WithFields(map[string]any{"etcd": endpoints, "advertise": at, "ttl": etcdTTL.String()}).Info("registered in the cluster")
+	return func() {
+		cancel()
+		<-done
+		s.Close() // revokes the lease: mediators see the node go at once
+	}, nil
+}
+
+// advertised is the address mediators dial: flag, else the bound address,
+// which must then name a host.
+func advertised(flagValue string, bound net.Addr) (string, error) {
+	if flagValue != "" {
+		if _, _, err := net.SplitHostPort(flagValue); err != nil {
+			return "", fmt.Errorf("--advertise %q: want host:port: %v: %w", flagValue, err, api.ErrInvalidArgument)
+		}
+		return flagValue, nil
+	}
+	if ta, ok := bound.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
+		return "", fmt.Errorf("--etcd: the node listens on %s, which mediators cannot dial: give --advertise host:port: %w", bound, api.ErrInvalidArgument)
+	}
+	return bound.String(), nil
+}
+
+// nodeInfo is node's registry entry now.
+func nodeInfo(node *accelerator.Node, addr string, tlsCfg *tls.Config) cluster.NodeInfo {
+	st := node.Status()
+	info := cluster.NodeInfo{Addr: addr, Backend: st.Backend, Connections: st.Connections, Version: version.String("vgpu-node")}
+	if tlsCfg != nil && len(tlsCfg.Certificates) > 0 && tlsCfg.Certificates[0].Leaf != nil {
+		info.TLS = tlsCfg.Certificates[0].Leaf.Subject.String()
+	}
+	for _, d := range st.Devices {
+		info.Devices = append(info.Devices, cluster.DeviceInfo{Index: d.Index, Name: d.Name, Memory: d.Memory, Free: uint64(d.Free) * accelerator.FrameSize})
+	}
+	return info
+}
