@@ -22,9 +22,9 @@ import (
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:7070", "address to serve mediators on (host:port)")
-	backend := flag.String("backend", "sim", "device backend: sim (memory in host RAM, kernels on CPU)")
-	devices := flag.Int("devices", 1, "number of devices")
-	memory := flag.String("memory", "16GiB", "memory per device (multiple of 2MiB; sim commits it lazily)")
+	backend := flag.String("backend", "sim", "device backend: sim (memory in host RAM, kernels on CPU) or cuda (NVIDIA GPUs through the CUDA driver and NVML, docs/backends.md)")
+	devices := flag.String("devices", "", "sim: number of devices (default 1); cuda: the GPUs to serve, by index or UUID, comma-separated (default all)")
+	memory := flag.String("memory", "", "memory per device, a multiple of 2MiB (sim: default 16GiB, committed lazily; cuda: default all of each GPU's but 2GiB)")
 	tlsCert := flag.String("tls-cert", "", "node certificate (PEM, from vgpuctl certs init); with --tls-key and --tls-ca the node serves mutual TLS only")
 	tlsKey := flag.String("tls-key", "", "node certificate's private key (PEM)")
 	tlsCA := flag.String("tls-ca", "", "cluster CA certificate (PEM): only mediator certificates it signed may connect")
@@ -133,17 +133,22 @@ func retainText(r retention) string {
 	return api.FormatSize(r.max) + " per device"
 }
 
-func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration, retain retention, metricsAddr string, reattachGrace time.Duration) error {
+func run(listen, backend, devices, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration, retain retention, metricsAddr string, reattachGrace time.Duration) error {
 	log, err := daemon.Logger("vgpu-node", level)
 	if err != nil {
 		return err
 	}
-	if backend != "sim" {
-		return fmt.Errorf("--backend %q: this build has only sim: %w", backend, api.ErrInvalidArgument)
+	if backend != "sim" && backend != "cuda" {
+		return fmt.Errorf("--backend %q: want sim or cuda: %w", backend, api.ErrInvalidArgument)
 	}
-	size, err := api.ParseSize(memory)
-	if err != nil {
-		return fmt.Errorf("--memory: %w", err)
+	if memory == "" && backend == "sim" {
+		memory = "16GiB"
+	}
+	var size uint64 // 0: cuda's default
+	if memory != "" {
+		if size, err = api.ParseSize(memory); err != nil {
+			return fmt.Errorf("--memory: %w", err)
+		}
 	}
 	tlsCfg, err := nodeTLS(tlsCert, tlsKey, tlsCA)
 	if err != nil {
@@ -156,7 +161,7 @@ func run(listen, backend string, devices int, memory, level, tlsCert, tlsKey, tl
 		requests = metrics.NewRequests(false)
 		opts.Requests = requests
 	}
-	node, addr, err := accelerator.StartSimWith(listen, devices, size, opts, log)
+	node, addr, err := startNode(listen, backend, devices, size, opts, log)
 	if err != nil {
 		return err
 	}
