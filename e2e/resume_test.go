@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -155,5 +156,40 @@ func TestReattachGraceExpires(t *testing.T) {
 	}
 	if out := r.med.out.String(); !strings.Contains(out, "session not restored") || !strings.Contains(out, "grace ended") {
 		t.Fatalf("the mediator's log does not say why it did not restore the session:\n%s", out)
+	}
+}
+
+// TestUpgradeHandover: SIGUSR2 makes the mediator hand over, as an upgrade
+// does: it exits, a new one starts on the same state directory, and the
+// tenant goes on with its session and every byte of its device memory.
+func TestUpgradeHandover(t *testing.T) {
+	r := newRestartable(t)
+	r.start()
+	c, err := client.Dial(client.Options{Socket: r.socket, Tenant: "team-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ws := writeBuffers(t, c, 6<<20, 3000)
+	if err := r.med.cmd.Process.Signal(syscall.SIGUSR2); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.med.cmd.Wait(); err != nil {
+		t.Fatalf("mediator after SIGUSR2: %v\n%s", err, r.med.out.String())
+	}
+	if out := r.med.out.String(); !strings.Contains(out, "handing over") {
+		t.Fatalf("the mediator's log does not say it handed over:\n%s", out)
+	}
+	r.start()
+	s := c.Stream()
+	for i, x := range ws {
+		got := make([]byte, x.n)
+		s.CopyFromDevice(got, x.p)
+		if err := s.Synchronize(); err != nil {
+			t.Fatalf("read after the handover: %v", err)
+		}
+		if sha256.Sum256(got) != x.sum {
+			t.Fatalf("buffer %d differs after the handover", i)
+		}
 	}
 }

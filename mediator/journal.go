@@ -53,6 +53,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -134,6 +135,9 @@ type journaled struct {
 // restart.
 type journal struct {
 	dir string
+	// handover says the mediator is handing over to a next one: ending
+	// sessions keep their journals (Mediator.Handover).
+	handover atomic.Bool
 }
 
 // openJournal opens the session journal in state directory dir, making it
@@ -307,6 +311,19 @@ func (l *sessionLog) fail(why error) {
 	l.f = nil
 	err := l.j.drop(l.id)
 	l.log.WithError(errors.Join(why, err)).Error("session journal given up: the session goes on, but will not survive a mediator restart")
+}
+
+// close stops journaling the session, keeping what is written.
+func (l *sessionLog) close() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f != nil {
+		l.f.Close()
+		l.f = nil
+	}
 }
 
 // end deletes the session's journal: it ended.

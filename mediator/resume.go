@@ -81,7 +81,7 @@ func (m *Mediator) journalSession(s *session, hello *api.Hello) {
 	}
 	attached := map[*api.RPC]bool{}
 	for _, v := range s.vdevs {
-		addr := m.node(v.dev.node).addr
+		addr := m.nodes[v.dev.node].addr
 		rec.Devices = append(rec.Devices, journalDevice{Node: addr, Index: v.dev.info.Index})
 		if attached[v.rpc] {
 			continue
@@ -290,7 +290,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 		if i < 0 {
 			return nil, fmt.Errorf("its device %d of node %s is not one this mediator uses", jd.Index, jd.Node)
 		}
-		devs = append(devs, m.deviceList()[i])
+		devs = append(devs, m.devices[i])
 	}
 	// Reclaim the frames each node connection kept.
 	rpcs := map[int]*api.RPC{}
@@ -303,7 +303,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 			break
 		}
 		var rpc *api.RPC
-		rpc, _, err = dialNode(jc.Node, m.nodeTenant(j.rec.Tenant), m.cfg.NodeTLS, m.node(ni).cache.push)
+		rpc, _, err = dialNode(jc.Node, m.nodeTenant(j.rec.Tenant), m.cfg.NodeTLS, m.nodes[ni].cache.push)
 		if err != nil {
 			break
 		}
@@ -325,7 +325,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 	if err == nil {
 		for _, d := range devs {
 			if rpcs[d.node] == nil {
-				err = fmt.Errorf("no connection to node %s of its device %d", m.node(d.node).addr, d.info.Index)
+				err = fmt.Errorf("no connection to node %s of its device %d", m.nodes[d.node].addr, d.info.Index)
 			}
 		}
 	}
@@ -334,7 +334,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 			for _, d := range ds {
 				if len(d.Frames) > 0 {
 					if _, err := rpcs[ni].Call(api.OpNodeFree, nil, api.Encode(&d)); err != nil {
-						log.WithError(err).WithField("node", m.node(ni).addr).Warn("freeing the frames of a session not restored failed; the node frees them when the connection closes")
+						log.WithError(err).WithField("node", m.nodes[ni].addr).Warn("freeing the frames of a session not restored failed; the node frees them when the connection closes")
 					}
 				}
 			}
@@ -400,8 +400,8 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 // deviceAt is the index in m.devices of device index of node addr,
 // or -1.
 func (m *Mediator) deviceAt(addr string, index uint32) int {
-	for i, d := range m.deviceList() {
-		if m.node(d.node).addr == addr && d.info.Index == index {
+	for i, d := range m.devices {
+		if m.nodes[d.node].addr == addr && d.info.Index == index {
 			return i
 		}
 	}
@@ -410,7 +410,7 @@ func (m *Mediator) deviceAt(addr string, index uint32) int {
 
 // nodeAt is the index in m.nodes of the node at addr, or -1.
 func (m *Mediator) nodeAt(addr string) int {
-	for i, n := range m.nodeList() {
+	for i, n := range m.nodes {
 		if n.addr == addr {
 			return i
 		}
@@ -533,4 +533,36 @@ func (f *frameSource) heldFrames() map[uint32]map[uint64]bool {
 		out[df.dev][df.frame] = true
 	}
 	return out
+}
+
+// Handover stops the mediator for a next one that starts on the same
+// state directory — an upgrade: as Close, except that the journaled
+// sessions are not ended. Their journals stay, and their node connections
+// close before anything is freed, so the nodes keep their frames for the
+// next mediator to restore (as after a crash, but with every tenant
+// connection closed first, so that nothing is answered that the journal
+// does not hold). Their tenants reconnect to the next one.
+func (m *Mediator) Handover() error {
+	if m.jr != nil {
+		m.jr.handover.Store(true)
+	}
+	return m.Close()
+}
+
+// endJournal ends the session's journal as the session ends: deleted,
+// unless the mediator hands over (Handover); then it is kept, and the
+// node connections close at once, so the nodes keep the frames that the
+// rest of the teardown would free.
+func (s *session) endJournal() {
+	if s.jr == nil {
+		return
+	}
+	if !s.m.jr.handover.Load() {
+		s.jr.end()
+		return
+	}
+	s.jr.close()
+	for _, v := range s.vdevs {
+		v.rpc.Close()
+	}
 }

@@ -44,12 +44,7 @@ func (h *host) crash() {
 		for _, v := range s.vdevs {
 			rpcs = append(rpcs, v.rpc)
 		}
-		if l := s.jr; l != nil {
-			l.mu.Lock()
-			l.f.Close()
-			l.f = nil // its end deletes nothing
-			l.mu.Unlock()
-		}
+		s.jr.close() // its end deletes nothing
 	}
 	m.mu.Unlock()
 	for _, r := range rpcs {
@@ -209,5 +204,38 @@ func TestJournalDamagedRecord(t *testing.T) {
 	}
 	if _, err := cs[1].Stats(); !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "no session to resume") {
 		t.Fatalf("the damaged session: %v, want unavailable: no session to resume", err)
+	}
+}
+
+// A mediator that hands over (an upgrade) keeps its sessions for the next
+// one, as a crash does, and ends the others as Close does.
+func TestHandover(t *testing.T) {
+	h := newHost(t)
+	h.start()
+	sock := h.serveHost()
+	c, err := client.Dial(client.Options{Socket: sock, Tenant: "shared"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p, err := c.Malloc(0, 5<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := pattern(3, 5<<20)
+	c.Stream().CopyToDevice(p, want)
+	if err := c.Stream().Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.med.Handover(); err != nil {
+		t.Fatal(err)
+	}
+	h.med = nil
+	h.start()
+	h.serveHost()
+	got := make([]byte, len(want))
+	c.Stream().CopyFromDevice(got, p)
+	if err := c.Stream().Synchronize(); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("after a handover: %v, bytes equal %v", err, bytes.Equal(got, want))
 	}
 }

@@ -92,7 +92,7 @@ func main() {
 	} else {
 		cfg.TenantMemory = n
 	}
-	if tc, err := nodeTLS(*tlsCert, *tlsKey, *tlsCA, len(nodes) > 0 || *etcdFlag != ""); err != nil {
+	if tc, err := nodeTLS(*tlsCert, *tlsKey, *tlsCA, len(nodes) > 0); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(2)
 	} else {
@@ -215,12 +215,7 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 		requests = metrics.NewRequests(true)
 		cfg.Requests = requests
 	}
-	leave, err := joinCluster(&cfg, log)
-	if err != nil {
-		return err
-	}
-	defer leave()
-	if len(cfg.Nodes) == 0 && cfg.Cluster == nil {
+	if len(cfg.Nodes) == 0 {
 		size, err := api.ParseSize(embMem)
 		if err != nil {
 			return fmt.Errorf("--embedded-memory: %w", err)
@@ -268,6 +263,7 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 		})
 	}
 	log.WithFields(map[string]any{"socket": sock.path, "nodes": cfg.Nodes, "node_tls": cfg.NodeTLS != nil, "node_timeout": cfg.NodeTimeout.String()}).Info("serving")
+	handOverOnSIGUSR2(m, log)
 	daemon.RunUntilStopped(log, m.Reload)
 	if page != nil {
 		page.Close() // before the mediator: the page asks it until then
