@@ -108,6 +108,10 @@ type Config struct {
 	// operator's request (metrics of latency and errors by operation).
 	Requests api.ReplyObserver
 	Log      logrus.FieldLogger
+	// Cluster, when set, is cluster mode (cluster.go): nodes come from the
+	// registry in etcd rather than Nodes, and admissions reserve their
+	// tenants' quota cluster-wide.
+	Cluster *ClusterConfig
 }
 
 // device is a physical device of some node, as the mediator places work.
@@ -115,15 +119,25 @@ type device struct {
 	node     int // index into Mediator.nodes
 	info     api.DeviceInfo
 	sessions atomic.Int64 // virtual devices currently placed here
+	// free is the device's free memory as its node last reported it to
+	// the cluster; 0 outside cluster mode.
+	free atomic.Uint64
 }
 
 // Mediator serves tenants.
 type Mediator struct {
-	cfg     Config
-	log     logrus.FieldLogger
+	cfg Config
+	log logrus.FieldLogger
+	// nodesMu guards nodes and devices, which only grow (in cluster mode
+	// nodes join): an index into either keeps its meaning, so readers take
+	// the slices (nodeList, deviceList) and use them without the lock.
+	nodesMu sync.RWMutex
 	nodes   []*node
 	devices []*device
+	// catalog is fixed by the first nodes: a node that joins later must
+	// offer every kernel of it (addNode).
 	catalog map[string]api.KernelInfo
+	cluster *clusterState // nil outside cluster mode (cluster.go)
 
 	admission  *isolation.Admission
 	regs       *regStore         // nil without a state directory
@@ -153,6 +167,11 @@ type Mediator struct {
 
 // New connects to every node of cfg and learns their devices and kernels.
 func New(cfg Config) (*Mediator, error) {
+	if cfg.Cluster != nil {
+		if err := registeredNodes(&cfg); err != nil {
+			return nil, err
+		}
+	}
 	if len(cfg.Nodes) == 0 {
 		return nil, fmt.Errorf("mediator needs at least one node: %w", api.ErrInvalidArgument)
 	}
@@ -204,10 +223,16 @@ func New(cfg Config) (*Mediator, error) {
 		conns: map[net.Conn]struct{}{}, stop: make(chan struct{}),
 		hostMapped: budget{owner: "host regions of the mediator's sessions", limit: MaxHostMapped, log: cfg.Log},
 	}
-	for i, addr := range cfg.Nodes {
+	for _, addr := range cfg.Nodes {
 		n, catalog, err := connectNode(addr, cfg.NodeTLS, cfg.NodeTimeout)
 		if err == nil {
 			n.cache, err = newPageCache(m, cmp.Or(cfg.CacheMemory, CacheMemory)/int64(len(cfg.Nodes)))
+		}
+		if err != nil && cfg.Cluster != nil {
+			// A registered node may be dying; the registry's watch
+			// tries it again (cluster.go).
+			m.log.WithError(err).WithField("node", addr).Warn("a registered node cannot be reached; trying it again as the registry changes")
+			continue
 		}
 		if err != nil {
 			m.closeNodes()
@@ -215,18 +240,15 @@ func New(cfg Config) (*Mediator, error) {
 			regs.close()
 			return nil, err
 		}
-		m.nodes = append(m.nodes, n)
 		if m.catalog == nil {
 			m.catalog = catalog
 		} else {
 			m.catalog = intersect(m.catalog, catalog)
 		}
-		for _, d := range n.devices {
-			m.devices = append(m.devices, &device{node: i, info: d})
-		}
+		m.appendNode(n)
 		m.log.WithFields(logrus.Fields{"node": addr, "devices": len(n.devices)}).Info("node connected")
 	}
-	if len(m.devices) == 0 {
+	if len(m.deviceList()) == 0 {
 		m.closeNodes()
 		store.Close()
 		regs.close()
@@ -235,6 +257,14 @@ func New(cfg Config) (*Mediator, error) {
 	var journaled []journaled
 	if cfg.StateDir != "" {
 		if m.jr, journaled, err = openJournal(cfg.StateDir); err != nil {
+			m.closeNodes()
+			store.Close()
+			regs.close()
+			return nil, err
+		}
+	}
+	if cfg.Cluster != nil {
+		if err := m.joinCluster(); err != nil {
 			m.closeNodes()
 			store.Close()
 			regs.close()
@@ -264,7 +294,7 @@ func intersect(a, b map[string]api.KernelInfo) map[string]api.KernelInfo {
 }
 
 func (m *Mediator) closeNodes() {
-	for _, n := range m.nodes {
+	for _, n := range m.nodeList() {
 		n.close()
 	}
 }
@@ -406,6 +436,7 @@ func (m *Mediator) Close() error {
 	m.mu.Unlock()
 	m.wg.Wait()
 	m.endRestored()
+	m.leaveCluster()
 	m.closeNodes()
 	forgetLimiters(m)
 	return errors.Join(m.store.Close(), m.regs.close())
@@ -416,11 +447,13 @@ func (m *Mediator) Close() error {
 // most and the others' parts not at all.
 func (m *Mediator) Status() api.Status {
 	hs := m.store.Stats()
-	st := api.Status{HostRAM: hs.RAM, HostSpilled: hs.Spilled, Nodes: make([]api.NodeStatus, len(m.nodes))}
+	nodes := m.nodeList()
+	st := api.Status{HostRAM: hs.RAM, HostSpilled: hs.Spilled, Nodes: make([]api.NodeStatus, len(nodes))}
 	var wg sync.WaitGroup
-	for i, n := range m.nodes {
+	for i, n := range nodes {
 		wg.Go(func() { st.Nodes[i] = n.status() })
 	}
+	wg.Go(func() { st.Cluster = m.clusterStatus() })
 	wg.Wait()
 	m.mu.Lock()
 	sessions := make([]*session, 0, len(m.sessions))
@@ -447,23 +480,30 @@ func (m *Mediator) statusJSON() ([]byte, error) {
 // place chooses n distinct physical devices for a new session, least used
 // first, and counts them as used. Devices of nodes whose connection is up
 // come before those of nodes that are down, so that a session admitted
-// because a reachable node can serve it (canServe) is placed there.
+// because a reachable node can serve it (canServe) is placed there; of
+// equally used ones, those with the most free memory as their nodes last
+// reported it to the cluster (cluster mode) come first. Nodes that left
+// the cluster get nothing.
 func (m *Mediator) place(n int) ([]*device, error) {
-	if n > len(m.devices) {
-		return nil, fmt.Errorf("%d virtual devices asked, %d physical devices exist: %w", n, len(m.devices), api.ErrInvalidArgument)
+	nodes, devices := m.nodeList(), m.usableDevices()
+	if n > len(devices) {
+		return nil, fmt.Errorf("%d virtual devices asked, %d physical devices exist: %w", n, len(devices), api.ErrInvalidArgument)
 	}
-	up := make([]bool, len(m.nodes))
-	for i, nd := range m.nodes {
+	up := make([]bool, len(nodes))
+	for i, nd := range nodes {
 		up[i] = nd.up()
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	order := append([]*device(nil), m.devices...)
+	order := append([]*device(nil), devices...)
 	sort.SliceStable(order, func(i, j int) bool {
 		if a, b := up[order[i].node], up[order[j].node]; a != b {
 			return a
 		}
-		return order[i].sessions.Load() < order[j].sessions.Load()
+		if a, b := order[i].sessions.Load(), order[j].sessions.Load(); a != b {
+			return a < b
+		}
+		return order[i].free.Load() > order[j].free.Load()
 	})
 	order = order[:n]
 	for _, d := range order {

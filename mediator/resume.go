@@ -81,7 +81,7 @@ func (m *Mediator) journalSession(s *session, hello *api.Hello) {
 	}
 	attached := map[*api.RPC]bool{}
 	for _, v := range s.vdevs {
-		addr := m.nodes[v.dev.node].addr
+		addr := m.node(v.dev.node).addr
 		rec.Devices = append(rec.Devices, journalDevice{Node: addr, Index: v.dev.info.Index})
 		if attached[v.rpc] {
 			continue
@@ -290,7 +290,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 		if i < 0 {
 			return nil, fmt.Errorf("its device %d of node %s is not one this mediator uses", jd.Index, jd.Node)
 		}
-		devs = append(devs, m.devices[i])
+		devs = append(devs, m.deviceList()[i])
 	}
 	// Reclaim the frames each node connection kept.
 	rpcs := map[int]*api.RPC{}
@@ -303,7 +303,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 			break
 		}
 		var rpc *api.RPC
-		rpc, _, err = dialNode(jc.Node, m.nodeTenant(j.rec.Tenant), m.cfg.NodeTLS, m.nodes[ni].cache.push)
+		rpc, _, err = dialNode(jc.Node, m.nodeTenant(j.rec.Tenant), m.cfg.NodeTLS, m.node(ni).cache.push)
 		if err != nil {
 			break
 		}
@@ -325,7 +325,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 	if err == nil {
 		for _, d := range devs {
 			if rpcs[d.node] == nil {
-				err = fmt.Errorf("no connection to node %s of its device %d", m.nodes[d.node].addr, d.info.Index)
+				err = fmt.Errorf("no connection to node %s of its device %d", m.node(d.node).addr, d.info.Index)
 			}
 		}
 	}
@@ -334,7 +334,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 			for _, d := range ds {
 				if len(d.Frames) > 0 {
 					if _, err := rpcs[ni].Call(api.OpNodeFree, nil, api.Encode(&d)); err != nil {
-						log.WithError(err).WithField("node", m.nodes[ni].addr).Warn("freeing the frames of a session not restored failed; the node frees them when the connection closes")
+						log.WithError(err).WithField("node", m.node(ni).addr).Warn("freeing the frames of a session not restored failed; the node frees them when the connection closes")
 					}
 				}
 			}
@@ -397,20 +397,20 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 	return s, nil
 }
 
-// deviceAt is the index in m.devices of device index of node addr,
+// deviceAt is the index in m.deviceList() of device index of node addr,
 // or -1.
 func (m *Mediator) deviceAt(addr string, index uint32) int {
-	for i, d := range m.devices {
-		if m.nodes[d.node].addr == addr && d.info.Index == index {
+	for i, d := range m.deviceList() {
+		if m.node(d.node).addr == addr && d.info.Index == index {
 			return i
 		}
 	}
 	return -1
 }
 
-// nodeAt is the index in m.nodes of the node at addr, or -1.
+// nodeAt is the index in m.nodeList() of the node at addr, or -1.
 func (m *Mediator) nodeAt(addr string) int {
-	for i, n := range m.nodes {
+	for i, n := range m.nodeList() {
 		if n.addr == addr {
 			return i
 		}

@@ -310,7 +310,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	rpcs := map[int]*api.RPC{}
 	for _, d := range devs {
 		if rpcs[d.node] == nil {
-			rpc, _, err := dialNode(m.nodes[d.node].addr, m.nodeTenant(tenant), m.cfg.NodeTLS, m.nodes[d.node].cache.push)
+			rpc, _, err := dialNode(m.node(d.node).addr, m.nodeTenant(tenant), m.cfg.NodeTLS, m.node(d.node).cache.push)
 			if err != nil {
 				for _, r := range rpcs {
 					r.Close()
@@ -353,7 +353,8 @@ func (m *Mediator) openSession(id uint64, tenant string, c *api.Conn, ctr *conta
 	s.frames = newFrameSource(s)
 	s.space = memory.NewSpace(s.frames, 0)
 	resident, factor := m.cfg.TenantMemory, m.cfg.Oversubscribe
-	s.budget = &budget{owner: fmt.Sprintf("session %d of tenant %q", s.id, s.tenant), limit: virtual(resident, factor), log: s.log}
+	s.budget = &budget{owner: fmt.Sprintf("session %d of tenant %q", s.id, s.tenant), limit: virtual(resident, factor), log: s.log,
+		cluster: m.clusterCharge(s.tenant)}
 	if ctr != nil {
 		s.ctr, s.budget, resident, factor = ctr, ctr.budget, ctr.grant.Memory, ctr.oversubscribe
 		s.frameCredit = frameCredit(ctr.dedupCharge)
@@ -446,7 +447,7 @@ func (f *frameSource) Grant(dev uint32, n int) (_ []uint64, err error) {
 		return frames, err
 	}
 	v := f.s.vdevs[dev]
-	addr := f.s.m.nodes[v.dev.node].addr
+	addr := f.s.m.node(v.dev.node).addr
 	body, err := v.rpc.Call(api.OpNodeAlloc, nil, api.Encode(&api.NodeAlloc{Device: v.dev.info.Index, Count: uint32(n)}))
 	if err != nil {
 		return nil, err
@@ -546,7 +547,7 @@ func (f *frameSource) Refill(dev uint32, frames []uint64, sums [][32]byte) ([]bo
 		}
 		body, err := v.rpc.Call(api.OpNodeDedup, nil, api.Encode(&req))
 		if err != nil {
-			return nil, fmt.Errorf("node %s: %w", f.s.m.nodes[v.dev.node].addr, err)
+			return nil, fmt.Errorf("node %s: %w", f.s.m.node(v.dev.node).addr, err)
 		}
 		hit, err := f.s.dedupReply(body, n)
 		if err != nil {
@@ -627,7 +628,7 @@ func (s *session) run(hello api.Header) {
 			mem = min(mem, s.budget.limit)
 		}
 		reply.Devices = append(reply.Devices, api.DeviceInfo{
-			Index: uint32(i), Name: v.dev.info.Name, Node: s.m.nodes[v.dev.node].addr, Memory: mem,
+			Index: uint32(i), Name: v.dev.info.Name, Node: s.m.node(v.dev.node).addr, Memory: mem,
 		})
 	}
 	s.log.WithField("devices", len(s.vdevs)).Info("session opened")
@@ -720,7 +721,7 @@ func (s *session) deviceMemory() []api.DeviceMemory {
 	held := s.frames.byDevice()
 	out := make([]api.DeviceMemory, len(s.vdevs))
 	for i, v := range s.vdevs {
-		out[i] = api.DeviceMemory{Node: s.m.nodes[v.dev.node].addr, Device: v.dev.info.Index, Held: held[uint32(i)]}
+		out[i] = api.DeviceMemory{Node: s.m.node(v.dev.node).addr, Device: v.dev.info.Index, Held: held[uint32(i)]}
 	}
 	return out
 }
@@ -744,7 +745,7 @@ func (s *session) links() []api.LinkStatus {
 		if !ok {
 			i = len(out)
 			at[v.dev.node] = i
-			out = append(out, api.LinkStatus{Peer: "node " + s.m.nodes[v.dev.node].addr})
+			out = append(out, api.LinkStatus{Peer: "node " + s.m.node(v.dev.node).addr})
 		}
 		sent, recv := v.rpc.Counts()
 		out[i].Sent += sent

@@ -92,7 +92,7 @@ func main() {
 	} else {
 		cfg.TenantMemory = n
 	}
-	if tc, err := nodeTLS(*tlsCert, *tlsKey, *tlsCA, len(nodes) > 0); err != nil {
+	if tc, err := nodeTLS(*tlsCert, *tlsKey, *tlsCA, len(nodes) > 0 || *etcdFlag != ""); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(2)
 	} else {
@@ -215,7 +215,12 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 		requests = metrics.NewRequests(true)
 		cfg.Requests = requests
 	}
-	if len(cfg.Nodes) == 0 {
+	leave, err := joinCluster(&cfg, log)
+	if err != nil {
+		return err
+	}
+	defer leave()
+	if len(cfg.Nodes) == 0 && cfg.Cluster == nil {
 		size, err := api.ParseSize(embMem)
 		if err != nil {
 			return fmt.Errorf("--embedded-memory: %w", err)
