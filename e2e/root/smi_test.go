@@ -11,7 +11,7 @@ import (
 )
 
 // A container granted 256MiB runs vgpu-smi, which the runtime mounted
-// (it sits beside vgpu-runtime): the output shows its own tenant, its
+// read-only (it sits beside vgpu-runtime): the output shows its own tenant, its
 // grant as its device's memory and its own session, and nothing of the
 // tenant computing alongside on the host socket or of the other container
 // of its tenant.
@@ -36,7 +36,8 @@ func TestDockerVgpuSmiShowsItsOwnVGPU(t *testing.T) {
 
 	// The tenant program holds its session while vgpu-smi looks.
 	script := `/tenant --n 1000000 --hold 30s & for i in 1 2 3 4 5 6 7 8 9 10; do ` +
-		`/usr/local/bin/vgpu-smi > /tmp/smi && grep -q 'Session  Devices' /tmp/smi && break; sleep 0.5; done; cat /tmp/smi; kill %1`
+		`/usr/local/bin/vgpu-smi > /tmp/smi && grep -q 'Session  Devices' /tmp/smi && break; sleep 0.5; done; cat /tmp/smi; kill %1; ` +
+		`if echo x 2>/dev/null > /usr/local/bin/vgpu-smi; then echo "vgpu-smi is writable"; fi`
 	args = append(dockerRun("vgpu", "--rm", "-e", "VGPU_MEMORY=256MiB"), dockerImage, "/bin/sh", "-c", script)
 	out := h.docker(t, args...)
 	t.Logf("vgpu-smi in the container:\n%s", out)
@@ -47,6 +48,9 @@ func TestDockerVgpuSmiShowsItsOwnVGPU(t *testing.T) {
 	}
 	if sessions := sessionRow.FindAllString(out, -1); len(sessions) != 1 {
 		t.Errorf("vgpu-smi shows sessions %q, want the container's one", sessions)
+	}
+	if strings.Contains(out, "writable") {
+		t.Error("the container could write the host's vgpu-smi through its mount")
 	}
 	for _, foreign := range []string{"team-b", "128MiB", sibling[:12]} {
 		if strings.Contains(out, foreign) {
