@@ -23,7 +23,9 @@ stop() {
 cleanup() { stop || true; rm -rf "$dir"; }
 trap cleanup EXIT
 
-"$bin/vgpu-node" --listen "127.0.0.1:$port" --devices 2 --memory "${VGPU_NODE_MEMORY:-4GiB}" \
+# VGPU_NODE_FLAGS replaces the node's device flags (scripts/gpu-check: --backend cuda ...).
+# shellcheck disable=SC2086
+"$bin/vgpu-node" --listen "127.0.0.1:$port" ${VGPU_NODE_FLAGS:---devices 2 --memory ${VGPU_NODE_MEMORY:-4GiB}} \
   --log-level "${VGPU_LOG_LEVEL:-warn}" 2>"$dir/node.log" &
 node_pid=$!
 for _ in $(seq 100); do
