@@ -92,14 +92,29 @@ func (m *Batch) Unmarshal(d *Decoder) {
 // AppendCmd appends one command, encoded, to a batch body being built:
 // Batch.Marshal's element format, without copying m through a Cmd.
 func AppendCmd(b []byte, op Op, m Message) []byte {
-	e := Encoder{B: b}
-	e.U16(uint16(op))
-	at := len(e.B)
-	e.U32(0)
+	e, at := BeginCmd(b, op)
 	m.Marshal(&e)
-	n := len(e.B) - at - 4
-	e.B[at], e.B[at+1], e.B[at+2], e.B[at+3] = byte(n), byte(n>>8), byte(n>>16), byte(n>>24)
-	return e.B
+	return EndCmd(e.B, at)
+}
+
+// BeginCmd and EndCmd are AppendCmd in two halves, for a caller that
+// marshals a message of a type it knows between them: the call is direct
+// then, and neither the message nor the encoder escapes to the heap (a
+// tiny launch is queued without allocating). BeginCmd appends op and room
+// for the length, which EndCmd fills in, given at.
+func BeginCmd(b []byte, op Op) (e Encoder, at int) {
+	e.B = b
+	e.U16(uint16(op))
+	at = len(e.B)
+	e.U32(0)
+	return e, at
+}
+
+// EndCmd: see BeginCmd.
+func EndCmd(b []byte, at int) []byte {
+	n := len(b) - at - 4
+	b[at], b[at+1], b[at+2], b[at+3] = byte(n), byte(n>>8), byte(n>>16), byte(n>>24)
+	return b
 }
 
 // BatchError is the failure of command Index of a batch.

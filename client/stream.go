@@ -3,6 +3,7 @@ package client
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/vgpu/vgpu/api"
@@ -87,6 +88,14 @@ func (s *Stream) add(op api.Op, m api.Message) {
 		s.capture.add(op, m)
 		return
 	}
+	f := s.batch(op)
+	f.body = api.AppendCmd(f.body, op, m)
+	s.added()
+}
+
+// batch is the batch being built, begun if none is, for a command op to
+// be appended to its body. The caller holds s.mu and calls added after.
+func (s *Stream) batch(op api.Op) *inflight {
 	if s.cur == nil {
 		s.cur = &inflight{op: api.OpBatch}
 	}
@@ -96,7 +105,12 @@ func (s *Stream) add(op api.Op, m api.Message) {
 	default:
 		s.cur.unsafe = true
 	}
-	s.cur.body = api.AppendCmd(s.cur.body, op, m)
+	return s.cur
+}
+
+// added counts a command appended to the batch, sending the batch when it
+// is full. The caller holds s.mu.
+func (s *Stream) added() {
 	s.cur.n++
 	if s.cur.n >= batchCmds || len(s.cur.body) >= batchBytes {
 		s.flush()
@@ -299,7 +313,19 @@ func F32(v float32) Arg { return Arg{Kind: api.ArgF32, Bits: api.F32Bits(v)} }
 func (s *Stream) Launch(kernel string, args ...Arg) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.add(api.OpLaunch, &api.Launch{Stream: s.id, Kernel: kernel, Args: args})
+	if s.capture != nil {
+		// A capture keeps its commands; args is the caller's.
+		s.add(api.OpLaunch, &api.Launch{Stream: s.id, Kernel: kernel, Args: slices.Clone(args)})
+		return
+	}
+	// Encoded in place with the message's type known, so that neither the
+	// message nor args escapes: queuing a launch allocates nothing.
+	l := api.Launch{Stream: s.id, Kernel: kernel, Args: args}
+	f := s.batch(api.OpLaunch)
+	e, at := api.BeginCmd(f.body, api.OpLaunch)
+	l.Marshal(&e)
+	f.body = api.EndCmd(e.B, at)
+	s.added()
 }
 
 // Synchronize sends what is queued, waits for everything queued on the

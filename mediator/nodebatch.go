@@ -38,20 +38,24 @@ func gatherable(op api.Op, parts [][]byte) bool {
 // nodeBatch is what a stream has gathered and not sent: calls of one
 // completion to one node connection. Only the stream's issuer touches it.
 type nodeBatch struct {
-	c     *completion
-	v     vdev
-	body  []byte   // commands, each as api.Batch encodes them
-	idx   []int    // the tenant command of each
-	ops   []api.Op // and its node operation
-	first [][]byte // the parts of the first, sent alone if it stays alone
+	c    *completion
+	v    vdev
+	body []byte   // commands, each as api.Batch encodes them
+	idx  []int    // the tenant command of each
+	ops  []api.Op // and its node operation
 }
 
+// cmdHeader is the op and length before each command in body.
+const cmdHeader = 6
+
+// add gathers a call. Its parts are copied: the caller may reuse them once
+// add returns.
 func (b *nodeBatch) add(c *completion, v vdev, idx int, op api.Op, parts [][]byte) {
 	if len(b.idx) > 0 && (b.c != c || b.v.rpc != v.rpc) {
 		b.flush()
 	}
 	if len(b.idx) == 0 {
-		b.c, b.v, b.first = c, v, parts
+		b.c, b.v = c, v
 		if b.body == nil {
 			b.body = make([]byte, 0, gatherBytes+gatherItem+64)
 		}
@@ -85,7 +89,7 @@ func (b *nodeBatch) flush() {
 			if call.Err != nil {
 				c.fail(idx[0], ops[0], call.Err)
 			}
-		}, b.first...)
+		}, b.body[cmdHeader:]) // the one command's body, after its header
 	} else {
 		var hdr api.Encoder
 		hdr.U32(0)

@@ -117,7 +117,12 @@ func (s *session) decodeOne(op api.Op, body []byte) (command, error) {
 			err = fmt.Errorf("memset of 0 bytes at %#x: %w", c.memset.Dst, api.ErrInvalidArgument)
 		}
 	case api.OpLaunch:
-		err = decodeInto(body, &c.launch)
+		// With the message's type known, as the node decodes launches
+		// (accelerator's checkLaunch): neither the decoder nor the message
+		// escapes to the heap, which counts in a batch of tiny launches.
+		d := api.NewDecoder(body)
+		c.launch.Unmarshal(d)
+		err = d.Finish()
 		c.stream = c.launch.Stream
 	case api.OpSynchronize:
 		var m api.StreamReq
@@ -333,6 +338,10 @@ type stream struct {
 	calls   flight // node calls not yet completed
 	gather  bool   // issuing a batch: gather node calls into nb
 	nb      nodeBatch
+	// scratch is where a launch's node body is encoded while gathering:
+	// nb copies it, so one buffer serves every launch. Like nb, only the
+	// stream's issuer touches it.
+	scratch []byte
 	// hostPending says a copy into host memory may still be landing: the
 	// next command that touches host memory waits for it (stream order).
 	hostPending bool
@@ -651,6 +660,10 @@ func (m *Mediator) kernel(l *api.Launch) (api.KernelInfo, error) {
 	return k, nil
 }
 
+// launchArgsOnStack is how many arguments a launch translates without
+// allocating its working slices.
+const launchArgsOnStack = 8
+
 // launch checks a launch against the kernel's signature, translates each
 // buffer argument to the physical runs from its address to the end of its
 // allocation (all the kernel may touch), and sends it to the buffers' device.
@@ -659,9 +672,16 @@ func (st *stream) launch(m *api.Launch, c *completion, idx int) error {
 	if err != nil {
 		return err
 	}
-	args := make([]api.NodeArg, len(m.Args))
-	var ranges []memory.Range
-	var bufs []int // the arguments ranges belong to
+	// A launch's slices stay on the stack for the usual few arguments: a
+	// tiny launch is dominated by allocation otherwise (docs/datapath.md).
+	var argsOn [launchArgsOnStack]api.NodeArg
+	var rangesOn [launchArgsOnStack]memory.Range
+	var bufsOn [launchArgsOnStack]int
+	args, ranges, bufs := argsOn[:0], rangesOn[:0], bufsOn[:0] // bufs: the arguments ranges belong to
+	if len(m.Args) > launchArgsOnStack {
+		args = make([]api.NodeArg, 0, len(m.Args))
+	}
+	args = args[:len(m.Args)]
 	dev := -1
 	for i, a := range m.Args {
 		p := k.Params[i]
@@ -709,8 +729,30 @@ func (st *stream) launch(m *api.Launch, c *completion, idx int) error {
 		args[i].Extents = ts[j].Extents
 	}
 	v := st.on(uint32(dev))
-	c.call(v, idx, api.OpNodeLaunch, nil, api.Encode(&api.NodeLaunch{Device: v.dev.info.Index, Kernel: m.Kernel, Args: args}))
+	nl := api.NodeLaunch{Device: v.dev.info.Index, Kernel: m.Kernel, Args: args}
+	var e api.Encoder
+	if st.gather {
+		// Gathered (or, if too large, written out) before call returns:
+		// the buffer is free again for the next launch.
+		e.B = st.scratch[:0]
+	} else {
+		e.B = make([]byte, 0, nodeLaunchSize(&nl)) // one allocation, not one and a regrowth
+	}
+	nl.Marshal(&e)
+	c.call(v, idx, api.OpNodeLaunch, nil, e.B)
+	if st.gather {
+		st.scratch = e.B
+	}
 	return nil
+}
+
+// nodeLaunchSize is the encoded size of l, or a little more.
+func nodeLaunchSize(l *api.NodeLaunch) int {
+	n := 16 + len(l.Kernel)
+	for _, a := range l.Args {
+		n += 13 + 16*len(a.Extents)
+	}
+	return n
 }
 
 func sortKernels(ks []api.KernelInfo) {
