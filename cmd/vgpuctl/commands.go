@@ -26,6 +26,7 @@ var operatorTimeout = client.DefaultOperatorTimeout
 const (
 	tenantsUsage = `usage: vgpuctl tenants [--json]
        vgpuctl tenants reload
+       vgpuctl tenants apply [--etcd ENDPOINTS] FILE
 
 tenants lists each tenant: every limit of the quota file (memory cap,
 default_memory, compute weight, compute_max, bandwidth, max_containers,
@@ -33,6 +34,10 @@ oversubscribe, dedup_charge) and its current use (containers, memory
 reserved for them, allocated, charged).
 reload makes the mediator re-read the quota file; if the new one is invalid,
 the old one stays and the error says why.
+apply validates FILE and stores it in etcd as the cluster's quota file, which
+every mediator started with --etcd uses from then on (cluster mode,
+docs/cluster.md); an invalid file is refused with every mistake and changes
+nothing.
 `
 	kernelsUsage = `usage: vgpuctl kernels [--json]
 
@@ -232,6 +237,9 @@ func demo(socket string, args []string) error {
 }
 
 func tenants(socket string, args []string) error {
+	if len(args) > 0 && args[0] == "apply" { // to etcd, not to a mediator
+		return tenantsApply(args[1:])
+	}
 	op, fs, asJSON, err := operatorCmd("tenants", socket, args)
 	if err != nil {
 		return err

@@ -28,6 +28,8 @@ commands:
                     tenant sessions of the mediator (-o wide: every column)
   tenants [--json]  tenants: every limit from the quota file and current use
   tenants reload    re-read the quota file (the old one stays if the new one is invalid)
+  tenants apply [--etcd ENDPOINTS] FILE
+                    cluster mode: validate FILE and store it in etcd for every mediator
   kernels [--json]  the kernel catalog
   top [--interval DURATION]
                     live view: devices, tenants' memory, share and bandwidth, sessions (q quits)
@@ -61,7 +63,7 @@ type command struct {
 // commands is every vgpuctl command; help and its tests walk this table.
 var commands = []command{
 	{name: "status", usage: statusUsage, flags: func(string) *flag.FlagSet { fs, _ := statusFlags(); return fs }, run: status},
-	{name: "tenants", usage: tenantsUsage, subs: []string{"reload"}, flags: jsonFlagsOnly("tenants"), run: tenants},
+	{name: "tenants", usage: tenantsUsage, subs: []string{"reload", "apply"}, flags: tenantsSubFlags, run: tenants},
 	{name: "kernels", usage: kernelsUsage, flags: jsonFlagsOnly("kernels"), run: kernelList},
 	{name: "top", usage: topUsage, flags: func(string) *flag.FlagSet { fs, _, _ := topFlags(); return fs }, run: topCmd},
 	{name: "install", usage: installUsage, subs: []string{"docker", "containerd"},

@@ -84,7 +84,7 @@ func status(socket string, args []string) error {
 	if v == "json" {
 		return cmp.Or(printJSON(st), nodesDown(st))
 	}
-	return cmp.Or(renderStatus(os.Stdout, st, v == "wide"), nodesDown(st))
+	return cmp.Or(renderStatus(os.Stdout, st, v == "wide"), renderCluster(os.Stdout, st.Cluster), nodesDown(st))
 }
 
 // renderStatus writes the status tables: the default view cuts names and
