@@ -107,6 +107,19 @@ type aliaser interface {
 	Unalias(dst, n uint64, keep bool) error
 }
 
+// gpuReporter is a Device backed by a GPU that NVML can describe (the cuda
+// backend, as vgpu-node wires it); the node puts what it says in status.
+type gpuReporter interface {
+	GPUStatus() *api.GPUStatus
+}
+
+func gpuStatus(d Device) *api.GPUStatus {
+	if r, ok := d.(gpuReporter); ok {
+		return r.GPUStatus()
+	}
+	return nil
+}
+
 // HandshakeTimeout bounds how long a new connection may take to say Hello.
 const HandshakeTimeout = 10 * time.Second
 
@@ -252,7 +265,7 @@ func (n *Node) Status() api.NodeStatus {
 		st.Devices = append(st.Devices, api.DeviceStatus{
 			Index: info.Index, Name: info.Name, Memory: info.Memory,
 			Used: uint64(total-free-retained) * FrameSize, Frames: total, Free: free + retained, Retained: retained,
-			Launches: d.launches.Load(),
+			Launches: d.launches.Load(), GPU: gpuStatus(d.Device),
 		})
 		st.Shares = append(st.Shares, d.sched.usage(info.Index)...)
 	}

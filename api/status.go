@@ -72,6 +72,29 @@ type DeviceStatus struct {
 	// needs the memory.
 	Retained int    `json:"retained_frames"`
 	Launches uint64 `json:"launches"`
+	// GPU is what NVML says of the GPU behind a cuda device, read when the
+	// status was; nil for other backends.
+	GPU *GPUStatus `json:"gpu,omitempty"`
+}
+
+// GPUStatus is one GPU as NVML describes it: what it is, and its state now.
+type GPUStatus struct {
+	Index    int    `json:"index"` // NVML's
+	UUID     string `json:"uuid"`
+	PCIBusID string `json:"pci_bus_id"`
+	MIG      string `json:"mig"` // enabled, disabled, unsupported
+	// Memory is the GPU's own, of which the device serves part.
+	Memory          uint64 `json:"memory"`
+	MemoryUsed      uint64 `json:"memory_used"` // by every process on the GPU
+	Utilization     uint32 `json:"utilization_percent"`
+	TemperatureC    uint32 `json:"temperature_c"`
+	PowerMilliwatts uint32 `json:"power_mw"`
+	ECCCorrected    uint64 `json:"ecc_corrected"`
+	ECCUncorrected  uint64 `json:"ecc_uncorrected"`
+	// Unsupported names readings the GPU does not offer; Error says why
+	// none could be read (a GPU fallen off the bus).
+	Unsupported []string `json:"unsupported,omitempty"`
+	Error       string   `json:"error,omitempty"`
 }
 
 // DeviceTenant is one tenant's share of one physical device, as the node's

@@ -282,3 +282,21 @@ func (h *Host) Close() error {
 	}
 	return nil
 }
+
+// Status is GPU index as node status shows it: what it is, and its
+// telemetry now, or the error that kept it from being read.
+func (h *Host) Status(index int) *api.GPUStatus {
+	if index < 0 || index >= len(h.gpus) {
+		return &api.GPUStatus{Index: index, Error: fmt.Sprintf("no GPU %d", index)}
+	}
+	g := h.gpus[index]
+	s := &api.GPUStatus{Index: g.Index, UUID: g.UUID, PCIBusID: g.PCIBusID, MIG: g.MIG.String(), Memory: g.Memory}
+	t, err := h.Telemetry(index)
+	if err != nil {
+		s.Error = err.Error()
+		return s
+	}
+	s.MemoryUsed, s.Utilization, s.TemperatureC, s.PowerMilliwatts = t.MemoryUsed, t.Utilization, t.TemperatureC, t.PowerMilliwatts
+	s.ECCCorrected, s.ECCUncorrected, s.Unsupported = t.ECCCorrected, t.ECCUncorrected, t.Unsupported
+	return s
+}

@@ -121,6 +121,26 @@ func TestTelemetry(t *testing.T) {
 	wantErr(t, "Telemetry(8)", err, api.ErrInvalidArgument, "8")
 }
 
+func TestStatus(t *testing.T) {
+	s := h200(t)
+	h := open(t, s)
+	st := h.Status(3)
+	want := api.GPUStatus{Index: 3, UUID: s.Devices[3].(*server.Device).UUID, PCIBusID: "00000000:49:00.0", MIG: "enabled",
+		Memory: h.GPUs()[3].Memory, MemoryUsed: 3 << 30, Utilization: 30, TemperatureC: 43, PowerMilliwatts: 100003, ECCCorrected: 3, ECCUncorrected: 6}
+	if st == nil || st.Error != "" || st.Index != want.Index || st.UUID != want.UUID || st.PCIBusID != want.PCIBusID || st.MIG != want.MIG ||
+		st.Memory != want.Memory || st.MemoryUsed != want.MemoryUsed || st.Utilization != want.Utilization || st.TemperatureC != want.TemperatureC ||
+		st.PowerMilliwatts != want.PowerMilliwatts || st.ECCCorrected != want.ECCCorrected || st.ECCUncorrected != want.ECCUncorrected {
+		t.Errorf("Status(3) = %+v, want %+v", st, want)
+	}
+	s.Devices[4].(*server.Device).GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_GPU_IS_LOST }
+	if st := h.Status(4); st.UUID == "" || !strings.Contains(st.Error, "ERROR_GPU_IS_LOST") || st.TemperatureC != 0 {
+		t.Errorf("Status of a lost GPU = %+v, want its identity and the error", st)
+	}
+	if st := h.Status(9); !strings.Contains(st.Error, "no GPU 9") {
+		t.Errorf("Status(9) = %+v", st)
+	}
+}
+
 func TestTelemetryUnsupportedAndLost(t *testing.T) {
 	s := h200(t)
 	d1 := s.Devices[1].(*server.Device)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/sirupsen/logrus"
 
@@ -32,7 +33,8 @@ func openCUDA(sel string, size uint64, log logrus.FieldLogger) ([]accelerator.De
 		}
 		return nil, fmt.Errorf("--backend cuda needs the NVIDIA driver (%s and %s): %w", gpus.Library, cuda.Library, err)
 	}
-	defer host.Close() // discovery only, so far: telemetry is not served yet
+	shared := &sharedHost{host: host, refs: 1} // openCUDA's reference, dropped on return
+	defer shared.release()
 	chosen, err := host.Select(sel)
 	if err != nil {
 		return nil, fmt.Errorf("--devices: %w", err)
@@ -70,7 +72,46 @@ func openCUDA(sel string, size uint64, log logrus.FieldLogger) ([]accelerator.De
 			return fail(err)
 		}
 		log.WithFields(logrus.Fields{"gpu": g.Index, "uuid": g.UUID, "pci": g.PCIBusID, "memory": api.FormatSize(n)}).Info("serving GPU")
-		devs = append(devs, d)
+		shared.retain()
+		devs = append(devs, &nvmlDevice{Device: d, nvml: shared, gpu: g.Index})
 	}
 	return devs, nil
+}
+
+// nvmlDevice is a cuda device whose GPU's NVML description and telemetry
+// the node shows in status (accelerator's gpuReporter).
+type nvmlDevice struct {
+	accelerator.Device
+	nvml   *sharedHost
+	gpu    int // NVML's index
+	closed sync.Once
+}
+
+func (d *nvmlDevice) GPUStatus() *api.GPUStatus { return d.nvml.host.Status(d.gpu) }
+
+func (d *nvmlDevice) Close() error {
+	err := d.Device.Close()
+	d.closed.Do(d.nvml.release)
+	return err
+}
+
+// sharedHost is NVML, open while a device reports through it.
+type sharedHost struct {
+	host *gpus.Host
+	mu   sync.Mutex
+	refs int // guarded by mu
+}
+
+func (s *sharedHost) retain() {
+	s.mu.Lock()
+	s.refs++
+	s.mu.Unlock()
+}
+
+func (s *sharedHost) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.refs--; s.refs == 0 {
+		s.host.Close()
+	}
 }

@@ -9,6 +9,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/vgpu/vgpu/accelerator"
+	"github.com/vgpu/vgpu/accelerator/gpus"
+	"github.com/vgpu/vgpu/accelerator/sim"
 )
 
 // runNode runs this test binary as vgpu-node (TestMain) with args and env,
@@ -86,5 +94,53 @@ func TestDevicesFlag(t *testing.T) {
 	stderr, _, err = runNode(t, nil, "--backend", "tpu", "--listen", "127.0.0.1:0")
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(stderr, `--backend "tpu": want sim or cuda`) {
 		t.Errorf("--backend tpu: exit %v, stderr:\n%s", err, stderr)
+	}
+}
+
+// TestNVMLDevice: a cuda device reports its GPU through the NVML host it
+// shares with the node's other devices (go-nvml's mock of a DGX H200 stands
+// in for the hardware), which is shut down once, after the last device
+// closed, however often each is closed.
+func TestNVMLDevice(t *testing.T) {
+	s := dgxh200.New()
+	shutdowns := 0
+	s.ShutdownFunc = func() nvml.Return { shutdowns++; return nvml.SUCCESS }
+	for _, d := range s.Devices {
+		// The mock server has no telemetry: this GPU offers none but its
+		// utilization.
+		md := d.(*server.Device)
+		md.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{Gpu: 55}, nvml.SUCCESS }
+		md.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+		md.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+		md.GetTotalEccErrorsFunc = func(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+	}
+	host, err := gpus.OpenLibrary(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := &sharedHost{host: host, refs: 1}
+	var devs []*nvmlDevice
+	for i := range 2 {
+		sd, err := sim.New(uint32(i), accelerator.FrameSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shared.retain()
+		devs = append(devs, &nvmlDevice{Device: sd, nvml: shared, gpu: 5 + i})
+	}
+	shared.release()
+	st := devs[1].GPUStatus()
+	if st.Index != 6 || st.UUID != s.Devices[6].(*server.Device).UUID || st.Error != "" || st.Utilization != 55 || len(st.Unsupported) != 3 {
+		t.Errorf("GPUStatus() = %+v, want GPU 6 with its readings", st)
+	}
+	for _, d := range devs {
+		d.Close()
+		d.Close()
+		if d == devs[0] && shutdowns != 0 {
+			t.Errorf("NVML shut down while a device still reports through it")
+		}
+	}
+	if shutdowns != 1 {
+		t.Errorf("NVML shut down %d times, want once", shutdowns)
 	}
 }
