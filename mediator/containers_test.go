@@ -220,8 +220,16 @@ func TestVanishedContainerIsReclaimed(t *testing.T) {
 	proc.Process.Kill()
 	proc.Wait()
 	cs.waitIdle(t)
-	if ti := tenantInfo(t, op, "team-a"); ti.Containers != 0 || ti.Reserved != 0 {
-		t.Fatalf("after the process vanished: %+v", ti)
+	// The release drops the container's sessions before it returns the
+	// grant, so an idle system may still show the reservation a moment.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ti := tenantInfo(t, op, "team-a")
+		if ti.Containers == 0 && ti.Reserved == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5s after the process vanished: %+v", ti)
+		}
 	}
 }
 
