@@ -160,14 +160,15 @@ func TestSessionSurvivesACrash(t *testing.T) {
 	}
 }
 
-// A journal with a damaged record restores the other sessions and says
-// which one it dropped; the dropped session's client is told it is gone.
+// Journals with a damaged record or a record cut short restore the other
+// sessions and say which ones they dropped; the dropped sessions' clients
+// are told they are gone.
 func TestJournalDamagedRecord(t *testing.T) {
 	h := newHost(t)
 	h.start()
 	sock := h.serveHost()
 	var cs []*client.Client
-	for range 2 {
+	for range 3 {
 		c, err := client.Dial(client.Options{Socket: sock, Tenant: "shared"})
 		if err != nil {
 			t.Fatal(err)
@@ -194,16 +195,27 @@ func TestJournalDamagedRecord(t *testing.T) {
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Cut the third one's last record short.
+	path = filepath.Join(h.stateDir(), journalDir, strconv.FormatUint(cs[2].Session(), 10)+".journal")
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, fi.Size()-3); err != nil {
+		t.Fatal(err)
+	}
 	out := h.start()
 	h.serveHost()
-	if !strings.Contains(out, "failed its checks") || !strings.Contains(out, "checksum") || !strings.Contains(out, "restored=1") {
+	if !strings.Contains(out, "failed its checks") || !strings.Contains(out, "checksum") || !strings.Contains(out, "cut short") || !strings.Contains(out, "restored=1") {
 		t.Fatalf("restart log does not report the damaged record, or restores other than one session:\n%s", out)
 	}
 	if _, err := cs[0].Stats(); err != nil {
 		t.Fatalf("the undamaged session: %v", err)
 	}
-	if _, err := cs[1].Stats(); !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "no session to resume") {
-		t.Fatalf("the damaged session: %v, want unavailable: no session to resume", err)
+	for _, c := range cs[1:] {
+		if _, err := c.Stats(); !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "no session to resume") {
+			t.Fatalf("a damaged session: %v, want unavailable: no session to resume", err)
+		}
 	}
 }
 
@@ -237,5 +249,41 @@ func TestHandover(t *testing.T) {
 	c.Stream().CopyFromDevice(got, p)
 	if err := c.Stream().Synchronize(); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("after a handover: %v, bytes equal %v", err, bytes.Equal(got, want))
+	}
+}
+
+// A session whose journal cannot be written is served on, without it: a
+// restart does not restore it from a journal that misses what it did.
+func TestJournalWriteFails(t *testing.T) {
+	h := newHost(t)
+	h.start()
+	c, err := client.Dial(client.Options{Socket: h.serveHost(), Tenant: "shared"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Malloc(0, 4<<10); err != nil {
+		t.Fatal(err)
+	}
+	h.med.mu.Lock()
+	s := h.med.sessions[c.Session()]
+	h.med.mu.Unlock()
+	s.jr.mu.Lock()
+	s.jr.f.Close() // its next write fails
+	s.jr.mu.Unlock()
+	if _, err := c.Malloc(0, 4<<10); err != nil {
+		t.Fatalf("malloc once the journal failed: %v, want it served", err)
+	}
+	if _, err := os.Stat(filepath.Join(h.stateDir(), journalDir, strconv.FormatUint(c.Session(), 10)+".journal")); !os.IsNotExist(err) {
+		t.Fatalf("the failed journal: %v, want it deleted", err)
+	}
+	if !strings.Contains(h.log.String(), "session journal given up") {
+		t.Fatalf("the failed journal was not logged:\n%s", h.log.String())
+	}
+	h.crash()
+	h.start()
+	h.serveHost()
+	if _, err := c.Stats(); !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("call after the restart: %v, want unavailable: the session was not restored", err)
 	}
 }
