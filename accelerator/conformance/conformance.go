@@ -148,7 +148,10 @@ func same(t *testing.T, what string, got, want []byte) {
 	t.Fatalf("%s: byte %d is %#x, want %#x", what, i, got[i], want[i])
 }
 
-func wantErr(t *testing.T, what string, err, sentinel error, names ...string) {
+// WantErr fails t unless err wraps sentinel and its message names each
+// of names: the error contract of every backend (and of the packages
+// beneath them), for their own tests too.
+func WantErr(t *testing.T, what string, err, sentinel error, names ...string) {
 	t.Helper()
 	if !errors.Is(err, sentinel) {
 		t.Errorf("%s: error %v, want one wrapping %v", what, err, sentinel)
@@ -232,7 +235,7 @@ func testWriteFrom(t *testing.T, d accelerator.Device) {
 	// An extent outside memory is refused before a byte is read.
 	r = bytes.NewReader(make([]byte, 16))
 	err = d.WriteFrom([]api.Extent{{Addr: 0, Len: 8}, {Addr: d.Info().Memory, Len: 8}}, r)
-	wantErr(t, "WriteFrom outside memory", err, api.ErrInvalidAddress)
+	WantErr(t, "WriteFrom outside memory", err, api.ErrInvalidAddress)
 	if r.Len() != 16 {
 		t.Errorf("a refused WriteFrom read %d bytes first", 16-r.Len())
 	}
@@ -293,7 +296,7 @@ func testCopy(t *testing.T, d accelerator.Device) {
 	// Mismatched lengths are refused, and nothing is written.
 	before := read(t, d, dst)
 	err := d.Copy([]api.Extent{dst}, []api.Extent{{Addr: 0, Len: dst.Len - 1}})
-	wantErr(t, "Copy of mismatched lengths", err, api.ErrInvalidArgument)
+	WantErr(t, "Copy of mismatched lengths", err, api.ErrInvalidArgument)
 	same(t, "destination of a refused copy", read(t, d, dst), before)
 }
 
@@ -315,10 +318,10 @@ func testScrub(t *testing.T, d accelerator.Device) {
 	}
 	// Bad ranges: outside memory, and not page aligned.
 	size := d.Info().Memory
-	wantErr(t, "Scrub past the end", d.Scrub(size-frame, 2*frame), api.ErrInvalidAddress)
-	wantErr(t, "Scrub of an overflowing range", d.Scrub(frame, math.MaxUint64-frame+1), api.ErrInvalidAddress)
+	WantErr(t, "Scrub past the end", d.Scrub(size-frame, 2*frame), api.ErrInvalidAddress)
+	WantErr(t, "Scrub of an overflowing range", d.Scrub(frame, math.MaxUint64-frame+1), api.ErrInvalidAddress)
 	err := d.Scrub(frame+1, 4096)
-	wantErr(t, "Scrub at an unaligned address", err, api.ErrInvalidArgument)
+	WantErr(t, "Scrub at an unaligned address", err, api.ErrInvalidArgument)
 	same(t, "bytes next to a refused scrub", read(t, d, api.Extent{Addr: frame + 5, Len: 3}), []byte{1, 2, 3})
 }
 
@@ -333,15 +336,15 @@ func testBounds(t *testing.T, d accelerator.Device) {
 	for _, x := range bad {
 		xs := []api.Extent{{Addr: 0, Len: 4}, x}
 		what := fmt.Sprintf("[%#x, +%d)", x.Addr, x.Len)
-		wantErr(t, "Read "+what, d.Read(xs, func(...[]byte) error { return nil }), api.ErrInvalidAddress)
-		wantErr(t, "Fill "+what, d.Fill(xs, 1), api.ErrInvalidAddress)
-		wantErr(t, "Copy into "+what, d.Copy([]api.Extent{x}, []api.Extent{{Addr: 0, Len: x.Len}}), api.ErrInvalidAddress)
-		wantErr(t, "Copy from "+what, d.Copy([]api.Extent{{Addr: 0, Len: x.Len}}, []api.Extent{x}), api.ErrInvalidAddress)
+		WantErr(t, "Read "+what, d.Read(xs, func(...[]byte) error { return nil }), api.ErrInvalidAddress)
+		WantErr(t, "Fill "+what, d.Fill(xs, 1), api.ErrInvalidAddress)
+		WantErr(t, "Copy into "+what, d.Copy([]api.Extent{x}, []api.Extent{{Addr: 0, Len: x.Len}}), api.ErrInvalidAddress)
+		WantErr(t, "Copy from "+what, d.Copy([]api.Extent{{Addr: 0, Len: x.Len}}, []api.Extent{x}), api.ErrInvalidAddress)
 		if x.Len < 1<<20 {
-			wantErr(t, "Write "+what, d.Write(xs, make([]byte, 4+x.Len)), api.ErrInvalidAddress)
+			WantErr(t, "Write "+what, d.Write(xs, make([]byte, 4+x.Len)), api.ErrInvalidAddress)
 		}
 	}
-	wantErr(t, "Write of mismatched length", d.Write([]api.Extent{{Addr: 0, Len: 8}}, make([]byte, 7)), api.ErrInvalidArgument, "7", "8")
+	WantErr(t, "Write of mismatched length", d.Write([]api.Extent{{Addr: 0, Len: 8}}, make([]byte, 7)), api.ErrInvalidArgument, "7", "8")
 }
 
 // launch runs k as the node does: Prepare, every slice of the plan, then

@@ -169,7 +169,7 @@ func testKernels(t *testing.T, d accelerator.Device, o Options) {
 				args, bufs := c.build(t, d, k, r)
 				vals := make([]kernels.Value, len(args))
 				for i, a := range args {
-					vals[i] = kernels.Value{Kind: a.Kind, I64: int64(a.Bits), F32: api.F32FromBits(a.Bits)}
+					vals[i] = kernels.Scalar(a)
 				}
 				for _, b := range bufs {
 					vals[b.param].Buf = b.host
@@ -230,23 +230,23 @@ func testKernelErrors(t *testing.T, d accelerator.Device) {
 	// Too few arguments.
 	args, _ := c.build(t, d, k, r)
 	_, _, err = d.Prepare(k, args[:len(args)-1], math.MaxInt)
-	wantErr(t, "too few arguments", err, api.ErrInvalidArgument, "embedding")
+	WantErr(t, "too few arguments", err, api.ErrInvalidArgument, "embedding")
 	// An index out of range: refused, and nothing written.
 	bad := c
 	bad.i32 = map[string][]int32{"ids": {0, 1, 2, 10, 3, 4}}
 	args, bufs := bad.build(t, d, k, r)
 	out := bufs[len(bufs)-1]
 	err = launch(d, k, args, math.MaxInt)
-	wantErr(t, "an id outside the vocabulary", err, api.ErrInvalidArgument, "ids[3] = 10")
+	WantErr(t, "an id outside the vocabulary", err, api.ErrInvalidArgument, "ids[3] = 10")
 	same(t, "out of a refused launch", read(t, d, out.extents...), out.input)
 	// A buffer shorter than its sizes need.
 	args[len(args)-1].Extents = []api.Extent{{Addr: out.extents[0].Addr, Len: out.extents[0].Len - 4}}
 	err = launch(d, k, args, math.MaxInt)
-	wantErr(t, "a short output buffer", err, api.ErrInvalidArgument, "out")
+	WantErr(t, "a short output buffer", err, api.ErrInvalidArgument, "out")
 	// A buffer outside memory.
 	args[len(args)-1].Extents = []api.Extent{{Addr: d.Info().Memory - 4, Len: 120}}
 	err = launch(d, k, args, math.MaxInt)
-	wantErr(t, "an output outside memory", err, api.ErrInvalidAddress)
+	WantErr(t, "an output outside memory", err, api.ErrInvalidAddress)
 }
 
 // uncovered lists the catalog's kernels that have no case here: the suite

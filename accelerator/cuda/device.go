@@ -356,25 +356,20 @@ func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (*k
 	vals := make([]kernels.Value, len(args))
 	var bufs []*hostBuffer
 	for i, a := range args {
-		vals[i] = kernels.Value{Kind: a.Kind}
-		switch a.Kind {
-		case api.ArgI64:
-			vals[i].I64 = int64(a.Bits)
-		case api.ArgF32:
-			vals[i].F32 = api.F32FromBits(a.Bits)
-		case api.ArgBuffer:
-			j := slices.IndexFunc(bufs, func(b *hostBuffer) bool { return slices.Equal(b.xs, a.Extents) })
-			if j < 0 {
-				buf, err := d.gather(a.Extents)
-				if err != nil {
-					return nil, nil, fmt.Errorf("%s: argument %d of %s: %w", d.info.Name, i, k.Info.Name, err)
-				}
-				bufs = append(bufs, &hostBuffer{xs: a.Extents, buf: buf})
-				j = len(bufs) - 1
-			}
-			bufs[j].write = bufs[j].write || i < len(ps) && ps[i].Access >= api.AccessWrite
-			vals[i].Buf = bufs[j].buf
+		if vals[i] = kernels.Scalar(a); a.Kind != api.ArgBuffer {
+			continue
 		}
+		j := slices.IndexFunc(bufs, func(b *hostBuffer) bool { return slices.Equal(b.xs, a.Extents) })
+		if j < 0 {
+			buf, err := d.gather(a.Extents)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: argument %d of %s: %w", d.info.Name, i, k.Info.Name, err)
+			}
+			bufs = append(bufs, &hostBuffer{xs: a.Extents, buf: buf})
+			j = len(bufs) - 1
+		}
+		bufs[j].write = bufs[j].write || i < len(ps) && ps[i].Access >= api.AccessWrite
+		vals[i].Buf = bufs[j].buf
 	}
 	p, err := k.Plan(vals, maxWork)
 	if err != nil {

@@ -38,12 +38,12 @@ func TestNewFrees(t *testing.T) {
 	f.setMemory(16 << 20)
 	defer f.setMemory(64 << 20)
 	_, err := New(drv, 0, 0, 32<<20, "big")
-	wantErr(t, "New beyond the GPU's memory", err, api.ErrOutOfMemory, "cuMemCreate", "frame 8 of 16")
+	conformance.WantErr(t, "New beyond the GPU's memory", err, api.ErrOutOfMemory, "cuMemCreate", "frame 8 of 16")
 	f.inject("cuMemMap", 999, 2)
 	_, err = New(drv, 0, 0, 8<<20, "mapfails")
-	wantErr(t, "New with the third map failing", err, api.ErrInternal, "frame 2", "cuMemMap")
+	conformance.WantErr(t, "New with the third map failing", err, api.ErrInternal, "frame 2", "cuMemMap")
 	_, err = New(drv, 0, 0, 3<<20, "odd")
-	wantErr(t, "New of a size not in frames", err, api.ErrInvalidArgument, "3145728")
+	conformance.WantErr(t, "New of a size not in frames", err, api.ErrInvalidArgument, "3145728")
 	// load's cleanup checks that the failed opens freed everything.
 }
 
@@ -67,9 +67,9 @@ func TestScrubChecked(t *testing.T) {
 	d, f := openFake(t, 4<<20)
 	defer d.Close()
 	f.inject("cuMemsetD8", 700, 0)
-	wantErr(t, "Scrub with the memset failing", d.Scrub(0, FrameSize), api.ErrInternal, "scrub", "cuMemsetD8")
+	conformance.WantErr(t, "Scrub with the memset failing", d.Scrub(0, FrameSize), api.ErrInternal, "scrub", "cuMemsetD8")
 	f.inject("cuCtxSynchronize", 700, 0)
-	wantErr(t, "Scrub with the device faulting", d.Scrub(0, FrameSize), api.ErrInternal, "scrub", "cuCtxSynchronize")
+	conformance.WantErr(t, "Scrub with the device faulting", d.Scrub(0, FrameSize), api.ErrInternal, "scrub", "cuCtxSynchronize")
 	if err := d.Scrub(0, FrameSize); err != nil {
 		t.Errorf("Scrub after the faults: %v", err)
 	}
@@ -101,7 +101,7 @@ func TestStagedCopies(t *testing.T) {
 		t.Errorf("a staged round trip came back changed")
 	}
 	f.inject("cuMemcpyHtoD", 700, 3)
-	wantErr(t, "Write with the fourth chunk failing", d.Write(xs, p), api.ErrInternal, "cuMemcpyHtoD")
+	conformance.WantErr(t, "Write with the fourth chunk failing", d.Write(xs, p), api.ErrInternal, "cuMemcpyHtoD")
 	if err := d.Write(xs, p); err != nil {
 		t.Errorf("Write after the failure: %v", err)
 	}

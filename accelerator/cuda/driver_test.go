@@ -2,28 +2,14 @@ package cuda
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
+	"github.com/vgpu/vgpu/accelerator/conformance"
 	"github.com/vgpu/vgpu/api"
 )
-
-func wantErr(t *testing.T, what string, err, sentinel error, names ...string) {
-	t.Helper()
-	if !errors.Is(err, sentinel) {
-		t.Errorf("%s: error %v, want one wrapping %v", what, err, sentinel)
-		return
-	}
-	for _, n := range names {
-		if !strings.Contains(err.Error(), n) {
-			t.Errorf("%s: error %q does not name %q", what, err, n)
-		}
-	}
-}
 
 // TestLoadWithoutDriver loads the real libcuda.so.1: on a host without
 // the NVIDIA driver (CI) that fails at once, naming it.
@@ -33,9 +19,9 @@ func TestLoadWithoutDriver(t *testing.T) {
 		gpus, err := d.GPUs()
 		t.Skipf("this host has a CUDA driver (%d GPUs, %v)", len(gpus), err)
 	}
-	wantErr(t, "Load", err, api.ErrUnavailable, Library, "no NVIDIA driver")
+	conformance.WantErr(t, "Load", err, api.ErrUnavailable, Library, "no NVIDIA driver")
 	_, err = Load("/nonexistent/libcuda.so.1")
-	wantErr(t, "Load of a missing path", err, api.ErrUnavailable, "/nonexistent/libcuda.so.1")
+	conformance.WantErr(t, "Load of a missing path", err, api.ErrUnavailable, "/nonexistent/libcuda.so.1")
 }
 
 // TestLoadLacksSymbol: a library that is not a complete driver is refused
@@ -52,14 +38,14 @@ func TestLoadLacksSymbol(t *testing.T) {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	_, err := Load(lib)
-	wantErr(t, "Load of an incomplete driver", err, api.ErrUnavailable, lib, "cuDeviceGetCount")
+	conformance.WantErr(t, "Load of an incomplete driver", err, api.ErrUnavailable, lib, "cuDeviceGetCount")
 }
 
 func TestInitFails(t *testing.T) {
 	f := buildFake(t)
 	f.inject("cuInit", 3, 0)
 	_, err := Load(f.path)
-	wantErr(t, "Load with cuInit failing", err, api.ErrUnavailable, "cuInit: CUDA_ERROR_NOT_INITIALIZED (3): initialization error")
+	conformance.WantErr(t, "Load with cuInit failing", err, api.ErrUnavailable, "cuInit: CUDA_ERROR_NOT_INITIALIZED (3): initialization error")
 }
 
 func TestGPUs(t *testing.T) {
@@ -79,7 +65,7 @@ func TestGPUs(t *testing.T) {
 	}
 	f.inject("cuDeviceGetCount", 999, 0)
 	_, err = d.GPUs()
-	wantErr(t, "GPUs with cuDeviceGetCount failing", err, api.ErrInternal, "cuDeviceGetCount: CUDA error 999")
+	conformance.WantErr(t, "GPUs with cuDeviceGetCount failing", err, api.ErrInternal, "cuDeviceGetCount: CUDA error 999")
 }
 
 // TestVMM maps two physical allocations side by side in one reservation
@@ -145,19 +131,19 @@ func TestVMM(t *testing.T) {
 			t.Errorf("memset of 200 bytes at 100: got %x", got[:300])
 		}
 		// The third frame of the reservation is not mapped.
-		wantErr(t, "copy into an unmapped frame", k.HtoD(base+2*g, p[:8]), api.ErrInvalidArgument,
+		conformance.WantErr(t, "copy into an unmapped frame", k.HtoD(base+2*g, p[:8]), api.ErrInvalidArgument,
 			"cuMemcpyHtoD: CUDA_ERROR_INVALID_VALUE (1): invalid argument")
 		// Misuse the driver refuses: an unaligned map, too much memory.
 		h, err := k.Create(g)
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantErr(t, "unaligned map", k.Map(base+2*g+4096, g, h), api.ErrInvalidArgument, "cuMemMap")
+		conformance.WantErr(t, "unaligned map", k.Map(base+2*g+4096, g, h), api.ErrInvalidArgument, "cuMemMap")
 		_, err = k.Create(64 << 20)
-		wantErr(t, "allocation beyond memory", err, api.ErrOutOfMemory, "cuMemCreate", "out of memory")
+		conformance.WantErr(t, "allocation beyond memory", err, api.ErrOutOfMemory, "cuMemCreate", "out of memory")
 		// A map whose access cannot be set is undone.
 		f.inject("cuMemSetAccess", 1, 0)
-		wantErr(t, "map with cuMemSetAccess failing", k.Map(base+2*g, g, h), api.ErrInvalidArgument, "cuMemSetAccess")
+		conformance.WantErr(t, "map with cuMemSetAccess failing", k.Map(base+2*g, g, h), api.ErrInvalidArgument, "cuMemSetAccess")
 		if err := k.Map(base+2*g, g, h); err != nil {
 			t.Errorf("map again after the failed one was undone: %v", err)
 		}
@@ -193,14 +179,14 @@ func TestContextPerThread(t *testing.T) {
 		bare = d.check("cuMemsetD8", d.cuMemsetD8(0, 0, 0))
 		inDo = c.Do(func(k *Calls) error { return k.Memset(0, 0, 0) })
 	})
-	wantErr(t, "a call without a current context", bare, api.ErrInternal, "cuMemsetD8: CUDA error 201")
+	conformance.WantErr(t, "a call without a current context", bare, api.ErrInternal, "cuMemsetD8: CUDA error 201")
 	if inDo != nil {
 		t.Errorf("the same call in Do: %v", inDo)
 	}
 	if err := c.Release(); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, "Do after Release", c.Do(func(*Calls) error { return nil }), api.ErrUnavailable)
+	conformance.WantErr(t, "Do after Release", c.Do(func(*Calls) error { return nil }), api.ErrUnavailable)
 }
 
 func TestStreamsAndPinned(t *testing.T) {
@@ -250,7 +236,7 @@ func TestStreamsAndPinned(t *testing.T) {
 			t.Errorf("pinned round trip on a stream came back changed")
 		}
 		f.inject("cuStreamSynchronize", 700, 0)
-		wantErr(t, "Sync with the stream faulted", k.Sync(s), api.ErrInternal, "cuStreamSynchronize: CUDA error 700")
+		conformance.WantErr(t, "Sync with the stream faulted", k.Sync(s), api.ErrInternal, "cuStreamSynchronize: CUDA error 700")
 		for _, err := range []error{k.FreeHost(pin), k.DestroyStream(s), k.Unmap(base, g), k.Release(h), k.FreeAddress(base, g)} {
 			if err != nil {
 				return err
@@ -263,5 +249,5 @@ func TestStreamsAndPinned(t *testing.T) {
 	}
 	f.inject("cuMemHostAlloc", 2, 0)
 	err = c.Do(func(k *Calls) error { _, err := k.HostAlloc(4096); return err })
-	wantErr(t, "HostAlloc with the driver out of memory", err, api.ErrOutOfMemory, "cuMemHostAlloc")
+	conformance.WantErr(t, "HostAlloc with the driver out of memory", err, api.ErrOutOfMemory, "cuMemHostAlloc")
 }

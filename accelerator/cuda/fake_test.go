@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/vgpu/vgpu/internal/testenv"
 )
 
 // The tests load testdata/fakecuda.c, built here with gcc, in place of
@@ -74,10 +76,7 @@ func buildFake(t *testing.T) fakeLib {
 		purego.RegisterLibFunc(&fake.calls, lib, "fake_calls")
 	})
 	if fakeErr != nil {
-		if os.Getenv("VGPU_E2E_REQUIRE_ROOT") == "1" {
-			t.Fatalf("fake libcuda: %v", fakeErr)
-		}
-		t.Skipf("fake libcuda: %v", fakeErr)
+		testenv.Missing(t, fmt.Sprintf("the fake libcuda: %v", fakeErr))
 	}
 	return fake
 }

@@ -1,7 +1,6 @@
 package gpus
 
 import (
-	"errors"
 	"os"
 	"os/exec"
 	"slices"
@@ -13,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
+	"github.com/vgpu/vgpu/accelerator/conformance"
 	"github.com/vgpu/vgpu/api"
 )
 
@@ -118,7 +118,7 @@ func TestTelemetry(t *testing.T) {
 		}
 	}
 	_, err := h.Telemetry(8)
-	wantErr(t, "Telemetry(8)", err, api.ErrInvalidArgument, "8")
+	conformance.WantErr(t, "Telemetry(8)", err, api.ErrInvalidArgument, "8")
 }
 
 func TestStatus(t *testing.T) {
@@ -160,7 +160,7 @@ func TestTelemetryUnsupportedAndLost(t *testing.T) {
 	// GPU 2 falls off the bus after Open.
 	d2.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_GPU_IS_LOST }
 	_, err = h.Telemetry(2)
-	wantErr(t, "Telemetry of a lost GPU", err, api.ErrUnavailable, "GPU 2", d2.UUID, "temperature", "ERROR_GPU_IS_LOST")
+	conformance.WantErr(t, "Telemetry of a lost GPU", err, api.ErrUnavailable, "GPU 2", d2.UUID, "temperature", "ERROR_GPU_IS_LOST")
 }
 
 func TestSelect(t *testing.T) {
@@ -200,7 +200,7 @@ func TestSelect(t *testing.T) {
 		{"0,,1", `""`},
 	} {
 		_, err := h.Select(c.sel)
-		wantErr(t, "Select("+c.sel+")", err, api.ErrInvalidArgument, c.names)
+		conformance.WantErr(t, "Select("+c.sel+")", err, api.ErrInvalidArgument, c.names)
 	}
 }
 
@@ -224,7 +224,7 @@ func TestOpenErrors(t *testing.T) {
 		}, []string{"GPU 0", "UUID", "ERROR_GPU_IS_LOST"}},
 	} {
 		_, err := OpenLibrary(c.lib)
-		wantErr(t, "OpenLibrary", err, api.ErrUnavailable, c.names...)
+		conformance.WantErr(t, "OpenLibrary", err, api.ErrUnavailable, c.names...)
 	}
 	if shut != 1 {
 		t.Errorf("NVML shut down %d times after a failed listing, want 1", shut)
@@ -242,7 +242,7 @@ func TestOpenWithoutDriver(t *testing.T) {
 	if os.Getenv("VGPU_REQUIRE_GPU") == "1" {
 		t.Fatalf("VGPU_REQUIRE_GPU=1: %v", err)
 	}
-	wantErr(t, "Open", err, api.ErrUnavailable, Library)
+	conformance.WantErr(t, "Open", err, api.ErrUnavailable, Library)
 }
 
 // TestRealNVML reads every GPU of a host with the driver (scripts/gpu-check
@@ -287,18 +287,5 @@ func TestStaticBinariesDoNotImportNVML(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "github.com/vgpu/vgpu/api") {
 		t.Errorf("go list listed no vgpu package:\n%s", out)
-	}
-}
-
-func wantErr(t *testing.T, what string, err, sentinel error, names ...string) {
-	t.Helper()
-	if !errors.Is(err, sentinel) {
-		t.Errorf("%s: error %v, want one wrapping %v", what, err, sentinel)
-		return
-	}
-	for _, n := range names {
-		if !strings.Contains(err.Error(), n) {
-			t.Errorf("%s: error %q does not name %q", what, err, n)
-		}
 	}
 }

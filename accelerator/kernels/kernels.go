@@ -63,6 +63,19 @@ type Value struct {
 	Buf []byte
 }
 
+// Scalar is node argument a as a Value: its scalar decoded, or for a
+// buffer only the kind, whose bytes the device backend materialises.
+func Scalar(a api.NodeArg) Value {
+	v := Value{Kind: a.Kind}
+	switch a.Kind {
+	case api.ArgI64:
+		v.I64 = int64(a.Bits)
+	case api.ArgF32:
+		v.F32 = api.F32FromBits(a.Bits)
+	}
+	return v
+}
+
 // Kernel is an entry of the catalog: a signature and its implementation.
 // Kernels are shared by all callers and must not be modified.
 type Kernel struct {

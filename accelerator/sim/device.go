@@ -222,22 +222,17 @@ func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (p 
 	var scatter []int
 	copied := false // a buffer was gathered from several runs
 	for i, a := range args {
-		vals[i] = kernels.Value{Kind: a.Kind}
-		switch a.Kind {
-		case api.ArgI64:
-			vals[i].I64 = int64(a.Bits)
-		case api.ArgF32:
-			vals[i].F32 = api.F32FromBits(a.Bits)
-		case api.ArgBuffer:
-			buf, err := d.gather(a.Extents)
-			if err != nil {
-				return nil, nil, fmt.Errorf("%s: argument %d of %s: %w", d.info.Name, i, k.Info.Name, err)
-			}
-			vals[i].Buf = buf
-			copied = copied || len(a.Extents) > 1
-			if len(a.Extents) > 1 && i < len(k.Info.Params) && k.Info.Params[i].Access >= api.AccessWrite {
-				scatter = append(scatter, i)
-			}
+		if vals[i] = kernels.Scalar(a); a.Kind != api.ArgBuffer {
+			continue
+		}
+		buf, err := d.gather(a.Extents)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: argument %d of %s: %w", d.info.Name, i, k.Info.Name, err)
+		}
+		vals[i].Buf = buf
+		copied = copied || len(a.Extents) > 1
+		if len(a.Extents) > 1 && i < len(k.Info.Params) && k.Info.Params[i].Access >= api.AccessWrite {
+			scatter = append(scatter, i)
 		}
 	}
 	if p, err = k.Plan(vals, maxWork); err != nil {
