@@ -168,7 +168,6 @@ func medianOf(ds []time.Duration) time.Duration {
 	return ds[len(ds)/2]
 }
 
-func mbps(n int, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e6 }
 func us(d time.Duration, n int) float64   { return d.Seconds() * 1e6 / float64(n) }
 
 // ratio is a/b, or 0 when b is not a measurement.
