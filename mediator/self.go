@@ -20,21 +20,38 @@ import (
 // container's sessions, nor a physical device's total use, which would tell
 // it what other tenants hold.
 
-// SelfInterval is the least time between two answers to OpSelf on one
-// connection: each asks the nodes for their status, so a container that
-// asks in a loop is slowed down to a pace its nodes do not notice
-// (MaxContainerConns connections at most).
+// SelfInterval is the least time between two answers to OpSelf of one
+// container, over all its connections: each asks the nodes for their
+// status, so a container that asks in a loop, on as many connections as it
+// may open, is slowed down to a pace its nodes do not notice; its own
+// later requests wait their turn, another container's do not.
 const SelfInterval = 100 * time.Millisecond
+
+// selfPace spaces one container's answers to OpSelf SelfInterval apart.
+type selfPace struct {
+	mu   sync.Mutex
+	next time.Time // guarded by mu: when the next answer may start
+}
+
+// wait returns when the caller's answer may start, having taken its turn.
+func (p *selfPace) wait() {
+	p.mu.Lock()
+	at := time.Now()
+	if p.next.After(at) {
+		at = p.next
+	}
+	p.next = at.Add(SelfInterval)
+	p.mu.Unlock()
+	time.Sleep(time.Until(at))
+}
 
 // serveSelf answers a container's requests about itself until it hangs up.
 // What it may ask has no body.
 func (m *Mediator) serveSelf(c *api.Conn, hello api.Header, ctr *container) {
-	var last time.Time // of the last answer to OpSelf
 	serveRequests(c, hello, false, fmt.Sprintf("the socket of container %v", ctr.key()), func(op api.Op, _ []byte) ([]byte, error) {
 		switch op {
 		case api.OpSelf:
-			time.Sleep(time.Until(last.Add(SelfInterval)))
-			last = time.Now()
+			ctr.selfPace.wait()
 			reply, err := json.Marshal(m.selfStatus(ctr))
 			if err != nil {
 				return nil, fmt.Errorf("encode the status of container %v: %v: %w", ctr.key(), err, api.ErrInternal)
