@@ -43,6 +43,18 @@ func nodeUsed(t *testing.T, addr string) uint64 {
 	return used
 }
 
+// dial opens a session of tenant team-a that tries to reconnect for
+// reconnect (0: the default), closed with the test.
+func (r *restartable) dial(reconnect time.Duration) *client.Client {
+	r.t.Helper()
+	c, err := client.Dial(client.Options{Socket: r.socket, Tenant: "team-a", Reconnect: reconnect})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // written is a buffer a tenant wrote, and the checksum of what it wrote.
 type written struct {
 	p   client.Ptr
@@ -81,11 +93,7 @@ func writeBuffers(t *testing.T, c *client.Client, sizes ...int) []written {
 func TestSessionSurvivesMediatorKill(t *testing.T) {
 	r := newRestartable(t)
 	r.start()
-	c, err := client.Dial(client.Options{Socket: r.socket, Tenant: "team-a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := r.dial(0)
 	ws := writeBuffers(t, c, 3<<20, 64<<10, 5000, 8<<20+123, 100)
 	w := ws[3]
 	if err := c.Seal(w.p); err != nil {
@@ -135,11 +143,7 @@ func TestSessionSurvivesMediatorKill(t *testing.T) {
 func TestReattachGraceExpires(t *testing.T) {
 	r := newRestartable(t, "--reattach-grace", "1s")
 	r.start()
-	c, err := client.Dial(client.Options{Socket: r.socket, Tenant: "team-a", Reconnect: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := r.dial(20 * time.Second)
 	writeBuffers(t, c, 8<<20)
 	r.kill()
 	killed := time.Now()
@@ -165,11 +169,7 @@ func TestReattachGraceExpires(t *testing.T) {
 func TestUpgradeHandover(t *testing.T) {
 	r := newRestartable(t)
 	r.start()
-	c, err := client.Dial(client.Options{Socket: r.socket, Tenant: "team-a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := r.dial(0)
 	ws := writeBuffers(t, c, 6<<20, 3000)
 	if err := r.med.cmd.Process.Signal(syscall.SIGUSR2); err != nil {
 		t.Fatal(err)

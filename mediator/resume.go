@@ -215,16 +215,21 @@ func (m *Mediator) resume(c *api.Conn, hello *api.Hello, ctr *container) (*sessi
 	}
 	s.expiry.Stop() // if it fires now, it finds the session gone from restored
 	s.c, s.resumable, s.token = c, true, hello.Resume
+	m.addSession(s)
+	s.log.Info("session resumed by its tenant")
+	return s, nil
+}
+
+// addSession lists s among the sessions served, and its container's.
+func (m *Mediator) addSession(s *session) {
 	m.mu.Lock()
 	m.sessions[s.id] = s
 	m.mu.Unlock()
-	if ctr != nil {
-		ctr.mu.Lock()
-		ctr.sessions[s] = struct{}{}
-		ctr.mu.Unlock()
+	if s.ctr != nil {
+		s.ctr.mu.Lock()
+		s.ctr.sessions[s] = struct{}{}
+		s.ctr.mu.Unlock()
 	}
-	s.log.Info("session resumed by its tenant")
-	return s, nil
 }
 
 // endRestored ends the restored sessions no tenant resumed; Close calls it.

@@ -29,6 +29,17 @@ func (h *host) serveHost() string {
 	return sock
 }
 
+// dial opens a session of tenant "shared" on socket, closed with the test.
+func (h *host) dial(socket string) *client.Client {
+	h.t.Helper()
+	c, err := client.Dial(client.Options{Socket: socket, Tenant: "shared"})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // crash stops the running mediator as its death would: its files keep
 // what they hold (nothing more is written to them), and the nodes see its
 // connections drop before it frees anything. Its sessions' teardown then
@@ -68,11 +79,7 @@ func pattern(seed byte, n int) []byte {
 func TestSessionSurvivesACrash(t *testing.T) {
 	h := newHost(t)
 	h.start()
-	c, err := client.Dial(client.Options{Socket: h.serveHost(), Tenant: "shared"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := h.dial(h.serveHost())
 	sizes := []uint64{3 << 20, 100 << 10, 4 << 10, 40 << 10}
 	var ptrs []client.Ptr
 	for _, n := range sizes {
@@ -169,11 +176,7 @@ func TestJournalDamagedRecord(t *testing.T) {
 	sock := h.serveHost()
 	var cs []*client.Client
 	for range 3 {
-		c, err := client.Dial(client.Options{Socket: sock, Tenant: "shared"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := h.dial(sock)
 		p, err := c.Malloc(0, 64<<10)
 		if err != nil {
 			t.Fatal(err)
@@ -224,12 +227,7 @@ func TestJournalDamagedRecord(t *testing.T) {
 func TestHandover(t *testing.T) {
 	h := newHost(t)
 	h.start()
-	sock := h.serveHost()
-	c, err := client.Dial(client.Options{Socket: sock, Tenant: "shared"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := h.dial(h.serveHost())
 	p, err := c.Malloc(0, 5<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -257,11 +255,7 @@ func TestHandover(t *testing.T) {
 func TestJournalWriteFails(t *testing.T) {
 	h := newHost(t)
 	h.start()
-	c, err := client.Dial(client.Options{Socket: h.serveHost(), Tenant: "shared"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := h.dial(h.serveHost())
 	if _, err := c.Malloc(0, 4<<10); err != nil {
 		t.Fatal(err)
 	}

@@ -322,14 +322,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 		}
 	}
 	s := m.openSession(m.nextSession.Add(1), tenant, c, ctr, devs, rpcs)
-	m.mu.Lock()
-	m.sessions[s.id] = s
-	m.mu.Unlock()
-	if ctr != nil {
-		ctr.mu.Lock()
-		ctr.sessions[s] = struct{}{}
-		ctr.mu.Unlock()
-	}
+	m.addSession(s)
 	m.journalSession(s, hello)
 	return s, nil
 }
