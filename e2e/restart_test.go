@@ -85,8 +85,8 @@ func (r *restartable) register(reg api.Register) string {
 	return reply.Socket
 }
 
-// tenants is vgpuctl tenants --json.
-func (r *restartable) tenants() map[string]api.TenantInfo {
+// tenantList is vgpuctl tenants --json.
+func (r *restartable) tenantList() []api.TenantInfo {
 	r.t.Helper()
 	out, err := run(r.t, "vgpuctl", "--socket", r.socket, "tenants", "--json")
 	if err != nil {
@@ -96,8 +96,14 @@ func (r *restartable) tenants() map[string]api.TenantInfo {
 	if err := json.Unmarshal([]byte(out), &ts); err != nil {
 		r.t.Fatalf("vgpuctl tenants --json: %v\n%s", err, out)
 	}
+	return ts
+}
+
+// tenants is vgpuctl tenants --json by name, without the sessions' memory.
+func (r *restartable) tenants() map[string]api.TenantInfo {
+	r.t.Helper()
 	byName := map[string]api.TenantInfo{}
-	for _, ti := range ts {
+	for _, ti := range r.tenantList() {
 		ti.Allocated, ti.Charged = 0, 0 // sessions' memory: the tenant program's session ended before the kill
 		byName[ti.Name] = ti
 	}

@@ -193,3 +193,56 @@ func TestUpgradeHandover(t *testing.T) {
 		}
 	}
 }
+
+// TestContainerSessionSurvivesMediatorKill: a session through a
+// container's socket survives a SIGKILL of the mediator with its bytes,
+// and the container's accounting is what it was: vgpuctl tenants shows
+// the same reservation, allocation and charge, and the grant still bounds
+// what the session may allocate.
+func TestContainerSessionSurvivesMediatorKill(t *testing.T) {
+	r := newRestartable(t)
+	r.start()
+	p := sleeping(t)
+	sock := r.register(api.Register{Container: "job", Namespace: "moby", Memory: 32 << 20, Devices: 1, Pid: uint32(p.Process.Pid)})
+	c, err := client.Dial(client.Options{Socket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ws := writeBuffers(t, c, 8<<20, 64<<10, 777)
+	before := r.tenantLine("team-a")
+	if before.Allocated == 0 || before.Reserved != 32<<20 {
+		t.Fatalf("team-a before the kill: %+v", before)
+	}
+	r.kill()
+	r.start()
+	s := c.Stream()
+	for i, x := range ws {
+		got := make([]byte, x.n)
+		s.CopyFromDevice(got, x.p)
+		if err := s.Synchronize(); err != nil {
+			t.Fatalf("read through the container's socket after the restart: %v", err)
+		}
+		if sha256.Sum256(got) != x.sum {
+			t.Fatalf("buffer %d differs after the restart", i)
+		}
+	}
+	if after := r.tenantLine("team-a"); after != before {
+		t.Fatalf("team-a after the restart: %+v, want %+v as before", after, before)
+	}
+	if _, err := c.Malloc(0, 24<<20); !errors.Is(err, api.ErrQuotaExceeded) {
+		t.Fatalf("malloc past the grant after the restart: %v, want quota exceeded", err)
+	}
+}
+
+// tenantLine is tenant name's line of vgpuctl tenants --json.
+func (r *restartable) tenantLine(name string) api.TenantInfo {
+	r.t.Helper()
+	for _, ti := range r.tenantList() {
+		if ti.Name == name {
+			return ti
+		}
+	}
+	r.t.Fatalf("tenant %s not listed", name)
+	return api.TenantInfo{}
+}
