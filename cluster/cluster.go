@@ -115,9 +115,13 @@ type Session struct {
 	validUntil time.Time
 	renew      []func(ctx context.Context, lease clientv3.LeaseID) error
 
+	// ctx ends when the session closes, and with it every operation in
+	// flight: a daemon stopping while etcd is unreachable does not wait
+	// for their timeouts.
+	ctx      context.Context
+	cancel   context.CancelFunc
 	stopOnce sync.Once
-	stop     chan struct{}
-	done     chan struct{}
+	done     chan struct{} // closed when the keepalive has stopped
 }
 
 // Connect connects to etcd and grants the session's lease. It fails with
@@ -146,7 +150,8 @@ func Connect(opts Options) (*Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: etcd %v: %v: %w", opts.Endpoints, err, api.ErrInvalidArgument)
 	}
-	s := &Session{cli: cli, opts: opts, log: opts.Log, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Session{cli: cli, opts: opts, log: opts.Log, done: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if err := s.grant(); err != nil {
 		cli.Close()
 		return nil, err
@@ -164,9 +169,9 @@ func (s *Session) Options() Options { return s.opts }
 // key is the prefixed key of parts joined by "/".
 func (s *Session) key(parts ...string) string { return s.opts.Prefix + strings.Join(parts, "/") }
 
-// opContext bounds one etcd operation.
+// opContext bounds one etcd operation, ended early by Close.
 func (s *Session) opContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), s.opts.OpTimeout)
+	return context.WithTimeout(s.ctx, s.opts.OpTimeout)
 }
 
 // unavailable wraps an etcd error as api.ErrUnavailable, saying what failed.
@@ -236,7 +241,7 @@ func (s *Session) keepAlive() {
 	defer tick.Stop()
 	for {
 		select {
-		case <-s.stop:
+		case <-s.ctx.Done():
 			return
 		case <-tick.C:
 		}
@@ -253,6 +258,9 @@ func (s *Session) keepAlive() {
 		sent := time.Now()
 		resp, err := s.cli.KeepAliveOnce(ctx, lease)
 		cancel()
+		if s.ctx.Err() != nil {
+			return
+		}
 		switch {
 		case err == nil && resp.TTL > 0:
 			s.mu.Lock()
@@ -274,7 +282,7 @@ func (s *Session) keepAlive() {
 // stopKeepAlive stops the keepalive, reporting false if it was stopped already.
 func (s *Session) stopKeepAlive() bool {
 	first := false
-	s.stopOnce.Do(func() { close(s.stop); first = true })
+	s.stopOnce.Do(func() { s.cancel(); first = true })
 	<-s.done
 	return first
 }
@@ -289,7 +297,9 @@ func (s *Session) Close() error {
 	lease := s.lease
 	s.mu.Unlock()
 	if lease != 0 {
-		ctx, cancel := s.opContext()
+		// Briefly: an etcd that does not answer lets the lease expire
+		// after its TTL anyway.
+		ctx, cancel := context.WithTimeout(context.Background(), min(s.opts.OpTimeout, time.Second))
 		_, _ = s.cli.Revoke(ctx, lease)
 		cancel()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -247,7 +248,8 @@ func watch[T entry](ctx context.Context, s *Session, kind string, fn func(map[st
 		}
 		fn(maps.Clone(m))
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for resp := range s.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
+		events := s.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		for resp := range until(ctx, events) {
 			if resp.Err() != nil {
 				s.log.WithError(resp.Err()).Warn("cluster: watch broke; reading the registry again")
 				break
@@ -265,5 +267,23 @@ func watch[T entry](ctx context.Context, s *Session, kind string, fn func(map[st
 			fn(maps.Clone(m))
 		}
 		cancel()
+	}
+}
+
+// until yields the responses of a watch until it closes or ctx ends. The
+// client closes a cancelled watch's channel only once it reaches etcd, so
+// a watcher that stops while etcd is unreachable must not wait for that.
+func until(ctx context.Context, ch clientv3.WatchChan) iter.Seq[clientv3.WatchResponse] {
+	return func(yield func(clientv3.WatchResponse) bool) {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case resp, ok := <-ch:
+				if !ok || !yield(resp) {
+					return
+				}
+			}
+		}
 	}
 }

@@ -58,7 +58,10 @@ type Quotas struct {
 	tenants map[string]*tenantState
 
 	kick chan struct{} // wakes the trimmer
-	stop chan struct{}
+	// ctx ends with Close, and with it a trim in flight: a mediator
+	// stopping while etcd is unreachable does not wait for it.
+	ctx  context.Context
+	stop context.CancelFunc
 	done chan struct{}
 }
 
@@ -90,8 +93,8 @@ func NewQuotas(s *Session, opts QuotaOptions) (*Quotas, error) {
 	}
 	opts.Chunk = cmp.Or(opts.Chunk, DefaultChunk)
 	opts.TrimAfter = cmp.Or(opts.TrimAfter, DefaultTrimAfter)
-	q := &Quotas{s: s, opts: opts, tenants: map[string]*tenantState{},
-		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	q := &Quotas{s: s, opts: opts, tenants: map[string]*tenantState{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	q.ctx, q.stop = context.WithCancel(context.Background())
 	s.OnNewLease(q.renew)
 	go q.trimLoop()
 	return q, nil
@@ -311,7 +314,7 @@ func (q *Quotas) trimLoop() {
 	defer tick.Stop()
 	for {
 		select {
-		case <-q.stop:
+		case <-q.ctx.Done():
 			return
 		case <-tick.C:
 		case <-q.kick:
@@ -346,7 +349,7 @@ func (q *Quotas) trim(tenant string) {
 	// Lowered before the write: should it fail after taking effect, held
 	// still bounds what etcd says.
 	ts.held, ts.dirty = ts.used, true
-	ctx, cancel := q.s.opContext()
+	ctx, cancel := context.WithTimeout(q.ctx, q.s.opts.OpTimeout)
 	defer cancel()
 	var err error
 	if ts.used == (Reservation{}) {
@@ -356,7 +359,9 @@ func (q *Quotas) trim(tenant string) {
 		_, err = q.s.cli.Put(ctx, q.key(tenant), string(b), clientv3.WithLease(lease))
 	}
 	if err != nil {
-		q.s.log.WithError(err).WithField("tenant", tenant).Warn("cluster: giving back an unused reservation failed; retrying")
+		if q.ctx.Err() == nil {
+			q.s.log.WithError(err).WithField("tenant", tenant).Warn("cluster: giving back an unused reservation failed; retrying")
+		}
 		return
 	}
 	ts.dirty = false
@@ -392,6 +397,6 @@ func (q *Quotas) renew(ctx context.Context, lease clientv3.LeaseID) error {
 
 // Close stops the trimmer. The reservations go with the session's lease.
 func (q *Quotas) Close() {
-	close(q.stop)
+	q.stop()
 	<-q.done
 }

@@ -65,7 +65,7 @@ func (s *Session) WatchTenants(ctx context.Context, fn func(cfg *isolation.Confi
 			deliver(nil, false)
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for w := range s.cli.Watch(wctx, key, clientv3.WithRev(resp.Header.Revision+1)) {
+		for w := range until(ctx, s.cli.Watch(wctx, key, clientv3.WithRev(resp.Header.Revision+1))) {
 			if w.Err() != nil {
 				s.log.WithError(w.Err()).Warn("cluster: the quota file's watch broke; reading it again")
 				break

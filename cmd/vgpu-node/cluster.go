@@ -64,7 +64,7 @@ func joinCluster(node *accelerator.Node, addr net.Addr, tlsCfg *tls.Config, log 
 				return
 			case <-tick.C:
 			}
-			if err := reg.Update(info()); err != nil {
+			if err := reg.Update(info()); err != nil && ctx.Err() == nil {
 				log.WithError(err).Warn("cluster: refreshing this node's entry failed; retrying")
 			}
 		}
@@ -72,8 +72,8 @@ func joinCluster(node *accelerator.Node, addr net.Addr, tlsCfg *tls.Config, log 
 	log.WithFields(map[string]any{"etcd": endpoints, "advertise": at, "ttl": etcdTTL.String()}).Info("registered in the cluster")
 	return func() {
 		cancel()
+		s.Close() // revokes the lease: mediators see the node go at once; ends an update in flight
 		<-done
-		s.Close() // revokes the lease: mediators see the node go at once
 	}, nil
 }
 
