@@ -59,7 +59,7 @@ func (b *lockedBuffer) String() string {
 // directories that mediators started one after another share, as one
 // mediator restarted on one host does.
 type host struct {
-	t     *testing.T
+	t     testing.TB
 	node  string
 	dir   string
 	quota string
@@ -67,11 +67,14 @@ type host struct {
 	med   *Mediator     // the running one
 }
 
-func newHost(t *testing.T) *host {
+func newHost(t testing.TB) *host { return newHostOf(t, 256<<20) }
+
+// newHostOf is newHost with a device of mem bytes.
+func newHostOf(t testing.TB, mem uint64) *host {
 	t.Helper()
 	quiet := logrus.New()
 	quiet.SetOutput(io.Discard)
-	n, addr, err := accelerator.StartSim("127.0.0.1:0", 1, 256<<20, quiet)
+	n, addr, err := accelerator.StartSim("127.0.0.1:0", 1, mem, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
