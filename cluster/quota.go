@@ -132,7 +132,8 @@ func (q *Quotas) Reserve(tenant string, lim Limits, mem uint64, ctrs int) error 
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	want := Reservation{ts.used.Memory + mem, ts.used.Containers + ctrs}
-	if want.Memory <= ts.held.Memory && want.Containers <= ts.held.Containers && q.s.Valid() {
+	// over: a cap lowered since the chunk was reserved binds at once.
+	if want.Memory <= ts.held.Memory && want.Containers <= ts.held.Containers && q.s.Valid() && over(tenant, ts.others, want, lim) == nil {
 		ts.used = want
 		return nil
 	}

@@ -318,3 +318,19 @@ func TestKilledMediatorReleases(t *testing.T) {
 		t.Fatalf("the whole cap after the release: %v", err)
 	}
 }
+
+// A cap lowered below what a mediator holds binds its next admission at
+// once, though the memory is in its chunk.
+func TestLoweredCapBindsTheChunk(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	q := newQuotas(t, connect(t, etcd.Endpoints(), ""), "m1", time.Minute)
+	if err := q.Reserve("t", Limits{Memory: 1 << 30}, 1<<20, 0); err != nil { // holds a 64MiB chunk
+		t.Fatal(err)
+	}
+	if err := q.Reserve("t", Limits{Memory: 1 << 30}, 1<<20, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Reserve("t", Limits{Memory: 2 << 20}, 1<<20, 0); !errors.Is(err, api.ErrQuotaExceeded) {
+		t.Fatalf("3MiB under a cap lowered to 2MiB: %v, want quota exceeded", err)
+	}
+}

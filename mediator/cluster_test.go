@@ -220,3 +220,54 @@ func TestClusterQuotaAcrossMediators(t *testing.T) {
 		t.Fatalf("cluster-wide use %+v, want t with 3 containers and 41MiB", st)
 	}
 }
+
+// A mediator restarted on its state directory restores its containers and
+// puts their reservations back in etcd, where the old run's lease took
+// them away, so that another mediator cannot take that room.
+func TestClusterRestoreReservations(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	registeredNode(t, etcd.Endpoints())
+	admin := etcdSession(t, etcd.Endpoints())
+	if _, err := admin.PutTenants(context.Background(), []byte("[tenants.t]\nmemory = \"64MiB\"\n")); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	start := func() (*mediator.Mediator, *cluster.Session) {
+		s, err := cluster.Connect(cluster.Options{Endpoints: etcd.Endpoints(), TTL: 2 * time.Second, OpTimeout: time.Second, Log: quietLog()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := mediator.New(mediator.Config{ContainerDir: filepath.Join(dir, "c"), StateDir: dir, Log: quietLog(),
+			Cluster: &mediator.ClusterConfig{Session: s, ID: "m1", WaitNodes: 5 * time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m, s
+	}
+	usage := func() cluster.Reservation {
+		u, err := admin.Usage(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u["t"]
+	}
+	m, s := start()
+	if _, err := m.Register(api.Register{Container: "c1", Tenant: "t", Memory: 48 << 20, Devices: 1, Pid: uint32(os.Getpid())}); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	s.Close()
+	if u := usage(); u != (cluster.Reservation{}) {
+		t.Fatalf("after the mediator stopped: %+v, want its lease's reservations gone", u)
+	}
+	m, s = start()
+	defer s.Close()
+	defer m.Close()
+	eventually(t, 5*time.Second, "the restored container's reservation back in etcd", func() bool {
+		return usage() == cluster.Reservation{Memory: 48 << 20, Containers: 1}
+	})
+	other, _ := clusterMediator(t, etcd.Endpoints(), "m2")
+	if _, err := other.Register(api.Register{Container: "c2", Tenant: "t", Memory: 32 << 20, Devices: 1, Pid: uint32(os.Getpid())}); !errors.Is(err, api.ErrQuotaExceeded) {
+		t.Fatalf("32MiB more with 48MiB restored under a 64MiB cap: %v, want quota exceeded", err)
+	}
+}
