@@ -33,7 +33,8 @@ const scrubPage = 4096
 // table is the device's. Scrub zeroes with cuMemsetD8 and waits for it,
 // checking both. Writes go through pinned staging memory on two streams, so
 // that filling one half (from the socket, for WriteFrom) overlaps the
-// transfer of the other.
+// transfer of the other. Copies stay on the device unless they
+// overlap.
 //
 // Kernels: launches run the catalog's Go implementations on the host over
 // copies of their buffers, gathered from the device and written back by
@@ -299,14 +300,39 @@ func (d *Device) Fill(xs []api.Extent, v byte) error {
 	})
 }
 
-// Copy copies src to dst with memmove semantics, through host memory (the
-// source is read whole before the destination is written).
+// Copy copies src to dst with memmove semantics: on the device
+// (cuMemcpyDtoD) piece by piece when no destination byte is a source
+// byte, else through host memory (the source read whole before the
+// destination is written).
 func (d *Device) Copy(dst, src []api.Extent) error {
 	if a, b := api.ExtentsLen(dst), api.ExtentsLen(src); a != b {
 		return fmt.Errorf("%s: copy of %d bytes into %d: %w", d.info.Name, b, a, api.ErrInvalidArgument)
 	}
 	if err := d.check(dst); err != nil {
 		return err
+	}
+	if err := d.check(src); err != nil {
+		return err
+	}
+	if !api.ExtentsOverlap(dst, src) {
+		return d.do(func(k *Calls) error {
+			for i, j, di, sj := 0, 0, uint64(0), uint64(0); i < len(dst) && j < len(src); {
+				// di, sj: bytes of dst[i], src[j] done.
+				n := min(dst[i].Len-di, src[j].Len-sj)
+				if n > 0 {
+					if err := k.DtoD(d.base+dst[i].Addr+di, d.base+src[j].Addr+sj, n); err != nil {
+						return err
+					}
+				}
+				if di += n; di == dst[i].Len {
+					i, di = i+1, 0
+				}
+				if sj += n; sj == src[j].Len {
+					j, sj = j+1, 0
+				}
+			}
+			return nil
+		})
 	}
 	tmp, err := d.gather(src)
 	if err != nil {

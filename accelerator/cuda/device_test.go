@@ -106,3 +106,43 @@ func TestStagedCopies(t *testing.T) {
 		t.Errorf("Write after the failure: %v", err)
 	}
 }
+
+// TestCopyOnDevice: a copy whose destination shares no byte with its
+// source runs on the device (cuMemcpyDtoD), piece by piece across
+// extents of different shapes; an overlapping one goes through the host.
+func TestCopyOnDevice(t *testing.T) {
+	d, f := openFake(t, 16<<20)
+	defer d.Close()
+	p := make([]byte, 3*FrameSize)
+	for i := range p {
+		p[i] = byte(i*5 + i>>9)
+	}
+	src := []api.Extent{{Addr: 0, Len: FrameSize + 7}, {Addr: FrameSize + 100, Len: 2*FrameSize - 7}}
+	if err := d.Write(src, p); err != nil {
+		t.Fatal(err)
+	}
+	dst := []api.Extent{{Addr: 4*FrameSize + 1, Len: 1000}, {Addr: 4*FrameSize + 2000, Len: 3*FrameSize - 1000}}
+	dtod, htod := f.calls(3), f.calls(0)
+	if err := d.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.calls(3) - dtod; n != 3 || f.calls(0) != htod {
+		t.Errorf("%d device-to-device pieces and %d host-to-device copies, want 3 and none", n, f.calls(0)-htod)
+	}
+	var got []byte
+	if err := d.Read(dst, func(parts ...[]byte) error { got = bytes.Join(parts, nil); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, p) {
+		t.Errorf("a copy on the device came back changed")
+	}
+	dtod = f.calls(3)
+	if err := d.Copy([]api.Extent{{Addr: 10, Len: 100}}, []api.Extent{{Addr: 0, Len: 100}}); err != nil {
+		t.Fatal(err)
+	}
+	if f.calls(3) != dtod {
+		t.Errorf("an overlapping copy went device to device, where the driver leaves overlap undefined")
+	}
+	f.inject("cuMemcpyDtoD", 700, 1)
+	conformance.WantErr(t, "Copy with its second piece failing", d.Copy(dst, src), api.ErrInternal, "cuMemcpyDtoD")
+}

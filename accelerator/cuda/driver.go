@@ -112,6 +112,7 @@ type Driver struct {
 	cuMemcpyDtoH                  func(dst unsafe.Pointer, src uint64, n uintptr) Result
 	cuMemcpyHtoDAsync             func(dst uint64, src unsafe.Pointer, n uintptr, s uintptr) Result
 	cuMemcpyDtoHAsync             func(dst unsafe.Pointer, src uint64, n uintptr, s uintptr) Result
+	cuMemcpyDtoD                  func(dst, src uint64, n uintptr) Result
 	cuMemsetD8                    func(dst uint64, v uint8, n uintptr) Result
 	cuStreamCreate                func(s *uintptr, flags uint32) Result
 	cuStreamSynchronize           func(s uintptr) Result
@@ -155,6 +156,7 @@ func (d *Driver) symbols() []struct {
 		{&d.cuMemcpyDtoH, "cuMemcpyDtoH_v2"},
 		{&d.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"},
 		{&d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"},
+		{&d.cuMemcpyDtoD, "cuMemcpyDtoD_v2"},
 		{&d.cuMemsetD8, "cuMemsetD8_v2"},
 		{&d.cuStreamCreate, "cuStreamCreate"},
 		{&d.cuStreamSynchronize, "cuStreamSynchronize"},
@@ -407,6 +409,11 @@ func (c *Calls) HtoDAsync(dst uint64, p *Pinned, off, n int, s Stream) error {
 // DtoHAsync queues a copy of device bytes at src into pinned memory p on s.
 func (c *Calls) DtoHAsync(p *Pinned, off, n int, src uint64, s Stream) error {
 	return c.d.check("cuMemcpyDtoHAsync", c.d.cuMemcpyDtoHAsync(p.at(off, n), src, uintptr(n), uintptr(s)))
+}
+
+// DtoD copies n device bytes from src to dst, which must not overlap.
+func (c *Calls) DtoD(dst, src, n uint64) error {
+	return c.d.check("cuMemcpyDtoD", c.d.cuMemcpyDtoD(dst, src, uintptr(n)))
 }
 
 // Memset sets n device bytes at dst to v.

@@ -100,10 +100,20 @@ static size_t committed;
 static int primary_refs;
 static char primary; /* the primary context's identity */
 static __thread void *current;
-static long calls_htod, calls_dtoh, calls_memset; /* what the tests may check was used */
+static long calls_htod, calls_dtoh, calls_memset, calls_dtod; /* what the tests may check was used */
 
 void fake_set_memory(size_t n) { memory = n; }
-long fake_calls(int which) { return which == 0 ? calls_htod : which == 1 ? calls_dtoh : calls_memset; }
+long fake_calls(int which) {
+	switch (which) {
+	case 0:
+		return calls_htod;
+	case 1:
+		return calls_dtoh;
+	case 2:
+		return calls_memset;
+	}
+	return calls_dtod;
+}
 
 #define MAXN 4096
 static struct alloc {
@@ -432,6 +442,22 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) 
 	if (!s)
 		return CUDA_ERROR_INVALID_VALUE;
 	return cuMemcpyDtoH_v2(dst, src, n);
+}
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+	NEED_CTX();
+	INJECT("cuMemcpyDtoD");
+	if ((dst < src + n && src < dst + n) && n)
+		return CUDA_ERROR_INVALID_VALUE; /* the driver leaves overlap undefined: refuse it */
+	unsigned char *tmp = malloc(n ? n : 1);
+	if (!tmp)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	CUresult r = each(src, n, from_dev, tmp);
+	if (r == CUDA_SUCCESS)
+		r = each(dst, n, to_dev, tmp);
+	free(tmp);
+	calls_dtod++;
+	return r;
 }
 
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
