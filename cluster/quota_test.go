@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/internal/capcheck"
 	"github.com/vgpu/vgpu/internal/etcdtest"
 )
 
@@ -109,36 +110,6 @@ func TestReserveContainers(t *testing.T) {
 	t.Logf("a released container slot was another mediator's after %v", time.Since(start))
 }
 
-// event is one admission of the recorded history: held for certain from
-// the return of Reserve (got) until the call of Release (put).
-type event struct {
-	tenant   string
-	memory   uint64
-	got, put time.Time // put zero: never released
-}
-
-// overCap checks a history: at the moment each admission was certainly
-// held, did the tenant's admissions certainly held then pass its cap? It
-// returns the first such moment, described, or "", and the largest sum seen.
-func overCap(history []event, limit uint64) (string, uint64) {
-	var peak uint64
-	for _, e := range history {
-		var sum uint64
-		var held []string
-		for _, o := range history {
-			if o.tenant == e.tenant && !o.got.After(e.got) && (o.put.IsZero() || o.put.After(e.got)) {
-				sum += o.memory
-				held = append(held, api.FormatSize(o.memory))
-			}
-		}
-		peak = max(peak, sum)
-		if sum > limit {
-			return fmt.Sprintf("tenant %q held %s at once (%s), cap %s", e.tenant, api.FormatSize(sum), strings.Join(held, "+"), api.FormatSize(limit)), peak
-		}
-	}
-	return "", peak
-}
-
 // Three mediators admit one tenant at once, each from many goroutines; the
 // recorded history shows the tenant never over its cap, while the cap was
 // contended (admissions refused, the peak near the cap). With the
@@ -160,7 +131,7 @@ func TestConcurrentAdmissionHistory(t *testing.T) {
 				qs = append(qs, newQuotas(t, s, fmt.Sprintf("m%d", i), 100*time.Millisecond))
 			}
 			var mu sync.Mutex
-			var history []event
+			var history []capcheck.Event
 			var refused, unavailable int
 			var wg sync.WaitGroup
 			stop := time.Now().Add(3 * time.Second)
@@ -188,13 +159,13 @@ func TestConcurrentAdmissionHistory(t *testing.T) {
 						put := time.Now()
 						q.Release("t", mem, 0)
 						mu.Lock()
-						history = append(history, event{"t", mem, got, put})
+						history = append(history, capcheck.Event{Tenant: "t", Memory: mem, Got: got, Put: put})
 						mu.Unlock()
 					}
 				})
 			}
 			wg.Wait()
-			violation, peak := overCap(history, limit)
+			violation, peak := capcheck.Check(history, limit)
 			t.Logf("%d admissions, %d refused for the cap, %d unavailable; peak held at once %s of %s",
 				len(history), refused, unavailable, api.FormatSize(peak), api.FormatSize(limit))
 			if planted {

@@ -3,10 +3,13 @@ package mediator_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/cluster"
+	"github.com/vgpu/vgpu/internal/capcheck"
 	"github.com/vgpu/vgpu/internal/etcdtest"
 	"github.com/vgpu/vgpu/mediator"
 )
@@ -269,5 +273,107 @@ func TestClusterRestoreReservations(t *testing.T) {
 	other, _ := clusterMediator(t, etcd.Endpoints(), "m2")
 	if _, err := other.Register(api.Register{Container: "c2", Tenant: "t", Memory: 32 << 20, Devices: 1, Pid: uint32(os.Getpid())}); !errors.Is(err, api.ErrQuotaExceeded) {
 		t.Fatalf("32MiB more with 48MiB restored under a 64MiB cap: %v, want quota exceeded", err)
+	}
+}
+
+// Three mediators register and release one tenant's containers at once,
+// from several goroutines each; the recorded history shows the tenant
+// never certainly held more than its cap, while the cap was contended.
+// With each mediator on a registry of its own (mediators that do not share
+// reservations), the same check finds the over-admission.
+func TestClusterConcurrentAdmission(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	const limit = 256 << 20
+	for _, planted := range []bool{false, true} {
+		t.Run(fmt.Sprintf("planted=%v", planted), func(t *testing.T) {
+			n, addr, err := accelerator.StartSim("127.0.0.1:0", 1, 1<<30, quietLog())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Close()
+			var ms []*mediator.Mediator
+			for i := range 3 {
+				prefix := "/concurrent/"
+				if planted {
+					prefix = fmt.Sprintf("/planted%d/", i)
+				}
+				s, err := cluster.Connect(cluster.Options{Endpoints: etcd.Endpoints(), TTL: 2 * time.Second, OpTimeout: time.Second, Prefix: prefix, Log: quietLog()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				if i == 0 || planted {
+					if _, err := s.PutTenants(context.Background(), []byte("[tenants.t]\nmemory = \"256MiB\"\n")); err != nil {
+						t.Fatal(err)
+					}
+					ns := cluster.NodeInfo{Addr: addr.String(), Backend: "sim", Devices: []cluster.DeviceInfo{{Name: "sim0", Memory: 1 << 30}}}
+					if _, err := s.RegisterNode(ns); err != nil && !errors.Is(err, api.ErrInvalidArgument) {
+						t.Fatal(err)
+					}
+				}
+				dir := t.TempDir()
+				m, err := mediator.New(mediator.Config{ContainerDir: filepath.Join(dir, "c"), StateDir: dir, Log: quietLog(),
+					Cluster: &mediator.ClusterConfig{Session: s, ID: fmt.Sprintf("m%d", i), WaitNodes: 5 * time.Second}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				ms = append(ms, m)
+			}
+			var mu sync.Mutex
+			var history []capcheck.Event
+			refused := 0
+			stop := time.Now().Add(3 * time.Second)
+			var wg sync.WaitGroup
+			for g := range 12 {
+				m := ms[g%3]
+				wg.Go(func() {
+					r := rand.New(rand.NewPCG(uint64(g), 2))
+					for i := 0; time.Now().Before(stop); i++ {
+						id := fmt.Sprintf("g%d-%d", g, i)
+						mem := uint64(16+r.IntN(48)) << 20
+						_, err := m.Register(api.Register{Container: id, Tenant: "t", Memory: mem, Devices: 1, Pid: uint32(os.Getpid())})
+						got := time.Now()
+						if errors.Is(err, api.ErrQuotaExceeded) {
+							mu.Lock()
+							refused++
+							mu.Unlock()
+							continue
+						}
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						time.Sleep(time.Duration(10+r.IntN(20)) * time.Millisecond)
+						put := time.Now()
+						if err := m.Release("", id); err != nil {
+							t.Error(err)
+							return
+						}
+						mu.Lock()
+						history = append(history, capcheck.Event{Tenant: "t", Memory: mem, Got: got, Put: put})
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			violation, peak := capcheck.Check(history, limit)
+			t.Logf("%d containers admitted, %d refused for the cap; peak held at once %s of %s", len(history), refused, api.FormatSize(peak), api.FormatSize(limit))
+			if planted {
+				if violation == "" {
+					t.Fatalf("the planted over-admission was not caught: peak %s", api.FormatSize(peak))
+				}
+				t.Logf("caught: %s", violation)
+				return
+			}
+			if violation != "" {
+				t.Fatal(violation)
+			}
+			// Refusals say the sum reached the cap when they were decided;
+			// the peak counts only what was certainly held at once.
+			if refused == 0 || peak < limit/2 {
+				t.Fatalf("the cap was not contended (%d refused, peak %s): the check proves nothing", refused, api.FormatSize(peak))
+			}
+		})
 	}
 }
