@@ -357,23 +357,7 @@ func TestClusterConcurrentAdmission(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			violation, peak := capcheck.Check(history, limit)
-			t.Logf("%d containers admitted, %d refused for the cap; peak held at once %s of %s", len(history), refused, api.FormatSize(peak), api.FormatSize(limit))
-			if planted {
-				if violation == "" {
-					t.Fatalf("the planted over-admission was not caught: peak %s", api.FormatSize(peak))
-				}
-				t.Logf("caught: %s", violation)
-				return
-			}
-			if violation != "" {
-				t.Fatal(violation)
-			}
-			// Refusals say the sum reached the cap when they were decided;
-			// the peak counts only what was certainly held at once.
-			if refused == 0 || peak < limit/2 {
-				t.Fatalf("the cap was not contended (%d refused, peak %s): the check proves nothing", refused, api.FormatSize(peak))
-			}
+			capcheck.Require(t, history, limit, refused, planted)
 		})
 	}
 }

@@ -13,6 +13,7 @@ package capcheck
 import (
 	"fmt"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/vgpu/vgpu/api"
@@ -46,4 +47,27 @@ func Check(history []Event, limit uint64) (violation string, peak uint64) {
 		}
 	}
 	return violation, peak
+}
+
+// Require fails tb unless history shows what a test of admissions under
+// one tenant's cap must: with planted (admissions that do not share
+// reservations, a bug on purpose) an over-admission, which Check must
+// catch; without, none, while the cap was contended — some admissions
+// refused and at least half the cap certainly held at once — for a check
+// that never came near the cap proves nothing.
+func Require(tb testing.TB, history []Event, limit uint64, refused int, planted bool) {
+	tb.Helper()
+	violation, peak := Check(history, limit)
+	tb.Logf("%d admitted, %d refused for the cap; peak certainly held at once %s of %s",
+		len(history), refused, api.FormatSize(peak), api.FormatSize(limit))
+	switch {
+	case planted && violation == "":
+		tb.Fatalf("the planted over-admission was not caught: peak %s", api.FormatSize(peak))
+	case planted:
+		tb.Logf("caught: %s", violation)
+	case violation != "":
+		tb.Fatal(violation)
+	case refused == 0 || peak < limit/2:
+		tb.Fatalf("the cap was not contended (%d refused, peak %s): the check proves nothing", refused, api.FormatSize(peak))
+	}
 }
