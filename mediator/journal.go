@@ -63,6 +63,16 @@ import (
 
 const journalDir = "sessions"
 
+// maxJournal bounds one session's journal file. Nothing is ever taken out
+// of a journal while its session lives, so a tenant that allocates and
+// frees in a loop would fill the state directory's disk (110 bytes a
+// round, 10 000 rounds a second on one connection: 1 MB/s); past the bound
+// the session's journal is given up (fail), and the session is served on
+// without surviving a restart. 32 MiB holds some 300 000 such rounds, or
+// the grants of terabytes of live allocations. A variable only so tests
+// can lower it.
+var maxJournal int64 = 32 << 20
+
 // sessionRecord is a journaled session's header: what reopening it needs
 // besides its operations.
 type sessionRecord struct {
@@ -251,7 +261,7 @@ func (j *journal) begin(r sessionRecord, log logrus.FieldLogger) (*sessionLog, e
 		os.Remove(j.path(r.ID))
 		return nil, err
 	}
-	return &sessionLog{j: j, id: r.ID, f: f, log: log}, nil
+	return &sessionLog{j: j, id: r.ID, f: f, size: int64(len(b)), log: log}, nil
 }
 
 // reopen goes on with the journal of session id, restored.
@@ -260,7 +270,12 @@ func (j *journal) reopen(id uint64, log logrus.FieldLogger) (*sessionLog, error)
 	if err != nil {
 		return nil, err
 	}
-	return &sessionLog{j: j, id: id, f: f, log: log}, nil
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &sessionLog{j: j, id: id, f: f, size: fi.Size(), log: log}, nil
 }
 
 // drop deletes what is journaled of session id.
@@ -278,8 +293,9 @@ type sessionLog struct {
 	id  uint64
 	log logrus.FieldLogger
 
-	mu sync.Mutex // orders records of calls not under issueMu (streams)
-	f  *os.File   // guarded by mu; nil once the journal ended
+	mu   sync.Mutex // orders records of calls not under issueMu (streams)
+	f    *os.File   // guarded by mu; nil once the journal ended
+	size int64      // guarded by mu: the bytes f holds, at most maxJournal
 }
 
 // add journals op and returns once it is written. A record that cannot be
@@ -295,8 +311,12 @@ func (l *sessionLog) add(op journalOp) {
 		return
 	}
 	b, err := record(op)
+	if err == nil && l.size+int64(len(b)) > maxJournal {
+		err = fmt.Errorf("%d bytes, past its bound of %d (nothing leaves a journal while its session lives)", l.size+int64(len(b)), maxJournal)
+	}
 	if err == nil {
 		_, err = l.f.Write(b)
+		l.size += int64(len(b))
 	}
 	if err != nil {
 		l.fail(fmt.Errorf("journal %s: record %s: %w", l.f.Name(), op.Op, err))

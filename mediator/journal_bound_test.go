@@ -1,0 +1,81 @@
+package mediator
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+)
+
+// A tenant that allocates and frees in a loop appends to its session's
+// journal at every call: past maxJournal bytes the journal is given up
+// (deleted, the session served on without surviving a restart), so no
+// tenant fills the state directory's disk. A session within the bound
+// keeps its journal.
+func TestJournalBounded(t *testing.T) {
+	defer func(was int64) { maxJournal = was }(maxJournal)
+	maxJournal = 64 << 10
+	h := newHost(t)
+	h.start()
+	sock := h.serveHost()
+	dial := func() *client.Client {
+		c, err := client.Dial(client.Options{Socket: sock, Tenant: "shared"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	path := func(c *client.Client) string {
+		return filepath.Join(h.stateDir(), journalDir, strconv.FormatUint(c.Session(), 10)+".journal")
+	}
+	churn, calm := dial(), dial()
+	if _, err := calm.Malloc(0, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	const rounds = 2000
+	for i := range rounds {
+		p, err := churn.Malloc(0, 4<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := churn.Free(p); err != nil {
+			t.Fatal(err)
+		}
+		if i == 10 {
+			fi, err := os.Stat(path(churn))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("journal after 11 allocations and frees: %d bytes", fi.Size())
+		}
+	}
+	if fi, err := os.Stat(path(churn)); err == nil {
+		t.Fatalf("after %d allocations and frees the journal holds %d bytes, bound %d", rounds, fi.Size(), maxJournal)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if !strings.Contains(h.log.String(), "session journal given up") || !strings.Contains(h.log.String(), "bound") {
+		t.Fatalf("the log does not say the journal was given up for its bound:\n%s", h.log.String())
+	}
+	if _, err := churn.Malloc(0, 4<<10); err != nil {
+		t.Fatalf("the session after its journal was given up: %v", err)
+	}
+	if _, err := os.Stat(path(calm)); err != nil {
+		t.Fatalf("the journal of a session within the bound: %v", err)
+	}
+	h.crash()
+	h.start()
+	h.serveHost()
+	if _, err := calm.Stats(); err != nil {
+		t.Fatalf("the session within the bound after a restart: %v", err)
+	}
+	if _, err := churn.Stats(); !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("the session whose journal was given up, after a restart: %v, want unavailable", err)
+	}
+}
