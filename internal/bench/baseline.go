@@ -168,7 +168,7 @@ func medianOf(ds []time.Duration) time.Duration {
 	return ds[len(ds)/2]
 }
 
-func us(d time.Duration, n int) float64   { return d.Seconds() * 1e6 / float64(n) }
+func us(d time.Duration, n int) float64 { return d.Seconds() * 1e6 / float64(n) }
 
 // ratio is a/b, or 0 when b is not a measurement.
 func ratio(a, b float64) float64 {
