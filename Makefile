@@ -32,16 +32,38 @@ test-python: build
 demo: build
 	scripts/with-cluster.sh demo
 
-bench: build
-	scripts/with-cluster.sh bench --out docs/benchmarks --command "make bench"
-	@if $(PYTHON) -c 'import torch' 2>/dev/null; then \
-	  scripts/with-cluster.sh -- $(PYTHON) examples/python/compare.py --out docs/benchmarks --command "make bench"; \
-	else echo "bench: no torch for $(PYTHON); the graph against op-by-op comparison is skipped"; fi
+# Every figure of docs/benchmarks.md comes from one of these commands; each
+# writes its output into $(BENCH_OUT), where it is checked in (history in
+# git). scripts/bench-record keeps a command's output with the command line,
+# the time and the host's load; a failed command leaves the last record.
+BENCH_OUT := docs/benchmarks
+RECORD    := scripts/bench-record
 
-# Start-to-exit time of docker run --runtime=vgpu against --runtime=runc (root,
-# Docker, containerd and runc installed; see e2e/root).
+# The data path through real processes (bench.md, bench.json, bench.svg), the
+# PyTorch comparison, then the in-process benchmarks of each area; last the
+# cap tests, whose log lines are the figures (a failed bound stops make).
+bench: build
+	scripts/with-cluster.sh bench --out $(BENCH_OUT) --command "make bench"
+	@if $(PYTHON) -c 'import torch' 2>/dev/null; then \
+	  scripts/with-cluster.sh -- $(PYTHON) examples/python/compare.py --out $(BENCH_OUT) --command "make bench"; \
+	else echo "bench: no torch for $(PYTHON); the graph against op-by-op comparison is skipped"; fi
+	$(RECORD) $(BENCH_OUT)/launches.txt $(GO) test -run '^$$' -bench 'BatchLaunch|LaunchPath' -benchmem -count 3 ./accelerator/ ./internal/bench/
+	$(RECORD) $(BENCH_OUT)/fairness.txt $(GO) test -run '^$$' -bench 'Fairness|Weights|NoisyNeighbour' -benchtime 1x -count 3 ./accelerator/
+	$(RECORD) $(BENCH_OUT)/memory.txt $(GO) test -count=1 -run '^$$' -bench 'Ratio|PTE|Churn|Oversub' ./memory/
+	$(RECORD) $(BENCH_OUT)/weight-swap.txt $(GO) test -count=1 -run '^$$' -bench WeightSwap -benchtime 1x ./mediator/
+	$(RECORD) $(BENCH_OUT)/coherence.txt $(GO) test -count=1 -run '^$$' -bench SharedTable -benchtime 3x ./mediator/
+	$(RECORD) $(BENCH_OUT)/tls.txt $(GO) test -run '^$$' -bench NodeLinkTLS -benchtime 1x -count 3 ./internal/bench/
+	$(RECORD) $(BENCH_OUT)/metrics-observer.txt $(GO) test -run '^$$' -bench 'ObservedSmallCall|Replied|Clock' -count 10 -benchtime 20000x ./metrics/
+	$(RECORD) $(BENCH_OUT)/journal.txt $(GO) test -count=1 -run '^$$' -bench 'JournalCost|Restore' -benchtime 1x ./mediator/
+	$(RECORD) $(BENCH_OUT)/caps.txt $(GO) test -count=1 -v -run 'TestFillCopyCharged|TestUnaliasCharged|TestLaunchPreparationIsCharged|TestBandwidthCap' ./accelerator/ ./mediator/
+
+# What needs root: the mutual-TLS node link between two network namespaces
+# over shaped veth links, and the start-to-exit time of docker run
+# --runtime=vgpu against --runtime=runc (Docker, containerd and runc
+# installed; see e2e/root).
 bench-root:
-	$(GO) test -count=1 -run '^$$' -bench DockerRun -benchtime 1x ./e2e/root/
+	$(RECORD) $(BENCH_OUT)/tls-hosts.txt $(GO) test -run '^$$' -bench NodeLinkHosts -benchtime 1x -count 3 ./internal/bench/
+	$(RECORD) $(BENCH_OUT)/docker-run.txt $(GO) test -run '^$$' -count=1 -bench DockerRun -benchtime 1x ./e2e/root/
 
 # End-to-end tests only: real processes (e2e/), and as root real Docker and
 # containerd (e2e/root/, skipped when not root unless VGPU_E2E_REQUIRE_ROOT=1).
