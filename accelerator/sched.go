@@ -113,7 +113,8 @@ package accelerator
 // not; on a goroutine of the Go scheduler they held up the node's network
 // path (reading a victim's request, writing its reply) by milliseconds,
 // while on a thread of their own the host's CPU scheduler shares the cores
-// (docs/benchmarks.md). The thread keeps the node's CPU priority: at the
+// (BenchmarkNoisyNeighbour; the runs are in docs/benchmarks.md's git
+// history). The thread keeps the node's CPU priority: at the
 // lowest one, a victim's own slice, and the flood's slice it waits for,
 // waited for a core behind the node's other threads, and its p99.9 went
 // from about 0.5 ms to 1-4 ms. The runner
@@ -128,7 +129,8 @@ package accelerator
 // kernels, such a thread of a decoding tenant's path (the node reading its
 // request, planning its graph or answering it, the mediator, the tenant)
 // added 3-4 ms to 6-10% of its steps, with or without phases; with the
-// yield it waits for one slice (docs/benchmarks.md). A yield with nobody
+// yield it waits for one slice (the decoder's prefill-flood runs in
+// docs/benchmarks.md's git history). A yield with nobody
 // queued costs a system call (about 0.3 µs), and what one gives away is
 // nobody's device time: the slice is measured before it, the gap to the
 // next dispatch after it.
