@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -202,3 +203,37 @@ func healthy(url string) bool {
 	var h struct{ Health string }
 	return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&h) == nil && h.Health == "true"
 }
+
+// CPU is the CPU time member i has used so far (user and system), read
+// from /proc, for measuring the load a workload puts on etcd.
+func (c *Cluster) CPU(i int) (time.Duration, error) {
+	m := c.members[i]
+	m.mu.Lock()
+	cmd := m.cmd
+	m.mu.Unlock()
+	if cmd == nil {
+		return 0, fmt.Errorf("etcd member %s is not running", m.name)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command name, which ends with the last ')':
+	// utime and stime are the 12th and 13th of them, in clock ticks.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the name", cmd.Process.Pid, len(f))
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}
+
+// clockTicks is USER_HZ, the unit of /proc's CPU times: 100 on Linux.
+const clockTicks = 100
