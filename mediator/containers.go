@@ -79,8 +79,8 @@ type container struct {
 	// registered: the share of a frame its budget is charged for a sealed
 	// weight frame stored once (dedup.go).
 	dedupCharge float64
-	hostMapped  budget   // bytes of its sessions' host regions (hostmem.go)
-	selfPace    selfPace // spaces its answers to OpSelf (self.go)
+	hostMapped  budget // bytes of its sessions' host regions (hostmem.go)
+	selfPace    pace   // spaces its answers to OpSelf (self.go)
 
 	mu       sync.Mutex
 	sessions map[*session]struct{} // open, for reserveResident

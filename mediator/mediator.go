@@ -146,6 +146,7 @@ type Mediator struct {
 	reloadMu   sync.Mutex        // one Reload at a time
 	store      *memory.HostStore // evicted device memory of every session
 	hostMapped budget            // bytes of every session's host regions (hostmem.go)
+	statusPace uidPaces          // unprivileged peers' status requests (statuspace.go)
 
 	nextSession atomic.Uint64
 	mu          sync.Mutex

@@ -27,14 +27,15 @@ import (
 // later requests wait their turn, another container's do not.
 const SelfInterval = 100 * time.Millisecond
 
-// selfPace spaces one container's answers to OpSelf SelfInterval apart.
-type selfPace struct {
+// pace spaces answers SelfInterval apart: those to OpSelf of one
+// container, and to OpStatus of one unprivileged uid (statuspace.go).
+type pace struct {
 	mu   sync.Mutex
 	next time.Time // guarded by mu: when the next answer may start
 }
 
 // wait returns when the caller's answer may start, having taken its turn.
-func (p *selfPace) wait() {
+func (p *pace) wait() {
 	p.mu.Lock()
 	at := time.Now()
 	if p.next.After(at) {
