@@ -15,41 +15,25 @@ import (
 // request is sent with a memfd (SCM_RIGHTS) that is at least Size long and
 // sealed against shrinking. Copies then name the region and an offset, and
 // their bytes never pass through the socket.
+//
+//vgpu:wire
 type HostRegister struct{ Size uint64 }
 
-func (m *HostRegister) Marshal(e *Encoder)   { e.U64(m.Size) }
-func (m *HostRegister) Unmarshal(d *Decoder) { m.Size = d.U64() }
-
 // HostRegion names a registered host region.
+//
+//vgpu:wire
 type HostRegion struct{ Region uint32 }
-
-func (m *HostRegion) Marshal(e *Encoder)   { e.U32(m.Region) }
-func (m *HostRegion) Unmarshal(d *Decoder) { m.Region = d.U32() }
 
 // CopyHost copies Len bytes between device address Addr and offset Off of
 // host region Region; the op says which way.
+//
+//vgpu:wire
 type CopyHost struct {
 	Stream uint32
 	Addr   uint64
 	Region uint32
 	Off    uint64
 	Len    uint64
-}
-
-func (m *CopyHost) Marshal(e *Encoder) {
-	e.U32(m.Stream)
-	e.U64(m.Addr)
-	e.U32(m.Region)
-	e.U64(m.Off)
-	e.U64(m.Len)
-}
-
-func (m *CopyHost) Unmarshal(d *Decoder) {
-	m.Stream = d.U32()
-	m.Addr = d.U64()
-	m.Region = d.U32()
-	m.Off = d.U64()
-	m.Len = d.U64()
 }
 
 // Cmd is one command of a Batch: an operation and its body, encoded as the
@@ -62,6 +46,8 @@ type Cmd struct {
 // Batch carries commands of one stream (or of a node connection) to be
 // executed in order; it is answered once, when all of them have completed,
 // with the first error any of them met (BatchError says which).
+//
+//vgpu:wire
 type Batch struct {
 	Stream uint32
 	Cmds   []Cmd
@@ -69,25 +55,6 @@ type Batch struct {
 
 // cmdHeader is the bytes in front of each command's body in a Batch.
 const cmdHeader = 6
-
-func (m *Batch) Marshal(e *Encoder) {
-	e.U32(m.Stream)
-	e.U32(uint32(len(m.Cmds)))
-	for _, c := range m.Cmds {
-		e.U16(uint16(c.Op))
-		e.U32(uint32(len(c.Body)))
-		e.B = append(e.B, c.Body...)
-	}
-}
-
-func (m *Batch) Unmarshal(d *Decoder) {
-	m.Stream = d.U32()
-	m.Cmds = make([]Cmd, d.Len(cmdHeader))
-	for i := range m.Cmds {
-		m.Cmds[i].Op = Op(d.U16())
-		m.Cmds[i].Body = d.Bytes(int(d.U32()))
-	}
-}
 
 // AppendCmd appends one command, encoded, to a batch body being built:
 // Batch.Marshal's element format, without copying m through a Cmd.
@@ -153,28 +120,27 @@ func SplitBatchError(err error) (int, error, bool) {
 
 // Seal makes the allocation at Addr immutable: later writes to it are
 // refused, and its contents may be cached and deduplicated anywhere.
+//
+//vgpu:wire
 type Seal struct{ Addr uint64 }
 
-func (m *Seal) Marshal(e *Encoder)   { e.U64(m.Addr) }
-func (m *Seal) Unmarshal(d *Decoder) { m.Addr = d.U64() }
-
 // Graph names a captured command sequence.
+//
+//vgpu:wire
 type Graph struct{ Graph uint32 }
 
-func (m *Graph) Marshal(e *Encoder)   { e.U32(m.Graph) }
-func (m *Graph) Unmarshal(d *Decoder) { m.Graph = d.U32() }
-
 // GraphLaunch replays a graph on a stream.
+//
+//vgpu:wire
 type GraphLaunch struct {
 	Stream uint32
 	Graph  uint32
 }
 
-func (m *GraphLaunch) Marshal(e *Encoder)   { e.U32(m.Stream); e.U32(m.Graph) }
-func (m *GraphLaunch) Unmarshal(d *Decoder) { m.Stream = d.U32(); m.Graph = d.U32() }
-
 // SessionStats is what a session's work has cost so far, as its mediator
 // counted it.
+//
+//vgpu:wire
 type SessionStats struct {
 	CopiedIn, CopiedOut uint64 // bytes copied to and from the device
 	Launches            uint64
@@ -191,79 +157,27 @@ type SessionStats struct {
 	SharedHits, SharedMisses uint64
 }
 
-func (m *SessionStats) Marshal(e *Encoder) {
-	for _, v := range []uint64{m.CopiedIn, m.CopiedOut, m.Launches, m.NetOut, m.NetIn, m.DedupHits, m.DedupBytes, m.SocketIn, m.SocketOut, m.SharedHits, m.SharedMisses} {
-		e.U64(v)
-	}
-}
-
-func (m *SessionStats) Unmarshal(d *Decoder) {
-	for _, v := range []*uint64{&m.CopiedIn, &m.CopiedOut, &m.Launches, &m.NetOut, &m.NetIn, &m.DedupHits, &m.DedupBytes, &m.SocketIn, &m.SocketOut, &m.SharedHits, &m.SharedMisses} {
-		*v = d.U64()
-	}
-}
-
 // NodeDedup asks a node to fill each frame-sized run in Dst (one run per
 // hash) with the contents of a sealed frame of that SHA-256 hash, if it
 // holds one. The reply says which it filled; the mediator sends the others.
+//
+//vgpu:wire
 type NodeDedup struct {
 	Device uint32
 	Dst    []Extent
 	Hashes [][32]byte
 }
 
-func (m *NodeDedup) Marshal(e *Encoder) {
-	e.U32(m.Device)
-	putExtents(e, m.Dst)
-	e.U32(uint32(len(m.Hashes)))
-	for _, h := range m.Hashes {
-		e.B = append(e.B, h[:]...)
-	}
-}
-
-func (m *NodeDedup) Unmarshal(d *Decoder) {
-	m.Device = d.U32()
-	m.Dst = getExtents(d)
-	m.Hashes = make([][32]byte, d.Len(32))
-	for i := range m.Hashes {
-		copy(m.Hashes[i][:], d.Bytes(32))
-	}
-}
-
 // NodeDedupReply says, for each run of a NodeDedup, whether it was filled.
+//
+//vgpu:wire
 type NodeDedupReply struct{ Hit []bool }
-
-func (m *NodeDedupReply) Marshal(e *Encoder) {
-	e.U32(uint32(len(m.Hit)))
-	for _, h := range m.Hit {
-		e.Bool(h)
-	}
-}
-
-func (m *NodeDedupReply) Unmarshal(d *Decoder) {
-	m.Hit = make([]bool, d.Len(1))
-	for i := range m.Hit {
-		m.Hit[i] = d.Bool()
-	}
-}
 
 // NodeSealReply answers an OpNodeSeal: for each frame of the request,
 // whether the node stores it once, that is, whether it maps the memory of
 // an identical sealed frame that a connection of another tenant holds
 // (an alias made by a NodeDedup). Decided when the frame is sealed; sealed
 // frames never change.
+//
+//vgpu:wire
 type NodeSealReply struct{ StoredOnce []bool }
-
-func (m *NodeSealReply) Marshal(e *Encoder) {
-	e.U32(uint32(len(m.StoredOnce)))
-	for _, b := range m.StoredOnce {
-		e.Bool(b)
-	}
-}
-
-func (m *NodeSealReply) Unmarshal(d *Decoder) {
-	m.StoredOnce = make([]bool, d.Len(1))
-	for i := range m.StoredOnce {
-		m.StoredOnce[i] = d.Bool()
-	}
-}

@@ -13,6 +13,13 @@
 //     protocol error and the connection is dropped, since it cannot resync.
 //   - Decoders trust nothing: every length is checked against what remains
 //     before anything is allocated; a malformed body is ErrProtocol.
+//   - A message's wire form is its fields in declaration order: the types
+//     marked //vgpu:wire get Marshal and Unmarshal generated into
+//     messages_gen.go by api/internal/codecgen (go generate ./api), which
+//     documents the encoding and the struct tags that steer it;
+//     testdata/codec_golden.txt pins the bytes of every message.
 //   - Errors cross the wire as (Code, message). Code survives every hop, so
 //     errors.Is(err, ErrOutOfMemory) holds for a tenant whose node ran out.
 package api
+
+//go:generate go run ./internal/codecgen

@@ -179,6 +179,8 @@ const (
 )
 
 // Hello opens a connection.
+//
+//vgpu:wire
 type Hello struct {
 	Magic   uint32
 	Version uint16
@@ -195,43 +197,13 @@ type Hello struct {
 	// asks for a session token in the reply (HelloReply.Token), and Resume,
 	// if not empty, is the token of a session to take up again after the
 	// mediator restarted, instead of opening a new one.
-	Resumable bool
-	Resume    string
+	Resumable bool   `wire:"-"`
+	Resume    string `wire:"if=Resumable,max=MaxToken"`
 }
 
 // MaxToken bounds a session token (Hello.Resume, HelloReply.Token,
 // NodeAttach.Token).
 const MaxToken = 64
-
-func (m *Hello) Marshal(e *Encoder) {
-	e.U32(m.Magic)
-	e.U16(m.Version)
-	e.U8(uint8(m.Role))
-	e.String(m.Tenant)
-	e.U32(m.Devices)
-	e.U32(m.Weight)
-	e.F32(m.ComputeMax)
-	if m.Resumable {
-		e.String(m.Resume)
-	}
-}
-
-func (m *Hello) Unmarshal(d *Decoder) {
-	m.Magic = d.U32()
-	m.Version = d.U16()
-	m.Role = Role(d.U8())
-	m.Tenant = d.Str()
-	m.Devices = d.U32()
-	m.Weight = d.U32()
-	m.ComputeMax = d.F32()
-	if d.More() {
-		m.Resumable = true
-		m.Resume = d.Str()
-		if len(m.Resume) > MaxToken {
-			d.fail("session token of %d bytes, limit %d", len(m.Resume), MaxToken)
-		}
-	}
-}
 
 // DeviceInfo describes a device: to a tenant its virtual device, to a
 // mediator a node's physical device.
@@ -243,6 +215,8 @@ type DeviceInfo struct {
 }
 
 // HelloReply accepts a connection.
+//
+//vgpu:wire
 type HelloReply struct {
 	Version uint16
 	Session uint64
@@ -250,42 +224,16 @@ type HelloReply struct {
 	// Token, an optional trailing field sent only to a Resumable hello:
 	// the secret that takes this session up again after a mediator
 	// restart (Hello.Resume); empty where the mediator keeps no journal.
-	Resumable bool
-	Token     string
-}
-
-func (m *HelloReply) Marshal(e *Encoder) {
-	e.U16(m.Version)
-	e.U64(m.Session)
-	e.U32(uint32(len(m.Devices)))
-	for _, dv := range m.Devices {
-		e.U32(dv.Index)
-		e.String(dv.Name)
-		e.String(dv.Node)
-		e.U64(dv.Memory)
-	}
-	if m.Resumable {
-		e.String(m.Token)
-	}
-}
-
-func (m *HelloReply) Unmarshal(d *Decoder) {
-	m.Version = d.U16()
-	m.Session = d.U64()
-	m.Devices = make([]DeviceInfo, d.Len(20))
-	for i := range m.Devices {
-		m.Devices[i] = DeviceInfo{Index: d.U32(), Name: d.Str(), Node: d.Str(), Memory: d.U64()}
-	}
-	if d.More() {
-		m.Resumable = true
-		m.Token = d.Str()
-	}
+	Resumable bool   `wire:"-"`
+	Token     string `wire:"if=Resumable"`
 }
 
 // Malloc allocates Size bytes on virtual device Device, or, with
 // MallocNear, on the device of the allocation that holds Near. Hint says
 // what the buffer is for; with MallocFreeWithStream it is freed when Stream
 // is destroyed.
+//
+//vgpu:wire
 type Malloc struct {
 	Device uint32
 	Size   uint64
@@ -302,24 +250,6 @@ const (
 	mallocFlags          = MallocFreeWithStream | MallocNear
 )
 
-func (m *Malloc) Marshal(e *Encoder) {
-	e.U32(m.Device)
-	e.U64(m.Size)
-	e.U8(uint8(m.Hint))
-	e.U8(m.Flags)
-	e.U32(m.Stream)
-	e.U64(m.Near)
-}
-
-func (m *Malloc) Unmarshal(d *Decoder) {
-	m.Device = d.U32()
-	m.Size = d.U64()
-	m.Hint = Hint(d.U8())
-	m.Flags = d.U8()
-	m.Stream = d.U32()
-	m.Near = d.U64()
-}
-
 // Check refuses unknown hints and flags.
 func (m *Malloc) Check() error {
 	if !m.Hint.Valid() {
@@ -332,90 +262,61 @@ func (m *Malloc) Check() error {
 }
 
 // MallocReply returns the device virtual address of a new allocation.
+//
+//vgpu:wire
 type MallocReply struct{ Addr uint64 }
 
-func (m *MallocReply) Marshal(e *Encoder)   { e.U64(m.Addr) }
-func (m *MallocReply) Unmarshal(d *Decoder) { m.Addr = d.U64() }
-
 // Free releases the allocation that starts at Addr.
+//
+//vgpu:wire
 type Free struct{ Addr uint64 }
-
-func (m *Free) Marshal(e *Encoder)   { e.U64(m.Addr) }
-func (m *Free) Unmarshal(d *Decoder) { m.Addr = d.U64() }
 
 // DefaultStream exists in every session and cannot be destroyed.
 const DefaultStream = 0
 
 // StreamReq names a stream (destroy, synchronize); StreamReply returns one.
+//
+//vgpu:wire
 type StreamReq struct{ Stream uint32 }
 
-func (m *StreamReq) Marshal(e *Encoder)   { e.U32(m.Stream) }
-func (m *StreamReq) Unmarshal(d *Decoder) { m.Stream = d.U32() }
-
 // CopyToDevice writes its payload at Dst. The payload is the rest of the body.
+//
+//vgpu:wire
 type CopyToDevice struct {
 	Stream  uint32
 	Dst     uint64
-	Payload []byte
+	Payload []byte `wire:"rest"`
 }
 
 // CopyToDeviceHeader is the length of the fields in front of the payload.
 const CopyToDeviceHeader = 12
 
-func (m *CopyToDevice) Marshal(e *Encoder) {
-	e.U32(m.Stream)
-	e.U64(m.Dst)
-	e.B = append(e.B, m.Payload...)
-}
-func (m *CopyToDevice) Unmarshal(d *Decoder) {
-	m.Stream = d.U32()
-	m.Dst = d.U64()
-	m.Payload = d.Rest()
-}
-
 // CopyFromDevice reads Len bytes at Src; the reply body is the bytes.
+//
+//vgpu:wire
 type CopyFromDevice struct {
 	Stream uint32
 	Src    uint64
 	Len    uint64
 }
 
-func (m *CopyFromDevice) Marshal(e *Encoder) { e.U32(m.Stream); e.U64(m.Src); e.U64(m.Len) }
-func (m *CopyFromDevice) Unmarshal(d *Decoder) {
-	m.Stream = d.U32()
-	m.Src = d.U64()
-	m.Len = d.U64()
-}
-
 // CopyDevice copies Len bytes from Src to Dst, both device addresses.
+//
+//vgpu:wire
 type CopyDevice struct {
 	Stream   uint32
 	Dst, Src uint64
 	Len      uint64
 }
 
-func (m *CopyDevice) Marshal(e *Encoder) { e.U32(m.Stream); e.U64(m.Dst); e.U64(m.Src); e.U64(m.Len) }
-func (m *CopyDevice) Unmarshal(d *Decoder) {
-	m.Stream = d.U32()
-	m.Dst = d.U64()
-	m.Src = d.U64()
-	m.Len = d.U64()
-}
-
 // Memset sets Len bytes at Dst to Value.
+//
+//vgpu:wire
 type Memset struct {
 	Stream uint32
 	Dst    uint64
 	Value  uint8
 	Len    uint64
-}
-
-func (m *Memset) Marshal(e *Encoder) { e.U32(m.Stream); e.U64(m.Dst); e.U8(m.Value); e.U64(m.Len) }
-func (m *Memset) Unmarshal(d *Decoder) {
-	m.Stream = d.U32()
-	m.Dst = d.U64()
-	m.Value = d.U8()
-	m.Len = d.U64()
 }
 
 // ArgKind is the type of a kernel argument.
@@ -447,29 +348,12 @@ type Arg struct {
 }
 
 // Launch runs Kernel with Args on the device that holds its buffers.
+//
+//vgpu:wire
 type Launch struct {
 	Stream uint32
 	Kernel string
 	Args   []Arg
-}
-
-func (m *Launch) Marshal(e *Encoder) {
-	e.U32(m.Stream)
-	e.String(m.Kernel)
-	e.U32(uint32(len(m.Args)))
-	for _, a := range m.Args {
-		e.U8(uint8(a.Kind))
-		e.U64(a.Bits)
-	}
-}
-
-func (m *Launch) Unmarshal(d *Decoder) {
-	m.Stream = d.U32()
-	m.Kernel = d.Str()
-	m.Args = make([]Arg, d.Len(9))
-	for i := range m.Args {
-		m.Args[i] = Arg{Kind: ArgKind(d.U8()), Bits: d.U64()}
-	}
 }
 
 // Access says how a kernel uses a buffer parameter.
@@ -494,7 +378,7 @@ type Param struct {
 	Kind   ArgKind
 	Access Access
 	Elem   uint8
-	Dims   []string
+	Dims   []string `wire:"nilempty"`
 	DType  DType
 }
 
@@ -529,48 +413,9 @@ type KernelInfo struct {
 }
 
 // KernelList is the catalog.
+//
+//vgpu:wire
 type KernelList struct{ Kernels []KernelInfo }
-
-func (m *KernelList) Marshal(e *Encoder) {
-	e.U32(uint32(len(m.Kernels)))
-	for _, k := range m.Kernels {
-		e.String(k.Name)
-		e.String(k.Doc)
-		e.U32(uint32(len(k.Params)))
-		for _, p := range k.Params {
-			e.String(p.Name)
-			e.U8(uint8(p.Kind))
-			e.U8(uint8(p.Access))
-			e.U8(p.Elem)
-			e.U32(uint32(len(p.Dims)))
-			for _, d := range p.Dims {
-				e.String(d)
-			}
-			e.U8(uint8(p.DType))
-		}
-	}
-}
-
-func (m *KernelList) Unmarshal(d *Decoder) {
-	m.Kernels = make([]KernelInfo, d.Len(12))
-	for i := range m.Kernels {
-		k := &m.Kernels[i]
-		k.Name = d.Str()
-		k.Doc = d.Str()
-		k.Params = make([]Param, d.Len(12))
-		for j := range k.Params {
-			p := Param{Name: d.Str(), Kind: ArgKind(d.U8()), Access: Access(d.U8()), Elem: d.U8()}
-			if n := d.Len(4); n > 0 {
-				p.Dims = make([]string, n)
-				for x := range p.Dims {
-					p.Dims[x] = d.Str()
-				}
-			}
-			p.DType = DType(d.U8())
-			k.Params[j] = p
-		}
-	}
-}
 
 // Extent is a run of physical device memory.
 type Extent struct{ Addr, Len uint64 }
@@ -653,155 +498,96 @@ func extentsMeet(x, y Extent) bool {
 }
 
 // NodeAlloc asks a node for Count frames on Device for the connection's tenant.
+//
+//vgpu:wire
 type NodeAlloc struct {
 	Device uint32
 	Count  uint32
 }
 
-func (m *NodeAlloc) Marshal(e *Encoder)   { e.U32(m.Device); e.U32(m.Count) }
-func (m *NodeAlloc) Unmarshal(d *Decoder) { m.Device = d.U32(); m.Count = d.U32() }
-
 // NodeFrames lists frames by physical address: granted, or to be freed.
+//
+//vgpu:wire
 type NodeFrames struct {
 	Device uint32
 	Frames []uint64
 }
 
-func (m *NodeFrames) Marshal(e *Encoder) {
-	e.U32(m.Device)
-	e.U32(uint32(len(m.Frames)))
-	for _, f := range m.Frames {
-		e.U64(f)
-	}
-}
-
-func (m *NodeFrames) Unmarshal(d *Decoder) {
-	m.Device = d.U32()
-	m.Frames = make([]uint64, d.Len(8))
-	for i := range m.Frames {
-		m.Frames[i] = d.U64()
-	}
-}
-
 // NodeAttach asks a node to keep a connection's frames through its drop
 // (Owner 0), or to hand over those it kept of connection Owner (the
 // HelloReply.Session that connection had), whose Token this must be.
+//
+//vgpu:wire
 type NodeAttach struct {
 	Owner uint64
-	Token string
-}
-
-func (m *NodeAttach) Marshal(e *Encoder) { e.U64(m.Owner); e.String(m.Token) }
-
-func (m *NodeAttach) Unmarshal(d *Decoder) {
-	m.Owner = d.U64()
-	m.Token = d.Str()
-	if len(m.Token) > MaxToken {
-		d.fail("attach token of %d bytes, limit %d", len(m.Token), MaxToken)
-	}
+	Token string `wire:"max=MaxToken"`
 }
 
 // NodeAttached answers NodeAttach: the connection's id as the node knows
 // it (an Owner to reclaim later), and, for a reclaim, the frames it now
 // holds on each device.
+//
+//vgpu:wire
 type NodeAttached struct {
 	Owner   uint64
 	Devices []NodeFrames
 }
 
-func (m *NodeAttached) Marshal(e *Encoder) {
-	e.U64(m.Owner)
-	e.U32(uint32(len(m.Devices)))
-	for i := range m.Devices {
-		m.Devices[i].Marshal(e)
-	}
-}
-
-func (m *NodeAttached) Unmarshal(d *Decoder) {
-	m.Owner = d.U64()
-	m.Devices = make([]NodeFrames, d.Len(8))
-	for i := range m.Devices {
-		m.Devices[i].Unmarshal(d)
-	}
-}
-
 // NodeAccess names physical memory to write (payload follows), read or fill.
+//
+//vgpu:wire
 type NodeAccess struct {
 	Device  uint32
 	Extents []Extent
 	Value   uint8  // fill only
-	Payload []byte // write only: the rest of the body
-}
-
-func (m *NodeAccess) Marshal(e *Encoder) {
-	e.U32(m.Device)
-	putExtents(e, m.Extents)
-	e.U8(m.Value)
-	e.B = append(e.B, m.Payload...)
-}
-
-func (m *NodeAccess) Unmarshal(d *Decoder) {
-	m.Device = d.U32()
-	m.Extents = getExtents(d)
-	m.Value = d.U8()
-	m.Payload = d.Rest()
+	Payload []byte `wire:"rest"` // write only: the rest of the body
 }
 
 // NodeCopy copies between physical runs of one device; totals must match.
+//
+//vgpu:wire
 type NodeCopy struct {
 	Device   uint32
 	Dst, Src []Extent
 }
 
-func (m *NodeCopy) Marshal(e *Encoder) { e.U32(m.Device); putExtents(e, m.Dst); putExtents(e, m.Src) }
-func (m *NodeCopy) Unmarshal(d *Decoder) {
-	m.Device = d.U32()
-	m.Dst = getExtents(d)
-	m.Src = getExtents(d)
-}
-
 // NodeArg is a kernel argument as a node sees it: a scalar, or a buffer given
 // as the physical runs that back it, in order.
+//
+//vgpu:wire custom min=5
 type NodeArg struct {
 	Kind    ArgKind
 	Bits    uint64
 	Extents []Extent
 }
 
+// A NodeArg's fields on the wire depend on its kind: a buffer's extents,
+// or a scalar's bits.
+func (a *NodeArg) marshalWire(e *Encoder) {
+	e.U8(uint8(a.Kind))
+	if a.Kind == ArgBuffer {
+		putExtents(e, a.Extents)
+	} else {
+		e.U64(a.Bits)
+	}
+}
+
+func (a *NodeArg) unmarshalWire(d *Decoder) {
+	a.Kind = ArgKind(d.U8())
+	if a.Kind == ArgBuffer {
+		a.Extents = getExtents(d)
+	} else {
+		a.Bits = d.U64()
+	}
+}
+
 // NodeLaunch runs a kernel on a device of the node.
+//
+//vgpu:wire
 type NodeLaunch struct {
 	Device uint32
 	Kernel string
 	Args   []NodeArg
-}
-
-func (m *NodeLaunch) Marshal(e *Encoder) {
-	e.U32(m.Device)
-	e.String(m.Kernel)
-	e.U32(uint32(len(m.Args)))
-	for _, a := range m.Args {
-		e.U8(uint8(a.Kind))
-		if a.Kind == ArgBuffer {
-			putExtents(e, a.Extents)
-		} else {
-			e.U64(a.Bits)
-		}
-	}
-}
-
-func (m *NodeLaunch) Unmarshal(d *Decoder) {
-	m.Device = d.U32()
-	m.Kernel = d.Str()
-	m.Args = make([]NodeArg, d.Len(5))
-	for i := range m.Args {
-		a := &m.Args[i]
-		a.Kind = ArgKind(d.U8())
-		if a.Kind == ArgBuffer {
-			a.Extents = getExtents(d)
-		} else {
-			a.Bits = d.U64()
-		}
-	}
 }
 
 // F32Bits packs a float32 argument into Arg.Bits.
@@ -815,6 +601,8 @@ func F32FromBits(b uint64) float32 { return math.Float32frombits(uint32(b)) }
 // only by the operator's runtime configuration, else from the quota file's
 // mapping of Namespace), checks the tenant's quota, and creates the
 // container's own socket in SocketDir.
+//
+//vgpu:wire
 type Register struct {
 	Container string // container id
 	Namespace string // containerd namespace ("moby" for Docker); with the id, names the container
@@ -826,53 +614,22 @@ type Register struct {
 	SocketDir string // host directory, bind-mounted into the container, for its socket
 }
 
-func (m *Register) Marshal(e *Encoder) {
-	e.String(m.Container)
-	e.String(m.Namespace)
-	e.String(m.Tenant)
-	e.U64(m.Memory)
-	e.U32(m.Compute)
-	e.U32(m.Devices)
-	e.U32(m.Pid)
-	e.String(m.SocketDir)
-}
-
-func (m *Register) Unmarshal(d *Decoder) {
-	m.Container = d.Str()
-	m.Namespace = d.Str()
-	m.Tenant = d.Str()
-	m.Memory = d.U64()
-	m.Compute = d.U32()
-	m.Devices = d.U32()
-	m.Pid = d.U32()
-	m.SocketDir = d.Str()
-}
-
 // RegisterReply says what was granted.
+//
+//vgpu:wire
 type RegisterReply struct {
 	Tenant string
 	Memory uint64
 	Socket string // host path of the container's socket
 }
 
-func (m *RegisterReply) Marshal(e *Encoder) { e.String(m.Tenant); e.U64(m.Memory); e.String(m.Socket) }
-func (m *RegisterReply) Unmarshal(d *Decoder) {
-	m.Tenant = d.Str()
-	m.Memory = d.U64()
-	m.Socket = d.Str()
-}
-
 // Release ends a container's registration. A container is named by its
 // containerd namespace and id together, as in Register.
+//
+//vgpu:wire
 type Release struct {
 	Container string // container id
 	Namespace string // containerd namespace; "" for a container registered without one
-}
-
-func (m *Release) Marshal(e *Encoder) { e.String(m.Container); e.String(m.Namespace) }
-func (m *Release) Unmarshal(d *Decoder) {
-	m.Container = d.Str()
-	m.Namespace = d.Str()
 }
 
 // NoNamespace is the directory, in place of a namespace's, that holds the

@@ -107,13 +107,13 @@ const (
 type TensorDef struct {
 	Name      string // for messages ("blocks.0.attn.w_qkv"); need not be unique
 	DType     DType
-	Shape     []int64 // 1 to MaxTensorDims dimensions, each at least 1
 	Residency Residency
 	// Addr is, for a bound tensor (Residency.Bound), its first byte: any
 	// multiple of its element size such that all its bytes lie within one
 	// allocation of the tenant (a model's weights may share one); 0
 	// otherwise.
-	Addr uint64
+	Addr  uint64
+	Shape []int64 `wire:"max=MaxTensorDims"` // 1 to MaxTensorDims dimensions, each at least 1
 }
 
 // OpArgKind says what an operation's argument is.
@@ -131,6 +131,8 @@ const (
 )
 
 // OpArg is one argument of an operation.
+//
+//vgpu:wire custom min=5
 type OpArg struct {
 	Kind   OpArgKind
 	Tensor uint32 // OpArgTensor
@@ -148,43 +150,22 @@ type OpDef struct {
 	Args   []OpArg
 }
 
-// GraphDef is what a tenant registers (OpGraphRegister → Graph).
+// GraphDef is what a tenant registers (OpGraphRegister → Graph). Its
+// decoder checks only what the wire form itself needs (lengths, the kinds
+// of arguments, the count of dimensions, of scalars, of tensors and of
+// operations); the mediator checks the rest (CheckGraph).
+//
+//vgpu:wire
 type GraphDef struct {
 	Name    string
-	Scalars []string // names of the invocation's scalar inputs
-	Tensors []TensorDef
-	Ops     []OpDef // in the order they run
+	Scalars []string    `wire:"max=MaxGraphScalars"` // names of the invocation's scalar inputs
+	Tensors []TensorDef `wire:"max=MaxGraphTensors"`
+	Ops     []OpDef     `wire:"max=MaxGraphOps"` // in the order they run
 }
 
-func (m *GraphDef) Marshal(e *Encoder) {
-	e.String(m.Name)
-	e.U32(uint32(len(m.Scalars)))
-	for _, s := range m.Scalars {
-		e.String(s)
-	}
-	e.U32(uint32(len(m.Tensors)))
-	for _, t := range m.Tensors {
-		e.String(t.Name)
-		e.U8(uint8(t.DType))
-		e.U8(uint8(t.Residency))
-		e.U64(t.Addr)
-		e.U32(uint32(len(t.Shape)))
-		for _, d := range t.Shape {
-			e.I64(d)
-		}
-	}
-	e.U32(uint32(len(m.Ops)))
-	for _, op := range m.Ops {
-		e.String(op.Kernel)
-		e.U8(uint8(op.Phase))
-		e.U32(uint32(len(op.Args)))
-		for _, a := range op.Args {
-			putOpArg(e, a)
-		}
-	}
-}
-
-func putOpArg(e *Encoder, a OpArg) {
+// An OpArg's fields on the wire depend on its kind; an unknown kind is
+// refused, since what follows it cannot be read.
+func (a *OpArg) marshalWire(e *Encoder) {
 	e.U8(uint8(a.Kind))
 	switch a.Kind {
 	case OpArgTensor:
@@ -200,60 +181,8 @@ func putOpArg(e *Encoder, a OpArg) {
 	}
 }
 
-// Unmarshal decodes a graph, checking only what the wire form itself needs
-// (lengths, the kinds of arguments, the count of dimensions, of scalars, of
-// tensors and of operations); the mediator checks the rest (CheckGraph).
-func (m *GraphDef) Unmarshal(d *Decoder) {
-	m.Name = d.Str()
-	m.Scalars = make([]string, d.Len(4))
-	if len(m.Scalars) > MaxGraphScalars {
-		d.fail("graph has %d scalars, at most %d", len(m.Scalars), MaxGraphScalars)
-		return
-	}
-	for i := range m.Scalars {
-		m.Scalars[i] = d.Str()
-	}
-	m.Tensors = make([]TensorDef, d.Len(4+1+1+8+4))
-	if len(m.Tensors) > MaxGraphTensors {
-		d.fail("graph has %d tensors, at most %d", len(m.Tensors), MaxGraphTensors)
-		return
-	}
-	for i := range m.Tensors {
-		t := &m.Tensors[i]
-		t.Name = d.Str()
-		t.DType = DType(d.U8())
-		t.Residency = Residency(d.U8())
-		t.Addr = d.U64()
-		t.Shape = make([]int64, d.Len(8))
-		if len(t.Shape) > MaxTensorDims {
-			d.fail("tensor %d has %d dimensions, at most %d", i, len(t.Shape), MaxTensorDims)
-			return
-		}
-		for j := range t.Shape {
-			t.Shape[j] = d.I64()
-		}
-	}
-	m.Ops = make([]OpDef, d.Len(4+1+4))
-	if len(m.Ops) > MaxGraphOps {
-		d.fail("graph has %d operations, at most %d", len(m.Ops), MaxGraphOps)
-		return
-	}
-	for i := range m.Ops {
-		op := &m.Ops[i]
-		op.Kernel = d.Str()
-		op.Phase = Phase(d.U8())
-		op.Args = make([]OpArg, d.Len(5))
-		for j := range op.Args {
-			op.Args[j] = getOpArg(d)
-			if d.err != nil {
-				return
-			}
-		}
-	}
-}
-
-func getOpArg(d *Decoder) OpArg {
-	a := OpArg{Kind: OpArgKind(d.U8())}
+func (a *OpArg) unmarshalWire(d *Decoder) {
+	*a = OpArg{Kind: OpArgKind(d.U8())}
 	switch a.Kind {
 	case OpArgTensor:
 		a.Tensor = d.U32()
@@ -268,39 +197,18 @@ func getOpArg(d *Decoder) OpArg {
 	default:
 		d.fail("operation argument kind %d", a.Kind)
 	}
-	return a
 }
 
 // GraphInvoke runs a registered graph (OpGraphInvoke). Inputs holds the
 // bytes of the graph's input tensors, in the order of GraphDef.Tensors,
 // each exactly its size; the reply holds the bytes of its output tensors
 // the same way.
+//
+//vgpu:wire
 type GraphInvoke struct {
 	Graph   uint32
-	Scalars []int64 // one per GraphDef.Scalars
-	Inputs  []byte
-}
-
-func (m *GraphInvoke) Marshal(e *Encoder) {
-	e.U32(m.Graph)
-	e.U32(uint32(len(m.Scalars)))
-	for _, s := range m.Scalars {
-		e.I64(s)
-	}
-	e.B = append(e.B, m.Inputs...)
-}
-
-func (m *GraphInvoke) Unmarshal(d *Decoder) {
-	m.Graph = d.U32()
-	m.Scalars = make([]int64, d.Len(8))
-	if len(m.Scalars) > MaxGraphScalars {
-		d.fail("invocation has %d scalars, at most %d", len(m.Scalars), MaxGraphScalars)
-		return
-	}
-	for i := range m.Scalars {
-		m.Scalars[i] = d.I64()
-	}
-	m.Inputs = d.Rest()
+	Scalars []int64 `wire:"max=MaxGraphScalars"` // one per GraphDef.Scalars
+	Inputs  []byte  `wire:"rest"`
 }
 
 // NodeGraph is a graph's launches as a node runs them (OpNodeGraphRegister
@@ -308,9 +216,11 @@ func (m *GraphInvoke) Unmarshal(d *Decoder) {
 // connection's frames, and every argument that comes from the invocation's
 // scalars saying which (NodeGraphArg.Scalar ≥ 0). The node keeps it until
 // OpNodeGraphFree or the connection's end.
+//
+//vgpu:wire
 type NodeGraph struct {
 	Device   uint32
-	Launches []NodeGraphLaunch
+	Launches []NodeGraphLaunch `wire:"max=MaxGraphOps"`
 }
 
 // NodeGraphLaunch is one launch of a NodeGraph.
@@ -322,91 +232,52 @@ type NodeGraphLaunch struct {
 
 // NodeGraphArg is a NodeArg whose i64 value may come from the run's
 // scalars: Mul × scalars[Scalar] + Add when Scalar ≥ 0, Bits otherwise.
+//
+//vgpu:wire custom min=5
 type NodeGraphArg struct {
 	NodeArg
 	Scalar   int32
 	Mul, Add int64
 }
 
-func (m *NodeGraph) Marshal(e *Encoder) {
-	e.U32(m.Device)
-	e.U32(uint32(len(m.Launches)))
-	for _, l := range m.Launches {
-		e.String(l.Kernel)
-		e.U8(uint8(l.Phase))
-		e.U32(uint32(len(l.Args)))
-		for _, a := range l.Args {
-			e.U8(uint8(a.Kind))
-			if a.Kind == ArgBuffer {
-				putExtents(e, a.Extents)
-				continue
-			}
-			e.U64(a.Bits)
-			e.U32(uint32(a.Scalar))
-			if a.Scalar >= 0 {
-				e.I64(a.Mul)
-				e.I64(a.Add)
-			}
-		}
+// A NodeGraphArg's fields on the wire depend on its kind and on whether it
+// takes a scalar: a buffer's extents; else the bits, the scalar's index
+// (-1: none) and, with a scalar, Mul and Add. A decoded buffer argument
+// takes no scalar.
+func (a *NodeGraphArg) marshalWire(e *Encoder) {
+	e.U8(uint8(a.Kind))
+	if a.Kind == ArgBuffer {
+		putExtents(e, a.Extents)
+		return
+	}
+	e.U64(a.Bits)
+	e.U32(uint32(a.Scalar))
+	if a.Scalar >= 0 {
+		e.I64(a.Mul)
+		e.I64(a.Add)
 	}
 }
 
-func (m *NodeGraph) Unmarshal(d *Decoder) {
-	m.Device = d.U32()
-	m.Launches = make([]NodeGraphLaunch, d.Len(4+1+4))
-	if len(m.Launches) > MaxGraphOps {
-		d.fail("node graph has %d launches, at most %d", len(m.Launches), MaxGraphOps)
+func (a *NodeGraphArg) unmarshalWire(d *Decoder) {
+	a.Kind = ArgKind(d.U8())
+	a.Scalar = -1
+	if a.Kind == ArgBuffer {
+		a.Extents = getExtents(d)
 		return
 	}
-	for i := range m.Launches {
-		l := &m.Launches[i]
-		l.Kernel = d.Str()
-		l.Phase = Phase(d.U8())
-		l.Args = make([]NodeGraphArg, d.Len(5))
-		for j := range l.Args {
-			a := &l.Args[j]
-			a.Kind = ArgKind(d.U8())
-			a.Scalar = -1
-			if a.Kind == ArgBuffer {
-				a.Extents = getExtents(d)
-				continue
-			}
-			a.Bits = d.U64()
-			a.Scalar = int32(d.U32())
-			if a.Scalar >= 0 {
-				a.Mul = d.I64()
-				a.Add = d.I64()
-			}
-		}
-		if d.err != nil {
-			return
-		}
+	a.Bits = d.U64()
+	a.Scalar = int32(d.U32())
+	if a.Scalar >= 0 {
+		a.Mul = d.I64()
+		a.Add = d.I64()
 	}
 }
 
 // NodeGraphRun runs a registered NodeGraph with the invocation's scalars
 // (OpNodeGraphRun); answered once all its launches completed.
+//
+//vgpu:wire
 type NodeGraphRun struct {
 	Graph   uint32
-	Scalars []int64
-}
-
-func (m *NodeGraphRun) Marshal(e *Encoder) {
-	e.U32(m.Graph)
-	e.U32(uint32(len(m.Scalars)))
-	for _, s := range m.Scalars {
-		e.I64(s)
-	}
-}
-
-func (m *NodeGraphRun) Unmarshal(d *Decoder) {
-	m.Graph = d.U32()
-	m.Scalars = make([]int64, d.Len(8))
-	if len(m.Scalars) > MaxGraphScalars {
-		d.fail("run has %d scalars, at most %d", len(m.Scalars), MaxGraphScalars)
-		return
-	}
-	for i := range m.Scalars {
-		m.Scalars[i] = d.I64()
-	}
+	Scalars []int64 `wire:"max=MaxGraphScalars"`
 }
