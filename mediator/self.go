@@ -34,8 +34,10 @@ type pace struct {
 	next time.Time // guarded by mu: when the next answer may start
 }
 
-// wait returns when the caller's answer may start, having taken its turn.
-func (p *pace) wait() {
+// wait returns when the caller's answer may start, having taken its turn,
+// or at once with api.ErrUnavailable when stop is closed first: the
+// mediator closes, and must not wait out the turns of those queued.
+func (p *pace) wait(stop <-chan struct{}) error {
 	p.mu.Lock()
 	at := time.Now()
 	if p.next.After(at) {
@@ -43,7 +45,14 @@ func (p *pace) wait() {
 	}
 	p.next = at.Add(SelfInterval)
 	p.mu.Unlock()
-	time.Sleep(time.Until(at))
+	t := time.NewTimer(time.Until(at))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-stop:
+		return fmt.Errorf("the mediator is stopping: %w", api.ErrUnavailable)
+	}
 }
 
 // serveSelf answers a container's requests about itself until it hangs up.
@@ -52,7 +61,9 @@ func (m *Mediator) serveSelf(c *api.Conn, hello api.Header, ctr *container) {
 	serveRequests(c, hello, false, fmt.Sprintf("the socket of container %v", ctr.key()), func(op api.Op, _ []byte) ([]byte, error) {
 		switch op {
 		case api.OpSelf:
-			ctr.selfPace.wait()
+			if err := ctr.selfPace.wait(m.stop); err != nil {
+				return nil, err
+			}
 			reply, err := json.Marshal(m.selfStatus(ctr))
 			if err != nil {
 				return nil, fmt.Errorf("encode the status of container %v: %v: %w", ctr.key(), err, api.ErrInternal)

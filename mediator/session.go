@@ -187,7 +187,9 @@ func (m *Mediator) serveConn(nc net.Conn, ctr *container, greeted func()) {
 func (m *Mediator) serveOperator(c *api.Conn, hello api.Header, priv bool) {
 	serveRequests(c, hello, priv, "an unprivileged peer", func(op api.Op, body []byte) ([]byte, error) {
 		if op == api.OpStatus && !priv {
-			m.statusPace.of(c.NetConn()).wait()
+			if err := m.statusPace.of(c.NetConn()).wait(m.stop); err != nil {
+				return nil, err
+			}
 		}
 		return m.operate(op, body, priv)
 	})
@@ -1085,6 +1087,7 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 			return false, err
 		}
 		s.forgetWithStream(m.Addr)
+		s.compactJournal()
 		return false, s.c.Reply(h)
 	case api.OpStreamCreate:
 		id, err := s.createStream()
