@@ -26,6 +26,13 @@ package mediator
 //     a session keeps a damaged record from touching any other's.
 //   - One mediator at a time uses a state directory: the registration
 //     store's lock (regstore.go) is held first.
+//   - A journal holds at most its session's history since its space was
+//     last empty, once that history passes compactBytes: a space with no
+//     allocation places the next one as a new space would (memory.Space),
+//     so a free that empties the space rewrites the journal — header and
+//     live streams — to <id>.journal.new and renames it over the old one
+//     (compact). A leftover .new file is a compaction cut short, and is
+//     deleted at start. Past maxJournal, a journal is given up.
 //
 // Cost and durability: a record is one write(2) to a file opened for
 // appending, with no fsync. It is in the kernel's page cache when the call
@@ -63,6 +70,10 @@ import (
 )
 
 const journalDir = "sessions"
+
+// compactBytes is the size past which a free that empties a session's
+// space rewrites its journal (sessionLog.compact).
+const compactBytes = 64 << 10
 
 // maxJournal bounds one session's journal file. Nothing is ever taken out
 // of a journal while its session lives, so a tenant that allocates and
@@ -164,6 +175,10 @@ func openJournal(dir string) (*journal, []journaled, error) {
 	}
 	var got []journaled
 	for _, e := range es {
+		if strings.HasSuffix(e.Name(), ".new") { // a compaction cut short
+			os.Remove(filepath.Join(j.dir, e.Name()))
+			continue
+		}
 		got = append(got, j.read(e.Name()))
 	}
 	slices.SortFunc(got, func(a, b journaled) int { return cmp.Compare(a.id, b.id) })
@@ -262,11 +277,12 @@ func (j *journal) begin(r sessionRecord, log logrus.FieldLogger) (*sessionLog, e
 		os.Remove(j.path(r.ID))
 		return nil, err
 	}
-	return &sessionLog{j: j, id: r.ID, f: f, size: int64(len(b)), log: log}, nil
+	return &sessionLog{j: j, id: r.ID, rec: r, f: f, size: int64(len(b)), log: log}, nil
 }
 
-// reopen goes on with the journal of session id, restored.
-func (j *journal) reopen(id uint64, log logrus.FieldLogger) (*sessionLog, error) {
+// reopen goes on with the journal of restored session s.
+func (j *journal) reopen(s journaled, log logrus.FieldLogger) (*sessionLog, error) {
+	id := s.id
 	f, err := os.OpenFile(j.path(id), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		return nil, err
@@ -276,7 +292,7 @@ func (j *journal) reopen(id uint64, log logrus.FieldLogger) (*sessionLog, error)
 		f.Close()
 		return nil, err
 	}
-	return &sessionLog{j: j, id: id, f: f, size: fi.Size(), log: log}, nil
+	return &sessionLog{j: j, id: id, rec: s.rec, f: f, size: fi.Size(), log: log}, nil
 }
 
 // drop deletes what is journaled of session id.
@@ -292,6 +308,7 @@ func (j *journal) drop(id uint64) error {
 type sessionLog struct {
 	j   *journal
 	id  uint64
+	rec sessionRecord // its header
 	log logrus.FieldLogger
 
 	mu   sync.Mutex // orders records of calls not under issueMu (streams)
@@ -322,6 +339,48 @@ func (l *sessionLog) add(op journalOp) {
 	if err != nil {
 		l.fail(fmt.Errorf("journal %s: record %s: %w", l.f.Name(), op.Op, err))
 	}
+}
+
+// compact rewrites the journal of a session whose space is empty, with
+// live streams streams, if it has grown past compactBytes: its header,
+// then a record for each stream.
+func (l *sessionLog) compact(streams []uint32) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil || l.size < compactBytes {
+		return
+	}
+	path := l.j.path(l.id)
+	b, err := record(l.rec)
+	for _, id := range streams {
+		var r []byte
+		if err == nil {
+			r, err = record(journalOp{Op: opStream, Stream: id})
+		}
+		b = append(b, r...)
+	}
+	var f *os.File
+	if err == nil {
+		f, err = os.OpenFile(path+".new", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+	}
+	if err == nil {
+		if _, err = f.Write(b); err == nil {
+			err = os.Rename(path+".new", path)
+		}
+		if err != nil {
+			f.Close()
+			os.Remove(path + ".new")
+		}
+	}
+	if err != nil {
+		l.log.WithError(err).Warn("compacting the session's journal failed; it goes on growing")
+		return
+	}
+	l.f.Close()
+	l.f, l.size = f, int64(len(b))
 }
 
 // fail gives up the session's journal: it is deleted, so that no restart

@@ -1,6 +1,7 @@
 package mediator
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -12,8 +13,10 @@ import (
 	"github.com/vgpu/vgpu/client"
 )
 
-// A tenant that allocates and frees in a loop appends to its session's
-// journal at every call: past maxJournal bytes the journal is given up
+// A tenant that allocates and frees in a loop, keeping a buffer live all
+// along (so that no free empties its space and compacts the journal:
+// TestJournalCompacted), appends to its session's journal at every call:
+// past maxJournal bytes the journal is given up
 // (deleted, the session served on without surviving a restart), so no
 // tenant fills the state directory's disk. A session within the bound
 // keeps its journal.
@@ -36,6 +39,9 @@ func TestJournalBounded(t *testing.T) {
 	}
 	churn, calm := dial(), dial()
 	if _, err := calm.Malloc(0, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := churn.Malloc(0, 4<<10); err != nil { // live all along
 		t.Fatal(err)
 	}
 	const rounds = 2000
@@ -77,5 +83,62 @@ func TestJournalBounded(t *testing.T) {
 	}
 	if _, err := churn.Stats(); !errors.Is(err, api.ErrUnavailable) {
 		t.Fatalf("the session whose journal was given up, after a restart: %v, want unavailable", err)
+	}
+}
+
+// A tenant that allocates and frees in a loop, its space empty after each
+// free, keeps a short journal: once past compactBytes, the free that
+// empties the space rewrites it. The session is restored from the
+// compacted journal, with what it allocated since.
+func TestJournalCompacted(t *testing.T) {
+	h := newHost(t)
+	h.start()
+	c := h.dial(h.serveHost())
+	st, err := c.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(h.stateDir(), journalDir, strconv.FormatUint(c.Session(), 10)+".journal")
+	var most int64
+	for range 2000 {
+		p, err := c.Malloc(0, 4<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Free(p); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		most = max(most, fi.Size())
+	}
+	if most > compactBytes+4<<10 {
+		t.Fatalf("the journal grew to %d bytes, want it compacted past %d", most, compactBytes)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() >= 2000*100/4 {
+		t.Fatalf("the journal holds %d bytes after 2000 rounds: never compacted", fi.Size())
+	}
+	p, err := c.Malloc(0, 100<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := pattern(7, 100<<10)
+	st.CopyToDevice(p, want)
+	if err := st.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	h.crash()
+	h.start()
+	h.serveHost()
+	got := make([]byte, len(want))
+	st.CopyFromDevice(got, p) // on the stream made before the compaction
+	if err := st.Synchronize(); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("after a restart from a compacted journal: %v, bytes equal %v\n%s", err, bytes.Equal(got, want), h.log.String())
 	}
 }

@@ -1087,6 +1087,7 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 			return false, err
 		}
 		s.forgetWithStream(m.Addr)
+		s.compactJournal()
 		return false, s.c.Reply(h)
 	case api.OpStreamCreate:
 		id, err := s.createStream()
