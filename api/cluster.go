@@ -24,7 +24,8 @@ type ClusterNode struct {
 	Memory      uint64 `json:"memory"` // of all its devices
 	Free        uint64 `json:"free"`
 	Connections int    `json:"connections"`
-	// Connected: the mediator reporting uses it.
+	// Connected: the mediator reporting places on it and its connection
+	// to it is up.
 	Connected bool `json:"connected"`
 }
 
@@ -40,5 +41,12 @@ type ClusterMediator struct {
 type ClusterTenant struct {
 	Name       string `json:"name"`
 	Reserved   uint64 `json:"reserved"`
+	Containers int    `json:"containers"`
+}
+
+// ClusterUse is a tenant's reservations summed over every live mediator
+// (TenantInfo.Cluster, in cluster mode).
+type ClusterUse struct {
+	Reserved   uint64 `json:"reserved_bytes"`
 	Containers int    `json:"containers"`
 }

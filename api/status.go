@@ -179,4 +179,7 @@ type TenantInfo struct {
 	// Charged is what its containers' and sessions' memory budgets count
 	// now: Allocated less the credits for sealed weights stored once.
 	Charged uint64 `json:"charged_bytes"`
+	// Cluster is its use over all mediators, in cluster mode; nil otherwise
+	// or when etcd could not be read.
+	Cluster *ClusterUse `json:"cluster,omitempty"`
 }

@@ -82,6 +82,11 @@ func TestClusterProcesses(t *testing.T) {
 		t.Fatalf("vgpuctl status: %v\n%s", err, out)
 	}
 
+	out, err = run(t, "vgpuctl", "--socket", s2, "tenants")
+	if err != nil || !strings.Contains(out, "RESERVED CLUSTER-WIDE") || !strings.Contains(out, "160.0 MiB") {
+		t.Fatalf("vgpuctl tenants: %v\n%s", err, out)
+	}
+
 	// A node that registers now joins the running mediators.
 	nodeB := startNode(t, "--etcd", eps, "--etcd-ttl", "2s", "--memory", "1GiB")
 	waitFor(t, "node b in m2", func() bool { return len(status(t, s2).Nodes) == 2 })

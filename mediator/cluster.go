@@ -378,9 +378,9 @@ func (m *Mediator) clusterStatus() *api.ClusterStatus {
 		st.Error = err.Error()
 		return st
 	}
-	connected := map[string]bool{}
+	connected := map[string]bool{} // used for placement, and the connection up
 	for _, n := range m.nodeList() {
-		connected[n.addr] = !n.gone.Load()
+		connected[n.addr] = !n.gone.Load() && n.up()
 	}
 	for _, n := range nodes {
 		cn := api.ClusterNode{Addr: n.Addr, Backend: n.Backend, TLS: n.TLS, Connections: n.Connections, Devices: len(n.Devices), Connected: connected[n.Addr]}
@@ -444,3 +444,24 @@ func (c *clusterCharge) reserve(n uint64) error {
 }
 
 func (c *clusterCharge) release(n uint64) { c.m.cluster.quotas.Release(c.tenant, n, 0) }
+
+// addClusterUse fills in each tenant's use over all mediators, in cluster
+// mode, as etcd has it; where etcd cannot be read within its operation
+// timeout, the tenants are left without it.
+func (m *Mediator) addClusterUse(infos []api.TenantInfo) {
+	if m.cluster == nil {
+		return
+	}
+	s := m.cluster.cfg.Session
+	ctx, cancel := context.WithTimeout(context.Background(), s.Options().OpTimeout)
+	defer cancel()
+	use, err := s.Usage(ctx)
+	if err != nil {
+		m.log.WithError(err).Warn("cluster: tenants listed without their cluster-wide use")
+		return
+	}
+	for i := range infos {
+		u := use[infos[i].Name]
+		infos[i].Cluster = &api.ClusterUse{Reserved: u.Memory, Containers: u.Containers}
+	}
+}

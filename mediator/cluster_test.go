@@ -223,6 +223,11 @@ func TestClusterQuotaAcrossMediators(t *testing.T) {
 	if st == nil || len(st.Tenants) != 1 || st.Tenants[0].Name != "t" || st.Tenants[0].Containers != 3 || st.Tenants[0].Reserved != 41<<20 {
 		t.Fatalf("cluster-wide use %+v, want t with 3 containers and 41MiB", st)
 	}
+	for _, ti := range m2.Tenants() {
+		if ti.Name == "t" && (ti.Cluster == nil || *ti.Cluster != api.ClusterUse{Reserved: 41 << 20, Containers: 3} || ti.Containers != 1) {
+			t.Fatalf("m2's tenant t: %+v, cluster %+v; want its 1 container here and 41MiB, 3 containers cluster-wide", ti, ti.Cluster)
+		}
+	}
 }
 
 // A mediator restarted on its state directory restores its containers and

@@ -688,6 +688,7 @@ func (m *Mediator) Tenants() []api.TenantInfo {
 		}
 	}
 	sort.Slice(infos, func(i, j int) bool { return infos[i].Name < infos[j].Name })
+	m.addClusterUse(infos)
 	return infos
 }
 

@@ -113,3 +113,21 @@ func tenantsSubFlags(sub string) *flag.FlagSet {
 	fs, _ := jsonFlags("tenants")
 	return fs
 }
+
+// renderClusterUse writes, after vgpuctl tenants' table, each tenant's use
+// over all mediators (cluster mode); nothing where no tenant carries it.
+func renderClusterUse(out io.Writer, ts []api.TenantInfo) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	header := false
+	for _, t := range ts {
+		if t.Cluster == nil {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w, "\nTENANT\tRESERVED CLUSTER-WIDE\tCONTAINERS CLUSTER-WIDE")
+			header = true
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\n", t.Name, api.FormatSize(t.Cluster.Reserved), t.Cluster.Containers)
+	}
+	return w.Flush()
+}

@@ -61,3 +61,16 @@ func TestRenderCluster(t *testing.T) {
 		}
 	}
 }
+
+func TestRenderClusterUse(t *testing.T) {
+	var b bytes.Buffer
+	if err := renderClusterUse(&b, []api.TenantInfo{{Name: "a"}}); err != nil || b.Len() != 0 {
+		t.Fatalf("outside cluster mode: %q, %v", b.String(), err)
+	}
+	renderClusterUse(&b, []api.TenantInfo{{Name: "a", Cluster: &api.ClusterUse{Reserved: 3 << 30, Containers: 7}}})
+	for _, want := range []string{"RESERVED CLUSTER-WIDE", "3.0 GiB", "7"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("cluster use lacks %q:\n%s", want, b.String())
+		}
+	}
+}

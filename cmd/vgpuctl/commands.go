@@ -263,7 +263,10 @@ func tenants(socket string, args []string) error {
 	if asJSON {
 		return printJSON(ts)
 	}
-	return renderTenants(os.Stdout, ts)
+	if err := renderTenants(os.Stdout, ts); err != nil {
+		return err
+	}
+	return renderClusterUse(os.Stdout, ts)
 }
 
 // tenantColumn is a column of vgpuctl tenants: a quota field (the name of
