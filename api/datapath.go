@@ -53,9 +53,6 @@ type Batch struct {
 	Cmds   []Cmd
 }
 
-// cmdHeader is the bytes in front of each command's body in a Batch.
-const cmdHeader = 6
-
 // AppendCmd appends one command, encoded, to a batch body being built:
 // Batch.Marshal's element format, without copying m through a Cmd.
 func AppendCmd(b []byte, op Op, m Message) []byte {
