@@ -183,10 +183,10 @@ func (m *Mediator) serveConn(nc net.Conn, ctr *container, greeted func()) {
 // serveOperator answers operator requests. Those that change state
 // (register, release, reload) need a privileged peer; what an unprivileged
 // one may ask (status, tenants, the catalog) has no body, and its status
-// requests are paced per uid (statuspace.go).
+// and tenants requests are paced per uid (statuspace.go).
 func (m *Mediator) serveOperator(c *api.Conn, hello api.Header, priv bool) {
 	serveRequests(c, hello, priv, "an unprivileged peer", func(op api.Op, body []byte) ([]byte, error) {
-		if op == api.OpStatus && !priv {
+		if (op == api.OpStatus || op == api.OpTenants) && !priv {
 			if err := m.statusPace.of(c.NetConn()).wait(m.stop); err != nil {
 				return nil, err
 			}

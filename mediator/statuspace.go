@@ -6,12 +6,13 @@ import (
 )
 
 // Status for whoever reaches the host socket: OpStatus asks every node for
-// its status, and any local user may ask it (docs/security.md), on as many
-// as MaxHostConnsPerUID connections. Unpaced, 8 connections of one peer had
-// the node answer 11 865 status requests in a second. So the status
-// requests of a peer that is not an operator are answered SelfInterval
-// apart per uid, over all its connections; an operator's (root, the
-// mediator's user: vgpuctl as root, the status page) are not paced.
+// its status, and etcd in cluster mode, as OpTenants asks etcd; any local
+// user may ask them (docs/security.md), on as many as MaxHostConnsPerUID
+// connections. Unpaced, 8 connections of one peer had the node answer
+// 11 865 status requests in a second. So the status and tenants requests
+// of a peer that is not an operator are answered SelfInterval apart per
+// uid, over all its connections; an operator's (root, the mediator's user:
+// vgpuctl as root, the status page) are not paced.
 
 // uidPaces holds a pace per peer uid. Its zero value is ready. It grows by
 // one entry per uid that asks, and only the host's accounts can connect

@@ -11,12 +11,13 @@ import (
 	"github.com/vgpu/vgpu/client"
 )
 
-// Anyone who reaches the host socket may read the status, and every answer
-// asks every node for its status: an unprivileged peer's status requests
-// are spaced SelfInterval apart over all its connections, while an
-// operator's (root or the mediator's user: vgpuctl, the status page) are
-// not. Unpaced, 8 connections of one peer had the node answer 11 865
-// status requests in a second.
+// Anyone who reaches the host socket may read the status and tenants, and
+// every answer asks every node for its status, and etcd in cluster mode:
+// an unprivileged peer's status and tenants requests are spaced
+// SelfInterval apart over all its connections, while an operator's (root
+// or the mediator's user: vgpuctl, the status page) are not. Unpaced, 8
+// connections of one peer had the node answer 11 865 status requests in a
+// second.
 func TestUnprivilegedStatusPaced(t *testing.T) {
 	h := newHost(t)
 	h.start()
@@ -36,8 +37,12 @@ func TestUnprivilegedStatusPaced(t *testing.T) {
 			t.Fatal(err)
 		}
 		wg.Go(func() {
-			for range each {
-				if _, err := r.Call(api.OpStatus, nil); err != nil {
+			for i := range each {
+				op := api.OpStatus // asks the nodes (and etcd in cluster mode)
+				if i%2 == 1 {
+					op = api.OpTenants // asks etcd in cluster mode
+				}
+				if _, err := r.Call(op, nil); err != nil {
 					t.Error(err)
 				}
 			}
@@ -45,7 +50,7 @@ func TestUnprivilegedStatusPaced(t *testing.T) {
 	}
 	wg.Wait()
 	if took, want := time.Since(start), (conns*each-1)*SelfInterval; took < want {
-		t.Errorf("%d status requests of an unprivileged peer over %d connections answered in %v, want at least %v (%v apart)", conns*each, conns, took, want, SelfInterval)
+		t.Errorf("%d status and tenants requests of an unprivileged peer over %d connections answered in %v, want at least %v (%v apart)", conns*each, conns, took, want, SelfInterval)
 	}
 	op, err := client.DialOperator(sock)
 	if err != nil {
