@@ -61,9 +61,8 @@ const Output = "messages_gen.go"
 func main() {
 	dir := flag.String("dir", ".", "directory of package api")
 	out := flag.String("o", Output, "output file, relative to -dir unless absolute")
-	suffix := flag.String("suffix", "", "appended to the names Marshal and Unmarshal, to set a new codec beside the old one")
 	flag.Parse()
-	src, err := generate(*dir, *suffix)
+	src, err := generate(*dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "codecgen:", err)
 		os.Exit(1)
@@ -89,17 +88,16 @@ type wireType struct {
 }
 
 type gen struct {
-	suffix string // of the method names
-	fset   *token.FileSet
-	types  map[string]*wireType
-	buf    bytes.Buffer
-	vars   int // counter for loop variables
+	fset  *token.FileSet
+	types map[string]*wireType
+	buf   bytes.Buffer
+	vars  int // counter for loop variables
 }
 
 // generate returns the formatted source of messages_gen.go for the package
 // in dir.
-func generate(dir, suffix string) ([]byte, error) {
-	g := &gen{suffix: suffix, fset: token.NewFileSet(), types: map[string]*wireType{}}
+func generate(dir string) ([]byte, error) {
+	g := &gen{fset: token.NewFileSet(), types: map[string]*wireType{}}
 	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
 		return nil, err
@@ -343,18 +341,19 @@ func (g *gen) minSize(t ast.Expr) (int, error) {
 		}
 		return g.arrayLen(t)
 	}
-	return 0, fmt.Errorf("unsupported type %s", types(t))
+	return 0, fmt.Errorf("unsupported type %s", typeString(t))
 }
 
 func (g *gen) arrayLen(t *ast.ArrayType) (int, error) {
 	lit, ok := t.Len.(*ast.BasicLit)
 	if !ok || !isByteSlice(&ast.ArrayType{Elt: t.Elt}) {
-		return 0, fmt.Errorf("unsupported array %s: only [N]byte with a literal N", types(t))
+		return 0, fmt.Errorf("unsupported array %s: only [N]byte with a literal N", typeString(t))
 	}
 	return strconv.Atoi(lit.Value)
 }
 
-func types(t ast.Expr) string {
+// typeString is t as Go source.
+func typeString(t ast.Expr) string {
 	var b bytes.Buffer
 	format.Node(&b, token.NewFileSet(), t)
 	return b.String()
@@ -365,14 +364,14 @@ func (g *gen) message(wt *wireType) error {
 	if err != nil {
 		return err
 	}
-	g.printf("func (m *%s) Marshal%s(e *Encoder) {\n", wt.name, g.suffix)
+	g.printf("func (m *%s) Marshal(e *Encoder) {\n", wt.name)
 	for _, f := range fs {
 		if err := g.encodeField(wt.name, "m", f); err != nil {
 			return err
 		}
 	}
 	g.printf("}\n\n")
-	g.printf("func (m *%s) Unmarshal%s(d *Decoder) {\n", wt.name, g.suffix)
+	g.printf("func (m *%s) Unmarshal(d *Decoder) {\n", wt.name)
 	for _, f := range fs {
 		if err := g.decodeField(wt.name, "m", f); err != nil {
 			return err
@@ -446,7 +445,7 @@ func (g *gen) encode(what, v string, t ast.Expr) error {
 		g.printf("}\n")
 		return nil
 	}
-	return fmt.Errorf("%s: unsupported type %s", what, types(t))
+	return fmt.Errorf("%s: unsupported type %s", what, typeString(t))
 }
 
 // loop opens a loop over list v of elem: an element of struct type is
@@ -482,10 +481,7 @@ func (g *gen) decodeField(owner, recv string, f field) error {
 		g.printf("if d.More() {\n%s.%s = true\n", recv, f.ifField)
 		defer g.printf("}\n")
 	}
-	if err := g.decode(what, v, f.typ, f.nilEmpty, f.max); err != nil {
-		return err
-	}
-	return nil
+	return g.decode(what, v, f.typ, f.nilEmpty, f.max)
 }
 
 // decode reads a value of type t into the addressable expression v.
@@ -541,9 +537,9 @@ func (g *gen) decode(what, v string, t ast.Expr, nilEmpty bool, max string) erro
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		if nilEmpty {
-			g.printf("if n := d.Len(%d); n > 0 {\n%s = make(%s, n)\n}\n", min, v, types(t))
+			g.printf("if n := d.Len(%d); n > 0 {\n%s = make(%s, n)\n}\n", min, v, typeString(t))
 		} else {
-			g.printf("%s = make(%s, d.Len(%d))\n", v, types(t), min)
+			g.printf("%s = make(%s, d.Len(%d))\n", v, typeString(t), min)
 		}
 		if max != "" {
 			// Refused before its elements are read: a forged count costs
@@ -561,7 +557,7 @@ func (g *gen) decode(what, v string, t ast.Expr, nilEmpty bool, max string) erro
 		g.printf("}\n")
 		return nil
 	}
-	return fmt.Errorf("%s: unsupported type %s", what, types(t))
+	return fmt.Errorf("%s: unsupported type %s", what, typeString(t))
 }
 
 // isStruct says whether t names a struct type of the package.

@@ -12,7 +12,7 @@ import (
 // directory and compares it with the committed messages_gen.go: a message
 // changed without `go generate ./api` fails here.
 func TestGeneratedCodeCurrent(t *testing.T) {
-	src, err := generate("../..", "")
+	src, err := generate("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestGenerateRefuses(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "m.go"), []byte("package api\n\n"+tc.src+"\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			_, err := generate(dir, "")
+			_, err := generate(dir)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("generate: %v, want an error containing %q", err, tc.want)
 			}
