@@ -11,6 +11,21 @@ import (
 	"github.com/vgpu/vgpu/client"
 )
 
+// unprivilegedOperator connects to m's host socket as a local user other
+// than root and the mediator's: over a pipe, which carries no peer
+// credentials, so its peer is not privileged (privileged).
+func unprivilegedOperator(t *testing.T, m *Mediator) *api.RPC {
+	t.Helper()
+	mine, theirs := net.Pipe()
+	go m.serveConn(theirs, nil, func() {})
+	r := api.NewRPC(api.NewConn(mine), "mediator")
+	t.Cleanup(func() { r.Close() })
+	if _, err := r.Call(api.OpHello, nil, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleOperator})); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // Anyone who reaches the host socket may read the status and tenants, and
 // every answer asks every node for its status, and etcd in cluster mode:
 // an unprivileged peer's status and tenants requests are spaced
@@ -26,16 +41,7 @@ func TestUnprivilegedStatusPaced(t *testing.T) {
 	var wg sync.WaitGroup
 	start := time.Now()
 	for range conns {
-		// A pipe carries no peer credentials: its peer is not privileged
-		// (privileged), as a local user other than root and the
-		// mediator's is not.
-		mine, theirs := net.Pipe()
-		go h.med.serveConn(theirs, nil, func() {})
-		r := api.NewRPC(api.NewConn(mine), "mediator")
-		defer r.Close()
-		if _, err := r.Call(api.OpHello, nil, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleOperator})); err != nil {
-			t.Fatal(err)
-		}
+		r := unprivilegedOperator(t, h.med)
 		wg.Go(func() {
 			for i := range each {
 				op := api.OpStatus // asks the nodes (and etcd in cluster mode)
@@ -99,13 +105,7 @@ func TestCloseCutsPacedRequests(t *testing.T) {
 		defer view.Close()
 		ask(func() error { _, err := view.Self(); return err })
 
-		mine, theirs := net.Pipe() // unprivileged, as in TestUnprivilegedStatusPaced
-		go h.med.serveConn(theirs, nil, func() {})
-		r := api.NewRPC(api.NewConn(mine), "mediator")
-		defer r.Close()
-		if _, err := r.Call(api.OpHello, nil, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleOperator})); err != nil {
-			t.Fatal(err)
-		}
+		r := unprivilegedOperator(t, h.med)
 		ask(func() error { _, err := r.Call(api.OpStatus, nil); return err })
 	}
 	time.Sleep(2 * SelfInterval)
