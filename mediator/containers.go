@@ -565,7 +565,22 @@ func (m *Mediator) releaseIf(k ctrKey, check func(*container) error) error {
 	delete(m.containers, k)
 	done := make(chan struct{})
 	m.releasing[k] = done
+	// Its sessions restored after a restart that no tenant has resumed
+	// yet (resume.go) end with it, as its live ones do, before its quota
+	// returns: left to their ResumeGrace, their memory would still be
+	// held on the nodes while the quota was granted again.
+	var restored []*session
+	for h, s := range m.restored {
+		if s.ctr == ctr {
+			delete(m.restored, h)
+			restored = append(restored, s)
+		}
+	}
 	m.mu.Unlock()
+	for _, s := range restored {
+		s.expiry.Stop() // if it fires now, it finds the session gone from restored
+		s.teardown()
+	}
 	log := m.log.WithFields(map[string]any{"container": k.id, "namespace": k.namespace})
 	if !ctr.close() {
 		log.Warn("sessions still tearing down after 10s; returning the quota anyway")

@@ -28,7 +28,9 @@ package mediator
 //     reproduce) drops it, frees what the nodes kept of it and deletes its
 //     journal; a tenant resuming it is told it is gone (api.ErrUnavailable).
 //   - A restored session is in Mediator.restored, not Mediator.sessions,
-//     until its tenant resumes it: nothing serves it before.
+//     until its tenant resumes it: nothing serves it before. It ends
+//     there when its ResumeGrace passes, or when its container is
+//     released (releaseIf), before the container's quota returns.
 
 import (
 	"crypto/rand"
