@@ -71,6 +71,12 @@ import (
 
 const journalDir = "sessions"
 
+// dieBeforeRecord, a test's fault injection, is asked before each record
+// is written; true makes the journal stop there, as a mediator that died
+// before it would leave it. The test stops the session's node calls
+// itself. nil outside tests.
+var dieBeforeRecord func(l *sessionLog) bool
+
 // compactBytes is the size past which a free that empties a session's
 // space rewrites its journal (sessionLog.compact).
 const compactBytes = 64 << 10
@@ -326,6 +332,11 @@ func (l *sessionLog) add(op journalOp) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
+		return
+	}
+	if dieBeforeRecord != nil && dieBeforeRecord(l) {
+		l.f.Close()
+		l.f = nil
 		return
 	}
 	b, err := record(op)

@@ -3,6 +3,7 @@ package mediator
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"maps"
 	"net"
 	"os"
@@ -279,5 +280,97 @@ func TestJournalWriteFails(t *testing.T) {
 	h.serveHost()
 	if _, err := c.Stats(); !errors.Is(err, api.ErrUnavailable) {
 		t.Fatalf("call after the restart: %v, want unavailable: the session was not restored", err)
+	}
+}
+
+// The mediator dies before each record of a session's journal in turn —
+// an allocation granted but not journaled, a free journaled but not sent,
+// a seal — and what the restart restores is consistent: the session is
+// restored, every allocation answered before the death reads back its
+// bytes, and frames the journal does not map are freed.
+func TestDeathAtEachJournalRecord(t *testing.T) {
+	defer func() { dieBeforeRecord = nil }()
+	a, b := pattern(1, 4<<10), pattern(2, 3<<20)
+	for k := 1; k <= 5; k++ {
+		t.Run(fmt.Sprint("before record ", k), func(t *testing.T) {
+			h := newHost(t)
+			h.start()
+			c := h.dial(h.serveHost())
+			records := 0
+			dieBeforeRecord = func(l *sessionLog) bool {
+				if records++; records < k {
+					return false
+				}
+				// The process is gone: the session reaches no node.
+				for _, v := range h.med.sessions[l.id].vdevs {
+					v.rpc.Close()
+				}
+				return true
+			}
+			s := c.Stream()
+			type live struct {
+				p    client.Ptr
+				want []byte
+			}
+			var acked []live
+			pa, err := c.Malloc(0, uint64(len(a))) // record 1
+			if err == nil {
+				s.CopyToDevice(pa, a)
+				if err = s.Synchronize(); err == nil {
+					acked = append(acked, live{pa, a})
+				}
+			}
+			var pb client.Ptr
+			if err == nil {
+				pb, err = c.MallocWith(0, uint64(len(b)), client.AllocOptions{Hint: api.HintWeight}) // record 2
+			}
+			if err == nil {
+				s.CopyToDevice(pb, b)
+				if err = s.Synchronize(); err == nil {
+					acked = append(acked, live{pb, b})
+				}
+			}
+			if err == nil {
+				err = c.Seal(pb) // record 3
+			}
+			if err == nil {
+				if err = c.Free(pa); err == nil { // record 4
+					acked = acked[1:]
+				}
+			}
+			if err == nil {
+				_, err = c.Malloc(0, 64<<10) // record 5
+			}
+			if err == nil {
+				t.Fatalf("every call succeeded though the mediator died before record %d", k)
+			}
+			dieBeforeRecord = nil
+			h.crash()
+			out := h.start()
+			h.serveHost()
+			if !strings.Contains(out, "session restored") {
+				t.Fatalf("death before record %d: not restored:\n%s", k, out)
+			}
+			for _, x := range acked {
+				got := make([]byte, len(x.want))
+				s.CopyFromDevice(got, x.p)
+				if err := s.Synchronize(); err != nil || !bytes.Equal(got, x.want) {
+					t.Fatalf("death before record %d: allocation %#x answered before it: %v, bytes equal %v", k, x.p, err, bytes.Equal(got, x.want))
+				}
+			}
+			// What the restart holds is what its space maps: after the
+			// tenant frees all, the node holds nothing of it.
+			for _, x := range acked {
+				if err := c.Free(x.p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.Close()
+			h.stop()
+			h.start()
+			if used := h.med.Status().Nodes[0].Devices[0].Used; used != 0 {
+				t.Fatalf("death before record %d: the node still holds %d bytes once the session freed all and ended", k, used)
+			}
+		})
 	}
 }
