@@ -311,7 +311,7 @@ func DecodeError(body []byte) error {
 	if err := d.Finish(); err != nil {
 		return fmt.Errorf("malformed error reply: %w", err)
 	}
-	if code == CodeOK || code >= codeEnd {
+	if !code.Known() {
 		return &RemoteError{Code: CodeProtocol, Msg: fmt.Sprintf("error reply with unknown code %d: %s", code, msg)}
 	}
 	return &RemoteError{Code: code, Msg: msg}

@@ -121,10 +121,10 @@ func FuzzDecodeError(f *testing.F) {
 		case err == nil:
 			t.Fatal("DecodeError returned nil")
 		case errors.As(err, &re):
-			if re.Code == CodeOK || re.Code >= codeEnd {
+			if !re.Code.Known() {
 				t.Fatalf("RemoteError with code %d", re.Code)
 			}
-			if !errors.Is(err, sentinels[re.Code]) || CodeOf(err) != re.Code {
+			if !errors.Is(err, re.Code.Sentinel()) || CodeOf(err) != re.Code {
 				t.Fatalf("RemoteError %v does not match its sentinel", re.Code)
 			}
 			if len(re.Msg) > MaxString+100 {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"path/filepath"
 	"slices"
 )
 
@@ -630,22 +629,4 @@ type RegisterReply struct {
 type Release struct {
 	Container string // container id
 	Namespace string // containerd namespace; "" for a container registered without one
-}
-
-// NoNamespace is the directory, in place of a namespace's, that holds the
-// socket directories of containers registered without a containerd
-// namespace (plain runc). No namespace is named so: a namespace, like a
-// container id, starts with a letter or a digit.
-const NoNamespace = "_"
-
-// ContainerSocketDir is where the socket directory of container id of
-// namespace lives below root, the directory of all of them:
-// root/namespace/id (root/_/id without a namespace). Both parts must be
-// valid names (one path component each); the runtime and the mediator
-// check them.
-func ContainerSocketDir(root, namespace, id string) string {
-	if namespace == "" {
-		namespace = NoNamespace
-	}
-	return filepath.Join(root, namespace, id)
 }

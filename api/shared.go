@@ -1,42 +1,9 @@
 package api
 
-import "fmt"
-
 // Messages of shared buffers: a tenant exports a buffer with grants to
 // named tenants, others import it, possibly through other mediators, and
 // every mediator keeps host-side copies of its pages, kept coherent by the
 // buffer's home node according to the buffer's mode (coherence/).
-
-// Mode is what a shared buffer promises its readers, chosen at export.
-type Mode uint8
-
-// Modes.
-const (
-	// ModePrivate: one mediator only, never shared: no protocol traffic.
-	ModePrivate Mode = iota
-	// ModeImmutable: sealed; cached anywhere forever, no coherence messages,
-	// writes refused.
-	ModeImmutable
-	// ModeVersioned: writers publish versions, readers pin one and see it
-	// unchanged; no invalidations.
-	ModeVersioned
-	// ModeCoherent: linearizable reads and writes at page granularity
-	// across all mediators.
-	ModeCoherent
-	modeEnd
-)
-
-var modeNames = [...]string{"private", "immutable", "versioned", "coherent"}
-
-func (m Mode) String() string {
-	if m < modeEnd {
-		return modeNames[m]
-	}
-	return fmt.Sprintf("mode(%d)", uint8(m))
-}
-
-// Valid says whether m is a known mode.
-func (m Mode) Valid() bool { return m < modeEnd }
 
 // MaxGrants bounds the grants of one export. A node keeps them for the
 // object's life, and a list as long as the wire allows (MaxList) would

@@ -18,7 +18,8 @@
 //	[N]byte                                        N bytes
 //	[]T                                            uint32 count, elements (at most MaxList, and no
 //	                                               more than the bytes left could hold)
-//	a named type of one of these                   as that type
+//	a named type of one of these                   as that type (also one of api/vocab,
+//	                                               named through an alias: type Hint = vocab.Hint)
 //	a struct type of the package                   its fields, in order
 //
 // Struct tags `wire:"..."` (comma-separated) say what the type cannot:
@@ -98,41 +99,14 @@ type gen struct {
 // in dir.
 func generate(dir string) ([]byte, error) {
 	g := &gen{fset: token.NewFileSet(), types: map[string]*wireType{}}
-	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	messages, err := g.parse(dir, "")
 	if err != nil {
 		return nil, err
 	}
-	slices.Sort(files)
-	var messages []string
-	for _, path := range files {
-		if strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, "_gen.go") {
-			continue
-		}
-		f, err := parser.ParseFile(g.fset, path, nil, parser.ParseComments)
-		if err != nil {
-			return nil, err
-		}
-		for _, decl := range f.Decls {
-			gd, ok := decl.(*ast.GenDecl)
-			if !ok || gd.Tok != token.TYPE {
-				continue
-			}
-			for _, spec := range gd.Specs {
-				ts := spec.(*ast.TypeSpec)
-				wt := &wireType{name: ts.Name.Name, expr: ts.Type, pos: g.fset.Position(ts.Pos())}
-				doc := ts.Doc
-				if doc == nil && len(gd.Specs) == 1 {
-					doc = gd.Doc
-				}
-				if err := wt.directive(doc); err != nil {
-					return nil, err
-				}
-				g.types[wt.name] = wt
-				if wt.message {
-					messages = append(messages, wt.name)
-				}
-			}
-		}
+	// The vocabulary's types (api/vocab), which api's message fields name
+	// through aliases such as `type Hint = vocab.Hint`.
+	if _, err := g.parse(filepath.Join(dir, "vocab"), "vocab."); err != nil {
+		return nil, err
 	}
 	if len(messages) == 0 {
 		return nil, fmt.Errorf("no //vgpu:wire types in %s", dir)
@@ -149,6 +123,55 @@ func generate(dir string) ([]byte, error) {
 		return nil, fmt.Errorf("formatting the output: %w", err)
 	}
 	return src, nil
+}
+
+// parse reads the type declarations of the package in dir into g.types,
+// each named prefix+name, and returns its //vgpu:wire messages. An alias of
+// another package's type (vocab.Hint) stands for that type by the same
+// qualified name.
+func (g *gen) parse(dir, prefix string) ([]string, error) {
+	var messages []string
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(files)
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, "_gen.go") {
+			continue
+		}
+		f, err := parser.ParseFile(g.fset, path, nil, parser.ParseComments)
+		if err != nil {
+			return nil, err
+		}
+		for _, decl := range f.Decls {
+			gd, ok := decl.(*ast.GenDecl)
+			if !ok || gd.Tok != token.TYPE {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				ts := spec.(*ast.TypeSpec)
+				wt := &wireType{name: prefix + ts.Name.Name, expr: ts.Type, pos: g.fset.Position(ts.Pos())}
+				if sel, ok := ts.Type.(*ast.SelectorExpr); ok && ts.Assign.IsValid() {
+					if pkg, ok := sel.X.(*ast.Ident); ok {
+						wt.expr = ast.NewIdent(pkg.Name + "." + sel.Sel.Name)
+					}
+				}
+				doc := ts.Doc
+				if doc == nil && len(gd.Specs) == 1 {
+					doc = gd.Doc
+				}
+				if err := wt.directive(doc); err != nil {
+					return nil, err
+				}
+				g.types[wt.name] = wt
+				if wt.message {
+					messages = append(messages, wt.name)
+				}
+			}
+		}
+	}
+	return messages, nil
 }
 
 func (wt *wireType) directive(doc *ast.CommentGroup) error {

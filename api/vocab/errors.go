@@ -1,4 +1,4 @@
-package api
+package vocab
 
 import (
 	"errors"
@@ -27,7 +27,7 @@ const (
 // Sentinels, one per code. Code that fails wraps one of them with %w and
 // context that names the offending value, e.g.
 //
-//	fmt.Errorf("free %#x: no allocation there: %w", va, api.ErrInvalidAddress)
+//	fmt.Errorf("free %#x: no allocation there: %w", va, vocab.ErrInvalidAddress)
 var (
 	ErrOutOfMemory      = errors.New("out of memory")
 	ErrQuotaExceeded    = errors.New("quota exceeded")
@@ -62,6 +62,18 @@ func (c Code) String() string {
 	return fmt.Sprintf("code(%d)", uint16(c))
 }
 
+// Known says whether c is the code of a failure this version knows: not
+// CodeOK, and not a number from a newer peer.
+func (c Code) Known() bool { return c > CodeOK && c < codeEnd }
+
+// Sentinel is the sentinel of c: ErrInternal for a code not Known.
+func (c Code) Sentinel() error {
+	if c.Known() {
+		return sentinels[c]
+	}
+	return ErrInternal
+}
+
 // CodeOf classifies err. Errors that wrap none of the sentinels are internal.
 func CodeOf(err error) Code {
 	if err == nil {
@@ -94,10 +106,5 @@ type RemoteError struct {
 
 func (e *RemoteError) Error() string { return e.Msg }
 
-// Unwrap lets errors.Is(err, api.ErrOutOfMemory) work on remote errors.
-func (e *RemoteError) Unwrap() error {
-	if e.Code > CodeOK && e.Code < codeEnd {
-		return sentinels[e.Code]
-	}
-	return ErrInternal
-}
+// Unwrap lets errors.Is(err, ErrOutOfMemory) work on remote errors.
+func (e *RemoteError) Unwrap() error { return e.Code.Sentinel() }
