@@ -186,7 +186,9 @@ func TestNodeHandshake(t *testing.T) {
 		{"first request not hello", api.OpNodeAlloc, api.Encode(&api.NodeAlloc{Count: 1}), api.ErrProtocol, []string{"node-alloc"}},
 		{"status before hello", api.OpNodeStatus, nil, api.ErrProtocol, []string{"node-status"}},
 		{"truncated hello", api.OpHello, hello(func(*api.Hello) {})[:5], api.ErrProtocol, []string{"hello"}},
-		{"hello with trailing bytes", api.OpHello, append(hello(func(*api.Hello) {}), 1), api.ErrProtocol, []string{"trailing"}},
+		// Whole, with its optional Resume field, so the byte after it is
+		// trailing rather than the start of that field.
+		{"hello with trailing bytes", api.OpHello, append(hello(func(h *api.Hello) { h.Resumable = true }), 1), api.ErrProtocol, []string{"trailing"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn := tn.dialRaw(t)
