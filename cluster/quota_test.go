@@ -127,7 +127,13 @@ func TestConcurrentAdmissionHistory(t *testing.T) {
 				if planted {
 					prefix = fmt.Sprintf("/planted%d/", i)
 				}
-				s := connect(t, etcd.Endpoints(), prefix)
+				// A generous op timeout: an unavailable answer would be
+				// load on this machine, not the protocol under test.
+				s, err := Connect(Options{Endpoints: etcd.Endpoints(), TTL: testTTL, OpTimeout: 10 * time.Second, Prefix: prefix, Log: quietLog()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { s.Close() })
 				qs = append(qs, newQuotas(t, s, fmt.Sprintf("m%d", i), 100*time.Millisecond))
 			}
 			var mu sync.Mutex

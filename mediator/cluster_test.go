@@ -224,8 +224,8 @@ func TestClusterQuotaAcrossMediators(t *testing.T) {
 		t.Fatalf("cluster-wide use %+v, want t with 3 containers and 41MiB", st)
 	}
 	for _, ti := range m2.Tenants() {
-		if ti.Name == "t" && (ti.Cluster == nil || *ti.Cluster != api.ClusterUse{Reserved: 41 << 20, Containers: 3} || ti.Containers != 1) {
-			t.Fatalf("m2's tenant t: %+v, cluster %+v; want its 1 container here and 41MiB, 3 containers cluster-wide", ti, ti.Cluster)
+		if ti.Name == "t" && (ti.Cluster == nil || *ti.Cluster != api.ClusterUse{Reserved: 41 << 20, Containers: 3} || ti.Containers != 2) {
+			t.Fatalf("m2's tenant t: %+v, cluster %+v; want its 2 containers here and 41MiB, 3 containers cluster-wide", ti, ti.Cluster)
 		}
 	}
 }
@@ -302,7 +302,9 @@ func TestClusterConcurrentAdmission(t *testing.T) {
 				if planted {
 					prefix = fmt.Sprintf("/planted%d/", i)
 				}
-				s, err := cluster.Connect(cluster.Options{Endpoints: etcd.Endpoints(), TTL: 2 * time.Second, OpTimeout: time.Second, Prefix: prefix, Log: quietLog()})
+				// A generous op timeout: an unavailable answer would be
+				// load on this machine, not the protocol under test.
+				s, err := cluster.Connect(cluster.Options{Endpoints: etcd.Endpoints(), TTL: 2 * time.Second, OpTimeout: 10 * time.Second, Prefix: prefix, Log: quietLog()})
 				if err != nil {
 					t.Fatal(err)
 				}
