@@ -416,9 +416,6 @@ type KernelInfo struct {
 //vgpu:wire
 type KernelList struct{ Kernels []KernelInfo }
 
-// Extent is a run of physical device memory.
-type Extent struct{ Addr, Len uint64 }
-
 func putExtents(e *Encoder, xs []Extent) {
 	e.U32(uint32(len(xs)))
 	for _, x := range xs {
@@ -433,15 +430,6 @@ func getExtents(d *Decoder) []Extent {
 		xs[i] = Extent{Addr: d.U64(), Len: d.U64()}
 	}
 	return xs
-}
-
-// ExtentsLen sums the lengths of xs.
-func ExtentsLen(xs []Extent) uint64 {
-	var n uint64
-	for _, x := range xs {
-		n += x.Len
-	}
-	return n
 }
 
 // ExtentsPrefix returns the extents of the first n bytes of xs (all of xs

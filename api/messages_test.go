@@ -819,7 +819,7 @@ func TestExtentsLen(t *testing.T) {
 	if n := ExtentsLen(nil); n != 0 {
 		t.Errorf("ExtentsLen(nil) = %d", n)
 	}
-	if n := ExtentsLen([]Extent{{0, 4096}, {1 << 21, 2 << 20}, {7, 0}}); n != 4096+2<<20 {
+	if n := ExtentsLen([]Extent{{Addr: 0, Len: 4096}, {Addr: 1 << 21, Len: 2 << 20}, {Addr: 7, Len: 0}}); n != 4096+2<<20 {
 		t.Errorf("ExtentsLen = %d", n)
 	}
 }

@@ -65,10 +65,13 @@ const (
 	ModeCoherent  = vocab.ModeCoherent
 )
 
-// Sizes (vocab/size.go).
+// Sizes and runs of device memory (vocab/size.go).
+type Extent = vocab.Extent
+
 var (
 	ParseSize  = vocab.ParseSize
 	FormatSize = vocab.FormatSize
+	ExtentsLen = vocab.ExtentsLen
 )
 
 // Container socket directories on the host (vocab/paths.go).

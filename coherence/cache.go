@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Ticket is a read in flight: what a Cache needs back with the reply. It
@@ -95,10 +95,10 @@ type Cache struct {
 // home's over a lease (docs/coherence.md, Leases).
 func NewCache(capacity int64, margin time.Duration) (*Cache, error) {
 	if capacity <= 0 {
-		return nil, fmt.Errorf("cache capacity %d bytes: want > 0: %w", capacity, api.ErrInvalidArgument)
+		return nil, fmt.Errorf("cache capacity %d bytes: want > 0: %w", capacity, vocab.ErrInvalidArgument)
 	}
 	if margin < 0 {
-		return nil, fmt.Errorf("lease margin %v: want >= 0: %w", margin, api.ErrInvalidArgument)
+		return nil, fmt.Errorf("lease margin %v: want >= 0: %w", margin, vocab.ErrInvalidArgument)
 	}
 	return &Cache{capacity: capacity, margin: margin, owners: make(map[string]*owner), objects: make(map[uint64]*object)}, nil
 }
@@ -211,7 +211,7 @@ func (c *Cache) endRead(t Ticket) (*object, *inflight, error) {
 		}
 	}
 	return nil, nil, fmt.Errorf("object %d version %d page %d: no read in flight: %w",
-		t.Key.Object, t.Key.Version, t.Key.Page, api.ErrInvalidArgument)
+		t.Key.Object, t.Key.Version, t.Key.Page, vocab.ErrInvalidArgument)
 }
 
 // Fill takes the home's reply to the read t at now: g and the page's
@@ -276,10 +276,10 @@ func (c *Cache) AbortRead(t Ticket) error {
 // StartWrite records that this cache sends a write of page of obj to its
 // home: it drops its copy and caches no reply for the page until
 // FinishWrite. A write to an object known to be sealed is refused with
-// api.ErrPermissionDenied, without asking the home.
+// vocab.ErrPermissionDenied, without asking the home.
 func (c *Cache) StartWrite(obj uint64, page uint32) error {
 	if o := c.objects[obj]; o != nil && o.sealed {
-		return fmt.Errorf("write of object %d page %d: object is sealed: %w", obj, page, api.ErrPermissionDenied)
+		return fmt.Errorf("write of object %d page %d: object is sealed: %w", obj, page, vocab.ErrPermissionDenied)
 	}
 	k := Key{Object: obj, Page: page}
 	o := c.object(obj)
@@ -295,7 +295,7 @@ func (c *Cache) FinishWrite(obj uint64, page uint32, version uint64) error {
 	k := Key{Object: obj, Page: page}
 	o := c.objects[obj]
 	if o == nil || o.inflight[k] == nil || o.inflight[k].writes == 0 {
-		return fmt.Errorf("object %d page %d: no write in flight: %w", obj, page, api.ErrInvalidArgument)
+		return fmt.Errorf("object %d page %d: no write in flight: %w", obj, page, vocab.ErrInvalidArgument)
 	}
 	f := o.inflight[k]
 	f.writes--

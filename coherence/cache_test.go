@@ -7,7 +7,7 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 func newCache(t *testing.T, capacity int64, margin time.Duration) *Cache {
@@ -31,9 +31,9 @@ func fill(t *testing.T, c *Cache, k Key, g ReadGrant, data string, sent, now tim
 
 func TestNewCacheRefuses(t *testing.T) {
 	_, err := NewCache(0, 0)
-	wantErr(t, err, api.ErrInvalidArgument, "capacity 0")
+	wantErr(t, err, vocab.ErrInvalidArgument, "capacity 0")
 	_, err = NewCache(1, -1)
-	wantErr(t, err, api.ErrInvalidArgument, "margin -1ns")
+	wantErr(t, err, vocab.ErrInvalidArgument, "margin -1ns")
 }
 
 func TestCacheLeaseCountsFromSend(t *testing.T) {
@@ -138,7 +138,7 @@ func TestCacheOwnWrites(t *testing.T) {
 	if !fill(t, c, k, ReadGrant{Version: 2, Lease: sec}, "v2", 0, 0) {
 		t.Error("did not cache v2 after the write")
 	}
-	wantErr(t, c.FinishWrite(1, 0, 3), api.ErrInvalidArgument, "object 1", "page 0")
+	wantErr(t, c.FinishWrite(1, 0, 3), vocab.ErrInvalidArgument, "object 1", "page 0")
 	// A failed write (version 0) just ends.
 	if err := c.StartWrite(1, 0); err != nil {
 		t.Fatal(err)
@@ -283,13 +283,13 @@ func TestCacheBookkeepingRefusals(t *testing.T) {
 	c := newCache(t, 1<<10, 0)
 	k := Key{Object: 1, Version: 2, Page: 3}
 	_, err := c.Fill(Ticket{Key: k}, ReadGrant{}, nil, 0)
-	wantErr(t, err, api.ErrInvalidArgument, "object 1 version 2 page 3")
-	wantErr(t, c.AbortRead(Ticket{Key: k}), api.ErrInvalidArgument, "object 1")
+	wantErr(t, err, vocab.ErrInvalidArgument, "object 1 version 2 page 3")
+	wantErr(t, c.AbortRead(Ticket{Key: k}), vocab.ErrInvalidArgument, "object 1")
 	tk := c.StartRead(k, 0)
 	if err := c.AbortRead(tk); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Fill(tk, ReadGrant{}, nil, 0); !errors.Is(err, api.ErrInvalidArgument) {
+	if _, err := c.Fill(tk, ReadGrant{}, nil, 0); !errors.Is(err, vocab.ErrInvalidArgument) {
 		t.Errorf("Fill after AbortRead: %v", err)
 	}
 	if len(c.objects) != 0 {
@@ -301,7 +301,7 @@ func TestCacheSealAndDrop(t *testing.T) {
 	c := newCache(t, 1<<10, 0)
 	k := Key{Object: 1}
 	fill(t, c, k, ReadGrant{Lease: Forever, Sealed: true}, "x", 0, 0)
-	wantErr(t, c.StartWrite(1, 5), api.ErrPermissionDenied, "object 1", "page 5")
+	wantErr(t, c.StartWrite(1, 5), vocab.ErrPermissionDenied, "object 1", "page 5")
 	tk := c.StartRead(Key{Object: 1, Page: 1}, 0)
 	c.Drop(1)
 	c.Drop(9)
@@ -329,7 +329,7 @@ func TestCacheSealAndDrop(t *testing.T) {
 // the old reply, arriving after a later read of the page began, is cached
 // as current after the write was acknowledged.
 func TestCacheDropKeepsReadsInFlight(t *testing.T) {
-	h := newHome(t, HomeConfig{Mode: api.ModeCoherent, Pages: 1, Lease: 200 * time.Millisecond})
+	h := newHome(t, HomeConfig{Mode: vocab.ModeCoherent, Pages: 1, Lease: 200 * time.Millisecond})
 	c := newCache(t, 1<<10, 0)
 	const reader, writer = CacheID(1), CacheID(2)
 	k := Key{Object: 7}
@@ -366,7 +366,7 @@ func TestCacheDropKeepsReadsInFlight(t *testing.T) {
 // before a Drop ends that write, not one sent after it, so the later
 // writer's own read, answered before its write, is not cached as current.
 func TestCacheDropKeepsWritesInFlight(t *testing.T) {
-	h := newHome(t, HomeConfig{Mode: api.ModeCoherent, Pages: 1, Lease: 200 * time.Millisecond})
+	h := newHome(t, HomeConfig{Mode: vocab.ModeCoherent, Pages: 1, Lease: 200 * time.Millisecond})
 	c := newCache(t, 1<<10, 0)
 	const first, second = CacheID(1), CacheID(2) // two connections of one mediator
 	k := Key{Object: 7}

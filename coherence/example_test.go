@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/coherence"
 )
 
@@ -13,7 +13,7 @@ import (
 func Example() {
 	const obj, page = 1, 0
 	lease := time.Second
-	home, _ := coherence.NewHome(coherence.HomeConfig{Mode: api.ModeCoherent, Pages: 4, Lease: lease})
+	home, _ := coherence.NewHome(coherence.HomeConfig{Mode: vocab.ModeCoherent, Pages: 4, Lease: lease})
 	reader, _ := coherence.NewCache(64<<20, lease/100) // mediator A
 	writer, _ := coherence.NewCache(64<<20, lease/100) // mediator B
 	const a, b coherence.CacheID = 1, 2

@@ -6,12 +6,12 @@ import (
 	"slices"
 	"time"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // HomeConfig describes a shared object to its home.
 type HomeConfig struct {
-	Mode  api.Mode
+	Mode  vocab.Mode
 	Pages uint32 // coherence pages in the object, at least 1
 	// Lease is how long a coherent read's copy stays valid (coherent mode
 	// only, > 0). A write waits at most this long for a reader that does
@@ -95,33 +95,33 @@ type Home struct {
 // NewHome returns the directory of an object nobody has read or written.
 func NewHome(cfg HomeConfig) (*Home, error) {
 	if !cfg.Mode.Valid() {
-		return nil, fmt.Errorf("coherence mode %v: %w", cfg.Mode, api.ErrInvalidArgument)
+		return nil, fmt.Errorf("coherence mode %v: %w", cfg.Mode, vocab.ErrInvalidArgument)
 	}
 	if cfg.Pages == 0 {
-		return nil, fmt.Errorf("coherent object of 0 pages: %w", api.ErrInvalidArgument)
+		return nil, fmt.Errorf("coherent object of 0 pages: %w", vocab.ErrInvalidArgument)
 	}
-	if cfg.Mode == api.ModeCoherent && cfg.Lease <= 0 {
-		return nil, fmt.Errorf("coherent object with lease %v: want > 0: %w", cfg.Lease, api.ErrInvalidArgument)
+	if cfg.Mode == vocab.ModeCoherent && cfg.Lease <= 0 {
+		return nil, fmt.Errorf("coherent object with lease %v: want > 0: %w", cfg.Lease, vocab.ErrInvalidArgument)
 	}
 	return &Home{cfg: cfg, current: 1, pages: make(map[uint32]*homePage), pins: make(map[pin]int)}, nil
 }
 
 // Mode is the object's mode.
-func (h *Home) Mode() api.Mode { return h.cfg.Mode }
+func (h *Home) Mode() vocab.Mode { return h.cfg.Mode }
 
 // Stats returns the home's counters.
 func (h *Home) Stats() HomeStats { return h.stats }
 
 func (h *Home) checkPage(page uint32) error {
 	if page >= h.cfg.Pages {
-		return fmt.Errorf("page %d of an object of %d pages: %w", page, h.cfg.Pages, api.ErrInvalidArgument)
+		return fmt.Errorf("page %d of an object of %d pages: %w", page, h.cfg.Pages, vocab.ErrInvalidArgument)
 	}
 	return nil
 }
 
 func (h *Home) checkOwner(c CacheID) error {
-	if h.cfg.Mode == api.ModePrivate && c != h.cfg.Owner {
-		return fmt.Errorf("cache %d: private object of cache %d: %w", c, h.cfg.Owner, api.ErrPermissionDenied)
+	if h.cfg.Mode == vocab.ModePrivate && c != h.cfg.Owner {
+		return fmt.Errorf("cache %d: private object of cache %d: %w", c, h.cfg.Owner, vocab.ErrPermissionDenied)
 	}
 	return nil
 }
@@ -135,7 +135,7 @@ func (h *Home) checkOwner(c CacheID) error {
 // a reader until now+Lease, and the grant is Lease (renewed if c was
 // registered already). While one is, the grant is 0: the reply is current
 // and may be returned, but not cached. Immutable: 0 until sealed, then
-// Forever. Private: Forever, to the owner only (api.ErrPermissionDenied
+// Forever. Private: Forever, to the owner only (vocab.ErrPermissionDenied
 // for others). Versioned: Forever. No mode but coherent registers
 // anything, so no other mode ever invalidates.
 func (h *Home) Read(c CacheID, page uint32, version uint64, now time.Duration) (ReadGrant, error) {
@@ -145,9 +145,9 @@ func (h *Home) Read(c CacheID, page uint32, version uint64, now time.Duration) (
 	if err := h.checkOwner(c); err != nil {
 		return ReadGrant{}, err
 	}
-	if h.cfg.Mode == api.ModeVersioned {
+	if h.cfg.Mode == vocab.ModeVersioned {
 		if h.pins[pin{c, version}] == 0 {
-			return ReadGrant{}, fmt.Errorf("read of version %d by cache %d, which has not pinned it: %w", version, c, api.ErrInvalidArgument)
+			return ReadGrant{}, fmt.Errorf("read of version %d by cache %d, which has not pinned it: %w", version, c, vocab.ErrInvalidArgument)
 		}
 		h.stats.Reads++
 		return ReadGrant{Version: version, Lease: Forever}, nil
@@ -162,18 +162,18 @@ func (h *Home) Read(c CacheID, page uint32, version uint64, now time.Duration) (
 		}
 	}
 	switch h.cfg.Mode {
-	case api.ModeCoherent:
+	case vocab.ModeCoherent:
 		if p == nil {
 			p = &homePage{}
 			h.pages[page] = p
 		}
 		p.register(c, now+h.cfg.Lease, now)
 		g.Lease = h.cfg.Lease
-	case api.ModeImmutable:
+	case vocab.ModeImmutable:
 		if h.sealed {
 			g.Lease = Forever
 		}
-	case api.ModePrivate:
+	case vocab.ModePrivate:
 		g.Lease = Forever
 	}
 	return g, nil
@@ -198,7 +198,7 @@ func (p *homePage) register(c CacheID, until, now time.Duration) {
 // keeps the write's data until Ready returns it.
 //
 // Writes of a sealed immutable object are refused with
-// api.ErrPermissionDenied, as are a private object's writes by any cache
+// vocab.ErrPermissionDenied, as are a private object's writes by any cache
 // but its owner.
 func (h *Home) BeginWrite(writer CacheID, page uint32, now time.Duration) (Write, error) {
 	if err := h.checkPage(page); err != nil {
@@ -208,7 +208,7 @@ func (h *Home) BeginWrite(writer CacheID, page uint32, now time.Duration) (Write
 		return Write{}, err
 	}
 	if h.sealed {
-		return Write{}, fmt.Errorf("write of page %d: object is sealed: %w", page, api.ErrPermissionDenied)
+		return Write{}, fmt.Errorf("write of page %d: object is sealed: %w", page, vocab.ErrPermissionDenied)
 	}
 	h.stats.Writes++
 	p := h.pages[page]
@@ -218,7 +218,7 @@ func (h *Home) BeginWrite(writer CacheID, page uint32, now time.Duration) (Write
 	}
 	h.lastWrite++
 	w := Write{ID: h.lastWrite, Writer: writer, Page: page}
-	if h.cfg.Mode != api.ModeVersioned {
+	if h.cfg.Mode != vocab.ModeVersioned {
 		w.Version = p.version + uint64(len(p.queue)) + 1
 	}
 	if len(p.queue) == 0 {
@@ -274,7 +274,7 @@ func (h *Home) Ready(page uint32, now time.Duration) (Write, bool) {
 	p.waiting = nil
 	p.applying = true
 	w := p.queue[0]
-	if h.cfg.Mode == api.ModeVersioned {
+	if h.cfg.Mode == vocab.ModeVersioned {
 		w.Version = h.current + 1
 	}
 	return w, true
@@ -288,13 +288,13 @@ func (h *Home) Ready(page uint32, now time.Duration) (Write, bool) {
 func (h *Home) Commit(page uint32) (Write, error) {
 	p := h.pages[page]
 	if p == nil || !p.applying {
-		return Write{}, fmt.Errorf("commit of page %d: no write is ready there: %w", page, api.ErrInvalidArgument)
+		return Write{}, fmt.Errorf("commit of page %d: no write is ready there: %w", page, vocab.ErrInvalidArgument)
 	}
 	h.stats.Commits++
 	w := p.queue[0]
 	p.queue = slices.Delete(p.queue, 0, 1)
 	p.applying = false
-	if h.cfg.Mode == api.ModeVersioned {
+	if h.cfg.Mode == vocab.ModeVersioned {
 		w.Version = h.current + 1
 	} else {
 		p.version = w.Version
@@ -306,8 +306,8 @@ func (h *Home) Commit(page uint32) (Write, error) {
 // commit, later ones are refused, and reads of pages no write is pending
 // on are granted Forever. Sealing twice is harmless.
 func (h *Home) Seal() error {
-	if h.cfg.Mode != api.ModeImmutable {
-		return fmt.Errorf("seal of a %v object: %w", h.cfg.Mode, api.ErrInvalidArgument)
+	if h.cfg.Mode != vocab.ModeImmutable {
+		return fmt.Errorf("seal of a %v object: %w", h.cfg.Mode, vocab.ErrInvalidArgument)
 	}
 	h.sealed = true
 	return nil
@@ -317,8 +317,8 @@ func (h *Home) Seal() error {
 // object, and returns it. The version, and the node's copy of its pages,
 // stays until c unpins it as often as it pinned it, or is forgotten.
 func (h *Home) Pin(c CacheID) (uint64, error) {
-	if h.cfg.Mode != api.ModeVersioned {
-		return 0, fmt.Errorf("pin of a %v object: %w", h.cfg.Mode, api.ErrInvalidArgument)
+	if h.cfg.Mode != vocab.ModeVersioned {
+		return 0, fmt.Errorf("pin of a %v object: %w", h.cfg.Mode, vocab.ErrInvalidArgument)
 	}
 	h.pins[pin{c, h.current}]++
 	return h.current, nil
@@ -348,7 +348,7 @@ func (h *Home) PinnedVersions() int {
 func (h *Home) Unpin(c CacheID, version uint64) error {
 	k := pin{c, version}
 	if h.pins[k] == 0 {
-		return fmt.Errorf("unpin of version %d by cache %d, which has not pinned it: %w", version, c, api.ErrInvalidArgument)
+		return fmt.Errorf("unpin of version %d by cache %d, which has not pinned it: %w", version, c, vocab.ErrInvalidArgument)
 	}
 	if h.pins[k]--; h.pins[k] == 0 {
 		delete(h.pins, k)
@@ -370,15 +370,15 @@ func (h *Home) Forget(c CacheID) {
 // Publish makes the draft of a versioned object (the published version
 // and every write committed since) the published version, and returns it.
 // Writes that commit later land in the next draft. It fails with
-// api.ErrUnavailable while a write is being applied (between Ready and
+// vocab.ErrUnavailable while a write is being applied (between Ready and
 // Commit), which would otherwise be split between two versions.
 func (h *Home) Publish() (uint64, error) {
-	if h.cfg.Mode != api.ModeVersioned {
-		return 0, fmt.Errorf("publish of a %v object: %w", h.cfg.Mode, api.ErrInvalidArgument)
+	if h.cfg.Mode != vocab.ModeVersioned {
+		return 0, fmt.Errorf("publish of a %v object: %w", h.cfg.Mode, vocab.ErrInvalidArgument)
 	}
 	for pg, p := range h.pages {
 		if p.applying {
-			return 0, fmt.Errorf("publish while write %d of page %d is being applied: %w", p.queue[0].ID, pg, api.ErrUnavailable)
+			return 0, fmt.Errorf("publish while write %d of page %d is being applied: %w", p.queue[0].ID, pg, vocab.ErrUnavailable)
 		}
 	}
 	h.current++
@@ -390,7 +390,7 @@ func (h *Home) Publish() (uint64, error) {
 // one. Other versions' copies may be freed. Objects of other modes have
 // none.
 func (h *Home) Live() []uint64 {
-	if h.cfg.Mode != api.ModeVersioned {
+	if h.cfg.Mode != vocab.ModeVersioned {
 		return nil
 	}
 	vs := []uint64{h.current}

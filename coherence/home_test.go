@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 const sec = time.Second
@@ -40,35 +40,35 @@ func TestNewHomeRefuses(t *testing.T) {
 		cfg  HomeConfig
 		name string
 	}{
-		{HomeConfig{Mode: api.Mode(9), Pages: 1}, "mode(9)"},
-		{HomeConfig{Mode: api.ModePrivate, Pages: 0}, "0 pages"},
-		{HomeConfig{Mode: api.ModeCoherent, Pages: 1, Lease: 0}, "lease 0s"},
-		{HomeConfig{Mode: api.ModeCoherent, Pages: 1, Lease: -sec}, "lease -1s"},
+		{HomeConfig{Mode: vocab.Mode(9), Pages: 1}, "mode(9)"},
+		{HomeConfig{Mode: vocab.ModePrivate, Pages: 0}, "0 pages"},
+		{HomeConfig{Mode: vocab.ModeCoherent, Pages: 1, Lease: 0}, "lease 0s"},
+		{HomeConfig{Mode: vocab.ModeCoherent, Pages: 1, Lease: -sec}, "lease -1s"},
 	} {
 		_, err := NewHome(tc.cfg)
-		wantErr(t, err, api.ErrInvalidArgument, tc.name)
+		wantErr(t, err, vocab.ErrInvalidArgument, tc.name)
 	}
 }
 
 func TestHomeRefusesPagesOutOfRange(t *testing.T) {
-	h := newHome(t, HomeConfig{Mode: api.ModeCoherent, Pages: 4, Lease: sec})
+	h := newHome(t, HomeConfig{Mode: vocab.ModeCoherent, Pages: 4, Lease: sec})
 	_, err := h.Read(1, 4, 0, 0)
-	wantErr(t, err, api.ErrInvalidArgument, "page 4", "4 pages")
+	wantErr(t, err, vocab.ErrInvalidArgument, "page 4", "4 pages")
 	_, err = h.BeginWrite(1, 7, 0)
-	wantErr(t, err, api.ErrInvalidArgument, "page 7")
-	wantErr(t, h.InvalAck(1, 9, 1), api.ErrInvalidArgument, "page 9")
+	wantErr(t, err, vocab.ErrInvalidArgument, "page 7")
+	wantErr(t, h.InvalAck(1, 9, 1), vocab.ErrInvalidArgument, "page 9")
 	if _, ok := h.Ready(9, 0); ok {
 		t.Error("page 9 has a write ready")
 	}
 	_, err = h.Commit(3)
-	wantErr(t, err, api.ErrInvalidArgument, "page 3")
+	wantErr(t, err, vocab.ErrInvalidArgument, "page 3")
 	if st := h.Stats(); st != (HomeStats{}) {
 		t.Errorf("refused calls counted: %+v", st)
 	}
 }
 
 func TestCoherentReadLeases(t *testing.T) {
-	h := newHome(t, HomeConfig{Mode: api.ModeCoherent, Pages: 2, Lease: sec})
+	h := newHome(t, HomeConfig{Mode: vocab.ModeCoherent, Pages: 2, Lease: sec})
 	g, err := h.Read(1, 0, 0, 0)
 	if err != nil || g != (ReadGrant{Version: 0, Lease: sec}) {
 		t.Fatalf("Read = %+v, %v", g, err)
@@ -99,7 +99,7 @@ func TestCoherentReadLeases(t *testing.T) {
 }
 
 func TestCoherentWriteWaitsForAcksOrExpiry(t *testing.T) {
-	h := newHome(t, HomeConfig{Mode: api.ModeCoherent, Pages: 1, Lease: sec})
+	h := newHome(t, HomeConfig{Mode: vocab.ModeCoherent, Pages: 1, Lease: sec})
 	for c := CacheID(1); c <= 3; c++ {
 		if _, err := h.Read(c, 0, 0, 0); err != nil {
 			t.Fatal(err)
@@ -113,7 +113,7 @@ func TestCoherentWriteWaitsForAcksOrExpiry(t *testing.T) {
 		t.Fatalf("Inval %v, want [2 3]", w.Inval)
 	}
 	_, err = h.Commit(0)
-	wantErr(t, err, api.ErrInvalidArgument, "page 0")
+	wantErr(t, err, vocab.ErrInvalidArgument, "page 0")
 	if err := h.InvalAck(2, 0, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestCoherentWriteWaitsForAcksOrExpiry(t *testing.T) {
 }
 
 func TestCoherentWritesQueue(t *testing.T) {
-	h := newHome(t, HomeConfig{Mode: api.ModeCoherent, Pages: 1, Lease: sec})
+	h := newHome(t, HomeConfig{Mode: vocab.ModeCoherent, Pages: 1, Lease: sec})
 	if _, err := h.Read(9, 0, 0, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestCoherentWritesQueue(t *testing.T) {
 // The messages a write costs in coherent mode with 3 other sharers: 3
 // invalidations and 3 acknowledgements, besides the write and its ack.
 func TestCoherentMessagesPerWrite(t *testing.T) {
-	h := newHome(t, HomeConfig{Mode: api.ModeCoherent, Pages: 1, Lease: sec})
+	h := newHome(t, HomeConfig{Mode: vocab.ModeCoherent, Pages: 1, Lease: sec})
 	caches := make([]*Cache, 4)
 	for i := range caches {
 		c, err := NewCache(1<<20, 0)
@@ -245,7 +245,7 @@ func TestCoherentMessagesPerWrite(t *testing.T) {
 }
 
 func TestImmutable(t *testing.T) {
-	h := newHome(t, HomeConfig{Mode: api.ModeImmutable, Pages: 2})
+	h := newHome(t, HomeConfig{Mode: vocab.ModeImmutable, Pages: 2})
 	// Before the seal: written by anyone, read but never cached.
 	w, err := h.BeginWrite(5, 0, 0)
 	if err != nil || len(w.Inval) != 0 {
@@ -275,7 +275,7 @@ func TestImmutable(t *testing.T) {
 		t.Errorf("read after seal = %+v", g)
 	}
 	_, err = h.BeginWrite(5, 1, 0)
-	wantErr(t, err, api.ErrPermissionDenied, "page 1", "sealed")
+	wantErr(t, err, vocab.ErrPermissionDenied, "page 1", "sealed")
 	if err := h.Seal(); err != nil {
 		t.Errorf("second seal: %v", err)
 	}
@@ -284,7 +284,7 @@ func TestImmutable(t *testing.T) {
 // Reads of a sealed object cost no message at all once cached, and the
 // cache refuses writes to it without asking the home.
 func TestImmutableMessagesPerReadAfterSeal(t *testing.T) {
-	h := newHome(t, HomeConfig{Mode: api.ModeImmutable, Pages: 8})
+	h := newHome(t, HomeConfig{Mode: vocab.ModeImmutable, Pages: 8})
 	if err := h.Seal(); err != nil {
 		t.Fatal(err)
 	}
@@ -315,15 +315,15 @@ func TestImmutableMessagesPerReadAfterSeal(t *testing.T) {
 	if msgs != 0 {
 		t.Errorf("%d messages for %d reads after seal, want 0", msgs, reads)
 	}
-	wantErr(t, c.StartWrite(obj, 2), api.ErrPermissionDenied, "object 3", "page 2")
+	wantErr(t, c.StartWrite(obj, 2), vocab.ErrPermissionDenied, "object 3", "page 2")
 }
 
 func TestPrivate(t *testing.T) {
-	h := newHome(t, HomeConfig{Mode: api.ModePrivate, Pages: 1, Owner: 4})
+	h := newHome(t, HomeConfig{Mode: vocab.ModePrivate, Pages: 1, Owner: 4})
 	_, err := h.Read(5, 0, 0, 0)
-	wantErr(t, err, api.ErrPermissionDenied, "cache 5", "cache 4")
+	wantErr(t, err, vocab.ErrPermissionDenied, "cache 5", "cache 4")
 	_, err = h.BeginWrite(5, 0, 0)
-	wantErr(t, err, api.ErrPermissionDenied, "cache 5")
+	wantErr(t, err, vocab.ErrPermissionDenied, "cache 5")
 	if g, err := h.Read(4, 0, 0, 0); err != nil || g != (ReadGrant{Lease: Forever}) {
 		t.Fatalf("owner's read = %+v, %v", g, err)
 	}
@@ -346,13 +346,13 @@ func TestPrivate(t *testing.T) {
 }
 
 func TestVersioned(t *testing.T) {
-	h := newHome(t, HomeConfig{Mode: api.ModeVersioned, Pages: 2})
+	h := newHome(t, HomeConfig{Mode: vocab.ModeVersioned, Pages: 2})
 	v1, err := h.Pin(1)
 	if err != nil || v1 != 1 {
 		t.Fatalf("Pin = %d, %v", v1, err)
 	}
 	_, err = h.Read(2, 0, v1, 0)
-	wantErr(t, err, api.ErrInvalidArgument, "version 1", "cache 2")
+	wantErr(t, err, vocab.ErrInvalidArgument, "version 1", "cache 2")
 	if g, err := h.Read(1, 0, v1, 0); err != nil || g != (ReadGrant{Version: 1, Lease: Forever}) {
 		t.Fatalf("Read = %+v, %v", g, err)
 	}
@@ -367,7 +367,7 @@ func TestVersioned(t *testing.T) {
 		t.Fatalf("Ready = %+v, %v", r, ok)
 	}
 	_, err = h.Publish()
-	wantErr(t, err, api.ErrUnavailable, "page 0")
+	wantErr(t, err, vocab.ErrUnavailable, "page 0")
 	if c, err := h.Commit(0); err != nil || c.Version != 2 {
 		t.Fatalf("Commit = %+v, %v", c, err)
 	}
@@ -393,12 +393,12 @@ func TestVersioned(t *testing.T) {
 	if err := h.Unpin(1, v1); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, h.Unpin(1, v1), api.ErrInvalidArgument, "version 1", "cache 1")
+	wantErr(t, h.Unpin(1, v1), vocab.ErrInvalidArgument, "version 1", "cache 1")
 	if got := h.Live(); !slices.Equal(got, []uint64{2}) {
 		t.Errorf("Live = %v after unpinning version 1, want [2]", got)
 	}
 	h.Forget(3)
-	if _, err := h.Read(3, 0, v2, 0); !errors.Is(err, api.ErrInvalidArgument) {
+	if _, err := h.Read(3, 0, v2, 0); !errors.Is(err, vocab.ErrInvalidArgument) {
 		t.Errorf("read of a forgotten pin: %v", err)
 	}
 	if st := h.Stats(); st.Invals+st.InvalAcks != 0 {
@@ -407,19 +407,19 @@ func TestVersioned(t *testing.T) {
 }
 
 func TestModeOnlyOperations(t *testing.T) {
-	for _, m := range []api.Mode{api.ModePrivate, api.ModeImmutable, api.ModeVersioned, api.ModeCoherent} {
+	for _, m := range []vocab.Mode{vocab.ModePrivate, vocab.ModeImmutable, vocab.ModeVersioned, vocab.ModeCoherent} {
 		h := newHome(t, HomeConfig{Mode: m, Pages: 1, Lease: sec})
 		if h.Mode() != m {
 			t.Errorf("Mode() = %v, want %v", h.Mode(), m)
 		}
-		if m != api.ModeImmutable {
-			wantErr(t, h.Seal(), api.ErrInvalidArgument, m.String())
+		if m != vocab.ModeImmutable {
+			wantErr(t, h.Seal(), vocab.ErrInvalidArgument, m.String())
 		}
-		if m != api.ModeVersioned {
+		if m != vocab.ModeVersioned {
 			_, err := h.Pin(1)
-			wantErr(t, err, api.ErrInvalidArgument, m.String())
+			wantErr(t, err, vocab.ErrInvalidArgument, m.String())
 			_, err = h.Publish()
-			wantErr(t, err, api.ErrInvalidArgument, m.String())
+			wantErr(t, err, vocab.ErrInvalidArgument, m.String())
 			if h.Live() != nil {
 				t.Errorf("%v object has live versions %v", m, h.Live())
 			}

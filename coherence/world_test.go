@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // This file is a world for the model checker (model_test.go) and the
@@ -120,7 +120,7 @@ type world struct {
 }
 
 func newWorld(conf *wconf, clocks []clock) (*world, error) {
-	h, err := NewHome(HomeConfig{Mode: api.ModeCoherent, Pages: uint32(conf.pages), Lease: conf.lease})
+	h, err := NewHome(HomeConfig{Mode: vocab.ModeCoherent, Pages: uint32(conf.pages), Lease: conf.lease})
 	if err != nil {
 		return nil, err
 	}

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Request asks to admit a container, named by its containerd namespace
@@ -110,10 +110,10 @@ func (a *Admission) Limits(name string) *Tenant {
 // reload comes before or after them, never between, which would admit the
 // container under the old mapping with the new limits.
 //
-// It fails with api.ErrPermissionDenied where Resolve does, with
-// api.ErrQuotaExceeded where the tenant's reservations would pass its
+// It fails with vocab.ErrPermissionDenied where Resolve does, with
+// vocab.ErrQuotaExceeded where the tenant's reservations would pass its
 // memory cap, its containers its max_containers, or the container asks for
-// a compute weight above its tenant's, and with api.ErrInvalidArgument for
+// a compute weight above its tenant's, and with vocab.ErrInvalidArgument for
 // an empty container id, a container already admitted (the same id in the
 // same namespace), or a request for no memory where the tenant has no
 // default_memory.
@@ -121,7 +121,7 @@ func (a *Admission) Admit(r Request) (Grant, *Tenant, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if r.Container == "" {
-		return Grant{}, nil, fmt.Errorf("admit: empty container id (namespace %q): %w", r.Namespace, api.ErrInvalidArgument)
+		return Grant{}, nil, fmt.Errorf("admit: empty container id (namespace %q): %w", r.Namespace, vocab.ErrInvalidArgument)
 	}
 	k := ref{r.Namespace, r.Container}
 	t, err := a.cfg.Resolve(r.Tenant, r.Namespace)
@@ -129,7 +129,7 @@ func (a *Admission) Admit(r Request) (Grant, *Tenant, error) {
 		return Grant{}, nil, fmt.Errorf("admit container %v: %w", k, err)
 	}
 	if g, dup := a.grants[k]; dup {
-		return Grant{}, nil, fmt.Errorf("admit container %v: already admitted for tenant %q: %w", k, g.Tenant, api.ErrInvalidArgument)
+		return Grant{}, nil, fmt.Errorf("admit container %v: already admitted for tenant %q: %w", k, g.Tenant, vocab.ErrInvalidArgument)
 	}
 	g := Grant(r)
 	g.Tenant = t.Name
@@ -137,7 +137,7 @@ func (a *Admission) Admit(r Request) (Grant, *Tenant, error) {
 		g.Memory = t.DefaultMemory
 	}
 	if g.Memory == 0 {
-		return Grant{}, nil, fmt.Errorf("admit container %v: container asks for no memory and tenant %q has no default_memory: %w", k, t.Name, api.ErrInvalidArgument)
+		return Grant{}, nil, fmt.Errorf("admit container %v: container asks for no memory and tenant %q has no default_memory: %w", k, t.Name, vocab.ErrInvalidArgument)
 	}
 	if g.Compute == 0 {
 		g.Compute = t.Compute
@@ -146,7 +146,7 @@ func (a *Admission) Admit(r Request) (Grant, *Tenant, error) {
 		// The node shares device time by tenant: a container's weight
 		// would be its whole tenant's, and its siblings'.
 		return Grant{}, nil, fmt.Errorf("admit container %v: asks for compute weight %d, above tenant %q's compute of %d: %w",
-			k, g.Compute, t.Name, t.Compute, api.ErrQuotaExceeded)
+			k, g.Compute, t.Name, t.Compute, vocab.ErrQuotaExceeded)
 	}
 	u := a.use[t.Name]
 	if u == nil {
@@ -154,13 +154,13 @@ func (a *Admission) Admit(r Request) (Grant, *Tenant, error) {
 	}
 	if t.MaxContainers > 0 && u.containers >= t.MaxContainers {
 		return Grant{}, nil, fmt.Errorf("admit container %v: tenant %q has %d containers, max_containers is %d: %w",
-			k, t.Name, u.containers, t.MaxContainers, api.ErrQuotaExceeded)
+			k, t.Name, u.containers, t.MaxContainers, vocab.ErrQuotaExceeded)
 	}
 	// reserved+memory <= cap, written so that it cannot overflow; reserved
 	// may already be over a cap that a reload lowered.
 	if t.Memory > 0 && (u.reserved > t.Memory || g.Memory > t.Memory-u.reserved) {
 		return Grant{}, nil, fmt.Errorf("admit container %v: tenant %q: requested %d bytes (%s), reserved %d bytes, cap %d bytes (%s): %w",
-			k, t.Name, g.Memory, api.FormatSize(g.Memory), u.reserved, t.Memory, api.FormatSize(t.Memory), api.ErrQuotaExceeded)
+			k, t.Name, g.Memory, vocab.FormatSize(g.Memory), u.reserved, t.Memory, vocab.FormatSize(t.Memory), vocab.ErrQuotaExceeded)
 	}
 	u.containers++
 	u.reserved += g.Memory
@@ -178,7 +178,7 @@ func (a *Admission) Admit(r Request) (Grant, *Tenant, error) {
 // several such grants, the one restored last sets them. The tenant is not
 // resolved again: a running container's tenant never changes.
 //
-// It fails with api.ErrInvalidArgument, changing nothing, for a grant or
+// It fails with vocab.ErrInvalidArgument, changing nothing, for a grant or
 // limits that Admit could not have made (an empty or mismatched name, no
 // memory or device, a compute weight or factor out of range) or a container
 // already admitted.
@@ -190,7 +190,7 @@ func (a *Admission) Restore(g Grant, t Tenant) error {
 	defer a.mu.Unlock()
 	k := ref{g.Namespace, g.Container}
 	if old, dup := a.grants[k]; dup {
-		return fmt.Errorf("restore container %v: already admitted for tenant %q: %w", k, old.Tenant, api.ErrInvalidArgument)
+		return fmt.Errorf("restore container %v: already admitted for tenant %q: %w", k, old.Tenant, vocab.ErrInvalidArgument)
 	}
 	if _, ok := a.cfg.Tenants[t.Name]; !ok {
 		a.retired[t.Name] = &t
@@ -209,14 +209,16 @@ func (a *Admission) Restore(g Grant, t Tenant) error {
 // checkRestored checks that grant g and limits t are values Admit and the
 // quota file could have made, g admitted under t.
 func checkRestored(g Grant, t Tenant) error {
-	bad := func(what string, v any) error { return fmt.Errorf("%s %v: %w", what, v, api.ErrInvalidArgument) }
+	bad := func(what string, v any) error { return fmt.Errorf("%s %v: %w", what, v, vocab.ErrInvalidArgument) }
+	if _, err := vocab.ParseContainerID(g.Container); err != nil {
+		return err
+	}
+	if _, err := vocab.ParseTenant(t.Name); err != nil {
+		return err
+	}
 	switch {
-	case g.Container == "":
-		return bad("container id", `""`)
-	case !tenantName.MatchString(t.Name):
-		return bad("tenant name", fmt.Sprintf("%q", t.Name))
 	case g.Tenant != t.Name:
-		return fmt.Errorf("granted to tenant %q, limits of tenant %q: %w", g.Tenant, t.Name, api.ErrInvalidArgument)
+		return fmt.Errorf("granted to tenant %q, limits of tenant %q: %w", g.Tenant, t.Name, vocab.ErrInvalidArgument)
 	case g.Memory == 0:
 		return bad("memory", g.Memory)
 	case g.Devices == 0:
@@ -224,7 +226,7 @@ func checkRestored(g Grant, t Tenant) error {
 	case t.Compute < 1 || t.Compute > maxCompute:
 		return bad("tenant compute", t.Compute)
 	case g.Compute < 1 || g.Compute > t.Compute:
-		return fmt.Errorf("compute weight %d: want 1 to the tenant's %d: %w", g.Compute, t.Compute, api.ErrInvalidArgument)
+		return fmt.Errorf("compute weight %d: want 1 to the tenant's %d: %w", g.Compute, t.Compute, vocab.ErrInvalidArgument)
 	case t.ComputeMax != 0 && !(t.ComputeMax >= MinComputeMax && t.ComputeMax <= 1):
 		return bad("compute_max", t.ComputeMax)
 	case !(t.DedupCharge >= 0 && t.DedupCharge <= 1):
@@ -281,11 +283,17 @@ func (a *Admission) Grants() []Grant {
 	return out
 }
 
+// TenantUse is a tenant's limits and what admission holds for it now.
+type TenantUse struct {
+	Tenant            // its limits; for a removed tenant, the last it had
+	Containers int    // registered now
+	Reserved   uint64 // memory granted to its containers
+}
+
 // Tenants returns every configured tenant, and every tenant that a reload
 // removed but that still holds grants, sorted by name: limits (for a
 // removed tenant, the last it had), containers and reserved memory.
-// Allocated is left 0 for the mediator to fill.
-func (a *Admission) Tenants() []api.TenantInfo {
+func (a *Admission) Tenants() []TenantUse {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	names := slices.Collect(maps.Keys(a.cfg.Tenants))
@@ -295,19 +303,15 @@ func (a *Admission) Tenants() []api.TenantInfo {
 		}
 	}
 	slices.Sort(names)
-	out := make([]api.TenantInfo, len(names))
+	out := make([]TenantUse, len(names))
 	for i, name := range names {
-		info := api.TenantInfo{Name: name}
+		info := TenantUse{Tenant: Tenant{Name: name}}
 		t, ok := a.cfg.Tenants[name]
 		if !ok {
 			t, ok = a.retired[name]
 		}
 		if ok {
-			info = api.TenantInfo{
-				Name: name, Memory: t.Memory, Compute: t.Compute, ComputeMax: t.ComputeMax, Bandwidth: t.Bandwidth,
-				MaxContainers: t.MaxContainers, DefaultMemory: t.DefaultMemory, Oversubscribe: t.Oversubscribe,
-				DedupCharge: t.DedupCharge,
-			}
+			info.Tenant = *t
 		}
 		if u, ok := a.use[name]; ok {
 			info.Containers, info.Reserved = u.containers, u.reserved

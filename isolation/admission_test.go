@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 func mustParse(t testing.TB, doc string) *Config {
@@ -51,25 +51,25 @@ func TestAdmit(t *testing.T) {
 	}{
 		{"exact cap", []step{
 			{admit: req("c1", "a", 600), grant: &Grant{Container: "c1", Tenant: "a", Memory: 600, Compute: 7}},
-			{admit: req("c2", "a", 401), want: api.ErrQuotaExceeded,
+			{admit: req("c2", "a", 401), want: vocab.ErrQuotaExceeded,
 				msg: `admit container "c2": tenant "a": requested 401 bytes (401 B), reserved 600 bytes, cap 1000 bytes (1000 B): quota exceeded`},
 			{admit: req("c2", "a", 400), grant: &Grant{Container: "c2", Tenant: "a", Memory: 400, Compute: 7}},
-			{admit: req("c3", "a", 1), want: api.ErrQuotaExceeded},
+			{admit: req("c3", "a", 1), want: vocab.ErrQuotaExceeded},
 		}},
 		{"compute at most the tenant's", []step{
-			{admit: &Request{Container: "c1", Tenant: "a", Memory: 1, Compute: 8}, want: api.ErrQuotaExceeded,
+			{admit: &Request{Container: "c1", Tenant: "a", Memory: 1, Compute: 8}, want: vocab.ErrQuotaExceeded,
 				msg: `admit container "c1": asks for compute weight 8, above tenant "a"'s compute of 7: quota exceeded`},
-			{admit: &Request{Container: "c1", Tenant: "a", Memory: 1, Compute: 4000000000}, want: api.ErrQuotaExceeded},
+			{admit: &Request{Container: "c1", Tenant: "a", Memory: 1, Compute: 4000000000}, want: vocab.ErrQuotaExceeded},
 			{admit: &Request{Container: "c1", Tenant: "a", Memory: 1, Compute: 3}, grant: &Grant{Container: "c1", Tenant: "a", Memory: 1, Compute: 3}},
 			{admit: &Request{Container: "c2", Tenant: "a", Memory: 1, Compute: 7}, grant: &Grant{Container: "c2", Tenant: "a", Memory: 1, Compute: 7}},
 		}},
 		{"single request at and over the cap", []step{
-			{admit: req("c1", "a", 1001), want: api.ErrQuotaExceeded},
+			{admit: req("c1", "a", 1001), want: vocab.ErrQuotaExceeded},
 			{admit: req("c1", "a", 1000), grant: &Grant{Container: "c1", Tenant: "a", Memory: 1000, Compute: 7}},
 		}},
 		{"huge request does not overflow", []step{
 			{admit: req("c1", "a", 1), grant: &Grant{Container: "c1", Tenant: "a", Memory: 1, Compute: 7}},
-			{admit: req("c2", "a", ^uint64(0)), want: api.ErrQuotaExceeded},
+			{admit: req("c2", "a", ^uint64(0)), want: vocab.ErrQuotaExceeded},
 		}},
 		{"no cap", []step{
 			{admit: req("c1", "b", ^uint64(0)>>1), grant: &Grant{Container: "c1", Tenant: "b", Memory: ^uint64(0) >> 1, Compute: 1}},
@@ -77,7 +77,7 @@ func TestAdmit(t *testing.T) {
 		}},
 		{"release returns the reservation", []step{
 			{admit: req("c1", "a", 1000), grant: &Grant{Container: "c1", Tenant: "a", Memory: 1000, Compute: 7}},
-			{admit: req("c2", "a", 1), want: api.ErrQuotaExceeded},
+			{admit: req("c2", "a", 1), want: vocab.ErrQuotaExceeded},
 			{release: "c1", grant: &Grant{Container: "c1", Tenant: "a", Memory: 1000, Compute: 7}},
 			{release: "c1"},
 			{admit: req("c2", "a", 1000), grant: &Grant{Container: "c2", Tenant: "a", Memory: 1000, Compute: 7}},
@@ -86,30 +86,30 @@ func TestAdmit(t *testing.T) {
 			{admit: req("c1", "a", 1), grant: &Grant{Container: "c1", Tenant: "a", Memory: 1, Compute: 7}},
 			{admit: req("c2", "a", 1), grant: &Grant{Container: "c2", Tenant: "a", Memory: 1, Compute: 7}},
 			{admit: req("c3", "a", 1), grant: &Grant{Container: "c3", Tenant: "a", Memory: 1, Compute: 7}},
-			{admit: req("c4", "a", 1), want: api.ErrQuotaExceeded,
+			{admit: req("c4", "a", 1), want: vocab.ErrQuotaExceeded,
 				msg: `admit container "c4": tenant "a" has 3 containers, max_containers is 3: quota exceeded`},
 			{release: "c2", grant: &Grant{Container: "c2", Tenant: "a", Memory: 1, Compute: 7}},
 			{admit: req("c4", "a", 1), grant: &Grant{Container: "c4", Tenant: "a", Memory: 1, Compute: 7}},
 		}},
 		{"duplicate container", []step{
 			{admit: req("c1", "a", 1), grant: &Grant{Container: "c1", Tenant: "a", Memory: 1, Compute: 7}},
-			{admit: req("c1", "b", 1), want: api.ErrInvalidArgument,
+			{admit: req("c1", "b", 1), want: vocab.ErrInvalidArgument,
 				msg: `admit container "c1": already admitted for tenant "a": invalid argument`},
 		}},
 		{"defaults", []step{
 			{admit: req("c1", "a", 0), grant: &Grant{Container: "c1", Tenant: "a", Memory: 400, Compute: 7}},
 			{admit: &Request{Container: "c2", Tenant: "a", Memory: 5, Compute: 3, Devices: 2}, grant: &Grant{Container: "c2", Tenant: "a", Memory: 5, Compute: 3, Devices: 2}},
-			{admit: req("c3", "nodefault", 0), want: api.ErrInvalidArgument,
+			{admit: req("c3", "nodefault", 0), want: vocab.ErrInvalidArgument,
 				msg: `admit container "c3": container asks for no memory and tenant "nodefault" has no default_memory: invalid argument`},
 		}},
 		{"unknown tenant", []step{
-			{admit: req("c1", "z", 1), want: api.ErrPermissionDenied,
+			{admit: req("c1", "z", 1), want: vocab.ErrPermissionDenied,
 				msg: `admit container "c1": tenant "z" (named by the runtime's --tenant) is not defined in tenants.toml: permission denied`},
-			{admit: req("c1", "", 1), want: api.ErrPermissionDenied,
+			{admit: req("c1", "", 1), want: vocab.ErrPermissionDenied,
 				msg: `admit container "c1": namespace "" has no tenant in tenants.toml and there is no default_tenant: permission denied`},
 		}},
 		{"empty container id", []step{
-			{admit: req("", "a", 1), want: api.ErrInvalidArgument, msg: `admit: empty container id (namespace ""): invalid argument`},
+			{admit: req("", "a", 1), want: vocab.ErrInvalidArgument, msg: `admit: empty container id (namespace ""): invalid argument`},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -211,7 +211,7 @@ func TestOneIDInTwoNamespaces(t *testing.T) {
 		}
 	}
 	_, _, err := a.Admit(Request{Namespace: "moby", Container: "same", Tenant: "b", Memory: 10})
-	if !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), `"same" of namespace "moby"`) {
+	if !errors.Is(err, vocab.ErrInvalidArgument) || !strings.Contains(err.Error(), `"same" of namespace "moby"`) {
 		t.Errorf("second admission in one namespace: %v", err)
 	}
 	var got []string
@@ -246,11 +246,11 @@ func TestTenants(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := []api.TenantInfo{
-		{Name: "shared", Compute: 1, Oversubscribe: 1, DedupCharge: 1, Containers: 1, Reserved: 1},
-		{Name: "team-a", Memory: 8 << 30, Compute: 2, ComputeMax: 0.5, Bandwidth: 2 << 30, MaxContainers: 10,
-			DefaultMemory: 512 << 20, Oversubscribe: 1.5, DedupCharge: 0.25, Containers: 2, Reserved: 512<<20 + 1<<30},
-		{Name: "team-b", Memory: 1 << 20, Compute: 1, ComputeMax: 1, Oversubscribe: 2},
+	want := []TenantUse{
+		{Tenant: Tenant{Name: "shared", Compute: 1, Oversubscribe: 1, DedupCharge: 1}, Containers: 1, Reserved: 1},
+		{Tenant: Tenant{Name: "team-a", Memory: 8 << 30, Compute: 2, ComputeMax: 0.5, Bandwidth: 2 << 30, MaxContainers: 10,
+			DefaultMemory: 512 << 20, Oversubscribe: 1.5, DedupCharge: 0.25}, Containers: 2, Reserved: 512<<20 + 1<<30},
+		{Tenant: Tenant{Name: "team-b", Memory: 1 << 20, Compute: 1, ComputeMax: 1, Oversubscribe: 2}},
 	}
 	if got := a.Tenants(); !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
@@ -279,19 +279,19 @@ func TestSetConfig(t *testing.T) {
 	if _, ok := a.Lookup("", "g1"); !ok {
 		t.Error("grant of a removed tenant was dropped")
 	}
-	want := []api.TenantInfo{
-		{Name: "a", Memory: 500, Compute: 1, Oversubscribe: 1, DedupCharge: 1, Containers: 1, Reserved: 800},
+	want := []TenantUse{
+		{Tenant: Tenant{Name: "a", Memory: 500, Compute: 1, Oversubscribe: 1, DedupCharge: 1}, Containers: 1, Reserved: 800},
 		// A removed tenant is listed with the limits it had (Limits).
-		{Name: "gone", Compute: 1, Oversubscribe: 1, DedupCharge: 1, Containers: 1, Reserved: 5},
+		{Tenant: Tenant{Name: "gone", Compute: 1, Oversubscribe: 1, DedupCharge: 1}, Containers: 1, Reserved: 5},
 	}
 	if got := a.Tenants(); !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
 	}
 	// New admissions see the new caps: a is over it, so even one byte fails.
-	if _, _, err := a.Admit(Request{Container: "c2", Tenant: "a", Memory: 1}); !errors.Is(err, api.ErrQuotaExceeded) {
+	if _, _, err := a.Admit(Request{Container: "c2", Tenant: "a", Memory: 1}); !errors.Is(err, vocab.ErrQuotaExceeded) {
 		t.Errorf("admit over a lowered cap: %v", err)
 	}
-	if _, _, err := a.Admit(Request{Container: "g2", Tenant: "gone", Memory: 1}); !errors.Is(err, api.ErrPermissionDenied) {
+	if _, _, err := a.Admit(Request{Container: "g2", Tenant: "gone", Memory: 1}); !errors.Is(err, vocab.ErrPermissionDenied) {
 		t.Errorf("admit for a removed tenant: %v", err)
 	}
 	// Releasing brings a under the cap again, exactly.
@@ -373,13 +373,13 @@ func TestAdmitAcrossReloads(t *testing.T) {
 			defer wg.Done()
 			for i := range 2000 {
 				c := fmt.Sprintf("w%d-%d", w, i)
-				if g, tn, err := a.Admit(Request{Namespace: "ns", Container: c, Memory: 100}); !errors.Is(err, api.ErrQuotaExceeded) || tn != nil {
+				if g, tn, err := a.Admit(Request{Namespace: "ns", Container: c, Memory: 100}); !errors.Is(err, vocab.ErrQuotaExceeded) || tn != nil {
 					t.Errorf("100 bytes admitted as %+v under tenant %+v, error %v: resolved under one config, checked under the other", g, tn, err)
 					return
 				}
 				// Within either cap: if admitted, under a consistent pair.
 				g, tn, err := a.Admit(Request{Namespace: "ns", Container: c, Memory: 5})
-				if errors.Is(err, api.ErrQuotaExceeded) {
+				if errors.Is(err, vocab.ErrQuotaExceeded) {
 					continue // the tenant's other containers hold its cap
 				}
 				if err != nil {

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"math"
 	"os"
-	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -18,7 +17,7 @@ import (
 	toml "github.com/pelletier/go-toml/v2"
 	"github.com/pelletier/go-toml/v2/unstable"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Limits of the quota file's values.
@@ -41,27 +40,25 @@ const (
 
 // CheckOversubscribe returns nil if f is an oversubscription factor the
 // quota file accepts, from 1 to MaxOversubscribe, and otherwise an error
-// that names f and wraps api.ErrInvalidArgument. NaN and infinities are
+// that names f and wraps vocab.ErrInvalidArgument. NaN and infinities are
 // refused.
 func CheckOversubscribe(f float64) error {
 	if f >= 1 && f <= MaxOversubscribe {
 		return nil
 	}
-	return fmt.Errorf("%v: want a number from 1 to %d: %w", f, MaxOversubscribe, api.ErrInvalidArgument)
+	return fmt.Errorf("%v: want a number from 1 to %d: %w", f, MaxOversubscribe, vocab.ErrInvalidArgument)
 }
 
 // CheckVirtualMemory returns nil if memory bytes oversubscribed by factor
 // (as CheckOversubscribe accepts) come to at most MaxVirtualMemory, and
-// otherwise an error that names both and wraps api.ErrInvalidArgument. The
+// otherwise an error that names both and wraps vocab.ErrInvalidArgument. The
 // product is the one the mediator computes, in float64.
 func CheckVirtualMemory(memory uint64, factor float64) error {
 	if memory <= MaxVirtualMemory && float64(memory)*factor <= MaxVirtualMemory {
 		return nil
 	}
-	return fmt.Errorf("%d bytes × %v is more than %d bytes (1 EiB): %w", memory, factor, uint64(MaxVirtualMemory), api.ErrInvalidArgument)
+	return fmt.Errorf("%d bytes × %v is more than %d bytes (1 EiB): %w", memory, factor, uint64(MaxVirtualMemory), vocab.ErrInvalidArgument)
 }
-
-var tenantName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // The file's schema: keys at the top level and in a tenant's table (and in
 // [host]: hostKeys). Any namespace name is a key of [namespaces], any
@@ -127,7 +124,7 @@ func (p *parser) docFrom(m map[string]any) fileDoc {
 func (p *parser) table(key []string, v any) (map[string]any, bool) {
 	t, ok := v.(map[string]any)
 	if !ok {
-		p.fail(key, fmt.Errorf("want a table, got %s: %w", describe(v), api.ErrInvalidArgument))
+		p.fail(key, fmt.Errorf("want a table, got %s: %w", describe(v), vocab.ErrInvalidArgument))
 	}
 	return t, ok
 }
@@ -139,31 +136,31 @@ const MaxQuotaFile = 1 << 20
 
 // Load reads and parses the quota file at path. An unreadable file is an
 // error that wraps the os error (errors.Is(err, fs.ErrNotExist) tells a
-// missing file) and api.ErrUnavailable. Anything but a regular file (a
+// missing file) and vocab.ErrUnavailable. Anything but a regular file (a
 // symlink to one is followed), and a file over MaxQuotaFile bytes, is
-// refused with api.ErrInvalidArgument, without blocking: the file is opened
+// refused with vocab.ErrInvalidArgument, without blocking: the file is opened
 // non-blocking, so a FIFO whose writer never comes cannot wedge a reload,
 // and /dev/zero is never read.
 func Load(path string) (*Config, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0) // os adds O_CLOEXEC
 	if err != nil {
-		return nil, fmt.Errorf("read quota file: %w: %w", err, api.ErrUnavailable)
+		return nil, fmt.Errorf("read quota file: %w: %w", err, vocab.ErrUnavailable)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("read quota file: %w: %w", err, api.ErrUnavailable)
+		return nil, fmt.Errorf("read quota file: %w: %w", err, vocab.ErrUnavailable)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("quota file %s is a %s, not a regular file: %w", path, fileType(fi.Mode()), api.ErrInvalidArgument)
+		return nil, fmt.Errorf("quota file %s is a %s, not a regular file: %w", path, fileType(fi.Mode()), vocab.ErrInvalidArgument)
 	}
 	data, err := io.ReadAll(io.LimitReader(f, MaxQuotaFile+1))
 	if err != nil {
-		return nil, fmt.Errorf("read quota file: %w: %w", err, api.ErrUnavailable)
+		return nil, fmt.Errorf("read quota file: %w: %w", err, vocab.ErrUnavailable)
 	}
 	if len(data) > MaxQuotaFile {
 		return nil, fmt.Errorf("quota file %s is %d bytes, over the limit of %d (1 MiB): %w",
-			path, max(fi.Size(), int64(len(data))), MaxQuotaFile, api.ErrInvalidArgument)
+			path, max(fi.Size(), int64(len(data))), MaxQuotaFile, vocab.ErrInvalidArgument)
 	}
 	return Parse(path, data)
 }
@@ -186,7 +183,7 @@ func fileType(m fs.FileMode) string {
 }
 
 // Parse parses a quota file; path is only used in messages. Errors wrap
-// api.ErrInvalidArgument and start with path:line. Where a file has several
+// vocab.ErrInvalidArgument and start with path:line. Where a file has several
 // problems of its values, the error lists them all, in the file's order.
 func Parse(path string, data []byte) (*Config, error) {
 	// The document is decoded whole, without the schema, so that every
@@ -212,7 +209,7 @@ func Parse(path string, data []byte) (*Config, error) {
 	for _, ns := range slices.Sorted(maps.Keys(doc.Namespaces)) {
 		key := []string{"namespaces", ns}
 		if ns == "" {
-			p.fail(key, fmt.Errorf("namespace names must not be empty: %w", api.ErrInvalidArgument))
+			p.fail(key, fmt.Errorf("namespace names must not be empty: %w", vocab.ErrInvalidArgument))
 			continue
 		}
 		if name, ok := p.tenantRef(key, doc.Namespaces[ns], doc.Tenants); ok {
@@ -235,7 +232,7 @@ func Parse(path string, data []byte) (*Config, error) {
 func (p *parser) decodeError(data []byte, err error) error {
 	var de *toml.DecodeError
 	if !errors.As(err, &de) {
-		return fmt.Errorf("%s: %w: %w", p.file, err, api.ErrInvalidArgument)
+		return fmt.Errorf("%s: %w: %w", p.file, err, vocab.ErrInvalidArgument)
 	}
 	line, col := de.Position()
 	key, value := de.Key(), ""
@@ -257,7 +254,7 @@ func (p *parser) decodeError(data []byte, err error) error {
 	if len(key) > 0 {
 		where += ": " + keyString(key)
 	}
-	return fmt.Errorf("%s: %s: %w", where, msg, api.ErrInvalidArgument)
+	return fmt.Errorf("%s: %s: %w", where, msg, vocab.ErrInvalidArgument)
 }
 
 // valueAt returns the scalar value of the document that spans offset off.
@@ -441,26 +438,26 @@ func (p *parser) checkSchema(path []string) {
 	}
 	for _, a := range allowed {
 		if strings.EqualFold(a, k) {
-			p.fail(path, fmt.Errorf("unknown key (keys are case-sensitive: did you mean %s?): %w", a, api.ErrInvalidArgument))
+			p.fail(path, fmt.Errorf("unknown key (keys are case-sensitive: did you mean %s?): %w", a, vocab.ErrInvalidArgument))
 			return
 		}
 	}
-	p.fail(path, fmt.Errorf("unknown key: %w", api.ErrInvalidArgument))
+	p.fail(path, fmt.Errorf("unknown key: %w", vocab.ErrInvalidArgument))
 }
 
 // tenant checks one tenant's table; ok is false if any value is bad.
 func (p *parser) tenant(name string, f fileTenant) (*Tenant, bool) {
 	n := len(p.errs)
 	key := func(k string) []string { return []string{"tenants", name, k} }
-	if !tenantName.MatchString(name) {
-		p.fail([]string{"tenants", name}, fmt.Errorf("tenant name %q: want 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit: %w", name, api.ErrInvalidArgument))
+	if _, err := vocab.ParseTenant(name); err != nil {
+		p.fail([]string{"tenants", name}, err)
 	}
 	t := &Tenant{Name: name, Compute: 1, Oversubscribe: 1, DedupCharge: 1}
 	t.Memory = p.size(key("memory"), f.Memory)
 	t.Bandwidth = p.size(key("bandwidth"), f.Bandwidth)
 	t.DefaultMemory = p.size(key("default_memory"), f.DefaultMemory)
 	if t.Memory > 0 && t.DefaultMemory > t.Memory {
-		p.fail(key("default_memory"), fmt.Errorf("%d bytes is more than memory, %d bytes: %w", t.DefaultMemory, t.Memory, api.ErrInvalidArgument))
+		p.fail(key("default_memory"), fmt.Errorf("%d bytes is more than memory, %d bytes: %w", t.DefaultMemory, t.Memory, vocab.ErrInvalidArgument))
 	}
 	if f.Compute != nil {
 		c := p.integer(key("compute"), f.Compute, 1, maxCompute)
@@ -494,26 +491,26 @@ func (p *parser) tenant(name string, f fileTenant) (*Tenant, bool) {
 	return t, len(p.errs) == n
 }
 
-// size reads a size: a string for api.ParseSize or an integer of bytes.
+// size reads a size: a string for vocab.ParseSize or an integer of bytes.
 // Absent is 0.
 func (p *parser) size(key []string, v any) uint64 {
 	switch v := v.(type) {
 	case nil:
 		return 0
 	case string:
-		n, err := api.ParseSize(v)
+		n, err := vocab.ParseSize(v)
 		if err != nil {
 			p.fail(key, err)
 		}
 		return n
 	case int64:
 		if v < 0 {
-			p.fail(key, fmt.Errorf("size %d: must not be negative: %w", v, api.ErrInvalidArgument))
+			p.fail(key, fmt.Errorf("size %d: must not be negative: %w", v, vocab.ErrInvalidArgument))
 			return 0
 		}
 		return uint64(v)
 	default:
-		p.fail(key, fmt.Errorf(`want a size such as "8GiB" or an integer of bytes, got %s: %w`, describe(v), api.ErrInvalidArgument))
+		p.fail(key, fmt.Errorf(`want a size such as "8GiB" or an integer of bytes, got %s: %w`, describe(v), vocab.ErrInvalidArgument))
 		return 0
 	}
 }
@@ -525,12 +522,12 @@ func (p *parser) integer(key []string, v any, lo, hi int64) int64 {
 		return 0
 	case int64:
 		if v < lo || v > hi {
-			p.fail(key, fmt.Errorf("%d: want %d to %d: %w", v, lo, hi, api.ErrInvalidArgument))
+			p.fail(key, fmt.Errorf("%d: want %d to %d: %w", v, lo, hi, vocab.ErrInvalidArgument))
 			return 0
 		}
 		return v
 	default:
-		p.fail(key, fmt.Errorf("want an integer, got %s: %w", describe(v), api.ErrInvalidArgument))
+		p.fail(key, fmt.Errorf("want an integer, got %s: %w", describe(v), vocab.ErrInvalidArgument))
 		return 0
 	}
 }
@@ -544,11 +541,11 @@ func (p *parser) float(key []string, v any, ok func(float64) bool, want string) 
 	case int64:
 		f = float64(v)
 	default:
-		p.fail(key, fmt.Errorf("want a number %s, got %s: %w", want, describe(v), api.ErrInvalidArgument))
+		p.fail(key, fmt.Errorf("want a number %s, got %s: %w", want, describe(v), vocab.ErrInvalidArgument))
 		return 0
 	}
 	if !ok(f) {
-		p.fail(key, fmt.Errorf("%v: want a number %s: %w", v, want, api.ErrInvalidArgument))
+		p.fail(key, fmt.Errorf("%v: want a number %s: %w", v, want, vocab.ErrInvalidArgument))
 		return 0
 	}
 	return f
@@ -563,13 +560,13 @@ func (p *parser) tenantRef(key []string, v any, tenants map[string]fileTenant) (
 		if _, isTable := v.(map[string]any); isTable && key[0] == "namespaces" {
 			hint = ` (quote namespace names that contain dots: "k8s.io" = "team-a")`
 		}
-		p.fail(key, fmt.Errorf("want a tenant name, got %s%s: %w", describe(v), hint, api.ErrInvalidArgument))
+		p.fail(key, fmt.Errorf("want a tenant name, got %s%s: %w", describe(v), hint, vocab.ErrInvalidArgument))
 		return "", false
 	case name == "" && key[0] == "default_tenant":
 		return "", true // explicitly none
 	}
 	if _, defined := tenants[name]; !defined {
-		p.fail(key, fmt.Errorf("tenant %q is not defined (no [tenants.%s] table): %w", name, keyPart(name), api.ErrInvalidArgument))
+		p.fail(key, fmt.Errorf("tenant %q is not defined (no [tenants.%s] table): %w", name, keyPart(name), vocab.ErrInvalidArgument))
 		return "", false
 	}
 	return name, true

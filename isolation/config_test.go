@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 const fullFile = `# quotas
@@ -105,7 +105,7 @@ func TestParseForms(t *testing.T) {
 func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, doc string
-		want      string // the whole message, which must wrap api.ErrInvalidArgument
+		want      string // the whole message, which must wrap vocab.ErrInvalidArgument
 	}{
 		{"syntax", "[tenants.a]\nmemory = \n",
 			`tenants.toml:2: unexpected character U+000A at start of value: invalid argument`},
@@ -229,7 +229,7 @@ func TestParseErrors(t *testing.T) {
 			if err == nil {
 				t.Fatalf("accepted: %+v", cfg)
 			}
-			if !errors.Is(err, api.ErrInvalidArgument) {
+			if !errors.Is(err, vocab.ErrInvalidArgument) {
 				t.Errorf("error does not wrap ErrInvalidArgument: %v", err)
 			}
 			if err.Error() != tc.want {
@@ -257,12 +257,12 @@ func TestLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Load(path)
-	if !errors.Is(err, api.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), path+":2: ") {
+	if !errors.Is(err, vocab.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), path+":2: ") {
 		t.Errorf("invalid file: got %v", err)
 	}
 
 	_, err = Load(filepath.Join(dir, "missing.toml"))
-	if !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, api.ErrUnavailable) {
+	if !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, vocab.ErrUnavailable) {
 		t.Errorf("missing file: got %v", err)
 	}
 }
@@ -315,7 +315,7 @@ alice = ["ok"]
 	if err == nil {
 		t.Fatalf("accepted: %+v", cfg)
 	}
-	if !errors.Is(err, api.ErrInvalidArgument) {
+	if !errors.Is(err, vocab.ErrInvalidArgument) {
 		t.Errorf("error does not wrap ErrInvalidArgument: %v", err)
 	}
 	want := []string{
@@ -398,8 +398,8 @@ func TestLoadRefusesWhatIsNotAQuotaFile(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(r.err, api.ErrInvalidArgument) {
-				t.Fatalf("Load: %v, want api.ErrInvalidArgument", r.err)
+			if !errors.Is(r.err, vocab.ErrInvalidArgument) {
+				t.Fatalf("Load: %v, want vocab.ErrInvalidArgument", r.err)
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(r.err.Error(), w) {
@@ -448,7 +448,7 @@ func TestResolve(t *testing.T) {
 			tn, err := tc.cfg.Resolve(tc.runtime, tc.namespace)
 			switch {
 			case err != nil:
-				if !errors.Is(err, api.ErrPermissionDenied) {
+				if !errors.Is(err, vocab.ErrPermissionDenied) {
 					t.Errorf("error does not wrap ErrPermissionDenied: %v", err)
 				}
 				if err.Error() != tc.want {
@@ -516,7 +516,7 @@ func TestParseErrorsNameTheValue(t *testing.T) {
 			t.Errorf("%q: accepted", tc.doc)
 			continue
 		}
-		if !errors.Is(err, api.ErrInvalidArgument) {
+		if !errors.Is(err, vocab.ErrInvalidArgument) {
 			t.Errorf("%q: error does not wrap ErrInvalidArgument: %v", tc.doc, err)
 		}
 		if msg := err.Error(); !strings.Contains(msg, tc.value) || !strings.HasPrefix(msg, "f.toml:") ||
@@ -540,7 +540,7 @@ func TestCheckOversubscribe(t *testing.T) {
 		{math.NaN(), "NaN"}, {math.Inf(1), "+Inf"}, {math.Inf(-1), "-Inf"},
 	} {
 		err := CheckOversubscribe(tc.f)
-		if !errors.Is(err, api.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), tc.want+": want a number from 1 to 16") {
+		if !errors.Is(err, vocab.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), tc.want+": want a number from 1 to 16") {
 			t.Errorf("%v: got %v", tc.f, err)
 		}
 	}
@@ -565,7 +565,7 @@ func TestCheckVirtualMemory(t *testing.T) {
 		if tc.ok != (err == nil) {
 			t.Errorf("%d × %v: got %v", tc.memory, tc.factor, err)
 		}
-		if err != nil && (!errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), fmt.Sprint(tc.memory))) {
+		if err != nil && (!errors.Is(err, vocab.ErrInvalidArgument) || !strings.Contains(err.Error(), fmt.Sprint(tc.memory))) {
 			t.Errorf("%d × %v: error %v does not name the memory or wrap ErrInvalidArgument", tc.memory, tc.factor, err)
 		}
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Every line of an error names the file and a line: "f.toml:N: ".
@@ -45,7 +45,7 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse("f.toml", data)
 		if err != nil {
-			if !errors.Is(err, api.ErrInvalidArgument) {
+			if !errors.Is(err, vocab.ErrInvalidArgument) {
 				t.Fatalf("error does not wrap ErrInvalidArgument: %v", err)
 			}
 			for _, line := range strings.Split(err.Error(), "\n") {
@@ -56,7 +56,7 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		for name, tn := range cfg.Tenants {
-			if tn.Name != name || !tenantName.MatchString(name) {
+			if _, err := vocab.ParseTenant(name); tn.Name != name || err != nil {
 				t.Fatalf("tenant %q named %q", name, tn.Name)
 			}
 			if tn.Compute < 1 || tn.Compute > maxCompute || tn.ComputeMax != 0 && !(tn.ComputeMax >= MinComputeMax && tn.ComputeMax <= 1) ||
@@ -96,7 +96,7 @@ func FuzzParse(f *testing.F) {
 		got, err := cfg.Resolve("", "")
 		switch {
 		case cfg.DefaultTenant == "":
-			if !errors.Is(err, api.ErrPermissionDenied) {
+			if !errors.Is(err, vocab.ErrPermissionDenied) {
 				t.Fatalf("no default tenant: Resolve gives %v, %v", got, err)
 			}
 		case err != nil || got.Name != cfg.DefaultTenant:

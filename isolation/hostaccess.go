@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // AnyTenant in a [host] mapping's list lets its users act as every tenant,
@@ -42,7 +42,7 @@ type Peer struct {
 // AdmitHost decides whether p may open a session as tenant on the host
 // socket: an operator and, where access is open, anyone may; otherwise
 // only a uid mapped to the tenant (or to AnyTenant), or a member of a
-// group so mapped. A refusal wraps api.ErrPermissionDenied and names the
+// group so mapped. A refusal wraps vocab.ErrPermissionDenied and names the
 // uid, its groups and the tenant.
 func (c *Config) AdmitHost(p Peer, tenant string) error {
 	if p.Operator || c.Host.Open {
@@ -58,9 +58,9 @@ func (c *Config) AdmitHost(p Peer, tenant string) error {
 	}
 	who := fmt.Sprintf("uid %d (groups %s) may not act as tenant %q on the host socket", p.UID, strings.Join(gids, ", "), tenant)
 	if len(may) == 0 {
-		return fmt.Errorf("%s: %s maps neither the uid nor its groups to any tenant ([host.users], [host.groups]): %w", who, c.source(), api.ErrPermissionDenied)
+		return fmt.Errorf("%s: %s maps neither the uid nor its groups to any tenant ([host.users], [host.groups]): %w", who, c.source(), vocab.ErrPermissionDenied)
 	}
-	return fmt.Errorf("%s: %s lets it act as %s only: %w", who, c.source(), quoteAll(may), api.ErrPermissionDenied)
+	return fmt.Errorf("%s: %s lets it act as %s only: %w", who, c.source(), quoteAll(may), vocab.ErrPermissionDenied)
 }
 
 // tenantsOf is every tenant p's uid and groups are mapped to, sorted.
@@ -105,12 +105,12 @@ func (p *parser) host(h *fileHost, tenants map[string]fileTenant) HostAccess {
 	case "open":
 		a.Open = true
 	default:
-		p.fail([]string{"host", "access"}, fmt.Errorf(`want "mapped" or "open", got %s: %w`, describe(h.Access), api.ErrInvalidArgument))
+		p.fail([]string{"host", "access"}, fmt.Errorf(`want "mapped" or "open", got %s: %w`, describe(h.Access), vocab.ErrInvalidArgument))
 	}
 	a.Users = p.hostIDs("users", "uid", `"id -u NAME" prints a user's`, h.Users, tenants)
 	a.Groups = p.hostIDs("groups", "gid", `"getent group NAME" prints a group's`, h.Groups, tenants)
 	if a.Open && (len(h.Users) > 0 || len(h.Groups) > 0) {
-		p.fail([]string{"host", "access"}, fmt.Errorf(`"open" lets every local user act as every tenant, so host.users and host.groups would be ignored; remove them or use "mapped": %w`, api.ErrInvalidArgument))
+		p.fail([]string{"host", "access"}, fmt.Errorf(`"open" lets every local user act as every tenant, so host.users and host.groups would be ignored; remove them or use "mapped": %w`, vocab.ErrInvalidArgument))
 	}
 	return a
 }
@@ -130,12 +130,12 @@ func (p *parser) hostIDs(table, what, lookup string, ids map[string]any, tenants
 	for _, k := range keys {
 		n, err := strconv.ParseUint(k, 10, 32)
 		if err != nil || n == math.MaxUint32 { // (uid_t)-1 is no id
-			p.fail(key(k), fmt.Errorf("%s %q: want a number from 0 to %d (names are not looked up: %s): %w", what, k, uint32(math.MaxUint32-1), lookup, api.ErrInvalidArgument))
+			p.fail(key(k), fmt.Errorf("%s %q: want a number from 0 to %d (names are not looked up: %s): %w", what, k, uint32(math.MaxUint32-1), lookup, vocab.ErrInvalidArgument))
 			continue
 		}
 		id := uint32(n)
 		if prev, dup := seen[id]; dup {
-			p.fail(key(k), fmt.Errorf("%s %d is mapped twice, also as %s at line %d: %w", what, id, keyString(key(prev)), line(prev), api.ErrInvalidArgument))
+			p.fail(key(k), fmt.Errorf("%s %d is mapped twice, also as %s at line %d: %w", what, id, keyString(key(prev)), line(prev), vocab.ErrInvalidArgument))
 			continue
 		}
 		seen[id] = k
@@ -151,7 +151,7 @@ func (p *parser) hostIDs(table, what, lookup string, ids map[string]any, tenants
 func (p *parser) tenantList(key []string, v any, tenants map[string]fileTenant) ([]string, bool) {
 	list, isArray := v.([]any)
 	if !isArray {
-		p.fail(key, fmt.Errorf(`want an array of tenant names such as ["team-a"], got %s: %w`, describe(v), api.ErrInvalidArgument))
+		p.fail(key, fmt.Errorf(`want an array of tenant names such as ["team-a"], got %s: %w`, describe(v), vocab.ErrInvalidArgument))
 		return nil, false
 	}
 	n := len(p.errs)
@@ -164,7 +164,7 @@ func (p *parser) tenantList(key []string, v any, tenants map[string]fileTenant) 
 		switch {
 		case !ok:
 		case slices.Contains(names, name):
-			p.fail(key, fmt.Errorf("tenant %q is listed twice: %w", name, api.ErrInvalidArgument))
+			p.fail(key, fmt.Errorf("tenant %q is listed twice: %w", name, vocab.ErrInvalidArgument))
 		default:
 			names = append(names, name)
 		}

@@ -5,7 +5,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 const hostFile = `[tenants.alice]
@@ -54,7 +54,7 @@ func TestHostAccessParse(t *testing.T) {
 }
 
 // Each error names file, line, key and the bad value, and wraps
-// api.ErrInvalidArgument.
+// vocab.ErrInvalidArgument.
 func TestHostAccessParseErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, doc string
@@ -99,7 +99,7 @@ func TestHostAccessParseErrors(t *testing.T) {
 			if err == nil {
 				t.Fatalf("accepted: %+v", cfg.Host)
 			}
-			if !errors.Is(err, api.ErrInvalidArgument) {
+			if !errors.Is(err, vocab.ErrInvalidArgument) {
 				t.Errorf("error does not wrap ErrInvalidArgument: %v", err)
 			}
 			if err.Error() != tc.want {
@@ -150,7 +150,7 @@ func TestHostAccessAdmit(t *testing.T) {
 			case tc.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
 			case tc.want == "":
-			case !errors.Is(err, api.ErrPermissionDenied):
+			case !errors.Is(err, vocab.ErrPermissionDenied):
 				t.Fatalf("got %v, want permission denied", err)
 			case err.Error() != tc.want:
 				t.Fatalf("got  %s\nwant %s", err, tc.want)

@@ -9,7 +9,7 @@
 // container: Config.Resolve takes the tenant named in the runtime's own
 // arguments (a runtime vgpu-team-a registered with --tenant team-a), else the
 // quota file's mapping of the containerd namespace, else the file's
-// default_tenant, else refuses with api.ErrPermissionDenied.
+// default_tenant, else refuses with vocab.ErrPermissionDenied.
 //
 // On the host socket a session names its own tenant, and Config.AdmitHost
 // decides whether the peer (its uid and groups, from SO_PEERCRED and
@@ -48,9 +48,9 @@
 //	2000 = ["team-a", "shared"]
 //
 // Sizes are strings with a unit (Ki, Mi, Gi, Ti binary; K, M, G, T decimal;
-// see api.ParseSize) or integers of bytes. Keys are case-sensitive and
+// see vocab.ParseSize) or integers of bytes. Keys are case-sensitive and
 // unknown keys are errors. Tenant names match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$.
-// Every error wraps api.ErrInvalidArgument and names the file, the line, the
+// Every error wraps vocab.ErrInvalidArgument and names the file, the line, the
 // key and the bad value, for example
 //
 //	tenants.toml:12: tenants.team-a.memory: size "12X": want a whole number …: invalid argument
@@ -94,7 +94,7 @@ package isolation
 import (
 	"fmt"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Tenant is one tenant's limits.
@@ -143,7 +143,7 @@ func Default() *Config {
 // Resolve is the operator's decision of a container's tenant: runtimeTenant
 // (from the runtime's own arguments) if set, else the quota file's mapping
 // of the containerd namespace, else the default tenant. Anything else is
-// refused with api.ErrPermissionDenied.
+// refused with vocab.ErrPermissionDenied.
 func (c *Config) Resolve(runtimeTenant, namespace string) (*Tenant, error) {
 	switch name, mapped := c.Namespaces[namespace]; {
 	case runtimeTenant != "":
@@ -153,7 +153,7 @@ func (c *Config) Resolve(runtimeTenant, namespace string) (*Tenant, error) {
 	case c.DefaultTenant != "":
 		return c.tenant(c.DefaultTenant, fmt.Sprintf("default_tenant, for namespace %q", namespace))
 	default:
-		return nil, fmt.Errorf("namespace %q has no tenant in %s and there is no default_tenant: %w", namespace, c.source(), api.ErrPermissionDenied)
+		return nil, fmt.Errorf("namespace %q has no tenant in %s and there is no default_tenant: %w", namespace, c.source(), vocab.ErrPermissionDenied)
 	}
 }
 
@@ -161,7 +161,7 @@ func (c *Config) tenant(name, why string) (*Tenant, error) {
 	if t, ok := c.Tenants[name]; ok {
 		return t, nil
 	}
-	return nil, fmt.Errorf("tenant %q (%s) is not defined in %s: %w", name, why, c.source(), api.ErrPermissionDenied)
+	return nil, fmt.Errorf("tenant %q (%s) is not defined in %s: %w", name, why, c.source(), vocab.ErrPermissionDenied)
 }
 
 // source names where c came from, for messages.

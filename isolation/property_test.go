@@ -9,7 +9,7 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 var (
@@ -91,15 +91,15 @@ func TestAdmissionModel(t *testing.T) {
 				sum, carry := bits.Add64(reserved, expect.Memory, 0)
 				switch {
 				case !known:
-					want = api.ErrPermissionDenied
+					want = vocab.ErrPermissionDenied
 				case dup, expect.Memory == 0:
-					want = api.ErrInvalidArgument
+					want = vocab.ErrInvalidArgument
 				case expect.Compute > tn.Compute:
-					want = api.ErrQuotaExceeded
+					want = vocab.ErrQuotaExceeded
 				case tn.MaxContainers > 0 && n >= tn.MaxContainers:
-					want = api.ErrQuotaExceeded
+					want = vocab.ErrQuotaExceeded
 				case tn.Memory > 0 && (carry != 0 || sum > tn.Memory):
-					want = api.ErrQuotaExceeded
+					want = vocab.ErrQuotaExceeded
 				}
 				g, got, err := a.Admit(r)
 				if want == nil {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Restored grants are kept as a reload keeps grants: over a cap lowered
@@ -27,7 +27,7 @@ func TestRestoreKeepsGrantsAsAReloadWould(t *testing.T) {
 	if l := a.Limits("a"); l == nil || l.Memory != 100 {
 		t.Fatalf("a configured tenant's limits %+v: want the file's", l)
 	}
-	if _, _, err := a.Admit(Request{Namespace: "ns", Container: "c3", Tenant: "a", Memory: 1}); !errors.Is(err, api.ErrQuotaExceeded) {
+	if _, _, err := a.Admit(Request{Namespace: "ns", Container: "c3", Tenant: "a", Memory: 1}); !errors.Is(err, vocab.ErrQuotaExceeded) {
 		t.Fatalf("admit over a restored reservation: %v, want quota exceeded", err)
 	}
 
@@ -45,7 +45,7 @@ func TestRestoreKeepsGrantsAsAReloadWould(t *testing.T) {
 	if _, _, err := a.Admit(Request{Container: "c5", Tenant: "gone", Memory: 1}); err == nil {
 		t.Fatal("a removed tenant admitted a container after a restore")
 	}
-	if err := a.Restore(Grant{Container: "c4", Tenant: "gone", Memory: 1, Compute: 1, Devices: 1}, gone); !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), "already admitted") {
+	if err := a.Restore(Grant{Container: "c4", Tenant: "gone", Memory: 1, Compute: 1, Devices: 1}, gone); !errors.Is(err, vocab.ErrInvalidArgument) || !strings.Contains(err.Error(), "already admitted") {
 		t.Fatalf("restore of an admitted container: %v", err)
 	}
 	a.Release("", "c4")
@@ -55,7 +55,7 @@ func TestRestoreKeepsGrantsAsAReloadWould(t *testing.T) {
 	checkAccounting(t, a)
 }
 
-func tenantNamed(t *testing.T, a *Admission, name string) api.TenantInfo {
+func tenantNamed(t *testing.T, a *Admission, name string) TenantUse {
 	t.Helper()
 	for _, ti := range a.Tenants() {
 		if ti.Name == name {
@@ -63,7 +63,7 @@ func tenantNamed(t *testing.T, a *Admission, name string) api.TenantInfo {
 		}
 	}
 	t.Fatalf("tenant %s not listed", name)
-	return api.TenantInfo{}
+	return TenantUse{}
 }
 
 // A grant or limits that admission could not have made is refused, naming
@@ -95,7 +95,7 @@ func TestRestoreRefusesWhatAdmitCouldNotMake(t *testing.T) {
 			g, l := good, limits
 			tc.edit(&g, &l)
 			err := a.Restore(g, l)
-			if !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, vocab.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("restore %+v under %+v: %v, want invalid argument naming %q", g, l, err, tc.want)
 			}
 			if len(a.Grants()) != 0 || a.Limits("a/b") != nil || a.Limits("b") != nil {

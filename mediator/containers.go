@@ -679,7 +679,16 @@ func (m *Mediator) tenantsJSON() ([]byte, error) {
 // Tenants lists tenants with limits, containers, reservations and the
 // memory their sessions hold, by name.
 func (m *Mediator) Tenants() []api.TenantInfo {
-	infos := m.admission.Tenants()
+	uses := m.admission.Tenants()
+	infos := make([]api.TenantInfo, len(uses))
+	for i, u := range uses {
+		t := u.Tenant
+		infos[i] = api.TenantInfo{
+			Name: t.Name, Memory: t.Memory, Compute: t.Compute, ComputeMax: t.ComputeMax, Bandwidth: t.Bandwidth,
+			MaxContainers: t.MaxContainers, DefaultMemory: t.DefaultMemory, Oversubscribe: t.Oversubscribe,
+			DedupCharge: t.DedupCharge, Containers: u.Containers, Reserved: u.Reserved,
+		}
+	}
 	held, charged := map[string]uint64{}, map[string]uint64{}
 	m.mu.Lock()
 	for _, s := range m.sessions {

@@ -154,7 +154,7 @@ func (h *host) register(r api.Register) *api.RegisterReply {
 }
 
 // tenant returns tenant name's line of the running mediator's tenants.
-func (h *host) tenant(name string) api.TenantInfo {
+func (h *host) tenant(name string) isolation.TenantUse {
 	h.t.Helper()
 	for _, ti := range h.med.admission.Tenants() {
 		if ti.Name == name {
@@ -162,7 +162,7 @@ func (h *host) tenant(name string) api.TenantInfo {
 		}
 	}
 	h.t.Fatalf("tenant %s not listed", name)
-	return api.TenantInfo{}
+	return isolation.TenantUse{}
 }
 
 // mallocThrough opens a session on socket and allocates n bytes.

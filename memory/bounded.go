@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Bounded returns a view of h that holds at most limit bytes of entries
 // (whole frames, at least one) of its own: past that its Put fails with
-// api.ErrOutOfMemory, as h's does when h is full. A mediator gives each
+// vocab.ErrOutOfMemory, as h's does when h is full. A mediator gives each
 // container one, so that the spaces of its sessions, which evict whole
 // chunks however little of each they use, share the host's memory and
 // disk only as far as the container's grant says. Until Close, the view
@@ -44,7 +44,7 @@ func (b *BoundedStore) reserve() error {
 	defer b.mu.Unlock()
 	if uint64(len(b.keys))+b.pending >= b.limit {
 		return fmt.Errorf("host store: %d chunks of %d bytes held, the most this container may keep: %w",
-			uint64(len(b.keys))+b.pending, FrameSize, api.ErrOutOfMemory)
+			uint64(len(b.keys))+b.pending, FrameSize, vocab.ErrOutOfMemory)
 	}
 	b.pending++
 	return nil
@@ -96,7 +96,7 @@ func (b *BoundedStore) own(key uint64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.keys[key]; !ok {
-		return fmt.Errorf("host store: no entry %d here: %w", key, api.ErrInvalidArgument)
+		return fmt.Errorf("host store: no entry %d here: %w", key, vocab.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"pgregory.net/rapid"
 )
 
@@ -31,13 +31,13 @@ func TestBoundedStore(t *testing.T) {
 		}
 		keys = append(keys, k)
 	}
-	if _, err := a.Put(page); !errors.Is(err, api.ErrOutOfMemory) {
+	if _, err := a.Put(page); !errors.Is(err, vocab.ErrOutOfMemory) {
 		t.Fatalf("fourth put into a view of three: %v, want out of memory", err)
 	}
 	if _, err := b.Put(page); err != nil {
 		t.Fatalf("another view, with room of its own: %v", err)
 	}
-	if err := b.Get(keys[0], page); !errors.Is(err, api.ErrInvalidArgument) {
+	if err := b.Get(keys[0], page); !errors.Is(err, vocab.ErrInvalidArgument) {
 		t.Fatalf("a view reading another's entry: %v, want invalid argument", err)
 	}
 	b.Drop(keys[0]) // not b's: ignored
@@ -207,7 +207,7 @@ func TestBoundedStoresRAMProperty(t *testing.T) {
 				binary.LittleEndian.PutUint64(page, uint64(step))
 				k, err := v.Put(page)
 				if err != nil {
-					if errors.Is(err, api.ErrOutOfMemory) {
+					if errors.Is(err, vocab.ErrOutOfMemory) {
 						continue // at its limit
 					}
 					rt.Fatal(err)
@@ -325,7 +325,7 @@ func TestBoundedStoresConcurrentReclaim(t *testing.T) {
 			for i := range 60 {
 				tag := uint64(w<<16 | i)
 				k, err := v.Put(tagged(tag))
-				if errors.Is(err, api.ErrOutOfMemory) {
+				if errors.Is(err, vocab.ErrOutOfMemory) {
 					v.Drop(held[0])
 					held = held[1:]
 					continue

@@ -1,11 +1,11 @@
 package memory
 
-import "github.com/vgpu/vgpu/api"
+import "github.com/vgpu/vgpu/api/vocab"
 
 // translatePages translates whole pages, for writing if write: up to an
 // allocation's end rounded to Page4K, which Translate refuses past the size
 // asked for. The harness checks page-level invariants with it.
-func (s *Space) translatePages(va, n uint64, write bool) (uint32, []api.Extent, error) {
+func (s *Space) translatePages(va, n uint64, write bool) (uint32, []vocab.Extent, error) {
 	return s.translateOne(Range{VA: va, Len: n, Write: write}, (*allocation).end)
 }
 
@@ -13,7 +13,7 @@ func (s *Space) translatePages(va, n uint64, write bool) (uint32, []api.Extent, 
 type chunkState struct {
 	ok, resident, stored bool
 	dev                  uint32
-	hint                 api.Hint
+	hint                 vocab.Hint
 	frame, key           uint64
 }
 

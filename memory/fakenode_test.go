@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // fakeNode is a test double of a node's frame allocator, shared by several
@@ -83,7 +83,7 @@ func (l lease) Grant(dev uint32, count int) ([]uint64, error) {
 	}
 	for i := n.capacity - 1; got == nil || len(got) < count; i-- {
 		if i < 0 {
-			return nil, fmt.Errorf("device %d: %d frames wanted, fewer free: %w", dev, count, api.ErrOutOfMemory)
+			return nil, fmt.Errorf("device %d: %d frames wanted, fewer free: %w", dev, count, vocab.ErrOutOfMemory)
 		}
 		if free(i) {
 			got = append(got, i)
@@ -125,15 +125,15 @@ func (l lease) access(op string, dev uint32, frame uint64, p []byte) error {
 	}
 	if o, ok := n.owner[devFrame{dev, frame}]; !ok || o != l.id || frame%FrameSize != 0 {
 		n.violations = append(n.violations, fmt.Sprintf("lessee %d: %s of frame %#x of device %d, which it does not hold", l.id, op, frame, dev))
-		return fmt.Errorf("%s frame %#x of device %d: not held: %w", op, frame, dev, api.ErrInvalidAddress)
+		return fmt.Errorf("%s frame %#x of device %d: not held: %w", op, frame, dev, vocab.ErrInvalidAddress)
 	}
 	if op != "read" && n.sealed[devFrame{dev, frame}] {
 		n.violations = append(n.violations, fmt.Sprintf("lessee %d: %s of sealed frame %#x of device %d", l.id, op, frame, dev))
-		return fmt.Errorf("%s frame %#x of device %d: sealed: %w", op, frame, dev, api.ErrPermissionDenied)
+		return fmt.Errorf("%s frame %#x of device %d: sealed: %w", op, frame, dev, vocab.ErrPermissionDenied)
 	}
 	if p != nil && len(p) != FrameSize {
 		n.violations = append(n.violations, fmt.Sprintf("lessee %d: %s of %d bytes", l.id, op, len(p)))
-		return fmt.Errorf("%s of %d bytes: %w", op, len(p), api.ErrInvalidArgument)
+		return fmt.Errorf("%s of %d bytes: %w", op, len(p), vocab.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -186,7 +186,7 @@ func (l lease) Zero(dev uint32, frame uint64) error {
 
 // seal makes the frames of xs, which lessee l must hold, read-only until
 // they are returned, as a node's seal does.
-func (l lease) seal(dev uint32, xs []api.Extent) {
+func (l lease) seal(dev uint32, xs []vocab.Extent) {
 	n := l.n
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // fuzzInput reads operation parameters from fuzz bytes, yielding zeros
@@ -86,7 +86,7 @@ func FuzzSpace(f *testing.F) {
 			switch op % 10 {
 			case 0, 1:
 				d := in.u8() // the device, and above it the hint
-				h.alloc(si, uint32(d%2), in.size(), api.Hint(d/2%6))
+				h.alloc(si, uint32(d%2), in.size(), vocab.Hint(d/2%6))
 			case 2:
 				h.free(si, int(in.u8()))
 			case 3:
@@ -94,7 +94,7 @@ func FuzzSpace(f *testing.F) {
 			case 4:
 				h.misuse(si, int(in.u8()), int(in.u8()), uint64(in.u32()))
 			case 5:
-				h.failingGrant(si, uint32(in.u8()%2), in.size(), api.HintNone)
+				h.failingGrant(si, uint32(in.u8()%2), in.size(), vocab.HintNone)
 			case 6:
 				h.write(si, int(in.u8()), uint64(in.u32()), uint64(in.u32()))
 			case 7:

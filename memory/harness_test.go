@@ -8,7 +8,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"pgregory.net/rapid"
 )
 
@@ -39,7 +39,7 @@ type liveAlloc struct {
 	va, size uint64 // size rounded to Page4K
 	want     uint64 // size asked for: the addressable bytes
 	dev      uint32
-	hint     api.Hint
+	hint     vocab.Hint
 	sealed   bool
 	// tags[i] names the last write to page i (see stamp); 0 means never
 	// written, so its contents are unknown.
@@ -166,7 +166,7 @@ func (h *harness) checkOnlyEvicted(what string, m *model, before snapshot) {
 // alloc allocates size bytes on dev with hint in space si, checks the
 // outcome and writes every page of the new allocation, which it returns
 // (nil if the allocation failed).
-func (h *harness) alloc(si int, dev uint32, size uint64, hint api.Hint) *liveAlloc {
+func (h *harness) alloc(si int, dev uint32, size uint64, hint vocab.Hint) *liveAlloc {
 	h.t.Helper()
 	a := h.allocOnly(si, dev, size, hint)
 	if a != nil {
@@ -175,13 +175,13 @@ func (h *harness) alloc(si int, dev uint32, size uint64, hint api.Hint) *liveAll
 	return a
 }
 
-func (h *harness) allocOnly(si int, dev uint32, size uint64, hint api.Hint) *liveAlloc {
+func (h *harness) allocOnly(si int, dev uint32, size uint64, hint vocab.Hint) *liveAlloc {
 	h.t.Helper()
 	m := h.spaces[si]
 	before := h.snap(m)
 	va, err := m.sp.AllocHint(dev, size, hint)
 	if size == 0 || size > maxAlloc || !hint.Valid() {
-		if !errors.Is(err, api.ErrInvalidArgument) {
+		if !errors.Is(err, vocab.ErrInvalidArgument) {
 			h.t.Fatalf("alloc %d with hint %v: %v, want ErrInvalidArgument", size, hint, err)
 		}
 		h.checkUnchanged("bad alloc", m, before)
@@ -191,11 +191,11 @@ func (h *harness) allocOnly(si int, dev uint32, size uint64, hint api.Hint) *liv
 	overQuota := m.limit != 0 && m.allocated()+rounded > m.limit
 	if err != nil {
 		switch {
-		case overQuota && !errors.Is(err, api.ErrQuotaExceeded):
+		case overQuota && !errors.Is(err, vocab.ErrQuotaExceeded):
 			h.t.Fatalf("alloc %d over the quota: %v, want ErrQuotaExceeded", size, err)
-		case !overQuota && m.oversub && !errors.Is(err, api.ErrUnavailable):
+		case !overQuota && m.oversub && !errors.Is(err, vocab.ErrUnavailable):
 			h.t.Fatalf("alloc %d in an oversubscribing space: %v, want success", size, err)
-		case !overQuota && !errors.Is(err, api.ErrOutOfMemory) && !errors.Is(err, api.ErrUnavailable):
+		case !overQuota && !errors.Is(err, vocab.ErrOutOfMemory) && !errors.Is(err, vocab.ErrUnavailable):
 			h.t.Fatalf("alloc %d: unexpected error %v", size, err)
 		}
 		h.checkUnchanged("failed alloc", m, before)
@@ -254,12 +254,12 @@ func (h *harness) writePages(m *model, a *liveAlloc, off, n uint64, piecewise bo
 // page table, the data in them against the model, or, on failure, that it
 // was allowed (a write to a sealed allocation, or out of memory where the
 // harness cannot rule it out) and left no trace.
-func (h *harness) touch(m *model, a *liveAlloc, off, n uint64, write bool) ([]api.Extent, bool) {
+func (h *harness) touch(m *model, a *liveAlloc, off, n uint64, write bool) ([]vocab.Extent, bool) {
 	h.t.Helper()
 	must := h.mustFit(m, a, off, n)
 	before := h.snap(m)
 	var dev uint32
-	var xs []api.Extent
+	var xs []vocab.Extent
 	var err error
 	if write {
 		dev, xs, err = m.sp.translatePages(a.va+off, n, true)
@@ -268,13 +268,13 @@ func (h *harness) touch(m *model, a *liveAlloc, off, n uint64, write bool) ([]ap
 	}
 	switch {
 	case write && a.sealed:
-		if !errors.Is(err, api.ErrPermissionDenied) {
+		if !errors.Is(err, vocab.ErrPermissionDenied) {
 			h.t.Fatalf("space %d: write translation of %#x+%d in sealed allocation %#x: %v, want ErrPermissionDenied", m.id, a.va+off, n, a.va, err)
 		}
 		h.checkUnchanged("refused write translation", m, before)
 		return nil, false
 	case err != nil:
-		if must != "" || !errors.Is(err, api.ErrOutOfMemory) {
+		if must != "" || !errors.Is(err, vocab.ErrOutOfMemory) {
 			h.t.Fatalf("space %d: translate %#x+%d: %v (must succeed: %s)", m.id, a.va+off, n, err, must)
 		}
 		h.checkOnlyEvicted("failed translate", m, before)
@@ -323,11 +323,11 @@ func (h *harness) mustFit(m *model, a *liveAlloc, off, n uint64) string {
 }
 
 // walkExtents translates [va, va+n) through the page table alone.
-func (h *harness) walkExtents(m *model, va, n uint64) []api.Extent {
+func (h *harness) walkExtents(m *model, va, n uint64) []vocab.Extent {
 	h.t.Helper()
 	m.sp.mu.Lock()
 	defer m.sp.mu.Unlock()
-	var xs []api.Extent
+	var xs []vocab.Extent
 	for cur, stop := va, va+n; cur < stop; {
 		l, ok := m.sp.pt.walk(cur)
 		if !ok {
@@ -338,7 +338,7 @@ func (h *harness) walkExtents(m *model, va, n uint64) []api.Extent {
 		if k := len(xs) - 1; k >= 0 && xs[k].Addr+xs[k].Len == pa {
 			xs[k].Len += next - cur
 		} else {
-			xs = append(xs, api.Extent{Addr: pa, Len: next - cur})
+			xs = append(xs, vocab.Extent{Addr: pa, Len: next - cur})
 		}
 		cur = next
 	}
@@ -393,14 +393,14 @@ func (h *harness) translateAll(si int, picks []int, offs []uint64, writes []bool
 	before := h.snap(m)
 	ts, err := m.sp.TranslateAll(rs)
 	if refused {
-		if !errors.Is(err, api.ErrPermissionDenied) {
+		if !errors.Is(err, vocab.ErrPermissionDenied) {
 			h.t.Fatalf("space %d: translate %v, writing a sealed allocation: %v, want ErrPermissionDenied", m.id, rs, err)
 		}
 		h.checkUnchanged("refused translate of several ranges", m, before)
 		return
 	}
 	if err != nil {
-		if must || !errors.Is(err, api.ErrOutOfMemory) {
+		if must || !errors.Is(err, vocab.ErrOutOfMemory) {
 			h.t.Fatalf("space %d: translate %v: %v (must succeed: %v)", m.id, rs, err, must)
 		}
 		h.checkOnlyEvicted("failed translate of several ranges", m, before)
@@ -487,12 +487,12 @@ func (h *harness) evict(si, pick int, off uint64, coldest bool) {
 	ok, err := m.sp.evict(va)
 	switch {
 	case !m.oversub:
-		if !errors.Is(err, api.ErrInvalidArgument) || ok {
+		if !errors.Is(err, vocab.ErrInvalidArgument) || ok {
 			h.t.Fatalf("space %d: evict without oversubscription: %v, want ErrInvalidArgument", m.id, err)
 		}
 		h.checkUnchanged("evict without oversubscription", m, before)
 	case err != nil:
-		if !errors.Is(err, api.ErrOutOfMemory) || h.store.room() != 0 {
+		if !errors.Is(err, vocab.ErrOutOfMemory) || h.store.room() != 0 {
 			h.t.Fatalf("space %d: evict %#x: %v, with room for %d entries", m.id, va, err, h.store.room())
 		}
 		h.checkUnchanged("failed evict", m, before)
@@ -594,7 +594,7 @@ func (h *harness) sealFrames(si, pick int) {
 	before := h.snap(m)
 	ts, err := m.sp.TranslateAll([]Range{{VA: first, Len: last - first, SealFrames: true}})
 	if err != nil {
-		if must != "" || !errors.Is(err, api.ErrOutOfMemory) {
+		if must != "" || !errors.Is(err, vocab.ErrOutOfMemory) {
 			h.t.Fatalf("space %d: translate %#x+%d to seal its frames: %v (must succeed: %s)", m.id, first, last-first, err, must)
 		}
 		h.checkOnlyEvicted("failed translate to seal frames", m, before)
@@ -621,16 +621,16 @@ func (h *harness) failingIO(si, pick int, off, n uint64, grant bool) {
 	n = Page4K * (1 + n%((a.size-off)/Page4K))
 	h.node.mu.Lock()
 	if grant {
-		h.node.failGrant = fmt.Errorf("node lost: %w", api.ErrUnavailable)
+		h.node.failGrant = fmt.Errorf("node lost: %w", vocab.ErrUnavailable)
 	} else {
-		h.node.failIO = fmt.Errorf("node lost: %w", api.ErrUnavailable)
+		h.node.failIO = fmt.Errorf("node lost: %w", vocab.ErrUnavailable)
 	}
 	h.node.mu.Unlock()
 	_, _, err := m.sp.translatePages(a.va+off, n, false)
 	h.node.mu.Lock()
 	h.node.failIO, h.node.failGrant = nil, nil
 	h.node.mu.Unlock()
-	if err != nil && !errors.Is(err, api.ErrUnavailable) && !errors.Is(err, api.ErrOutOfMemory) {
+	if err != nil && !errors.Is(err, vocab.ErrUnavailable) && !errors.Is(err, vocab.ErrOutOfMemory) {
 		h.t.Fatalf("space %d: translate %#x+%d with failing I/O: %v", m.id, a.va+off, n, err)
 	}
 }
@@ -646,7 +646,7 @@ func (h *harness) misuse(si, kind, pick int, x uint64) {
 	case kind%5 == 0 && len(m.dead) > 0:
 		va := m.dead[pick%len(m.dead)]
 		what = "free of a freed allocation"
-		if err = m.sp.Free(va); errors.Is(err, api.ErrInvalidAddress) {
+		if err = m.sp.Free(va); errors.Is(err, vocab.ErrInvalidAddress) {
 			_, _, err = m.sp.Translate(va, 1)
 			what = "translate of a freed allocation"
 		}
@@ -669,7 +669,7 @@ func (h *harness) misuse(si, kind, pick int, x uint64) {
 		what = "free below the address space"
 		err = m.sp.Free(x % vaBase)
 	}
-	if !errors.Is(err, api.ErrInvalidAddress) {
+	if !errors.Is(err, vocab.ErrInvalidAddress) {
 		h.t.Fatalf("%s: %v, want ErrInvalidAddress", what, err)
 	}
 }
@@ -677,10 +677,10 @@ func (h *harness) misuse(si, kind, pick int, x uint64) {
 // failingGrant allocates while the node fails the next Grant; the
 // allocation may still succeed if it needs no frame, otherwise it must fail
 // without a trace.
-func (h *harness) failingGrant(si int, dev uint32, size uint64, hint api.Hint) {
+func (h *harness) failingGrant(si int, dev uint32, size uint64, hint vocab.Hint) {
 	h.t.Helper()
 	h.node.mu.Lock()
-	h.node.failGrant = api.ErrUnavailable
+	h.node.failGrant = vocab.ErrUnavailable
 	h.node.mu.Unlock()
 	a := h.allocOnly(si, dev, size, hint)
 	h.node.mu.Lock()
@@ -755,7 +755,7 @@ func (h *harness) checkSpace(m *model, used map[ukey]uint64, keys map[uint64]int
 		if d, e, err := m.sp.Span(a.va + a.want - 1); err != nil || d != a.dev || e != a.va+a.want {
 			h.t.Fatalf("space %d: span of %#x: end %#x, %v; want %#x", m.id, a.va, e, err, a.va+a.want)
 		}
-		if _, _, err := m.sp.Translate(a.va, a.want+1); !errors.Is(err, api.ErrInvalidAddress) {
+		if _, _, err := m.sp.Translate(a.va, a.want+1); !errors.Is(err, vocab.ErrInvalidAddress) {
 			h.t.Fatalf("space %d: translate one byte past the %d bytes asked at %#x: %v, want ErrInvalidAddress", m.id, a.want, a.va, err)
 		}
 		for off := uint64(0); off < a.size; off += Page4K {
@@ -957,11 +957,11 @@ func (h *harness) closeSpace(si int) {
 		st.Resident != 0 || st.Evicted != 0 {
 		h.t.Fatalf("close space %d: stats after %+v", m.id, st)
 	}
-	if _, err := m.sp.Alloc(0, Page4K); !errors.Is(err, api.ErrInvalidArgument) {
+	if _, err := m.sp.Alloc(0, Page4K); !errors.Is(err, vocab.ErrInvalidArgument) {
 		h.t.Fatalf("alloc after close: %v, want ErrInvalidArgument", err)
 	}
 	for _, a := range m.live {
-		if _, _, err := m.sp.Translate(a.va, 1); !errors.Is(err, api.ErrInvalidArgument) {
+		if _, _, err := m.sp.Translate(a.va, 1); !errors.Is(err, vocab.ErrInvalidArgument) {
 			h.t.Fatalf("translate after close: %v, want ErrInvalidArgument", err)
 		}
 	}
@@ -1098,7 +1098,7 @@ func (l lendingStore) view(key uint64, f func(b []byte) error) error {
 // word naming the write (tag) and the page's index in its allocation,
 // counting from first. Placement works in whole pages, so this catches any
 // misplacement, overlap or loss.
-func (n *fakeNode) stamp(dev uint32, xs []api.Extent, tag, first uint64) {
+func (n *fakeNode) stamp(dev uint32, xs []vocab.Extent, tag, first uint64) {
 	i := first
 	for _, x := range xs {
 		for p := x.Addr; p < x.Addr+x.Len; p += Page4K {
@@ -1113,7 +1113,7 @@ func (n *fakeNode) stamp(dev uint32, xs []api.Extent, tag, first uint64) {
 // checkStamps verifies the stamps of the pages of xs, which are pages
 // first, first+1, ... of an allocation, against tags, their tags in order
 // (0: not written, not checked). It describes the first mismatch.
-func (n *fakeNode) checkStamps(dev uint32, xs []api.Extent, tags []uint64, first uint64) error {
+func (n *fakeNode) checkStamps(dev uint32, xs []vocab.Extent, tags []uint64, first uint64) error {
 	i := uint64(0)
 	for _, x := range xs {
 		for p := x.Addr; p < x.Addr+x.Len; p += Page4K {
@@ -1141,15 +1141,15 @@ func checkStamp(b []byte, tag, i uint64) error {
 }
 
 // sliceExtents cuts [off, off+n) out of the runs xs.
-func sliceExtents(xs []api.Extent, off, n uint64) []api.Extent {
-	var out []api.Extent
+func sliceExtents(xs []vocab.Extent, off, n uint64) []vocab.Extent {
+	var out []vocab.Extent
 	for _, x := range xs {
 		if off >= x.Len {
 			off -= x.Len
 			continue
 		}
 		take := min(x.Len-off, n)
-		out = append(out, api.Extent{Addr: x.Addr + off, Len: take})
+		out = append(out, vocab.Extent{Addr: x.Addr + off, Len: take})
 		off, n = 0, n-take
 		if n == 0 {
 			break

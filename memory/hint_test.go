@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
-func mustAllocHint(t *testing.T, s *Space, dev uint32, size uint64, hint api.Hint) uint64 {
+func mustAllocHint(t *testing.T, s *Space, dev uint32, size uint64, hint vocab.Hint) uint64 {
 	t.Helper()
 	va, err := s.AllocHint(dev, size, hint)
 	if err != nil {
@@ -23,12 +23,12 @@ func chunkOf(va uint64) uint64 { return va &^ (Page2M - 1) }
 // the same device and hint, and Hint reports what they were given.
 func TestAllocHintPacking(t *testing.T) {
 	s := NewSpace(newFakeNode(8).lease(0), 0)
-	w1 := mustAllocHint(t, s, 0, Page4K, api.HintWeight)
-	w2 := mustAllocHint(t, s, 0, Page64K, api.HintWeight)
-	act := mustAllocHint(t, s, 0, Page4K, api.HintActivation)
+	w1 := mustAllocHint(t, s, 0, Page4K, vocab.HintWeight)
+	w2 := mustAllocHint(t, s, 0, Page64K, vocab.HintWeight)
+	act := mustAllocHint(t, s, 0, Page4K, vocab.HintActivation)
 	none := mustAlloc(t, s, 0, Page4K)
-	w3 := mustAllocHint(t, s, 1, Page4K, api.HintWeight)
-	act2 := mustAllocHint(t, s, 0, 3*Page4K, api.HintActivation)
+	w3 := mustAllocHint(t, s, 1, Page4K, vocab.HintWeight)
+	act2 := mustAllocHint(t, s, 0, 3*Page4K, vocab.HintActivation)
 	if chunkOf(w1) != chunkOf(w2) || chunkOf(act) != chunkOf(act2) {
 		t.Errorf("same device and hint not packed: %#x %#x, %#x %#x", w1, w2, act, act2)
 	}
@@ -36,17 +36,17 @@ func TestAllocHintPacking(t *testing.T) {
 	if len(chunks) != 4 || s.Stats().Frames != 4 {
 		t.Errorf("different hints or devices share chunks: %#x %#x %#x %#x, %d frames", w1, act, none, w3, s.Stats().Frames)
 	}
-	for va, want := range map[uint64]api.Hint{w1: api.HintWeight, w2 + Page64K - 1: api.HintWeight, act2: api.HintActivation, none: api.HintNone} {
+	for va, want := range map[uint64]vocab.Hint{w1: vocab.HintWeight, w2 + Page64K - 1: vocab.HintWeight, act2: vocab.HintActivation, none: vocab.HintNone} {
 		if h, sealed, err := s.Hint(va); h != want || sealed || err != nil {
 			t.Errorf("hint of %#x: %v, sealed %v, %v; want %v", va, h, sealed, err, want)
 		}
 	}
 	_, _, err := s.Hint(w1 + Page4K)
-	wantErr(t, "hint of a free address", err, api.ErrInvalidAddress, fmt.Sprintf("%#x", w1+Page4K))
+	wantErr(t, "hint of a free address", err, vocab.ErrInvalidAddress, fmt.Sprintf("%#x", w1+Page4K))
 
 	before := s.Stats()
-	_, err = s.AllocHint(0, Page4K, api.Hint(9))
-	wantErr(t, "invalid hint", err, api.ErrInvalidArgument, "hint(9)")
+	_, err = s.AllocHint(0, Page4K, vocab.Hint(9))
+	wantErr(t, "invalid hint", err, vocab.ErrInvalidArgument, "hint(9)")
 	if st := s.Stats(); !sameStats(st, before) {
 		t.Errorf("refused alloc changed stats: %+v, was %+v", st, before)
 	}
@@ -68,18 +68,18 @@ func TestEvictionOrderByHint(t *testing.T) {
 			node := newFakeNode(tc.frames)
 			s := NewSpace(node.lease(0), 0)
 			s.Oversubscribe(newStore(t, 16, false), tc.resident)
-			w := mustAllocHint(t, s, 0, Page2M, api.HintWeight)
-			kv := mustAllocHint(t, s, 0, Page2M, api.HintKVCache)
+			w := mustAllocHint(t, s, 0, Page2M, vocab.HintWeight)
+			kv := mustAllocHint(t, s, 0, Page2M, vocab.HintKVCache)
 			none := mustAlloc(t, s, 0, Page2M)
-			stg := mustAllocHint(t, s, 0, Page2M, api.HintStaging)
-			act := mustAllocHint(t, s, 0, Page2M, api.HintActivation)
+			stg := mustAllocHint(t, s, 0, Page2M, vocab.HintStaging)
+			act := mustAllocHint(t, s, 0, Page2M, vocab.HintActivation)
 			// Least recently translated first is the reverse of the classes.
 			for _, va := range []uint64{w, kv, none, stg, act} {
 				mustTranslate(t, s, va, 1)
 			}
 			probes := make([]uint64, 5)
 			for i := range probes {
-				probes[i] = mustAllocHint(t, s, 0, Page2M, api.HintWeight) // evicted: no room
+				probes[i] = mustAllocHint(t, s, 0, Page2M, vocab.HintWeight) // evicted: no room
 			}
 			for i, want := range []uint64{stg, act, none, kv, w} {
 				mustTranslate(t, s, probes[i], 1)
@@ -101,24 +101,24 @@ func TestSealRefusesWrites(t *testing.T) {
 	node := newFakeNode(1)
 	s := NewSpace(node.lease(0), 0)
 	s.Oversubscribe(newStore(t, 4, false), 0)
-	a := mustAllocHint(t, s, 0, Page2M, api.HintWeight)
+	a := mustAllocHint(t, s, 0, Page2M, vocab.HintWeight)
 	b := mustAlloc(t, s, 0, Page2M) // evicted: the device has one frame
 	for range 2 {                   // sealing twice is fine
 		if err := s.Seal(a); err != nil {
 			t.Fatalf("seal %#x: %v", a, err)
 		}
 	}
-	if h, sealed, err := s.Hint(a + 5); h != api.HintWeight || !sealed || err != nil {
+	if h, sealed, err := s.Hint(a + 5); h != vocab.HintWeight || !sealed || err != nil {
 		t.Errorf("hint of sealed %#x: %v, %v, %v", a, h, sealed, err)
 	}
 	_, _, err := s.TranslateWrite(a+Page4K, 8)
-	wantErr(t, "write to sealed", err, api.ErrPermissionDenied, fmt.Sprintf("%#x", a+Page4K), "sealed")
+	wantErr(t, "write to sealed", err, vocab.ErrPermissionDenied, fmt.Sprintf("%#x", a+Page4K), "sealed")
 	mustTranslate(t, s, a, Page2M)
 
 	// b's chunk is evicted: a refused command must not fault it in.
 	before := s.Stats()
 	_, err = s.TranslateAll([]Range{{VA: b, Len: 1, Write: true}, {VA: a, Len: 1, Write: true}})
-	wantErr(t, "command writing a sealed operand", err, api.ErrPermissionDenied, fmt.Sprintf("%#x", a))
+	wantErr(t, "command writing a sealed operand", err, vocab.ErrPermissionDenied, fmt.Sprintf("%#x", a))
 	if st := s.Stats(); !sameStats(st, before) || s.Resident(Range{VA: b, Len: 1}) {
 		t.Errorf("refused command changed the space: %+v, was %+v", st, before)
 	}
@@ -130,18 +130,18 @@ func TestSealRefusesWrites(t *testing.T) {
 	}
 
 	err = s.Seal(a + Page4K)
-	wantErr(t, "seal inside", err, api.ErrInvalidAddress, fmt.Sprintf("%#x", a+Page4K), fmt.Sprintf("%#x", a))
+	wantErr(t, "seal inside", err, vocab.ErrInvalidAddress, fmt.Sprintf("%#x", a+Page4K), fmt.Sprintf("%#x", a))
 	err = s.Seal(vaBase - Page4K)
-	wantErr(t, "seal of nothing", err, api.ErrInvalidAddress, fmt.Sprintf("%#x", vaBase-Page4K))
+	wantErr(t, "seal of nothing", err, vocab.ErrInvalidAddress, fmt.Sprintf("%#x", vaBase-Page4K))
 	if err := s.Free(a); err != nil {
 		t.Fatal(err)
 	}
 	_, _, err = s.Hint(a)
-	wantErr(t, "hint of a freed allocation", err, api.ErrInvalidAddress)
+	wantErr(t, "hint of a freed allocation", err, vocab.ErrInvalidAddress)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, "seal after close", s.Seal(b), api.ErrInvalidArgument)
+	wantErr(t, "seal after close", s.Seal(b), vocab.ErrInvalidArgument)
 }
 
 // TestCleanEviction: a chunk whose allocations are all sealed is read back
@@ -152,7 +152,7 @@ func TestCleanEviction(t *testing.T) {
 	store := newCheckedStore(newStore(t, 8, false), false)
 	s := NewSpace(node.lease(0), 0)
 	s.Oversubscribe(store, 0)
-	w := mustAllocHint(t, s, 0, Page2M-Page64K, api.HintWeight)
+	w := mustAllocHint(t, s, 0, Page2M-Page64K, vocab.HintWeight)
 	other := mustAlloc(t, s, 0, Page2M) // evicted: the device has one frame
 	data := pattern(3, Page2M-Page64K)
 	writeVA(t, node, s, w, data)
@@ -180,7 +180,7 @@ func TestCleanEviction(t *testing.T) {
 
 	// A new allocation in w's chunk is not sealed: the kept entry goes,
 	// and the chunk is written back until that one is sealed too.
-	extra := mustAllocHint(t, s, 0, Page4K, api.HintWeight)
+	extra := mustAllocHint(t, s, 0, Page4K, vocab.HintWeight)
 	if chunkOf(extra) != chunkOf(w) {
 		t.Fatalf("%#x not packed with %#x", extra, w)
 	}
@@ -222,8 +222,8 @@ func TestCleanEviction(t *testing.T) {
 // tail, the gap after it and a freed allocation name none.
 func TestAllocationAt(t *testing.T) {
 	s := NewSpace(newFakeNode(8).lease(0), 0)
-	small := mustAllocHint(t, s, 0, 100, api.HintKVCache)
-	big := mustAllocHint(t, s, 1, Page2M+8, api.HintWeight)
+	small := mustAllocHint(t, s, 0, 100, vocab.HintKVCache)
+	big := mustAllocHint(t, s, 1, Page2M+8, vocab.HintWeight)
 	if err := s.Seal(big); err != nil {
 		t.Fatal(err)
 	}
@@ -244,6 +244,6 @@ func TestAllocationAt(t *testing.T) {
 	}
 	for _, va := range []uint64{small, big + Page2M + 8, big + Page2M + Page4K} {
 		_, err := s.AllocationAt(va)
-		wantErr(t, fmt.Sprintf("allocation at %#x", va), err, api.ErrInvalidAddress, fmt.Sprintf("%#x", va))
+		wantErr(t, fmt.Sprintf("allocation at %#x", va), err, vocab.ErrInvalidAddress, fmt.Sprintf("%#x", va))
 	}
 }

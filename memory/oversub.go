@@ -8,7 +8,7 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Oversubscribe makes the space oversubscribe: its allocations may exceed
@@ -98,7 +98,7 @@ func (s *Space) faultIn(rs []Range) error {
 	}
 	if s.maxFrames != 0 && chunks > s.maxFrames {
 		return fmt.Errorf("%d bytes span %d chunks of %d bytes, but the space may keep only %d bytes resident: %w",
-			total, chunks, Page2M, uint64(s.maxFrames)*FrameSize, api.ErrOutOfMemory)
+			total, chunks, Page2M, uint64(s.maxFrames)*FrameSize, vocab.ErrOutOfMemory)
 	}
 	slices.SortFunc(p.need, func(a, b *chunk) int { return cmp.Or(cmp.Compare(a.dev, b.dev), cmp.Compare(a.va, b.va)) })
 	if err := s.plan(p); err != nil {
@@ -227,7 +227,7 @@ func (s *Space) plan(p *faultPlan) error {
 			s.mu.Unlock()
 			if len(more) < missing {
 				return fmt.Errorf("device %d: %d frames wanted for chunks to fault in, %d granted (%v), and only %d resident chunks of the device outside the range may be evicted: %w",
-					dev, want[dev], want[dev]-reused-missing, short, reused+len(more), api.ErrOutOfMemory)
+					dev, want[dev], want[dev]-reused-missing, short, reused+len(more), vocab.ErrOutOfMemory)
 			}
 			// A sealed frame cannot be refilled: return it and ask again.
 			if err := s.evictNow(sealed); err != nil {
@@ -237,7 +237,7 @@ func (s *Space) plan(p *faultPlan) error {
 				return err
 			} else if i < last {
 				return fmt.Errorf("device %d: %d frames wanted for chunks to fault in, %d still missing after returning %d sealed frames of evicted chunks (%v): %w",
-					dev, want[dev], last-i, len(sealed), short, api.ErrOutOfMemory)
+					dev, want[dev], last-i, len(sealed), short, vocab.ErrOutOfMemory)
 			}
 		}
 		first = last
@@ -272,7 +272,7 @@ func (s *Space) capVictims(p *faultPlan, want map[uint32]int) ([]*chunk, error) 
 	}
 	if len(victims) < excess { // cannot happen: the ranges fit the cap
 		return nil, fmt.Errorf("%d chunks to fault in, only %d of %d resident chunks may be evicted: %w",
-			len(p.need), len(victims), s.frames, api.ErrOutOfMemory)
+			len(p.need), len(victims), s.frames, vocab.ErrOutOfMemory)
 	}
 	return victims, nil
 }
@@ -299,11 +299,11 @@ func (s *Space) evictNow(vs []*chunk) error {
 // first. Ephemeral buffers are the cheapest to bring back or lose, weights
 // (read by every step) the costliest.
 var evictRank = [...]int{
-	api.HintActivation: 0,
-	api.HintStaging:    0,
-	api.HintNone:       1,
-	api.HintKVCache:    2,
-	api.HintWeight:     3,
+	vocab.HintActivation: 0,
+	vocab.HintStaging:    0,
+	vocab.HintNone:       1,
+	vocab.HintKVCache:    2,
+	vocab.HintWeight:     3,
 }
 
 const lastRank = 3
@@ -355,7 +355,7 @@ func (s *Space) coldest(list []*chunk, k, maxRank int) []*chunk {
 // short is the out-of-memory error that stopped it short of n, if any.
 func (s *Space) grantSome(dev uint32, n int) (frames []uint64, short, err error) {
 	frames, err = s.grant(dev, n)
-	if errors.Is(err, api.ErrOutOfMemory) && n > 1 {
+	if errors.Is(err, vocab.ErrOutOfMemory) && n > 1 {
 		frames, err = nil, nil
 		for len(frames) < n {
 			f, ferr := s.grant(dev, 1)
@@ -370,7 +370,7 @@ func (s *Space) grantSome(dev uint32, n int) (frames []uint64, short, err error)
 	for _, f := range frames {
 		s.held[devFrame{dev, f}] = true
 	}
-	if errors.Is(err, api.ErrOutOfMemory) {
+	if errors.Is(err, vocab.ErrOutOfMemory) {
 		short, err = err, nil
 	}
 	return frames, short, err
@@ -506,7 +506,7 @@ func (s *Space) refill(p *faultPlan) ([]bool, map[uint32]error) {
 	for dev, a := range asks {
 		got, err := r.Refill(dev, a.frames, a.sums)
 		if err == nil && len(got) != len(a.frames) {
-			err = fmt.Errorf("refill of %d frames answered %d: %w", len(a.frames), len(got), api.ErrInternal)
+			err = fmt.Errorf("refill of %d frames answered %d: %w", len(a.frames), len(got), vocab.ErrInternal)
 		}
 		if err != nil {
 			if errs == nil {
@@ -593,7 +593,7 @@ func (s *Space) evict(va uint64) (bool, error) {
 	case s.closed:
 		return false, fmt.Errorf("evict %#x: %w", va, errClosed)
 	case s.store == nil:
-		return false, fmt.Errorf("evict %#x: the space does not oversubscribe: %w", va, api.ErrInvalidArgument)
+		return false, fmt.Errorf("evict %#x: the space does not oversubscribe: %w", va, vocab.ErrInvalidArgument)
 	}
 	var c *chunk
 	if va == 0 {

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"pgregory.net/rapid"
 )
 
@@ -39,7 +39,7 @@ func readVA(t testing.TB, node *fakeNode, s *Space, va, n uint64) []byte {
 }
 
 // copyExtents copies p into (write) or out of the node memory of xs.
-func copyExtents(node *fakeNode, dev uint32, xs []api.Extent, p []byte, write bool) {
+func copyExtents(node *fakeNode, dev uint32, xs []vocab.Extent, p []byte, write bool) {
 	for _, x := range xs {
 		for pa, end := x.Addr, x.Addr+x.Len; pa < end; {
 			n := min(end, (pa|(FrameSize-1))+1) - pa
@@ -187,7 +187,7 @@ func TestOversubscribeCap(t *testing.T) {
 	}
 	before := s.Stats()
 	_, _, err := s.Translate(va, 2*Page2M+1)
-	wantErr(t, "range over the cap", err, api.ErrOutOfMemory, fmt.Sprint(2*Page2M+1), fmt.Sprint(2*FrameSize))
+	wantErr(t, "range over the cap", err, vocab.ErrOutOfMemory, fmt.Sprint(2*Page2M+1), fmt.Sprint(2*FrameSize))
 	if st := s.Stats(); st != before {
 		t.Errorf("failed translate changed stats: %+v, was %+v", st, before)
 	}
@@ -216,7 +216,7 @@ func TestOversubscribeFull(t *testing.T) {
 	writeVA(t, node, s, a, data)
 	before := s.Stats()
 	_, _, err := s.Translate(b, 1)
-	wantErr(t, "both full", err, api.ErrOutOfMemory, "host store full", "0 of 0 bytes of host memory", "no spill file")
+	wantErr(t, "both full", err, vocab.ErrOutOfMemory, "host store full", "0 of 0 bytes of host memory", "no spill file")
 	if st := s.Stats(); !sameStats(st, before) {
 		t.Errorf("stats %+v, were %+v", st, before)
 	}
@@ -225,14 +225,14 @@ func TestOversubscribeFull(t *testing.T) {
 	}
 	// Device full and nothing else to evict: the other chunk is in the range.
 	_, err = s.TranslateAll([]Range{{VA: a, Len: 1}, {VA: b, Len: 1}})
-	wantErr(t, "device full", err, api.ErrOutOfMemory, "device 0", "fewer free", "may be evicted")
+	wantErr(t, "device full", err, vocab.ErrOutOfMemory, "device 0", "fewer free", "may be evicted")
 
 	// The same with a quota: over it is quota exceeded, not out of memory.
 	q := NewSpace(newFakeNode(1).lease(0), 2*Page2M)
 	q.Oversubscribe(newStore(t, 0, false), 0)
 	mustAlloc(t, q, 0, 2*Page2M)
 	_, err = q.Alloc(0, 1)
-	wantErr(t, "over the quota", err, api.ErrQuotaExceeded)
+	wantErr(t, "over the quota", err, vocab.ErrQuotaExceeded)
 }
 
 // TestTranslateAllKeepsOperands: translating a command's operands together
@@ -259,9 +259,9 @@ func TestTranslateAllKeepsOperands(t *testing.T) {
 		t.Fatalf("two operands share a frame: %v", ts)
 	}
 	_, err = s.TranslateAll([]Range{{VA: src, Len: 1}, {VA: dst, Len: 1}, {VA: other, Len: 1}})
-	wantErr(t, "three operands, two frames", err, api.ErrOutOfMemory)
+	wantErr(t, "three operands, two frames", err, vocab.ErrOutOfMemory)
 	_, err = s.TranslateAll([]Range{{VA: src, Len: 1}, {VA: 0, Len: 1}})
-	wantErr(t, "an invalid operand", err, api.ErrInvalidAddress)
+	wantErr(t, "an invalid operand", err, vocab.ErrInvalidAddress)
 }
 
 // TestFaultAcrossDevices: under a cap, a fault on one device may evict a
@@ -293,7 +293,7 @@ type cappedLease struct {
 
 func (c cappedLease) Grant(dev uint32, n int) ([]uint64, error) {
 	if held := len(c.n.held(c.id)); held+n > c.max {
-		return nil, fmt.Errorf("%d frames held, %d more wanted, at most %d: %w", held, n, c.max, api.ErrOutOfMemory)
+		return nil, fmt.Errorf("%d frames held, %d more wanted, at most %d: %w", held, n, c.max, vocab.ErrOutOfMemory)
 	}
 	return c.lease.Grant(dev, n)
 }
@@ -336,16 +336,16 @@ func TestSealedFramesAreNotReused(t *testing.T) {
 			node := newFakeNode(tc.frames)
 			s := NewSpace(node.lease(0), 0)
 			s.Oversubscribe(newStore(t, 8, false), tc.resident)
-			w := mustAllocHint(t, s, 0, Page2M, api.HintWeight)
+			w := mustAllocHint(t, s, 0, Page2M, vocab.HintWeight)
 			writeVA(t, node, s, w, pattern(1, Page2M))
 			seal := []Range{{VA: w, Len: Page2M, SealFrames: true}}
 			_, err := s.TranslateAll(seal)
-			wantErr(t, "seal frames of an unsealed allocation", err, api.ErrInvalidArgument, "not sealed")
+			wantErr(t, "seal frames of an unsealed allocation", err, vocab.ErrInvalidArgument, "not sealed")
 			if err := s.Seal(w); err != nil {
 				t.Fatal(err)
 			}
 			_, err = s.TranslateAll([]Range{{VA: w, Len: Page4K, SealFrames: true}})
-			wantErr(t, "seal frames of part of a chunk", err, api.ErrInvalidArgument, "not whole chunks")
+			wantErr(t, "seal frames of part of a chunk", err, vocab.ErrInvalidArgument, "not whole chunks")
 			ts, err := s.TranslateAll(seal)
 			if err != nil {
 				t.Fatal(err)
@@ -428,10 +428,10 @@ func TestFaultIOFailure(t *testing.T) {
 				// Read of b succeeds, the write of a's contents fails.
 				s.src = failOnWrite{node.lease(0)}
 			} else {
-				node.failIO = fmt.Errorf("link down: %w", api.ErrUnavailable)
+				node.failIO = fmt.Errorf("link down: %w", vocab.ErrUnavailable)
 			}
 			_, _, err := s.Translate(a, 1)
-			wantErr(t, "fault with failing "+op, err, api.ErrUnavailable, "link down")
+			wantErr(t, "fault with failing "+op, err, vocab.ErrUnavailable, "link down")
 			s.src = node.lease(0)
 			if op == "read" {
 				// Nothing committed: as it was.
@@ -463,7 +463,7 @@ func TestFaultIOFailure(t *testing.T) {
 type failOnWrite struct{ lease }
 
 func (f failOnWrite) Write(uint32, uint64, []byte) error {
-	return fmt.Errorf("link down: %w", api.ErrUnavailable)
+	return fmt.Errorf("link down: %w", vocab.ErrUnavailable)
 }
 
 // TestFreeAndCloseDropEntries: freeing an evicted chunk's last page and
@@ -503,14 +503,14 @@ func TestFreeAndCloseDropEntries(t *testing.T) {
 	if store.count() != 0 || len(store.problems()) != 0 || hs.Stats().RAM != 0 {
 		t.Errorf("after close: %d entries, %v, %+v", store.count(), store.problems(), hs.Stats())
 	}
-	if _, err := s.evict(0); !errors.Is(err, api.ErrInvalidArgument) {
+	if _, err := s.evict(0); !errors.Is(err, vocab.ErrInvalidArgument) {
 		t.Errorf("evict after close: %v", err)
 	}
 }
 
 func TestOversubscribeMisuse(t *testing.T) {
 	s := NewSpace(newFakeNode(1).lease(0), 0)
-	if _, err := s.evict(0); !errors.Is(err, api.ErrInvalidArgument) {
+	if _, err := s.evict(0); !errors.Is(err, vocab.ErrInvalidArgument) {
 		t.Errorf("evict without oversubscription: %v", err)
 	}
 	if !s.Resident(Range{VA: vaBase, Len: 1}) {
@@ -640,7 +640,7 @@ func TestSealedChunksRefillFromTheSource(t *testing.T) {
 	src := &refillingLease{lease: node.lease(0)}
 	s := NewSpace(src, 0)
 	s.Oversubscribe(newStore(t, 8, false), FrameSize) // one chunk resident
-	w := mustAllocHint(t, s, 0, Page2M, api.HintWeight)
+	w := mustAllocHint(t, s, 0, Page2M, vocab.HintWeight)
 	writeVA(t, node, s, w, pattern(1, Page2M))
 	if err := s.Seal(w); err != nil {
 		t.Fatal(err)
@@ -650,7 +650,7 @@ func TestSealedChunksRefillFromTheSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	src.seal(ts[0].Dev, ts[0].Extents)
-	plain := mustAllocHint(t, s, 0, Page2M, api.HintWeight) // sealed here, not at the source
+	plain := mustAllocHint(t, s, 0, Page2M, vocab.HintWeight) // sealed here, not at the source
 	writeVA(t, node, s, plain, pattern(2, Page2M))
 	if err := s.Seal(plain); err != nil {
 		t.Fatal(err)
@@ -669,7 +669,7 @@ func TestSealedChunksRefillFromTheSource(t *testing.T) {
 	}
 	check(w, 1, 1, 1, 0)     // plain evicted, w back from the source's copy
 	check(plain, 2, 1, 1, 1) // never sealed at the source: written, not asked
-	src.fail = fmt.Errorf("node lost its index: %w", api.ErrInternal)
+	src.fail = fmt.Errorf("node lost its index: %w", vocab.ErrInternal)
 	check(w, 1, 1, 2, 1) // asked, failed, written
 	src.fail = nil
 	check(plain, 2, 1, 2, 1)
@@ -707,7 +707,7 @@ func TestRefillModel(t *testing.T) {
 					continue
 				}
 				seed++
-				b := &buf{va: mustAllocHint(t, s, 0, Page2M, api.HintWeight), seed: seed}
+				b := &buf{va: mustAllocHint(t, s, 0, Page2M, vocab.HintWeight), seed: seed}
 				writeVA(t, node, s, b.va, pattern(b.seed, Page2M))
 				if how := rapid.IntRange(0, 2).Draw(rt, "seal"); how > 0 {
 					b.sealed = true
@@ -757,7 +757,7 @@ func TestRefillsOneRequestPerFault(t *testing.T) {
 	src := &refillingLease{lease: node.lease(0)}
 	s := NewSpace(src, 0)
 	s.Oversubscribe(newStore(t, 16, false), 3*FrameSize)
-	w := mustAllocHint(t, s, 0, 3*Page2M, api.HintWeight)
+	w := mustAllocHint(t, s, 0, 3*Page2M, vocab.HintWeight)
 	writeVA(t, node, s, w, pattern(1, 3*Page2M))
 	if err := s.Seal(w); err != nil {
 		t.Fatal(err)

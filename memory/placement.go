@@ -5,7 +5,7 @@ import (
 	"math/bits"
 	"slices"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // The virtual address space handed out. It starts above zero so that 0 (and
@@ -78,7 +78,7 @@ func (v *vaFree) put(start, n uint64) {
 type chunk struct {
 	va, frame uint64 // frame is meaningful while resident
 	dev       uint32
-	hint      api.Hint                // of every allocation in it
+	hint      vocab.Hint              // of every allocation in it
 	used      [pagesPer2M / 64]uint64 // bit i set when page i is allocated
 	n         int                     // pages allocated
 	unsealed  int                     // pages of allocations not sealed

@@ -3,7 +3,7 @@ package memory
 import (
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"pgregory.net/rapid"
 )
 
@@ -54,8 +54,8 @@ func TestSpaceModel(t *testing.T) {
 		pick := rapid.IntRange(0, 1<<10)
 		any64 := rapid.Uint64()
 		// Every hint, and now and then one that is not.
-		hint := rapid.Custom(func(t *rapid.T) api.Hint {
-			return api.Hint(rapid.IntRange(0, 10).Draw(t, "hint") % 6)
+		hint := rapid.Custom(func(t *rapid.T) vocab.Hint {
+			return vocab.Hint(rapid.IntRange(0, 10).Draw(t, "hint") % 6)
 		})
 		ops := map[string]func(*rapid.T){
 			"alloc": func(rt *rapid.T) {

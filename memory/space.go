@@ -22,8 +22,8 @@
 // pages are mapped) or evicted (no frame; its contents are in a Store, or
 // all zero if it was never resident). Translate faults evicted chunks back
 // in, evicting others to make room: by the class of their hint first
-// (api.HintActivation and api.HintStaging, then api.HintNone, then
-// api.HintKVCache, api.HintWeight last, as ephemeral buffers are cheapest
+// (vocab.HintActivation and vocab.HintStaging, then vocab.HintNone, then
+// vocab.HintKVCache, vocab.HintWeight last, as ephemeral buffers are cheapest
 // to lose and weights costliest), then the least recently translated within
 // a class, then the lowest address, so the choice is deterministic. The
 // chunk, one frame, is the unit of residency, so a full resident chunk is
@@ -80,7 +80,7 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Page sizes of the page table, and the unit in which physical memory is
@@ -101,7 +101,7 @@ const maxAlloc = 1 << 40
 type FrameSource interface {
 	// Grant returns n frames of device dev as physical base addresses
 	// (multiples of FrameSize), ascending and contiguous when it can. It
-	// fails with api.ErrOutOfMemory when the device is full. Granted frames
+	// fails with vocab.ErrOutOfMemory when the device is full. Granted frames
 	// read as zero (the node scrubs every frame it takes back).
 	Grant(dev uint32, n int) ([]uint64, error)
 	// Return gives frames back; the node scrubs them before anyone else
@@ -154,7 +154,7 @@ type Stats struct {
 // never coalesce, so benchmarks can measure what large leaves save.
 var basePagesOnly bool
 
-var errClosed = fmt.Errorf("address space closed: %w", api.ErrInvalidArgument)
+var errClosed = fmt.Errorf("address space closed: %w", vocab.ErrInvalidArgument)
 
 // Space is one tenant's device virtual address space. It is safe for
 // concurrent use.
@@ -196,7 +196,7 @@ type allocation struct {
 	va, size uint64 // size rounded to Page4K
 	want     uint64 // size as asked: the tenant may touch [va, va+want)
 	dev      uint32
-	hint     api.Hint
+	hint     vocab.Hint
 	sealed   bool // immutable: translations for writing are refused
 }
 
@@ -210,7 +210,7 @@ func (a *allocation) limit() uint64 { return a.va + a.want }
 // and one hint, so that each chunk has one eviction class.
 type pool struct {
 	dev  uint32
-	hint api.Hint
+	hint vocab.Hint
 }
 
 type devFrame struct {
@@ -244,14 +244,14 @@ func NewSpace(src FrameSource, limit uint64) *Space {
 // up to Page4K), or an error if no allocation may have that size.
 func Footprint(size uint64) (uint64, error) {
 	if size == 0 || size > maxAlloc {
-		return 0, fmt.Errorf("size %d: must be 1 to %d bytes: %w", size, uint64(maxAlloc), api.ErrInvalidArgument)
+		return 0, fmt.Errorf("size %d: must be 1 to %d bytes: %w", size, uint64(maxAlloc), vocab.ErrInvalidArgument)
 	}
 	return (size + Page4K - 1) &^ (Page4K - 1), nil
 }
 
-// Alloc is AllocHint with api.HintNone.
+// Alloc is AllocHint with vocab.HintNone.
 func (s *Space) Alloc(dev uint32, size uint64) (va uint64, err error) {
-	return s.AllocHint(dev, size, api.HintNone)
+	return s.AllocHint(dev, size, vocab.HintNone)
 }
 
 // AllocHint reserves size bytes on device dev, maps them and returns their
@@ -259,9 +259,9 @@ func (s *Space) Alloc(dev uint32, size uint64) (va uint64, err error) {
 // counts against the limit; only the size asked for may be addressed. The
 // hint sets its eviction class (see the package comment); it shares chunks
 // only with allocations of the same device and hint.
-func (s *Space) AllocHint(dev uint32, size uint64, hint api.Hint) (va uint64, err error) {
+func (s *Space) AllocHint(dev uint32, size uint64, hint vocab.Hint) (va uint64, err error) {
 	if !hint.Valid() {
-		return 0, fmt.Errorf("alloc on device %d: residency hint %v: %w", dev, hint, api.ErrInvalidArgument)
+		return 0, fmt.Errorf("alloc on device %d: residency hint %v: %w", dev, hint, vocab.ErrInvalidArgument)
 	}
 	rounded, err := Footprint(size)
 	if err != nil {
@@ -274,7 +274,7 @@ func (s *Space) AllocHint(dev uint32, size uint64, hint api.Hint) (va uint64, er
 	}
 	if s.limit != 0 && rounded > s.limit-s.allocated {
 		return 0, fmt.Errorf("alloc %d bytes (%d rounded to pages) on device %d: %d of %d bytes in use: %w",
-			size, rounded, dev, s.allocated, s.limit, api.ErrQuotaExceeded)
+			size, rounded, dev, s.allocated, s.limit, vocab.ErrQuotaExceeded)
 	}
 	var a *allocation
 	if p := (pool{dev, hint}); rounded >= Page2M {
@@ -334,7 +334,7 @@ func (s *Space) newChunks(p pool, n int) ([]*chunk, error) {
 	bytes := uint64(n) * Page2M
 	va, ok := s.vas.take(bytes)
 	if !ok {
-		return nil, fmt.Errorf("no free run of %d bytes of virtual address space: %w", bytes, api.ErrOutOfMemory)
+		return nil, fmt.Errorf("no free run of %d bytes of virtual address space: %w", bytes, vocab.ErrOutOfMemory)
 	}
 	k := n
 	if s.maxFrames != 0 {
@@ -344,7 +344,7 @@ func (s *Space) newChunks(p pool, n int) ([]*chunk, error) {
 	if k > 0 {
 		var err error
 		frames, err = s.grant(p.dev, k)
-		if err != nil && (s.store == nil || !errors.Is(err, api.ErrOutOfMemory)) {
+		if err != nil && (s.store == nil || !errors.Is(err, vocab.ErrOutOfMemory)) {
 			s.vas.put(va, bytes)
 			return nil, err
 		}
@@ -388,7 +388,7 @@ func (s *Space) grant(dev uint32, n int) ([]uint64, error) {
 	if bad == nil {
 		return frames, nil
 	}
-	err = fmt.Errorf("grant %d frames of device %d: source broke its contract: %v: %w", n, dev, bad, api.ErrInternal)
+	err = fmt.Errorf("grant %d frames of device %d: source broke its contract: %v: %w", n, dev, bad, vocab.ErrInternal)
 	if len(ours) > 0 {
 		if rerr := s.src.Return(dev, ours); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("return the %d frames of device %d from that grant: %w", len(ours), dev, rerr))
@@ -542,10 +542,10 @@ func (s *Space) startOf(op string, va uint64) (int, error) {
 	}
 	i, ok := s.find(va)
 	if !ok {
-		return 0, fmt.Errorf("%s %#x: no live allocation there (never allocated, or already freed): %w", op, va, api.ErrInvalidAddress)
+		return 0, fmt.Errorf("%s %#x: no live allocation there (never allocated, or already freed): %w", op, va, vocab.ErrInvalidAddress)
 	}
 	if a := s.allocs[i]; a.va != va {
-		return 0, fmt.Errorf("%s %#x: not the start of an allocation (it lies inside the one at %#x): %w", op, va, a.va, api.ErrInvalidAddress)
+		return 0, fmt.Errorf("%s %#x: not the start of an allocation (it lies inside the one at %#x): %w", op, va, a.va, vocab.ErrInvalidAddress)
 	}
 	return i, nil
 }
@@ -600,7 +600,7 @@ func (s *Space) Seal(va uint64) error {
 
 // Hint returns the residency hint of the live allocation that contains va,
 // and whether it is sealed.
-func (s *Space) Hint(va uint64) (hint api.Hint, sealed bool, err error) {
+func (s *Space) Hint(va uint64) (hint vocab.Hint, sealed bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a, err := s.containing("hint of", va)
@@ -618,7 +618,7 @@ func (s *Space) containing(op string, va uint64) (*allocation, error) {
 	}
 	i, ok := s.find(va)
 	if !ok {
-		return nil, fmt.Errorf("%s %#x: no live allocation contains it: %w", op, va, api.ErrInvalidAddress)
+		return nil, fmt.Errorf("%s %#x: no live allocation contains it: %w", op, va, vocab.ErrInvalidAddress)
 	}
 	return s.allocs[i], nil
 }
@@ -647,19 +647,19 @@ func (s *Space) findIn(va uint64, end func(*allocation) uint64) (int, bool) {
 // of the range, which may evict other chunks: runs returned by an earlier
 // Translate are valid only until the next one (see Resident). If the range
 // spans more chunks than the space may keep resident, or no frame can be
-// found or freed for it, it fails with api.ErrOutOfMemory.
-func (s *Space) Translate(va, n uint64) (dev uint32, xs []api.Extent, err error) {
+// found or freed for it, it fails with vocab.ErrOutOfMemory.
+func (s *Space) Translate(va, n uint64) (dev uint32, xs []vocab.Extent, err error) {
 	return s.translateOne(Range{VA: va, Len: n}, (*allocation).limit)
 }
 
 // TranslateWrite is Translate for a range the caller will write: it fails
-// with api.ErrPermissionDenied if the range lies in a sealed allocation.
-func (s *Space) TranslateWrite(va, n uint64) (dev uint32, xs []api.Extent, err error) {
+// with vocab.ErrPermissionDenied if the range lies in a sealed allocation.
+func (s *Space) TranslateWrite(va, n uint64) (dev uint32, xs []vocab.Extent, err error) {
 	return s.translateOne(Range{VA: va, Len: n, Write: true}, (*allocation).limit)
 }
 
 // translateOne translates one range as translate does.
-func (s *Space) translateOne(r Range, end func(*allocation) uint64) (uint32, []api.Extent, error) {
+func (s *Space) translateOne(r Range, end func(*allocation) uint64) (uint32, []vocab.Extent, error) {
 	rs := [1]Range{r}
 	var ts [1]Translation
 	if err := s.translate(rs[:], ts[:], end); err != nil {
@@ -684,7 +684,7 @@ type Range struct {
 // Translation is where a Range lives: its device and physical runs.
 type Translation struct {
 	Dev     uint32
-	Extents []api.Extent
+	Extents []vocab.Extent
 }
 
 // TranslateAll translates the ranges of one command, each as Translate
@@ -778,19 +778,19 @@ func (s *Space) resolve(r Range, end func(*allocation) uint64) (*allocation, err
 		return nil, fmt.Errorf("translate %#x+%d: %w", va, n, errClosed)
 	}
 	if n == 0 {
-		return nil, fmt.Errorf("translate %#x+0: empty range: %w", va, api.ErrInvalidAddress)
+		return nil, fmt.Errorf("translate %#x+0: empty range: %w", va, vocab.ErrInvalidAddress)
 	}
 	i, ok := s.findIn(va, end)
 	if !ok {
-		return nil, fmt.Errorf("translate %#x+%d: no live allocation contains %#x: %w", va, n, va, api.ErrInvalidAddress)
+		return nil, fmt.Errorf("translate %#x+%d: no live allocation contains %#x: %w", va, n, va, vocab.ErrInvalidAddress)
 	}
 	a := s.allocs[i]
 	if n > end(a)-va {
 		return nil, fmt.Errorf("translate %#x+%d: runs past %#x, the end of the %d-byte allocation at %#x: %w",
-			va, n, end(a), a.want, a.va, api.ErrInvalidAddress)
+			va, n, end(a), a.want, a.va, vocab.ErrInvalidAddress)
 	}
 	if r.Write && a.sealed {
-		return nil, fmt.Errorf("translate %#x+%d for writing: the allocation at %#x is sealed: %w", va, n, a.va, api.ErrPermissionDenied)
+		return nil, fmt.Errorf("translate %#x+%d for writing: the allocation at %#x is sealed: %w", va, n, a.va, vocab.ErrPermissionDenied)
 	}
 	if r.SealFrames {
 		// Frames are sealed whole, so a range that were not whole chunks
@@ -798,9 +798,9 @@ func (s *Space) resolve(r Range, end func(*allocation) uint64) (*allocation, err
 		// may still be written.
 		switch {
 		case va%Page2M != 0 || n%Page2M != 0:
-			return nil, fmt.Errorf("translate %#x+%d to seal its frames: not whole chunks of %d bytes: %w", va, n, Page2M, api.ErrInvalidArgument)
+			return nil, fmt.Errorf("translate %#x+%d to seal its frames: not whole chunks of %d bytes: %w", va, n, Page2M, vocab.ErrInvalidArgument)
 		case !a.sealed:
-			return nil, fmt.Errorf("translate %#x+%d to seal its frames: the allocation at %#x is not sealed: %w", va, n, a.va, api.ErrInvalidArgument)
+			return nil, fmt.Errorf("translate %#x+%d to seal its frames: the allocation at %#x is not sealed: %w", va, n, a.va, vocab.ErrInvalidArgument)
 		}
 	}
 	return a, nil
@@ -830,20 +830,20 @@ func (s *Space) extents(rs []Range, ts []Translation, end func(*allocation) uint
 			return err
 		}
 		va, n := r.VA, r.Len
-		var xs []api.Extent
+		var xs []vocab.Extent
 		stop := va + n
 		for cur := va; cur < stop; {
 			l, ok := s.lookup(cur)
 			if !ok {
 				return fmt.Errorf("translate %#x+%d: page %#x of the allocation at %#x is not mapped: %w",
-					va, n, cur, a.va, api.ErrInternal)
+					va, n, cur, a.va, vocab.ErrInternal)
 			}
 			next := min(stop, l.base+l.size())
 			pa := l.pa + (cur - l.base)
 			if k := len(xs) - 1; k >= 0 && xs[k].Addr+xs[k].Len == pa {
 				xs[k].Len += next - cur
 			} else {
-				xs = append(xs, api.Extent{Addr: pa, Len: next - cur})
+				xs = append(xs, vocab.Extent{Addr: pa, Len: next - cur})
 			}
 			cur = next
 		}

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 func mustAlloc(t *testing.T, s *Space, dev uint32, size uint64) uint64 {
@@ -21,7 +21,7 @@ func mustAlloc(t *testing.T, s *Space, dev uint32, size uint64) uint64 {
 	return va
 }
 
-func mustTranslate(t *testing.T, s *Space, va, n uint64) []api.Extent {
+func mustTranslate(t *testing.T, s *Space, va, n uint64) []vocab.Extent {
 	t.Helper()
 	_, xs, err := s.Translate(va, n)
 	if err != nil {
@@ -75,7 +75,7 @@ func TestAllocAlignmentAndRounding(t *testing.T) {
 			if err != nil || dev != 0 || end != va+tt.size {
 				t.Errorf("span: device %d, end %#x, %v; want end %#x", dev, end, err, va+tt.size)
 			}
-			if _, _, err := s.Span(va + tt.size); tt.size != tt.rounded && !errors.Is(err, api.ErrInvalidAddress) {
+			if _, _, err := s.Span(va + tt.size); tt.size != tt.rounded && !errors.Is(err, vocab.ErrInvalidAddress) {
 				t.Errorf("span of the rounded tail: %v, want ErrInvalidAddress", err)
 			}
 			xs := mustTranslate(t, s, va, tt.size)
@@ -90,7 +90,7 @@ func TestAllocBadSize(t *testing.T) {
 	s := NewSpace(newFakeNode(8).lease(0), 0)
 	for _, size := range []uint64{0, maxAlloc + 1, math.MaxUint64} {
 		_, err := s.Alloc(0, size)
-		wantErr(t, fmt.Sprintf("alloc %d", size), err, api.ErrInvalidArgument, fmt.Sprint(size))
+		wantErr(t, fmt.Sprintf("alloc %d", size), err, vocab.ErrInvalidArgument, fmt.Sprint(size))
 	}
 	if st := s.Stats(); st != (Stats{}) {
 		t.Errorf("stats after failed allocs: %+v", st)
@@ -116,7 +116,7 @@ func TestFreeErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			wantErr(t, "free", s.Free(tt.va), api.ErrInvalidAddress, fmt.Sprintf("%#x", tt.va))
+			wantErr(t, "free", s.Free(tt.va), vocab.ErrInvalidAddress, fmt.Sprintf("%#x", tt.va))
 		})
 	}
 	if st := s.Stats(); st.Allocations != 1 || st.Allocated != 3*Page4K {
@@ -150,11 +150,11 @@ func TestTranslateErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, _, err := s.Translate(tt.va, tt.n)
-			wantErr(t, "translate", err, api.ErrInvalidAddress, tt.names...)
+			wantErr(t, "translate", err, vocab.ErrInvalidAddress, tt.names...)
 		})
 	}
 	_, _, err := s.Span(gone)
-	wantErr(t, "span after free", err, api.ErrInvalidAddress, fmt.Sprintf("%#x", gone))
+	wantErr(t, "span after free", err, vocab.ErrInvalidAddress, fmt.Sprintf("%#x", gone))
 }
 
 func TestTranslateExtents(t *testing.T) {
@@ -172,7 +172,7 @@ func TestTranslateExtents(t *testing.T) {
 			if scatter {
 				want = 2
 			}
-			if len(xs) != want || api.ExtentsLen(xs) != 3<<20 {
+			if len(xs) != want || vocab.ExtentsLen(xs) != 3<<20 {
 				t.Fatalf("extents %v: want %d runs of 3 MiB in all", xs, want)
 			}
 			// A window straddling the frame boundary.
@@ -190,12 +190,12 @@ func TestQuotaExact(t *testing.T) {
 	first := mustAlloc(t, s, 0, limit-Page4K-100) // rounds to limit-Page4K
 	last := mustAlloc(t, s, 0, Page4K)            // ends exactly at the limit
 	_, err := s.Alloc(0, 1)
-	wantErr(t, "one byte over", err, api.ErrQuotaExceeded, "1 bytes", fmt.Sprint(limit), fmt.Sprint(limit))
+	wantErr(t, "one byte over", err, vocab.ErrQuotaExceeded, "1 bytes", fmt.Sprint(limit), fmt.Sprint(limit))
 	if err := s.Free(last); err != nil {
 		t.Fatal(err)
 	}
 	_, err = s.Alloc(0, Page4K+1)
-	wantErr(t, "over after rounding", err, api.ErrQuotaExceeded, fmt.Sprint(Page4K+1), fmt.Sprint(limit-Page4K))
+	wantErr(t, "over after rounding", err, vocab.ErrQuotaExceeded, fmt.Sprint(Page4K+1), fmt.Sprint(limit-Page4K))
 	mustAlloc(t, s, 0, Page4K)
 	if st := s.Stats(); st.Allocated != limit {
 		t.Errorf("allocated %d, want %d", st.Allocated, limit)
@@ -232,13 +232,13 @@ func TestCloseReturnsAllFrames(t *testing.T) {
 		t.Errorf("stats after close: %+v", st)
 	}
 	_, err := s.Alloc(0, 1)
-	wantErr(t, "alloc after close", err, api.ErrInvalidArgument, "closed")
-	wantErr(t, "free after close", s.Free(vaBase), api.ErrInvalidArgument, "closed")
+	wantErr(t, "alloc after close", err, vocab.ErrInvalidArgument, "closed")
+	wantErr(t, "free after close", s.Free(vaBase), vocab.ErrInvalidArgument, "closed")
 	_, _, err = s.Translate(vaBase, 1)
-	wantErr(t, "translate after close", err, api.ErrInvalidArgument, "closed")
+	wantErr(t, "translate after close", err, vocab.ErrInvalidArgument, "closed")
 	_, _, err = s.Span(vaBase)
-	wantErr(t, "span after close", err, api.ErrInvalidArgument, "closed")
-	wantErr(t, "second close", s.Close(), api.ErrInvalidArgument, "closed")
+	wantErr(t, "span after close", err, vocab.ErrInvalidArgument, "closed")
+	wantErr(t, "second close", s.Close(), vocab.ErrInvalidArgument, "closed")
 }
 
 func TestGrantFailureRollsBack(t *testing.T) {
@@ -248,11 +248,11 @@ func TestGrantFailureRollsBack(t *testing.T) {
 	before := s.Stats()
 
 	_, err := s.Alloc(0, 2*Page2M)
-	wantErr(t, "device full", err, api.ErrOutOfMemory, fmt.Sprint(2*Page2M))
+	wantErr(t, "device full", err, vocab.ErrOutOfMemory, fmt.Sprint(2*Page2M))
 
-	node.failGrant = fmt.Errorf("node gone: %w", api.ErrUnavailable)
+	node.failGrant = fmt.Errorf("node gone: %w", vocab.ErrUnavailable)
 	_, err = s.Alloc(1, Page4K)
-	wantErr(t, "grant fails", err, api.ErrUnavailable, "node gone")
+	wantErr(t, "grant fails", err, vocab.ErrUnavailable, "node gone")
 
 	if st := s.Stats(); st != before {
 		t.Errorf("stats after failed allocs: %+v, was %+v", st, before)
@@ -309,7 +309,7 @@ func TestBadGrantRefused(t *testing.T) {
 			before := s.Stats()
 			src.grant = tt.grant
 			_, err := s.Alloc(0, 2*Page2M)
-			wantErr(t, "alloc", err, api.ErrInternal, "grant 2 frames")
+			wantErr(t, "alloc", err, vocab.ErrInternal, "grant 2 frames")
 			if !slices.Equal(src.returned, tt.wantReturned) {
 				t.Errorf("returned %#x, want %#x", src.returned, tt.wantReturned)
 			}
@@ -324,15 +324,15 @@ func TestReturnFailureKeepsAccounting(t *testing.T) {
 	node := newFakeNode(4)
 	s := NewSpace(node.lease(0), 0)
 	va := mustAlloc(t, s, 0, 4<<20)
-	node.failReturn = fmt.Errorf("connection reset: %w", api.ErrUnavailable)
+	node.failReturn = fmt.Errorf("connection reset: %w", vocab.ErrUnavailable)
 	err := s.Free(va)
-	wantErr(t, "free", err, api.ErrUnavailable, fmt.Sprintf("%#x", va), "2 frames")
+	wantErr(t, "free", err, vocab.ErrUnavailable, fmt.Sprintf("%#x", va), "2 frames")
 	if st := s.Stats(); st.Allocations != 0 || st.Allocated != 0 || st.Frames != 0 {
 		t.Errorf("stats after free with a failed return: %+v", st)
 	}
-	wantErr(t, "second free", s.Free(va), api.ErrInvalidAddress)
+	wantErr(t, "second free", s.Free(va), vocab.ErrInvalidAddress)
 	mustAlloc(t, s, 0, Page4K)
-	wantErr(t, "close", s.Close(), api.ErrUnavailable, "1 frames")
+	wantErr(t, "close", s.Close(), vocab.ErrUnavailable, "1 frames")
 	if len(node.violations) != 0 {
 		t.Errorf("violations: %v", node.violations)
 	}
@@ -464,7 +464,7 @@ func TestConcurrentUse(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if _, xs, err := s.Translate(va, size); err != nil || api.ExtentsLen(xs) != size {
+				if _, xs, err := s.Translate(va, size); err != nil || vocab.ExtentsLen(xs) != size {
 					t.Errorf("translate %#x+%d: %v, %v", va, size, xs, err)
 				}
 				s.Stats()

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Store keeps the contents of evicted chunks while they have no frame. Every
@@ -16,7 +16,7 @@ import (
 // keys may be used concurrently.
 type Store interface {
 	// Put stores a copy of p (FrameSize bytes) under a new key. It fails with
-	// api.ErrOutOfMemory when the store is full.
+	// vocab.ErrOutOfMemory when the store is full.
 	Put(p []byte) (key uint64, err error)
 	// Get copies the entry of key into p (FrameSize bytes).
 	Get(key uint64, p []byte) error
@@ -118,11 +118,11 @@ func NewHostStore(budget uint64, spillDir string) (*HostStore, error) {
 	}
 	f, err := os.CreateTemp(spillDir, "vgpu-spill-*") // O_EXCL, mode 0600
 	if err != nil {
-		return nil, fmt.Errorf("host store: create spill file in %q: %w: %w", spillDir, err, api.ErrInvalidArgument)
+		return nil, fmt.Errorf("host store: create spill file in %q: %w: %w", spillDir, err, vocab.ErrInvalidArgument)
 	}
 	if err := os.Remove(f.Name()); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("host store: unlink spill file %q: %w: %w", f.Name(), err, api.ErrInvalidArgument)
+		return nil, fmt.Errorf("host store: unlink spill file %q: %w: %w", f.Name(), err, vocab.ErrInvalidArgument)
 	}
 	h.file = f
 	return h, nil
@@ -170,12 +170,12 @@ func (h *HostStore) Close() error {
 	err := h.file.Close()
 	h.file = nil
 	if err != nil {
-		return fmt.Errorf("host store: close spill file: %w: %w", err, api.ErrInternal)
+		return fmt.Errorf("host store: close spill file: %w: %w", err, vocab.ErrInternal)
 	}
 	return nil
 }
 
-var errStoreClosed = fmt.Errorf("host store closed: %w", api.ErrInvalidArgument)
+var errStoreClosed = fmt.Errorf("host store closed: %w", vocab.ErrInvalidArgument)
 
 // reservation is room for one entry: a RAM buffer, or a slot of the file.
 type reservation struct {
@@ -288,7 +288,7 @@ func (h *HostStore) reserve(owner *BoundedStore) (reservation, error) {
 		}
 	}
 	return reservation{}, fmt.Errorf("host store full: %d of %d bytes of host memory in use, %s: %w",
-		h.ramUsed, h.budget, spill, api.ErrOutOfMemory)
+		h.ramUsed, h.budget, spill, vocab.ErrOutOfMemory)
 }
 
 // reserveSlot takes a slot of the spill file, if there is one with room.
@@ -368,7 +368,7 @@ func (h *HostStore) Put(p []byte) (uint64, error) {
 // FrameSize bytes.
 func copying(p []byte) (func(b []byte) error, error) {
 	if len(p) != FrameSize {
-		return nil, fmt.Errorf("host store: put of %d bytes, want %d: %w", len(p), FrameSize, api.ErrInvalidArgument)
+		return nil, fmt.Errorf("host store: put of %d bytes, want %d: %w", len(p), FrameSize, vocab.ErrInvalidArgument)
 	}
 	return func(b []byte) error { copy(b, p); return nil }, nil
 }
@@ -410,9 +410,9 @@ func (h *HostStore) spill(slot int64, fill func(b []byte) error) error {
 		return errStoreClosed
 	}
 	if _, err := f.WriteAt(buf[:], slot*FrameSize); err != nil {
-		class := api.ErrInternal
+		class := vocab.ErrInternal
 		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-			class = api.ErrOutOfMemory
+			class = vocab.ErrOutOfMemory
 		}
 		return fmt.Errorf("host store: write slot %d of the spill file in %q: %w: %w", slot, h.dir, err, class)
 	}
@@ -428,7 +428,7 @@ func (h *HostStore) spillFile() *os.File {
 // Get copies the entry of key into p, which must be FrameSize bytes.
 func (h *HostStore) Get(key uint64, p []byte) error {
 	if len(p) != FrameSize {
-		return fmt.Errorf("host store: get of %d bytes, want %d: %w", len(p), FrameSize, api.ErrInvalidArgument)
+		return fmt.Errorf("host store: get of %d bytes, want %d: %w", len(p), FrameSize, vocab.ErrInvalidArgument)
 	}
 	h.mu.Lock()
 	e, inRAM := h.ram[key]
@@ -443,11 +443,11 @@ func (h *HostStore) Get(key uint64, p []byte) error {
 		return nil
 	case spilled:
 		if _, err := f.ReadAt(p, slot*FrameSize); err != nil {
-			return fmt.Errorf("host store: read slot %d of the spill file in %q: %w: %w", slot, h.dir, err, api.ErrInternal)
+			return fmt.Errorf("host store: read slot %d of the spill file in %q: %w: %w", slot, h.dir, err, vocab.ErrInternal)
 		}
 		return nil
 	}
-	return fmt.Errorf("host store: no entry %d: %w", key, api.ErrInvalidArgument)
+	return fmt.Errorf("host store: no entry %d: %w", key, vocab.ErrInvalidArgument)
 }
 
 func (h *HostStore) view(key uint64, f func(b []byte) error) error {

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 func mustPut(t testing.TB, h *HostStore, p []byte) uint64 {
@@ -105,7 +105,7 @@ func TestHostStoreSlotReuse(t *testing.T) {
 	mustGet(t, h, a, pattern(1, FrameSize))
 	mustGet(t, h, c, pattern(3, FrameSize))
 	mustGet(t, h, d, pattern(4, FrameSize))
-	if err := h.Get(b, make([]byte, FrameSize)); !errors.Is(err, api.ErrInvalidArgument) {
+	if err := h.Get(b, make([]byte, FrameSize)); !errors.Is(err, vocab.ErrInvalidArgument) {
 		t.Errorf("get of a dropped key: %v", err)
 	}
 	for _, k := range []uint64{a, c, d} {
@@ -144,9 +144,9 @@ func TestHostStoreFull(t *testing.T) {
 			}
 			before := h.Stats()
 			_, err := h.Put(pattern(99, FrameSize))
-			wantErr(t, "put into a full store", err, api.ErrOutOfMemory, tt.names...)
+			wantErr(t, "put into a full store", err, vocab.ErrOutOfMemory, tt.names...)
 			_, err = h.putFrom(func([]byte) error { t.Error("fill called on a full store"); return nil })
-			wantErr(t, "putFrom into a full store", err, api.ErrOutOfMemory)
+			wantErr(t, "putFrom into a full store", err, vocab.ErrOutOfMemory)
 			if st := h.Stats(); st != before {
 				t.Errorf("failed puts changed stats: %+v, were %+v", st, before)
 			}
@@ -160,15 +160,15 @@ func TestHostStoreFull(t *testing.T) {
 }
 
 func TestHostStoreMisuse(t *testing.T) {
-	if _, err := NewHostStore(FrameSize, "/nonexistent/spill/dir"); !errors.Is(err, api.ErrInvalidArgument) || !errors.Is(err, os.ErrNotExist) {
+	if _, err := NewHostStore(FrameSize, "/nonexistent/spill/dir"); !errors.Is(err, vocab.ErrInvalidArgument) || !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("bad spill directory: %v", err)
 	}
 	h := newStore(t, 1, true)
 	_, err := h.Put(make([]byte, 10))
-	wantErr(t, "short put", err, api.ErrInvalidArgument, "10 bytes")
+	wantErr(t, "short put", err, vocab.ErrInvalidArgument, "10 bytes")
 	k := mustPut(t, h, pattern(1, FrameSize))
-	wantErr(t, "short get", h.Get(k, make([]byte, 10)), api.ErrInvalidArgument, "10 bytes")
-	wantErr(t, "unknown key", h.Get(k+100, make([]byte, FrameSize)), api.ErrInvalidArgument, fmt.Sprint(k+100))
+	wantErr(t, "short get", h.Get(k, make([]byte, 10)), vocab.ErrInvalidArgument, "10 bytes")
+	wantErr(t, "unknown key", h.Get(k+100, make([]byte, FrameSize)), vocab.ErrInvalidArgument, fmt.Sprint(k+100))
 	// A fill that fails stores nothing.
 	boom := errors.New("boom")
 	for range 3 { // RAM, then the file, then the file again (slot released)
@@ -183,10 +183,10 @@ func TestHostStoreMisuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = h.Put(pattern(1, FrameSize))
-	wantErr(t, "put after close", err, api.ErrInvalidArgument, "closed")
-	wantErr(t, "get after close", h.Get(k, make([]byte, FrameSize)), api.ErrInvalidArgument, "closed")
+	wantErr(t, "put after close", err, vocab.ErrInvalidArgument, "closed")
+	wantErr(t, "get after close", h.Get(k, make([]byte, FrameSize)), vocab.ErrInvalidArgument, "closed")
 	h.Drop(k)
-	wantErr(t, "second close", h.Close(), api.ErrInvalidArgument, "closed")
+	wantErr(t, "second close", h.Close(), vocab.ErrInvalidArgument, "closed")
 	if st := h.Stats(); st.RAM != 0 || st.Spilled != 0 || st.SpillFile {
 		t.Errorf("stats after close: %+v", st)
 	}

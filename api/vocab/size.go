@@ -56,3 +56,16 @@ func FormatSize(n uint64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", v, units[i])
 }
+
+// Extent is a run of physical device memory: what a tenant's virtual range
+// translates to (memory), and what a copy names on the wire.
+type Extent struct{ Addr, Len uint64 }
+
+// ExtentsLen sums the lengths of xs.
+func ExtentsLen(xs []Extent) uint64 {
+	var n uint64
+	for _, x := range xs {
+		n += x.Len
+	}
+	return n
+}

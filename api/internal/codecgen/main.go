@@ -103,10 +103,16 @@ func generate(dir string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The vocabulary's types (api/vocab), which api's message fields name
-	// through aliases such as `type Hint = vocab.Hint`.
+	// The vocabulary's types (api/vocab), which api names through aliases
+	// such as `type Hint = vocab.Hint`: an alias has its target's
+	// definition.
 	if _, err := g.parse(filepath.Join(dir, "vocab"), "vocab."); err != nil {
 		return nil, err
+	}
+	for _, wt := range g.types {
+		if id, ok := wt.expr.(*ast.Ident); ok && strings.HasPrefix(id.Name, "vocab.") && g.types[id.Name] != nil {
+			wt.expr = g.types[id.Name].expr
+		}
 	}
 	if len(messages) == 0 {
 		return nil, fmt.Errorf("no //vgpu:wire types in %s", dir)
@@ -127,8 +133,8 @@ func generate(dir string) ([]byte, error) {
 
 // parse reads the type declarations of the package in dir into g.types,
 // each named prefix+name, and returns its //vgpu:wire messages. An alias of
-// another package's type (vocab.Hint) stands for that type by the same
-// qualified name.
+// another package's type (vocab.Hint) is recorded as that type's qualified
+// name, for generate to replace with its definition.
 func (g *gen) parse(dir, prefix string) ([]string, error) {
 	var messages []string
 	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
