@@ -142,8 +142,17 @@ func TestNodesRegisterWatchExpire(t *testing.T) {
 		t.Fatalf("nodes %+v: the malformed entry is listed", ns)
 	}
 
+	// A node restarted at once at n1's address (n1 killed, say) waits for
+	// n1's lease to expire, then registers.
 	abandon(n1)
 	died := time.Now()
+	restarted := connect(t, etcd.Endpoints(), "")
+	if _, err := restarted.RegisterNode(node("10.0.0.1:7070", 1<<30)); err != nil {
+		t.Fatalf("a node restarted at a dead node's address: %v", err)
+	}
+	t.Logf("a node restarted at once registered %v after its predecessor died (TTL %v)", time.Since(died), testTTL)
+	abandon(restarted)
+	died = time.Now()
 	waitFor(t, testTTL+3*time.Second, "dead node's entry expired", func() bool { return len(get()) == 0 })
 	t.Logf("a dead node left the registry %v after its last keepalive could have been sent", time.Since(died))
 	// Its address is free again.

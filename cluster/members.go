@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"iter"
 	"maps"
@@ -86,7 +87,9 @@ type Registration struct {
 
 // RegisterNode registers a node under the session's lease. It fails with
 // api.ErrInvalidArgument when another live process has registered the same
-// address: two nodes cannot both be reached at one address.
+// address: two nodes cannot both be reached at one address. An entry of a
+// process that died is waited for until its lease expires (at most the TTL
+// and an operation timeout), so a node restarted at once registers again.
 func (s *Session) RegisterNode(info NodeInfo) (*Registration, error) {
 	if err := info.check(info.Addr); err != nil {
 		return nil, err
@@ -109,14 +112,35 @@ func (s *Session) register(kind, name string, v any) (*Registration, error) {
 		return nil, fmt.Errorf("cluster: encode %s %q: %v: %w", kind, name, err, api.ErrInternal)
 	}
 	r := &Registration{s: s, key: s.key(kind, name), value: b}
-	ctx, cancel := s.opContext()
-	defer cancel()
-	if err := r.put(ctx, s.Lease()); err != nil {
-		return nil, err
+	// A process restarted at once (a crash, a SIGKILL, an upgrade) finds
+	// its predecessor's entry until that one's lease expires: wait that
+	// long, then refuse, for then another live process holds the name.
+	deadline := time.Now().Add(s.opts.TTL + s.opts.OpTimeout)
+	for waited := false; ; waited = true {
+		ctx, cancel := s.opContext()
+		err = r.put(ctx, s.Lease())
+		cancel()
+		if err == nil || !errors.Is(err, errClaimed) || time.Now().After(deadline) {
+			if err != nil {
+				return nil, err
+			}
+			break
+		}
+		if !waited {
+			s.log.WithField("key", r.key).Info("cluster: registered by another process; waiting for its lease to expire, should it be dead")
+		}
+		select {
+		case <-s.ctx.Done():
+			return nil, err
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	s.OnNewLease(func(ctx context.Context, lease clientv3.LeaseID) error { return r.put(ctx, lease) })
 	return r, nil
 }
+
+// errClaimed is put's refusal of a key another lease holds.
+var errClaimed = errors.New("claimed")
 
 // put writes the entry under lease unless a key of another lease holds it.
 func (r *Registration) put(ctx context.Context, lease clientv3.LeaseID) error {
@@ -147,7 +171,7 @@ func (r *Registration) put(ctx context.Context, lease clientv3.LeaseID) error {
 	if kvs := inner.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		owner = fmt.Sprintf("%x", kvs[0].Lease)
 	}
-	return fmt.Errorf("cluster: %s is registered by another live process (lease %s): %w", r.key, owner, api.ErrInvalidArgument)
+	return fmt.Errorf("cluster: %s is registered by another live process (lease %s): %w: %w", r.key, owner, errClaimed, api.ErrInvalidArgument)
 }
 
 // Update replaces the entry's value (a node's free memory, say).

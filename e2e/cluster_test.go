@@ -104,6 +104,9 @@ func TestClusterProcesses(t *testing.T) {
 	m1.cmd.Process.Signal(syscall.SIGKILL)
 	m1.cmd.Wait()
 	killed := time.Now()
+	// Restarted at once with its id, m1 waits for its predecessor's lease.
+	clusterMediator(t, eps, "m1")
+	t.Logf("m1 restarted with its id, serving %v after the SIGKILL", time.Since(killed))
 	for {
 		_, err := register(t, s2, api.Register{Container: "c4", Tenant: "t", Memory: 190 << 20, Devices: 1, Pid: pid})
 		if err == nil {
