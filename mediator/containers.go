@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/isolation"
 	"github.com/vgpu/vgpu/memory"
@@ -25,16 +25,12 @@ import (
 
 // DefaultContainerDir is where containers' socket directories live: one
 // directory per containerd namespace, one per container id in it
-// (api.ContainerSocketDir).
-const DefaultContainerDir = "/run/vgpu/containers"
+// (vocab.HostSocketDir).
+const DefaultContainerDir = vocab.DefaultContainerDir
 
 // SocketName is the name of a container's socket in its directory, which
-// the runtime mounts at /run/vgpu in the container.
-const SocketName = "mediator.sock"
-
-// containerName is what a container id and a non-empty containerd
-// namespace must be: each is one path component of the socket directory.
-var containerName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+// the runtime mounts at vocab.InContainerSocketDir in the container.
+const SocketName = vocab.SocketName
 
 // ctrKey names a registered container: two containers of one id in two
 // namespaces are two containers.
@@ -333,12 +329,11 @@ func (m *Mediator) Reload() error {
 // (plain runc, without one) is a namespace of its own, whose containers'
 // directories are in api.NoNamespace.
 func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
-	if !containerName.MatchString(r.Container) {
-		return nil, fmt.Errorf("register: container id %q: want 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit: %w", r.Container, api.ErrInvalidArgument)
+	if _, err := vocab.ParseContainerID(r.Container); err != nil {
+		return nil, fmt.Errorf("register: %w", err)
 	}
-	if r.Namespace != "" && !containerName.MatchString(r.Namespace) {
-		return nil, fmt.Errorf("register %s: namespace %q: want none or 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit: %w",
-			r.Container, r.Namespace, api.ErrInvalidArgument)
+	if err := vocab.ValidNamespace(r.Namespace); err != nil {
+		return nil, fmt.Errorf("register %s: %w", r.Container, err)
 	}
 	k := ctrKey{r.Namespace, r.Container}
 	dir := api.ContainerSocketDir(m.cfg.ContainerDir, r.Namespace, r.Container)

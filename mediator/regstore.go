@@ -43,6 +43,7 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/isolation"
 )
 
@@ -154,11 +155,13 @@ func decodeRecord(key, v []byte) (registration, error) {
 	if err := decodeJSON(body, &r); err != nil {
 		return r, fmt.Errorf("record: %v", err)
 	}
+	if _, err := vocab.ParseContainerID(r.Container); err != nil {
+		return r, err
+	}
+	if err := vocab.ValidNamespace(r.Namespace); err != nil {
+		return r, err
+	}
 	switch {
-	case !containerName.MatchString(r.Container):
-		return r, fmt.Errorf("container id %q", r.Container)
-	case r.Namespace != "" && !containerName.MatchString(r.Namespace):
-		return r, fmt.Errorf("namespace %q", r.Namespace)
 	case !bytes.Equal(key, storeKey(r.key())):
 		return r, fmt.Errorf("record of container %v stored under key %q", r.key(), key)
 	case r.Pid < 0:

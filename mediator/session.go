@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"net"
-	"regexp"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/memory"
 )
 
@@ -26,8 +26,6 @@ const (
 	MaxDevices = 16 // virtual devices per session
 	MaxStreams = 64 // streams per session, the default one included
 )
-
-var tenantName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // vdev is one of a session's virtual devices: a physical device and the
 // session's own connection to the node that has it.
@@ -295,8 +293,8 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 				n, ctr.key(), ctr.grant.Devices, api.ErrPermissionDenied)
 		}
 	}
-	if !tenantName.MatchString(tenant) {
-		return nil, fmt.Errorf("tenant name %q: want 1-63 letters, digits, '.', '_' or '-': %w", tenant, api.ErrInvalidArgument)
+	if _, err := vocab.ParseTenant(tenant); err != nil {
+		return nil, err
 	}
 	if ctr == nil {
 		if err := m.admitHost(c.NetConn(), tenant); err != nil {

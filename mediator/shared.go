@@ -10,6 +10,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/coherence"
 )
 
@@ -302,8 +303,8 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 		return nil, fmt.Errorf("export of %#x with %d grants: at most %d: %w", m.Addr, len(m.Grants), api.MaxGrants, api.ErrInvalidArgument)
 	}
 	for _, g := range m.Grants {
-		if !tenantName.MatchString(g.Tenant) {
-			return nil, fmt.Errorf("grant to tenant %q: not a tenant name: %w", g.Tenant, api.ErrInvalidArgument)
+		if _, err := vocab.ParseTenant(g.Tenant); err != nil {
+			return nil, fmt.Errorf("export of %#x: grant: %w", m.Addr, err)
 		}
 	}
 	// A whole allocation, so that its free (at its start) ends the object.
