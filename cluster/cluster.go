@@ -39,8 +39,11 @@ package cluster
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -71,7 +74,40 @@ type Options struct {
 	// waits for an etcd that cannot be reached. Default DefaultOpTimeout.
 	OpTimeout time.Duration
 	Prefix    string // key prefix; default DefaultPrefix
-	Log       logrus.FieldLogger
+	// TLS, when set, is the client configuration for https endpoints
+	// (TLSFiles); nil: plain http.
+	TLS *tls.Config
+	Log logrus.FieldLogger
+}
+
+// TLSFiles is the client TLS configuration towards etcd from PEM files:
+// the CA that signed etcd's serving certificate, and a client certificate
+// and key where etcd asks for one (--client-cert-auth). All empty: nil,
+// plain http. It fails with api.ErrInvalidArgument naming the file at fault.
+func TLSFiles(cert, key, ca string) (*tls.Config, error) {
+	if cert == "" && key == "" && ca == "" {
+		return nil, nil
+	}
+	if ca == "" || (cert == "") != (key == "") {
+		return nil, fmt.Errorf("etcd TLS: want a CA, and a certificate and its key together or neither (got cert %q, key %q, CA %q): %w", cert, key, ca, api.ErrInvalidArgument)
+	}
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		return nil, fmt.Errorf("etcd TLS CA: %v: %w", err, api.ErrInvalidArgument)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("etcd TLS CA %s: no PEM certificate in it: %w", ca, api.ErrInvalidArgument)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, fmt.Errorf("etcd TLS certificate %s, key %s: %v: %w", cert, key, err, api.ErrInvalidArgument)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }
 
 // ParseEndpoints reads a --etcd flag: comma-separated URLs or host:port
@@ -145,7 +181,7 @@ func Connect(opts Options) (*Session, error) {
 		// A dead connection is noticed by keepalive within about the op
 		// timeout, and the client moves to another endpoint.
 		DialKeepAliveTime: opts.OpTimeout, DialKeepAliveTimeout: opts.OpTimeout,
-		Logger: zap.NewNop(),
+		TLS: opts.TLS, Logger: zap.NewNop(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: etcd %v: %v: %w", opts.Endpoints, err, api.ErrInvalidArgument)

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"strings"
@@ -252,5 +253,42 @@ func retryUnavailable(d time.Duration, f func() error) error {
 			return err
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// An etcd that serves TLS and requires client certificates: a session with
+// TLSFiles works; one without TLS, or without the client certificate, is
+// unavailable; half the flags are bad input.
+func TestTLS(t *testing.T) {
+	etcd := etcdtest.StartTLS(t, 1)
+	cert, key, ca := etcd.TLSFiles()
+	cfg, err := TLSFiles(cert, key, ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Connect(Options{Endpoints: etcd.Endpoints(), TTL: testTTL, OpTimeout: time.Second, TLS: cfg, Log: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.RegisterNode(node("10.0.0.1:7070", 1<<30)); err != nil {
+		t.Fatal(err)
+	}
+	if ns, err := s.Nodes(context.Background()); err != nil || len(ns) != 1 {
+		t.Fatalf("nodes over TLS: %v, %v", ns, err)
+	}
+	noCert, err := TLSFiles("", "", ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*tls.Config{"no TLS": nil, "no client certificate": noCert} {
+		if _, err := Connect(Options{Endpoints: etcd.Endpoints(), TTL: testTTL, OpTimeout: time.Second, TLS: c, Log: quietLog()}); !errors.Is(err, api.ErrUnavailable) {
+			t.Errorf("%s: %v, want unavailable", name, err)
+		}
+	}
+	for _, bad := range [][3]string{{cert, "", ca}, {cert, key, ""}, {"", "", "/nonexistent"}, {cert, key, cert + ".nope"}} {
+		if _, err := TLSFiles(bad[0], bad[1], bad[2]); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("TLSFiles%q: %v, want invalid argument", bad, err)
+		}
 	}
 }

@@ -16,6 +16,9 @@ import (
 // Cluster mode's flags, kept here with the code they drive.
 var (
 	etcdFlag  = flag.String("etcd", "", "etcd endpoints, comma-separated (host:port or URLs): cluster mode — nodes come from etcd's registry (no --node), tenants' caps hold across all mediators, the quota file stored by vgpuctl tenants apply replaces --quota (\"\": no cluster mode)")
+	etcdCert  = flag.String("etcd-cert", "", "with --etcd over https: client certificate (PEM) where etcd requires one; with --etcd-key and --etcd-ca")
+	etcdKey   = flag.String("etcd-key", "", "with --etcd-cert: its private key (PEM)")
+	etcdCA    = flag.String("etcd-ca", "", "with --etcd over https: the CA (PEM) that signed etcd's serving certificate")
 	etcdTTL   = flag.Duration("etcd-ttl", cluster.DefaultTTL, "with --etcd: how long after this mediator dies, or loses etcd, its cluster-wide reservations return")
 	clusterID = flag.String("cluster-id", "", "with --etcd: this mediator's name in the cluster, unique among live mediators; a mediator restarted with it takes back its reservations (\"\": the host name)")
 )
@@ -39,7 +42,11 @@ func joinCluster(cfg *mediator.Config, log logrus.FieldLogger) (leave func(), er
 	if strings.Contains(id, "/") {
 		return nil, fmt.Errorf("--cluster-id %q: want a name without '/': %w", id, api.ErrInvalidArgument)
 	}
-	s, err := cluster.Connect(cluster.Options{Endpoints: endpoints, TTL: *etcdTTL, Log: log.WithField("component", "cluster")})
+	tlsCfg, err := cluster.TLSFiles(*etcdCert, *etcdKey, *etcdCA)
+	if err != nil {
+		return nil, err
+	}
+	s, err := cluster.Connect(cluster.Options{Endpoints: endpoints, TTL: *etcdTTL, TLS: tlsCfg, Log: log.WithField("component", "cluster")})
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,9 @@ import (
 // Cluster mode's flags, kept here with the code they drive.
 var (
 	etcdFlag  = flag.String("etcd", "", "etcd endpoints, comma-separated (host:port or URLs): register this node and its devices there, under a lease kept alive, for mediators started with --etcd (\"\": no cluster mode)")
+	etcdCert  = flag.String("etcd-cert", "", "with --etcd over https: client certificate (PEM) where etcd requires one; with --etcd-key and --etcd-ca")
+	etcdKey   = flag.String("etcd-key", "", "with --etcd-cert: its private key (PEM)")
+	etcdCA    = flag.String("etcd-ca", "", "with --etcd over https: the CA (PEM) that signed etcd's serving certificate")
 	etcdTTL   = flag.Duration("etcd-ttl", cluster.DefaultTTL, "with --etcd: how long after this node dies, or loses etcd, mediators stop placing on it")
 	advertise = flag.String("advertise", "", "with --etcd: the host:port mediators dial (\"\": the --listen address, which must then not be 0.0.0.0 or [::])")
 )
@@ -42,7 +45,11 @@ func joinCluster(node *accelerator.Node, addr net.Addr, tlsCfg *tls.Config, log 
 	if err != nil {
 		return nil, err
 	}
-	s, err := cluster.Connect(cluster.Options{Endpoints: endpoints, TTL: *etcdTTL, Log: log})
+	etcdTLS, err := cluster.TLSFiles(*etcdCert, *etcdKey, *etcdCA)
+	if err != nil {
+		return nil, err
+	}
+	s, err := cluster.Connect(cluster.Options{Endpoints: endpoints, TTL: *etcdTTL, TLS: etcdTLS, Log: log})
 	if err != nil {
 		return nil, err
 	}

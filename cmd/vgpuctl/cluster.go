@@ -17,24 +17,32 @@ import (
 // tenants apply, which stores a quota file in etcd for every mediator.
 
 // tenantsApplyFlags is the flag set of vgpuctl tenants apply.
-func tenantsApplyFlags() (*flag.FlagSet, *string) {
+func tenantsApplyFlags() (*flag.FlagSet, *etcdFlags) {
 	fs := flag.NewFlagSet("tenants apply", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	return fs, fs.String("etcd", os.Getenv("VGPU_ETCD"), "etcd endpoints of the cluster, comma-separated (default $VGPU_ETCD)")
+	return fs, &etcdFlags{
+		endpoints: fs.String("etcd", os.Getenv("VGPU_ETCD"), "etcd endpoints of the cluster, comma-separated (default $VGPU_ETCD)"),
+		cert:      fs.String("etcd-cert", "", "client certificate (PEM) where etcd requires one; with --etcd-key and --etcd-ca"),
+		key:       fs.String("etcd-key", "", "its private key (PEM)"),
+		ca:        fs.String("etcd-ca", "", "the CA (PEM) that signed etcd's serving certificate, for https endpoints"),
+	}
 }
+
+// etcdFlags say how vgpuctl reaches etcd.
+type etcdFlags struct{ endpoints, cert, key, ca *string }
 
 // tenantsApply validates the quota file and stores it in etcd, where every
 // mediator started with --etcd reloads it. An invalid file is refused with
 // every mistake it has, and changes nothing.
 func tenantsApply(args []string) error {
-	fs, etcd := tenantsApplyFlags()
+	fs, ef := tenantsApplyFlags()
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
 		return fmt.Errorf("tenants apply: want one quota file, got %d arguments: %w", fs.NArg(), api.ErrInvalidArgument)
 	}
-	if *etcd == "" {
+	if *ef.endpoints == "" {
 		return fmt.Errorf("tenants apply: no etcd endpoints (--etcd or $VGPU_ETCD): %w", api.ErrInvalidArgument)
 	}
 	path := fs.Arg(0)
@@ -47,11 +55,15 @@ func tenantsApply(args []string) error {
 	if err != nil {
 		return fmt.Errorf("tenants apply: %v: %w", err, api.ErrInvalidArgument)
 	}
-	endpoints, err := cluster.ParseEndpoints(*etcd)
+	endpoints, err := cluster.ParseEndpoints(*ef.endpoints)
 	if err != nil {
 		return err
 	}
-	s, err := cluster.Connect(cluster.Options{Endpoints: endpoints})
+	tlsCfg, err := cluster.TLSFiles(*ef.cert, *ef.key, *ef.ca)
+	if err != nil {
+		return err
+	}
+	s, err := cluster.Connect(cluster.Options{Endpoints: endpoints, TLS: tlsCfg})
 	if err != nil {
 		return err
 	}

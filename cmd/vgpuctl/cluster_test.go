@@ -35,6 +35,15 @@ func TestTenantsApply(t *testing.T) {
 	if err := tenantsApply([]string{"--etcd", etcd.Endpoint(0), good}); err != nil {
 		t.Fatal(err)
 	}
+	// And to an etcd that requires TLS client certificates.
+	etls := etcdtest.StartTLS(t, 1)
+	cert, key, ca := etls.TLSFiles()
+	if err := tenantsApply([]string{"--etcd", etls.Endpoint(0), good}); !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("to a TLS etcd without TLS flags: %v, want unavailable", err)
+	}
+	if err := tenantsApply([]string{"--etcd", etls.Endpoint(0), "--etcd-cert", cert, "--etcd-key", key, "--etcd-ca", ca, good}); err != nil {
+		t.Fatalf("to a TLS etcd: %v", err)
+	}
 	s, err := cluster.Connect(cluster.Options{Endpoints: etcd.Endpoints(), TTL: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -43,6 +43,7 @@ type Cluster struct {
 	bin     string
 	dir     string
 	members []*member
+	tls     *tlsFiles // nil: plain http
 }
 
 type member struct {
@@ -56,7 +57,13 @@ type member struct {
 // Start starts a cluster of n members and waits until it serves. Member
 // timings are short (heartbeat 50ms, election 500ms), so that a new leader
 // is elected well within a test's patience and short lease TTLs are kept.
-func Start(t testing.TB, n int) *Cluster {
+func Start(t testing.TB, n int) *Cluster { return start(t, n, false) }
+
+// StartTLS is Start with clients served https only, their certificates
+// required (--client-cert-auth); TLSFiles names the client's PEM files.
+func StartTLS(t testing.TB, n int) *Cluster { return start(t, n, true) }
+
+func start(t testing.TB, n int, withTLS bool) *Cluster {
 	t.Helper()
 	bin := Binary()
 	if bin == "" {
@@ -67,6 +74,14 @@ func Start(t testing.TB, n int) *Cluster {
 		t.Fatal(err)
 	}
 	c := &Cluster{t: t, bin: bin, dir: dir}
+	scheme := "http://"
+	if withTLS {
+		files, err := writeTLSFiles(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.tls, scheme = files, "https://"
+	}
 	t.Cleanup(func() {
 		for i := range c.members {
 			c.Kill(i)
@@ -75,7 +90,7 @@ func Start(t testing.TB, n int) *Cluster {
 	})
 	var initial []string
 	for i := range n {
-		m := &member{name: fmt.Sprintf("m%d", i), client: "http://" + freeAddr(t), peer: "http://" + freeAddr(t)}
+		m := &member{name: fmt.Sprintf("m%d", i), client: scheme + freeAddr(t), peer: "http://" + freeAddr(t)}
 		m.dataDir = filepath.Join(dir, m.name)
 		m.logFile = filepath.Join(dir, m.name+".log")
 		c.members = append(c.members, m)
@@ -105,12 +120,16 @@ func (c *Cluster) start(m *member, initial string) {
 		c.t.Fatal(err)
 	}
 	defer log.Close()
-	cmd := exec.Command(c.bin,
-		"--name", m.name, "--data-dir", m.dataDir,
+	args := []string{"--name", m.name, "--data-dir", m.dataDir,
 		"--listen-client-urls", m.client, "--advertise-client-urls", m.client,
 		"--listen-peer-urls", m.peer, "--initial-advertise-peer-urls", m.peer,
 		"--initial-cluster", initial, "--initial-cluster-state", "new", "--initial-cluster-token", filepath.Base(c.dir),
-		"--heartbeat-interval", "50", "--election-timeout", "500")
+		"--heartbeat-interval", "50", "--election-timeout", "500"}
+	if c.tls != nil {
+		args = append(args, "--cert-file", c.tls.serverCert, "--key-file", c.tls.serverKey,
+			"--trusted-ca-file", c.tls.ca, "--client-cert-auth")
+	}
+	cmd := exec.Command(c.bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -167,7 +186,7 @@ func (c *Cluster) WaitHealthy(d time.Duration) {
 			m.mu.Lock()
 			running := m.cmd != nil
 			m.mu.Unlock()
-			if running && !healthy(m.client) {
+			if running && !c.healthy(m.client) {
 				bad = m.name
 				break
 			}
@@ -193,8 +212,15 @@ func (c *Cluster) Log(name string) string {
 
 // healthy says whether the member at url reports itself healthy: a leader
 // elected and a linearizable read served (etcd's /health).
-func healthy(url string) bool {
+func (c *Cluster) healthy(url string) bool {
 	cl := http.Client{Timeout: time.Second}
+	if c.tls != nil {
+		cfg, err := c.tls.client()
+		if err != nil {
+			return false
+		}
+		cl.Transport = &http.Transport{TLSClientConfig: cfg}
+	}
 	resp, err := cl.Get(url + "/health")
 	if err != nil {
 		return false
