@@ -5,16 +5,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Defaults of the wrapper's flags.
 const (
-	DefaultOperatorSocket = "/run/vgpu/mediator.sock"
-	DefaultStateDir       = "/run/vgpu/containers"
+	DefaultOperatorSocket = vocab.DefaultSocket
+	DefaultStateDir       = vocab.DefaultContainerDir
 )
 
 // DefaultRuntimes are where the wrapper looks for runc, in order, when
@@ -196,17 +196,15 @@ func ParseArgs(args []string) (*Invocation, error) {
 // the settings file does not say otherwise (Resolve).
 const RuntimeName = "vgpu-runtime"
 
-// tenantPattern is the syntax of a tenant's name, the mediator's.
-var tenantPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-
 // Settings fills in the defaults of the wrapper's flags and checks them:
 // the real runtime (found, and not this wrapper), the hook (absolute and
 // there), and absolute socket and state paths. self is the wrapper's own
 // executable ("" if unknown).
 func (inv *Invocation) Settings(self string) error {
-	if inv.Tenant != "" && !tenantPattern.MatchString(inv.Tenant) {
-		return fmt.Errorf("--vgpu-tenant %q: want 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit: %w",
-			inv.Tenant, api.ErrInvalidArgument)
+	if inv.Tenant != "" {
+		if _, err := vocab.ParseTenant(inv.Tenant); err != nil {
+			return fmt.Errorf("--vgpu-tenant: %w", err)
+		}
 	}
 	if inv.Socket == "" {
 		inv.Socket = DefaultOperatorSocket

@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // EditBundle does the wrapper's work on a call that makes a container from
@@ -61,7 +62,7 @@ func EditBundle(inv *Invocation) (bool, error) {
 		return false, fmt.Errorf("container %s: %s has fields this runtime-spec version does not know, so it cannot be rewritten without losing them: %v: %w",
 			inv.ID, cfgPath, err, api.ErrInvalidArgument)
 	}
-	if err := ValidID(inv.ID); err != nil {
+	if _, err := vocab.ParseContainerID(inv.ID); err != nil {
 		return false, err
 	}
 	if err := inv.CheckHook(); err != nil {
@@ -94,10 +95,10 @@ func EditBundle(inv *Invocation) (bool, error) {
 // else in their place (a symlink, a file) is refused, and nothing outside
 // stateDir is touched (os.Root).
 func PrepareSocketDir(stateDir, namespace, id string) (string, error) {
-	if err := ValidID(id); err != nil {
+	if _, err := vocab.ParseContainerID(id); err != nil {
 		return "", err
 	}
-	if err := ValidNamespace(namespace); err != nil {
+	if err := vocab.ValidNamespace(namespace); err != nil {
 		return "", fmt.Errorf("container %s: %w", id, err)
 	}
 	if !filepath.IsAbs(stateDir) {

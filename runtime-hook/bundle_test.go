@@ -14,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // dockerConfig is the shape of a config.json Docker writes (abridged), with
@@ -235,7 +236,7 @@ func TestEditBundleFailureLeavesNoSocketDir(t *testing.T) {
 	// the id be in use) stays.
 	inv, _ := bundle(t, config(`"VGPU_MEMORY=1GiB"`, ""), "abc")
 	unwritableBundle(t, inv, config(`"VGPU_MEMORY=1GiB"`, ""))
-	sock := filepath.Join(inv.StateDir, "moby", "abc", SocketName)
+	sock := filepath.Join(inv.StateDir, "moby", "abc", vocab.SocketName)
 	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/isolation"
 )
 
@@ -22,7 +23,7 @@ func (a admitter) Register(r api.Register) (*api.RegisterReply, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &api.RegisterReply{Tenant: g.Tenant, Memory: g.Memory, Socket: filepath.Join(r.SocketDir, SocketName)}, nil
+	return &api.RegisterReply{Tenant: g.Tenant, Memory: g.Memory, Socket: filepath.Join(r.SocketDir, vocab.SocketName)}, nil
 }
 func (admitter) Release(string, string) error { return nil }
 func (admitter) Close() error                 { return nil }

@@ -29,7 +29,7 @@
 //     (SocketDir; "_" for no namespace). A container is named by its
 //     containerd namespace (the base name of runc's --root) and its id
 //     together: both hook stages pass both to the mediator, and both must be
-//     plain names (ValidNamespace, ValidID). The wrapper makes it, the
+//     plain names (vocab.ValidNamespace, vocab.ParseContainerID). The wrapper makes it, the
 //     hook removes it (poststop, or a failed registration), neither
 //     following a symlink out of StateDir (os.Root); the mediator only
 //     opens its socket there.

@@ -10,6 +10,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // FuzzParseRequest feeds arbitrary values to every request key, through
@@ -116,7 +117,7 @@ func FuzzReadState(f *testing.F) {
 		if len(data) > maxStateJSON {
 			t.Fatalf("ReadState accepted %d bytes, more than %d", len(data), maxStateJSON)
 		}
-		if err := ValidID(st.ID); err != nil {
+		if _, err := vocab.ParseContainerID(st.ID); err != nil {
 			t.Fatalf("ReadState(%q) accepted id %q: %v", data, st.ID, err)
 		}
 		if st.Pid < 0 || st.Pid > 1<<32-1 {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"sync"
@@ -20,6 +19,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // HookEnv is the whole environment vgpu-hook runs with. It is set in the
@@ -41,34 +41,10 @@ const (
 	maxConfigJSON = 64 << 20
 )
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
-
-// ValidID checks that a container id is a plain name, fit to be a
-// directory name under the state directory.
-func ValidID(id string) error {
-	if !idPattern.MatchString(id) {
-		return fmt.Errorf("container id %q: want 1 to 128 of A-Z a-z 0-9 _ . -, starting with a letter or digit: %w",
-			id, api.ErrInvalidArgument)
-	}
-	return nil
-}
-
-// ValidNamespace checks that a containerd namespace is a plain name, like a
-// container id, fit to be a directory name under the state directory; ""
-// (no namespace: plain runc) is valid too, and is a namespace of its own
-// (its directory is api.NoNamespace).
-func ValidNamespace(ns string) error {
-	if ns != "" && !idPattern.MatchString(ns) {
-		return fmt.Errorf("container namespace %q: want none, or 1 to 128 of A-Z a-z 0-9 _ . -, starting with a letter or digit: %w",
-			ns, api.ErrInvalidArgument)
-	}
-	return nil
-}
-
 // SocketDir is the socket directory of container id of namespace in
-// stateDir: stateDir/namespace/id (api.ContainerSocketDir).
+// stateDir: stateDir/namespace/id (vocab.HostSocketDir).
 func SocketDir(stateDir, namespace, id string) string {
-	return api.ContainerSocketDir(stateDir, namespace, id)
+	return vocab.HostSocketDir(stateDir, namespace, id)
 }
 
 // HookConfig is vgpu-hook's command line, typed: what the wrapper tells the
@@ -144,7 +120,7 @@ func ParseHookArgs(argv []string) (*HookConfig, error) {
 			return nil, fmt.Errorf("vgpu-hook %s: %s %q: want a clean absolute path: %w", c.Stage, p.name, p.v, api.ErrInvalidArgument)
 		}
 	}
-	if err := ValidNamespace(c.Namespace); err != nil {
+	if err := vocab.ValidNamespace(c.Namespace); err != nil {
 		return nil, fmt.Errorf("vgpu-hook %s: --namespace: %w", c.Stage, err)
 	}
 	if want := SocketDir(c.StateDir, c.Namespace, path.Base(c.SocketDir)); c.SocketDir != want {
@@ -168,7 +144,7 @@ func ReadState(r io.Reader) (*specs.State, error) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, fmt.Errorf("container state on stdin: %v: %w", err, api.ErrInvalidArgument)
 	}
-	if err := ValidID(st.ID); err != nil {
+	if _, err := vocab.ParseContainerID(st.ID); err != nil {
 		return nil, fmt.Errorf("container state on stdin: %w", err)
 	}
 	if st.Pid < 0 || st.Pid > 1<<32-1 {
@@ -220,11 +196,11 @@ func ReadBundle(bundle string) (rootfs string, mounts []specs.Mount, err error) 
 	return filepath.Join(bundle, cfg.Root.Path), cfg.Mounts, nil
 }
 
-// CheckMountPoint checks that ContainerSocketDir in the container is the
+// CheckMountPoint checks that vocab.InContainerSocketDir in the container is the
 // directory mounted there, where its VGPU_SOCKET says, as far as the image
 // and the spec decide it; runc makes mounts in order, the socket
 // directory's last (SocketMount):
-//   - in the image, ContainerSocketDir resolves, without leaving rootfs,
+//   - in the image, vocab.InContainerSocketDir resolves, without leaving rootfs,
 //     to the plain path below it: no component the image put there is a
 //     symlink. Components that do not exist yet are fine: runc makes them.
 //   - no other mount is above it (at /run or /, directly or through the
@@ -235,14 +211,14 @@ func ReadBundle(bundle string) (rootfs string, mounts []specs.Mount, err error) 
 // What a mount's contents hold is not seen: a destination that reaches
 // /run through a symlink inside another mount is not caught.
 func CheckMountPoint(rootfs string, mounts []specs.Mount) error {
-	want := filepath.Join(rootfs, ContainerSocketDir)
-	got, err := securejoin.SecureJoin(rootfs, ContainerSocketDir)
+	want := filepath.Join(rootfs, vocab.InContainerSocketDir)
+	got, err := securejoin.SecureJoin(rootfs, vocab.InContainerSocketDir)
 	if err != nil {
-		return fmt.Errorf("resolve %s in root filesystem %s: %v: %w", ContainerSocketDir, rootfs, err, api.ErrPermissionDenied)
+		return fmt.Errorf("resolve %s in root filesystem %s: %v: %w", vocab.InContainerSocketDir, rootfs, err, api.ErrPermissionDenied)
 	}
 	if got != want {
 		return fmt.Errorf("%s in root filesystem %s resolves through a symlink to %s; refusing to mount the vGPU socket there: %w",
-			ContainerSocketDir, rootfs, got, api.ErrPermissionDenied)
+			vocab.InContainerSocketDir, rootfs, got, api.ErrPermissionDenied)
 	}
 	for _, m := range mounts {
 		dst, err := securejoin.SecureJoin(rootfs, m.Destination)
@@ -253,7 +229,7 @@ func CheckMountPoint(rootfs string, mounts []specs.Mount) error {
 			continue
 		}
 		return fmt.Errorf("mount at %q (type %q, source %q) covers %s, so its contents, not the image's, decide what is there; only a fresh tmpfs may be mounted above the vGPU socket: %w",
-			m.Destination, m.Type, m.Source, ContainerSocketDir, api.ErrPermissionDenied)
+			m.Destination, m.Type, m.Source, vocab.InContainerSocketDir, api.ErrPermissionDenied)
 	}
 	return nil
 }
@@ -400,16 +376,17 @@ func withMediator(ctx context.Context, socket string, dial Dialer, fn func(Media
 
 // RemoveSocketDir removes a container's socket directory: only a directory
 // stateDir/namespace/id (SocketDir) with a plain namespace (or
-// api.NoNamespace) and a plain container id for names, neither of them a
+// vocab.NoNamespace) and a plain container id for names, neither of them a
 // symlink, and never anything outside stateDir (os.Root). One that is gone
 // already is fine. The namespace's directory stays.
 func RemoveSocketDir(stateDir, dir string) error {
 	nsDir := filepath.Dir(dir)
 	ns := filepath.Base(nsDir)
-	if ns == api.NoNamespace {
+	if ns == vocab.NoNamespace {
 		ns = ""
 	}
-	if filepath.Dir(nsDir) != filepath.Clean(stateDir) || ValidNamespace(ns) != nil || ValidID(filepath.Base(dir)) != nil {
+	_, badID := vocab.ParseContainerID(filepath.Base(dir))
+	if filepath.Dir(nsDir) != filepath.Clean(stateDir) || vocab.ValidNamespace(ns) != nil || badID != nil {
 		return fmt.Errorf("socket directory %s is not a container's directory in %s; not removing it: %w",
 			dir, stateDir, api.ErrPermissionDenied)
 	}

@@ -17,6 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 func TestHookArgsRoundTrip(t *testing.T) {
@@ -197,7 +198,7 @@ func (f *fakeMediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if f.regErr != nil {
 		return nil, f.regErr
 	}
-	return &api.RegisterReply{Tenant: r.Tenant, Memory: r.Memory, Socket: filepath.Join(r.SocketDir, SocketName)}, nil
+	return &api.RegisterReply{Tenant: r.Tenant, Memory: r.Memory, Socket: filepath.Join(r.SocketDir, vocab.SocketName)}, nil
 }
 
 func (f *fakeMediator) Release(ns, c string) error {
@@ -328,7 +329,7 @@ func TestRunHookRegisterChecksCoveringMounts(t *testing.T) {
 				tc.image(rootfs)
 			}
 			spec := specs.Spec{Version: specs.Version, Root: &specs.Root{Path: "rootfs"},
-				Mounts: append(tc.mounts, specs.Mount{Destination: ContainerSocketDir, Type: "bind", Source: cfg.SocketDir, Options: SocketMountOptions})}
+				Mounts: append(tc.mounts, specs.Mount{Destination: vocab.InContainerSocketDir, Type: "bind", Source: cfg.SocketDir, Options: SocketMountOptions})}
 			b, _ := json.Marshal(spec)
 			if err := os.WriteFile(filepath.Join(st.Bundle, "config.json"), b, 0o600); err != nil {
 				t.Fatal(err)
@@ -477,7 +478,7 @@ func TestRemoveSocketDir(t *testing.T) {
 	outside := t.TempDir()
 	os.WriteFile(filepath.Join(outside, "precious"), []byte("x"), 0o600)
 	dir, _ := PrepareSocketDir(state, "moby", "c1")
-	os.WriteFile(filepath.Join(dir, SocketName), nil, 0o600)
+	os.WriteFile(filepath.Join(dir, vocab.SocketName), nil, 0o600)
 	if err := RemoveSocketDir(state, dir); err != nil {
 		t.Fatal(err)
 	}

@@ -9,16 +9,12 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
-// Where a container finds the mediator: its own socket directory, mounted
-// read-only, holds the socket the mediator made for it.
-const (
-	ContainerSocketDir = "/run/vgpu"
-	ContainerSocket    = ContainerSocketDir + "/" + SocketName
-	// SocketName is the name of the container's socket in its directory.
-	SocketName = "mediator.sock"
-)
+// A container finds the mediator at vocab.InContainerSocket: its own
+// socket directory (on the host, SocketDir), mounted read-only at
+// vocab.InContainerSocketDir, holds the socket the mediator made for it.
 
 // SocketMountOptions are the options of the socket directory's bind mount.
 var SocketMountOptions = []string{"rbind", "ro", "nosuid", "nodev", "noexec"}
@@ -54,7 +50,7 @@ func (c Chain) Modify(s *specs.Spec) error {
 }
 
 // SocketMount bind-mounts the host directory Source read-only at
-// ContainerSocketDir. Mounts the spec already has there or below are
+// vocab.InContainerSocketDir. Mounts the spec already has there or below are
 // dropped: that path belongs to the mediator, and a later mount could hide
 // the real socket. The mount goes last, so none of the others covers it.
 type SocketMount struct{ Source string }
@@ -65,10 +61,10 @@ func (m SocketMount) Modify(s *specs.Spec) error {
 		return fmt.Errorf("socket mount: source %q is not a clean absolute path: %w", m.Source, api.ErrInvalidArgument)
 	}
 	s.Mounts = slices.DeleteFunc(s.Mounts, func(mt specs.Mount) bool {
-		return within(path.Clean("/"+mt.Destination), ContainerSocketDir)
+		return within(path.Clean("/"+mt.Destination), vocab.InContainerSocketDir)
 	})
 	s.Mounts = append(s.Mounts, specs.Mount{
-		Destination: ContainerSocketDir,
+		Destination: vocab.InContainerSocketDir,
 		Type:        "bind",
 		Source:      m.Source,
 		Options:     slices.Clone(SocketMountOptions),
@@ -192,7 +188,7 @@ func (a Attach) Modifiers() Chain {
 	chain := Chain{
 		SocketMount{Source: a.SocketDir()},
 		SetEnv{
-			EnvSocket + "=" + ContainerSocket,
+			EnvSocket + "=" + vocab.InContainerSocket,
 			fmt.Sprintf("%s=%d", EnvDevices, a.Request.Devices),
 		},
 		AddHook{Stage: StageCreateRuntime, Hook: reg.Spec(a.Hook)},

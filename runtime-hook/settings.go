@@ -15,6 +15,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // The runtime settings file gives the wrapper, by the name it is run as,
@@ -97,7 +98,7 @@ func ParseSettingsFile(path string, data []byte) (*SettingsFile, error) {
 		bad := func(format string, a ...any) {
 			errs = append(errs, fmt.Errorf("runtime settings %s: runtime %q: %s: %w", path, name, fmt.Sprintf(format, a...), api.ErrInvalidArgument))
 		}
-		if !tenantPattern.MatchString(name) {
+		if _, err := vocab.ParseTenant(name); err != nil { // a runtime's name follows a tenant's rule
 			bad("a runtime name is 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit")
 		}
 		if !filepath.IsAbs(rt.Binary) {
@@ -107,7 +108,7 @@ func ParseSettingsFile(path string, data []byte) (*SettingsFile, error) {
 		} else {
 			byBinary[filepath.Base(rt.Binary)] = name
 		}
-		if rt.Tenant != "" && !tenantPattern.MatchString(rt.Tenant) {
+		if _, err := vocab.ParseTenant(rt.Tenant); rt.Tenant != "" && err != nil {
 			bad("tenant %q: want 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit", rt.Tenant)
 		}
 		for _, p := range []struct{ key, v string }{{"socket", rt.Socket}, {"state_dir", rt.StateDir}} {
@@ -223,9 +224,9 @@ func (inv *Invocation) Resolve(argv0 string, getenv func(string) string) error {
 		return nil
 	}
 	if tenant, ok := strings.CutPrefix(name, RuntimeName+"-"); ok {
-		if !tenantPattern.MatchString(tenant) {
+		if _, err := vocab.ParseTenant(tenant); err != nil {
 			return fmt.Errorf("runtime %s: tenant %q in its name: want 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit: %w",
-				name, tenant, api.ErrInvalidArgument)
+				name, tenant, vocab.ErrInvalidArgument)
 		}
 		if inv.Tenant != "" && inv.Tenant != tenant {
 			return fmt.Errorf("runtime %s serves tenant %q by its name, but --vgpu-tenant says %q: %w", name, tenant, inv.Tenant, api.ErrInvalidArgument)

@@ -14,6 +14,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/vgpu/vgpu/api/vocab"
 	runtimehook "github.com/vgpu/vgpu/runtime-hook"
 )
 
@@ -222,7 +223,7 @@ func TestCreateWithRequest(t *testing.T) {
 			if fi, err := os.Lstat(sockDir); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o755 {
 				t.Fatalf("socket directory: %v, %v", fi, err)
 			}
-			if m := s.Mounts[len(s.Mounts)-1]; m.Destination != runtimehook.ContainerSocketDir || m.Source != sockDir {
+			if m := s.Mounts[len(s.Mounts)-1]; m.Destination != vocab.InContainerSocketDir || m.Source != sockDir {
 				t.Errorf("mount %+v", m)
 			}
 			if !slices.Contains(s.Process.Env, "VGPU_SOCKET=/run/vgpu/mediator.sock") || !slices.Contains(s.Process.Env, "VGPU_DEVICES=1") {
