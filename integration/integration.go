@@ -36,11 +36,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Defaults an operator gets without flags.
@@ -57,10 +57,6 @@ const (
 	// container the runtime creates (Docker passes it through runtimeArgs).
 	TenantFlag = "--vgpu-tenant"
 )
-
-// tenantName is the syntax of a tenant's name (the same as the mediator's):
-// it becomes part of a runtime name, a TOML key and a file name.
-var tenantName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // Runtime is one OCI runtime that an install adds.
 type Runtime struct {
@@ -94,8 +90,10 @@ func Runtimes(path string, tenants []string) ([]Runtime, error) {
 	rts := []Runtime{{Name: RuntimeName, Path: path, Binary: path}}
 	seen := map[string]bool{}
 	for _, t := range tenants {
-		if !tenantName.MatchString(t) {
-			return nil, fmt.Errorf("tenant %q: a name is 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit: %w", t, api.ErrInvalidArgument)
+		// The name becomes part of a runtime name, a TOML key and a file
+		// name, all of which the tenant rule allows.
+		if _, err := vocab.ParseTenant(t); err != nil {
+			return nil, err
 		}
 		if seen[t] {
 			return nil, fmt.Errorf("tenant %q given twice: %w", t, api.ErrInvalidArgument)
