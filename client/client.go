@@ -33,10 +33,11 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // DefaultSocket is where the mediator listens unless told otherwise.
-const DefaultSocket = "/run/vgpu/mediator.sock"
+const DefaultSocket = vocab.DefaultSocket
 
 // Options configure a session.
 type Options struct {

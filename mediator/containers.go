@@ -336,7 +336,7 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 		return nil, fmt.Errorf("register %s: %w", r.Container, err)
 	}
 	k := ctrKey{r.Namespace, r.Container}
-	dir := api.ContainerSocketDir(m.cfg.ContainerDir, r.Namespace, r.Container)
+	dir := vocab.HostSocketDir(m.cfg.ContainerDir, r.Namespace, r.Container)
 	if r.SocketDir != "" && filepath.Clean(r.SocketDir) != dir {
 		return nil, fmt.Errorf("register %v: socket directory %q: this container's socket lives in %s: %w", k, r.SocketDir, dir, api.ErrInvalidArgument)
 	}
