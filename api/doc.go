@@ -1,5 +1,8 @@
 // Package api is the wire protocol shared by tenants, mediators, nodes and
-// operators: frames, requests, replies and error codes.
+// operators: frames, requests, replies and error codes. The words they share
+// with packages that need no transport (error sentinels and codes, tenant
+// and container names, hints, modes, sizes, default paths) are api/vocab's;
+// api re-exports them under its own names as aliases (vocab.go).
 //
 // A frame is a 16-byte header (body length, operation, flags, request id)
 // and a body. Every connection opens with Hello; the versions must match.
