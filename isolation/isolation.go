@@ -49,7 +49,8 @@
 //
 // Sizes are strings with a unit (Ki, Mi, Gi, Ti binary; K, M, G, T decimal;
 // see vocab.ParseSize) or integers of bytes. Keys are case-sensitive and
-// unknown keys are errors. Tenant names match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$.
+// unknown keys are errors. Tenant names are 1-63 letters, digits, ., _ or -,
+// starting with a letter or digit (vocab.ParseTenant, the rule of every process).
 // Every error wraps vocab.ErrInvalidArgument and names the file, the line, the
 // key and the bad value, for example
 //
