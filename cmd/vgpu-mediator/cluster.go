@@ -15,23 +15,17 @@ import (
 
 // Cluster mode's flags, kept here with the code they drive.
 var (
-	etcdFlag  = flag.String("etcd", "", "etcd endpoints, comma-separated (host:port or URLs): cluster mode — nodes come from etcd's registry (no --node), tenants' caps hold across all mediators, the quota file stored by vgpuctl tenants apply replaces --quota (\"\": no cluster mode)")
-	etcdCert  = flag.String("etcd-cert", "", "with --etcd over https: client certificate (PEM) where etcd requires one; with --etcd-key and --etcd-ca")
-	etcdKey   = flag.String("etcd-key", "", "with --etcd-cert: its private key (PEM)")
-	etcdCA    = flag.String("etcd-ca", "", "with --etcd over https: the CA (PEM) that signed etcd's serving certificate")
-	etcdTTL   = flag.Duration("etcd-ttl", cluster.DefaultTTL, "with --etcd: how long after this mediator dies, or loses etcd, its cluster-wide reservations return")
+	etcdFlags = cluster.AddFlags(flag.CommandLine,
+		"etcd endpoints, comma-separated (host:port or URLs): cluster mode — nodes come from etcd's registry (no --node), tenants' caps hold across all mediators, the quota file stored by vgpuctl tenants apply replaces --quota (\"\": no cluster mode)",
+		"with --etcd: how long after this mediator dies, or loses etcd, its cluster-wide reservations return")
 	clusterID = flag.String("cluster-id", "", "with --etcd: this mediator's name in the cluster, unique among live mediators; a mediator restarted with it takes back its reservations (\"\": the host name)")
 )
 
 // joinCluster fills in cfg.Cluster when --etcd is given, returning what
 // closes the etcd session (revoking its lease) after the mediator closed.
 func joinCluster(cfg *mediator.Config, log logrus.FieldLogger) (leave func(), err error) {
-	if *etcdFlag == "" {
+	if !etcdFlags.Enabled() {
 		return func() {}, nil
-	}
-	endpoints, err := cluster.ParseEndpoints(*etcdFlag)
-	if err != nil {
-		return nil, fmt.Errorf("--etcd: %w", err)
 	}
 	id := *clusterID
 	if id == "" {
@@ -42,15 +36,11 @@ func joinCluster(cfg *mediator.Config, log logrus.FieldLogger) (leave func(), er
 	if strings.Contains(id, "/") {
 		return nil, fmt.Errorf("--cluster-id %q: want a name without '/': %w", id, api.ErrInvalidArgument)
 	}
-	tlsCfg, err := cluster.TLSFiles(*etcdCert, *etcdKey, *etcdCA)
-	if err != nil {
-		return nil, err
-	}
-	s, err := cluster.Connect(cluster.Options{Endpoints: endpoints, TTL: *etcdTTL, TLS: tlsCfg, Log: log.WithField("component", "cluster")})
+	s, err := etcdFlags.Connect(log.WithField("component", "cluster"))
 	if err != nil {
 		return nil, err
 	}
 	cfg.Cluster = &mediator.ClusterConfig{Session: s, ID: id}
-	log.WithFields(map[string]any{"etcd": endpoints, "id": id, "ttl": etcdTTL.String()}).Info("cluster mode")
+	log.WithFields(map[string]any{"etcd": s.Options().Endpoints, "id": id, "ttl": s.Options().TTL.String()}).Info("cluster mode")
 	return func() { s.Close() }, nil
 }

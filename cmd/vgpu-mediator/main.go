@@ -92,7 +92,7 @@ func main() {
 	} else {
 		cfg.TenantMemory = n
 	}
-	if tc, err := nodeTLS(*tlsCert, *tlsKey, *tlsCA, len(nodes) > 0 || *etcdFlag != ""); err != nil {
+	if tc, err := nodeTLS(*tlsCert, *tlsKey, *tlsCA, len(nodes) > 0 || etcdFlags.Enabled()); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(2)
 	} else {

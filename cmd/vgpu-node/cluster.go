@@ -18,11 +18,9 @@ import (
 
 // Cluster mode's flags, kept here with the code they drive.
 var (
-	etcdFlag  = flag.String("etcd", "", "etcd endpoints, comma-separated (host:port or URLs): register this node and its devices there, under a lease kept alive, for mediators started with --etcd (\"\": no cluster mode)")
-	etcdCert  = flag.String("etcd-cert", "", "with --etcd over https: client certificate (PEM) where etcd requires one; with --etcd-key and --etcd-ca")
-	etcdKey   = flag.String("etcd-key", "", "with --etcd-cert: its private key (PEM)")
-	etcdCA    = flag.String("etcd-ca", "", "with --etcd over https: the CA (PEM) that signed etcd's serving certificate")
-	etcdTTL   = flag.Duration("etcd-ttl", cluster.DefaultTTL, "with --etcd: how long after this node dies, or loses etcd, mediators stop placing on it")
+	etcdFlags = cluster.AddFlags(flag.CommandLine,
+		"etcd endpoints, comma-separated (host:port or URLs): register this node and its devices there, under a lease kept alive, for mediators started with --etcd (\"\": no cluster mode)",
+		"with --etcd: how long after this node dies, or loses etcd, mediators stop placing on it")
 	advertise = flag.String("advertise", "", "with --etcd: the host:port mediators dial (\"\": the --listen address, which must then not be 0.0.0.0 or [::])")
 )
 
@@ -34,22 +32,14 @@ const refreshInterval = 2 * time.Second
 // given, and keeps its entry current until the returned function is
 // called. Without --etcd it does nothing.
 func joinCluster(node *accelerator.Node, addr net.Addr, tlsCfg *tls.Config, log logrus.FieldLogger) (leave func(), err error) {
-	if *etcdFlag == "" {
+	if !etcdFlags.Enabled() {
 		return func() {}, nil
-	}
-	endpoints, err := cluster.ParseEndpoints(*etcdFlag)
-	if err != nil {
-		return nil, fmt.Errorf("--etcd: %w", err)
 	}
 	at, err := advertised(*advertise, addr)
 	if err != nil {
 		return nil, err
 	}
-	etcdTLS, err := cluster.TLSFiles(*etcdCert, *etcdKey, *etcdCA)
-	if err != nil {
-		return nil, err
-	}
-	s, err := cluster.Connect(cluster.Options{Endpoints: endpoints, TTL: *etcdTTL, TLS: etcdTLS, Log: log})
+	s, err := etcdFlags.Connect(log)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +66,7 @@ func joinCluster(node *accelerator.Node, addr net.Addr, tlsCfg *tls.Config, log 
 			}
 		}
 	}()
-	log.WithFields(map[string]any{"etcd": endpoints, "advertise": at, "ttl": etcdTTL.String()}).Info("registered in the cluster")
+	log.WithFields(map[string]any{"etcd": s.Options().Endpoints, "advertise": at, "ttl": s.Options().TTL.String()}).Info("registered in the cluster")
 	return func() {
 		cancel()
 		s.Close() // revokes the lease: mediators see the node go at once; ends an update in flight
