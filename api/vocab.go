@@ -73,11 +73,3 @@ var (
 	FormatSize = vocab.FormatSize
 	ExtentsLen = vocab.ExtentsLen
 )
-
-// Container socket directories on the host (vocab/paths.go).
-const NoNamespace = vocab.NoNamespace
-
-// ContainerSocketDir is vocab.HostSocketDir: the container's socket
-// directory on the host, not the path it is mounted at in the container
-// (vocab.InContainerSocketDir).
-var ContainerSocketDir = vocab.HostSocketDir

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/client"
 )
 
@@ -144,7 +145,7 @@ func TestRegistrationsSurviveMediatorKill(t *testing.T) {
 	r := newRestartable(t)
 	r.start()
 	live, doomed := sleeping(t), sleeping(t)
-	runtimeDir := api.ContainerSocketDir(r.containerDir(), "moby", "live")
+	runtimeDir := vocab.HostSocketDir(r.containerDir(), "moby", "live")
 	if err := os.MkdirAll(runtimeDir, 0o755); err != nil { // the runtime's, before its hook registers
 		t.Fatal(err)
 	}

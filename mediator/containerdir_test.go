@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	runtimehook "github.com/vgpu/vgpu/runtime-hook"
 )
 
@@ -51,7 +52,7 @@ func waitReleasing(t *testing.T, m *Mediator, k ctrKey) {
 func TestReleaseKeepsTheRestartedContainersDirectory(t *testing.T) {
 	m, _ := startLimited(t)
 	k := ctrKey{"moby", "r1"}
-	dir := api.ContainerSocketDir(m.cfg.ContainerDir, k.namespace, k.id)
+	dir := vocab.HostSocketDir(m.cfg.ContainerDir, k.namespace, k.id)
 	reg := api.Register{Container: k.id, Namespace: k.namespace, Tenant: "t", Memory: 8 << 20, Devices: 1, Pid: uint32(os.Getpid()), SocketDir: dir}
 	if err := os.MkdirAll(dir, 0o755); err != nil { // the wrapper's, at create
 		t.Fatal(err)
@@ -115,7 +116,7 @@ func TestReleaseKeepsTheRestartedContainersDirectory(t *testing.T) {
 // container's, so the registration fails rather than make it.
 func TestRuntimeRegistrationNeedsItsDirectory(t *testing.T) {
 	m, _ := startLimited(t)
-	dir := api.ContainerSocketDir(m.cfg.ContainerDir, "moby", "gone")
+	dir := vocab.HostSocketDir(m.cfg.ContainerDir, "moby", "gone")
 	_, err := m.Register(api.Register{Container: "gone", Namespace: "moby", Tenant: "t", Memory: 8 << 20, Devices: 1, SocketDir: dir})
 	if !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(fmt.Sprint(err), dir) {
 		t.Fatalf("register without the runtime's directory: %v", err)
@@ -133,14 +134,14 @@ func TestRuntimeRegistrationNeedsItsDirectory(t *testing.T) {
 // directory: one put in its place since is someone else's.
 func TestReleaseRemovesOnlyItsOwnDirectory(t *testing.T) {
 	m, _ := startLimited(t)
-	dir := api.ContainerSocketDir(m.cfg.ContainerDir, "", "c1")
+	dir := vocab.HostSocketDir(m.cfg.ContainerDir, "", "c1")
 	if err := m.Release("", "c1"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the mediator's directory left after the release: %v", err)
 	}
-	dir2 := api.ContainerSocketDir(m.cfg.ContainerDir, "", "c2")
+	dir2 := vocab.HostSocketDir(m.cfg.ContainerDir, "", "c2")
 	if err := os.Rename(dir2, dir2+".old"); err != nil {
 		t.Fatal(err)
 	}

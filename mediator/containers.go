@@ -327,7 +327,7 @@ func (m *Mediator) Reload() error {
 // the tenant's quota and opens the container's own socket. A container is
 // named by its containerd namespace and id together; an empty namespace
 // (plain runc, without one) is a namespace of its own, whose containers'
-// directories are in api.NoNamespace.
+// directories are in vocab.NoNamespace.
 func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if _, err := vocab.ParseContainerID(r.Container); err != nil {
 		return nil, fmt.Errorf("register: %w", err)

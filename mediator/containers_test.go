@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/internal/testenv"
 	"github.com/vgpu/vgpu/mediator"
@@ -499,7 +500,7 @@ func TestOneIDInTwoNamespaces(t *testing.T) {
 		if err != nil {
 			t.Fatalf("namespace %q: %v", r.ns, err)
 		}
-		if want := filepath.Join(api.ContainerSocketDir(cs.dir, r.ns, id), mediator.SocketName); reply.Socket != want || reply.Tenant != r.tenant {
+		if want := filepath.Join(vocab.HostSocketDir(cs.dir, r.ns, id), mediator.SocketName); reply.Socket != want || reply.Tenant != r.tenant {
 			t.Fatalf("namespace %q: reply %+v, want socket %s, tenant %s", r.ns, reply, want, r.tenant)
 		}
 		sockets[r.ns] = reply.Socket

@@ -13,6 +13,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/mediator"
 	"github.com/vgpu/vgpu/memory"
@@ -184,7 +185,7 @@ func TestDedupChargeCreditsSealedWeights(t *testing.T) {
 			wantCharged(t, op, tc.tenant, 0, 0)
 			// The container's budget takes the full weights again after a
 			// session end returns a credited allocation.
-			c2, err := client.Dial(client.Options{Socket: filepath.Join(cs.dir, api.NoNamespace, id, mediator.SocketName)})
+			c2, err := client.Dial(client.Options{Socket: filepath.Join(cs.dir, vocab.NoNamespace, id, mediator.SocketName)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -323,7 +324,7 @@ func TestDedupChargeNeverDrifts(t *testing.T) {
 			i := rapid.IntRange(0, 1).Draw(rt, "session")
 			s := sessions[k][i]
 			if s == nil {
-				sock := filepath.Join(cs.dir, api.NoNamespace, fmt.Sprintf("drift%d-%s", run, tn.name), mediator.SocketName)
+				sock := filepath.Join(cs.dir, vocab.NoNamespace, fmt.Sprintf("drift%d-%s", run, tn.name), mediator.SocketName)
 				c, err := client.Dial(client.Options{Socket: sock})
 				if err != nil {
 					rt.Fatalf("step %d: dial: %v", step, err)

@@ -15,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/isolation"
 )
 
@@ -23,7 +24,7 @@ func testRegistration(ns, id string) registration {
 	g := isolation.Grant{Namespace: ns, Container: id, Tenant: "team-a", Memory: 8 << 20, Compute: 2, Devices: 1}
 	t := &isolation.Tenant{Name: "team-a", Memory: 64 << 20, Compute: 3, ComputeMax: 0.5, Bandwidth: 1 << 30, MaxContainers: 4,
 		DefaultMemory: 1 << 20, Oversubscribe: 1.5, DedupCharge: 0.25}
-	return newRegistration(g, t, process{pid: 1234, start: 5678}, "boot", api.ContainerSocketDir("/run/vgpu/containers", ns, id), ns != "")
+	return newRegistration(g, t, process{pid: 1234, start: 5678}, "boot", vocab.HostSocketDir("/run/vgpu/containers", ns, id), ns != "")
 }
 
 // openStore opens the store in dir, failing the test on an error.

@@ -26,7 +26,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // process names a container's init process: its pid and, where it could be
@@ -128,7 +128,7 @@ func (m *Mediator) restore(got loaded) {
 // otherwise removes what is left of its socket. Nothing of it stays
 // reserved or open if it fails.
 func (m *Mediator) restoreOne(r registration) error {
-	dir := api.ContainerSocketDir(m.cfg.ContainerDir, r.Namespace, r.Container)
+	dir := vocab.HostSocketDir(m.cfg.ContainerDir, r.Namespace, r.Container)
 	if r.SocketDir != dir {
 		return fmt.Errorf("its socket directory %s is not where --container-dir %s puts it, %s", r.SocketDir, m.cfg.ContainerDir, dir)
 	}

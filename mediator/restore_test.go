@@ -16,6 +16,7 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/isolation"
 )
@@ -184,7 +185,7 @@ func TestRegistrationsSurviveARestart(t *testing.T) {
 	h := newHost(t)
 	h.start()
 	live, doomed := sleeper(t), sleeper(t)
-	runtimeDir := api.ContainerSocketDir(h.containerDir(), "moby", "live")
+	runtimeDir := vocab.HostSocketDir(h.containerDir(), "moby", "live")
 	if err := os.MkdirAll(runtimeDir, 0o755); err != nil { // the runtime's, before its hook registers
 		t.Fatal(err)
 	}
@@ -235,7 +236,7 @@ func TestRegistrationsSurviveARestart(t *testing.T) {
 	if err := h.med.Release("", "noproc"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Lstat(api.ContainerSocketDir(h.containerDir(), "", "noproc")); !os.IsNotExist(err) {
+	if _, err := os.Lstat(vocab.HostSocketDir(h.containerDir(), "", "noproc")); !os.IsNotExist(err) {
 		t.Fatalf("a restored container's socket directory, which the mediator made, after its release: %v, want it removed", err)
 	}
 	out = h.start()
@@ -318,7 +319,7 @@ func TestRestoreDropsWhatItCannotRestore(t *testing.T) {
 	limits := &isolation.Tenant{Name: "team-a", Memory: 64 << 20, Compute: 1, Oversubscribe: 1, DedupCharge: 1}
 	reg := func(id string, p process, byRuntime bool) registration {
 		g := isolation.Grant{Namespace: "moby", Container: id, Tenant: "team-a", Memory: 1 << 20, Compute: 1, Devices: 1}
-		return newRegistration(g, limits, p, h.med.boot, api.ContainerSocketDir(h.containerDir(), "moby", id), byRuntime)
+		return newRegistration(g, limits, p, h.med.boot, vocab.HostSocketDir(h.containerDir(), "moby", id), byRuntime)
 	}
 	good := reg("good", self, false)
 	reused := reg("reused", process{self.pid, self.start + 1}, false)
@@ -346,7 +347,7 @@ func TestRestoreDropsWhatItCannotRestore(t *testing.T) {
 	if ti := h.tenant("team-a"); ti.Containers != 1 || ti.Reserved != 1<<20 {
 		t.Fatalf("team-a: %+v, want the good registration alone", ti)
 	}
-	if _, err := os.Lstat(filepath.Join(api.ContainerSocketDir(h.containerDir(), "moby", "good"), SocketName)); err != nil {
+	if _, err := os.Lstat(filepath.Join(vocab.HostSocketDir(h.containerDir(), "moby", "good"), SocketName)); err != nil {
 		t.Fatalf("the good registration's socket: %v", err)
 	}
 	out = h.start()
@@ -392,7 +393,7 @@ func TestUnrecordedRegistrationIsRefused(t *testing.T) {
 	if ti := h.tenant("team-a"); ti.Containers != 0 || ti.Reserved != 0 {
 		t.Fatalf("a refused registration holds %+v", ti)
 	}
-	if _, err := os.Lstat(api.ContainerSocketDir(h.containerDir(), "moby", "c")); !os.IsNotExist(err) {
+	if _, err := os.Lstat(vocab.HostSocketDir(h.containerDir(), "moby", "c")); !os.IsNotExist(err) {
 		t.Fatalf("a refused registration's socket directory: %v", err)
 	}
 }

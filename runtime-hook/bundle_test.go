@@ -334,7 +334,7 @@ func TestPrepareSocketDir(t *testing.T) {
 		t.Fatalf("mode %v", fi.Mode().Perm())
 	}
 	// One id in another namespace, and without one, is another directory.
-	for ns, want := range map[string]string{"k8s.io": filepath.Join(state, "k8s.io", "c1"), "": filepath.Join(state, api.NoNamespace, "c1")} {
+	for ns, want := range map[string]string{"k8s.io": filepath.Join(state, "k8s.io", "c1"), "": filepath.Join(state, vocab.NoNamespace, "c1")} {
 		if got, err := PrepareSocketDir(state, ns, "c1"); err != nil || got != want {
 			t.Errorf("namespace %q: PrepareSocketDir = %q, %v; want %q", ns, got, err, want)
 		}
