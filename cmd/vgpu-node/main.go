@@ -20,39 +20,70 @@ import (
 	"github.com/vgpu/vgpu/metrics"
 )
 
-func main() {
-	listen := flag.String("listen", "127.0.0.1:7070", "address to serve mediators on (host:port)")
-	backend := flag.String("backend", "sim", "device backend: sim (memory in host RAM, kernels on CPU) or cuda (NVIDIA GPUs through the CUDA driver and NVML, docs/backends.md)")
-	devices := flag.String("devices", "", "sim: number of devices (default 1); cuda: the GPUs to serve, by index or UUID, comma-separated (default all)")
-	memory := flag.String("memory", "", "memory per device, a multiple of 2MiB (sim: default 16GiB, committed lazily; cuda: default all of each GPU's but 2GiB)")
-	tlsCert := flag.String("tls-cert", "", "node certificate (PEM, from vgpuctl certs init); with --tls-key and --tls-ca the node serves mutual TLS only")
-	tlsKey := flag.String("tls-key", "", "node certificate's private key (PEM)")
-	tlsCA := flag.String("tls-ca", "", "cluster CA certificate (PEM): only mediator certificates it signed may connect")
-	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
-	medTimeout := flag.Duration("mediator-timeout", accelerator.DefaultMediatorTimeout,
+// options is vgpu-node's command line, one field per flag.
+type options struct {
+	listen, backend, devices, memory string
+	tlsCert, tlsKey, tlsCA           string
+	level                            string
+	mediatorTimeout                  time.Duration
+	retainWeights                    string
+	metricsAddr                      string
+	reattachGrace                    time.Duration
+	version                          bool
+
+	retain retention // --retain-weights, as check read it
+}
+
+// addFlags defines vgpu-node's flags on fs, returning the options they fill
+// in when fs is parsed.
+func addFlags(fs *flag.FlagSet) *options {
+	o := &options{}
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:7070", "address to serve mediators on (host:port)")
+	fs.StringVar(&o.backend, "backend", "sim", "device backend: sim (memory in host RAM, kernels on CPU) or cuda (NVIDIA GPUs through the CUDA driver and NVML, docs/backends.md)")
+	fs.StringVar(&o.devices, "devices", "", "sim: number of devices (default 1); cuda: the GPUs to serve, by index or UUID, comma-separated (default all)")
+	fs.StringVar(&o.memory, "memory", "", "memory per device, a multiple of 2MiB (sim: default 16GiB, committed lazily; cuda: default all of each GPU's but 2GiB)")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "node certificate (PEM, from vgpuctl certs init); with --tls-key and --tls-ca the node serves mutual TLS only")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "node certificate's private key (PEM)")
+	fs.StringVar(&o.tlsCA, "tls-ca", "", "cluster CA certificate (PEM): only mediator certificates it signed may connect")
+	fs.StringVar(&o.level, "log-level", "info", "log level: debug, info, warn, error")
+	fs.DurationVar(&o.mediatorTimeout, "mediator-timeout", accelerator.DefaultMediatorTimeout,
 		"drop a mediator's connection, freeing its memory, once its host has been silent this long (no TCP acknowledgement, no keepalive answer; a quiet mediator is not silent); at least 2s")
-	retainFlag := flag.String("retain-weights", "all",
+	fs.StringVar(&o.retainWeights, "retain-weights", "all",
 		"keep sealed frames (weights) whose holders freed them, until an allocation needs the memory, so that a tenant loading the same weights again is not sent them: "+
 			"all (as much as free memory holds), a size per device (the least recently used beyond it are scrubbed; on sim, retained frames hold host RAM), or off")
-	metricsAddr := flag.String("metrics", "", "serve Prometheus metrics at /metrics on this address, such as 127.0.0.1:9400 (\"\": don't)")
-	grace := flag.Duration("reattach-grace", accelerator.DefaultReattachGrace,
+	fs.StringVar(&o.metricsAddr, "metrics", "", "serve Prometheus metrics at /metrics on this address, such as 127.0.0.1:9400 (\"\": don't)")
+	fs.DurationVar(&o.reattachGrace, "reattach-grace", accelerator.DefaultReattachGrace,
 		"how long the device memory of a mediator whose connection dropped (a crash, a restart) is kept for it to reclaim; then it is scrubbed and freed (0: at once)")
-	showVersion := flag.Bool("version", false, "print the version and exit")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	return o
+}
+
+// check reads the flags that are wrong whatever the host (exit status 2);
+// its errors name the flag and wrap api.ErrInvalidArgument.
+func (o *options) check() error {
+	if err := api.CheckPeerTimeout(o.mediatorTimeout); err != nil {
+		return fmt.Errorf("--mediator-timeout: %w", err)
+	}
+	retain, err := parseRetain(o.retainWeights)
+	if err != nil {
+		return fmt.Errorf("--retain-weights: %w", err)
+	}
+	o.retain = retain
+	return nil
+}
+
+func main() {
+	o := addFlags(flag.CommandLine)
 	flag.Parse()
-	if *showVersion {
+	if o.version {
 		fmt.Println(version.String("vgpu-node"))
 		return
 	}
-	if err := api.CheckPeerTimeout(*medTimeout); err != nil {
-		fmt.Fprintln(os.Stderr, "vgpu-node: --mediator-timeout:", err)
+	if err := o.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "vgpu-node:", err)
 		os.Exit(2)
 	}
-	retain, err := parseRetain(*retainFlag)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "vgpu-node: --retain-weights:", err)
-		os.Exit(2)
-	}
-	if err := run(*listen, *backend, *devices, *memory, *level, *tlsCert, *tlsKey, *tlsCA, *medTimeout, retain, *metricsAddr, graceOption(*grace)); err != nil {
+	if err := run(*o); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-node:", err)
 		os.Exit(1)
 	}
@@ -133,15 +164,16 @@ func retainText(r retention) string {
 	return api.FormatSize(r.max) + " per device"
 }
 
-func run(listen, backend, devices, memory, level, tlsCert, tlsKey, tlsCA string, medTimeout time.Duration, retain retention, metricsAddr string, reattachGrace time.Duration) error {
-	log, err := daemon.Logger("vgpu-node", level)
+func run(o options) error {
+	log, err := daemon.Logger("vgpu-node", o.level)
 	if err != nil {
 		return err
 	}
-	if backend != "sim" && backend != "cuda" {
-		return fmt.Errorf("--backend %q: want sim or cuda: %w", backend, api.ErrInvalidArgument)
+	if o.backend != "sim" && o.backend != "cuda" {
+		return fmt.Errorf("--backend %q: want sim or cuda: %w", o.backend, api.ErrInvalidArgument)
 	}
-	if memory == "" && backend == "sim" {
+	memory := o.memory
+	if memory == "" && o.backend == "sim" {
 		memory = "16GiB"
 	}
 	var size uint64 // 0: cuda's default
@@ -150,27 +182,27 @@ func run(listen, backend, devices, memory, level, tlsCert, tlsKey, tlsCA string,
 			return fmt.Errorf("--memory: %w", err)
 		}
 	}
-	tlsCfg, err := nodeTLS(tlsCert, tlsKey, tlsCA)
+	tlsCfg, err := nodeTLS(o.tlsCert, o.tlsKey, o.tlsCA)
 	if err != nil {
 		return err
 	}
-	opts := accelerator.SimOptions{TLS: tlsCfg, MediatorTimeout: medTimeout, NoRetention: retain.off, RetainMax: retain.max}
-	opts.ReattachGrace = reattachGrace
+	opts := accelerator.SimOptions{TLS: tlsCfg, MediatorTimeout: o.mediatorTimeout, NoRetention: o.retain.off, RetainMax: o.retain.max,
+		ReattachGrace: graceOption(o.reattachGrace)}
 	var requests *metrics.Requests // latency and errors of the mediators' requests
-	if metricsAddr != "" {
+	if o.metricsAddr != "" {
 		requests = metrics.NewRequests(false)
 		opts.Requests = requests
 	}
-	node, addr, err := startNode(listen, backend, devices, size, opts, log)
+	node, addr, err := startNode(o.listen, o.backend, o.devices, size, opts, log)
 	if err != nil {
 		return err
 	}
-	if metricsAddr != "" {
+	if o.metricsAddr != "" {
 		dedup := func() metrics.Dedup {
 			c := node.ContentStats()
 			return metrics.Dedup{Lookups: c.Lookups, Hits: c.Hits, Saved: c.Saved, Sealed: c.Sealed}
 		}
-		srv, err := metrics.Start(metricsAddr, log.WithField("component", "metrics"), metrics.NewNodeCollector(addr.String(), node.Status, dedup), requests)
+		srv, err := metrics.Start(o.metricsAddr, log.WithField("component", "metrics"), metrics.NewNodeCollector(addr.String(), node.Status, dedup), requests)
 		if err != nil {
 			return errors.Join(err, node.Close())
 		}
@@ -184,8 +216,8 @@ func run(listen, backend, devices, memory, level, tlsCert, tlsKey, tlsCA string,
 		return err
 	}
 	defer leave()
-	log.WithFields(map[string]any{"addr": addr.String(), "devices": devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil,
-		"mediator_timeout": medTimeout.String(), "retain_weights": retainText(retain), "reattach_grace": max(reattachGrace, 0).String()}).Info("serving")
+	log.WithFields(map[string]any{"addr": addr.String(), "devices": o.devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil,
+		"mediator_timeout": o.mediatorTimeout.String(), "retain_weights": retainText(o.retain), "reattach_grace": max(graceOption(o.reattachGrace), 0).String()}).Info("serving")
 	daemon.RunUntilStopped(log, func() error { return nil }) // a node has nothing to reload
 	return node.Close()
 }
