@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -419,3 +420,86 @@ func TestStartBeyondLoopbackWarns(t *testing.T) {
 		t.Errorf("Start on loopback logged %v, want nothing", hook.AllEntries())
 	}
 }
+
+// gpuNode is a cuda node of three devices: an H200 with every reading, a
+// GPU without power or ECC readings, and one NVML could not read.
+func gpuNode() api.NodeStatus {
+	s := api.NodeStatus{Backend: "cuda", Connections: 1}
+	for i, g := range []*api.GPUStatus{
+		{Index: 0, UUID: "GPU-aaaa", PCIBusID: "00000000:19:00.0", MIG: "disabled", Memory: 141 << 30, MemoryUsed: 70 << 30,
+			Utilization: 87, TemperatureC: 64, PowerMilliwatts: 512_250, ECCCorrected: 3, ECCUncorrected: 1},
+		{Index: 3, UUID: "GPU-bbbb", PCIBusID: "00000000:3b:00.0", MIG: "unsupported", Memory: 24 << 30, MemoryUsed: mib,
+			Utilization: 5, TemperatureC: 41, Unsupported: []string{"power", "ecc"}},
+		{Index: 5, UUID: "GPU-cccc", PCIBusID: "00000000:5d:00.0", MIG: "enabled", Memory: 141 << 30,
+			Error: "NVML: GPU 5 (GPU-cccc): temperature: ERROR_GPU_IS_LOST: unavailable"},
+	} {
+		s.Devices = append(s.Devices, api.DeviceStatus{Index: uint32(i), Name: "cuda" + strconv.Itoa(i), Memory: 64 * mib, Frames: 32, Free: 32, GPU: g})
+	}
+	return s
+}
+
+// Each device's GPU is exported with the readings it has, by both
+// collectors; the families lint clean.
+func TestGPUMetrics(t *testing.T) {
+	want := `
+# HELP vgpu_gpu_info The NVIDIA GPU behind a cuda device: its NVML index, UUID, PCI bus id and MIG mode; always 1.
+# TYPE vgpu_gpu_info gauge
+vgpu_gpu_info{device="0",gpu="0",mig="disabled",node="10.0.0.1:7070",pci_bus_id="00000000:19:00.0",uuid="GPU-aaaa"} 1
+vgpu_gpu_info{device="1",gpu="3",mig="unsupported",node="10.0.0.1:7070",pci_bus_id="00000000:3b:00.0",uuid="GPU-bbbb"} 1
+vgpu_gpu_info{device="2",gpu="5",mig="enabled",node="10.0.0.1:7070",pci_bus_id="00000000:5d:00.0",uuid="GPU-cccc"} 1
+# HELP vgpu_gpu_up 1 if NVML read the GPU's telemetry at this scrape, else 0 (a GPU fallen off the bus).
+# TYPE vgpu_gpu_up gauge
+vgpu_gpu_up{device="0",node="10.0.0.1:7070"} 1
+vgpu_gpu_up{device="1",node="10.0.0.1:7070"} 1
+vgpu_gpu_up{device="2",node="10.0.0.1:7070"} 0
+# HELP vgpu_gpu_utilization_ratio Part of the last sample period in which a kernel ran on the GPU (0 to 1), by any process.
+# TYPE vgpu_gpu_utilization_ratio gauge
+vgpu_gpu_utilization_ratio{device="0",node="10.0.0.1:7070"} 0.87
+vgpu_gpu_utilization_ratio{device="1",node="10.0.0.1:7070"} 0.05
+# HELP vgpu_gpu_memory_total_bytes Memory of the GPU, of which the device serves part.
+# TYPE vgpu_gpu_memory_total_bytes gauge
+vgpu_gpu_memory_total_bytes{device="0",node="10.0.0.1:7070"} 1.51397597184e+11
+vgpu_gpu_memory_total_bytes{device="1",node="10.0.0.1:7070"} 2.5769803776e+10
+vgpu_gpu_memory_total_bytes{device="2",node="10.0.0.1:7070"} 1.51397597184e+11
+# HELP vgpu_gpu_memory_used_bytes GPU memory used by every process on the GPU.
+# TYPE vgpu_gpu_memory_used_bytes gauge
+vgpu_gpu_memory_used_bytes{device="0",node="10.0.0.1:7070"} 7.516192768e+10
+vgpu_gpu_memory_used_bytes{device="1",node="10.0.0.1:7070"} 1.048576e+06
+# HELP vgpu_gpu_temperature_celsius Temperature of the GPU die.
+# TYPE vgpu_gpu_temperature_celsius gauge
+vgpu_gpu_temperature_celsius{device="0",node="10.0.0.1:7070"} 64
+vgpu_gpu_temperature_celsius{device="1",node="10.0.0.1:7070"} 41
+# HELP vgpu_gpu_power_watts Power the GPU draws now.
+# TYPE vgpu_gpu_power_watts gauge
+vgpu_gpu_power_watts{device="0",node="10.0.0.1:7070"} 512.25
+# HELP vgpu_gpu_ecc_errors_total Memory ECC errors since the driver loaded (volatile), by type (corrected, uncorrected).
+# TYPE vgpu_gpu_ecc_errors_total counter
+vgpu_gpu_ecc_errors_total{device="0",node="10.0.0.1:7070",type="corrected"} 3
+vgpu_gpu_ecc_errors_total{device="0",node="10.0.0.1:7070",type="uncorrected"} 1
+`
+	names := []string{"vgpu_gpu_info", "vgpu_gpu_up", "vgpu_gpu_utilization_ratio", "vgpu_gpu_memory_total_bytes", "vgpu_gpu_memory_used_bytes",
+		"vgpu_gpu_temperature_celsius", "vgpu_gpu_power_watts", "vgpu_gpu_ecc_errors_total"}
+	node := NewNodeCollector("10.0.0.1:7070", gpuNode, func() Dedup { return Dedup{} })
+	med := NewMediatorCollector(gpuMediator{})
+	for name, c := range map[string]prometheus.Collector{"node": node, "mediator": med} {
+		t.Run(name, func(t *testing.T) {
+			lint(t, c)
+			compare(t, c, want, names...)
+		})
+	}
+	// A sim node has none of them.
+	if n := testutil.CollectAndCount(NewNodeCollector("10.0.0.1:7070", nodeStatus, func() Dedup { return Dedup{} }), names...); n != 0 {
+		t.Errorf("a sim node exports %d GPU series, want none", n)
+	}
+}
+
+// gpuMediator is a mediator whose one node is gpuNode.
+type gpuMediator struct{}
+
+func (gpuMediator) Status() api.Status {
+	s := gpuNode()
+	s.Addr = "10.0.0.1:7070"
+	return api.Status{Nodes: []api.NodeStatus{s}}
+}
+
+func (gpuMediator) Tenants() []api.TenantInfo { return nil }

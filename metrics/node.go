@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,11 +44,25 @@ var (
 	cohExpired  = desc("vgpu_coherence_lease_expiries_total", "Invalidations a write stopped waiting for because the holder's lease ran out.", "node")
 	cohVersions = desc("vgpu_coherence_versions", "Published versions of versioned objects the node keeps in host memory.", "node")
 	cohVerBytes = desc("vgpu_coherence_version_bytes", "Size of those versions.", "node")
+
+	// The GPU behind a cuda device, as NVML reads it at each status request
+	// (api.GPUStatus); no series for other backends. A reading the GPU does
+	// not offer has no series; a GPU NVML could not read has vgpu_gpu_up 0
+	// and its info.
+	gpuInfo     = desc("vgpu_gpu_info", "The NVIDIA GPU behind a cuda device: its NVML index, UUID, PCI bus id and MIG mode; always 1.", "node", "device", "gpu", "uuid", "pci_bus_id", "mig")
+	gpuUp       = desc("vgpu_gpu_up", "1 if NVML read the GPU's telemetry at this scrape, else 0 (a GPU fallen off the bus).", "node", "device")
+	gpuUtil     = desc("vgpu_gpu_utilization_ratio", "Part of the last sample period in which a kernel ran on the GPU (0 to 1), by any process.", "node", "device")
+	gpuMemTotal = desc("vgpu_gpu_memory_total_bytes", "Memory of the GPU, of which the device serves part.", "node", "device")
+	gpuMemUsed  = desc("vgpu_gpu_memory_used_bytes", "GPU memory used by every process on the GPU.", "node", "device")
+	gpuTemp     = desc("vgpu_gpu_temperature_celsius", "Temperature of the GPU die.", "node", "device")
+	gpuPower    = desc("vgpu_gpu_power_watts", "Power the GPU draws now.", "node", "device")
+	gpuECC      = desc("vgpu_gpu_ecc_errors_total", "Memory ECC errors since the driver loaded (volatile), by type (corrected, uncorrected).", "node", "device", "type")
 )
 
 var nodeDescs = []*prometheus.Desc{nodeUp, nodeConnections, deviceInfo, deviceTotal, deviceUsed, deviceFree, deviceRetained, deviceLaunches,
 	shareTime, shareRatio, shareWeight, shareCap, shareThrottle, shareLaunches,
-	cohObjects, cohReads, cohWrites, cohInvals, cohAcks, cohExpired, cohVersions, cohVerBytes}
+	cohObjects, cohReads, cohWrites, cohInvals, cohAcks, cohExpired, cohVersions, cohVerBytes,
+	gpuInfo, gpuUp, gpuUtil, gpuMemTotal, gpuMemUsed, gpuTemp, gpuPower, gpuECC}
 
 // collectNode sends the metrics of st, the status of the node at addr.
 // A status with an error (a node a mediator could not reach) gives
@@ -72,6 +87,9 @@ func collectNode(ch chan<- prometheus.Metric, addr string, st api.NodeStatus) {
 		gauge(deviceFree, float64(uint64(d.Free)*frame), addr, dev)
 		gauge(deviceRetained, float64(uint64(d.Retained)*frame), addr, dev)
 		counter(deviceLaunches, float64(d.Launches), addr, dev)
+		if d.GPU != nil {
+			collectGPU(gauge, counter, addr, dev, d.GPU)
+		}
 	}
 	total := map[uint32]float64{} // device time charged on each device
 	for _, s := range st.Shares {
@@ -101,6 +119,40 @@ func collectNode(ch chan<- prometheus.Metric, addr string, st api.NodeStatus) {
 	counter(cohExpired, float64(c.Expired), addr)
 	gauge(cohVersions, float64(c.Versions), addr)
 	gauge(cohVerBytes, float64(c.VersionBytes), addr)
+}
+
+// collectGPU sends the metrics of g, the GPU behind device dev of the node
+// at addr: its info and up always, each reading it offers when NVML could
+// read them.
+func collectGPU(gauge, counter func(d *prometheus.Desc, v float64, labels ...string), addr, dev string, g *api.GPUStatus) {
+	gauge(gpuInfo, 1, addr, dev, strconv.Itoa(g.Index), g.UUID, g.PCIBusID, g.MIG)
+	gauge(gpuMemTotal, float64(g.Memory), addr, dev)
+	if g.Error != "" {
+		gauge(gpuUp, 0, addr, dev)
+		return
+	}
+	gauge(gpuUp, 1, addr, dev)
+	// offered is whether the GPU has the reading NVML names what
+	// (accelerator/gpus: Telemetry.Unsupported).
+	offered := func(what string) bool { return !slices.Contains(g.Unsupported, what) }
+	if offered("utilization") {
+		gauge(gpuUtil, float64(g.Utilization)/100, addr, dev)
+	}
+	if offered("memory") {
+		gauge(gpuMemUsed, float64(g.MemoryUsed), addr, dev)
+	}
+	if offered("temperature") {
+		gauge(gpuTemp, float64(g.TemperatureC), addr, dev)
+	}
+	if offered("power") {
+		gauge(gpuPower, float64(g.PowerMilliwatts)/1000, addr, dev)
+	}
+	if offered("ecc") { // a GPU without ECC has neither count
+		counter(gpuECC, float64(g.ECCCorrected), addr, dev, "corrected")
+		if offered("ecc uncorrected") {
+			counter(gpuECC, float64(g.ECCUncorrected), addr, dev, "uncorrected")
+		}
+	}
 }
 
 // emitters return functions that send a gauge's and a counter's value to
