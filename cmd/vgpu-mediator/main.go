@@ -37,80 +37,111 @@ type nodeList []string
 func (n *nodeList) String() string     { return strings.Join(*n, ",") }
 func (n *nodeList) Set(v string) error { *n = append(*n, v); return nil }
 
-// metricsAddr is --metrics, read by run.
-var metricsAddr = flag.String("metrics", "", "serve Prometheus metrics at /metrics on this address, such as 127.0.0.1:9400 (\"\": don't)")
+// options is vgpu-mediator's command line, one field per flag (cluster
+// mode's are in cluster.go).
+type options struct {
+	socket, socketMode, socketGroup string
+	nodes                           nodeList
+	embeddedMemory                  string
+	embeddedDevices                 int
+	tenantMemory                    string
+	quota                           string
+	containerDir                    string
+	containerd                      string
+	oversubscribe                   float64
+	hostMemory                      string
+	stateDir                        string
+	tlsCert, tlsKey, tlsCA          string
+	level                           string
+	cacheMemory                     string
+	nodeTimeout                     time.Duration
+	dedup                           bool
+	tenantBandwidth                 uint64
+	page                            statuspage.Config // --http, --http-remote
+	metricsAddr                     string
+	version                         bool
+}
+
+// addFlags defines vgpu-mediator's flags on fs, returning the options they
+// fill in when fs is parsed.
+func addFlags(fs *flag.FlagSet) *options {
+	o := &options{}
+	fs.StringVar(&o.socket, "socket", client.DefaultSocket, "Unix socket to serve tenants and operators on")
+	fs.StringVar(&o.socketMode, "socket-mode", "0666", "permissions of --socket, in octal: who may connect at all (who may act as which tenant is the quota file's [host] table)")
+	fs.StringVar(&o.socketGroup, "socket-group", "", "group of --socket, a name or a gid, for a --socket-mode such as 0660 (\"\": the mediator's)")
+	fs.Var(&o.nodes, "node", "vgpu-node address (host:port); repeat for several; none: run an embedded sim node")
+	fs.StringVar(&o.embeddedMemory, "embedded-memory", "8GiB", "memory per device of the embedded sim node")
+	fs.IntVar(&o.embeddedDevices, "embedded-devices", 1, "devices of the embedded sim node")
+	fs.StringVar(&o.tenantMemory, "tenant-memory", "0", "cap on each host-socket session's device memory (0: none)")
+	fs.StringVar(&o.quota, "quota", "/etc/vgpu/tenants.toml", "tenant quota file (missing: one tenant \"default\" without caps, and any local user may act as any tenant on --socket); reloaded on SIGHUP")
+	fs.StringVar(&o.containerDir, "container-dir", mediator.DefaultContainerDir, "directory of the containers' socket directories")
+	fs.StringVar(&o.containerd, "containerd", "/run/containerd/containerd.sock", "containerd socket to watch for vanished containers (\"\": don't)")
+	fs.Float64Var(&o.oversubscribe, "oversubscribe", 1, "host-socket sessions may allocate this many times --tenant-memory, evicting cold memory to the host; 1 to 16, as the quota file's oversubscribe (1: off)")
+	fs.StringVar(&o.hostMemory, "host-memory", "2GiB", "host RAM for evicted device memory, divided among oversubscribing containers")
+	fs.StringVar(&o.stateDir, "state-dir", defaultStateDir(),
+		"where evicted memory spills past --host-memory and container registrations are kept across restarts, one mediator's alone (\"\": neither; a restarted mediator forgets every container)")
+	fs.StringVar(&o.tlsCert, "node-tls-cert", "", "mediator certificate (PEM, from vgpuctl certs init) for mutual TLS to the --node nodes; with --node-tls-key and --node-tls-ca")
+	fs.StringVar(&o.tlsKey, "node-tls-key", "", "mediator certificate's private key (PEM)")
+	fs.StringVar(&o.tlsCA, "node-tls-ca", "", "cluster CA certificate (PEM): nodes must present a node certificate it signed, for the host dialled")
+	fs.StringVar(&o.level, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&o.cacheMemory, "cache-memory", "256MiB", "host memory for copies of shared buffers' pages, split among the nodes")
+	fs.DurationVar(&o.nodeTimeout, "node-timeout", mediator.DefaultNodeTimeout,
+		"fail the calls on a node, as unavailable, once its host has been silent this long (no TCP acknowledgement, no keepalive answer; a busy node is not silent); at least 2s")
+	fs.BoolVar(&o.dedup, "dedup", true, "send a sealed weight's 2 MiB pieces a node already holds as references, not bytes (a tenant can then tell that contents it has exist on the node)")
+	fs.Func("tenant-bandwidth", "bytes per second each tenant not in the quota file may copy, e.g. 1GiB (0: no cap)", func(v string) (err error) { o.tenantBandwidth, err = api.ParseSize(v); return err })
+	fs.StringVar(&o.page.Addr, "http", "", "serve the operator's status page (nodes, devices, tenants, sessions, charts; /status.json) on this address, such as 127.0.0.1:8080 (\"\": don't)")
+	fs.BoolVar(&o.page.AllowRemote, "http-remote", false, "let --http listen beyond loopback: the page has no authentication and shows every tenant and container")
+	fs.StringVar(&o.metricsAddr, "metrics", "", "serve Prometheus metrics at /metrics on this address, such as 127.0.0.1:9400 (\"\": don't)")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	return o
+}
+
+// config reads the flags that are wrong whatever the host (exit status 2)
+// into the mediator's configuration and its host socket; its errors name
+// the flag and its value and wrap api.ErrInvalidArgument.
+func (o *options) config() (mediator.Config, hostSocket, error) {
+	cfg := mediator.Config{Nodes: o.nodes, Quota: o.quota, ContainerDir: o.containerDir, Oversubscribe: o.oversubscribe, StateDir: o.stateDir,
+		TenantBandwidth: o.tenantBandwidth, NoDedup: !o.dedup, NodeTimeout: o.nodeTimeout}
+	sock, err := hostSocketFlags(o.socket, o.socketMode, o.socketGroup)
+	if err != nil {
+		return cfg, sock, err
+	}
+	if err := api.CheckPeerTimeout(o.nodeTimeout); err != nil {
+		return cfg, sock, fmt.Errorf("--node-timeout: %w", err)
+	}
+	if cfg.TenantMemory, err = hostSessionMemory(o.tenantMemory, o.oversubscribe); err != nil {
+		return cfg, sock, err
+	}
+	if cfg.NodeTLS, err = nodeTLS(o.tlsCert, o.tlsKey, o.tlsCA, len(o.nodes) > 0 || etcdFlags.Enabled()); err != nil {
+		return cfg, sock, err
+	}
+	if cfg.HostMemory, err = api.ParseSize(o.hostMemory); err != nil {
+		return cfg, sock, fmt.Errorf("--host-memory: %w", err)
+	}
+	n, err := api.ParseSize(o.cacheMemory)
+	if err == nil && n == 0 {
+		err = api.ErrInvalidArgument
+	}
+	if err != nil {
+		return cfg, sock, fmt.Errorf("--cache-memory %q: want a positive size: %w", o.cacheMemory, err)
+	}
+	cfg.CacheMemory = int64(n)
+	return cfg, sock, nil
+}
 
 func main() {
-	var nodes nodeList
-	socket := flag.String("socket", client.DefaultSocket, "Unix socket to serve tenants and operators on")
-	sockMode := flag.String("socket-mode", "0666", "permissions of --socket, in octal: who may connect at all (who may act as which tenant is the quota file's [host] table)")
-	sockGroup := flag.String("socket-group", "", "group of --socket, a name or a gid, for a --socket-mode such as 0660 (\"\": the mediator's)")
-	flag.Var(&nodes, "node", "vgpu-node address (host:port); repeat for several; none: run an embedded sim node")
-	embMem := flag.String("embedded-memory", "8GiB", "memory per device of the embedded sim node")
-	embDevs := flag.Int("embedded-devices", 1, "devices of the embedded sim node")
-	tenantMem := flag.String("tenant-memory", "0", "cap on each host-socket session's device memory (0: none)")
-	quota := flag.String("quota", "/etc/vgpu/tenants.toml", "tenant quota file (missing: one tenant \"default\" without caps, and any local user may act as any tenant on --socket); reloaded on SIGHUP")
-	ctrDir := flag.String("container-dir", mediator.DefaultContainerDir, "directory of the containers' socket directories")
-	containerd := flag.String("containerd", "/run/containerd/containerd.sock", "containerd socket to watch for vanished containers (\"\": don't)")
-	oversub := flag.Float64("oversubscribe", 1, "host-socket sessions may allocate this many times --tenant-memory, evicting cold memory to the host; 1 to 16, as the quota file's oversubscribe (1: off)")
-	hostMem := flag.String("host-memory", "2GiB", "host RAM for evicted device memory, divided among oversubscribing containers")
-	stateDir := flag.String("state-dir", defaultStateDir(),
-		"where evicted memory spills past --host-memory and container registrations are kept across restarts, one mediator's alone (\"\": neither; a restarted mediator forgets every container)")
-	tlsCert := flag.String("node-tls-cert", "", "mediator certificate (PEM, from vgpuctl certs init) for mutual TLS to the --node nodes; with --node-tls-key and --node-tls-ca")
-	tlsKey := flag.String("node-tls-key", "", "mediator certificate's private key (PEM)")
-	tlsCA := flag.String("node-tls-ca", "", "cluster CA certificate (PEM): nodes must present a node certificate it signed, for the host dialled")
-	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
-	cacheMem := flag.String("cache-memory", "256MiB", "host memory for copies of shared buffers' pages, split among the nodes")
-	nodeTimeout := flag.Duration("node-timeout", mediator.DefaultNodeTimeout,
-		"fail the calls on a node, as unavailable, once its host has been silent this long (no TCP acknowledgement, no keepalive answer; a busy node is not silent); at least 2s")
-	dedup := flag.Bool("dedup", true, "send a sealed weight's 2 MiB pieces a node already holds as references, not bytes (a tenant can then tell that contents it has exist on the node)")
-	var tenantBW uint64
-	flag.Func("tenant-bandwidth", "bytes per second each tenant not in the quota file may copy, e.g. 1GiB (0: no cap)", func(v string) (err error) { tenantBW, err = api.ParseSize(v); return err })
-	page := statuspage.Config{}
-	flag.StringVar(&page.Addr, "http", "", "serve the operator's status page (nodes, devices, tenants, sessions, charts; /status.json) on this address, such as 127.0.0.1:8080 (\"\": don't)")
-	flag.BoolVar(&page.AllowRemote, "http-remote", false, "let --http listen beyond loopback: the page has no authentication and shows every tenant and container")
-	showVersion := flag.Bool("version", false, "print the version and exit")
+	o := addFlags(flag.CommandLine)
 	flag.Parse()
-	if *showVersion {
+	if o.version {
 		fmt.Println(version.String("vgpu-mediator"))
 		return
 	}
-	cfg := mediator.Config{Nodes: nodes, Quota: *quota, ContainerDir: *ctrDir, Oversubscribe: *oversub, StateDir: *stateDir,
-		TenantBandwidth: tenantBW, NoDedup: !*dedup, NodeTimeout: *nodeTimeout}
-	sock, err := hostSocketFlags(*socket, *sockMode, *sockGroup)
+	cfg, sock, err := o.config()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(2)
 	}
-	if err := api.CheckPeerTimeout(*nodeTimeout); err != nil {
-		fmt.Fprintln(os.Stderr, "vgpu-mediator: --node-timeout:", err)
-		os.Exit(2)
-	}
-	if n, err := hostSessionMemory(*tenantMem, *oversub); err != nil {
-		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
-		os.Exit(2)
-	} else {
-		cfg.TenantMemory = n
-	}
-	if tc, err := nodeTLS(*tlsCert, *tlsKey, *tlsCA, len(nodes) > 0 || etcdFlags.Enabled()); err != nil {
-		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
-		os.Exit(2)
-	} else {
-		cfg.NodeTLS = tc
-	}
-	if n, err := api.ParseSize(*hostMem); err != nil {
-		fmt.Fprintln(os.Stderr, "vgpu-mediator: --host-memory:", err)
-		os.Exit(2)
-	} else {
-		cfg.HostMemory = n
-	}
-	if n, err := api.ParseSize(*cacheMem); err != nil || n == 0 {
-		fmt.Fprintf(os.Stderr, "vgpu-mediator: --cache-memory %q: want a positive size: %v\n", *cacheMem, err)
-		os.Exit(2)
-	} else {
-		cfg.CacheMemory = int64(n)
-	}
-	if err := run(cfg, sock, *embMem, *embDevs, *containerd, *level, page); err != nil {
+	if err := run(o, cfg, sock); err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(1)
 	}
@@ -196,22 +227,22 @@ func defaultStateDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("vgpu-%d", os.Geteuid()))
 }
 
-func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, containerd, level string, pageCfg statuspage.Config) error {
-	log, err := daemon.Logger("vgpu-mediator", level)
+func run(o *options, cfg mediator.Config, sock hostSocket) error {
+	log, err := daemon.Logger("vgpu-mediator", o.level)
 	if err != nil {
 		return err
 	}
 	cfg.Log = log
 	var page *statuspage.Server
-	if pageCfg.Addr != "" {
+	if o.page.Addr != "" {
 		// Before anything starts, so that a taken port stops the mediator at once.
-		if page, err = listenStatusPage(pageCfg, sock.path, log); err != nil {
+		if page, err = listenStatusPage(o.page, sock.path, log); err != nil {
 			return err
 		}
 		defer page.Close()
 	}
 	var requests *metrics.Requests // latency and errors of tenants' and operators' requests
-	if *metricsAddr != "" {
+	if o.metricsAddr != "" {
 		requests = metrics.NewRequests(true)
 		cfg.Requests = requests
 	}
@@ -221,14 +252,14 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 	}
 	defer leave()
 	if len(cfg.Nodes) == 0 && cfg.Cluster == nil {
-		size, err := api.ParseSize(embMem)
+		size, err := api.ParseSize(o.embeddedMemory)
 		if err != nil {
 			return fmt.Errorf("--embedded-memory: %w", err)
 		}
 		// StartSim checks the devices (1 to 64) and their memory.
-		node, addr, err := accelerator.StartSim("127.0.0.1:0", embDevs, size, log.WithField("component", "embedded-node"))
+		node, addr, err := accelerator.StartSim("127.0.0.1:0", o.embeddedDevices, size, log.WithField("component", "embedded-node"))
 		if err != nil {
-			return fmt.Errorf("embedded node (--embedded-devices %d, --embedded-memory %s): %w", embDevs, embMem, err)
+			return fmt.Errorf("embedded node (--embedded-devices %d, --embedded-memory %s): %w", o.embeddedDevices, o.embeddedMemory, err)
 		}
 		defer node.Close()
 		cfg.Nodes = []string{addr.String()}
@@ -238,8 +269,8 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 		return err
 	}
 	defer m.Close()
-	if *metricsAddr != "" {
-		srv, err := metrics.Start(*metricsAddr, log.WithField("component", "metrics"), metrics.NewMediatorCollector(m), requests)
+	if o.metricsAddr != "" {
+		srv, err := metrics.Start(o.metricsAddr, log.WithField("component", "metrics"), metrics.NewMediatorCollector(m), requests)
 		if err != nil {
 			return err
 		}
@@ -260,8 +291,8 @@ func run(cfg mediator.Config, sock hostSocket, embMem string, embDevs int, conta
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if containerd != "" {
-		go integration.WatchContainerd(ctx, containerd, log.WithField("component", "containerd-watch"), func(g integration.Gone) {
+	if o.containerd != "" {
+		go integration.WatchContainerd(ctx, o.containerd, log.WithField("component", "containerd-watch"), func(g integration.Gone) {
 			if m.ContainerGone(g.Namespace, g.ID, g.Pid) == nil {
 				log.WithFields(map[string]any{"container": g.ID, "namespace": g.Namespace}).Info("reclaimed a container containerd reports gone")
 			}
