@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"text/tabwriter"
 	"unicode/utf8"
 
@@ -15,10 +16,15 @@ import (
 const statusUsage = `usage: vgpuctl status [-o wide|json] [--json]
 
 The mediator's nodes and their devices (memory, used, retained weights,
-launches), the device memory evicted to this host, the registered containers
-with what each has reserved, and every tenant session. The default view fits
-100 columns (long names are cut, marked …); -o wide shows every column and
-whole names; --json (or -o json) prints everything as JSON.
+launches); for cuda devices, each GPU as NVML reads it now (utilization,
+memory used by every process, temperature, power, ECC errors corrected/
+uncorrected; n/a where the GPU lacks the reading); the device memory
+evicted to this host, the registered containers with what each has
+reserved, and every tenant session. The default view fits 100 columns
+(long names are cut, marked …); -o wide shows every column and whole
+names, each GPU's UUID, PCI bus id and MIG mode, and why NVML could not
+read a GPU shown as unreadable; --json (or -o json) prints everything as
+JSON.
 
 Exits 3 when a node the mediator uses cannot be reached (its connection is
 down, or its host was silent past the mediator's --node-timeout), after
@@ -123,6 +129,7 @@ func renderStatus(out io.Writer, st *api.Status, wide bool) error {
 				api.FormatSize(d.Memory), api.FormatSize(d.Used), api.FormatSize(retained), count(d.Launches, wide))
 		}
 	}
+	renderGPUs(w, st, wide, fit)
 	fmt.Fprintf(w, "\nevicted device memory on this host: %s in RAM, %s in the spill file\n\n", api.FormatSize(st.HostRAM), api.FormatSize(st.HostSpilled))
 
 	// ctr names a container as namespace/id: an id may be used in several
@@ -180,6 +187,56 @@ func renderStatus(out io.Writer, st *api.Status, wide bool) error {
 			api.FormatSize(t.Allocated), api.FormatSize(t.Resident), api.FormatSize(t.Evicted), count(t.Launches, false))
 	}
 	return w.Flush()
+}
+
+// renderGPUs writes the table of the GPUs behind the nodes' devices (cuda
+// devices, as NVML read them for this status), if any device has one: the
+// default view their load, memory used, temperature, power and ECC errors
+// (corrected/uncorrected); wide adds what each GPU is, the GPU's memory, and
+// why NVML could not read one. A reading the GPU does not offer shows as
+// n/a.
+func renderGPUs(w io.Writer, st *api.Status, wide bool, fit func(string, int) string) {
+	header := false
+	for _, n := range st.Nodes {
+		for _, d := range n.Devices {
+			g := d.GPU
+			if g == nil {
+				continue
+			}
+			if !header {
+				header = true
+				if wide {
+					fmt.Fprintln(w, "\nNODE\tDEVICE\tGPU\tUUID\tPCI BUS\tMIG\tUTIL\tGPU MEM USED\tTEMP\tPOWER\tECC CORR/UNCORR\tERROR")
+				} else {
+					fmt.Fprintln(w, "\nNODE\tDEVICE\tGPU\tUTIL\tGPU MEM USED\tTEMP\tPOWER\tECC CORR/UNCORR")
+				}
+			}
+			// reading is s, or n/a where the GPU does not offer what.
+			reading := func(what, s string) string {
+				if slices.Contains(g.Unsupported, what) {
+					return "n/a"
+				}
+				return s
+			}
+			util, used, temp, power, ecc := "unreadable", "-", "-", "-", "-"
+			if g.Error == "" {
+				util = reading("utilization", fmt.Sprintf("%d%%", g.Utilization))
+				used = reading("memory", api.FormatSize(g.MemoryUsed))
+				temp = reading("temperature", fmt.Sprintf("%d°C", g.TemperatureC))
+				power = reading("power", fmt.Sprintf("%.0f W", float64(g.PowerMilliwatts)/1000))
+				ecc = reading("ecc", count(g.ECCCorrected, wide)+"/"+reading("ecc uncorrected", count(g.ECCUncorrected, wide)))
+			}
+			if wide {
+				if g.Error == "" {
+					used += " / " + api.FormatSize(g.Memory)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Addr, d.Name, g.Index, g.UUID, g.PCIBusID, g.MIG,
+					util, used, temp, power, ecc, g.Error)
+				continue
+			}
+			fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", fit(n.Addr, 20), fit(d.Name, 16), g.Index, util, used, temp, power, ecc)
+		}
+	}
 }
 
 // clip cuts s to n columns, the last one "…" where it cut.

@@ -20,7 +20,10 @@ func bigStatus() *api.Status {
 		n := api.NodeStatus{Addr: addr, Backend: "cuda"}
 		for d := range 2 {
 			n.Devices = append(n.Devices, api.DeviceStatus{Index: uint32(d), Name: "NVIDIA H200 NVL 141GB HBM3e PCIe",
-				Memory: 141 << 30, Used: 1023 << 30 / 8, Frames: 72192, Retained: 1000, Launches: 98_765_432_101_234 * uint64(i+1)})
+				Memory: 141 << 30, Used: 1023 << 30 / 8, Frames: 72192, Retained: 1000, Launches: 98_765_432_101_234 * uint64(i+1),
+				GPU: &api.GPUStatus{Index: 15, UUID: "GPU-0b6e4c2a-9f3d-4e1b-8c7a-5d2f1e0a9b8c", PCIBusID: "00000000:E3:00.0", MIG: "unsupported",
+					Memory: 1023 << 30, MemoryUsed: 1023 << 30, Utilization: 100, TemperatureC: 105, PowerMilliwatts: 1_000_000,
+					ECCCorrected: 18_446_744_073_709_551_615, ECCUncorrected: 18_446_744_073_709_551_615}})
 		}
 		st.Nodes = append(st.Nodes, n)
 	}
@@ -58,13 +61,14 @@ func TestStatusFits100Columns(t *testing.T) {
 		}
 	}
 	t.Logf("default view:\n%s", narrow.String())
-	for _, want := range []string{"RESERVED", "1000.0 GiB", "k8s.io/0123456789ab", "a-very…/0123456789ab", "research-group-…", "unreachable", "98.8T"} {
+	for _, want := range []string{"RESERVED", "1000.0 GiB", "ECC CORR/UNCORR", "18.4E/18.4E", "k8s.io/0123456789ab", "a-very…/0123456789ab", "research-group-…", "unreachable", "98.8T"} {
 		if !strings.Contains(narrow.String(), want) {
 			t.Errorf("default view lacks %q", want)
 		}
 	}
 	for _, want := range []string{st.Containers[0].Tenant, "a-very-long-containerd-namespace/" + st.Containers[0].Container,
-		st.Nodes[0].Addr, st.Nodes[0].Devices[0].Name, st.Nodes[2].Error, "18446744073709551615", "TLB HITS", "IN 4K/64K/2M PAGES"} {
+		st.Nodes[0].Addr, st.Nodes[0].Devices[0].Name, st.Nodes[2].Error, "18446744073709551615", "TLB HITS", "IN 4K/64K/2M PAGES",
+		st.Nodes[0].Devices[0].GPU.UUID, "00000000:E3:00.0", "1023.0 GiB / 1023.0 GiB"} {
 		if !strings.Contains(wide.String(), want) {
 			t.Errorf("wide view lacks %q", want)
 		}
@@ -79,6 +83,74 @@ func TestStatusFits100Columns(t *testing.T) {
 		}
 	}
 	t.Errorf("no row of team-a's container with its 1000.0 GiB reserved and 2 sessions:\n%s", narrow.String())
+}
+
+// Each cuda device's GPU gets a row of its NVML readings: n/a for one the
+// GPU lacks, unreadable for a GPU NVML could not read (why in -o wide). A
+// status without GPUs has no GPU table.
+func TestStatusGPUs(t *testing.T) {
+	st := &api.Status{Nodes: []api.NodeStatus{{Addr: "gpu-host:7070", Backend: "cuda", Devices: []api.DeviceStatus{
+		{Index: 0, Name: "NVIDIA H200", Memory: 140 << 30, GPU: &api.GPUStatus{Index: 0, UUID: "GPU-aaaa", PCIBusID: "00000000:19:00.0",
+			MIG: "disabled", Memory: 141 << 30, MemoryUsed: 70 << 30, Utilization: 87, TemperatureC: 64, PowerMilliwatts: 512_250, ECCCorrected: 3, ECCUncorrected: 1}},
+		{Index: 1, Name: "NVIDIA L4", Memory: 22 << 30, GPU: &api.GPUStatus{Index: 3, UUID: "GPU-bbbb", PCIBusID: "00000000:3b:00.0",
+			MIG: "unsupported", Memory: 24 << 30, MemoryUsed: 1 << 20, Utilization: 5, TemperatureC: 41, Unsupported: []string{"power", "ecc"}}},
+		{Index: 2, Name: "NVIDIA H200", Memory: 140 << 30, GPU: &api.GPUStatus{Index: 5, UUID: "GPU-cccc", MIG: "enabled", Memory: 141 << 30,
+			Error: "NVML: GPU 5 (GPU-cccc): temperature: ERROR_GPU_IS_LOST: unavailable"}},
+	}}}}
+	var narrow, wide strings.Builder
+	if err := renderStatus(&narrow, st, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := renderStatus(&wide, st, true); err != nil {
+		t.Fatal(err)
+	}
+	// rows are the fields of the GPU table's rows, by NVML index.
+	rows := func(out string) map[string][]string {
+		m := map[string][]string{}
+		table := false
+		for _, l := range strings.Split(out, "\n") {
+			f := strings.Fields(l)
+			switch {
+			case len(f) > 2 && f[0] == "NODE" && f[2] == "GPU":
+				table = true
+			case len(f) == 0:
+				table = false
+			case table:
+				m[f[3]] = f // after node and a two-word device name
+			}
+		}
+		return m
+	}
+	got := rows(narrow.String())
+	for gpu, want := range map[string]string{
+		"0": "gpu-host:7070 NVIDIA H200 0 87% 70.0 GiB 64°C 512 W 3/1",
+		"3": "gpu-host:7070 NVIDIA L4 3 5% 1.0 MiB 41°C n/a n/a",
+		"5": "gpu-host:7070 NVIDIA H200 5 unreadable - - - -",
+	} {
+		if g := strings.Join(got[gpu], " "); g != want {
+			t.Errorf("default view, GPU %s: %q, want %q\n%s", gpu, g, want, narrow.String())
+		}
+	}
+	got = rows(wide.String())
+	for gpu, want := range map[string]string{
+		"0": "gpu-host:7070 NVIDIA H200 0 GPU-aaaa 00000000:19:00.0 disabled 87% 70.0 GiB / 141.0 GiB 64°C 512 W 3/1",
+		"5": "gpu-host:7070 NVIDIA H200 5 GPU-cccc enabled unreadable - - - - NVML: GPU 5 (GPU-cccc): temperature: ERROR_GPU_IS_LOST: unavailable",
+	} {
+		if g := strings.Join(got[gpu], " "); g != want {
+			t.Errorf("wide view, GPU %s: %q, want %q\n%s", gpu, g, want, wide.String())
+		}
+	}
+	var sim strings.Builder
+	st.Nodes[0].Backend = "sim"
+	for i := range st.Nodes[0].Devices {
+		st.Nodes[0].Devices[i].GPU = nil
+	}
+	if err := renderStatus(&sim, st, true); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(sim.String(), "GPU") {
+		t.Errorf("a status without GPUs shows a GPU table:\n%s", sim.String())
+	}
 }
 
 func TestStatusOutputFlag(t *testing.T) {
