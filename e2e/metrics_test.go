@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -26,6 +27,7 @@ import (
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/internal/testenv"
+	"github.com/vgpu/vgpu/metrics"
 )
 
 // scrape is one GET of a daemon's /metrics: the text, and its families.
@@ -267,8 +269,36 @@ func TestMetricsLiveScrape(t *testing.T) {
 	})
 
 	t.Run("GrafanaDashboard", func(t *testing.T) {
-		checkDashboard(t, "../deploy/grafana/vgpu.json", med, node)
+		checkDashboard(t, "../deploy/grafana/vgpu.json", med, node, cudaNodeMetrics(t))
 	})
+}
+
+// cudaNodeMetrics is what a cuda node's collector exports of the GPU behind
+// its device, restricted to the vgpu_gpu_ families that only a cuda device
+// has: the sim node the test runs has no GPU, so the dashboard's GPU panels
+// are checked against metrics.NodeCollector over a status whose device
+// carries one, as vgpu-node --backend cuda reports it.
+func cudaNodeMetrics(t *testing.T) scrape {
+	t.Helper()
+	st := api.NodeStatus{Backend: "cuda", Devices: []api.DeviceStatus{{Index: 0, Name: "NVIDIA H200", Memory: 140 << 30, Frames: 71680, Free: 71680,
+		GPU: &api.GPUStatus{UUID: "GPU-aaaa", PCIBusID: "00000000:19:00.0", MIG: "disabled", Memory: 141 << 30, MemoryUsed: 1 << 30,
+			Utilization: 50, TemperatureC: 60, PowerMilliwatts: 300_000, ECCCorrected: 1}}}}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.NewNodeCollector("gpu-host:7070", func() api.NodeStatus { return st }, func() metrics.Dedup { return metrics.Dedup{} }))
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := scrape{families: map[string]*dto.MetricFamily{}}
+	for _, f := range fams {
+		if strings.HasPrefix(f.GetName(), "vgpu_gpu_") {
+			s.families[f.GetName()] = f
+		}
+	}
+	if len(s.families) == 0 {
+		t.Fatal("a cuda node's collector exports no vgpu_gpu_ metric")
+	}
+	return s
 }
 
 // checkDashboard checks that every vgpu_ metric a Grafana dashboard's
