@@ -15,8 +15,9 @@
 //
 // Invariants: a scrape never changes what it reads; a failure of the
 // metrics listener is logged and never stops the daemon serving tenants;
-// label values come from the operator's configuration or from bounded
-// sets (operations, codes), never from an unbounded value a tenant
+// label values come from the operator's configuration, from the host's
+// hardware (a cuda device's GPU: UUID, PCI bus id) or from bounded sets
+// (operations, codes), never from an unbounded value a tenant
 // chooses, except tenant names the mediator has admitted.
 //
 // It imports api only; cmd/vgpu-node and cmd/vgpu-mediator wire it.
