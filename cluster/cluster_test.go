@@ -292,3 +292,46 @@ func TestTLS(t *testing.T) {
 		}
 	}
 }
+
+// KeepNode writes a node's changed entry at each interval until stopped,
+// and not after: the watcher sees the first change, and a change made
+// after stop stays unseen past several intervals.
+func TestKeepNodeRefreshesUntilStopped(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	s := connect(t, etcd.Endpoints(), "")
+	var mu sync.Mutex
+	free := uint64(1 << 30)
+	info := func() NodeInfo {
+		mu.Lock()
+		defer mu.Unlock()
+		return node("10.0.0.3:7070", free)
+	}
+	setFree := func(n uint64) {
+		mu.Lock()
+		free = n
+		mu.Unlock()
+	}
+	registered := func() uint64 {
+		ns, err := s.Nodes(context.Background())
+		if err != nil || len(ns) != 1 {
+			t.Fatalf("Nodes: %v, %v: want the one node", ns, err)
+		}
+		return ns[0].Devices[0].Free
+	}
+	const interval = 50 * time.Millisecond
+	stop, err := s.KeepNode(info, interval)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := registered(); got != 1<<30 {
+		t.Fatalf("registered free %d, want %d", got, 1<<30)
+	}
+	setFree(1 << 20)
+	waitFor(t, 5*time.Second, "refreshed free memory", func() bool { return registered() == 1<<20 })
+	stop()
+	setFree(1 << 10)
+	time.Sleep(6 * interval)
+	if got := registered(); got != 1<<20 {
+		t.Fatalf("free %d written after stop, want %d kept", got, 1<<20)
+	}
+}

@@ -176,6 +176,13 @@ func (r *Registration) put(ctx context.Context, lease clientv3.LeaseID) error {
 
 // Update replaces the entry's value (a node's free memory, say).
 func (r *Registration) Update(v any) error {
+	ctx, cancel := r.s.opContext()
+	defer cancel()
+	return r.update(ctx, v)
+}
+
+// update is Update within ctx.
+func (r *Registration) update(ctx context.Context, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("cluster: encode %s: %v: %w", r.key, err, api.ErrInternal)
@@ -187,9 +194,42 @@ func (r *Registration) Update(v any) error {
 	if same {
 		return nil
 	}
-	ctx, cancel := r.s.opContext()
-	defer cancel()
 	return r.put(ctx, r.s.Lease())
+}
+
+// KeepNode registers a node as RegisterNode does, with info() as its
+// entry, and writes info() again every interval (when it changed: free
+// memory, connections) until stop is called. A failed refresh is logged and
+// retried at the next tick. stop ends the refreshes, an update in flight
+// included, and returns once they ended; the entry itself goes with the
+// session's lease (Close).
+func (s *Session) KeepNode(info func() NodeInfo, interval time.Duration) (stop func(), err error) {
+	reg, err := s.RegisterNode(info())
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(s.ctx) // ended by stop, or by Close
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			// Within the loop's context, so that stop ends an update in flight.
+			opCtx, opCancel := context.WithTimeout(ctx, s.opts.OpTimeout)
+			err := reg.update(opCtx, info())
+			opCancel()
+			if err != nil && ctx.Err() == nil {
+				s.log.WithError(err).Warn("cluster: refreshing this node's entry failed; retrying")
+			}
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }
 
 // Nodes reads the registered nodes, skipping (and logging) malformed entries.

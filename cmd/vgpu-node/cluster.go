@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"flag"
 	"fmt"
@@ -43,34 +42,15 @@ func joinCluster(node *accelerator.Node, addr net.Addr, tlsCfg *tls.Config, log 
 	if err != nil {
 		return nil, err
 	}
-	info := func() cluster.NodeInfo { return nodeInfo(node, at, tlsCfg) }
-	reg, err := s.RegisterNode(info())
+	stop, err := s.KeepNode(func() cluster.NodeInfo { return nodeInfo(node, at, tlsCfg) }, refreshInterval)
 	if err != nil {
 		s.Close()
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(refreshInterval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			if err := reg.Update(info()); err != nil && ctx.Err() == nil {
-				log.WithError(err).Warn("cluster: refreshing this node's entry failed; retrying")
-			}
-		}
-	}()
 	log.WithFields(map[string]any{"etcd": s.Options().Endpoints, "advertise": at, "ttl": s.Options().TTL.String()}).Info("registered in the cluster")
 	return func() {
-		cancel()
-		s.Close() // revokes the lease: mediators see the node go at once; ends an update in flight
-		<-done
+		stop()
+		s.Close() // revokes the lease: mediators see the node go at once
 	}, nil
 }
 
