@@ -49,72 +49,71 @@ func certs(w io.Writer, args []string) error {
 	return sub[args[0]](w, args[1:])
 }
 
-// certsFlags is a flag set for "certs SUB" with the flags every subcommand has.
-func certsFlags(sub string) (fs *flag.FlagSet, dir *string, force *bool) {
-	fs = flag.NewFlagSet("certs "+sub, flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // the error says what is wrong; help is vgpuctl's
-	dir = fs.String("dir", "", "directory of the certificates (init creates it 0700)")
-	force = fs.Bool("force", false, "replace existing files")
-	return fs, dir, force
+// certsOptions are the flags of "certs init" and "certs issue", and their
+// flag set.
+type certsOptions struct {
+	fs    *flag.FlagSet
+	dir   string
+	force bool
+	node  string     // issue: --node
+	hosts stringList // init: --node-host; issue: --host
+	med   string     // --mediator
 }
 
-// parseCerts parses args and returns --dir made absolute.
-func parseCerts(fs *flag.FlagSet, dir *string, args []string) (string, error) {
-	if err := fs.Parse(args); err != nil {
+// newCertsOptions defines the flags of "certs SUB" (init or issue).
+func newCertsOptions(sub string) *certsOptions {
+	o := &certsOptions{fs: flag.NewFlagSet("certs "+sub, flag.ContinueOnError)}
+	fs := o.fs
+	fs.SetOutput(io.Discard) // the error says what is wrong; help is vgpuctl's
+	fs.StringVar(&o.dir, "dir", "", "directory of the certificates (init creates it 0700)")
+	fs.BoolVar(&o.force, "force", false, "replace existing files")
+	switch sub {
+	case "init":
+		fs.Var(&o.hosts, "node-host", "address or DNS name mediators dial the node by, a SAN of the node certificate; repeat for several (default 127.0.0.1, ::1, localhost)")
+		fs.StringVar(&o.med, "mediator", "mediator", "the mediator's name in its certificate (CN mediator:NAME, URI vgpu://mediator/NAME)")
+	case "issue":
+		fs.StringVar(&o.node, "node", "", "issue a node certificate for the node NAME (CN node:NAME)")
+		fs.Var(&o.hosts, "host", "with --node: address or DNS name mediators dial the node by, a SAN of its certificate; at least one, repeat for several")
+		fs.StringVar(&o.med, "mediator", "", "issue a mediator certificate for the mediator NAME (CN mediator:NAME, URI vgpu://mediator/NAME)")
+	}
+	return o
+}
+
+// parse parses args and returns --dir made absolute.
+func (o *certsOptions) parse(args []string) (string, error) {
+	if err := o.fs.Parse(args); err != nil {
 		return "", err
 	}
-	if fs.NArg() > 0 {
-		return "", fmt.Errorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	if o.fs.NArg() > 0 {
+		return "", fmt.Errorf("%s: unexpected argument %q", o.fs.Name(), o.fs.Arg(0))
 	}
-	if *dir == "" {
-		return "", fmt.Errorf("%s: --dir is required", fs.Name())
+	if o.dir == "" {
+		return "", fmt.Errorf("%s: --dir is required", o.fs.Name())
 	}
-	return filepath.Abs(*dir)
+	return filepath.Abs(o.dir)
 }
 
 // certsSubFlags is the flag set of "certs SUB", for help: none for certs
 // alone, whose usage sends the operator to each subcommand's.
 func certsSubFlags(sub string) *flag.FlagSet {
 	switch sub {
-	case "init":
-		fs, _, _, _, _ := certsInitFlags()
-		return fs
-	case "issue":
-		fs, _, _, _, _, _ := certsIssueFlags()
-		return fs
+	case "init", "issue":
+		return newCertsOptions(sub).fs
 	}
 	return nil
 }
 
-func certsInitFlags() (fs *flag.FlagSet, dir *string, force *bool, hosts *stringList, med *string) {
-	fs, dir, force = certsFlags("init")
-	hosts = &stringList{}
-	fs.Var(hosts, "node-host", "address or DNS name mediators dial the node by, a SAN of the node certificate; repeat for several (default 127.0.0.1, ::1, localhost)")
-	med = fs.String("mediator", "mediator", "the mediator's name in its certificate (CN mediator:NAME, URI vgpu://mediator/NAME)")
-	return fs, dir, force, hosts, med
-}
-
-func certsIssueFlags() (fs *flag.FlagSet, dir *string, force *bool, node *string, hosts *stringList, med *string) {
-	fs, dir, force = certsFlags("issue")
-	node = fs.String("node", "", "issue a node certificate for the node NAME (CN node:NAME)")
-	hosts = &stringList{}
-	fs.Var(hosts, "host", "with --node: address or DNS name mediators dial the node by, a SAN of its certificate; at least one, repeat for several")
-	med = fs.String("mediator", "", "issue a mediator certificate for the mediator NAME (CN mediator:NAME, URI vgpu://mediator/NAME)")
-	return fs, dir, force, node, hosts, med
-}
-
 func certsInit(w io.Writer, args []string) error {
-	fs, dir, force, hostsp, med := certsInitFlags()
-	abs, err := parseCerts(fs, dir, args)
+	o := newCertsOptions("init")
+	abs, err := o.parse(args)
 	if err != nil {
 		return err
 	}
-	hosts := *hostsp
-	f, err := pki.Init(pki.InitOptions{Dir: abs, NodeHosts: hosts, Mediator: *med, Force: *force})
+	f, err := pki.Init(pki.InitOptions{Dir: abs, NodeHosts: o.hosts, Mediator: o.med, Force: o.force})
 	if err != nil {
 		return fmt.Errorf("certs init: %w", err)
 	}
-	shown := []string(hosts)
+	shown := []string(o.hosts)
 	if len(shown) == 0 {
 		shown = pki.DefaultNodeHosts
 	}
@@ -122,7 +121,7 @@ func certsInit(w io.Writer, args []string) error {
   node certificate for: %s
   mediator certificate: mediator:%s
 
-`, abs, strings.Join(shown, ", "), *med)
+`, abs, strings.Join(shown, ", "), o.med)
 	printNodeFlags(w, "each node host", f.NodeCert, f.NodeKey, f.CA)
 	fmt.Fprintln(w)
 	printMediatorFlags(w, "each mediator host", f.MediatorCert, f.MediatorKey, f.CA)
@@ -132,23 +131,23 @@ func certsInit(w io.Writer, args []string) error {
 }
 
 func certsIssue(w io.Writer, args []string) error {
-	fs, dir, force, node, hostsp, med := certsIssueFlags()
-	abs, err := parseCerts(fs, dir, args)
+	o := newCertsOptions("issue")
+	abs, err := o.parse(args)
 	if err != nil {
 		return err
 	}
-	hosts := *hostsp
+	hosts, node, med := o.hosts, o.node, o.med
 	var role, name string
 	switch {
-	case *node != "" && *med != "":
-		return fmt.Errorf("certs issue: both --node %q and --mediator %q given; issue one certificate at a time: %w", *node, *med, api.ErrInvalidArgument)
-	case *node != "":
-		role, name = "node", *node
+	case node != "" && med != "":
+		return fmt.Errorf("certs issue: both --node %q and --mediator %q given; issue one certificate at a time: %w", node, med, api.ErrInvalidArgument)
+	case node != "":
+		role, name = "node", node
 		if len(hosts) == 0 {
 			return fmt.Errorf("certs issue: node %q: give at least one --host that mediators dial it by: %w", name, api.ErrInvalidArgument)
 		}
-	case *med != "":
-		role, name = "mediator", *med
+	case med != "":
+		role, name = "mediator", med
 		if len(hosts) > 0 {
 			return fmt.Errorf("certs issue: --host %q is for a node certificate, not a mediator's: %w", hosts[0], api.ErrInvalidArgument)
 		}
@@ -175,7 +174,7 @@ func certsIssue(w io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("certs issue: %w", err)
 	}
-	if err := pki.WritePair(cert, key, pair, *force); err != nil {
+	if err := pki.WritePair(cert, key, pair, o.force); err != nil {
 		return fmt.Errorf("certs issue: %w", err)
 	}
 	if role == "node" {
