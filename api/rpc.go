@@ -266,9 +266,13 @@ func (r *RPC) fail(err error) {
 	r.err = err
 	pending := r.pending
 	r.pending = map[uint64]*Call{}
+	// Closed before anyone can see r.err: a call failed at once with it
+	// (registerThen) must find the connection closed, or the client takes
+	// a broken connection's error for the mediator's answer and does not
+	// reconnect (client/reconnect.go, broken).
+	close(r.closed)
 	r.mu.Unlock()
 	_ = r.conn.Close()
-	close(r.closed)
 	for _, c := range pending {
 		c.Err = err
 		c.finish()

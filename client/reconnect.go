@@ -89,22 +89,26 @@ func (l *link) CallFD(op api.Op, fd int, parts ...[]byte) ([]byte, error) {
 	return l.call(op, func(rpc *api.RPC) ([]byte, error) { return rpc.CallFD(op, fd, parts...) })
 }
 
+// A repeat may break too (the mediator died again before answering it):
+// it is repeated on the next connection, for as long as connections are
+// made.
 func (l *link) call(op api.Op, do func(*api.RPC) ([]byte, error)) ([]byte, error) {
 	l.requests.Add(1)
 	rpc, gen := l.ready()
-	body, err := do(rpc)
-	if err == nil || !broken(rpc, err) {
-		return body, err
+	for {
+		body, err := do(rpc)
+		if err == nil || !broken(rpc, err) {
+			return body, err
+		}
+		if rerr := l.reconnect(gen); rerr != nil {
+			return nil, rerr
+		}
+		if !retriable(op) {
+			return nil, fmt.Errorf("%v: %w", op, ErrInterrupted)
+		}
+		l.requests.Add(1)
+		rpc, gen = l.current()
 	}
-	if rerr := l.reconnect(gen); rerr != nil {
-		return nil, rerr
-	}
-	if !retriable(op) {
-		return nil, fmt.Errorf("%v: %w", op, ErrInterrupted)
-	}
-	l.requests.Add(1)
-	rpc, _ = l.current()
-	return do(rpc)
 }
 
 // retriable says whether a request of op may be sent again after the
@@ -217,16 +221,21 @@ func (c *Client) fix(f *inflight) {
 
 // resend deals with request f, whose connection broke while it was in
 // flight: once reconnected, it sends f again if that is safe and returns
-// the outcome, or fails with ErrInterrupted.
+// the outcome, or fails with ErrInterrupted. A repeat whose connection
+// breaks in turn is sent again on the next one, as in call.
 func (l *link) resend(f *inflight) error {
-	if err := l.reconnect(f.sentOn); err != nil {
-		return err
+	for {
+		if err := l.reconnect(f.sentOn); err != nil {
+			return err
+		}
+		if f.unsafe {
+			return ErrInterrupted
+		}
+		l.send(f)
+		if err := f.call.Wait(); err == nil || !broken(f.rpc, err) {
+			return err
+		}
 	}
-	if f.unsafe {
-		return ErrInterrupted
-	}
-	l.send(f)
-	return f.call.Wait()
 }
 
 // unresumable gives up resuming the session: the mediator does not restore
