@@ -33,6 +33,14 @@ type op struct {
 	value uint64
 }
 
+// Write is the input of an operation that wrote v to a register, for
+// histories recorded outside Run (e2e's kill-and-restart test).
+func Write(v uint64) any { return op{write: true, value: v} }
+
+// Read is the input of an operation that read a register; its output is
+// the uint64 it read.
+func Read() any { return op{} }
+
 // Model is a register that starts at zero.
 var Model = porcupine.Model{
 	Init: func() any { return uint64(0) },
