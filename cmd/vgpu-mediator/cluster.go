@@ -13,21 +13,22 @@ import (
 	"github.com/vgpu/vgpu/mediator"
 )
 
-// Cluster mode's flags, kept here with the code they drive.
-var (
-	etcdFlags = cluster.AddFlags(flag.CommandLine,
+// addClusterFlags defines cluster mode's flags on fs, kept here with the
+// code they drive.
+func (o *options) addClusterFlags(fs *flag.FlagSet) {
+	o.etcd = cluster.AddFlags(fs,
 		"etcd endpoints, comma-separated (host:port or URLs): cluster mode — nodes come from etcd's registry (no --node), tenants' caps hold across all mediators, the quota file stored by vgpuctl tenants apply replaces --quota (\"\": no cluster mode)",
 		"with --etcd: how long after this mediator dies, or loses etcd, its cluster-wide reservations return")
-	clusterID = flag.String("cluster-id", "", "with --etcd: this mediator's name in the cluster, unique among live mediators; a mediator restarted with it takes back its reservations (\"\": the host name)")
-)
+	fs.StringVar(&o.clusterID, "cluster-id", "", "with --etcd: this mediator's name in the cluster, unique among live mediators; a mediator restarted with it takes back its reservations (\"\": the host name)")
+}
 
 // joinCluster fills in cfg.Cluster when --etcd is given, returning what
 // closes the etcd session (revoking its lease) after the mediator closed.
-func joinCluster(cfg *mediator.Config, log logrus.FieldLogger) (leave func(), err error) {
-	if !etcdFlags.Enabled() {
+func (o *options) joinCluster(cfg *mediator.Config, log logrus.FieldLogger) (leave func(), err error) {
+	if !o.etcd.Enabled() {
 		return func() {}, nil
 	}
-	id := *clusterID
+	id := o.clusterID
 	if id == "" {
 		if id, err = os.Hostname(); err != nil {
 			return nil, fmt.Errorf("--cluster-id: none given and no host name: %v: %w", err, api.ErrInvalidArgument)
@@ -36,7 +37,7 @@ func joinCluster(cfg *mediator.Config, log logrus.FieldLogger) (leave func(), er
 	if strings.Contains(id, "/") {
 		return nil, fmt.Errorf("--cluster-id %q: want a name without '/': %w", id, api.ErrInvalidArgument)
 	}
-	s, err := etcdFlags.Connect(log.WithField("component", "cluster"))
+	s, err := o.etcd.Connect(log.WithField("component", "cluster"))
 	if err != nil {
 		return nil, err
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/cluster"
 	"github.com/vgpu/vgpu/integration"
 	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/pki"
@@ -37,8 +38,7 @@ type nodeList []string
 func (n *nodeList) String() string     { return strings.Join(*n, ",") }
 func (n *nodeList) Set(v string) error { *n = append(*n, v); return nil }
 
-// options is vgpu-mediator's command line, one field per flag (cluster
-// mode's are in cluster.go).
+// options is vgpu-mediator's command line, one field per flag.
 type options struct {
 	socket, socketMode, socketGroup string
 	nodes                           nodeList
@@ -59,6 +59,8 @@ type options struct {
 	tenantBandwidth                 uint64
 	page                            statuspage.Config // --http, --http-remote
 	metricsAddr                     string
+	etcd                            *cluster.Flags // --etcd, --etcd-*
+	clusterID                       string
 	version                         bool
 }
 
@@ -92,6 +94,7 @@ func addFlags(fs *flag.FlagSet) *options {
 	fs.StringVar(&o.page.Addr, "http", "", "serve the operator's status page (nodes, devices, tenants, sessions, charts; /status.json) on this address, such as 127.0.0.1:8080 (\"\": don't)")
 	fs.BoolVar(&o.page.AllowRemote, "http-remote", false, "let --http listen beyond loopback: the page has no authentication and shows every tenant and container")
 	fs.StringVar(&o.metricsAddr, "metrics", "", "serve Prometheus metrics at /metrics on this address, such as 127.0.0.1:9400 (\"\": don't)")
+	o.addClusterFlags(fs)
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	return o
 }
@@ -112,7 +115,7 @@ func (o *options) config() (mediator.Config, hostSocket, error) {
 	if cfg.TenantMemory, err = hostSessionMemory(o.tenantMemory, o.oversubscribe); err != nil {
 		return cfg, sock, err
 	}
-	if cfg.NodeTLS, err = nodeTLS(o.tlsCert, o.tlsKey, o.tlsCA, len(o.nodes) > 0 || etcdFlags.Enabled()); err != nil {
+	if cfg.NodeTLS, err = nodeTLS(o.tlsCert, o.tlsKey, o.tlsCA, len(o.nodes) > 0 || o.etcd.Enabled()); err != nil {
 		return cfg, sock, err
 	}
 	if cfg.HostMemory, err = api.ParseSize(o.hostMemory); err != nil {
@@ -246,7 +249,7 @@ func run(o *options, cfg mediator.Config, sock hostSocket) error {
 		requests = metrics.NewRequests(true)
 		cfg.Requests = requests
 	}
-	leave, err := joinCluster(&cfg, log)
+	leave, err := o.joinCluster(&cfg, log)
 	if err != nil {
 		return err
 	}

@@ -15,13 +15,14 @@ import (
 	"github.com/vgpu/vgpu/internal/version"
 )
 
-// Cluster mode's flags, kept here with the code they drive.
-var (
-	etcdFlags = cluster.AddFlags(flag.CommandLine,
+// addClusterFlags defines cluster mode's flags on fs, kept here with the
+// code they drive.
+func (o *options) addClusterFlags(fs *flag.FlagSet) {
+	o.etcd = cluster.AddFlags(fs,
 		"etcd endpoints, comma-separated (host:port or URLs): register this node and its devices there, under a lease kept alive, for mediators started with --etcd (\"\": no cluster mode)",
 		"with --etcd: how long after this node dies, or loses etcd, mediators stop placing on it")
-	advertise = flag.String("advertise", "", "with --etcd: the host:port mediators dial (\"\": the --listen address, which must then not be 0.0.0.0 or [::])")
-)
+	fs.StringVar(&o.advertise, "advertise", "", "with --etcd: the host:port mediators dial (\"\": the --listen address, which must then not be 0.0.0.0 or [::])")
+}
 
 // refreshInterval is how often a registered node's free memory and
 // connections are written again, when they changed.
@@ -30,15 +31,15 @@ const refreshInterval = 2 * time.Second
 // joinCluster registers node, serving on addr, in etcd when --etcd is
 // given, and keeps its entry current until the returned function is
 // called. Without --etcd it does nothing.
-func joinCluster(node *accelerator.Node, addr net.Addr, tlsCfg *tls.Config, log logrus.FieldLogger) (leave func(), err error) {
-	if !etcdFlags.Enabled() {
+func (o *options) joinCluster(node *accelerator.Node, addr net.Addr, tlsCfg *tls.Config, log logrus.FieldLogger) (leave func(), err error) {
+	if !o.etcd.Enabled() {
 		return func() {}, nil
 	}
-	at, err := advertised(*advertise, addr)
+	at, err := advertised(o.advertise, addr)
 	if err != nil {
 		return nil, err
 	}
-	s, err := etcdFlags.Connect(log)
+	s, err := o.etcd.Connect(log)
 	if err != nil {
 		return nil, err
 	}

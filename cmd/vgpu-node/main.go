@@ -14,6 +14,7 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/cluster"
 	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/pki"
 	"github.com/vgpu/vgpu/internal/version"
@@ -29,6 +30,8 @@ type options struct {
 	retainWeights                    string
 	metricsAddr                      string
 	reattachGrace                    time.Duration
+	etcd                             *cluster.Flags // --etcd, --etcd-*
+	advertise                        string
 	version                          bool
 
 	retain retention // --retain-weights, as check read it
@@ -54,6 +57,7 @@ func addFlags(fs *flag.FlagSet) *options {
 	fs.StringVar(&o.metricsAddr, "metrics", "", "serve Prometheus metrics at /metrics on this address, such as 127.0.0.1:9400 (\"\": don't)")
 	fs.DurationVar(&o.reattachGrace, "reattach-grace", accelerator.DefaultReattachGrace,
 		"how long the device memory of a mediator whose connection dropped (a crash, a restart) is kept for it to reclaim; then it is scrubbed and freed (0: at once)")
+	o.addClusterFlags(fs)
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	return o
 }
@@ -210,7 +214,7 @@ func run(o options) error {
 		log.WithField("addr", srv.Addr().String()).Info("serving metrics")
 	}
 	warnIfExposed(log, addr, tlsCfg != nil)
-	leave, err := joinCluster(node, addr, tlsCfg, log)
+	leave, err := o.joinCluster(node, addr, tlsCfg, log)
 	if err != nil {
 		node.Close()
 		return err
