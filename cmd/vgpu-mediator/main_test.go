@@ -3,14 +3,18 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"math"
 	"os"
 	"os/exec"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/mediator"
 )
 
 // With VGPU_MEDIATOR_ARGS set, the test binary is vgpu-mediator with
@@ -95,6 +99,49 @@ func TestMainRefusesBadNumbers(t *testing.T) {
 		}
 		if !strings.HasPrefix(string(out), tc.want) {
 			t.Errorf("%s: got %q, want %q…", tc.args, out, tc.want)
+		}
+	}
+}
+
+// The flags land in the fields of mediator.Config they name, and every
+// value config refuses is an invalid argument naming its flag.
+func TestOptionsConfig(t *testing.T) {
+	parse := func(args ...string) *options {
+		t.Helper()
+		fs := flag.NewFlagSet("vgpu-mediator", flag.ContinueOnError)
+		o := addFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	o := parse("--node", "10.0.0.1:7070", "--node", "10.0.0.2:7070", "--quota", "/q.toml", "--tenant-memory", "1GiB", "--oversubscribe", "2",
+		"--host-memory", "4GiB", "--cache-memory", "64MiB", "--node-timeout", "7s", "--dedup=false", "--tenant-bandwidth", "1MiB",
+		"--state-dir", "", "--container-dir", "/c", "--socket-mode", "0660", "--socket-group", "0")
+	cfg, sock, err := o.config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := mediator.Config{Nodes: []string{"10.0.0.1:7070", "10.0.0.2:7070"}, Quota: "/q.toml", TenantMemory: 1 << 30, Oversubscribe: 2,
+		HostMemory: 4 << 30, CacheMemory: 64 << 20, NodeTimeout: 7 * time.Second, NoDedup: true, TenantBandwidth: 1 << 20, ContainerDir: "/c"}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("config:\n got %+v\nwant %+v", cfg, want)
+	}
+	if sock.mode != 0o660 || sock.gid != 0 || sock.path != client.DefaultSocket {
+		t.Errorf("host socket %+v: want %s, 0660, gid 0", sock, client.DefaultSocket)
+	}
+	for _, args := range [][]string{
+		{"--socket-mode", "8"},
+		{"--node-timeout", "1s"},
+		{"--tenant-memory", "1x"},
+		{"--oversubscribe", "17"},
+		{"--node-tls-cert", "c"},
+		{"--host-memory", "-1"},
+		{"--cache-memory", "0"},
+	} {
+		_, _, err := parse(args...).config()
+		if !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), args[0]) {
+			t.Errorf("%v: got %v, want an invalid argument naming %s", args, err, args[0])
 		}
 	}
 }

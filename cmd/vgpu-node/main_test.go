@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"net"
 	"os"
 	"os/exec"
@@ -123,6 +124,33 @@ func TestParseRetain(t *testing.T) {
 			t.Errorf("parseRetain(%q) = %v, %v: want an invalid-argument error containing %q", tc.in, got, err, tc.err)
 		case tc.err == "" && (err != nil || got != tc.want):
 			t.Errorf("parseRetain(%q) = %+v, %v: want %+v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+// check reads --retain-weights into the options, and refuses a bad
+// --mediator-timeout or --retain-weights as an invalid argument naming it.
+func TestOptionsCheck(t *testing.T) {
+	parse := func(args ...string) *options {
+		t.Helper()
+		fs := flag.NewFlagSet("vgpu-node", flag.ContinueOnError)
+		o := addFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	o := parse("--retain-weights", "5MiB", "--mediator-timeout", "3s", "--etcd", "127.0.0.1:2379", "--advertise", "10.0.0.1:7070")
+	if err := o.check(); err != nil {
+		t.Fatal(err)
+	}
+	if o.retain != (retention{max: 4 << 20}) || o.mediatorTimeout != 3*time.Second || !o.etcd.Enabled() || o.advertise != "10.0.0.1:7070" {
+		t.Errorf("options %+v: want 4 MiB retained, a 3s timeout, --etcd and --advertise", o)
+	}
+	for _, args := range [][]string{{"--mediator-timeout", "1s"}, {"--retain-weights", "some"}} {
+		err := parse(args...).check()
+		if !errors.Is(err, api.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), args[0]+":") {
+			t.Errorf("%v: got %v, want an invalid argument naming %s", args, err, args[0])
 		}
 	}
 }
