@@ -11,20 +11,21 @@ import (
 	"github.com/vgpu/vgpu/api"
 )
 
-// startNode starts a node of the backend's devices (run's flags).
-func startNode(listen, backend, devices string, size uint64, opts accelerator.SimOptions, log logrus.FieldLogger) (*accelerator.Node, net.Addr, error) {
-	if backend == "cuda" {
-		devs, err := openCUDA(devices, size, log)
+// startNode starts a node of --backend's --devices, each of size bytes,
+// serving on --listen.
+func (o *options) startNode(size uint64, opts accelerator.SimOptions, log logrus.FieldLogger) (*accelerator.Node, net.Addr, error) {
+	if o.backend == "cuda" {
+		devs, err := openCUDA(o.devices, size, log)
 		if err != nil {
 			return nil, nil, err
 		}
-		return accelerator.StartWith(listen, "cuda", devs, opts, log)
+		return accelerator.StartWith(o.listen, "cuda", devs, opts, log)
 	}
-	n, err := simCount(devices)
+	n, err := simCount(o.devices)
 	if err != nil {
 		return nil, nil, err
 	}
-	return accelerator.StartSimWith(listen, n, size, opts, log)
+	return accelerator.StartSimWith(o.listen, n, size, opts, log)
 }
 
 // simCount reads --devices for the sim backend: a number of devices.

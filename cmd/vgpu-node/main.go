@@ -197,7 +197,7 @@ func run(o options) error {
 		requests = metrics.NewRequests(false)
 		opts.Requests = requests
 	}
-	node, addr, err := startNode(o.listen, o.backend, o.devices, size, opts, log)
+	node, addr, err := o.startNode(size, opts, log)
 	if err != nil {
 		return err
 	}
