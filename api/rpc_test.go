@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -920,6 +921,46 @@ func TestGoRacesAFailingConnection(t *testing.T) {
 		c := r.Go(OpHello, nil, []byte("hi"))
 		if err := c.Wait(); !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("call %d on a connection whose peer hung up: %v, want unavailable", i, err)
+		}
+	}
+}
+
+// TestFailedCallSeesClosed: a call that fails because the connection broke
+// finds Closed() closed when its Wait returns, even one made while the
+// connection was failing, which fails at once; the client tells a broken
+// connection from an answer by it (client/reconnect.go).
+func TestFailedCallSeesClosed(t *testing.T) {
+	for range 20 {
+		addr := serve(t, func(c *Conn) {
+			c.NetConn().Read(make([]byte, 256)) // then close it, with calls still being made
+		})
+		r := dial(t, addr)
+		var wg sync.WaitGroup
+		var failed, open atomic.Int64
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 2000 {
+					err := r.Go(OpSynchronize, nil).Wait()
+					if err == nil {
+						continue
+					}
+					failed.Add(1)
+					select {
+					case <-r.Closed():
+					default:
+						open.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if failed.Load() == 0 {
+			t.Fatal("no call failed: the connection never broke")
+		}
+		if n := open.Load(); n > 0 {
+			t.Fatalf("%d of %d failed calls found the connection not closed", n, failed.Load())
 		}
 	}
 }
