@@ -300,8 +300,10 @@ def test_mediator_killed_mid_session(start_mediator) -> None:
 
 
 def test_pending_calls_fail_when_the_mediator_dies(start_mediator) -> None:
+    # reconnect=0: the session ends with its connection (test_resume.py
+    # has the session that waits for its mediator to come back).
     m = start_mediator()
-    c = vgpu.Client(socket=m.socket, tenant="test")
+    c = vgpu.Client(socket=m.socket, tenant="test", reconnect=0)
     x = c.malloc(4096)
     failed: list[BaseException] = []
 

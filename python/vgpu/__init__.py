@@ -20,7 +20,7 @@ end, is built on this API and lives in its own subpackage.
 from ._wire import (MAX_CHUNK, Access, ArgKind, DeviceInfo, DType, Hint, KernelInfo, Param, Phase,
                     Residency, SessionStats)
 from .client import DEFAULT_SOCKET, F32, I64, Client, Ptr, Stream
-from .errors import (InternalError, InvalidAddress, InvalidArgument, OutOfMemory, PermissionDenied,
+from .errors import (InternalError, Interrupted, InvalidAddress, InvalidArgument, OutOfMemory, PermissionDenied,
                      ProtocolError, QuotaExceeded, Unavailable, UnknownKernel, VgpuError)
 from .graph import GraphDef, Scalar, ScalarExpr, Tensor, TensorGraph, TensorInfo
 
@@ -31,5 +31,5 @@ __all__ = [
     "Hint", "DType", "Phase", "Residency", "ArgKind", "Access",
     "GraphDef", "Scalar", "ScalarExpr", "Tensor", "TensorGraph", "TensorInfo",
     "VgpuError", "OutOfMemory", "QuotaExceeded", "InvalidAddress", "InvalidArgument", "UnknownKernel",
-    "PermissionDenied", "Unavailable", "ProtocolError", "InternalError",
+    "PermissionDenied", "Unavailable", "Interrupted", "ProtocolError", "InternalError",
 ]

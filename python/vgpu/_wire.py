@@ -316,8 +316,13 @@ def decode_u64(body: bytes) -> int:
     return v
 
 
-def encode_hello(tenant: str, devices: int) -> bytearray:
-    """api.Hello of a tenant; weight and compute cap are the mediator's."""
+MAX_TOKEN = 64  # api.MaxToken
+
+
+def encode_hello(tenant: str, devices: int, resume: str | None = None) -> bytearray:
+    """api.Hello of a tenant; weight and compute cap are the mediator's.
+    With resume (Resumable), the optional trailing field: "" asks for a
+    session token, a token takes up that session again."""
     e = Encoder()
     e.u32(MAGIC)
     e.u16(VERSION)
@@ -326,19 +331,25 @@ def encode_hello(tenant: str, devices: int) -> bytearray:
     e.u32(devices, "devices")
     e.u32(0)
     e.f32(0.0)
+    if resume is not None:
+        e.string(resume, "session token")
     return e.b
 
 
-def decode_hello_reply(body: bytes) -> tuple[int, list[DeviceInfo]]:
-    """api.HelloReply: the session id and its devices."""
+def decode_hello_reply(body: bytes) -> tuple[int, list[DeviceInfo], str]:
+    """api.HelloReply: the session id, its devices and its token (the
+    optional trailing field; "" where absent or the mediator keeps none)."""
     d = Decoder(body)
     version = d.u16()
     if version != VERSION:
         raise ProtocolError(f"mediator speaks protocol version {version}, this client {VERSION}")
     session = d.u64()
     devices = [DeviceInfo(d.u32(), d.string(), d.string(), d.u64()) for _ in range(d.u32())]
+    token = d.string() if d.off < len(d.b) else ""
+    if len(token) > MAX_TOKEN:
+        raise ProtocolError(f"decode: session token of {len(token)} bytes, limit {MAX_TOKEN}")
     d.finish()
-    return session, devices
+    return session, devices, token
 
 
 MALLOC_NEAR = 2  # api.MallocNear

@@ -16,11 +16,27 @@ stream's replies and raises the first error among them. Other calls wait
 for their own reply. ``Client.requests`` counts requests sent and
 ``Client.waits`` the times a caller blocked for replies, so a caller can
 check what a piece of work cost in round trips.
+
+Reconnecting (as the Go SDK does, client/reconnect.go): the hello asks for
+a session token. When the connection breaks, the reader thread dials the
+socket again for up to ``reconnect`` seconds and resumes the session with
+the token (a mediator with a --state-dir rebuilt it, device memory and
+all); meanwhile new requests wait. It registers the host regions again
+(the restart forgot them: each moves onto a new memfd at the same address,
+bytes kept, since the old one is sealed against a writable mapping) and
+then deals with the requests that were in flight: those whose repeat
+cannot change the outcome (SAFE_OPS: reads, copies through host_alloc
+memory, memsets) are sent again, in their order; the others fail with
+Interrupted. A stream's requests in flight are one unit, like a Go batch:
+one unsafe among them fails them all. A copy to the device from plain
+bytes is not safe here (unlike Go, which holds the bytes in its batch):
+the caller may have reused its buffer once the call returned.
 """
 
 from __future__ import annotations
 
 import array
+import ctypes
 import errno
 import fcntl
 import mmap
@@ -29,6 +45,7 @@ import os
 import socket as _socket
 import struct
 import threading
+import time
 import weakref
 from typing import Callable, Sequence
 
@@ -36,10 +53,18 @@ import numpy as np
 
 from . import _wire as w
 from ._values import address, byte_view, data_address, integer, positive
-from .errors import InternalError, InvalidArgument, OutOfMemory, ProtocolError, Unavailable, VgpuError
+from .errors import (InternalError, Interrupted, InvalidArgument, OutOfMemory, ProtocolError, Unavailable,
+                     VgpuError)
 from .graph import GraphDef, TensorGraph
 
 DEFAULT_SOCKET = "/run/vgpu/mediator.sock"
+DEFAULT_RECONNECT = 60.0  # seconds, as client.DefaultReconnect
+
+# Requests that may be sent again after the connection broke while they were
+# in flight: sending them twice leaves what once would (docs/architecture.md).
+SAFE_OPS = frozenset({w.Op.KERNELS, w.Op.SESSION_STATS, w.Op.COPY_FROM_DEVICE, w.Op.MEMSET,
+                      w.Op.COPY_TO_DEVICE_HOST, w.Op.COPY_FROM_DEVICE_HOST})
+_REGION_AT = 12  # where api.CopyHost's region id lies in its body
 
 
 class Arg:
@@ -188,36 +213,93 @@ class _Call:
         self.event.set()
 
 
+class _Req:
+    """A request in flight, kept until its reply so that it can be sent
+    again on a resumed session; region is the host region whose id its
+    body carries at _REGION_AT."""
+
+    __slots__ = ("op", "parts", "entry", "region")
+
+    def __init__(self, op: w.Op, parts: Sequence[object], entry, region) -> None:
+        self.op, self.parts, self.entry, self.region = op, parts, entry, region
+
+
+def _handshake(path: str, tenant: str, devices: int, resume: str | None,
+               timeout: float | None) -> tuple[_socket.socket, int, list[w.DeviceInfo], str]:
+    """Connect to the mediator and say hello (resume: see w.encode_hello);
+    returns the socket, session id, devices and token."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        body = w.encode_hello(tenant, devices, resume)
+        sock.sendall(w.HEADER.pack(len(body), w.Op.HELLO, 0, 1) + body)
+        r = _Reader(sock)
+        n, _, flags, _ = w.HEADER.unpack(r.exact(w.HEADER_SIZE))
+        if n > w.MAX_BODY:
+            raise ProtocolError(f"mediator at {path}: hello reply announces a {n}-byte body, limit {w.MAX_BODY}")
+        body = r.exact(n)
+        if flags & w.FLAG_ERROR:
+            raise w.decode_error(body)
+        session, infos, token = w.decode_hello_reply(body)
+        if r.hi != r.lo:
+            raise ProtocolError(f"mediator at {path} sent more than its hello reply")
+        sock.settimeout(None)
+        return sock, session, infos, token
+    except (OSError, EOFError) as e:
+        sock.close()
+        raise Unavailable(f"connect to mediator at {path}: {e}") from None
+    except VgpuError:
+        sock.close()
+        raise
+
+
 class _Conn:
-    """One session's socket: sends frames, reads replies on a thread and
-    hands each to the entry its request registered (an object with
+    """One session's connection: sends frames, reads replies on a thread
+    and hands each to the entry its request registered (an object with
     ``into``, where the body goes or None, and ``done(rid, body, error)``).
+    When the socket breaks and the session has a token, the reader thread
+    resumes the session on a new socket (_resume) and a new reader thread
+    takes over.
 
     Every entry registered gets exactly one done, from the reader, from
-    fail, or at once if the connection had already failed. _wlock (held
-    while a frame is written, which may block until the mediator reads)
-    and _lock (the pending table) are never held together, and entries'
-    own locks are taken under neither: the reader thread never waits for
-    a writer, so replies are read however full the socket is.
+    fail or _resume, or at once if the connection had already failed.
+    _wlock (held while a frame is written, which may block until the
+    mediator reads) and _lock (the socket, the pending table, the resume
+    state; _gate waits on it) are never held together, and entries' own
+    locks are taken under neither: the reader thread never waits for a
+    writer, so replies are read however full the socket is.
     """
 
-    def __init__(self, sock: _socket.socket, path: str, timeout: float | None) -> None:
-        self.sock = sock
+    def __init__(self, sock: _socket.socket, path: str, timeout: float | None, hello: tuple[str, int],
+                 token: str, reconnect: float, rehost: Callable[[], None]) -> None:
         self.path = path
         self.timeout = timeout
         self.requests = 0
         self.waits = 0
+        self._hello = hello  # tenant and devices, to resume with
+        self._reconnect = reconnect
+        self._rehost = rehost  # registers the host regions again, on a resumed session
         self._lock = threading.Lock()
+        self._gate = threading.Condition(self._lock)  # resuming ended
         self._wlock = threading.Lock()
-        self._pending: dict[int, object] = {}
-        self._next = 0
-        self._failed: tuple[type[VgpuError], str] | None = None
-        if timeout is not None:
+        self._pending: dict[int, _Req] = {}  # guarded by _lock
+        self._next = 1  # the hello was 1; guarded by _lock
+        self._failed: tuple[type[VgpuError], str] | None = None  # guarded by _lock
+        self._token = token  # "": the session cannot be resumed; guarded by _lock
+        self._resuming = False  # guarded by _lock
+        self.sock = sock  # guarded by _lock
+        self._start(sock)
+
+    def _start(self, sock: _socket.socket) -> None:
+        """Serve sock: bound its sends, start its reader thread."""
+        if self.timeout is not None:
             # A mediator that stops reading blocks a send once the socket's
             # buffer is full (a large copy): bound that as a wait for replies.
-            sec, usec = divmod(max(1, round(timeout * 1e6)), 1_000_000)  # 0 would be no bound
+            sec, usec = divmod(max(1, round(self.timeout * 1e6)), 1_000_000)  # 0 would be no bound
             sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, struct.pack("@ll", sec, usec))
-        self._reader = threading.Thread(target=self._read_loop, name=f"vgpu reader {path}", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, args=(sock,), name=f"vgpu reader {self.path}",
+                                        daemon=True)
         self._reader.start()
 
     def error(self) -> VgpuError | None:
@@ -225,18 +307,26 @@ class _Conn:
         failed = self._failed
         return failed[0](failed[1]) if failed else None
 
-    def send(self, op: w.Op, parts: Sequence[object], entry, fd: int | None = None) -> None:
+    def send(self, op: w.Op, parts: Sequence[object], entry, fd: int | None = None, region=None,
+             resuming: bool = False) -> None:
         """Send a request whose body is parts, its reply going to entry;
-        fd, if given, travels with it (SCM_RIGHTS). Raises the connection's
-        failure if it could not be sent; entry then has it too."""
+        fd, if given, travels with it (SCM_RIGHTS); region is the host
+        region whose id the body carries. Waits while the session is being
+        resumed, unless this is part of resuming it. Raises the
+        connection's failure if it could not be sent; entry then has it too."""
         size = sum(memoryview(p).nbytes for p in parts)
         with self._lock:
+            while self._resuming and not resuming and self._failed is None:
+                self._gate.wait()
             self._next += 1
             rid = self._next
             err = self.error()
             if err is None:
-                self._pending[rid] = entry
+                if region is not None:  # its id on this connection
+                    struct.pack_into("<I", parts[0], _REGION_AT, region.id)
+                self._pending[rid] = _Req(op, parts, entry, region if fd is None else None)
                 self.requests += 1
+            sock = self.sock
         if err is not None:
             entry.done(rid, None, err)
             raise self.error()
@@ -244,35 +334,40 @@ class _Conn:
         try:
             with self._wlock:
                 if fd is None:
-                    self._sendall([hdr, *parts])
+                    self._sendall(sock, [hdr, *parts])
                 else:
-                    self._send_fd(hdr + b"".join(parts), fd)
+                    self._send_fd(sock, hdr + b"".join(parts), fd)
         except OSError as e:
             if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):  # SO_SNDTIMEO ran out
                 e = f"it read nothing for {self.timeout} s; connection closed"
+            elif self._token and self._reconnect > 0:
+                return  # the reader finds the socket broken and resumes, dealing with this request
             self.fail(Unavailable(f"send {op.name.lower()} to mediator at {self.path}: {e}"))
             raise self.error() from None
 
-    def _sendall(self, parts: Sequence[object]) -> None:
+    @staticmethod
+    def _sendall(sock: _socket.socket, parts: Sequence[object]) -> None:
         bufs = [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]
         while bufs:
-            n = self.sock.sendmsg(bufs[:512])
+            n = sock.sendmsg(bufs[:512])
             while n:
                 if n >= len(bufs[0]):
                     n -= len(bufs.pop(0))
                 else:
                     bufs[0], n = bufs[0][n:], 0
 
-    def _send_fd(self, frame: bytes, fd: int) -> None:
-        n = self.sock.sendmsg([frame], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [fd]))])
+    @staticmethod
+    def _send_fd(sock: _socket.socket, frame: bytes, fd: int) -> None:
+        n = sock.sendmsg([frame], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [fd]))])
         # A stream socket may take part of the frame (the descriptor goes
         # with that part); the rest follows as plain bytes.
-        self.sock.sendall(frame[n:])
+        sock.sendall(frame[n:])
 
-    def call(self, op: w.Op, parts: Sequence[object], into: memoryview | None = None, fd: int | None = None):
+    def call(self, op: w.Op, parts: Sequence[object], into: memoryview | None = None, fd: int | None = None,
+             resuming: bool = False):
         """Send a request and wait for its reply body."""
         c = _Call(into)
-        self.send(op, parts, c, fd)
+        self.send(op, parts, c, fd, resuming=resuming)
         self.wait(c.event.wait, op.name.lower())
         if c.error is not None:
             raise c.error
@@ -281,13 +376,18 @@ class _Conn:
     def wait(self, ready: Callable[[float | None], bool], what: str) -> None:
         """Block until ready(timeout) is true, counting one wait. Past the
         client's timeout the connection is closed, which completes every
-        request: a late reply must not be taken for a later request's."""
+        request: a late reply must not be taken for a later request's.
+        While the session is being resumed the wait goes on: resuming is
+        bounded by its own deadline."""
         with self._lock:
             self.waits += 1
-        if not ready(self.timeout):
+        while not ready(self.timeout):
+            if self._resuming:
+                continue
             self.fail(Unavailable(f"mediator at {self.path} did not answer {what} within "
                                   f"{self.timeout} s; connection closed"))
             ready(None)
+            return
 
     def fail(self, err: VgpuError) -> None:
         """End the connection with err: every pending request gets it, and
@@ -297,31 +397,117 @@ class _Conn:
                 return
             self._failed = (type(err), str(err))
             pending, self._pending = self._pending, {}
+            self._resuming = False
+            self._gate.notify_all()
+            sock = self.sock
         try:
-            self.sock.shutdown(_socket.SHUT_RDWR)
+            sock.shutdown(_socket.SHUT_RDWR)
         except OSError:
             pass
-        for rid, entry in pending.items():
-            entry.done(rid, None, self.error())
+        for rid, req in pending.items():
+            req.entry.done(rid, None, self.error())
 
     def close(self) -> None:
         """Close the connection; pending requests fail with Unavailable."""
         self.fail(Unavailable(f"connection to mediator at {self.path} closed"))
-        if threading.current_thread() is not self._reader:
-            self._reader.join()
+        reader = self._reader
+        if threading.current_thread() is not reader:
+            reader.join()
         self.sock.close()
 
-    def _read_loop(self) -> None:
-        r = _Reader(self.sock)
+    def _read_loop(self, sock: _socket.socket) -> None:
+        r = _Reader(sock)
         try:
             while True:
                 self._read_one(r)
         except VgpuError as e:
             self.fail(e)
         except (OSError, EOFError) as e:
-            self.fail(Unavailable(f"connection to mediator at {self.path} lost: {e}"))
+            self._lost(sock, Unavailable(f"connection to mediator at {self.path} lost: {e}"))
         except Exception as e:  # a bug here must not leave callers waiting forever
             self.fail(InternalError(f"reading replies from mediator at {self.path}: {e!r}"))
+
+    def _lost(self, sock: _socket.socket, err: Unavailable) -> None:
+        """The socket broke (the reader thread): resume the session on a
+        new one if it can be, else fail with err."""
+        with self._lock:
+            if self._failed is not None or sock is not self.sock:
+                return
+            if not self._token or self._reconnect <= 0:
+                resumable = False
+            else:
+                resumable, self._resuming = True, True
+                pending, self._pending = self._pending, {}
+        if not resumable:
+            self.fail(Unavailable(f"{err}; the session cannot be resumed (the mediator gave no token, "
+                                  "or reconnect is off)"))
+            return
+        try:  # not closed: a sender may be writing to it still
+            sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            failure = self._resume(pending)
+        except Exception as e:  # a bug here must not leave callers waiting forever
+            failure = self._give_up(pending, InternalError(f"resuming the session with mediator at {self.path}: {e!r}"))
+        if failure is not None:
+            self.fail(failure)
+
+    def _resume(self, pending: dict[int, _Req]) -> VgpuError | None:
+        """Dial again, resume the session, register the host regions again
+        and send again, or interrupt, the requests of pending. Returns the
+        failure that ends the session, if any; pending's entries are then
+        back in the table, to get it."""
+        deadline = time.monotonic() + self._reconnect
+        pause = 0.02
+        while self._failed is None:  # not closed meanwhile
+            try:
+                sock, _, _, token = _handshake(self.path, *self._hello, self._token, 10.0)
+                break
+            except Unavailable as e:
+                failure: VgpuError = Unavailable(f"mediator at {self.path} not back within {self._reconnect} s: {e}")
+                if time.monotonic() > deadline:
+                    return self._give_up(pending, failure)
+            except VgpuError as e:  # the mediator is back without the session
+                return self._give_up(pending, type(e)(f"resuming the session: {e}"))
+            time.sleep(pause)
+            pause = min(2 * pause, 1.0)
+        else:
+            return self._give_up(pending, self.error())
+        with self._lock:
+            self.sock = sock
+            if token:
+                self._token = token
+        self._start(sock)
+        try:
+            self._rehost()
+        except VgpuError as e:
+            return self._give_up(pending, Unavailable(f"registering host memory again with the resumed session: {e}"))
+        unit_safe: dict[int, bool] = {}
+        for req in pending.values():
+            u = id(_unit(req.entry))
+            unit_safe[u] = unit_safe.get(u, True) and req.op in SAFE_OPS
+        for rid in sorted(pending):
+            req = pending[rid]
+            if unit_safe[id(_unit(req.entry))]:
+                try:
+                    self.send(req.op, req.parts, req.entry, region=req.region, resuming=True)
+                except VgpuError:
+                    pass  # the entry has the failure
+            else:
+                req.entry.done(rid, None, Interrupted(
+                    f"{req.op.name.lower()}: interrupted by a lost connection to the mediator at {self.path}; "
+                    "its outcome is unknown (the session was resumed)"))
+        with self._lock:
+            self._resuming = False
+            self._gate.notify_all()
+        return None
+
+    def _give_up(self, pending: dict[int, _Req], failure: VgpuError) -> VgpuError:
+        with self._lock:
+            self._token = ""
+            self._pending.update(pending)
+        return failure
 
     def _read_one(self, r: _Reader) -> None:
         n, op, flags, rid = w.HEADER.unpack(r.exact(w.HEADER_SIZE))
@@ -330,9 +516,10 @@ class _Conn:
         if not flags & w.FLAG_REPLY:
             raise ProtocolError(f"mediator at {self.path} sent request {rid} (op {op}) where a reply was due")
         with self._lock:
-            entry = self._pending.pop(rid, None)
-        if entry is None:
+            req = self._pending.pop(rid, None)
+        if req is None:
             raise ProtocolError(f"mediator at {self.path} replied to unknown request {rid}")
+        entry = req.entry
         if flags & w.FLAG_ERROR:
             entry.done(rid, None, w.decode_error(r.exact(n)))
         elif entry.into is None:
@@ -344,6 +531,53 @@ class _Conn:
         else:
             r.into(entry.into)
             entry.done(rid, None, None)
+
+
+def _unit(entry: object) -> object:
+    """What entry's request is sent again with or interrupted with: its
+    stream (in order, in flight together), or itself."""
+    if isinstance(entry, _Into):
+        return entry.stream
+    return entry
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_MAP_FIXED = 0x10  # Linux; Python's mmap module does not name it
+
+
+def _memfd(n: int) -> int:
+    """A memfd of n bytes, sealed so that it can neither shrink nor grow:
+    the mediator maps it and must never fault past its end."""
+    fd = os.memfd_create("vgpu-host", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, n)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remap(r: _Region) -> int:
+    """Move region r onto a new memfd, bytes and address kept, and return
+    it: the mediator sealed the old one against a writable mapping
+    (mediator/hostmem.go), so a resumed session cannot register it again."""
+    fd = _memfd(r.size)
+    try:
+        with mmap.mmap(fd, r.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as tmp:
+            view = np.frombuffer(tmp, dtype=np.uint8)
+            view[:] = r.arr  # every page written: the mediator refuses holes
+            del view
+        p = _libc.mmap(r.base, r.size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+        if p != r.base:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 class _Region:
@@ -366,11 +600,15 @@ class Client:
     $VGPU_TENANT; the mediator may decide otherwise); devices: virtual
     devices wanted (default $VGPU_DEVICES, else 1); timeout: seconds any
     wait for replies, or for the mediator to read a request, may take
-    before the connection is given up as Unavailable (None: no bound).
+    before the connection is given up as Unavailable (None: no bound);
+    reconnect: seconds to try to resume the session when the connection
+    breaks (the mediator restarted with its --state-dir), 0 never: the
+    session then ends with the connection, its calls raising Unavailable.
     """
 
     def __init__(self, socket: str | None = None, tenant: str | None = None,
-                 devices: int | None = None, timeout: float | None = None) -> None:
+                 devices: int | None = None, timeout: float | None = None,
+                 reconnect: float = DEFAULT_RECONNECT) -> None:
         path = socket or os.environ.get("VGPU_SOCKET") or DEFAULT_SOCKET
         if tenant is None:
             tenant = os.environ.get("VGPU_TENANT", "")
@@ -381,23 +619,20 @@ class Client:
             devices = _devices(devices, "devices")
         if timeout is not None and (not isinstance(timeout, numbers.Real) or not timeout > 0):
             raise InvalidArgument(f"timeout {timeout!r} is not a positive number of seconds")
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        if isinstance(reconnect, bool) or not isinstance(reconnect, numbers.Real) or not reconnect >= 0:
+            raise InvalidArgument(f"reconnect {reconnect!r} is not a number of seconds (0: never)")
         try:
-            sock.connect(path)
-        except OSError as e:
-            sock.close()
-            raise Unavailable(f"connect to mediator at {path}: {e}") from None
-        self._conn = _Conn(sock, path, timeout)
-        try:
-            body = self._conn.call(w.Op.HELLO, [w.encode_hello(tenant, devices)])
-            self.session, devices_info = w.decode_hello_reply(body)
-        except VgpuError:
-            self._conn.close()
+            sock, self.session, self.devices, token = _handshake(path, tenant, devices,
+                                                                 "" if reconnect > 0 else None, timeout)
+        except Unavailable as e:
+            if isinstance(e.__context__, TimeoutError):
+                raise Unavailable(f"mediator at {path} did not answer hello within {timeout} s") from None
             raise
-        self.devices: list[w.DeviceInfo] = devices_info
-        self._conn.requests = self._conn.waits = 0
         self._regions: list[_Region] = []
         self._regions_lock = threading.Lock()
+        me = weakref.ref(self)  # not the client itself: the connection must not keep it alive
+        self._conn = _Conn(sock, path, timeout, (tenant, devices), token, float(reconnect),
+                           lambda: me()._rehost())
         self.stream = Stream(self, 0)
         weakref.finalize(self, self._conn.close)
 
@@ -431,6 +666,22 @@ class Client:
         self._conn.close()
         with self._regions_lock:
             self._regions = []
+
+    def _rehost(self) -> None:
+        """Register the host regions with a resumed session, which forgot
+        them (the reader thread, while other requests wait)."""
+        with self._regions_lock:
+            regions = list(self._regions)
+        for r in regions:
+            try:
+                fd = _remap(r)
+            except OSError as e:
+                raise _os_error(f"moving {r.size} bytes of host memory onto a new memfd", e) from None
+            try:
+                r.id = w.decode_u32(self._conn.call(w.Op.HOST_REGISTER, [w.encode_u64(r.size, "host allocation of")],
+                                                    fd=fd, resuming=True))
+            finally:
+                os.close(fd)
 
     def _call(self, op: w.Op, parts: Sequence[object], into: memoryview | None = None,
               fd: int | None = None) -> bytes | bytearray | None:
@@ -485,14 +736,10 @@ class Client:
         host_free; the session's end releases it too."""
         n = positive(n, "host allocation of")
         try:
-            fd = os.memfd_create("vgpu-host", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            fd = _memfd(n)
         except OSError as e:
             raise _os_error(f"host allocation of {n} bytes: memfd", e) from None
         try:
-            # Sealed so that it can neither shrink nor grow: the mediator
-            # maps it and must never fault past its end.
-            os.ftruncate(fd, n)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
             mem = mmap.mmap(fd, n, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             arr = np.frombuffer(mem, dtype=np.uint8)
             arr[::mmap.PAGESIZE] = 0  # write every page, so none is a hole
@@ -518,13 +765,13 @@ class Client:
             raise InvalidArgument(f"host free of {view.nbytes} bytes: not memory of host_alloc")
         self._call(w.Op.HOST_UNREGISTER, [w.encode_u32(r.id, "host region")])
 
-    def _region_of(self, view: np.ndarray) -> tuple[int, int] | None:
+    def _region_of(self, view: np.ndarray) -> tuple[_Region, int] | None:
         """The registered region holding all of view, and view's offset in it."""
         p = data_address(view)
         with self._regions_lock:
             for r in self._regions:
                 if r.base <= p and p + view.nbytes <= r.base + r.size:
-                    return r.id, p - r.base
+                    return r, p - r.base
         return None
 
 
@@ -586,11 +833,11 @@ class Stream:
             if self._outstanding == 0:
                 self._cond.notify_all()
 
-    def _send(self, op: w.Op, parts: Sequence[object], entry: object = None) -> None:
+    def _send(self, op: w.Op, parts: Sequence[object], entry: object = None, region: _Region | None = None) -> None:
         with self._cond:
             self._outstanding += 1
             self._sent = True
-        self.client._conn.send(op, parts, entry or self)
+        self.client._conn.send(op, parts, entry or self, region=region)
 
     def copy_to_device(self, dst: int, data: object) -> None:
         """Copy data (bytes-like or a C-contiguous numpy array) to device
@@ -605,7 +852,8 @@ class Stream:
             raise InvalidArgument(f"copy of 0 bytes to {dst:#x}")
         region = self.client._region_of(src)
         if region is not None:
-            self._send(w.Op.COPY_TO_DEVICE_HOST, [w.encode_copy_host(self.id, dst, region[0], region[1], n)])
+            self._send(w.Op.COPY_TO_DEVICE_HOST, [w.encode_copy_host(self.id, dst, 0, region[1], n)],
+                       region=region[0])
             return
         for off in range(0, n, w.MAX_CHUNK):
             self._send(w.Op.COPY_TO_DEVICE, [w.encode_copy_to_device(self.id, dst + off), src[off:off + w.MAX_CHUNK]])
@@ -621,7 +869,8 @@ class Stream:
             raise InvalidArgument(f"copy of 0 bytes from {src:#x}")
         region = self.client._region_of(dst)
         if region is not None:
-            self._send(w.Op.COPY_FROM_DEVICE_HOST, [w.encode_copy_host(self.id, src, region[0], region[1], n)])
+            self._send(w.Op.COPY_FROM_DEVICE_HOST, [w.encode_copy_host(self.id, src, 0, region[1], n)],
+                       region=region[0])
             return
         for off in range(0, n, w.MAX_CHUNK):
             part = dst[off:off + w.MAX_CHUNK]

@@ -63,6 +63,16 @@ class Unavailable(VgpuError):
     code = 7
 
 
+class Interrupted(Unavailable):
+    """The connection to the mediator broke while this call was in flight,
+    and it is not safe to send again: the mediator may or may not have
+    applied it before it died. The client reconnected and resumed the
+    session, which goes on with its device memory intact; what the call
+    could have written is unspecified (either outcome). docs/architecture.md
+    ("Sessions and their device memory") lists which calls are sent again
+    and which raise this."""
+
+
 class ProtocolError(VgpuError):
     """A peer broke the wire protocol."""
 
