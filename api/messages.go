@@ -192,7 +192,7 @@ type Hello struct {
 	Weight     uint32
 	ComputeMax float32
 	// Tenant → mediator only, an optional trailing field (a hello without
-	// it is a client that cannot reconnect, the Python one say): Resumable
+	// it is a client that cannot reconnect, or reconnect=0 in Python): Resumable
 	// asks for a session token in the reply (HelloReply.Token), and Resume,
 	// if not empty, is the token of a session to take up again after the
 	// mediator restarted, instead of opening a new one.
