@@ -251,7 +251,9 @@ class Square(nn.Module):
 
 def test_mediator_killed_mid_call_is_unavailable(start_mediator) -> None:
     m = start_mediator()
-    c = vgpu.Client(socket=m.socket, tenant="t1")
+    # reconnect=0: the session ends with its connection (a session that
+    # waits for its mediator to come back: tests/test_resume.py).
+    c = vgpu.Client(socket=m.socket, tenant="t1", reconnect=0)
     model = Square(16)
     x = torch.randn(4, 16)
     r = vgpu.torch.remote(model, (x,), client=c)
