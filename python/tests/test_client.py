@@ -281,7 +281,7 @@ def test_no_socket_is_unavailable(tmp_path) -> None:
 
 def test_mediator_killed_mid_session(start_mediator) -> None:
     m = start_mediator()
-    c = vgpu.Client(socket=m.socket, tenant="test")
+    c = vgpu.Client(socket=m.socket, tenant="test", reconnect=0)  # as test_pending_calls_fail_...
     x = c.malloc(4096)
     for _ in range(100):
         c.stream.memset(x, 1, 4096)
