@@ -213,15 +213,10 @@ class _Call:
         self.event.set()
 
 
-class _Req:
-    """A request in flight, kept until its reply so that it can be sent
-    again on a resumed session; region is the host region whose id its
-    body carries at _REGION_AT."""
-
-    __slots__ = ("op", "parts", "entry", "region")
-
-    def __init__(self, op: w.Op, parts: Sequence[object], entry, region) -> None:
-        self.op, self.parts, self.entry, self.region = op, parts, entry, region
+# A request in flight: (op, parts, entry, region), kept until its reply so
+# that it can be sent again on a resumed session; region is the host region
+# whose id its body carries at _REGION_AT. A tuple: one is made per request.
+_Req = tuple
 
 
 def _handshake(path: str, tenant: str, devices: int, resume: str | None,
@@ -324,7 +319,7 @@ class _Conn:
             if err is None:
                 if region is not None:  # its id on this connection
                     struct.pack_into("<I", parts[0], _REGION_AT, region.id)
-                self._pending[rid] = _Req(op, parts, entry, region if fd is None else None)
+                self._pending[rid] = (op, parts, entry, region if fd is None else None)
                 self.requests += 1
             sock = self.sock
         if err is not None:
@@ -405,7 +400,7 @@ class _Conn:
         except OSError:
             pass
         for rid, req in pending.items():
-            req.entry.done(rid, None, self.error())
+            req[2].done(rid, None, self.error())
 
     def close(self) -> None:
         """Close the connection; pending requests fail with Unavailable."""
@@ -484,19 +479,19 @@ class _Conn:
         except VgpuError as e:
             return self._give_up(pending, Unavailable(f"registering host memory again with the resumed session: {e}"))
         unit_safe: dict[int, bool] = {}
-        for req in pending.values():
-            u = id(_unit(req.entry))
-            unit_safe[u] = unit_safe.get(u, True) and req.op in SAFE_OPS
+        for op, _, entry, _ in pending.values():
+            u = id(_unit(entry))
+            unit_safe[u] = unit_safe.get(u, True) and op in SAFE_OPS
         for rid in sorted(pending):
-            req = pending[rid]
-            if unit_safe[id(_unit(req.entry))]:
+            op, parts, entry, region = pending[rid]
+            if unit_safe[id(_unit(entry))]:
                 try:
-                    self.send(req.op, req.parts, req.entry, region=req.region, resuming=True)
+                    self.send(op, parts, entry, region=region, resuming=True)
                 except VgpuError:
                     pass  # the entry has the failure
             else:
-                req.entry.done(rid, None, Interrupted(
-                    f"{req.op.name.lower()}: interrupted by a lost connection to the mediator at {self.path}; "
+                entry.done(rid, None, Interrupted(
+                    f"{op.name.lower()}: interrupted by a lost connection to the mediator at {self.path}; "
                     "its outcome is unknown (the session was resumed)"))
         with self._lock:
             self._resuming = False
@@ -519,7 +514,7 @@ class _Conn:
             req = self._pending.pop(rid, None)
         if req is None:
             raise ProtocolError(f"mediator at {self.path} replied to unknown request {rid}")
-        entry = req.entry
+        entry = req[2]
         if flags & w.FLAG_ERROR:
             entry.done(rid, None, w.decode_error(r.exact(n)))
         elif entry.into is None:
