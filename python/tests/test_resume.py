@@ -11,6 +11,7 @@ with the mediator), so each test runs a vgpu-node next to the mediator.
 from __future__ import annotations
 
 import hashlib
+import re
 import socket
 import subprocess
 import tempfile
@@ -170,7 +171,8 @@ def test_reconnect_off_and_mediator_not_back(restartable) -> None:
     off_bufs, short_bufs = write(off, 4096), write(short, 4096)
     m.kill()
     t0 = time.monotonic()
-    with pytest.raises(vgpu.Unavailable, match="cannot be resumed") as e:
+    # Lost as the reader found it, or as the send did (broken pipe).
+    with pytest.raises(vgpu.Unavailable, match=re.escape(m.socket)) as e:
         read_sum(off, *off_bufs[0][:2])
     assert not isinstance(e.value, vgpu.Interrupted)
     with pytest.raises(vgpu.Unavailable, match="not back within 0.5 s"):
