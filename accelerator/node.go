@@ -156,9 +156,15 @@ type Node struct {
 	tenants   map[string]*tenantLimits // of tenants with live connections (limits.go)
 	// grace is how long an attached connection's frames are kept after it
 	// drops, parked by owner until reclaimed (reattach.go).
-	grace   time.Duration
-	parked  map[owner]*parkedConn
-	expired atomic.Uint64 // parked connections released at the end of their grace
+	grace  time.Duration
+	parked map[owner]*parkedConn
+	// attached holds the live connections that attached, by owner, until
+	// they end; parkedNote is closed and replaced whenever one is parked,
+	// so that a reclaim racing its predecessor's drop can wait for it
+	// (reattach.go).
+	attached   map[owner]*conn
+	parkedNote chan struct{}
+	expired    atomic.Uint64 // parked connections released at the end of their grace
 	// graphLimits bounds each connection's graphs (graph.go; tests lower it).
 	graphLimits graphLimits
 	// requests is told of each reply to a request (SimOptions.Requests);
@@ -172,7 +178,7 @@ type Node struct {
 // of FrameSize. backend names them in status ("sim").
 func New(backend string, devs []Device, log logrus.FieldLogger) (*Node, error) {
 	n := &Node{backend: backend, log: log, content: newContentIndex(), objects: newObjectTable(), conns: map[net.Conn]struct{}{},
-		tenants: map[string]*tenantLimits{}, grace: DefaultReattachGrace, parked: map[owner]*parkedConn{}, graphLimits: graphLimits{MaxNodeGraphs, MaxNodeGraphLaunches, MaxNodeGraphExtents}}
+		tenants: map[string]*tenantLimits{}, grace: DefaultReattachGrace, parked: map[owner]*parkedConn{}, attached: map[owner]*conn{}, parkedNote: make(chan struct{}), graphLimits: graphLimits{MaxNodeGraphs, MaxNodeGraphLaunches, MaxNodeGraphExtents}}
 	for i, d := range devs {
 		info := d.Info()
 		if info.Index != uint32(i) || info.Memory < FrameSize || info.Memory%FrameSize != 0 {

@@ -73,7 +73,10 @@ func (c *conn) attach(h api.Header, body []byte) error {
 		return fmt.Errorf("attach: token of %d bytes, want at least %d: %w", len(m.Token), minToken, api.ErrInvalidArgument)
 	}
 	if m.Owner == 0 {
+		c.node.mu.Lock()
 		c.token = m.Token
+		c.node.attached[c.owner] = c
+		c.node.mu.Unlock()
 		return c.c.Reply(h, api.Encode(&api.NodeAttached{Owner: uint64(c.owner)}))
 	}
 	reply, err := c.reclaim(owner(m.Owner), m.Token)
@@ -94,8 +97,11 @@ func (c *conn) reclaim(o owner, token string) (*api.NodeAttached, error) {
 		}
 	}
 	n.mu.Lock()
-	p := n.parked[o]
+	p, err := n.waitParked(o)
 	switch {
+	case err != nil:
+		n.mu.Unlock()
+		return nil, err
 	case p == nil:
 		n.mu.Unlock()
 		return nil, fmt.Errorf("reclaim of connection %d: the node keeps nothing of it (never attached, reclaimed already, or its %v grace ended and its frames were freed): %w",
@@ -109,6 +115,8 @@ func (c *conn) reclaim(o owner, token string) (*api.NodeAttached, error) {
 	}
 	delete(n.parked, o)
 	p.timer.Stop() // its callback, if it runs, finds nothing parked
+	delete(n.attached, c.owner)
+	n.attached[o] = c // as o, c is attached with o's token from here on
 	n.mu.Unlock()
 	// c's own owner id held nothing: it leaves the tenant, and c goes on
 	// as o, which never left it.
@@ -127,12 +135,44 @@ func (c *conn) reclaim(o owner, token string) (*api.NodeAttached, error) {
 	return reply, nil
 }
 
+// reclaimWait bounds how long a reclaim waits for a connection that
+// attached and is still live to drop: a mediator restarted right after a
+// crash can reach the node before the node has read its predecessor's
+// end of stream.
+const reclaimWait = 10 * time.Second
+
+// waitParked returns what is parked as o. If o is a live connection that
+// attached, it waits for it to drop and be parked, at most reclaimWait.
+// Called and returns with n.mu held.
+func (n *Node) waitParked(o owner) (*parkedConn, error) {
+	deadline := time.NewTimer(reclaimWait)
+	defer deadline.Stop()
+	for n.parked[o] == nil && n.attached[o] != nil && !n.closed {
+		note := n.parkedNote
+		n.mu.Unlock()
+		select {
+		case <-note:
+		case <-deadline.C:
+			n.mu.Lock()
+			return nil, fmt.Errorf("reclaim of connection %d: it is still connected after %v: %w", o, reclaimWait, api.ErrUnavailable)
+		}
+		n.mu.Lock()
+	}
+	return n.parked[o], nil
+}
+
 // end releases what an ended connection held, or parks it for the
 // reattach grace if it attached.
 func (c *conn) end() {
 	n := c.node
 	n.mu.Lock()
+	if n.attached[c.owner] == c {
+		delete(n.attached, c.owner)
+	}
 	if c.token == "" || n.grace <= 0 || n.closed {
+		// A reclaim waiting for this connection finds nothing parked.
+		close(n.parkedNote)
+		n.parkedNote = make(chan struct{})
 		n.mu.Unlock()
 		c.releaseAll()
 		return
@@ -141,6 +181,8 @@ func (c *conn) end() {
 	p := &parkedConn{c: c, since: time.Now()}
 	p.timer = time.AfterFunc(n.grace, func() { n.expire(o, p) })
 	n.parked[o] = p
+	close(n.parkedNote)
+	n.parkedNote = make(chan struct{})
 	grace := n.grace
 	n.mu.Unlock()
 	// Its shared objects and graphs end with it; its frames wait.

@@ -152,3 +152,33 @@ func TestReattachOnlyAttached(t *testing.T) {
 	b.rpc.Close()
 	tn.waitUsed(t, [testDevices]uint64{})
 }
+
+// A reclaim that reaches the node before the node has seen its
+// predecessor drop (a mediator restarted at once after a crash) waits for
+// the drop instead of finding nothing parked.
+func TestReclaimWaitsForTheDrop(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "acme")
+	o := a.attach(testToken)
+	fs := a.alloc(0, 1)
+	b := tn.connect(t, "acme")
+	dropped := make(chan time.Time, 1)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		dropped <- time.Now()
+		a.rpc.Close()
+	}()
+	got, err := b.reclaim(o, testToken)
+	if err != nil {
+		t.Fatalf("reclaim of a connection still live when asked: %v", err)
+	}
+	// The race happened: the reclaim was asked while a was still live.
+	select {
+	case <-dropped:
+	default:
+		t.Fatal("the reclaim returned before its predecessor dropped")
+	}
+	if got.Owner != o || !slices.Equal(got.Devices[0].Frames, fs) {
+		t.Fatalf("reclaim reply %+v, want owner %d holding %#x", got, o, fs)
+	}
+}
