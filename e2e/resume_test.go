@@ -86,6 +86,24 @@ func writeBuffers(t *testing.T, c *client.Client, sizes ...int) []written {
 	return ws
 }
 
+// checkBuffers reads each of ws back, one at a time, and fails the test if
+// a read fails or its bytes differ from what was written; when names the
+// moment in the messages.
+func checkBuffers(t *testing.T, c *client.Client, ws []written, when string) {
+	t.Helper()
+	s := c.Stream()
+	for i, x := range ws {
+		got := make([]byte, x.n)
+		s.CopyFromDevice(got, x.p)
+		if err := s.Synchronize(); err != nil {
+			t.Fatalf("read %s: %v", when, err)
+		}
+		if sha256.Sum256(got) != x.sum {
+			t.Fatalf("buffer %d differs %s", i, when)
+		}
+	}
+}
+
 // TestSessionSurvivesMediatorKill: a tenant writes device memory through a
 // mediator that is then SIGKILLed and started again on the same state
 // directory; the tenant's next calls reconnect and resume its session on
@@ -181,17 +199,7 @@ func TestUpgradeHandover(t *testing.T) {
 		t.Fatalf("the mediator's log does not say it handed over:\n%s", out)
 	}
 	r.start()
-	s := c.Stream()
-	for i, x := range ws {
-		got := make([]byte, x.n)
-		s.CopyFromDevice(got, x.p)
-		if err := s.Synchronize(); err != nil {
-			t.Fatalf("read after the handover: %v", err)
-		}
-		if sha256.Sum256(got) != x.sum {
-			t.Fatalf("buffer %d differs after the handover", i)
-		}
-	}
+	checkBuffers(t, c, ws, "after the handover")
 }
 
 // TestContainerSessionSurvivesMediatorKill: a session through a
@@ -216,17 +224,7 @@ func TestContainerSessionSurvivesMediatorKill(t *testing.T) {
 	}
 	r.kill()
 	r.start()
-	s := c.Stream()
-	for i, x := range ws {
-		got := make([]byte, x.n)
-		s.CopyFromDevice(got, x.p)
-		if err := s.Synchronize(); err != nil {
-			t.Fatalf("read through the container's socket after the restart: %v", err)
-		}
-		if sha256.Sum256(got) != x.sum {
-			t.Fatalf("buffer %d differs after the restart", i)
-		}
-	}
+	checkBuffers(t, c, ws, "through the container's socket after the restart")
 	if after := r.tenantLine("team-a"); after != before {
 		t.Fatalf("team-a after the restart: %+v, want %+v as before", after, before)
 	}
