@@ -83,6 +83,7 @@ type chunk struct {
 	n         int                     // pages allocated
 	unsealed  int                     // pages of allocations not sealed
 	partial   bool                    // listed in Space.partial
+	lost      bool                    // its device lost its contents (lose.go): never resident again unless restored
 	resident  bool                    // holds frame, its pages mapped
 	stored    bool                    // its contents are in the store under key
 	key       uint64

@@ -139,6 +139,8 @@ type Stats struct {
 	TLBHits, TLBMisses            uint64
 	// Bytes of resident chunks (equal to Mapped) and of evicted ones.
 	Resident, Evicted uint64
+	// Bytes of chunks whose contents their device lost (Lose).
+	Lost uint64
 	// Chunks faulted in and chunks evicted, since the space was made.
 	Faults, Evictions uint64
 	// Evictions that read the chunk back from the device, and those that
@@ -179,6 +181,7 @@ type Space struct {
 	allocated uint64
 	frames    int // resident chunks, each holding one frame
 	evicted   int // evicted chunks
+	lost      int // chunks whose contents their device lost (lose.go)
 	pt        pageTable
 	// Oversubscription, off while store is nil.
 	store                      Store
@@ -198,6 +201,13 @@ type allocation struct {
 	dev      uint32
 	hint     vocab.Hint
 	sealed   bool // immutable: translations for writing are refused
+	// lost, when set, is why the allocation's contents are gone (its
+	// device lost the memory of a chunk of it, lose.go): every translation
+	// of it fails with it, until Restore gives them back.
+	lost error
+	// sums are the SHA-256 of each of its whole chunks' contents, as the
+	// caller learnt them once sealed (SetSums); nil if never given.
+	sums [][32]byte
 }
 
 func (a *allocation) end() uint64 { return a.va + a.size }
@@ -457,7 +467,7 @@ func (s *Space) dropResident(c *chunk) {
 // updatePartial lists c among its pool's chunks with room exactly when it
 // has some room and some use (an unused chunk is about to be released).
 func (s *Space) updatePartial(c *chunk) {
-	want := c.n > 0 && c.n < pagesPer2M
+	want := c.n > 0 && c.n < pagesPer2M && !c.lost // nothing new goes into a lost chunk
 	if want == c.partial {
 		return
 	}
@@ -506,10 +516,13 @@ func (s *Space) Free(va uint64) error {
 		if c.n == 0 {
 			delete(s.chunks, c.va)
 			s.vas.put(c.va, Page2M)
-			if c.resident {
+			switch {
+			case c.resident:
 				s.dropResident(c)
 				unused = append(unused, c.frame)
-			} else {
+			case c.lost:
+				s.lost--
+			default:
 				s.evicted--
 			}
 			if c.stored {
@@ -789,6 +802,9 @@ func (s *Space) resolve(r Range, end func(*allocation) uint64) (*allocation, err
 		return nil, fmt.Errorf("translate %#x+%d: runs past %#x, the end of the %d-byte allocation at %#x: %w",
 			va, n, end(a), a.want, a.va, vocab.ErrInvalidAddress)
 	}
+	if a.lost != nil {
+		return nil, fmt.Errorf("translate %#x+%d: the allocation at %#x: %w", va, n, a.va, a.lost)
+	}
 	if r.Write && a.sealed {
 		return nil, fmt.Errorf("translate %#x+%d for writing: the allocation at %#x is sealed: %w", va, n, a.va, vocab.ErrPermissionDenied)
 	}
@@ -918,7 +934,7 @@ func (s *Space) Close() error {
 	s.closed = true
 	chunks := s.chunks
 	s.chunks, s.allocs = nil, nil
-	s.allocated, s.frames, s.evicted = 0, 0, 0
+	s.allocated, s.frames, s.evicted, s.lost = 0, 0, 0, 0
 	s.pt = pageTable{}
 	s.tlb = tlb{hits: s.tlb.hits, misses: s.tlb.misses}
 	s.mu.Unlock()
@@ -960,6 +976,7 @@ func (s *Space) Stats() Stats {
 		TLBMisses:      s.tlb.misses,
 		Resident:       uint64(s.frames) * Page2M,
 		Evicted:        uint64(s.evicted) * Page2M,
+		Lost:           uint64(s.lost) * Page2M,
 		Faults:         s.faults,
 		Evictions:      s.evictions,
 		WriteBacks:     s.writeBacks,
