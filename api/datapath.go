@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Messages of the data path: host memory shared with the mediator, batches
@@ -39,7 +41,7 @@ type CopyHost struct {
 // Cmd is one command of a Batch: an operation and its body, encoded as the
 // operation's own request would be.
 type Cmd struct {
-	Op   Op
+	Op   wire.Op
 	Body []byte
 }
 
@@ -55,7 +57,7 @@ type Batch struct {
 
 // AppendCmd appends one command, encoded, to a batch body being built:
 // Batch.Marshal's element format, without copying m through a Cmd.
-func AppendCmd(b []byte, op Op, m Message) []byte {
+func AppendCmd(b []byte, op wire.Op, m Message) []byte {
 	e, at := BeginCmd(b, op)
 	m.Marshal(&e)
 	return EndCmd(e.B, at)
@@ -66,7 +68,7 @@ func AppendCmd(b []byte, op Op, m Message) []byte {
 // then, and neither the message nor the encoder escapes to the heap (a
 // tiny launch is queued without allocating). BeginCmd appends op and room
 // for the length, which EndCmd fills in, given at.
-func BeginCmd(b []byte, op Op) (e Encoder, at int) {
+func BeginCmd(b []byte, op wire.Op) (e wire.Encoder, at int) {
 	e.B = b
 	e.U16(uint16(op))
 	at = len(e.B)
@@ -84,7 +86,7 @@ func EndCmd(b []byte, at int) []byte {
 // BatchError is the failure of command Index of a batch.
 type BatchError struct {
 	Index int
-	Op    Op
+	Op    wire.Op
 	Err   error
 }
 

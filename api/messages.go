@@ -6,58 +6,61 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+
+	"github.com/vgpu/vgpu/api/wire"
 )
 
-// Op names a request. The numbers are part of the wire protocol.
-type Op uint16
+// The operations: the opcode of a request (wire.Op) says which message its
+// body is. The numbers are part of the wire protocol, one space for every
+// role.
 
 // Operations every peer understands.
 const (
-	OpHello   Op = 1 // Hello → HelloReply; must be the first request
-	OpKernels Op = 2 // → KernelList
+	OpHello   wire.Op = 1 // Hello → HelloReply; must be the first request
+	OpKernels wire.Op = 2 // → KernelList
 )
 
 // Tenant operations: client → mediator. Addresses are tenant virtual addresses.
 const (
-	OpMalloc         Op = 16 + iota // Malloc → MallocReply
-	OpFree                          // Free
-	OpStreamCreate                  // → StreamReply
-	OpStreamDestroy                 // StreamReq
-	OpCopyToDevice                  // CopyToDevice (+ payload)
-	OpCopyFromDevice                // CopyFromDevice → payload
-	OpCopyDevice                    // CopyDevice
-	OpMemset                        // Memset
-	OpLaunch                        // Launch
-	OpSynchronize                   // StreamReq; answered once all earlier commands completed
-	OpStatus                        // → JSON Status
+	OpMalloc         wire.Op = 16 + iota // Malloc → MallocReply
+	OpFree                               // Free
+	OpStreamCreate                       // → StreamReply
+	OpStreamDestroy                      // StreamReq
+	OpCopyToDevice                       // CopyToDevice (+ payload)
+	OpCopyFromDevice                     // CopyFromDevice → payload
+	OpCopyDevice                         // CopyDevice
+	OpMemset                             // Memset
+	OpLaunch                             // Launch
+	OpSynchronize                        // StreamReq; answered once all earlier commands completed
+	OpStatus                             // → JSON Status
 )
 
 // Tenant operations of the data path (datapath.go).
 const (
-	OpHostRegister       Op = 32 + iota // HostRegister, with a memfd passed alongside → HostRegion
-	OpHostUnregister                    // HostRegion
-	OpCopyToDeviceHost                  // CopyHost: from a registered host region
-	OpCopyFromDeviceHost                // CopyHost: into a registered host region
-	OpBatch                             // Batch; answered once every command in it completed
-	OpSeal                              // Seal
-	OpGraphCreate                       // Batch (its stream unused) → Graph
-	OpGraphLaunch                       // GraphLaunch
-	OpGraphDestroy                      // Graph
-	OpSessionStats                      // → SessionStats
-	OpExport                            // Export → Shared
-	OpImport                            // Shared → ImportReply
-	OpRevoke                            // Revoke
-	OpPublish                           // At → BufVersion: the versioned buffer's draft becomes a version
-	OpPin                               // At → BufVersion: read the latest published version from now on
+	OpHostRegister       wire.Op = 32 + iota // HostRegister, with a memfd passed alongside → HostRegion
+	OpHostUnregister                         // HostRegion
+	OpCopyToDeviceHost                       // CopyHost: from a registered host region
+	OpCopyFromDeviceHost                     // CopyHost: into a registered host region
+	OpBatch                                  // Batch; answered once every command in it completed
+	OpSeal                                   // Seal
+	OpGraphCreate                            // Batch (its stream unused) → Graph
+	OpGraphLaunch                            // GraphLaunch
+	OpGraphDestroy                           // Graph
+	OpSessionStats                           // → SessionStats
+	OpExport                                 // Export → Shared
+	OpImport                                 // Shared → ImportReply
+	OpRevoke                                 // Revoke
+	OpPublish                                // At → BufVersion: the versioned buffer's draft becomes a version
+	OpPin                                    // At → BufVersion: read the latest published version from now on
 )
 
 // Operator operations: vgpuctl and vgpu-hook → mediator. Those that change
 // state need a peer running as root (or as the mediator's own user).
 const (
-	OpRegister Op = 48 + iota // Register → RegisterReply; admission of a starting container
-	OpRelease                 // Release; a stopped container's memory and socket are freed
-	OpTenants                 // → JSON []TenantInfo
-	OpReload                  // re-read the quota file; the old one stays if the new one is invalid
+	OpRegister wire.Op = 48 + iota // Register → RegisterReply; admission of a starting container
+	OpRelease                      // Release; a stopped container's memory and socket are freed
+	OpTenants                      // → JSON []TenantInfo
+	OpReload                       // re-read the quota file; the old one stays if the new one is invalid
 	// OpSelf → JSON SelfStatus: on a container's socket, what that
 	// container has; the only status a container may read (self.go).
 	OpSelf
@@ -65,30 +68,30 @@ const (
 
 // Node operations: mediator → node. Addresses are physical device addresses.
 const (
-	OpNodeAlloc      Op = 64 + iota // NodeAlloc → NodeFrames
-	OpNodeFree                      // NodeFrames
-	OpNodeWrite                     // NodeAccess (+ payload)
-	OpNodeRead                      // NodeAccess → payload
-	OpNodeFill                      // NodeAccess
-	OpNodeCopy                      // NodeCopy
-	OpNodeLaunch                    // NodeLaunch
-	OpNodeStatus                    // → JSON NodeStatus
-	OpNodeBatch                     // Batch of node commands, in order, one reply
-	OpNodeSeal                      // NodeFrames → NodeSealReply: make frames read-only and index their contents
-	OpNodeDedup                     // NodeDedup → NodeDedupReply
-	OpNodeExport                    // NodeExport → NodeObject
-	OpNodeImport                    // NodeObject → NodeImportReply
-	OpNodeRevoke                    // NodeRevoke
-	OpNodeObjRead                   // NodeObjAccess → NodeGrant + bytes
-	OpNodeObjWrite                  // NodeObjAccess (+ payload) → NodeGrant, once no other copy is valid
-	OpNodeInval                     // NodeInval: pushed to a reader (FlagPush); acknowledged with OpNodeInvalAck
-	OpNodeInvalAck                  // NodeInval
-	OpNodeRevoked                   // NodeRevoke: pushed to the revoked tenant's readers; acknowledged with OpNodeRevokedAck
-	OpNodeRevokedAck                // NodeRevoke
-	OpNodeUnexport                  // NodeObject: its exporter ends it (frees the buffer)
-	OpNodePublish                   // NodeObject → BufVersion
-	OpNodePin                       // NodeObject → BufVersion: one more pin of the published version by the connection
-	OpNodeUnpin                     // NodeVersion: undoes one pin of that version by the connection
+	OpNodeAlloc      wire.Op = 64 + iota // NodeAlloc → NodeFrames
+	OpNodeFree                           // NodeFrames
+	OpNodeWrite                          // NodeAccess (+ payload)
+	OpNodeRead                           // NodeAccess → payload
+	OpNodeFill                           // NodeAccess
+	OpNodeCopy                           // NodeCopy
+	OpNodeLaunch                         // NodeLaunch
+	OpNodeStatus                         // → JSON NodeStatus
+	OpNodeBatch                          // Batch of node commands, in order, one reply
+	OpNodeSeal                           // NodeFrames → NodeSealReply: make frames read-only and index their contents
+	OpNodeDedup                          // NodeDedup → NodeDedupReply
+	OpNodeExport                         // NodeExport → NodeObject
+	OpNodeImport                         // NodeObject → NodeImportReply
+	OpNodeRevoke                         // NodeRevoke
+	OpNodeObjRead                        // NodeObjAccess → NodeGrant + bytes
+	OpNodeObjWrite                       // NodeObjAccess (+ payload) → NodeGrant, once no other copy is valid
+	OpNodeInval                          // NodeInval: pushed to a reader (wire.FlagPush); acknowledged with OpNodeInvalAck
+	OpNodeInvalAck                       // NodeInval
+	OpNodeRevoked                        // NodeRevoke: pushed to the revoked tenant's readers; acknowledged with OpNodeRevokedAck
+	OpNodeRevokedAck                     // NodeRevoke
+	OpNodeUnexport                       // NodeObject: its exporter ends it (frees the buffer)
+	OpNodePublish                        // NodeObject → BufVersion
+	OpNodePin                            // NodeObject → BufVersion: one more pin of the published version by the connection
+	OpNodeUnpin                          // NodeVersion: undoes one pin of that version by the connection
 	// OpNodeAttach: NodeAttach → NodeAttached. With Owner 0 the node keeps
 	// the connection's frames for its reattach grace under Token when the
 	// connection drops; with an Owner it hands the frames it kept of that
@@ -98,19 +101,19 @@ const (
 
 // Tensor graphs (tensor.go): tenant → mediator.
 const (
-	OpGraphRegister Op = 96 + iota // GraphDef → Graph
-	OpGraphInvoke                  // GraphInvoke → the output tensors' bytes
-	OpGraphRelease                 // Graph
+	OpGraphRegister wire.Op = 96 + iota // GraphDef → Graph
+	OpGraphInvoke                       // GraphInvoke → the output tensors' bytes
+	OpGraphRelease                      // Graph
 )
 
 // Tensor graphs: mediator → node.
 const (
-	OpNodeGraphRegister Op = 112 + iota // NodeGraph → Graph
-	OpNodeGraphRun                      // NodeGraphRun; answered once every launch completed
-	OpNodeGraphFree                     // Graph
+	OpNodeGraphRegister wire.Op = 112 + iota // NodeGraph → Graph
+	OpNodeGraphRun                           // NodeGraphRun; answered once every launch completed
+	OpNodeGraphFree                          // Graph
 )
 
-var opNames = map[Op]string{
+var opNames = map[wire.Op]string{
 	OpHello: "hello", OpKernels: "kernels",
 	OpMalloc: "malloc", OpFree: "free", OpStreamCreate: "stream-create", OpStreamDestroy: "stream-destroy",
 	OpCopyToDevice: "copy-to-device", OpCopyFromDevice: "copy-from-device", OpCopyDevice: "copy-device",
@@ -132,31 +135,27 @@ var opNames = map[Op]string{
 	OpNodeGraphRegister: "node-graph-register", OpNodeGraphRun: "node-graph-run", OpNodeGraphFree: "node-graph-free",
 }
 
-func (o Op) String() string {
-	if s, ok := opNames[o]; ok {
-		return s
-	}
-	return fmt.Sprintf("op(%d)", uint16(o))
-}
+// The wire's errors name operations by these names.
+func init() { wire.NameOps(opNames) }
 
 // Message is a request or reply body with a fixed layout.
 type Message interface {
-	Marshal(e *Encoder)
-	Unmarshal(d *Decoder)
+	Marshal(e *wire.Encoder)
+	Unmarshal(d *wire.Decoder)
 }
 
 // Encode returns m's wire form.
 func Encode(m Message) []byte {
 	// Room for a typical small message up front: growing from nothing
 	// costs an allocation per doubling.
-	e := Encoder{B: make([]byte, 0, 64)}
+	e := wire.Encoder{B: make([]byte, 0, 64)}
 	m.Marshal(&e)
 	return e.B
 }
 
 // Decode fills m from b, rejecting short, malformed and over-long bodies.
 func Decode(b []byte, m Message) error {
-	d := NewDecoder(b)
+	d := wire.NewDecoder(b)
 	m.Unmarshal(d)
 	return d.Finish()
 }
@@ -416,7 +415,7 @@ type KernelInfo struct {
 //vgpu:wire
 type KernelList struct{ Kernels []KernelInfo }
 
-func putExtents(e *Encoder, xs []Extent) {
+func putExtents(e *wire.Encoder, xs []Extent) {
 	e.U32(uint32(len(xs)))
 	for _, x := range xs {
 		e.U64(x.Addr)
@@ -424,7 +423,7 @@ func putExtents(e *Encoder, xs []Extent) {
 	}
 }
 
-func getExtents(d *Decoder) []Extent {
+func getExtents(d *wire.Decoder) []Extent {
 	xs := make([]Extent, d.Len(16))
 	for i := range xs {
 		xs[i] = Extent{Addr: d.U64(), Len: d.U64()}
@@ -550,7 +549,7 @@ type NodeArg struct {
 
 // A NodeArg's fields on the wire depend on its kind: a buffer's extents,
 // or a scalar's bits.
-func (a *NodeArg) marshalWire(e *Encoder) {
+func (a *NodeArg) marshalWire(e *wire.Encoder) {
 	e.U8(uint8(a.Kind))
 	if a.Kind == ArgBuffer {
 		putExtents(e, a.Extents)
@@ -559,7 +558,7 @@ func (a *NodeArg) marshalWire(e *Encoder) {
 	}
 }
 
-func (a *NodeArg) unmarshalWire(d *Decoder) {
+func (a *NodeArg) unmarshalWire(d *wire.Decoder) {
 	a.Kind = ArgKind(d.U8())
 	if a.Kind == ArgBuffer {
 		a.Extents = getExtents(d)

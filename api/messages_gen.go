@@ -2,23 +2,25 @@
 
 package api
 
-func (m *HostRegister) Marshal(e *Encoder) {
+import "github.com/vgpu/vgpu/api/wire"
+
+func (m *HostRegister) Marshal(e *wire.Encoder) {
 	e.U64(m.Size)
 }
 
-func (m *HostRegister) Unmarshal(d *Decoder) {
+func (m *HostRegister) Unmarshal(d *wire.Decoder) {
 	m.Size = d.U64()
 }
 
-func (m *HostRegion) Marshal(e *Encoder) {
+func (m *HostRegion) Marshal(e *wire.Encoder) {
 	e.U32(m.Region)
 }
 
-func (m *HostRegion) Unmarshal(d *Decoder) {
+func (m *HostRegion) Unmarshal(d *wire.Decoder) {
 	m.Region = d.U32()
 }
 
-func (m *CopyHost) Marshal(e *Encoder) {
+func (m *CopyHost) Marshal(e *wire.Encoder) {
 	e.U32(m.Stream)
 	e.U64(m.Addr)
 	e.U32(m.Region)
@@ -26,7 +28,7 @@ func (m *CopyHost) Marshal(e *Encoder) {
 	e.U64(m.Len)
 }
 
-func (m *CopyHost) Unmarshal(d *Decoder) {
+func (m *CopyHost) Unmarshal(d *wire.Decoder) {
 	m.Stream = d.U32()
 	m.Addr = d.U64()
 	m.Region = d.U32()
@@ -34,7 +36,7 @@ func (m *CopyHost) Unmarshal(d *Decoder) {
 	m.Len = d.U64()
 }
 
-func (m *Batch) Marshal(e *Encoder) {
+func (m *Batch) Marshal(e *wire.Encoder) {
 	e.U32(m.Stream)
 	e.U32(uint32(len(m.Cmds)))
 	for i1 := range m.Cmds {
@@ -45,46 +47,46 @@ func (m *Batch) Marshal(e *Encoder) {
 	}
 }
 
-func (m *Batch) Unmarshal(d *Decoder) {
+func (m *Batch) Unmarshal(d *wire.Decoder) {
 	m.Stream = d.U32()
 	m.Cmds = make([]Cmd, d.Len(6))
 	for i2 := range m.Cmds {
 		p2 := &m.Cmds[i2]
-		p2.Op = Op(d.U16())
+		p2.Op = wire.Op(d.U16())
 		p2.Body = d.Bytes(int(d.U32()))
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
 }
 
-func (m *Seal) Marshal(e *Encoder) {
+func (m *Seal) Marshal(e *wire.Encoder) {
 	e.U64(m.Addr)
 }
 
-func (m *Seal) Unmarshal(d *Decoder) {
+func (m *Seal) Unmarshal(d *wire.Decoder) {
 	m.Addr = d.U64()
 }
 
-func (m *Graph) Marshal(e *Encoder) {
+func (m *Graph) Marshal(e *wire.Encoder) {
 	e.U32(m.Graph)
 }
 
-func (m *Graph) Unmarshal(d *Decoder) {
+func (m *Graph) Unmarshal(d *wire.Decoder) {
 	m.Graph = d.U32()
 }
 
-func (m *GraphLaunch) Marshal(e *Encoder) {
+func (m *GraphLaunch) Marshal(e *wire.Encoder) {
 	e.U32(m.Stream)
 	e.U32(m.Graph)
 }
 
-func (m *GraphLaunch) Unmarshal(d *Decoder) {
+func (m *GraphLaunch) Unmarshal(d *wire.Decoder) {
 	m.Stream = d.U32()
 	m.Graph = d.U32()
 }
 
-func (m *SessionStats) Marshal(e *Encoder) {
+func (m *SessionStats) Marshal(e *wire.Encoder) {
 	e.U64(m.CopiedIn)
 	e.U64(m.CopiedOut)
 	e.U64(m.Launches)
@@ -98,7 +100,7 @@ func (m *SessionStats) Marshal(e *Encoder) {
 	e.U64(m.SharedMisses)
 }
 
-func (m *SessionStats) Unmarshal(d *Decoder) {
+func (m *SessionStats) Unmarshal(d *wire.Decoder) {
 	m.CopiedIn = d.U64()
 	m.CopiedOut = d.U64()
 	m.Launches = d.U64()
@@ -112,7 +114,7 @@ func (m *SessionStats) Unmarshal(d *Decoder) {
 	m.SharedMisses = d.U64()
 }
 
-func (m *NodeDedup) Marshal(e *Encoder) {
+func (m *NodeDedup) Marshal(e *wire.Encoder) {
 	e.U32(m.Device)
 	e.U32(uint32(len(m.Dst)))
 	for i3 := range m.Dst {
@@ -126,14 +128,14 @@ func (m *NodeDedup) Marshal(e *Encoder) {
 	}
 }
 
-func (m *NodeDedup) Unmarshal(d *Decoder) {
+func (m *NodeDedup) Unmarshal(d *wire.Decoder) {
 	m.Device = d.U32()
 	m.Dst = make([]Extent, d.Len(16))
 	for i5 := range m.Dst {
 		p5 := &m.Dst[i5]
 		p5.Addr = d.U64()
 		p5.Len = d.U64()
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
@@ -143,35 +145,35 @@ func (m *NodeDedup) Unmarshal(d *Decoder) {
 	}
 }
 
-func (m *NodeDedupReply) Marshal(e *Encoder) {
+func (m *NodeDedupReply) Marshal(e *wire.Encoder) {
 	e.U32(uint32(len(m.Hit)))
 	for i7 := range m.Hit {
 		e.Bool(m.Hit[i7])
 	}
 }
 
-func (m *NodeDedupReply) Unmarshal(d *Decoder) {
+func (m *NodeDedupReply) Unmarshal(d *wire.Decoder) {
 	m.Hit = make([]bool, d.Len(1))
 	for i8 := range m.Hit {
 		m.Hit[i8] = d.Bool()
 	}
 }
 
-func (m *NodeSealReply) Marshal(e *Encoder) {
+func (m *NodeSealReply) Marshal(e *wire.Encoder) {
 	e.U32(uint32(len(m.StoredOnce)))
 	for i9 := range m.StoredOnce {
 		e.Bool(m.StoredOnce[i9])
 	}
 }
 
-func (m *NodeSealReply) Unmarshal(d *Decoder) {
+func (m *NodeSealReply) Unmarshal(d *wire.Decoder) {
 	m.StoredOnce = make([]bool, d.Len(1))
 	for i10 := range m.StoredOnce {
 		m.StoredOnce[i10] = d.Bool()
 	}
 }
 
-func (m *Hello) Marshal(e *Encoder) {
+func (m *Hello) Marshal(e *wire.Encoder) {
 	e.U32(m.Magic)
 	e.U16(m.Version)
 	e.U8(uint8(m.Role))
@@ -184,7 +186,7 @@ func (m *Hello) Marshal(e *Encoder) {
 	}
 }
 
-func (m *Hello) Unmarshal(d *Decoder) {
+func (m *Hello) Unmarshal(d *wire.Decoder) {
 	m.Magic = d.U32()
 	m.Version = d.U16()
 	m.Role = Role(d.U8())
@@ -196,12 +198,12 @@ func (m *Hello) Unmarshal(d *Decoder) {
 		m.Resumable = true
 		m.Resume = d.Str()
 		if len(m.Resume) > MaxToken {
-			d.fail("Hello.Resume of %d bytes, limit %d", len(m.Resume), MaxToken)
+			d.Fail("Hello.Resume of %d bytes, limit %d", len(m.Resume), MaxToken)
 		}
 	}
 }
 
-func (m *HelloReply) Marshal(e *Encoder) {
+func (m *HelloReply) Marshal(e *wire.Encoder) {
 	e.U16(m.Version)
 	e.U64(m.Session)
 	e.U32(uint32(len(m.Devices)))
@@ -217,7 +219,7 @@ func (m *HelloReply) Marshal(e *Encoder) {
 	}
 }
 
-func (m *HelloReply) Unmarshal(d *Decoder) {
+func (m *HelloReply) Unmarshal(d *wire.Decoder) {
 	m.Version = d.U16()
 	m.Session = d.U64()
 	m.Devices = make([]DeviceInfo, d.Len(20))
@@ -227,7 +229,7 @@ func (m *HelloReply) Unmarshal(d *Decoder) {
 		p12.Name = d.Str()
 		p12.Node = d.Str()
 		p12.Memory = d.U64()
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
@@ -237,7 +239,7 @@ func (m *HelloReply) Unmarshal(d *Decoder) {
 	}
 }
 
-func (m *Malloc) Marshal(e *Encoder) {
+func (m *Malloc) Marshal(e *wire.Encoder) {
 	e.U32(m.Device)
 	e.U64(m.Size)
 	e.U8(uint8(m.Hint))
@@ -246,7 +248,7 @@ func (m *Malloc) Marshal(e *Encoder) {
 	e.U64(m.Near)
 }
 
-func (m *Malloc) Unmarshal(d *Decoder) {
+func (m *Malloc) Unmarshal(d *wire.Decoder) {
 	m.Device = d.U32()
 	m.Size = d.U64()
 	m.Hint = Hint(d.U8())
@@ -255,83 +257,83 @@ func (m *Malloc) Unmarshal(d *Decoder) {
 	m.Near = d.U64()
 }
 
-func (m *MallocReply) Marshal(e *Encoder) {
+func (m *MallocReply) Marshal(e *wire.Encoder) {
 	e.U64(m.Addr)
 }
 
-func (m *MallocReply) Unmarshal(d *Decoder) {
+func (m *MallocReply) Unmarshal(d *wire.Decoder) {
 	m.Addr = d.U64()
 }
 
-func (m *Free) Marshal(e *Encoder) {
+func (m *Free) Marshal(e *wire.Encoder) {
 	e.U64(m.Addr)
 }
 
-func (m *Free) Unmarshal(d *Decoder) {
+func (m *Free) Unmarshal(d *wire.Decoder) {
 	m.Addr = d.U64()
 }
 
-func (m *StreamReq) Marshal(e *Encoder) {
+func (m *StreamReq) Marshal(e *wire.Encoder) {
 	e.U32(m.Stream)
 }
 
-func (m *StreamReq) Unmarshal(d *Decoder) {
+func (m *StreamReq) Unmarshal(d *wire.Decoder) {
 	m.Stream = d.U32()
 }
 
-func (m *CopyToDevice) Marshal(e *Encoder) {
+func (m *CopyToDevice) Marshal(e *wire.Encoder) {
 	e.U32(m.Stream)
 	e.U64(m.Dst)
 	e.B = append(e.B, m.Payload...)
 }
 
-func (m *CopyToDevice) Unmarshal(d *Decoder) {
+func (m *CopyToDevice) Unmarshal(d *wire.Decoder) {
 	m.Stream = d.U32()
 	m.Dst = d.U64()
 	m.Payload = d.Rest()
 }
 
-func (m *CopyFromDevice) Marshal(e *Encoder) {
+func (m *CopyFromDevice) Marshal(e *wire.Encoder) {
 	e.U32(m.Stream)
 	e.U64(m.Src)
 	e.U64(m.Len)
 }
 
-func (m *CopyFromDevice) Unmarshal(d *Decoder) {
+func (m *CopyFromDevice) Unmarshal(d *wire.Decoder) {
 	m.Stream = d.U32()
 	m.Src = d.U64()
 	m.Len = d.U64()
 }
 
-func (m *CopyDevice) Marshal(e *Encoder) {
+func (m *CopyDevice) Marshal(e *wire.Encoder) {
 	e.U32(m.Stream)
 	e.U64(m.Dst)
 	e.U64(m.Src)
 	e.U64(m.Len)
 }
 
-func (m *CopyDevice) Unmarshal(d *Decoder) {
+func (m *CopyDevice) Unmarshal(d *wire.Decoder) {
 	m.Stream = d.U32()
 	m.Dst = d.U64()
 	m.Src = d.U64()
 	m.Len = d.U64()
 }
 
-func (m *Memset) Marshal(e *Encoder) {
+func (m *Memset) Marshal(e *wire.Encoder) {
 	e.U32(m.Stream)
 	e.U64(m.Dst)
 	e.U8(m.Value)
 	e.U64(m.Len)
 }
 
-func (m *Memset) Unmarshal(d *Decoder) {
+func (m *Memset) Unmarshal(d *wire.Decoder) {
 	m.Stream = d.U32()
 	m.Dst = d.U64()
 	m.Value = d.U8()
 	m.Len = d.U64()
 }
 
-func (m *Launch) Marshal(e *Encoder) {
+func (m *Launch) Marshal(e *wire.Encoder) {
 	e.U32(m.Stream)
 	e.String(m.Kernel)
 	e.U32(uint32(len(m.Args)))
@@ -342,7 +344,7 @@ func (m *Launch) Marshal(e *Encoder) {
 	}
 }
 
-func (m *Launch) Unmarshal(d *Decoder) {
+func (m *Launch) Unmarshal(d *wire.Decoder) {
 	m.Stream = d.U32()
 	m.Kernel = d.Str()
 	m.Args = make([]Arg, d.Len(9))
@@ -350,13 +352,13 @@ func (m *Launch) Unmarshal(d *Decoder) {
 		p14 := &m.Args[i14]
 		p14.Kind = ArgKind(d.U8())
 		p14.Bits = d.U64()
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
 }
 
-func (m *KernelList) Marshal(e *Encoder) {
+func (m *KernelList) Marshal(e *wire.Encoder) {
 	e.U32(uint32(len(m.Kernels)))
 	for i15 := range m.Kernels {
 		p15 := &m.Kernels[i15]
@@ -378,7 +380,7 @@ func (m *KernelList) Marshal(e *Encoder) {
 	}
 }
 
-func (m *KernelList) Unmarshal(d *Decoder) {
+func (m *KernelList) Unmarshal(d *wire.Decoder) {
 	m.Kernels = make([]KernelInfo, d.Len(12))
 	for i18 := range m.Kernels {
 		p18 := &m.Kernels[i18]
@@ -398,27 +400,27 @@ func (m *KernelList) Unmarshal(d *Decoder) {
 				p19.Dims[i20] = d.Str()
 			}
 			p19.DType = DType(d.U8())
-			if d.err != nil {
+			if d.Err() != nil {
 				return
 			}
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
 }
 
-func (m *NodeAlloc) Marshal(e *Encoder) {
+func (m *NodeAlloc) Marshal(e *wire.Encoder) {
 	e.U32(m.Device)
 	e.U32(m.Count)
 }
 
-func (m *NodeAlloc) Unmarshal(d *Decoder) {
+func (m *NodeAlloc) Unmarshal(d *wire.Decoder) {
 	m.Device = d.U32()
 	m.Count = d.U32()
 }
 
-func (m *NodeFrames) Marshal(e *Encoder) {
+func (m *NodeFrames) Marshal(e *wire.Encoder) {
 	e.U32(m.Device)
 	e.U32(uint32(len(m.Frames)))
 	for i21 := range m.Frames {
@@ -426,7 +428,7 @@ func (m *NodeFrames) Marshal(e *Encoder) {
 	}
 }
 
-func (m *NodeFrames) Unmarshal(d *Decoder) {
+func (m *NodeFrames) Unmarshal(d *wire.Decoder) {
 	m.Device = d.U32()
 	m.Frames = make([]uint64, d.Len(8))
 	for i22 := range m.Frames {
@@ -434,20 +436,20 @@ func (m *NodeFrames) Unmarshal(d *Decoder) {
 	}
 }
 
-func (m *NodeAttach) Marshal(e *Encoder) {
+func (m *NodeAttach) Marshal(e *wire.Encoder) {
 	e.U64(m.Owner)
 	e.String(m.Token)
 }
 
-func (m *NodeAttach) Unmarshal(d *Decoder) {
+func (m *NodeAttach) Unmarshal(d *wire.Decoder) {
 	m.Owner = d.U64()
 	m.Token = d.Str()
 	if len(m.Token) > MaxToken {
-		d.fail("NodeAttach.Token of %d bytes, limit %d", len(m.Token), MaxToken)
+		d.Fail("NodeAttach.Token of %d bytes, limit %d", len(m.Token), MaxToken)
 	}
 }
 
-func (m *NodeAttached) Marshal(e *Encoder) {
+func (m *NodeAttached) Marshal(e *wire.Encoder) {
 	e.U64(m.Owner)
 	e.U32(uint32(len(m.Devices)))
 	for i23 := range m.Devices {
@@ -460,7 +462,7 @@ func (m *NodeAttached) Marshal(e *Encoder) {
 	}
 }
 
-func (m *NodeAttached) Unmarshal(d *Decoder) {
+func (m *NodeAttached) Unmarshal(d *wire.Decoder) {
 	m.Owner = d.U64()
 	m.Devices = make([]NodeFrames, d.Len(8))
 	for i25 := range m.Devices {
@@ -470,13 +472,13 @@ func (m *NodeAttached) Unmarshal(d *Decoder) {
 		for i26 := range p25.Frames {
 			p25.Frames[i26] = d.U64()
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
 }
 
-func (m *NodeAccess) Marshal(e *Encoder) {
+func (m *NodeAccess) Marshal(e *wire.Encoder) {
 	e.U32(m.Device)
 	e.U32(uint32(len(m.Extents)))
 	for i27 := range m.Extents {
@@ -488,14 +490,14 @@ func (m *NodeAccess) Marshal(e *Encoder) {
 	e.B = append(e.B, m.Payload...)
 }
 
-func (m *NodeAccess) Unmarshal(d *Decoder) {
+func (m *NodeAccess) Unmarshal(d *wire.Decoder) {
 	m.Device = d.U32()
 	m.Extents = make([]Extent, d.Len(16))
 	for i28 := range m.Extents {
 		p28 := &m.Extents[i28]
 		p28.Addr = d.U64()
 		p28.Len = d.U64()
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
@@ -503,7 +505,7 @@ func (m *NodeAccess) Unmarshal(d *Decoder) {
 	m.Payload = d.Rest()
 }
 
-func (m *NodeCopy) Marshal(e *Encoder) {
+func (m *NodeCopy) Marshal(e *wire.Encoder) {
 	e.U32(m.Device)
 	e.U32(uint32(len(m.Dst)))
 	for i29 := range m.Dst {
@@ -519,14 +521,14 @@ func (m *NodeCopy) Marshal(e *Encoder) {
 	}
 }
 
-func (m *NodeCopy) Unmarshal(d *Decoder) {
+func (m *NodeCopy) Unmarshal(d *wire.Decoder) {
 	m.Device = d.U32()
 	m.Dst = make([]Extent, d.Len(16))
 	for i31 := range m.Dst {
 		p31 := &m.Dst[i31]
 		p31.Addr = d.U64()
 		p31.Len = d.U64()
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
@@ -535,13 +537,13 @@ func (m *NodeCopy) Unmarshal(d *Decoder) {
 		p32 := &m.Src[i32]
 		p32.Addr = d.U64()
 		p32.Len = d.U64()
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
 }
 
-func (m *NodeLaunch) Marshal(e *Encoder) {
+func (m *NodeLaunch) Marshal(e *wire.Encoder) {
 	e.U32(m.Device)
 	e.String(m.Kernel)
 	e.U32(uint32(len(m.Args)))
@@ -551,20 +553,20 @@ func (m *NodeLaunch) Marshal(e *Encoder) {
 	}
 }
 
-func (m *NodeLaunch) Unmarshal(d *Decoder) {
+func (m *NodeLaunch) Unmarshal(d *wire.Decoder) {
 	m.Device = d.U32()
 	m.Kernel = d.Str()
 	m.Args = make([]NodeArg, d.Len(5))
 	for i34 := range m.Args {
 		p34 := &m.Args[i34]
 		p34.unmarshalWire(d)
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
 }
 
-func (m *Register) Marshal(e *Encoder) {
+func (m *Register) Marshal(e *wire.Encoder) {
 	e.String(m.Container)
 	e.String(m.Namespace)
 	e.String(m.Tenant)
@@ -575,7 +577,7 @@ func (m *Register) Marshal(e *Encoder) {
 	e.String(m.SocketDir)
 }
 
-func (m *Register) Unmarshal(d *Decoder) {
+func (m *Register) Unmarshal(d *wire.Decoder) {
 	m.Container = d.Str()
 	m.Namespace = d.Str()
 	m.Tenant = d.Str()
@@ -586,29 +588,29 @@ func (m *Register) Unmarshal(d *Decoder) {
 	m.SocketDir = d.Str()
 }
 
-func (m *RegisterReply) Marshal(e *Encoder) {
+func (m *RegisterReply) Marshal(e *wire.Encoder) {
 	e.String(m.Tenant)
 	e.U64(m.Memory)
 	e.String(m.Socket)
 }
 
-func (m *RegisterReply) Unmarshal(d *Decoder) {
+func (m *RegisterReply) Unmarshal(d *wire.Decoder) {
 	m.Tenant = d.Str()
 	m.Memory = d.U64()
 	m.Socket = d.Str()
 }
 
-func (m *Release) Marshal(e *Encoder) {
+func (m *Release) Marshal(e *wire.Encoder) {
 	e.String(m.Container)
 	e.String(m.Namespace)
 }
 
-func (m *Release) Unmarshal(d *Decoder) {
+func (m *Release) Unmarshal(d *wire.Decoder) {
 	m.Container = d.Str()
 	m.Namespace = d.Str()
 }
 
-func (m *Export) Marshal(e *Encoder) {
+func (m *Export) Marshal(e *wire.Encoder) {
 	e.U64(m.Addr)
 	e.U8(uint8(m.Mode))
 	e.U32(uint32(len(m.Grants)))
@@ -619,7 +621,7 @@ func (m *Export) Marshal(e *Encoder) {
 	}
 }
 
-func (m *Export) Unmarshal(d *Decoder) {
+func (m *Export) Unmarshal(d *wire.Decoder) {
 	m.Addr = d.U64()
 	m.Mode = Mode(d.U8())
 	m.Grants = make([]Grant, d.Len(5))
@@ -627,47 +629,47 @@ func (m *Export) Unmarshal(d *Decoder) {
 		p36 := &m.Grants[i36]
 		p36.Tenant = d.Str()
 		p36.Write = d.Bool()
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
 }
 
-func (m *Shared) Marshal(e *Encoder) {
+func (m *Shared) Marshal(e *wire.Encoder) {
 	e.String(m.Node)
 	e.U64(m.Object)
 }
 
-func (m *Shared) Unmarshal(d *Decoder) {
+func (m *Shared) Unmarshal(d *wire.Decoder) {
 	m.Node = d.Str()
 	m.Object = d.U64()
 }
 
-func (m *ImportReply) Marshal(e *Encoder) {
+func (m *ImportReply) Marshal(e *wire.Encoder) {
 	e.U64(m.Addr)
 	e.U64(m.Size)
 	e.U8(uint8(m.Mode))
 	e.Bool(m.Write)
 }
 
-func (m *ImportReply) Unmarshal(d *Decoder) {
+func (m *ImportReply) Unmarshal(d *wire.Decoder) {
 	m.Addr = d.U64()
 	m.Size = d.U64()
 	m.Mode = Mode(d.U8())
 	m.Write = d.Bool()
 }
 
-func (m *Revoke) Marshal(e *Encoder) {
+func (m *Revoke) Marshal(e *wire.Encoder) {
 	e.U64(m.Addr)
 	e.String(m.Tenant)
 }
 
-func (m *Revoke) Unmarshal(d *Decoder) {
+func (m *Revoke) Unmarshal(d *wire.Decoder) {
 	m.Addr = d.U64()
 	m.Tenant = d.Str()
 }
 
-func (m *NodeExport) Marshal(e *Encoder) {
+func (m *NodeExport) Marshal(e *wire.Encoder) {
 	e.U32(m.Device)
 	e.U32(uint32(len(m.Extents)))
 	for i37 := range m.Extents {
@@ -684,14 +686,14 @@ func (m *NodeExport) Marshal(e *Encoder) {
 	}
 }
 
-func (m *NodeExport) Unmarshal(d *Decoder) {
+func (m *NodeExport) Unmarshal(d *wire.Decoder) {
 	m.Device = d.U32()
 	m.Extents = make([]Extent, d.Len(16))
 	for i39 := range m.Extents {
 		p39 := &m.Extents[i39]
 		p39.Addr = d.U64()
 		p39.Len = d.U64()
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
@@ -701,21 +703,21 @@ func (m *NodeExport) Unmarshal(d *Decoder) {
 		p40 := &m.Grants[i40]
 		p40.Tenant = d.Str()
 		p40.Write = d.Bool()
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
 }
 
-func (m *NodeObject) Marshal(e *Encoder) {
+func (m *NodeObject) Marshal(e *wire.Encoder) {
 	e.U64(m.Object)
 }
 
-func (m *NodeObject) Unmarshal(d *Decoder) {
+func (m *NodeObject) Unmarshal(d *wire.Decoder) {
 	m.Object = d.U64()
 }
 
-func (m *NodeImportReply) Marshal(e *Encoder) {
+func (m *NodeImportReply) Marshal(e *wire.Encoder) {
 	e.U64(m.Size)
 	e.U8(uint8(m.Mode))
 	e.Bool(m.Write)
@@ -723,7 +725,7 @@ func (m *NodeImportReply) Marshal(e *Encoder) {
 	e.I64(m.LeaseNs)
 }
 
-func (m *NodeImportReply) Unmarshal(d *Decoder) {
+func (m *NodeImportReply) Unmarshal(d *wire.Decoder) {
 	m.Size = d.U64()
 	m.Mode = Mode(d.U8())
 	m.Write = d.Bool()
@@ -731,19 +733,19 @@ func (m *NodeImportReply) Unmarshal(d *Decoder) {
 	m.LeaseNs = d.I64()
 }
 
-func (m *NodeRevoke) Marshal(e *Encoder) {
+func (m *NodeRevoke) Marshal(e *wire.Encoder) {
 	e.U64(m.Object)
 	e.String(m.Tenant)
 	e.U64(m.Seq)
 }
 
-func (m *NodeRevoke) Unmarshal(d *Decoder) {
+func (m *NodeRevoke) Unmarshal(d *wire.Decoder) {
 	m.Object = d.U64()
 	m.Tenant = d.Str()
 	m.Seq = d.U64()
 }
 
-func (m *NodeObjAccess) Marshal(e *Encoder) {
+func (m *NodeObjAccess) Marshal(e *wire.Encoder) {
 	e.U64(m.Object)
 	e.U64(m.Version)
 	e.U64(m.Off)
@@ -751,7 +753,7 @@ func (m *NodeObjAccess) Marshal(e *Encoder) {
 	e.B = append(e.B, m.Payload...)
 }
 
-func (m *NodeObjAccess) Unmarshal(d *Decoder) {
+func (m *NodeObjAccess) Unmarshal(d *wire.Decoder) {
 	m.Object = d.U64()
 	m.Version = d.U64()
 	m.Off = d.U64()
@@ -759,57 +761,57 @@ func (m *NodeObjAccess) Unmarshal(d *Decoder) {
 	m.Payload = d.Rest()
 }
 
-func (m *BufVersion) Marshal(e *Encoder) {
+func (m *BufVersion) Marshal(e *wire.Encoder) {
 	e.U64(m.Version)
 }
 
-func (m *BufVersion) Unmarshal(d *Decoder) {
+func (m *BufVersion) Unmarshal(d *wire.Decoder) {
 	m.Version = d.U64()
 }
 
-func (m *NodeVersion) Marshal(e *Encoder) {
+func (m *NodeVersion) Marshal(e *wire.Encoder) {
 	e.U64(m.Object)
 	e.U64(m.Version)
 }
 
-func (m *NodeVersion) Unmarshal(d *Decoder) {
+func (m *NodeVersion) Unmarshal(d *wire.Decoder) {
 	m.Object = d.U64()
 	m.Version = d.U64()
 }
 
-func (m *At) Marshal(e *Encoder) {
+func (m *At) Marshal(e *wire.Encoder) {
 	e.U64(m.Addr)
 }
 
-func (m *At) Unmarshal(d *Decoder) {
+func (m *At) Unmarshal(d *wire.Decoder) {
 	m.Addr = d.U64()
 }
 
-func (m *NodeGrant) Marshal(e *Encoder) {
+func (m *NodeGrant) Marshal(e *wire.Encoder) {
 	e.U64(m.Version)
 	e.I64(m.LeaseNs)
 	e.Bool(m.Sealed)
 }
 
-func (m *NodeGrant) Unmarshal(d *Decoder) {
+func (m *NodeGrant) Unmarshal(d *wire.Decoder) {
 	m.Version = d.U64()
 	m.LeaseNs = d.I64()
 	m.Sealed = d.Bool()
 }
 
-func (m *NodeInval) Marshal(e *Encoder) {
+func (m *NodeInval) Marshal(e *wire.Encoder) {
 	e.U64(m.Object)
 	e.U32(m.Page)
 	e.U64(m.Version)
 }
 
-func (m *NodeInval) Unmarshal(d *Decoder) {
+func (m *NodeInval) Unmarshal(d *wire.Decoder) {
 	m.Object = d.U64()
 	m.Page = d.U32()
 	m.Version = d.U64()
 }
 
-func (m *GraphDef) Marshal(e *Encoder) {
+func (m *GraphDef) Marshal(e *wire.Encoder) {
 	e.String(m.Name)
 	e.U32(uint32(len(m.Scalars)))
 	for i41 := range m.Scalars {
@@ -840,11 +842,11 @@ func (m *GraphDef) Marshal(e *Encoder) {
 	}
 }
 
-func (m *GraphDef) Unmarshal(d *Decoder) {
+func (m *GraphDef) Unmarshal(d *wire.Decoder) {
 	m.Name = d.Str()
 	m.Scalars = make([]string, d.Len(4))
 	if len(m.Scalars) > MaxGraphScalars {
-		d.fail("GraphDef.Scalars has %d elements, at most %d", len(m.Scalars), MaxGraphScalars)
+		d.Fail("GraphDef.Scalars has %d elements, at most %d", len(m.Scalars), MaxGraphScalars)
 		return
 	}
 	for i46 := range m.Scalars {
@@ -852,7 +854,7 @@ func (m *GraphDef) Unmarshal(d *Decoder) {
 	}
 	m.Tensors = make([]TensorDef, d.Len(18))
 	if len(m.Tensors) > MaxGraphTensors {
-		d.fail("GraphDef.Tensors has %d elements, at most %d", len(m.Tensors), MaxGraphTensors)
+		d.Fail("GraphDef.Tensors has %d elements, at most %d", len(m.Tensors), MaxGraphTensors)
 		return
 	}
 	for i47 := range m.Tensors {
@@ -863,19 +865,19 @@ func (m *GraphDef) Unmarshal(d *Decoder) {
 		p47.Addr = d.U64()
 		p47.Shape = make([]int64, d.Len(8))
 		if len(p47.Shape) > MaxTensorDims {
-			d.fail("TensorDef.Shape has %d elements, at most %d", len(p47.Shape), MaxTensorDims)
+			d.Fail("TensorDef.Shape has %d elements, at most %d", len(p47.Shape), MaxTensorDims)
 			return
 		}
 		for i48 := range p47.Shape {
 			p47.Shape[i48] = d.I64()
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
 	m.Ops = make([]OpDef, d.Len(9))
 	if len(m.Ops) > MaxGraphOps {
-		d.fail("GraphDef.Ops has %d elements, at most %d", len(m.Ops), MaxGraphOps)
+		d.Fail("GraphDef.Ops has %d elements, at most %d", len(m.Ops), MaxGraphOps)
 		return
 	}
 	for i49 := range m.Ops {
@@ -886,17 +888,17 @@ func (m *GraphDef) Unmarshal(d *Decoder) {
 		for i50 := range p49.Args {
 			p50 := &p49.Args[i50]
 			p50.unmarshalWire(d)
-			if d.err != nil {
+			if d.Err() != nil {
 				return
 			}
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
 }
 
-func (m *GraphInvoke) Marshal(e *Encoder) {
+func (m *GraphInvoke) Marshal(e *wire.Encoder) {
 	e.U32(m.Graph)
 	e.U32(uint32(len(m.Scalars)))
 	for i51 := range m.Scalars {
@@ -905,11 +907,11 @@ func (m *GraphInvoke) Marshal(e *Encoder) {
 	e.B = append(e.B, m.Inputs...)
 }
 
-func (m *GraphInvoke) Unmarshal(d *Decoder) {
+func (m *GraphInvoke) Unmarshal(d *wire.Decoder) {
 	m.Graph = d.U32()
 	m.Scalars = make([]int64, d.Len(8))
 	if len(m.Scalars) > MaxGraphScalars {
-		d.fail("GraphInvoke.Scalars has %d elements, at most %d", len(m.Scalars), MaxGraphScalars)
+		d.Fail("GraphInvoke.Scalars has %d elements, at most %d", len(m.Scalars), MaxGraphScalars)
 		return
 	}
 	for i52 := range m.Scalars {
@@ -918,7 +920,7 @@ func (m *GraphInvoke) Unmarshal(d *Decoder) {
 	m.Inputs = d.Rest()
 }
 
-func (m *NodeGraph) Marshal(e *Encoder) {
+func (m *NodeGraph) Marshal(e *wire.Encoder) {
 	e.U32(m.Device)
 	e.U32(uint32(len(m.Launches)))
 	for i53 := range m.Launches {
@@ -933,11 +935,11 @@ func (m *NodeGraph) Marshal(e *Encoder) {
 	}
 }
 
-func (m *NodeGraph) Unmarshal(d *Decoder) {
+func (m *NodeGraph) Unmarshal(d *wire.Decoder) {
 	m.Device = d.U32()
 	m.Launches = make([]NodeGraphLaunch, d.Len(9))
 	if len(m.Launches) > MaxGraphOps {
-		d.fail("NodeGraph.Launches has %d elements, at most %d", len(m.Launches), MaxGraphOps)
+		d.Fail("NodeGraph.Launches has %d elements, at most %d", len(m.Launches), MaxGraphOps)
 		return
 	}
 	for i55 := range m.Launches {
@@ -948,17 +950,17 @@ func (m *NodeGraph) Unmarshal(d *Decoder) {
 		for i56 := range p55.Args {
 			p56 := &p55.Args[i56]
 			p56.unmarshalWire(d)
-			if d.err != nil {
+			if d.Err() != nil {
 				return
 			}
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			return
 		}
 	}
 }
 
-func (m *NodeGraphRun) Marshal(e *Encoder) {
+func (m *NodeGraphRun) Marshal(e *wire.Encoder) {
 	e.U32(m.Graph)
 	e.U32(uint32(len(m.Scalars)))
 	for i57 := range m.Scalars {
@@ -966,11 +968,11 @@ func (m *NodeGraphRun) Marshal(e *Encoder) {
 	}
 }
 
-func (m *NodeGraphRun) Unmarshal(d *Decoder) {
+func (m *NodeGraphRun) Unmarshal(d *wire.Decoder) {
 	m.Graph = d.U32()
 	m.Scalars = make([]int64, d.Len(8))
 	if len(m.Scalars) > MaxGraphScalars {
-		d.fail("NodeGraphRun.Scalars has %d elements, at most %d", len(m.Scalars), MaxGraphScalars)
+		d.Fail("NodeGraphRun.Scalars has %d elements, at most %d", len(m.Scalars), MaxGraphScalars)
 		return
 	}
 	for i58 := range m.Scalars {

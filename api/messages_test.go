@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vgpu/vgpu/api/wire"
 	"pgregory.net/rapid"
 )
 
@@ -39,8 +40,8 @@ var (
 	// long, some exactly at the limit.
 	genStr = rapid.OneOf(
 		rapid.StringN(0, 16, -1),
-		rapid.Map(rapid.SliceOfN(rapid.Byte(), 0, MaxString), func(b []byte) string { return string(b) }),
-		rapid.Map(rapid.Byte(), func(b byte) string { return strings.Repeat(string(rune(b%128)), MaxString) }),
+		rapid.Map(rapid.SliceOfN(rapid.Byte(), 0, wire.MaxString), func(b []byte) string { return string(b) }),
+		rapid.Map(rapid.Byte(), func(b byte) string { return strings.Repeat(string(rune(b%128)), wire.MaxString) }),
 	)
 	genBytes = rapid.OneOf(
 		rapid.SliceOfN(rapid.Byte(), 0, 64),
@@ -207,7 +208,7 @@ var messages = map[string]msgCase{
 	})},
 	"Batch": {new: func() Message { return new(Batch) }, gen: gen(func(t *rapid.T) *Batch {
 		return &Batch{Stream: genU32.Draw(t, "stream"), Cmds: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Cmd {
-			return Cmd{Op: Op(genU16.Draw(t, "op")), Body: rapid.SliceOfN(rapid.Byte(), 0, 64).Draw(t, "body")}
+			return Cmd{Op: wire.Op(genU16.Draw(t, "op")), Body: rapid.SliceOfN(rapid.Byte(), 0, 64).Draw(t, "body")}
 		}), 0, 16).Draw(t, "cmds")}
 	})},
 	"Seal": {new: func() Message { return new(Seal) }, gen: gen(func(t *rapid.T) *Seal {
@@ -590,7 +591,7 @@ func TestPayloadNotCopied(t *testing.T) {
 func TestForgedListCounts(t *testing.T) {
 	le32 := func(b []byte, v uint32) []byte { return append(b, byte(v), byte(v>>8), byte(v>>16), byte(v>>24)) }
 	pad := func(b []byte, n int) []byte { return append(b, make([]byte, n)...) }
-	for _, count := range []uint32{1e6, MaxList, MaxList + 1, math.MaxUint32} {
+	for _, count := range []uint32{1e6, wire.MaxList, wire.MaxList + 1, math.MaxUint32} {
 		cases := map[string]struct {
 			body []byte
 			m    Message
@@ -621,15 +622,15 @@ func TestForgedListCounts(t *testing.T) {
 		}
 	}
 	// Over MaxList is refused even when the bytes are there.
-	b := le32(le32(nil, 0), MaxList+1)
-	b = pad(b, 8*(MaxList+1))
+	b := le32(le32(nil, 0), wire.MaxList+1)
+	b = pad(b, 8*(wire.MaxList+1))
 	if err := Decode(b, new(NodeFrames)); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "limit") {
-		t.Errorf("NodeFrames of MaxList+1 frames: %v, want ErrProtocol over the limit", err)
+		t.Errorf("NodeFrames of wire.MaxList+1 frames: %v, want ErrProtocol over the limit", err)
 	}
-	b = pad(le32(le32(nil, 0), MaxList), 8*MaxList)
+	b = pad(le32(le32(nil, 0), wire.MaxList), 8*wire.MaxList)
 	var m NodeFrames
-	if err := Decode(b, &m); err != nil || len(m.Frames) != MaxList {
-		t.Errorf("NodeFrames of MaxList frames: %d frames, %v", len(m.Frames), err)
+	if err := Decode(b, &m); err != nil || len(m.Frames) != wire.MaxList {
+		t.Errorf("NodeFrames of wire.MaxList frames: %d frames, %v", len(m.Frames), err)
 	}
 }
 
@@ -676,16 +677,16 @@ func listElems(v reflect.Value) int {
 }
 
 func TestStringLimit(t *testing.T) {
-	for _, n := range []int{0, 1, MaxString} {
+	for _, n := range []int{0, 1, wire.MaxString} {
 		var m Hello
 		in := Hello{Tenant: strings.Repeat("t", n)}
 		if err := Decode(Encode(&in), &m); err != nil || m.Tenant != in.Tenant {
 			t.Errorf("tenant of %d bytes: %v", n, err)
 		}
 	}
-	b := Encode(&Hello{Tenant: strings.Repeat("t", MaxString+1)})
+	b := Encode(&Hello{Tenant: strings.Repeat("t", wire.MaxString+1)})
 	if err := Decode(b, new(Hello)); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "limit") {
-		t.Errorf("tenant of MaxString+1 bytes: %v, want ErrProtocol over the limit", err)
+		t.Errorf("tenant of wire.MaxString+1 bytes: %v, want ErrProtocol over the limit", err)
 	}
 }
 
@@ -696,7 +697,7 @@ func TestDecoderPrimitives(t *testing.T) {
 		f := math.Float32frombits(genU32.Draw(t, "f32"))
 		bl := rapid.Bool().Draw(t, "bool")
 		s := genStr.Draw(t, "str")
-		var e Encoder
+		var e wire.Encoder
 		e.U8(u8)
 		e.U16(u16)
 		e.U32(u32)
@@ -708,7 +709,7 @@ func TestDecoderPrimitives(t *testing.T) {
 		if len(e.B) != 1+2+4+8+8+4+1+4+len(s) {
 			t.Fatalf("encoding is %d bytes", len(e.B))
 		}
-		d := NewDecoder(e.B)
+		d := wire.NewDecoder(e.B)
 		g8, g16, g32, g64, gi, gf, gb, gs := d.U8(), d.U16(), d.U32(), d.U64(), d.I64(), d.F32(), d.Bool(), d.Str()
 		if err := d.Finish(); err != nil {
 			t.Fatal(err)
@@ -721,7 +722,7 @@ func TestDecoderPrimitives(t *testing.T) {
 }
 
 func TestDecoderStickyError(t *testing.T) {
-	d := NewDecoder([]byte{1, 2, 3, 4, 5})
+	d := wire.NewDecoder([]byte{1, 2, 3, 4, 5})
 	if v := d.U64(); v != 0 {
 		t.Fatalf("U64 of 5 bytes = %d", v)
 	}
@@ -749,7 +750,7 @@ func TestDecoderStickyError(t *testing.T) {
 
 func TestDecoderBool(t *testing.T) {
 	for b := 0; b < 256; b++ {
-		d := NewDecoder([]byte{byte(b)})
+		d := wire.NewDecoder([]byte{byte(b)})
 		v := d.Bool()
 		err := d.Finish()
 		switch {
@@ -763,7 +764,7 @@ func TestDecoderBool(t *testing.T) {
 
 func TestDecoderLen(t *testing.T) {
 	enc := func(n uint32, rest int) []byte {
-		var e Encoder
+		var e wire.Encoder
 		e.U32(n)
 		e.B = append(e.B, make([]byte, rest)...)
 		return e.B
@@ -777,14 +778,14 @@ func TestDecoderLen(t *testing.T) {
 		{0, 0, 8, true},
 		{2, 16, 8, true},
 		{2, 15, 8, false},
-		{3, 0, 0, true}, // no minimum: only MaxList applies
-		{MaxList, 0, 0, true},
-		{MaxList + 1, 0, 0, false},
+		{3, 0, 0, true}, // no minimum: only wire.MaxList applies
+		{wire.MaxList, 0, 0, true},
+		{wire.MaxList + 1, 0, 0, false},
 		{math.MaxUint32, 1 << 10, 1, false},
 	} {
-		d := NewDecoder(enc(tc.n, tc.rest))
+		d := wire.NewDecoder(enc(tc.n, tc.rest))
 		got := d.Len(tc.minElem)
-		err := d.err
+		err := d.Err()
 		if tc.ok && (err != nil || got != int(tc.n)) {
 			t.Errorf("Len(%d) of %d with %d bytes left = %d, %v", tc.minElem, tc.n, tc.rest, got, err)
 		}
@@ -798,7 +799,7 @@ func TestStrings(t *testing.T) {
 	for _, tc := range []struct{ got, want string }{
 		{OpHello.String(), "hello"},
 		{OpNodeLaunch.String(), "node-launch"},
-		{Op(999).String(), "op(999)"},
+		{wire.Op(999).String(), "op(999)"},
 		{ArgBuffer.String(), "buffer"},
 		{ArgI64.String(), "i64"},
 		{ArgF32.String(), "f32"},

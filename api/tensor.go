@@ -1,6 +1,10 @@
 package api
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/vgpu/vgpu/api/wire"
+)
 
 // Tensor graphs: a model's work registered once, with its meaning — which
 // tensors are weights, activations, KV caches, inputs and outputs, which
@@ -165,7 +169,7 @@ type GraphDef struct {
 
 // An OpArg's fields on the wire depend on its kind; an unknown kind is
 // refused, since what follows it cannot be read.
-func (a *OpArg) marshalWire(e *Encoder) {
+func (a *OpArg) marshalWire(e *wire.Encoder) {
 	e.U8(uint8(a.Kind))
 	switch a.Kind {
 	case OpArgTensor:
@@ -181,7 +185,7 @@ func (a *OpArg) marshalWire(e *Encoder) {
 	}
 }
 
-func (a *OpArg) unmarshalWire(d *Decoder) {
+func (a *OpArg) unmarshalWire(d *wire.Decoder) {
 	*a = OpArg{Kind: OpArgKind(d.U8())}
 	switch a.Kind {
 	case OpArgTensor:
@@ -195,7 +199,7 @@ func (a *OpArg) unmarshalWire(d *Decoder) {
 	case OpArgI64:
 		a.I64 = d.I64()
 	default:
-		d.fail("operation argument kind %d", a.Kind)
+		d.Fail("operation argument kind %d", a.Kind)
 	}
 }
 
@@ -244,7 +248,7 @@ type NodeGraphArg struct {
 // takes a scalar: a buffer's extents; else the bits, the scalar's index
 // (-1: none) and, with a scalar, Mul and Add. A decoded buffer argument
 // takes no scalar.
-func (a *NodeGraphArg) marshalWire(e *Encoder) {
+func (a *NodeGraphArg) marshalWire(e *wire.Encoder) {
 	e.U8(uint8(a.Kind))
 	if a.Kind == ArgBuffer {
 		putExtents(e, a.Extents)
@@ -258,7 +262,7 @@ func (a *NodeGraphArg) marshalWire(e *Encoder) {
 	}
 }
 
-func (a *NodeGraphArg) unmarshalWire(d *Decoder) {
+func (a *NodeGraphArg) unmarshalWire(d *wire.Decoder) {
 	a.Kind = ArgKind(d.U8())
 	a.Scalar = -1
 	if a.Kind == ArgBuffer {

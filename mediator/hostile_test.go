@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/mediator"
 )
@@ -355,9 +356,9 @@ func TestHostileReadsOfFreedMemory(t *testing.T) {
 }
 
 func TestHostileHalfOpenConnections(t *testing.T) {
-	old := api.BodyTimeout
-	api.BodyTimeout = time.Second
-	t.Cleanup(func() { api.BodyTimeout = old })
+	old := wire.BodyTimeout
+	wire.BodyTimeout = time.Second
+	t.Cleanup(func() { wire.BodyTimeout = old })
 	shortReplyTimeout(t, time.Second)
 	s := startWith(t, 256<<20, nil)
 	attack(t, s, func() {

@@ -38,7 +38,7 @@ import (
 // mediator's replies wait on each other until ReplyTimeout ends the session.
 //
 // Frames: a header announcing more than api.MaxBody drops the connection,
-// and so does a body that stalls past api.BodyTimeout (api.Conn.ReadBody).
+// and so does a body that stalls past wire.BodyTimeout (wire.Conn.ReadBody).
 //
 // Replies: every write of a reply must complete within ReplyTimeout. A
 // tenant that stops reading its replies (a slow reader) holds up only its

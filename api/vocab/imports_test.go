@@ -20,8 +20,9 @@ func deps(t *testing.T, pkg string) []string {
 }
 
 // TestImportGraph: memory, isolation and coherence need only the
-// vocabulary, not the transport (api), and the vocabulary is a leaf. An
-// import of api there, even through another package of ours, fails here.
+// vocabulary, neither the messages (api) nor the wire (api/wire); the wire
+// knows no messages, only the vocabulary; and the vocabulary is a leaf. An
+// import against that, even through another package of ours, fails here.
 func TestImportGraph(t *testing.T) {
 	for _, pkg := range []string{"memory", "isolation", "coherence"} {
 		got := deps(t, pkg)
@@ -29,8 +30,19 @@ func TestImportGraph(t *testing.T) {
 		if !slices.Contains(got, module+pkg) || !slices.Contains(got, module+"api/vocab") {
 			t.Fatalf("go list -deps %s lists neither it nor api/vocab: %q", pkg, got)
 		}
-		if slices.Contains(got, module+"api") {
-			t.Errorf("%s imports api, the transport: it may use only api/vocab", pkg)
+		for _, transport := range []string{"api", "api/wire"} {
+			if slices.Contains(got, module+transport) {
+				t.Errorf("%s imports %s, the transport: it may use only api/vocab", pkg, transport)
+			}
+		}
+	}
+	wire := deps(t, "api/wire")
+	if !slices.Contains(wire, module+"api/wire") || !slices.Contains(wire, module+"api/vocab") {
+		t.Fatalf("go list -deps api/wire lists neither it nor api/vocab: %q", wire)
+	}
+	for _, d := range wire {
+		if strings.HasPrefix(d, module) && d != module+"api/wire" && d != module+"api/vocab" {
+			t.Errorf("api/wire imports %s: it may import only api/vocab of ours (the messages are api's)", d)
 		}
 	}
 	for _, d := range deps(t, "api/vocab") {

@@ -1,9 +1,11 @@
-package api
+package wire
 
 import (
 	"encoding/binary"
 	"fmt"
 	"math"
+
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // MaxString bounds every string on the wire (names, messages).
@@ -53,7 +55,7 @@ func (d *Decoder) take(n int, what string) []byte {
 	}
 	if n < 0 || len(d.b)-d.off < n {
 		d.err = fmt.Errorf("decode %s: need %d bytes at offset %d, have %d: %w",
-			what, n, d.off, len(d.b)-d.off, ErrProtocol)
+			what, n, d.off, len(d.b)-d.off, vocab.ErrProtocol)
 		return nil
 	}
 	p := d.b[d.off : d.off+n]
@@ -94,7 +96,7 @@ func (d *Decoder) Bool() bool {
 	case 1:
 		return true
 	default:
-		d.fail("bool byte %d is neither 0 nor 1", v)
+		d.Fail("bool byte %d is neither 0 nor 1", v)
 		return false
 	}
 }
@@ -103,7 +105,7 @@ func (d *Decoder) Bool() bool {
 func (d *Decoder) Str() string {
 	n := d.U32()
 	if n > MaxString {
-		d.fail("string of %d bytes exceeds the limit of %d", n, MaxString)
+		d.Fail("string of %d bytes exceeds the limit of %d", n, MaxString)
 		return ""
 	}
 	return string(d.take(int(n), "string"))
@@ -118,11 +120,11 @@ func (d *Decoder) Len(minElem int) int {
 		return 0
 	}
 	if n > MaxList {
-		d.fail("list of %d elements exceeds the limit of %d", n, MaxList)
+		d.Fail("list of %d elements exceeds the limit of %d", n, MaxList)
 		return 0
 	}
 	if minElem > 0 && int(n) > (len(d.b)-d.off)/minElem {
-		d.fail("list of %d elements does not fit in %d remaining bytes", n, len(d.b)-d.off)
+		d.Fail("list of %d elements does not fit in %d remaining bytes", n, len(d.b)-d.off)
 		return 0
 	}
 	return int(n)
@@ -131,7 +133,7 @@ func (d *Decoder) Len(minElem int) int {
 // Bytes returns the next n bytes without copying.
 func (d *Decoder) Bytes(n int) []byte {
 	if n > MaxBody {
-		d.fail("field of %d bytes exceeds the limit of %d", n, MaxBody)
+		d.Fail("field of %d bytes exceeds the limit of %d", n, MaxBody)
 		return nil
 	}
 	return d.take(n, "bytes")
@@ -147,11 +149,19 @@ func (d *Decoder) Rest() []byte {
 	return p
 }
 
-func (d *Decoder) fail(format string, args ...any) {
+// Fail records a decoding failure, unless one is already recorded: a
+// check of a message's own (a field over its limit, an unknown kind of a
+// tagged union) fails the whole decode with ErrProtocol, as a short body
+// does.
+func (d *Decoder) Fail(format string, args ...any) {
 	if d.err == nil {
-		d.err = fmt.Errorf("decode: "+format+": %w", append(args, ErrProtocol)...)
+		d.err = fmt.Errorf("decode: "+format+": %w", append(args, vocab.ErrProtocol)...)
 	}
 }
+
+// Err is the first failure so far, or nil: a decoder of a list stops at
+// it rather than read zeros for the remaining elements.
+func (d *Decoder) Err() error { return d.err }
 
 // More says whether bytes remain to decode: an optional trailing field
 // follows.
@@ -160,7 +170,7 @@ func (d *Decoder) More() bool { return d.err == nil && d.off < len(d.b) }
 // Finish reports the first failure, or trailing bytes the message did not use.
 func (d *Decoder) Finish() error {
 	if d.err == nil && d.off != len(d.b) {
-		d.err = fmt.Errorf("decode: %d trailing bytes: %w", len(d.b)-d.off, ErrProtocol)
+		d.err = fmt.Errorf("decode: %d trailing bytes: %w", len(d.b)-d.off, vocab.ErrProtocol)
 	}
 	return d.err
 }

@@ -1,4 +1,4 @@
-package api
+package wire
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpu/vgpu/api/vocab"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,7 +65,7 @@ func TestCheckPeerTimeout(t *testing.T) {
 	}
 	for _, d := range []time.Duration{0, -time.Second, 1500 * time.Millisecond, MaxPeerTimeout + time.Second, 20 * time.Hour} {
 		err := CheckPeerTimeout(d)
-		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), d.String()) {
+		if !errors.Is(err, vocab.ErrInvalidArgument) || !strings.Contains(err.Error(), d.String()) {
 			t.Errorf("CheckPeerTimeout(%v) = %v: want ErrInvalidArgument naming %v", d, err, d)
 		}
 	}
@@ -79,7 +80,7 @@ func TestWatchPeerConn(t *testing.T) {
 			c.Write(b)
 		}
 	})
-	if _, err := WatchPeer(c, "peer", time.Second); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := WatchPeer(c, "peer", time.Second); !errors.Is(err, vocab.ErrInvalidArgument) {
 		t.Fatalf("WatchPeer with a 1s bound: %v, want ErrInvalidArgument", err)
 	}
 	w, err := WatchPeer(c, "peer", MinPeerTimeout)
@@ -126,12 +127,12 @@ func TestSendToASilentPeerSaysUnavailableOnce(t *testing.T) {
 	wc.tc.Close()
 	defer w.Close()
 	rpc := NewRPCCallerReads(NewConn(w), "node n1")
-	err = rpc.Go(OpNodeStatus, nil).Wait()
-	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "silent for 3s") {
+	err = rpc.Go(opNodeStatus, nil).Wait()
+	if !errors.Is(err, vocab.ErrUnavailable) || !strings.Contains(err.Error(), "silent for 3s") {
 		t.Fatalf("send on the given-up connection: %v, want the watchdog's error", err)
 	}
-	if n := strings.Count(err.Error(), ErrUnavailable.Error()); n != 1 {
-		t.Fatalf("%q says %q %d times", err, ErrUnavailable, n)
+	if n := strings.Count(err.Error(), vocab.ErrUnavailable.Error()); n != 1 {
+		t.Fatalf("%q says %q %d times", err, vocab.ErrUnavailable, n)
 	}
 }
 

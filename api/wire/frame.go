@@ -1,4 +1,4 @@
-package api
+package wire
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/vgpu/vgpu/api/vocab"
 	"golang.org/x/sys/unix"
 )
 
@@ -147,7 +148,7 @@ func (c *Conn) ReadHeader() (Header, error) {
 		h.read = monotonic()
 	}
 	if h.Len > MaxBody {
-		return h, fmt.Errorf("frame %d (%v) announces a %d-byte body, limit %d: %w", h.ID, h.Op, h.Len, MaxBody, ErrProtocol)
+		return h, fmt.Errorf("frame %d (%v) announces a %d-byte body, limit %d: %w", h.ID, h.Op, h.Len, MaxBody, vocab.ErrProtocol)
 	}
 	return h, nil
 }
@@ -231,7 +232,7 @@ func (c *Conn) writeFrame(force bool, op Op, flags uint16, id uint64, parts ...[
 		n += len(p)
 	}
 	if n > MaxBody {
-		return fmt.Errorf("frame %d (%v): %d-byte body exceeds limit %d: %w", id, op, n, MaxBody, ErrInvalidArgument)
+		return fmt.Errorf("frame %d (%v): %d-byte body exceeds limit %d: %w", id, op, n, MaxBody, vocab.ErrInvalidArgument)
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -264,7 +265,7 @@ func (c *Conn) Push(op Op, body []byte) error {
 // Reply answers request h with a body made of parts.
 func (c *Conn) Reply(h Header, parts ...[]byte) error {
 	err := c.WriteFrame(h.Op, FlagReply, h.ID, parts...)
-	c.observe(h, CodeOK)
+	c.observe(h, vocab.CodeOK)
 	return err
 }
 
@@ -273,13 +274,13 @@ func (c *Conn) Reply(h Header, parts ...[]byte) error {
 // rather than with a code the peer would reject.
 func (c *Conn) ReplyError(h Header, err error) error {
 	if err == nil {
-		err = fmt.Errorf("%v failed without an error: %w", h.Op, ErrInternal)
+		err = fmt.Errorf("%v failed without an error: %w", h.Op, vocab.ErrInternal)
 	}
 	e := Encoder{}
-	e.U16(uint16(CodeOf(err)))
+	e.U16(uint16(vocab.CodeOf(err)))
 	e.String(cutMessage(err.Error()))
 	werr := c.WriteFrame(h.Op, FlagReply|FlagError, h.ID, e.B)
-	c.observe(h, CodeOf(err))
+	c.observe(h, vocab.CodeOf(err))
 	return werr
 }
 
@@ -306,13 +307,57 @@ func cutMessage(msg string) string {
 // DecodeError turns an error reply body into a *RemoteError.
 func DecodeError(body []byte) error {
 	d := NewDecoder(body)
-	code := Code(d.U16())
+	code := vocab.Code(d.U16())
 	msg := d.Str()
 	if err := d.Finish(); err != nil {
 		return fmt.Errorf("malformed error reply: %w", err)
 	}
 	if !code.Known() {
-		return &RemoteError{Code: CodeProtocol, Msg: fmt.Sprintf("error reply with unknown code %d: %s", code, msg)}
+		return &vocab.RemoteError{Code: vocab.CodeProtocol, Msg: fmt.Sprintf("error reply with unknown code %d: %s", code, msg)}
 	}
-	return &RemoteError{Code: code, Msg: msg}
+	return &vocab.RemoteError{Code: code, Msg: msg}
+}
+
+// ReadFirst reads the first frame of a connection, which must be a request
+// of operation op with a body of at most maxBody bytes, and returns its
+// header and body (the handshake: api.ReadHello).
+//
+// The whole frame, header and body, must arrive by deadline: unlike
+// ReadBody, it never moves the connection's deadline to BodyTimeout, so a
+// peer that sends a header and stalls holds the connection for the
+// handshake's time and no longer. A header that announces more than
+// maxBody is refused before anything is allocated for its body.
+//
+// The returned header is the zero Header when the frame must not be
+// answered: it could not be read, or it is not a request (a reply, an
+// error or a push where a request was due ends the connection unanswered,
+// as protocol errors on a frame that is not a request do). Otherwise a
+// failure may be answered with ReplyError on the returned header.
+func (c *Conn) ReadFirst(deadline time.Time, op Op, maxBody uint32) (Header, []byte, error) {
+	_ = c.nc.SetDeadline(deadline)
+	defer c.nc.SetDeadline(time.Time{})
+	h, err := c.ReadHeader()
+	if err != nil {
+		return Header{}, nil, fmt.Errorf("%v: %w", op, err)
+	}
+	if h.Flags != 0 {
+		return Header{}, nil, fmt.Errorf("first frame (%v, id %d) has flags %#x, want a request: %w", h.Op, h.ID, h.Flags, vocab.ErrProtocol)
+	}
+	if h.Op != op {
+		// Its body is not read: the connection ends here.
+		return h, nil, fmt.Errorf("first request is %v, want %v: %w", h.Op, op, vocab.ErrProtocol)
+	}
+	if h.Len > maxBody {
+		return h, nil, fmt.Errorf("%v announces a %d-byte body, limit %d: %w", op, h.Len, maxBody, vocab.ErrProtocol)
+	}
+	body := make([]byte, h.Len)
+	n, err := io.ReadFull(c.r, body)
+	c.recv.Add(uint64(n))
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return Header{}, nil, fmt.Errorf("%v body: %w", op, err)
+	}
+	return h, body, nil
 }

@@ -1,4 +1,4 @@
-package api
+package wire
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpu/vgpu/api/vocab"
 	"pgregory.net/rapid"
 )
 
@@ -199,7 +200,7 @@ func testRPCPipelineReverse(t *testing.T, dial dialer) {
 	r := dial(t, addr)
 	calls := make([]*Call, n)
 	for i := range calls {
-		calls[i] = r.Go(OpMalloc, nil, []byte(fmt.Sprintf("request %d", i)))
+		calls[i] = r.Go(opMalloc, nil, []byte(fmt.Sprintf("request %d", i)))
 	}
 	for i, c := range calls {
 		if err := waitCall(t, c); err != nil {
@@ -208,7 +209,7 @@ func testRPCPipelineReverse(t *testing.T, dial dialer) {
 		if want := fmt.Sprintf("reply to request %d", i); string(c.Body) != want {
 			t.Fatalf("call %d got %q, want %q", i, c.Body, want)
 		}
-		if c.Op != OpMalloc {
+		if c.Op != opMalloc {
 			t.Fatalf("call %d: op %v", i, c.Op)
 		}
 	}
@@ -224,7 +225,7 @@ func testRPCConcurrent(t *testing.T, dial dialer) {
 			defer wg.Done()
 			for i := 0; i < 100; i++ {
 				msg := []byte(fmt.Sprintf("g%d-%d", g, i))
-				body, err := r.Call(OpFree, nil, msg[:2], msg[2:])
+				body, err := r.Call(opFree, nil, msg[:2], msg[2:])
 				if err != nil || !bytes.Equal(body, msg) {
 					t.Errorf("g%d call %d: %q, %v", g, i, body, err)
 					return
@@ -244,7 +245,7 @@ func testRPCInto(t *testing.T, dial dialer) {
 			payload[i] = byte(i * 31)
 		}
 		into := make([]byte, n)
-		c := r.Go(OpCopyFromDevice, into, payload)
+		c := r.Go(opCopyFromDevice, into, payload)
 		if err := waitCall(t, c); err != nil {
 			t.Fatalf("%d bytes: %v", n, err)
 		}
@@ -277,15 +278,15 @@ func testRPCIntoWrongLength(t *testing.T, dial dialer) {
 	ask := func(n uint32) []byte { return binary.LittleEndian.AppendUint32(nil, n) }
 	for _, tc := range []struct{ into, reply int }{{100, 101}, {100, 99}, {100, 0}, {0, 1}, {10, MaxBody}} {
 		into := make([]byte, tc.into)
-		err := waitCall(t, r.Go(OpCopyFromDevice, into, ask(uint32(tc.reply))))
-		if !errors.Is(err, ErrProtocol) {
+		err := waitCall(t, r.Go(opCopyFromDevice, into, ask(uint32(tc.reply))))
+		if !errors.Is(err, vocab.ErrProtocol) {
 			t.Errorf("into %d, reply %d: %v, want ErrProtocol", tc.into, tc.reply, err)
 		} else if !strings.Contains(err.Error(), fmt.Sprint(tc.reply)) || !strings.Contains(err.Error(), "test-server") {
 			t.Errorf("into %d, reply %d: message %q names neither the length nor the peer", tc.into, tc.reply, err)
 		}
 		// The connection is still in step: a right-sized call works.
 		into = make([]byte, 7)
-		if err := waitCall(t, r.Go(OpCopyFromDevice, into, ask(7))); err != nil || !bytes.Equal(into, bytes.Repeat([]byte{0xab}, 7)) {
+		if err := waitCall(t, r.Go(opCopyFromDevice, into, ask(7))); err != nil || !bytes.Equal(into, bytes.Repeat([]byte{0xab}, 7)) {
 			t.Fatalf("after a wrong-length reply: %x, %v", into, err)
 		}
 	}
@@ -308,25 +309,25 @@ func TestReadHeaderTooLarge(t *testing.T) {
 			t.Errorf("body of MaxBody: %v", err)
 		}
 		h, err = c.ReadHeader()
-		if h.Len != MaxBody+1 || h.ID != 2 || h.Op != OpNodeWrite {
+		if h.Len != MaxBody+1 || h.ID != 2 || h.Op != opNodeWrite {
 			t.Errorf("refused header reads as %+v", h)
 		}
 		got <- err
 	})
 	nc := dialRaw(t, addr)
-	frame := append(rawHeader(MaxBody, OpNodeWrite, 0, 1), make([]byte, MaxBody)...)
-	frame = append(frame, rawHeader(MaxBody+1, OpNodeWrite, 0, 2)...)
+	frame := append(rawHeader(MaxBody, opNodeWrite, 0, 1), make([]byte, MaxBody)...)
+	frame = append(frame, rawHeader(MaxBody+1, opNodeWrite, 0, 2)...)
 	if _, err := nc.Write(frame); err != nil {
 		t.Fatal(err)
 	}
 	err := <-got
-	if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), fmt.Sprint(MaxBody+1)) {
+	if !errors.Is(err, vocab.ErrProtocol) || !strings.Contains(err.Error(), fmt.Sprint(MaxBody+1)) {
 		t.Fatalf("ReadHeader of MaxBody+1: %v, want ErrProtocol naming the length", err)
 	}
 	for _, n := range []uint32{MaxBody + 1, 1 << 31, 0xffffffff} {
 		a, b := net.Pipe()
-		go func() { a.Write(rawHeader(n, OpHello, 0, 9)); a.Close() }()
-		if _, err := NewConn(b).ReadHeader(); !errors.Is(err, ErrProtocol) {
+		go func() { a.Write(rawHeader(n, opHello, 0, 9)); a.Close() }()
+		if _, err := NewConn(b).ReadHeader(); !errors.Is(err, vocab.ErrProtocol) {
 			t.Errorf("header of %d bytes: %v, want ErrProtocol", n, err)
 		}
 		b.Close()
@@ -345,8 +346,8 @@ func testRPCReplyTooLarge(t *testing.T, dial dialer) {
 		io.Copy(io.Discard, c.NetConn())
 	})
 	r := dial(t, addr)
-	c1 := r.Go(OpNodeRead, nil, []byte("x"))
-	if err := waitCall(t, c1); !errors.Is(err, ErrProtocol) {
+	c1 := r.Go(opNodeRead, nil, []byte("x"))
+	if err := waitCall(t, c1); !errors.Is(err, vocab.ErrProtocol) {
 		t.Fatalf("call answered with an oversized header: %v, want ErrProtocol", err)
 	}
 	<-r.Closed()
@@ -372,14 +373,14 @@ func TestWriteFrameTooLarge(t *testing.T) {
 	}
 	c := NewConn(nc)
 	half := make([]byte, MaxBody/2+1)
-	err = c.WriteFrame(OpNodeWrite, 0, 1, half, half)
-	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), fmt.Sprint(2*len(half))) {
+	err = c.WriteFrame(opNodeWrite, 0, 1, half, half)
+	if !errors.Is(err, vocab.ErrInvalidArgument) || !strings.Contains(err.Error(), fmt.Sprint(2*len(half))) {
 		t.Fatalf("WriteFrame of %d bytes: %v, want ErrInvalidArgument naming the size", 2*len(half), err)
 	}
-	if err := c.WriteFrame(OpNodeWrite, 0, 2, make([]byte, MaxBody)); err != nil {
+	if err := c.WriteFrame(opNodeWrite, 0, 2, make([]byte, MaxBody)); err != nil {
 		t.Fatalf("WriteFrame of MaxBody after a refusal: %v", err)
 	}
-	if err := c.WriteFrame(OpNodeFill, 0, 3); err != nil {
+	if err := c.WriteFrame(opNodeFill, 0, 3); err != nil {
 		t.Fatalf("WriteFrame of no body: %v", err)
 	}
 	c.Close()
@@ -387,7 +388,7 @@ func TestWriteFrameTooLarge(t *testing.T) {
 	for h := range frames {
 		got = append(got, h)
 	}
-	want := []Header{{Len: MaxBody, Op: OpNodeWrite, ID: 2}, {Len: 0, Op: OpNodeFill, ID: 3}}
+	want := []Header{{Len: MaxBody, Op: opNodeWrite, ID: 2}, {Len: 0, Op: opNodeFill, ID: 3}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("server saw %+v, want %+v", got, want)
 	}
@@ -396,16 +397,16 @@ func TestWriteFrameTooLarge(t *testing.T) {
 // testRPCRequestTooLarge: an oversized request fails alone, at once.
 func testRPCRequestTooLarge(t *testing.T, dial dialer) {
 	r := dial(t, serve(t, echo))
-	c := r.Go(OpCopyToDevice, nil, make([]byte, MaxBody), []byte{1})
+	c := r.Go(opCopyToDevice, nil, make([]byte, MaxBody), []byte{1})
 	select {
 	case <-c.Done():
 	default:
 		t.Fatal("oversized request still pending after Go returned")
 	}
-	if !errors.Is(c.Err, ErrInvalidArgument) {
+	if !errors.Is(c.Err, vocab.ErrInvalidArgument) {
 		t.Fatalf("oversized request: %v, want ErrInvalidArgument", c.Err)
 	}
-	if body, err := r.Call(OpFree, nil, []byte("still here")); err != nil || string(body) != "still here" {
+	if body, err := r.Call(opFree, nil, []byte("still here")); err != nil || string(body) != "still here" {
 		t.Fatalf("call after a refused one: %q, %v", body, err)
 	}
 }
@@ -450,12 +451,12 @@ func testRPCPeerGone(t *testing.T, dial dialer) {
 				if i%2 == 1 {
 					into = make([]byte, 8)
 				}
-				calls = append(calls, r.Go(OpNodeRead, into, []byte{byte(i)}))
+				calls = append(calls, r.Go(opNodeRead, into, []byte{byte(i)}))
 			}
 			for i, c := range calls {
 				err := waitCall(t, c)
-				if !errors.Is(err, ErrUnavailable) || CodeOf(err) != CodeUnavailable {
-					t.Errorf("pending call %d: %v (code %v), want ErrUnavailable", i, err, CodeOf(err))
+				if !errors.Is(err, vocab.ErrUnavailable) || vocab.CodeOf(err) != vocab.CodeUnavailable {
+					t.Errorf("pending call %d: %v (code %v), want ErrUnavailable", i, err, vocab.CodeOf(err))
 				} else if !strings.Contains(err.Error(), "test-server") {
 					t.Errorf("pending call %d: %q does not name the peer", i, err)
 				}
@@ -465,13 +466,13 @@ func testRPCPeerGone(t *testing.T, dial dialer) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("Closed not closed after the peer left")
 			}
-			c := r.Go(OpFree, nil, []byte("late"))
+			c := r.Go(opFree, nil, []byte("late"))
 			select {
 			case <-c.Done():
 			default:
 				t.Fatal("a call after failure did not fail at once")
 			}
-			if !errors.Is(c.Err, ErrUnavailable) {
+			if !errors.Is(c.Err, vocab.ErrUnavailable) {
 				t.Fatalf("call after failure: %v, want ErrUnavailable", c.Err)
 			}
 		})
@@ -482,12 +483,12 @@ func testRPCPeerGone(t *testing.T, dial dialer) {
 func testRPCClose(t *testing.T, dial dialer) {
 	addr := serve(t, func(c *Conn) { io.Copy(io.Discard, c.NetConn()) })
 	r := dial(t, addr)
-	c := r.Go(OpSynchronize, nil, Encode(&StreamReq{Stream: 3}))
+	c := r.Go(opSynchronize, nil, []byte{3, 0, 0, 0})
 	r.Close()
-	if err := waitCall(t, c); !errors.Is(err, ErrUnavailable) {
+	if err := waitCall(t, c); !errors.Is(err, vocab.ErrUnavailable) {
 		t.Fatalf("pending call after Close: %v", err)
 	}
-	if _, err := r.Call(OpFree, nil); !errors.Is(err, ErrUnavailable) {
+	if _, err := r.Call(opFree, nil); !errors.Is(err, vocab.ErrUnavailable) {
 		t.Fatalf("call after Close: %v", err)
 	}
 	if err := r.Close(); err != nil {
@@ -498,7 +499,7 @@ func testRPCClose(t *testing.T, dial dialer) {
 // testRPCErrorReply: an error reply carries its code and message to the
 // caller; the calls around it are unaffected.
 func testRPCErrorReply(t *testing.T, dial dialer) {
-	failure := fmt.Errorf("malloc of %d bytes on device %d: %w", uint64(1)<<40, 3, ErrOutOfMemory)
+	failure := fmt.Errorf("malloc of %d bytes on device %d: %w", uint64(1)<<40, 3, vocab.ErrOutOfMemory)
 	addr := serve(t, func(c *Conn) {
 		for {
 			h, body, err := readFrame(c)
@@ -516,16 +517,16 @@ func testRPCErrorReply(t *testing.T, dial dialer) {
 		}
 	})
 	r := dial(t, addr)
-	before := r.Go(OpFree, nil, []byte("ok1"))
+	before := r.Go(opFree, nil, []byte("ok1"))
 	into := make([]byte, 4)
-	bad := r.Go(OpMalloc, into, []byte("fail"))
-	after := r.Go(OpFree, nil, []byte("ok2"))
+	bad := r.Go(opMalloc, into, []byte("fail"))
+	after := r.Go(opFree, nil, []byte("ok2"))
 	err := waitCall(t, bad)
-	var re *RemoteError
-	if !errors.As(err, &re) || re.Code != CodeOutOfMemory || re.Msg != failure.Error() {
+	var re *vocab.RemoteError
+	if !errors.As(err, &re) || re.Code != vocab.CodeOutOfMemory || re.Msg != failure.Error() {
 		t.Fatalf("error reply: %#v, want RemoteError{OutOfMemory, %q}", err, failure)
 	}
-	if !errors.Is(fmt.Errorf("tenant: %w", err), ErrOutOfMemory) {
+	if !errors.Is(fmt.Errorf("tenant: %w", err), vocab.ErrOutOfMemory) {
 		t.Fatal("error reply is not ErrOutOfMemory once wrapped")
 	}
 	if bad.Body != nil || !bytes.Equal(into, make([]byte, 4)) {
@@ -560,10 +561,10 @@ func testRPCProtocolViolations(t *testing.T, dial dialer) {
 				echo(c)
 			})
 			r := dial(t, addr)
-			c := r.Go(OpStatus, nil)
-			if err := waitCall(t, c); !errors.Is(err, ErrProtocol) {
+			c := r.Go(opStatus, nil)
+			if err := waitCall(t, c); !errors.Is(err, vocab.ErrProtocol) {
 				t.Fatalf("%s: %v, want ErrProtocol", name, err)
-			} else if !tc.drops && !strings.Contains(err.Error(), fmt.Sprintf("%v (request %d)", OpStatus, c.id)) {
+			} else if !tc.drops && !strings.Contains(err.Error(), fmt.Sprintf("%v (request %d)", opStatus, c.id)) {
 				t.Fatalf("%s: %v, want the op and request named", name, err)
 			}
 			if tc.drops {
@@ -574,7 +575,7 @@ func testRPCProtocolViolations(t *testing.T, dial dialer) {
 				}
 				return
 			}
-			if body, err := r.Call(OpFree, nil, []byte("next")); err != nil || string(body) != "next" {
+			if body, err := r.Call(opFree, nil, []byte("next")); err != nil || string(body) != "next" {
 				t.Fatalf("%s: the next call: %q, %v", name, body, err)
 			}
 		})
@@ -601,7 +602,7 @@ func TestBodyTimeout(t *testing.T) {
 		// Returning closes the connection: the peer is dropped.
 	})
 	nc := dialRaw(t, addr)
-	if _, err := nc.Write(append(rawHeader(1000, OpNodeWrite, 0, 1), make([]byte, 500)...)); err != nil {
+	if _, err := nc.Write(append(rawHeader(1000, opNodeWrite, 0, 1), make([]byte, 500)...)); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -633,7 +634,7 @@ func TestBodyTimeoutReset(t *testing.T) {
 		}
 	})
 	nc := dialRaw(t, addr)
-	frame := append(rawHeader(100, OpNodeWrite, 0, 1), make([]byte, 100)...)
+	frame := append(rawHeader(100, opNodeWrite, 0, 1), make([]byte, 100)...)
 	nc.Write(frame[:HeaderSize+50]) // the body arrives in two parts, so ReadBody waits with a deadline
 	time.Sleep(BodyTimeout / 5)
 	nc.Write(frame[HeaderSize+50:])
@@ -668,17 +669,17 @@ func testRPCBodyTimeout(t *testing.T, dial dialer) {
 				buf = make([]byte, 64)
 			}
 			start := time.Now()
-			c := r.Go(OpNodeRead, buf, []byte("read"))
-			other := r.Go(OpNodeRead, nil, []byte("other"))
+			c := r.Go(opNodeRead, buf, []byte("read"))
+			other := r.Go(opNodeRead, nil, []byte("other"))
 			err := waitCall(t, c)
 			elapsed := time.Since(start)
-			if !errors.Is(err, ErrUnavailable) || !errors.Is(err, os.ErrDeadlineExceeded) {
+			if !errors.Is(err, vocab.ErrUnavailable) || !errors.Is(err, os.ErrDeadlineExceeded) {
 				t.Fatalf("stalled reply: %v, want ErrUnavailable naming the timeout", err)
 			}
 			if elapsed > BodyTimeout+5*time.Second {
 				t.Fatalf("stalled reply failed after %v, BodyTimeout %v", elapsed, BodyTimeout)
 			}
-			if err := waitCall(t, other); !errors.Is(err, ErrUnavailable) {
+			if err := waitCall(t, other); !errors.Is(err, vocab.ErrUnavailable) {
 				t.Fatalf("other pending call: %v", err)
 			}
 			<-r.Closed()
@@ -700,12 +701,12 @@ func testRPCIntoSkipStalls(t *testing.T, dial dialer) {
 	})
 	r := dial(t, addr)
 	defer close(stop)
-	c := r.Go(OpNodeRead, make([]byte, 8), []byte("read"))
-	other := r.Go(OpNodeRead, nil, []byte("other"))
-	if err := waitCall(t, c); !errors.Is(err, ErrProtocol) {
+	c := r.Go(opNodeRead, make([]byte, 8), []byte("read"))
+	other := r.Go(opNodeRead, nil, []byte("other"))
+	if err := waitCall(t, c); !errors.Is(err, vocab.ErrProtocol) {
 		t.Fatalf("stalled wrong-length reply: %v, want ErrProtocol", err)
 	}
-	if err := waitCall(t, other); !errors.Is(err, ErrUnavailable) {
+	if err := waitCall(t, other); !errors.Is(err, vocab.ErrUnavailable) {
 		t.Fatalf("call behind a stalled reply: %v, want ErrUnavailable", err)
 	}
 	<-r.Closed()
@@ -718,7 +719,7 @@ func TestRPCCallerReadsWaiterReads(t *testing.T) {
 	r := rpcModes[1].dial(t, serve(t, echo))
 	for i := range 20 {
 		var stack string
-		c := r.GoThen(OpFree, nil, func(*Call) {
+		c := r.GoThen(opFree, nil, func(*Call) {
 			b := make([]byte, 64<<10)
 			stack = string(b[:runtime.Stack(b, false)])
 		}, []byte("x"))
@@ -737,7 +738,7 @@ func TestRPCCallerReadsHelper(t *testing.T) {
 	r := rpcModes[1].dial(t, serve(t, echo))
 	calls := make([]*Call, 50)
 	for i := range calls {
-		calls[i] = r.Go(OpFree, nil, []byte(fmt.Sprint(i)))
+		calls[i] = r.Go(opFree, nil, []byte(fmt.Sprint(i)))
 	}
 	// All but the last finish without a Wait; the last, once alone, waits
 	// for a reader.
@@ -762,7 +763,7 @@ func TestRPCCallerReadsHelper(t *testing.T) {
 func TestRPCCallerReadsCloseWhileReading(t *testing.T) {
 	addr := serve(t, func(c *Conn) { io.Copy(io.Discard, c.NetConn()) })
 	r := rpcModes[1].dial(t, addr)
-	c := r.Go(OpSynchronize, nil)
+	c := r.Go(opSynchronize, nil)
 	got := make(chan error, 1)
 	go func() { got <- c.Wait() }()
 	// Close once the waiter holds the read token, blocked in the read.
@@ -774,7 +775,7 @@ func TestRPCCallerReadsCloseWhileReading(t *testing.T) {
 	r.Close()
 	select {
 	case err := <-got:
-		if !errors.Is(err, ErrUnavailable) {
+		if !errors.Is(err, vocab.ErrUnavailable) {
 			t.Fatalf("Wait after Close: %v, want ErrUnavailable", err)
 		}
 	case <-time.After(10 * time.Second):
@@ -793,7 +794,7 @@ func TestRPCCallerReadsMixed(t *testing.T) {
 			for i := range 50 {
 				var calls []*Call
 				for k := range 1 + (g+i)%4 {
-					calls = append(calls, r.Go(OpFree, nil, []byte(fmt.Sprintf("%d-%d-%d", g, i, k))))
+					calls = append(calls, r.Go(opFree, nil, []byte(fmt.Sprintf("%d-%d-%d", g, i, k))))
 				}
 				for k := len(calls) - 1; k >= 0; k-- {
 					c := calls[k]
@@ -870,9 +871,9 @@ func TestRPCCallerReadsAnyOrder(t *testing.T) {
 					msg := fmt.Sprintf("%d.%d", g, i)
 					switch a {
 					case 0, 1: // issue and keep
-						kept, want = append(kept, r.Go(OpFree, nil, []byte(msg))), append(want, msg)
+						kept, want = append(kept, r.Go(opFree, nil, []byte(msg))), append(want, msg)
 					case 2: // a call of its own
-						if body, err := r.Call(OpFree, nil, []byte(msg)); err != nil || string(body) != msg {
+						if body, err := r.Call(opFree, nil, []byte(msg)); err != nil || string(body) != msg {
 							errs <- fmt.Errorf("goroutine %d: Call %q: %q, %v", g, msg, body, err)
 							return
 						}
@@ -918,8 +919,8 @@ func TestGoRacesAFailingConnection(t *testing.T) {
 		a, b := net.Pipe()
 		b.Close()
 		r := NewRPC(NewConn(a), "peer")
-		c := r.Go(OpHello, nil, []byte("hi"))
-		if err := c.Wait(); !errors.Is(err, ErrUnavailable) {
+		c := r.Go(opHello, nil, []byte("hi"))
+		if err := c.Wait(); !errors.Is(err, vocab.ErrUnavailable) {
 			t.Fatalf("call %d on a connection whose peer hung up: %v, want unavailable", i, err)
 		}
 	}
@@ -942,7 +943,7 @@ func TestFailedCallSeesClosed(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for range 2000 {
-					err := r.Go(OpSynchronize, nil).Wait()
+					err := r.Go(opSynchronize, nil).Wait()
 					if err == nil {
 						continue
 					}

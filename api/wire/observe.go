@@ -1,6 +1,10 @@
-package api
+package wire
 
-import "time"
+import (
+	"time"
+
+	"github.com/vgpu/vgpu/api/vocab"
+)
 
 // ReplyObserver is told of each reply a Conn sends to a request it read:
 // the request's operation, the time from reading its header to writing the
@@ -8,7 +12,7 @@ import "time"
 // replying goroutine, on every request's path, so it must be cheap and
 // must not block (a metrics histogram and counter).
 type ReplyObserver interface {
-	Replied(op Op, took time.Duration, code Code)
+	Replied(op Op, took time.Duration, code vocab.Code)
 }
 
 // Observe makes c tell o of each reply to a request read from now on. Call
@@ -25,7 +29,7 @@ func monotonic() int64 { return int64(time.Since(epoch)) | 1 }
 
 // observe tells c's observer of a reply to h with code, where h was read
 // by a Conn with an observer.
-func (c *Conn) observe(h Header, code Code) {
+func (c *Conn) observe(h Header, code vocab.Code) {
 	if c.obs == nil || h.read == 0 {
 		return
 	}

@@ -1,9 +1,11 @@
-package api
+package wire
 
 import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // Call is one request in flight. Done is closed when the reply (or the
@@ -215,10 +217,10 @@ func (r *RPC) registerThen(op Op, into []byte, then func(*Call)) (*Call, bool) {
 }
 
 func (r *RPC) sendFailed(c *Call, err error) {
-	if errors.Is(err, ErrInvalidArgument) { // refused locally, connection intact
+	if errors.Is(err, vocab.ErrInvalidArgument) { // refused locally, connection intact
 		r.complete(c.id, err)
 	} else {
-		r.fail(fmt.Errorf("send %v to %s: %w", c.Op, r.name, WithCode(err, ErrUnavailable)))
+		r.fail(fmt.Errorf("send %v to %s: %w", c.Op, r.name, vocab.WithCode(err, vocab.ErrUnavailable)))
 	}
 }
 
@@ -241,7 +243,7 @@ func (r *RPC) Closed() <-chan struct{} { return r.closed }
 
 // Close closes the connection; calls in flight fail with ErrUnavailable.
 func (r *RPC) Close() error {
-	r.fail(fmt.Errorf("connection to %s closed: %w", r.name, ErrUnavailable))
+	r.fail(fmt.Errorf("connection to %s closed: %w", r.name, vocab.ErrUnavailable))
 	return nil
 }
 
@@ -292,10 +294,10 @@ func (r *RPC) readLoop() {
 // their code; anything else the connection reports (EOF, EOF mid-frame,
 // reset, a body that stalled past BodyTimeout) means the peer is unavailable.
 func (r *RPC) lost(err error) error {
-	if CodeOf(err) != CodeInternal {
+	if vocab.CodeOf(err) != vocab.CodeInternal {
 		return err
 	}
-	return fmt.Errorf("connection to %s lost: %w: %w", r.name, err, ErrUnavailable)
+	return fmt.Errorf("connection to %s lost: %w: %w", r.name, err, vocab.ErrUnavailable)
 }
 
 func (r *RPC) readOne() error {
@@ -312,21 +314,21 @@ func (r *RPC) readOne() error {
 		return nil
 	}
 	if h.Flags&FlagReply == 0 {
-		return fmt.Errorf("%s sent request %d (%v) where a reply was due: %w", r.name, h.ID, h.Op, ErrProtocol)
+		return fmt.Errorf("%s sent request %d (%v) where a reply was due: %w", r.name, h.ID, h.Op, vocab.ErrProtocol)
 	}
 	r.mu.Lock()
 	c := r.pending[h.ID]
 	delete(r.pending, h.ID)
 	r.mu.Unlock()
 	if c == nil {
-		return fmt.Errorf("%s replied to unknown request %d: %w", r.name, h.ID, ErrProtocol)
+		return fmt.Errorf("%s replied to unknown request %d: %w", r.name, h.ID, vocab.ErrProtocol)
 	}
 	switch {
 	case h.Flags&FlagError != 0:
 		body := make([]byte, h.Len)
 		if err = r.conn.ReadBody(body); err == nil {
 			c.Err = DecodeError(body)
-			if re := (*RemoteError)(nil); !errors.As(c.Err, &re) {
+			if re := (*vocab.RemoteError)(nil); !errors.As(c.Err, &re) {
 				// A body that is no error: this call fails, and as the
 				// frame was well formed, the connection carries on.
 				c.Err = fmt.Errorf("%s: error reply to %v (request %d): %w", r.name, h.Op, h.ID, c.Err)
@@ -336,7 +338,7 @@ func (r *RPC) readOne() error {
 		if int(h.Len) != len(c.into) {
 			// The frame is well formed, so skip its body: this call fails,
 			// the connection and the other calls on it carry on.
-			c.Err = fmt.Errorf("%s replied %d bytes to %v, want %d: %w", r.name, h.Len, h.Op, len(c.into), ErrProtocol)
+			c.Err = fmt.Errorf("%s replied %d bytes to %v, want %d: %w", r.name, h.Len, h.Op, len(c.into), vocab.ErrProtocol)
 			err = r.conn.skipBody(int(h.Len))
 		} else {
 			err = r.conn.ReadBody(c.into)

@@ -1,4 +1,4 @@
-package api
+package wire
 
 import (
 	"bufio"
@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/vgpu/vgpu/api/vocab"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,7 +47,7 @@ func (r *fdReader) Read(p []byte) (int, error) {
 func (r *fdReader) keep(oob []byte) error {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
-		return fmt.Errorf("control message: %v: %w", err, ErrProtocol)
+		return fmt.Errorf("control message: %v: %w", err, vocab.ErrProtocol)
 	}
 	var fds []int
 	for _, m := range msgs {
@@ -60,7 +61,7 @@ func (r *fdReader) keep(oob []byte) error {
 	case r.closed:
 		err = fmt.Errorf("%d file descriptors arrived after close: %w", len(fds), net.ErrClosed)
 	case len(r.fds)+len(fds) > MaxQueuedFDs:
-		err = fmt.Errorf("peer sent %d file descriptors not yet used, limit %d: %w", len(r.fds)+len(fds), MaxQueuedFDs, ErrProtocol)
+		err = fmt.Errorf("peer sent %d file descriptors not yet used, limit %d: %w", len(r.fds)+len(fds), MaxQueuedFDs, vocab.ErrProtocol)
 	default:
 		r.fds = append(r.fds, fds...)
 		return nil
@@ -109,7 +110,7 @@ func (c *Conn) TakeFD() (int, error) {
 			return fd, nil
 		}
 	}
-	return -1, fmt.Errorf("request needs a file descriptor and none came with it: %w", ErrProtocol)
+	return -1, fmt.Errorf("request needs a file descriptor and none came with it: %w", vocab.ErrProtocol)
 }
 
 // WriteFrameFD writes one frame with fd attached to its first bytes. The
@@ -117,14 +118,14 @@ func (c *Conn) TakeFD() (int, error) {
 func (c *Conn) WriteFrameFD(op Op, id uint64, fd int, parts ...[]byte) error {
 	uc, ok := c.nc.(*net.UnixConn)
 	if !ok {
-		return fmt.Errorf("passing a file descriptor needs a Unix socket, not %T: %w", c.nc, ErrInvalidArgument)
+		return fmt.Errorf("passing a file descriptor needs a Unix socket, not %T: %w", c.nc, vocab.ErrInvalidArgument)
 	}
 	b := make([]byte, HeaderSize)
 	for _, p := range parts {
 		b = append(b, p...)
 	}
 	if len(b)-HeaderSize > MaxBody {
-		return fmt.Errorf("frame %d (%v): %d-byte body exceeds limit %d: %w", id, op, len(b)-HeaderSize, MaxBody, ErrInvalidArgument)
+		return fmt.Errorf("frame %d (%v): %d-byte body exceeds limit %d: %w", id, op, len(b)-HeaderSize, MaxBody, vocab.ErrInvalidArgument)
 	}
 	binary.LittleEndian.PutUint32(b[0:], uint32(len(b)-HeaderSize))
 	binary.LittleEndian.PutUint16(b[4:], uint16(op))

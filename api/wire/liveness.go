@@ -1,4 +1,4 @@
-package api
+package wire
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpu/vgpu/api/vocab"
 	"golang.org/x/sys/unix"
 )
 
@@ -60,9 +61,9 @@ const MaxPeerTimeout = time.Hour
 func CheckPeerTimeout(d time.Duration) error {
 	switch {
 	case d < MinPeerTimeout:
-		return fmt.Errorf("peer timeout %v is under the minimum %v (keepalive probes go in whole seconds): %w", d, MinPeerTimeout, ErrInvalidArgument)
+		return fmt.Errorf("peer timeout %v is under the minimum %v (keepalive probes go in whole seconds): %w", d, MinPeerTimeout, vocab.ErrInvalidArgument)
 	case d > MaxPeerTimeout:
-		return fmt.Errorf("peer timeout %v is over the maximum %v: %w", d, MaxPeerTimeout, ErrInvalidArgument)
+		return fmt.Errorf("peer timeout %v is over the maximum %v: %w", d, MaxPeerTimeout, vocab.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -186,7 +187,7 @@ func (w *watchedConn) explain(err error) error {
 // that showed.
 func (w *watchedConn) silent(silence time.Duration, how string) error {
 	return fmt.Errorf("%s silent for %v, past the %v limit (%s; partitioned or down): %w",
-		w.peer, silence.Round(10*time.Millisecond), w.bound, how, ErrUnavailable)
+		w.peer, silence.Round(10*time.Millisecond), w.bound, how, vocab.ErrUnavailable)
 }
 
 func (w *watchedConn) info() (*unix.TCPInfo, error) {

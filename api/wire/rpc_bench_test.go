@@ -1,4 +1,4 @@
-package api
+package wire
 
 import (
 	"net"
@@ -22,7 +22,7 @@ func BenchmarkRPCSmallCall(b *testing.B) {
 		defer c.Close()
 		reply := make([]byte, len(body))
 		for i := 0; b.Loop(); i++ {
-			if err := c.WriteFrame(OpFree, 0, uint64(i), body); err != nil {
+			if err := c.WriteFrame(opFree, 0, uint64(i), body); err != nil {
 				b.Fatal(err)
 			}
 			h, err := c.ReadHeader()
@@ -38,7 +38,7 @@ func BenchmarkRPCSmallCall(b *testing.B) {
 		b.Run(m.name, func(b *testing.B) {
 			r := m.dial(b, serve(b, echo))
 			for b.Loop() {
-				if _, err := r.Call(OpFree, nil, body); err != nil {
+				if _, err := r.Call(opFree, nil, body); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,4 +1,4 @@
-package api
+package wire
 
 import (
 	"bytes"
@@ -69,7 +69,7 @@ func TestWriteFrameFDWritesAllOfALargeFrame(t *testing.T) {
 		fd, err := c.TakeFD()
 		done <- got{p, fd, err}
 	}()
-	if err := NewConn(a).WriteFrameFD(OpHostRegister, 7, int(pw.Fd()), body); err != nil {
+	if err := NewConn(a).WriteFrameFD(opHostRegister, 7, int(pw.Fd()), body); err != nil {
 		t.Fatal(err)
 	}
 	a.Close() // a frame cut short now ends in EOF
