@@ -36,26 +36,33 @@ const scrubPage = 4096
 // transfer of the other. Copies stay on the device unless they
 // overlap.
 //
-// Kernels: launches run the catalog's Go implementations on the host over
-// copies of their buffers, gathered from the device and written back by
-// finish; the CUDA C catalog compiled with NVRTC is not built yet
-// (docs/backends.md). A written buffer may not overlap another buffer
-// argument other than exactly (the same extents): with copies, an overlap
-// the kernel would see in place is invisible.
+// Kernels: once UseKernels has loaded the catalog compiled for the GPU
+// (kernels/*.cu, compile.go), launches run there, in grid ranges
+// (launch.go); before, or if the node chose host kernels, they run the
+// catalog's Go implementations on the host over copies of their buffers,
+// gathered from the device and written back by finish. Either way a written
+// buffer may not overlap another buffer argument other than exactly (the
+// same extents): GPU threads would race on it, and copies would hide it.
 //
 // Concurrency: the node calls a device from several connections at once;
 // mu serialises the driver calls, which share the staging buffer and
 // streams. Lock order: mu is a leaf.
 type Device struct {
-	info   api.DeviceInfo
-	ctx    *Context
-	base   uint64   // device address of the node's address 0
-	frames []uint64 // physical allocation of each frame, mapped at base+i*FrameSize
+	info    api.DeviceInfo
+	ctx     *Context
+	base    uint64   // device address of the node's address 0
+	frames  []uint64 // physical allocation of each frame, mapped at base+i*FrameSize
+	ordinal int      // the GPU's CUDA ordinal
+	// funcs are the kernels of module by name: written once, by UseKernels
+	// before the device serves, and read without mu after.
+	funcs map[string]Function
 
 	mu      sync.Mutex // guards everything below, and every driver call
 	pin     *Pinned    // 2*stagingChunk
-	streams [2]Stream  // one per half of pin
+	streams [2]Stream  // one per half of pin; launches use streams[0]
 	closed  bool
+	module  Module          // the compiled catalog, 0 until UseKernels
+	scratch map[uint64]bool // launches' scratch allocations not yet freed
 }
 
 // New opens device index of the node on the driver's GPU ordinal, with size
@@ -69,7 +76,7 @@ func New(drv *Driver, ordinal int, index uint32, size uint64, name string) (dev 
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{info: api.DeviceInfo{Index: index, Name: name, Memory: size}, ctx: ctx}
+	d := &Device{info: api.DeviceInfo{Index: index, Name: name, Memory: size}, ctx: ctx, ordinal: ordinal, scratch: map[uint64]bool{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(fmt.Errorf("cuda device %d (GPU %d): %w", index, ordinal, err), d.Close())
@@ -131,6 +138,14 @@ func (d *Device) Close() error {
 	d.closed = true
 	err := d.ctx.Do(func(k *Calls) error {
 		var errs []error
+		for p := range d.scratch {
+			errs = append(errs, k.Free(p))
+		}
+		clear(d.scratch)
+		if d.module != 0 {
+			errs = append(errs, k.Unload(d.module))
+			d.module = 0
+		}
 		for i, s := range d.streams {
 			if s != 0 {
 				errs = append(errs, k.Sync(s), k.DestroyStream(s))
@@ -373,11 +388,20 @@ type hostBuffer struct {
 	write bool
 }
 
-// Prepare readies a launch of k on the host over copies of its buffers
+// Prepare readies a launch of k, on the GPU once UseKernels has loaded the
+// kernels (prepareGPU), else on the host (prepareHost).
+func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (*kernels.Plan, func() error, error) {
+	if d.funcs != nil {
+		return d.prepareGPU(k, args, maxWork)
+	}
+	return d.prepareHost(k, args, maxWork)
+}
+
+// prepareHost readies a launch of k on the host over copies of its buffers
 // (see Device): it gathers them, the same extents once, checks the
 // arguments and writes nothing. finish writes back the buffers k may
 // write.
-func (d *Device) Prepare(k *kernels.Kernel, args []api.NodeArg, maxWork int) (*kernels.Plan, func() error, error) {
+func (d *Device) prepareHost(k *kernels.Kernel, args []api.NodeArg, maxWork int) (*kernels.Plan, func() error, error) {
 	ps := k.Info.Params
 	vals := make([]kernels.Value, len(args))
 	var bufs []*hostBuffer

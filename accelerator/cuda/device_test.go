@@ -22,11 +22,11 @@ func openFake(t *testing.T, size uint64) (*Device, fakeLib) {
 	return d, f
 }
 
-// TestConformance runs the suite every backend passes against the fake
-// driver: memory, copies, scrub and errors through the real binding; the
-// kernels run on the host (Device's doc), so their results are the
-// references' bit for bit.
-func TestConformance(t *testing.T) {
+// TestConformanceHostKernels runs the suite every backend passes against
+// the fake driver with kernels on the host (a device without UseKernels):
+// memory, copies, scrub and errors through the real binding, and kernel
+// results that are the references' bit for bit.
+func TestConformanceHostKernels(t *testing.T) {
 	conformance.Run(t, func(t *testing.T, size uint64) accelerator.Device {
 		d, _ := openFake(t, size)
 		return d

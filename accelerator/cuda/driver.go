@@ -1,5 +1,9 @@
 // Package cuda is the node's backend for NVIDIA GPUs: the CUDA driver API,
-// loaded at run time (driver.go), and a Device over it (device.go).
+// loaded at run time (driver.go), a Device over it (device.go), the kernel
+// catalog in CUDA C (kernels/*.cu, embedded) built at node start by the
+// runtime compiler NVRTC, also loaded at run time (nvrtc.go), cached on
+// disk (compile.go), and launched in grid ranges the node's scheduler
+// steps (launch.go).
 //
 // The driver library (libcuda.so.1) is opened with dlopen through
 // github.com/ebitengine/purego rather than linked: a vgpu-node binary
@@ -23,14 +27,17 @@
 //     cuMemHostAlloc (HostAlloc), never Go memory.
 //
 // The tests run against testdata/fakecuda.c, a fake libcuda built with gcc
-// that stands in for the hardware and driver this machine does not have;
-// on a GPU host scripts/gpu-check runs them against the real driver.
+// that stands in for the hardware and driver this machine does not have
+// (with the catalog's CUDA C compiled for the host, testdata/fakekernels.cc),
+// and testdata/fakenvrtc.c, a fake libnvrtc; on a GPU host scripts/gpu-check
+// runs them against the real driver and compiler.
 package cuda
 
 import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -121,6 +128,13 @@ type Driver struct {
 	cuMemFreeHost                 func(p unsafe.Pointer) Result
 	cuGetErrorString              func(r Result, s **byte) Result
 	cuGetErrorName                func(r Result, s **byte) Result
+	cuDeviceGetAttribute          func(v *int32, attr int32, d int32) Result
+	cuMemAlloc                    func(p *uint64, n uintptr) Result
+	cuMemFree                     func(p uint64) Result
+	cuModuleLoadData              func(m *uintptr, image unsafe.Pointer) Result
+	cuModuleUnload                func(m uintptr) Result
+	cuModuleGetFunction           func(f *uintptr, m uintptr, name *byte) Result
+	cuLaunchKernel                func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) Result
 }
 
 // symbols binds each entry point to its symbol; the versioned names (_v2)
@@ -165,6 +179,13 @@ func (d *Driver) symbols() []struct {
 		{&d.cuMemFreeHost, "cuMemFreeHost"},
 		{&d.cuGetErrorString, "cuGetErrorString"},
 		{&d.cuGetErrorName, "cuGetErrorName"},
+		{&d.cuDeviceGetAttribute, "cuDeviceGetAttribute"},
+		{&d.cuMemAlloc, "cuMemAlloc_v2"},
+		{&d.cuMemFree, "cuMemFree_v2"},
+		{&d.cuModuleLoadData, "cuModuleLoadData"},
+		{&d.cuModuleUnload, "cuModuleUnload"},
+		{&d.cuModuleGetFunction, "cuModuleGetFunction"},
+		{&d.cuLaunchKernel, "cuLaunchKernel"},
 	}
 }
 
@@ -254,6 +275,28 @@ func (d *Driver) GPUs() ([]GPU, error) {
 		out = append(out, GPU{Ordinal: int(i), Name: goString(&name[0]), UUID: formatUUID(u), Memory: uint64(mem)})
 	}
 	return out, nil
+}
+
+// The CUdevice_attribute values of the compute capability.
+const (
+	attrComputeMajor = 75
+	attrComputeMinor = 76
+)
+
+// Arch is GPU ordinal's compute capability as NVRTC names its real
+// architecture: "sm_90" for 9.0.
+func (d *Driver) Arch(ordinal int) (string, error) {
+	var dev, major, minor int32
+	if err := d.check("cuDeviceGet", d.cuDeviceGet(&dev, int32(ordinal))); err != nil {
+		return "", fmt.Errorf("CUDA device %d: %w", ordinal, err)
+	}
+	if err := d.check("cuDeviceGetAttribute", d.cuDeviceGetAttribute(&major, attrComputeMajor, dev)); err != nil {
+		return "", fmt.Errorf("CUDA device %d: compute capability: %w", ordinal, err)
+	}
+	if err := d.check("cuDeviceGetAttribute", d.cuDeviceGetAttribute(&minor, attrComputeMinor, dev)); err != nil {
+		return "", fmt.Errorf("CUDA device %d: compute capability: %w", ordinal, err)
+	}
+	return fmt.Sprintf("sm_%d%d", major, minor), nil
 }
 
 func formatUUID(u [16]byte) string {
@@ -471,4 +514,68 @@ func (c *Calls) FreeHost(p *Pinned) error {
 	err := c.d.check("cuMemFreeHost", c.d.cuMemFreeHost(p.p))
 	p.p = nil
 	return err
+}
+
+// Alloc allocates n bytes of device memory outside the node's frames
+// (cuMemAlloc), for a launch's scratch.
+func (c *Calls) Alloc(n uint64) (uint64, error) {
+	var p uint64
+	err := c.d.check("cuMemAlloc", c.d.cuMemAlloc(&p, uintptr(n)))
+	return p, err
+}
+
+// Free frees what Alloc allocated.
+func (c *Calls) Free(p uint64) error { return c.d.check("cuMemFree", c.d.cuMemFree(p)) }
+
+// Module is a loaded CUmodule; Function a kernel of one.
+type (
+	Module   uintptr
+	Function uintptr
+)
+
+// LoadModule loads a compiled image (a CUBIN, or PTX, which the driver
+// compiles) into the current context. The driver reads image during the
+// call only.
+func (c *Calls) LoadModule(image []byte) (Module, error) {
+	if len(image) == 0 {
+		return 0, fmt.Errorf("cuModuleLoadData: empty image: %w", api.ErrInvalidArgument)
+	}
+	var m uintptr
+	err := c.d.check("cuModuleLoadData", c.d.cuModuleLoadData(&m, unsafe.Pointer(&image[0])))
+	return Module(m), err
+}
+
+// Unload unloads m.
+func (c *Calls) Unload(m Module) error {
+	return c.d.check("cuModuleUnload", c.d.cuModuleUnload(uintptr(m)))
+}
+
+// Function finds the kernel called name in m.
+func (c *Calls) Function(m Module, name string) (Function, error) {
+	cname := append([]byte(name), 0)
+	var f uintptr
+	if err := c.d.check("cuModuleGetFunction", c.d.cuModuleGetFunction(&f, uintptr(m), &cname[0])); err != nil {
+		return 0, fmt.Errorf("kernel %s: %w", name, err)
+	}
+	return Function(f), nil
+}
+
+// Launch queues f on s over a 1-D grid of blocks of threads each. args
+// are the kernel's arguments, each as the 8 bytes of a long long, a device
+// pointer, or a float in the low 4 (kernels.cu's parameter types);
+// cuLaunchKernel gets an array of pointers to them and copies them before
+// it returns.
+func (c *Calls) Launch(f Function, blocks, threads uint32, s Stream, args []uint64) error {
+	if len(args) == 0 {
+		return fmt.Errorf("cuLaunchKernel: no arguments: %w", api.ErrInvalidArgument)
+	}
+	vals := slices.Clone(args)
+	ptrs := make([]unsafe.Pointer, len(vals))
+	var pin runtime.Pinner // ptrs, passed to C, holds pointers to vals
+	defer pin.Unpin()
+	pin.Pin(&vals[0])
+	for i := range vals {
+		ptrs[i] = unsafe.Pointer(&vals[i])
+	}
+	return c.d.check("cuLaunchKernel", c.d.cuLaunchKernel(uintptr(f), blocks, 1, 1, threads, 1, 1, 0, uintptr(s), unsafe.Pointer(&ptrs[0]), nil))
 }

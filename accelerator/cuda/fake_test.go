@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 
@@ -16,10 +17,14 @@ import (
 
 // The tests load testdata/fakecuda.c, built here with gcc, in place of
 // libcuda.so.1: a fake driver over host memory that stands in for the GPU
-// and driver this machine does not have. It runs the binding's real
-// dlopen, symbol binding, argument passing and error paths; what only a GPU
-// shows (kernels, real DMA, the driver's own checks) is left to
-// scripts/gpu-check.
+// and driver this machine does not have, with the kernel catalog's CUDA C
+// compiled for the host by g++ (testdata/fakekernels.cc), which its
+// cuLaunchKernel runs thread by thread; and testdata/fakenvrtc.c in place
+// of libnvrtc, whose "compiler" emits an image naming the source's kernels.
+// They run the binding's real dlopen, symbol binding, argument passing and
+// error paths, and the kernels' indexing; what only a GPU shows (real
+// compilation, parallel threads, real DMA, the driver's own checks) is
+// left to scripts/gpu-check.
 
 // fake is the built fake driver and its test controls.
 type fakeLib struct {
@@ -30,7 +35,13 @@ type fakeLib struct {
 	// buffers not freed.
 	live      func() int32
 	setMemory func(n uintptr)
-	calls     func(which int32) int64
+	// calls counts host-to-device copies (0), device-to-host (1), memsets
+	// (2), device-to-device copies (3) and launches (4).
+	calls func(which int32) int64
+
+	nvrtcPath string
+	// compiles counts the fake NVRTC's successful compilations.
+	compiles func() int32
 }
 
 var (
@@ -52,18 +63,30 @@ func TestMain(m *testing.M) {
 func buildFake(t *testing.T) fakeLib {
 	t.Helper()
 	fakeOnce.Do(func() {
-		if _, err := exec.LookPath("gcc"); err != nil {
-			fakeErr = fmt.Errorf("gcc not found: %v", err)
-			return
+		for _, cc := range []string{"gcc", "g++"} {
+			if _, err := exec.LookPath(cc); err != nil {
+				fakeErr = fmt.Errorf("%s not found: %v", cc, err)
+				return
+			}
 		}
 		if fakeDir, fakeErr = os.MkdirTemp("", "fakecuda"); fakeErr != nil {
 			return
 		}
 		fake.path = filepath.Join(fakeDir, "libcuda.so.1")
-		out, err := exec.Command("gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", fake.path, "testdata/fakecuda.c").CombinedOutput()
-		if err != nil {
-			fakeErr = fmt.Errorf("gcc: %v\n%s", err, out)
-			return
+		fake.nvrtcPath = filepath.Join(fakeDir, "libnvrtc.so.13")
+		in := func(name string) string { return filepath.Join(fakeDir, name) }
+		warn := []string{"-fPIC", "-O1", "-Wall", "-Werror"}
+		for _, cmd := range [][]string{
+			append([]string{"gcc", "-c", "-o", in("fakecuda.o"), "testdata/fakecuda.c"}, warn...),
+			// No contraction into fused multiply-adds, as NVRTC's --fmad=false.
+			append([]string{"g++", "-c", "-std=c++17", "-ffp-contract=off", "-o", in("fakekernels.o"), "testdata/fakekernels.cc"}, warn...),
+			{"g++", "-shared", "-o", fake.path, in("fakecuda.o"), in("fakekernels.o"), "-lm"},
+			append([]string{"gcc", "-shared", "-o", fake.nvrtcPath, "testdata/fakenvrtc.c"}, warn...),
+		} {
+			if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+				fakeErr = fmt.Errorf("%s: %v\n%s", strings.Join(cmd, " "), err, out)
+				return
+			}
 		}
 		lib, err := purego.Dlopen(fake.path, purego.RTLD_NOW|purego.RTLD_LOCAL)
 		if err != nil {
@@ -74,6 +97,12 @@ func buildFake(t *testing.T) fakeLib {
 		purego.RegisterLibFunc(&fake.live, lib, "fake_live")
 		purego.RegisterLibFunc(&fake.setMemory, lib, "fake_set_memory")
 		purego.RegisterLibFunc(&fake.calls, lib, "fake_calls")
+		nv, err := purego.Dlopen(fake.nvrtcPath, purego.RTLD_NOW|purego.RTLD_LOCAL)
+		if err != nil {
+			fakeErr = err
+			return
+		}
+		purego.RegisterLibFunc(&fake.compiles, nv, "fake_nvrtc_compiles")
 	})
 	if fakeErr != nil {
 		testenv.Missing(t, fmt.Sprintf("the fake libcuda: %v", fakeErr))

@@ -80,6 +80,15 @@ func (k *Kernel) Plan(args []Value, maxWork int) (*Plan, error) {
 	return p, nil
 }
 
+// NewPlan is a plan of n slices that slice(i) runs, for a backend whose
+// device runs the kernel itself rather than the catalog's Go code
+// (accelerator/cuda: one range of a GPU grid per slice). The caller must
+// have run the catalog's checks first (Kernel.Plan over stand-ins), since
+// a Plan promises that they passed.
+func NewPlan(kernel string, n int, slice func(i int) error) *Plan {
+	return &Plan{kernel: kernel, n: n, slice: func(i, _ int) error { return slice(i) }}
+}
+
 // vectorCost is what one element of a memory-bound vector kernel counts as
 // in work: on the sim backend storing an element costs about as much as four
 // multiply-adds of sgemm, so slices of either take similar time.

@@ -10,10 +10,22 @@
  *   - one device ("vgpu fake GPU") whose memory size fake_set_memory sets;
  *   - a primary context that must be current on the calling thread
  *     (thread-local, as in the real driver) for every memory call;
- *   - virtual memory management: address reservations, physical
- *     allocations (filled with 0xCD, since cuMemCreate does not zero), maps
- *     of whole allocations at granularity-aligned addresses, access that
- *     must be set before a mapped range is touched;
+ *   - virtual memory management, with the host's own: an address
+ *     reservation is a PROT_NONE mmap of host addresses, a physical
+ *     allocation a memfd (filled with 0xCD, since cuMemCreate does not
+ *     zero), a map an mmap of it at a granularity-aligned address of the
+ *     reservation, readable and writable only once access is set. A device
+ *     address is therefore a host address, so that kernels (fakekernels.cc)
+ *     dereference device pointers as on a GPU, and a buffer spanning frames
+ *     is contiguous as there;
+ *   - cuMemAlloc: plain aligned host memory, device addressable too;
+ *   - modules and launches: cuModuleLoadData accepts the text the fake
+ *     NVRTC (fakenvrtc.c) emits, one ".entry NAME" line per kernel;
+ *     cuModuleGetFunction finds NAME there and in fakekernels.cc, the
+ *     catalog's CUDA C compiled for the host; cuLaunchKernel runs it over
+ *     every block and thread of the grid in turn, passing kernelParams (an
+ *     array of pointers to the arguments) as the driver does. Kernels must
+ *     therefore not use shared memory or barriers (the catalog's do not);
  *   - copies and memsets that resolve every device byte through the maps
  *     and fail with CUDA_ERROR_INVALID_VALUE on an unmapped or inaccessible
  *     byte; asynchronous calls run synchronously, streams are counters;
@@ -27,9 +39,12 @@
  * It is test code: single device, linear lookups, no thread safety beyond
  * what the tests need (the backend serialises its calls per device).
  */
+#define _GNU_SOURCE
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -37,6 +52,15 @@ typedef unsigned long long CUmemGenericAllocationHandle;
 typedef int CUdevice;
 typedef void *CUcontext;
 typedef void *CUstream;
+typedef struct module *CUmodule;
+typedef struct function *CUfunction;
+
+/* fakekernels.cc: the catalog's kernels compiled for the host. Weak, so
+ * that this file alone still builds a driver (without kernels), as
+ * cmd/vgpu-node's tests build it. */
+__attribute__((weak)) void *fake_kernel(const char *name);
+__attribute__((weak)) int fake_run(void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+				   unsigned bz, void **params);
 
 enum {
 	CUDA_SUCCESS = 0,
@@ -44,7 +68,11 @@ enum {
 	CUDA_ERROR_OUT_OF_MEMORY = 2,
 	CUDA_ERROR_NOT_INITIALIZED = 3,
 	CUDA_ERROR_INVALID_DEVICE = 101,
+	CUDA_ERROR_INVALID_IMAGE = 200,
 	CUDA_ERROR_INVALID_CONTEXT = 201,
+	CUDA_ERROR_INVALID_HANDLE = 400,
+	CUDA_ERROR_NOT_FOUND = 500,
+	CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
 	CUDA_ERROR_ILLEGAL_ADDRESS = 700,
 	CUDA_ERROR_UNKNOWN = 999,
 };
@@ -100,7 +128,7 @@ static size_t committed;
 static int primary_refs;
 static char primary; /* the primary context's identity */
 static __thread void *current;
-static long calls_htod, calls_dtoh, calls_memset, calls_dtod; /* what the tests may check was used */
+static long calls_htod, calls_dtoh, calls_memset, calls_dtod, calls_launch; /* what the tests may check was used */
 
 void fake_set_memory(size_t n) { memory = n; }
 long fake_calls(int which) {
@@ -111,20 +139,24 @@ long fake_calls(int which) {
 		return calls_dtoh;
 	case 2:
 		return calls_memset;
+	case 3:
+		return calls_dtod;
 	}
-	return calls_dtod;
+	return calls_launch;
 }
 
 #define MAXN 4096
 static struct alloc {
 	int live;
 	size_t size;
-	unsigned char *mem;
+	int fd; /* the memory, until released and unmapped everywhere; -1 after */
 } allocs[MAXN];
 static struct reservation {
 	int live;
 	CUdeviceptr addr;
 	size_t size;
+	void *mapping; /* the host mmap holding it, rounded out to alignment */
+	size_t mapped;
 } reservations[MAXN];
 static struct map {
 	int live, access;
@@ -132,13 +164,17 @@ static struct map {
 	size_t size;
 	int alloc;
 } maps[MAXN];
-static CUdeviceptr next_va = 0x7f0000000000ull;
-static int streams, pinned;
+static struct plain {
+	int live;
+	CUdeviceptr addr;
+	size_t size;
+} plains[MAXN]; /* cuMemAlloc */
+static int streams, pinned, modules;
 
 int fake_live(void) {
-	int n = streams + pinned;
+	int n = streams + pinned + modules;
 	for (int i = 0; i < MAXN; i++)
-		n += allocs[i].live + reservations[i].live + maps[i].live;
+		n += allocs[i].live + reservations[i].live + maps[i].live + plains[i].live;
 	return n;
 }
 
@@ -260,9 +296,14 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdevi
 	(void)addr; /* a hint */
 	for (int i = 0; i < MAXN; i++)
 		if (!reservations[i].live) {
-			reservations[i] = (struct reservation){1, next_va, size};
-			*ptr = next_va;
-			next_va += size + GRANULARITY; /* a gap: running off a reservation faults */
+			/* Room to align, and a gap after: running off a reservation faults. */
+			size_t n = size + 2 * GRANULARITY;
+			void *m = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+			if (m == MAP_FAILED)
+				return CUDA_ERROR_OUT_OF_MEMORY;
+			CUdeviceptr a = ((CUdeviceptr)m + GRANULARITY - 1) / GRANULARITY * GRANULARITY;
+			reservations[i] = (struct reservation){1, a, size, m, n};
+			*ptr = a;
 			return CUDA_SUCCESS;
 		}
 	return CUDA_ERROR_OUT_OF_MEMORY;
@@ -276,6 +317,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 				if (maps[j].live && maps[j].addr >= ptr && maps[j].addr < ptr + size)
 					return CUDA_ERROR_INVALID_VALUE; /* still mapped */
 			reservations[i].live = 0;
+			munmap(reservations[i].mapping, reservations[i].mapped);
 			return CUDA_SUCCESS;
 		}
 	return CUDA_ERROR_INVALID_VALUE;
@@ -290,12 +332,21 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAl
 	if (committed + size > memory)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	for (int i = 0; i < MAXN; i++)
-		if (!allocs[i].live) {
-			unsigned char *m = malloc(size);
-			if (!m)
+		if (!allocs[i].live && allocs[i].fd <= 0) {
+			int fd = memfd_create("fakecuda", MFD_CLOEXEC);
+			if (fd < 0 || ftruncate(fd, size) != 0) {
+				if (fd >= 0)
+					close(fd);
 				return CUDA_ERROR_OUT_OF_MEMORY;
+			}
+			unsigned char *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+			if (m == MAP_FAILED) {
+				close(fd);
+				return CUDA_ERROR_OUT_OF_MEMORY;
+			}
 			memset(m, 0xCD, size); /* physical memory comes with someone's old bytes */
-			allocs[i] = (struct alloc){1, size, m};
+			munmap(m, size);
+			allocs[i] = (struct alloc){1, size, fd};
 			committed += size;
 			*h = (CUmemGenericAllocationHandle)i + 1;
 			return CUDA_SUCCESS;
@@ -314,8 +365,8 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
 	for (int j = 0; j < MAXN; j++)
 		mapped |= maps[j].live && maps[j].alloc == (int)h - 1;
 	if (!mapped) {
-		free(allocs[h - 1].mem);
-		allocs[h - 1].mem = NULL;
+		close(allocs[h - 1].fd);
+		allocs[h - 1].fd = -1;
 	}
 	return CUDA_SUCCESS;
 }
@@ -339,6 +390,9 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
 			return CUDA_ERROR_INVALID_VALUE; /* already mapped */
 	for (int j = 0; j < MAXN; j++)
 		if (!maps[j].live) {
+			/* Inaccessible until cuMemSetAccess. */
+			if (mmap((void *)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, allocs[h - 1].fd, 0) == MAP_FAILED)
+				return CUDA_ERROR_OUT_OF_MEMORY;
 			maps[j] = (struct map){1, 0, ptr, size, (int)h - 1};
 			return CUDA_SUCCESS;
 		}
@@ -352,9 +406,14 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 		if (maps[j].live && maps[j].addr == ptr && maps[j].size == size) {
 			int a = maps[j].alloc;
 			maps[j].live = 0;
-			if (!allocs[a].live && allocs[a].mem) {
-				free(allocs[a].mem);
-				allocs[a].mem = NULL;
+			/* Back to a hole of the reservation. */
+			mmap((void *)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+			int mapped = 0;
+			for (int k = 0; k < MAXN; k++)
+				mapped |= maps[k].live && maps[k].alloc == a;
+			if (!allocs[a].live && allocs[a].fd > 0 && !mapped) {
+				close(allocs[a].fd);
+				allocs[a].fd = -1;
 			}
 			return CUDA_SUCCESS;
 		}
@@ -369,6 +428,8 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
 	int found = 0;
 	for (int j = 0; j < MAXN; j++)
 		if (maps[j].live && maps[j].addr >= ptr && maps[j].addr + maps[j].size <= ptr + size) {
+			if (mprotect((void *)maps[j].addr, maps[j].size, PROT_READ | PROT_WRITE) != 0)
+				return CUDA_ERROR_UNKNOWN;
 			maps[j].access = 1;
 			found += maps[j].size;
 		}
@@ -380,10 +441,15 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
 static unsigned char *resolve(CUdeviceptr a, size_t *n) {
 	for (int j = 0; j < MAXN; j++)
 		if (maps[j].live && a >= maps[j].addr && a < maps[j].addr + maps[j].size) {
-			if (!maps[j].access || !allocs[maps[j].alloc].mem)
+			if (!maps[j].access)
 				return NULL;
 			*n = maps[j].addr + maps[j].size - a;
-			return allocs[maps[j].alloc].mem + (a - maps[j].addr);
+			return (unsigned char *)a;
+		}
+	for (int j = 0; j < MAXN; j++)
+		if (plains[j].live && a >= plains[j].addr && a < plains[j].addr + plains[j].size) {
+			*n = plains[j].addr + plains[j].size - a;
+			return (unsigned char *)a;
 		}
 	return NULL;
 }
@@ -513,11 +579,149 @@ CUresult cuMemFreeHost(void *p) {
 	return CUDA_SUCCESS;
 }
 
+/* The compute capability the fake reports: an H100/H200's. */
+enum { CC_MAJOR = 75, CC_MINOR = 76 };
+
+CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+	NEED_INIT();
+	INJECT("cuDeviceGetAttribute");
+	if (d != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!v)
+		return CUDA_ERROR_INVALID_VALUE;
+	switch (attr) {
+	case CC_MAJOR:
+		*v = 9;
+		return CUDA_SUCCESS;
+	case CC_MINOR:
+		*v = 0;
+		return CUDA_SUCCESS;
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+	NEED_CTX();
+	INJECT("cuMemAlloc");
+	if (!p || n == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (committed + n > memory)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	for (int i = 0; i < MAXN; i++)
+		if (!plains[i].live) {
+			void *m;
+			if (posix_memalign(&m, 256, n) != 0)
+				return CUDA_ERROR_OUT_OF_MEMORY;
+			memset(m, 0xCD, n);
+			plains[i] = (struct plain){1, (CUdeviceptr)m, n};
+			committed += n;
+			*p = (CUdeviceptr)m;
+			return CUDA_SUCCESS;
+		}
+	return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr p) {
+	NEED_CTX();
+	for (int i = 0; i < MAXN; i++)
+		if (plains[i].live && plains[i].addr == p) {
+			plains[i].live = 0;
+			committed -= plains[i].size;
+			free((void *)p);
+			return CUDA_SUCCESS;
+		}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* A module: the kernel names of the image it was loaded from. */
+#define MAXK 64
+struct function {
+	char name[64];
+	void *kernel; /* fakekernels.cc's */
+	CUmodule module;
+};
+struct module {
+	int n;
+	struct function fns[MAXK];
+};
+
+/* The image the fake NVRTC writes: a header line, then ".entry NAME" lines. */
+static const char image_header[] = "// vgpu fake cubin\n";
+
+CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+	NEED_CTX();
+	INJECT("cuModuleLoadData");
+	if (!m || !image)
+		return CUDA_ERROR_INVALID_VALUE;
+	const char *s = image;
+	if (strncmp(s, image_header, sizeof image_header - 1) != 0)
+		return CUDA_ERROR_INVALID_IMAGE;
+	struct module *mod = calloc(1, sizeof *mod);
+	if (!mod)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	for (s += sizeof image_header - 1; *s;) {
+		const char *nl = strchr(s, '\n');
+		size_t len = nl ? (size_t)(nl - s) : strlen(s);
+		if (len < 8 || strncmp(s, ".entry ", 7) != 0 || len - 7 >= sizeof mod->fns[0].name || mod->n == MAXK) {
+			free(mod); /* not a line the fake NVRTC writes: a corrupt image */
+			return CUDA_ERROR_INVALID_IMAGE;
+		}
+		memcpy(mod->fns[mod->n].name, s + 7, len - 7);
+		mod->fns[mod->n].module = mod;
+		mod->n++;
+		s += len + (nl != NULL);
+	}
+	modules++;
+	*m = mod;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule m) {
+	NEED_CTX();
+	if (!m)
+		return CUDA_ERROR_INVALID_HANDLE;
+	free(m);
+	modules--;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+	NEED_CTX();
+	if (!f || !m || !name)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (int i = 0; i < m->n; i++)
+		if (strcmp(m->fns[i].name, name) == 0) {
+			/* A kernel the image lists but the host build lacks: the
+			 * catalog and fakekernels.cc disagree. */
+			if (!fake_kernel || !(m->fns[i].kernel = fake_kernel(name)))
+				return CUDA_ERROR_NOT_FOUND;
+			*f = &m->fns[i];
+			return CUDA_SUCCESS;
+		}
+	return CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+			unsigned shared, CUstream s, void **params, void **extra) {
+	NEED_CTX();
+	INJECT("cuLaunchKernel");
+	if (!f || !f->kernel)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!s || extra || !params || !gx || !gy || !gz || !bx || !by || !bz)
+		return CUDA_ERROR_INVALID_VALUE; /* the backend names its stream and passes kernelParams */
+	if ((unsigned long long)bx * by * bz > 1024 || shared > 48 * 1024)
+		return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+	calls_launch++;
+	return fake_run(f->kernel, gx, gy, gz, bx, by, bz, params) ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+
 static const char *names[][2] = {
     {"CUDA_SUCCESS", "no error"},
     {"CUDA_ERROR_INVALID_VALUE", "invalid argument"},
     {"CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
     {"CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {"CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {"CUDA_ERROR_NOT_FOUND", "named symbol not found"},
 };
 
 static int lookup(CUresult r) {
@@ -527,6 +731,10 @@ static int lookup(CUresult r) {
 	case 2:
 	case 3:
 		return r;
+	case CUDA_ERROR_INVALID_IMAGE:
+		return 4;
+	case CUDA_ERROR_NOT_FOUND:
+		return 5;
 	}
 	return -1;
 }

@@ -1,0 +1,53 @@
+// fill_f32, saxpy, reduce_sum_f32, sgemm, matmul.
+
+// Items: elements of x.
+VGPU_KERNEL fill_f32(long long lo, long long hi, float *x, long long n, float value) {
+	ITEM(i);
+	x[i] = value;
+}
+
+// Items: elements of y. x may be exactly y.
+VGPU_KERNEL saxpy(long long lo, long long hi, long long n, float a, const float *x, float *y) {
+	ITEM(i);
+	float p = a * x[i];
+	y[i] = p + y[i];
+}
+
+// Items: one, which sums all of x in float64 in index order.
+VGPU_KERNEL reduce_sum_f32(long long lo, long long hi, long long n, const float *x, float *out) {
+	ITEM(i);
+	double s = 0;
+	for (long long j = 0; j < n; j++)
+		s += (double)x[j];
+	out[0] = (float)s;
+}
+
+// Items: elements of c, row-major.
+VGPU_KERNEL sgemm(long long lo, long long hi, long long m, long long n, long long k, float alpha, const float *a,
+		  const float *b, float beta, float *c) {
+	ITEM(i);
+	long long r = i / n, col = i % n;
+	float acc = beta == 0 ? 0.0f : beta * c[i];
+	if (alpha != 0)
+		for (long long p = 0; p < k; p++) {
+			float x = alpha * a[r * k + p];
+			acc = acc + x * b[p * n + col];
+		}
+	c[i] = acc;
+}
+
+// Items: elements of c, batch by batch, row-major.
+VGPU_KERNEL matmul(long long lo, long long hi, long long batch, long long m, long long n, long long k, long long trans_a,
+		   long long trans_b, long long b_batch, const float *a, const float *b, float *c) {
+	ITEM(i);
+	long long bi = i / (m * n), r = i / n % m, col = i % n;
+	const float *ai = a + bi * m * k;
+	const float *bb = b + (b_batch == 1 ? 0 : bi) * k * n;
+	float acc = 0;
+	for (long long p = 0; p < k; p++) {
+		float x = trans_a ? ai[p * m + r] : ai[r * k + p];
+		float y = trans_b ? bb[col * k + p] : bb[p * n + col];
+		acc = acc + x * y;
+	}
+	c[i] = acc;
+}
