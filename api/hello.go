@@ -7,6 +7,76 @@ import (
 	"github.com/vgpu/vgpu/api/wire"
 )
 
+// The handshake every connection opens with, whatever its role: the
+// peer's Hello (magic, version, role, tenant, devices wanted) and the
+// HelloReply with the session and its devices.
+
+// Magic opens every Hello.
+const Magic = 0x55504756 // "VGPU"
+
+// Version is the protocol version this build speaks. Peers must match.
+const Version = 6
+
+// Role says who is connecting.
+type Role uint8
+
+// Roles.
+const (
+	RoleTenant   Role = 1 // a tenant program, to a mediator
+	RoleOperator Role = 2 // vgpuctl, to a mediator
+	RoleMediator Role = 3 // a mediator, to a node
+)
+
+// Hello opens a connection.
+//
+//vgpu:wire
+type Hello struct {
+	Magic   uint32
+	Version uint16
+	Role    Role
+	Tenant  string // the tenant this connection acts for; empty for operators
+	Devices uint32 // virtual devices wanted (tenants); 0 means 1
+	// Mediator → node only: the tenant's fair-share weight (0 means 1) and
+	// the cap on its share of a device's time (0 means none), from the
+	// mediator's quota file.
+	Weight     uint32
+	ComputeMax float32
+	// Tenant → mediator only, an optional trailing field (a hello without
+	// it is a client that cannot reconnect, or reconnect=0 in Python): Resumable
+	// asks for a session token in the reply (HelloReply.Token), and Resume,
+	// if not empty, is the token of a session to take up again after the
+	// mediator restarted, instead of opening a new one.
+	Resumable bool   `wire:"-"`
+	Resume    string `wire:"if=Resumable,max=MaxToken"`
+}
+
+// MaxToken bounds a session token (Hello.Resume, HelloReply.Token,
+// NodeAttach.Token).
+const MaxToken = 64
+
+// DeviceInfo describes a device: to a tenant its virtual device, to a
+// mediator a node's physical device.
+type DeviceInfo struct {
+	Index  uint32
+	Name   string
+	Node   string // where it lives
+	Memory uint64 // bytes
+}
+
+// HelloReply accepts a connection.
+//
+//vgpu:wire
+type HelloReply struct {
+	Version uint16
+	Session uint64
+	Devices []DeviceInfo
+	// Token, an optional trailing field sent only to a Resumable hello:
+	// the secret that takes this session up again after a mediator
+	// restart (Hello.Resume); empty where the mediator keeps no journal.
+	Resumable bool   `wire:"-"`
+	Token     string `wire:"if=Resumable"`
+}
+
 // MaxHelloBody is the largest body of a Hello: its fixed fields, a tenant
 // name of MaxString bytes and a session token of MaxToken. A hello's header
 // that announces more is refused before anything is allocated for its body.

@@ -2,141 +2,23 @@ package api
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/vgpu/vgpu/api/wire"
 )
 
-// The operations: the opcode of a request (wire.Op) says which message its
-// body is. The numbers are part of the wire protocol, one space for every
-// role.
-
-// Operations every peer understands.
-const (
-	OpHello   wire.Op = 1 // Hello → HelloReply; must be the first request
-	OpKernels wire.Op = 2 // → KernelList
-)
-
-// Tenant operations: client → mediator. Addresses are tenant virtual addresses.
-const (
-	OpMalloc         wire.Op = 16 + iota // Malloc → MallocReply
-	OpFree                               // Free
-	OpStreamCreate                       // → StreamReply
-	OpStreamDestroy                      // StreamReq
-	OpCopyToDevice                       // CopyToDevice (+ payload)
-	OpCopyFromDevice                     // CopyFromDevice → payload
-	OpCopyDevice                         // CopyDevice
-	OpMemset                             // Memset
-	OpLaunch                             // Launch
-	OpSynchronize                        // StreamReq; answered once all earlier commands completed
-	OpStatus                             // → JSON Status
-)
-
-// Tenant operations of the data path (datapath.go).
-const (
-	OpHostRegister       wire.Op = 32 + iota // HostRegister, with a memfd passed alongside → HostRegion
-	OpHostUnregister                         // HostRegion
-	OpCopyToDeviceHost                       // CopyHost: from a registered host region
-	OpCopyFromDeviceHost                     // CopyHost: into a registered host region
-	OpBatch                                  // Batch; answered once every command in it completed
-	OpSeal                                   // Seal
-	OpGraphCreate                            // Batch (its stream unused) → Graph
-	OpGraphLaunch                            // GraphLaunch
-	OpGraphDestroy                           // Graph
-	OpSessionStats                           // → SessionStats
-	OpExport                                 // Export → Shared
-	OpImport                                 // Shared → ImportReply
-	OpRevoke                                 // Revoke
-	OpPublish                                // At → BufVersion: the versioned buffer's draft becomes a version
-	OpPin                                    // At → BufVersion: read the latest published version from now on
-)
-
-// Operator operations: vgpuctl and vgpu-hook → mediator. Those that change
-// state need a peer running as root (or as the mediator's own user).
-const (
-	OpRegister wire.Op = 48 + iota // Register → RegisterReply; admission of a starting container
-	OpRelease                      // Release; a stopped container's memory and socket are freed
-	OpTenants                      // → JSON []TenantInfo
-	OpReload                       // re-read the quota file; the old one stays if the new one is invalid
-	// OpSelf → JSON SelfStatus: on a container's socket, what that
-	// container has; the only status a container may read (self.go).
-	OpSelf
-)
-
-// Node operations: mediator → node. Addresses are physical device addresses.
-const (
-	OpNodeAlloc      wire.Op = 64 + iota // NodeAlloc → NodeFrames
-	OpNodeFree                           // NodeFrames
-	OpNodeWrite                          // NodeAccess (+ payload)
-	OpNodeRead                           // NodeAccess → payload
-	OpNodeFill                           // NodeAccess
-	OpNodeCopy                           // NodeCopy
-	OpNodeLaunch                         // NodeLaunch
-	OpNodeStatus                         // → JSON NodeStatus
-	OpNodeBatch                          // Batch of node commands, in order, one reply
-	OpNodeSeal                           // NodeFrames → NodeSealReply: make frames read-only and index their contents
-	OpNodeDedup                          // NodeDedup → NodeDedupReply
-	OpNodeExport                         // NodeExport → NodeObject
-	OpNodeImport                         // NodeObject → NodeImportReply
-	OpNodeRevoke                         // NodeRevoke
-	OpNodeObjRead                        // NodeObjAccess → NodeGrant + bytes
-	OpNodeObjWrite                       // NodeObjAccess (+ payload) → NodeGrant, once no other copy is valid
-	OpNodeInval                          // NodeInval: pushed to a reader (wire.FlagPush); acknowledged with OpNodeInvalAck
-	OpNodeInvalAck                       // NodeInval
-	OpNodeRevoked                        // NodeRevoke: pushed to the revoked tenant's readers; acknowledged with OpNodeRevokedAck
-	OpNodeRevokedAck                     // NodeRevoke
-	OpNodeUnexport                       // NodeObject: its exporter ends it (frees the buffer)
-	OpNodePublish                        // NodeObject → BufVersion
-	OpNodePin                            // NodeObject → BufVersion: one more pin of the published version by the connection
-	OpNodeUnpin                          // NodeVersion: undoes one pin of that version by the connection
-	// OpNodeAttach: NodeAttach → NodeAttached. With Owner 0 the node keeps
-	// the connection's frames for its reattach grace under Token when the
-	// connection drops; with an Owner it hands the frames it kept of that
-	// connection to this one (a restarted mediator's reclaim).
-	OpNodeAttach
-)
-
-// Tensor graphs (tensor.go): tenant → mediator.
-const (
-	OpGraphRegister wire.Op = 96 + iota // GraphDef → Graph
-	OpGraphInvoke                       // GraphInvoke → the output tensors' bytes
-	OpGraphRelease                      // Graph
-)
-
-// Tensor graphs: mediator → node.
-const (
-	OpNodeGraphRegister wire.Op = 112 + iota // NodeGraph → Graph
-	OpNodeGraphRun                           // NodeGraphRun; answered once every launch completed
-	OpNodeGraphFree                          // Graph
-)
-
-var opNames = map[wire.Op]string{
-	OpHello: "hello", OpKernels: "kernels",
-	OpMalloc: "malloc", OpFree: "free", OpStreamCreate: "stream-create", OpStreamDestroy: "stream-destroy",
-	OpCopyToDevice: "copy-to-device", OpCopyFromDevice: "copy-from-device", OpCopyDevice: "copy-device",
-	OpMemset: "memset", OpLaunch: "launch", OpSynchronize: "synchronize", OpStatus: "status",
-	OpRegister: "register", OpRelease: "release", OpTenants: "tenants", OpReload: "reload", OpSelf: "self",
-	OpNodeAlloc: "node-alloc", OpNodeFree: "node-free", OpNodeWrite: "node-write", OpNodeRead: "node-read",
-	OpNodeFill: "node-fill", OpNodeCopy: "node-copy", OpNodeLaunch: "node-launch", OpNodeStatus: "node-status",
-	OpHostRegister: "host-register", OpHostUnregister: "host-unregister",
-	OpCopyToDeviceHost: "copy-to-device-host", OpCopyFromDeviceHost: "copy-from-device-host",
-	OpBatch: "batch", OpSeal: "seal", OpGraphCreate: "graph-create", OpGraphLaunch: "graph-launch",
-	OpGraphDestroy: "graph-destroy", OpSessionStats: "session-stats",
-	OpNodeBatch: "node-batch", OpNodeSeal: "node-seal", OpNodeDedup: "node-dedup",
-	OpExport: "export", OpImport: "import", OpRevoke: "revoke", OpPublish: "publish", OpPin: "pin",
-	OpNodePublish: "node-publish", OpNodePin: "node-pin", OpNodeUnpin: "node-unpin", OpNodeAttach: "node-attach",
-	OpNodeExport: "node-export", OpNodeImport: "node-import", OpNodeRevoke: "node-revoke",
-	OpNodeObjRead: "node-obj-read", OpNodeObjWrite: "node-obj-write", OpNodeInval: "node-inval", OpNodeInvalAck: "node-inval-ack",
-	OpNodeRevoked: "node-revoked", OpNodeRevokedAck: "node-revoked-ack", OpNodeUnexport: "node-unexport",
-	OpGraphRegister: "graph-register", OpGraphInvoke: "graph-invoke", OpGraphRelease: "graph-release",
-	OpNodeGraphRegister: "node-graph-register", OpNodeGraphRun: "node-graph-run", OpNodeGraphFree: "node-graph-free",
-}
-
-// The wire's errors name operations by these names.
-func init() { wire.NameOps(opNames) }
+// What the roles' messages share: Encode and Decode, kernels and their
+// arguments (the catalog every peer can list), runs of device memory,
+// batches of commands (a tenant's stream and a mediator's node commands),
+// graph handles, versions and grants of shared buffers. Each role's own
+// messages are in tenant*.go, operator*.go and node*.go; the handshake in
+// hello.go.
 
 // Message is a request or reply body with a fixed layout.
 type Message interface {
@@ -158,163 +40,6 @@ func Decode(b []byte, m Message) error {
 	d := wire.NewDecoder(b)
 	m.Unmarshal(d)
 	return d.Finish()
-}
-
-// Magic opens every Hello.
-const Magic = 0x55504756 // "VGPU"
-
-// Version is the protocol version this build speaks. Peers must match.
-const Version = 6
-
-// Role says who is connecting.
-type Role uint8
-
-// Roles.
-const (
-	RoleTenant   Role = 1 // a tenant program, to a mediator
-	RoleOperator Role = 2 // vgpuctl, to a mediator
-	RoleMediator Role = 3 // a mediator, to a node
-)
-
-// Hello opens a connection.
-//
-//vgpu:wire
-type Hello struct {
-	Magic   uint32
-	Version uint16
-	Role    Role
-	Tenant  string // the tenant this connection acts for; empty for operators
-	Devices uint32 // virtual devices wanted (tenants); 0 means 1
-	// Mediator → node only: the tenant's fair-share weight (0 means 1) and
-	// the cap on its share of a device's time (0 means none), from the
-	// mediator's quota file.
-	Weight     uint32
-	ComputeMax float32
-	// Tenant → mediator only, an optional trailing field (a hello without
-	// it is a client that cannot reconnect, or reconnect=0 in Python): Resumable
-	// asks for a session token in the reply (HelloReply.Token), and Resume,
-	// if not empty, is the token of a session to take up again after the
-	// mediator restarted, instead of opening a new one.
-	Resumable bool   `wire:"-"`
-	Resume    string `wire:"if=Resumable,max=MaxToken"`
-}
-
-// MaxToken bounds a session token (Hello.Resume, HelloReply.Token,
-// NodeAttach.Token).
-const MaxToken = 64
-
-// DeviceInfo describes a device: to a tenant its virtual device, to a
-// mediator a node's physical device.
-type DeviceInfo struct {
-	Index  uint32
-	Name   string
-	Node   string // where it lives
-	Memory uint64 // bytes
-}
-
-// HelloReply accepts a connection.
-//
-//vgpu:wire
-type HelloReply struct {
-	Version uint16
-	Session uint64
-	Devices []DeviceInfo
-	// Token, an optional trailing field sent only to a Resumable hello:
-	// the secret that takes this session up again after a mediator
-	// restart (Hello.Resume); empty where the mediator keeps no journal.
-	Resumable bool   `wire:"-"`
-	Token     string `wire:"if=Resumable"`
-}
-
-// Malloc allocates Size bytes on virtual device Device, or, with
-// MallocNear, on the device of the allocation that holds Near. Hint says
-// what the buffer is for; with MallocFreeWithStream it is freed when Stream
-// is destroyed.
-//
-//vgpu:wire
-type Malloc struct {
-	Device uint32
-	Size   uint64
-	Hint   Hint
-	Flags  uint8
-	Stream uint32
-	Near   uint64
-}
-
-// Malloc flags.
-const (
-	MallocFreeWithStream uint8 = 1 << iota // freed when Stream is destroyed
-	MallocNear                             // placed on Near's device, not Device
-	mallocFlags          = MallocFreeWithStream | MallocNear
-)
-
-// Check refuses unknown hints and flags.
-func (m *Malloc) Check() error {
-	if !m.Hint.Valid() {
-		return fmt.Errorf("malloc: %v is not a residency hint: %w", m.Hint, ErrInvalidArgument)
-	}
-	if m.Flags&^mallocFlags != 0 {
-		return fmt.Errorf("malloc: unknown flags %#x: %w", m.Flags&^mallocFlags, ErrInvalidArgument)
-	}
-	return nil
-}
-
-// MallocReply returns the device virtual address of a new allocation.
-//
-//vgpu:wire
-type MallocReply struct{ Addr uint64 }
-
-// Free releases the allocation that starts at Addr.
-//
-//vgpu:wire
-type Free struct{ Addr uint64 }
-
-// DefaultStream exists in every session and cannot be destroyed.
-const DefaultStream = 0
-
-// StreamReq names a stream (destroy, synchronize); StreamReply returns one.
-//
-//vgpu:wire
-type StreamReq struct{ Stream uint32 }
-
-// CopyToDevice writes its payload at Dst. The payload is the rest of the body.
-//
-//vgpu:wire
-type CopyToDevice struct {
-	Stream  uint32
-	Dst     uint64
-	Payload []byte `wire:"rest"`
-}
-
-// CopyToDeviceHeader is the length of the fields in front of the payload.
-const CopyToDeviceHeader = 12
-
-// CopyFromDevice reads Len bytes at Src; the reply body is the bytes.
-//
-//vgpu:wire
-type CopyFromDevice struct {
-	Stream uint32
-	Src    uint64
-	Len    uint64
-}
-
-// CopyDevice copies Len bytes from Src to Dst, both device addresses.
-//
-//vgpu:wire
-type CopyDevice struct {
-	Stream   uint32
-	Dst, Src uint64
-	Len      uint64
-}
-
-// Memset sets Len bytes at Dst to Value.
-//
-//vgpu:wire
-type Memset struct {
-	Stream uint32
-	Dst    uint64
-	Value  uint8
-	Len    uint64
 }
 
 // ArgKind is the type of a kernel argument.
@@ -343,15 +68,6 @@ func (k ArgKind) String() string {
 type Arg struct {
 	Kind ArgKind
 	Bits uint64 // the address, the int64, or the float32's bits
-}
-
-// Launch runs Kernel with Args on the device that holds its buffers.
-//
-//vgpu:wire
-type Launch struct {
-	Stream uint32
-	Kernel string
-	Args   []Arg
 }
 
 // Access says how a kernel uses a buffer parameter.
@@ -415,22 +131,6 @@ type KernelInfo struct {
 //vgpu:wire
 type KernelList struct{ Kernels []KernelInfo }
 
-func putExtents(e *wire.Encoder, xs []Extent) {
-	e.U32(uint32(len(xs)))
-	for _, x := range xs {
-		e.U64(x.Addr)
-		e.U64(x.Len)
-	}
-}
-
-func getExtents(d *wire.Decoder) []Extent {
-	xs := make([]Extent, d.Len(16))
-	for i := range xs {
-		xs[i] = Extent{Addr: d.U64(), Len: d.U64()}
-	}
-	return xs
-}
-
 // ExtentsPrefix returns the extents of the first n bytes of xs (all of xs
 // when they hold no more), sharing xs's array up to the last, which is
 // copied if cut.
@@ -483,137 +183,111 @@ func extentsMeet(x, y Extent) bool {
 	return x.Addr-y.Addr < y.Len
 }
 
-// NodeAlloc asks a node for Count frames on Device for the connection's tenant.
-//
-//vgpu:wire
-type NodeAlloc struct {
-	Device uint32
-	Count  uint32
-}
-
-// NodeFrames lists frames by physical address: granted, or to be freed.
-//
-//vgpu:wire
-type NodeFrames struct {
-	Device uint32
-	Frames []uint64
-}
-
-// NodeAttach asks a node to keep a connection's frames through its drop
-// (Owner 0), or to hand over those it kept of connection Owner (the
-// HelloReply.Session that connection had), whose Token this must be.
-//
-//vgpu:wire
-type NodeAttach struct {
-	Owner uint64
-	Token string `wire:"max=MaxToken"`
-}
-
-// NodeAttached answers NodeAttach: the connection's id as the node knows
-// it (an Owner to reclaim later), and, for a reclaim, the frames it now
-// holds on each device.
-//
-//vgpu:wire
-type NodeAttached struct {
-	Owner   uint64
-	Devices []NodeFrames
-}
-
-// NodeAccess names physical memory to write (payload follows), read or fill.
-//
-//vgpu:wire
-type NodeAccess struct {
-	Device  uint32
-	Extents []Extent
-	Value   uint8  // fill only
-	Payload []byte `wire:"rest"` // write only: the rest of the body
-}
-
-// NodeCopy copies between physical runs of one device; totals must match.
-//
-//vgpu:wire
-type NodeCopy struct {
-	Device   uint32
-	Dst, Src []Extent
-}
-
-// NodeArg is a kernel argument as a node sees it: a scalar, or a buffer given
-// as the physical runs that back it, in order.
-//
-//vgpu:wire custom min=5
-type NodeArg struct {
-	Kind    ArgKind
-	Bits    uint64
-	Extents []Extent
-}
-
-// A NodeArg's fields on the wire depend on its kind: a buffer's extents,
-// or a scalar's bits.
-func (a *NodeArg) marshalWire(e *wire.Encoder) {
-	e.U8(uint8(a.Kind))
-	if a.Kind == ArgBuffer {
-		putExtents(e, a.Extents)
-	} else {
-		e.U64(a.Bits)
-	}
-}
-
-func (a *NodeArg) unmarshalWire(d *wire.Decoder) {
-	a.Kind = ArgKind(d.U8())
-	if a.Kind == ArgBuffer {
-		a.Extents = getExtents(d)
-	} else {
-		a.Bits = d.U64()
-	}
-}
-
-// NodeLaunch runs a kernel on a device of the node.
-//
-//vgpu:wire
-type NodeLaunch struct {
-	Device uint32
-	Kernel string
-	Args   []NodeArg
-}
-
 // F32Bits packs a float32 argument into Arg.Bits.
 func F32Bits(v float32) uint64 { return uint64(math.Float32bits(v)) }
 
 // F32FromBits unpacks a float32 argument from Arg.Bits.
 func F32FromBits(b uint64) float32 { return math.Float32frombits(uint32(b)) }
 
-// Register admits a container that is being created. The hook sends it from
-// the createRuntime hook; the mediator decides the tenant (from Tenant, set
-// only by the operator's runtime configuration, else from the quota file's
-// mapping of Namespace), checks the tenant's quota, and creates the
-// container's own socket in SocketDir.
-//
-//vgpu:wire
-type Register struct {
-	Container string // container id
-	Namespace string // containerd namespace ("moby" for Docker); with the id, names the container
-	Tenant    string // from the runtime's own arguments; empty if the operator set none
-	Memory    uint64 // bytes requested; 0: the tenant's default
-	Compute   uint32 // weight requested; 0: the tenant's default
-	Devices   uint32 // virtual devices; 0: 1
-	Pid       uint32 // the container's init process, to notice it vanish
-	SocketDir string // host directory, bind-mounted into the container, for its socket
+// Cmd is one command of a Batch: an operation and its body, encoded as the
+// operation's own request would be.
+type Cmd struct {
+	Op   wire.Op
+	Body []byte
 }
 
-// RegisterReply says what was granted.
+// Batch carries commands of one stream (or of a node connection) to be
+// executed in order; it is answered once, when all of them have completed,
+// with the first error any of them met (BatchError says which).
 //
 //vgpu:wire
-type RegisterReply struct {
+type Batch struct {
+	Stream uint32
+	Cmds   []Cmd
+}
+
+// AppendCmd appends one command, encoded, to a batch body being built:
+// Batch.Marshal's element format, without copying m through a Cmd.
+func AppendCmd(b []byte, op wire.Op, m Message) []byte {
+	e, at := BeginCmd(b, op)
+	m.Marshal(&e)
+	return EndCmd(e.B, at)
+}
+
+// BeginCmd and EndCmd are AppendCmd in two halves, for a caller that
+// marshals a message of a type it knows between them: the call is direct
+// then, and neither the message nor the encoder escapes to the heap (a
+// tiny launch is queued without allocating). BeginCmd appends op and room
+// for the length, which EndCmd fills in, given at.
+func BeginCmd(b []byte, op wire.Op) (e wire.Encoder, at int) {
+	e.B = b
+	e.U16(uint16(op))
+	at = len(e.B)
+	e.U32(0)
+	return e, at
+}
+
+// EndCmd: see BeginCmd.
+func EndCmd(b []byte, at int) []byte {
+	n := len(b) - at - 4
+	b[at], b[at+1], b[at+2], b[at+3] = byte(n), byte(n>>8), byte(n>>16), byte(n>>24)
+	return b
+}
+
+// BatchError is the failure of command Index of a batch.
+type BatchError struct {
+	Index int
+	Op    wire.Op
+	Err   error
+}
+
+func (e *BatchError) Error() string { return fmt.Sprintf("command %d (%v): %v", e.Index, e.Op, e.Err) }
+
+func (e *BatchError) Unwrap() error { return e.Err }
+
+// SplitBatchError takes apart the error reply to a batch, which crossed the
+// wire as a RemoteError whose message BatchError.Error wrote: it returns the
+// index of the failed command and its own error, with the same code.
+func SplitBatchError(err error) (int, error, bool) {
+	var re *RemoteError
+	if !errors.As(err, &re) {
+		return 0, nil, false
+	}
+	rest, ok := strings.CutPrefix(re.Msg, "command ")
+	if !ok {
+		return 0, nil, false
+	}
+	num, rest, ok := strings.Cut(rest, " (")
+	if !ok {
+		return 0, nil, false
+	}
+	i, perr := strconv.Atoi(num)
+	_, msg, ok := strings.Cut(rest, "): ")
+	if perr != nil || !ok || i < 0 {
+		return 0, nil, false
+	}
+	return i, &RemoteError{Code: re.Code, Msg: msg}, true
+}
+
+// Graph names a captured command sequence.
+//
+//vgpu:wire
+type Graph struct{ Graph uint32 }
+
+// MaxGrants bounds the grants of one export. A node keeps them for the
+// object's life, and a list as long as the wire allows (MaxList) would
+// cost it some 3.5 MiB an object: mediators and nodes both refuse more.
+const MaxGrants = 64
+
+// Grant lets Tenant import a shared buffer, to read it, and to write it if
+// Write.
+type Grant struct {
 	Tenant string
-	Memory uint64
-	Socket string // host path of the container's socket
+	Write  bool
 }
 
-// Release ends a container's registration. A container is named by its
-// containerd namespace and id together, as in Register.
+// BufVersion is a version of a versioned shared buffer: the reply to a
+// publish or a pin.
 //
 //vgpu:wire
-type Release struct {
-	Container string // container id
-	Namespace string // containerd namespace; "" for a container registered without one
-}
+type BufVersion struct{ Version uint64 }

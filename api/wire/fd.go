@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"bufio"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -98,7 +97,7 @@ func (r *fdReader) closeAll() {
 func NewConnFDs(nc net.Conn, uc *net.UnixConn) *Conn {
 	c := NewConn(nc)
 	c.fds = &fdReader{uc: uc, oob: make([]byte, unix.CmsgSpace(4*MaxQueuedFDs))}
-	c.r = bufio.NewReaderSize(c.fds, 64<<10)
+	c.src.r = c.fds
 	return c
 }
 

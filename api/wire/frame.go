@@ -54,16 +54,36 @@ type Header struct {
 	read int64
 }
 
+// directMin is the body size from which a frame bypasses the connection's
+// buffers: it is written with its header in one vectored write (writev)
+// instead of being copied into the write buffer first, and its body is
+// read, once what is buffered has been taken, from the socket straight
+// into its destination. A bulk chunk so crosses user space once on each
+// side, as a raw stream's bytes do; smaller frames still share buffers and
+// system calls.
+const directMin = 16 << 10
+
+// bulkLead is how much a read buffer that is empty takes in front of a
+// frame that follows a bulk one: its header and a bulk write's fields
+// (device and extents), not the payload behind them.
+const bulkLead = 512
+
 // Conn frames a byte stream. Reads are for one goroutine at a time; writes
 // may come from many and are serialised whole frames at a time.
 type Conn struct {
 	nc   net.Conn
+	src  capReader // what r reads from: nc, or the descriptor reader (fd.go)
 	r    *bufio.Reader
+	bulk bool // the last frame read had a bulk body (directMin or more); reader only
 	wmu  sync.Mutex
 	w    *bufio.Writer
 	whdr [HeaderSize]byte // the header being written; guarded by wmu
-	hdr  [HeaderSize]byte
-	fds  *fdReader // descriptors received, if the peer may send them (fd.go)
+	// vec writes buffers to nc in one system call where nc can (a TCP or
+	// Unix socket, watched or not); nil otherwise (TLS).
+	vec func(*net.Buffers) (int64, error)
+	iov net.Buffers // a vectored write's buffers; guarded by wmu
+	hdr [HeaderSize]byte
+	fds *fdReader // descriptors received, if the peer may send them (fd.go)
 
 	sent, recv atomic.Uint64 // frame bytes written and read
 	holds      atomic.Int32  // Hold calls not yet released: writes stay buffered
@@ -118,7 +138,37 @@ func (c *Conn) Counts() (sent, recv uint64) { return c.sent.Load(), c.recv.Load(
 
 // NewConn wraps nc.
 func NewConn(nc net.Conn) *Conn {
-	return &Conn{nc: nc, r: bufio.NewReaderSize(nc, 64<<10), w: bufio.NewWriterSize(nc, 64<<10)}
+	c := &Conn{nc: nc, src: capReader{r: nc}, w: bufio.NewWriterSize(nc, 64<<10), vec: vectored(nc)}
+	c.r = bufio.NewReaderSize(&c.src, 64<<10)
+	return c
+}
+
+// vectored returns a vectored write to nc, or nil where nc has none.
+func vectored(nc net.Conn) func(*net.Buffers) (int64, error) {
+	switch c := nc.(type) {
+	case *net.TCPConn:
+		return func(b *net.Buffers) (int64, error) { return b.WriteTo(c) }
+	case *net.UnixConn:
+		return func(b *net.Buffers) (int64, error) { return b.WriteTo(c) }
+	case *watchedConn:
+		return c.writeBuffers
+	}
+	return nil
+}
+
+// capReader passes reads on to r, at most max bytes each while max is
+// set: the read buffer fills from it, and a capped fill leaves a bulk
+// payload in the socket, to be read straight into its destination.
+type capReader struct {
+	r   io.Reader
+	max int // 0: no cap
+}
+
+func (s *capReader) Read(p []byte) (int, error) {
+	if s.max > 0 && len(p) > s.max {
+		p = p[:s.max]
+	}
+	return s.r.Read(p)
 }
 
 // NetConn returns the underlying connection.
@@ -134,7 +184,14 @@ func (c *Conn) Close() error {
 
 // ReadHeader reads and validates the next frame header.
 func (c *Conn) ReadHeader() (Header, error) {
-	if _, err := io.ReadFull(c.r, c.hdr[:]); err != nil {
+	if c.bulk && c.r.Buffered() == 0 {
+		// Bulk frames tend to follow each other: take this one's header
+		// and leading fields, and leave its payload to be read into place.
+		c.src.max = bulkLead
+	}
+	_, err := io.ReadFull(c.r, c.hdr[:])
+	c.src.max = 0
+	if err != nil {
 		return Header{}, err
 	}
 	c.recv.Add(HeaderSize)
@@ -144,6 +201,7 @@ func (c *Conn) ReadHeader() (Header, error) {
 		Flags: binary.LittleEndian.Uint16(c.hdr[6:]),
 		ID:    binary.LittleEndian.Uint64(c.hdr[8:]),
 	}
+	c.bulk = h.Len >= directMin
 	if c.obs != nil && h.Flags&(FlagReply|FlagPush) == 0 {
 		h.read = monotonic()
 	}
@@ -163,12 +221,37 @@ func (c *Conn) ReadBody(p []byte) error {
 		_ = c.nc.SetReadDeadline(time.Now().Add(BodyTimeout))
 		defer c.nc.SetReadDeadline(time.Time{})
 	}
-	n, err := io.ReadFull(c.r, p)
+	n, err := c.readFull(p)
 	c.recv.Add(uint64(n))
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
 	}
 	return err
+}
+
+// readFull fills p by read.
+func (c *Conn) readFull(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		m, err := c.read(p[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// read reads into p from the read buffer while it holds bytes; once it is
+// empty, p of directMin bytes or more is read from the socket itself,
+// without passing through the buffer. The caller never asks for more than
+// the frame holds, so the buffer cannot be bypassed by another frame's
+// bytes.
+func (c *Conn) read(p []byte) (int, error) {
+	if len(p) >= directMin && c.r.Buffered() == 0 {
+		return c.src.Read(p)
+	}
+	return c.r.Read(p)
 }
 
 // BodyReader returns a reader of the next n body bytes of the frame whose
@@ -180,8 +263,9 @@ func (c *Conn) BodyReader(n int) io.Reader {
 }
 
 type bodyReader struct {
-	c    *Conn
-	left int
+	c     *Conn
+	left  int
+	timed bool // the connection's read deadline is set for this body
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
@@ -191,12 +275,15 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	if len(p) > b.left {
 		p = p[:b.left]
 	}
-	if b.c.r.Buffered() < len(p) {
+	if !b.timed && b.c.r.Buffered() < len(p) {
+		// Once per body, not per read: the payload is read in pieces.
 		_ = b.c.nc.SetReadDeadline(time.Now().Add(BodyTimeout))
-		defer b.c.nc.SetReadDeadline(time.Time{})
+		b.timed = true
 	}
-	n, err := b.c.r.Read(p)
-	b.left -= n
+	n, err := b.c.read(p)
+	if b.left -= n; b.left == 0 && b.timed {
+		_ = b.c.nc.SetReadDeadline(time.Time{})
+	}
 	b.c.recv.Add(uint64(n))
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
@@ -220,8 +307,9 @@ func (c *Conn) skipBody(n int) error {
 }
 
 // WriteFrame writes one frame whose body is the concatenation of parts,
-// and flushes it unless the connection is held (Hold). Large parts go
-// straight to the socket without being copied.
+// and flushes it unless the connection is held (Hold). A body of directMin
+// bytes or more goes straight to the socket without being copied, where
+// the socket takes vectored writes.
 func (c *Conn) WriteFrame(op Op, flags uint16, id uint64, parts ...[]byte) error {
 	return c.writeFrame(false, op, flags, id, parts...)
 }
@@ -241,6 +329,9 @@ func (c *Conn) writeFrame(force bool, op Op, flags uint16, id uint64, parts ...[
 	binary.LittleEndian.PutUint16(hdr[4:], uint16(op))
 	binary.LittleEndian.PutUint16(hdr[6:], flags)
 	binary.LittleEndian.PutUint64(hdr[8:], id)
+	if n >= directMin && c.vec != nil {
+		return c.writeVectored(n, parts)
+	}
 	if _, err := c.w.Write(hdr[:]); err != nil {
 		return err
 	}
@@ -254,6 +345,28 @@ func (c *Conn) writeFrame(force bool, op Op, flags uint16, id uint64, parts ...[
 		return nil
 	}
 	return c.w.Flush()
+}
+
+// writeVectored writes the frame whose header is in whdr and whose n-byte
+// body is parts in one system call, after what is buffered. Such a frame
+// is not kept back by Hold: a burst of them gains nothing from buffering.
+// The caller holds wmu.
+func (c *Conn) writeVectored(n int, parts [][]byte) error {
+	if c.w.Buffered() > 0 {
+		if err := c.w.Flush(); err != nil {
+			return err
+		}
+	}
+	c.iov = append(append(c.iov[:0], c.whdr[:]), parts...)
+	all := c.iov
+	_, err := c.vec(&c.iov) // consumes c.iov
+	clear(all)              // keeps no reference to the caller's parts
+	c.iov = all[:0]
+	if err != nil {
+		return err
+	}
+	c.sent.Add(uint64(HeaderSize + n))
+	return nil
 }
 
 // Push sends the peer an unsolicited notice (FlagPush), flushed at once

@@ -158,6 +158,16 @@ func (w *watchedConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// writeBuffers writes b to the socket in one vectored write (a Conn's bulk
+// frames), its error explained as Write's are.
+func (w *watchedConn) writeBuffers(b *net.Buffers) (int64, error) {
+	n, err := b.WriteTo(w.tc)
+	if err != nil {
+		err = w.explain(err)
+	}
+	return n, err
+}
+
 // SyscallConn is the TCP socket's.
 func (w *watchedConn) SyscallConn() (syscall.RawConn, error) { return w.tc.SyscallConn() }
 

@@ -1,9 +1,10 @@
 """The vgpu wire protocol, as the Go package api defines it.
 
 Everything here mirrors a Go declaration, named in each docstring, and
-must change with it: the frame header (api/frame.go), field encoding
-(api/codec.go), operation numbers and message layouts (api/messages.go,
-api/datapath.go, api/tensor.go), hints (api/hint.go). The client builds
+must change with it: the frame header (api/wire/frame.go), field encoding
+(api/wire/codec.go), operation numbers (api/ops.go) and message layouts
+(api/hello.go, api/messages.go, the tenant's wire in api/tenant*.go,
+api/tensor.go), hints (api/vocab/hint.go). The client builds
 requests with these encoders and reads replies with the Decoder; nothing
 here does I/O.
 """
@@ -18,7 +19,7 @@ from typing import Sequence
 
 from .errors import InvalidArgument, ProtocolError, VgpuError, error_for
 
-# api/frame.go
+# api/wire/frame.go
 HEADER = struct.Struct("<IHHQ")  # body length, op, flags, request id
 HEADER_SIZE = HEADER.size
 MAX_CHUNK = 1 << 20
@@ -26,11 +27,11 @@ MAX_BODY = MAX_CHUNK + (64 << 10)
 FLAG_REPLY = 1
 FLAG_ERROR = 2
 
-# api/codec.go
+# api/wire/codec.go
 MAX_STRING = 4096
 MAX_LIST = 1 << 16
 
-# api/messages.go: Hello
+# api/hello.go: Hello
 MAGIC = 0x55504756
 VERSION = 6
 ROLE_TENANT = 1
@@ -44,7 +45,7 @@ MAX_GRAPH_SCALARS = 16
 
 
 class Op(enum.IntEnum):
-    """Operation numbers a tenant uses (api/messages.go)."""
+    """Operation numbers a tenant uses (api/ops.go)."""
 
     HELLO = 1
     KERNELS = 2
@@ -69,7 +70,7 @@ class Op(enum.IntEnum):
 
 
 class Hint(enum.IntEnum):
-    """What a buffer is for, given at allocation (api/hint.go)."""
+    """What a buffer is for, given at allocation (api/vocab/hint.go)."""
 
     NONE = 0
     WEIGHT = 1  # persistent, read-mostly; evicted last, deduplicated once sealed
@@ -133,7 +134,7 @@ class Access(enum.IntEnum):
 
 
 class OpArgKind(enum.IntEnum):
-    """The kind of a graph operation's argument (api/tensor.go)."""
+    """The kind of a graph operation's argument (api/tenant_graph.go)."""
 
     TENSOR = 1
     I64 = 2

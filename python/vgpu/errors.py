@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 class VgpuError(Exception):
-    """A failure of a vgpu request; ``code`` is its wire code (api/errors.go)."""
+    """A failure of a vgpu request; ``code`` is its wire code (api/vocab/errors.go)."""
 
     code = 0
 

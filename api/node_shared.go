@@ -1,60 +1,8 @@
 package api
 
-// Messages of shared buffers: a tenant exports a buffer with grants to
-// named tenants, others import it, possibly through other mediators, and
-// every mediator keeps host-side copies of its pages, kept coherent by the
-// buffer's home node according to the buffer's mode (coherence/).
-
-// MaxGrants bounds the grants of one export. A node keeps them for the
-// object's life, and a list as long as the wire allows (MaxList) would
-// cost it some 3.5 MiB an object: mediators and nodes both refuse more.
-const MaxGrants = 64
-
-// Grant lets Tenant import a shared buffer, to read it, and to write it if
-// Write.
-type Grant struct {
-	Tenant string
-	Write  bool
-}
-
-// Export shares the allocation at Addr (OpExport → Shared).
-//
-//vgpu:wire
-type Export struct {
-	Addr   uint64
-	Mode   Mode
-	Grants []Grant
-}
-
-// Shared names a shared buffer: its home node and its id there. An
-// exporter gets one and hands it to importers by any means; it grants
-// nothing by itself.
-//
-//vgpu:wire
-type Shared struct {
-	Node   string
-	Object uint64
-}
-
-// ImportReply is an imported buffer: its address in the importer's space,
-// its size, its mode and whether the importer may write it.
-//
-//vgpu:wire
-type ImportReply struct {
-	Addr  uint64
-	Size  uint64
-	Mode  Mode
-	Write bool
-}
-
-// Revoke withdraws Tenant's grant to the buffer exported from Addr; its
-// next access is refused with ErrPermissionDenied.
-//
-//vgpu:wire
-type Revoke struct {
-	Addr   uint64
-	Tenant string
-}
+// The node's side of shared buffers: the home of a shared object keeps its
+// directory and serialises its writers (coherence/); mediators read and
+// write it, hold leases, and are told of invalidations (FlagPush).
 
 // NodeExport makes the memory at Extents of Device (the exporter's frames)
 // a shared object (OpNodeExport → NodeObject).
@@ -111,12 +59,6 @@ type NodeObjAccess struct {
 	Payload []byte `wire:"rest"`
 }
 
-// BufVersion is a version of a versioned shared buffer: the reply to a
-// publish or a pin.
-//
-//vgpu:wire
-type BufVersion struct{ Version uint64 }
-
 // NodeVersion names a version of a versioned object: what OpNodeUnpin
 // releases.
 //
@@ -125,11 +67,6 @@ type NodeVersion struct {
 	Object  uint64
 	Version uint64
 }
-
-// At names a shared buffer by an address of the session's (publish, pin).
-//
-//vgpu:wire
-type At struct{ Addr uint64 }
 
 // NodeGrant heads the reply to a read of a page (the page's bytes follow)
 // and is the whole reply to a write of one: the page's version, and for a
