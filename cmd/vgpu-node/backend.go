@@ -15,7 +15,7 @@ import (
 // serving on --listen.
 func (o *options) startNode(size uint64, opts accelerator.SimOptions, log logrus.FieldLogger) (*accelerator.Node, net.Addr, error) {
 	if o.backend == "cuda" {
-		devs, err := openCUDA(o.devices, size, log)
+		devs, err := openCUDA(o.devices, size, o.kernels, log)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -26,6 +26,13 @@ func (o *options) startNode(size uint64, opts accelerator.SimOptions, log logrus
 		return nil, nil, err
 	}
 	return accelerator.StartSimWith(o.listen, n, size, opts, log)
+}
+
+// cudaKernels are the flags that say where a cuda node's kernels run.
+type cudaKernels struct {
+	mode  string // --kernels: gpu or host
+	cache string // --kernel-cache: a directory, "" for the default, or off
+	nvrtc string // --nvrtc: libnvrtc's path, or "" to search
 }
 
 // simCount reads --devices for the sim backend: a number of devices.

@@ -5,8 +5,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -22,16 +25,37 @@ const cudaHeadroom = 2 << 30
 
 // openCUDA opens the GPUs --devices selects (all by default) through NVML
 // and the CUDA driver, each with size bytes of memory, or when size is 0
-// all of its memory but cudaHeadroom, in whole frames. Without the driver
-// it fails at once, naming each library missing.
-func openCUDA(sel string, size uint64, log logrus.FieldLogger) ([]accelerator.Device, error) {
+// all of its memory but cudaHeadroom, in whole frames, and with --kernels
+// gpu builds the kernel catalog for each with NVRTC (or takes it from the
+// cache). Without the driver, or NVRTC where it is needed, it fails at
+// once, naming each library missing.
+func openCUDA(sel string, size uint64, kern cudaKernels, log logrus.FieldLogger) ([]accelerator.Device, error) {
 	host, nvmlErr := gpus.Open()
 	drv, cudaErr := cuda.Load("")
-	if err := errors.Join(nvmlErr, cudaErr); err != nil {
+	var nvrtc *cuda.NVRTC
+	var nvrtcErr error
+	if kern.mode == "gpu" {
+		if nvrtc, nvrtcErr = cuda.LoadNVRTC(kern.nvrtc); nvrtcErr != nil {
+			nvrtcErr = fmt.Errorf("%w (--kernels host runs the kernels on the host's CPU instead, without NVRTC)", nvrtcErr)
+		}
+	}
+	if err := errors.Join(nvmlErr, cudaErr, nvrtcErr); err != nil {
 		if host != nil {
 			host.Close()
 		}
-		return nil, fmt.Errorf("--backend cuda needs the NVIDIA driver (%s and %s): %w", gpus.Library, cuda.Library, err)
+		need := fmt.Sprintf("the NVIDIA driver (%s and %s)", gpus.Library, cuda.Library)
+		if kern.mode == "gpu" {
+			need += " and, for kernels on the GPU, NVRTC (libnvrtc)"
+		}
+		return nil, fmt.Errorf("--backend cuda needs %s: %w", need, err)
+	}
+	var compiler *cuda.Compiler
+	if nvrtc != nil {
+		dir, err := kernelCacheDir(kern.cache)
+		if err != nil {
+			return nil, err
+		}
+		compiler = cuda.NewCompiler(nvrtc, dir)
 	}
 	shared := &sharedHost{host: host, refs: 1} // openCUDA's reference, dropped on return
 	defer shared.release()
@@ -71,11 +95,38 @@ func openCUDA(sel string, size uint64, log logrus.FieldLogger) ([]accelerator.De
 		if err != nil {
 			return fail(err)
 		}
-		log.WithFields(logrus.Fields{"gpu": g.Index, "uuid": g.UUID, "pci": g.PCIBusID, "memory": api.FormatSize(n)}).Info("serving GPU")
+		kernels := "host"
+		if compiler != nil {
+			start := time.Now()
+			if err := d.UseKernels(compiler); err != nil {
+				return fail(errors.Join(err, d.Close()))
+			}
+			s := compiler.Stats()
+			log.WithFields(logrus.Fields{"gpu": g.Index, "took": time.Since(start).Round(time.Millisecond), "compiled": s.Compiled, "from_cache": s.CacheHits, "nvrtc": nvrtc.Path()}).Info("kernels loaded")
+			kernels = "gpu"
+		}
+		log.WithFields(logrus.Fields{"gpu": g.Index, "uuid": g.UUID, "pci": g.PCIBusID, "memory": api.FormatSize(n), "kernels": kernels}).Info("serving GPU")
 		shared.retain()
 		devs = append(devs, &nvmlDevice{Device: d, nvml: shared, gpu: g.Index})
 	}
 	return devs, nil
+}
+
+// kernelCacheDir is --kernel-cache: "off" for none, else the directory
+// given, by default vgpu/kernels under the user's cache directory
+// ($XDG_CACHE_HOME, else ~/.cache).
+func kernelCacheDir(flag string) (string, error) {
+	switch flag {
+	case "off":
+		return "", nil
+	case "":
+		dir, err := os.UserCacheDir()
+		if err != nil {
+			return "", fmt.Errorf("--kernel-cache: no default (%v): give a directory, or off: %w", err, api.ErrInvalidArgument)
+		}
+		return filepath.Join(dir, "vgpu", "kernels"), nil
+	}
+	return flag, nil
 }
 
 // nvmlDevice is a cuda device whose GPU's NVML description and telemetry

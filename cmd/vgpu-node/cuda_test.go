@@ -55,10 +55,16 @@ func TestCUDABackendWithoutDriver(t *testing.T) {
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
 		t.Fatalf("exit %v, want status 1; stderr:\n%s", err, stderr)
 	}
-	for _, want := range []string{"--backend cuda needs the NVIDIA driver", "libnvidia-ml.so.1 not found", "cannot load libcuda.so.1"} {
+	for _, want := range []string{"--backend cuda needs the NVIDIA driver", "libnvidia-ml.so.1 not found", "cannot load libcuda.so.1",
+		"NVRTC: cannot load libnvrtc", "--kernels host runs the kernels on the host's CPU instead"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr does not say %q:\n%s", want, stderr)
 		}
+	}
+	// Kernels on the host need no NVRTC, and it is not named.
+	stderr, _, err = runNode(t, nil, "--backend", "cuda", "--kernels", "host", "--listen", "127.0.0.1:0")
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || strings.Contains(stderr, "libnvrtc") {
+		t.Errorf("--kernels host without a driver: exit %v, want 1 not naming libnvrtc; stderr:\n%s", err, stderr)
 	}
 	if strings.Contains(stderr, "serving") {
 		t.Errorf("the node started serving:\n%s", stderr)

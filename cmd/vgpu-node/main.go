@@ -33,6 +33,7 @@ type options struct {
 	etcd                             *cluster.Flags // --etcd, --etcd-*
 	advertise                        string
 	version                          bool
+	kernels                          cudaKernels // --kernels, --kernel-cache, --nvrtc
 
 	retain retention // --retain-weights, as check read it
 }
@@ -57,6 +58,11 @@ func addFlags(fs *flag.FlagSet) *options {
 	fs.StringVar(&o.metricsAddr, "metrics", "", "serve Prometheus metrics at /metrics on this address, such as 127.0.0.1:9400 (\"\": don't)")
 	fs.DurationVar(&o.reattachGrace, "reattach-grace", accelerator.DefaultReattachGrace,
 		"how long the device memory of a mediator whose connection dropped (a crash, a restart) is kept for it to reclaim; then it is scrubbed and freed (0: at once)")
+	fs.StringVar(&o.kernels.mode, "kernels", "gpu",
+		"cuda: where kernels run: gpu (the catalog's CUDA C, compiled at start with NVRTC, which must be installed) or host (the catalog's Go code on CPU cores, over copies of the buffers; no NVRTC needed)")
+	fs.StringVar(&o.kernels.cache, "kernel-cache", "",
+		"cuda: directory caching the kernels compiled by NVRTC, by source hash and GPU architecture (default $XDG_CACHE_HOME/vgpu/kernels, else ~/.cache/vgpu/kernels; off: compile at every start)")
+	fs.StringVar(&o.kernels.nvrtc, "nvrtc", "", "cuda: path of libnvrtc (default: libnvrtc.so.13, .so.12 or .so, as the loader finds them)")
 	o.addClusterFlags(fs)
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	return o
@@ -73,6 +79,9 @@ func (o *options) check() error {
 		return fmt.Errorf("--retain-weights: %w", err)
 	}
 	o.retain = retain
+	if o.kernels.mode != "gpu" && o.kernels.mode != "host" {
+		return fmt.Errorf("--kernels: %q: want gpu or host: %w", o.kernels.mode, api.ErrInvalidArgument)
+	}
 	return nil
 }
 

@@ -147,7 +147,7 @@ func TestOptionsCheck(t *testing.T) {
 	if o.retain != (retention{max: 4 << 20}) || o.mediatorTimeout != 3*time.Second || !o.etcd.Enabled() || o.advertise != "10.0.0.1:7070" {
 		t.Errorf("options %+v: want 4 MiB retained, a 3s timeout, --etcd and --advertise", o)
 	}
-	for _, args := range [][]string{{"--mediator-timeout", "1s"}, {"--retain-weights", "some"}} {
+	for _, args := range [][]string{{"--mediator-timeout", "1s"}, {"--retain-weights", "some"}, {"--kernels", "fpga"}} {
 		err := parse(args...).check()
 		if !errors.Is(err, api.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), args[0]+":") {
 			t.Errorf("%v: got %v, want an invalid argument naming %s", args, err, args[0])
