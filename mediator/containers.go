@@ -686,11 +686,20 @@ func (m *Mediator) Tenants() []api.TenantInfo {
 	}
 	held, charged := map[string]uint64{}, map[string]uint64{}
 	m.mu.Lock()
-	for _, s := range m.sessions {
+	// A session restored after a restart holds its memory, charged to its
+	// budget, before its tenant resumes it: it counts from the start, so
+	// the listing after a restart is what it was before.
+	count := func(s *session) {
 		held[s.tenant] += s.space.Stats().Allocated
 		if s.ctr == nil { // the session's own budget
 			charged[s.tenant] += s.budget.inUse()
 		}
+	}
+	for _, s := range m.sessions {
+		count(s)
+	}
+	for _, s := range m.restored {
+		count(s)
 	}
 	for _, c := range m.containers {
 		charged[c.grant.Tenant] += c.budget.inUse()

@@ -374,3 +374,35 @@ func TestDeathAtEachJournalRecord(t *testing.T) {
 		})
 	}
 }
+
+// A session restored after a crash counts in the tenants' listing before
+// its tenant resumes it: vgpuctl tenants shows, right after the restart,
+// the memory and charge it showed before the crash.
+func TestRestoredSessionListedBeforeResume(t *testing.T) {
+	h := newHost(t)
+	h.start()
+	c := h.dial(h.serveHost())
+	if _, err := c.Malloc(0, 5<<20); err != nil {
+		t.Fatal(err)
+	}
+	listed := func() api.TenantInfo {
+		for _, ti := range h.med.Tenants() {
+			if ti.Name == "shared" {
+				return ti
+			}
+		}
+		t.Fatal("tenant shared not listed")
+		return api.TenantInfo{}
+	}
+	before := listed()
+	if before.Allocated < 5<<20 || before.Charged < 5<<20 {
+		t.Fatalf("tenant shared before the crash: %+v, want its 5 MiB allocated and charged", before)
+	}
+	h.crash()
+	if out := h.start(); !strings.Contains(out, "session restored") {
+		t.Fatalf("restart log does not restore the session:\n%s", out)
+	}
+	if after := listed(); after != before {
+		t.Fatalf("tenant shared after the restart, before its session resumed: %+v, want %+v as before the crash", after, before)
+	}
+}
