@@ -4,9 +4,14 @@
 // result bit for bit against a pure-Go reference that follows the kernel's
 // documented rounding. It prints "ok" and exits 0 on success.
 //
+// With --soak it is instead a checked workload that runs until SIGUSR1
+// (soak.go), for the tests that kill the mediator under load.
+//
 // It must build with CGO_ENABLED=0 and import nothing that needs cgo.
 //
 // usage: testimage [--socket PATH] [--tenant NAME] [--m M] [--n N] [--k K] [--hold DURATION]
+//
+//	testimage --soak [--socket PATH] [--tenant NAME] [--buffers B] [--pause DURATION]
 package main
 
 import (
@@ -25,8 +30,17 @@ func main() {
 	n := flag.Int("n", 64, "columns of B and C")
 	k := flag.Int("k", 64, "columns of A, rows of B")
 	hold := flag.Duration("hold", 0, "keep the session and its memory this long before exiting")
+	soaking := flag.Bool("soak", false, "write buffers once, then run checked rounds until SIGUSR1 and check every buffer")
+	buffers := flag.Int("buffers", 16, "with --soak: buffers written before the first round")
+	pause := flag.Duration("pause", 20*time.Millisecond, "with --soak: pause between rounds")
 	flag.Parse()
-	if err := run(*socket, *tenant, *m, *n, *k, *hold); err != nil {
+	var err error
+	if *soaking {
+		err = soak(*socket, *tenant, *buffers, *pause)
+	} else {
+		err = run(*socket, *tenant, *m, *n, *k, *hold)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "testimage:", err)
 		os.Exit(1)
 	}
