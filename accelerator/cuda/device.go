@@ -53,9 +53,11 @@ type Device struct {
 	base    uint64   // device address of the node's address 0
 	frames  []uint64 // physical allocation of each frame, mapped at base+i*FrameSize
 	ordinal int      // the GPU's CUDA ordinal
-	// funcs are the kernels of module by name: written once, by UseKernels
+	// funcs are the kernels of module by name, and blas the cuBLAS handle
+	// matmul uses if any: each written once, by UseKernels and UseCUBLAS
 	// before the device serves, and read without mu after.
 	funcs map[string]Function
+	blas  *cublasHandle
 
 	mu      sync.Mutex // guards everything below, and every driver call
 	pin     *Pinned    // 2*stagingChunk
@@ -142,6 +144,10 @@ func (d *Device) Close() error {
 			errs = append(errs, k.Free(p))
 		}
 		clear(d.scratch)
+		if d.blas != nil {
+			errs = append(errs, d.blas.destroy())
+			d.blas = nil
+		}
 		if d.module != 0 {
 			errs = append(errs, k.Unload(d.module))
 			d.module = 0

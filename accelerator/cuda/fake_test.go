@@ -19,8 +19,9 @@ import (
 // libcuda.so.1: a fake driver over host memory that stands in for the GPU
 // and driver this machine does not have, with the kernel catalog's CUDA C
 // compiled for the host by g++ (testdata/fakekernels.cc), which its
-// cuLaunchKernel runs thread by thread; and testdata/fakenvrtc.c in place
-// of libnvrtc, whose "compiler" emits an image naming the source's kernels.
+// cuLaunchKernel runs thread by thread; testdata/fakenvrtc.c in place of
+// libnvrtc, whose "compiler" emits an image naming the source's kernels;
+// and testdata/fakecublas.c in place of libcublas, a reference SGEMM.
 // They run the binding's real dlopen, symbol binding, argument passing and
 // error paths, and the kernels' indexing; what only a GPU shows (real
 // compilation, parallel threads, real DMA, the driver's own checks) is
@@ -42,6 +43,10 @@ type fakeLib struct {
 	nvrtcPath string
 	// compiles counts the fake NVRTC's successful compilations.
 	compiles func() int32
+
+	cublasPath string
+	// sgemms counts the fake cuBLAS's SGEMM calls.
+	sgemms func() int64
 }
 
 var (
@@ -74,6 +79,7 @@ func buildFake(t *testing.T) fakeLib {
 		}
 		fake.path = filepath.Join(fakeDir, "libcuda.so.1")
 		fake.nvrtcPath = filepath.Join(fakeDir, "libnvrtc.so.13")
+		fake.cublasPath = filepath.Join(fakeDir, "libcublas.so.13")
 		in := func(name string) string { return filepath.Join(fakeDir, name) }
 		warn := []string{"-fPIC", "-O1", "-Wall", "-Werror"}
 		for _, cmd := range [][]string{
@@ -82,6 +88,7 @@ func buildFake(t *testing.T) fakeLib {
 			append([]string{"g++", "-c", "-std=c++17", "-ffp-contract=off", "-o", in("fakekernels.o"), "testdata/fakekernels.cc"}, warn...),
 			{"g++", "-shared", "-o", fake.path, in("fakecuda.o"), in("fakekernels.o"), "-lm"},
 			append([]string{"gcc", "-shared", "-o", fake.nvrtcPath, "testdata/fakenvrtc.c"}, warn...),
+			append([]string{"gcc", "-shared", "-ffp-contract=off", "-o", fake.cublasPath, "testdata/fakecublas.c"}, warn...),
 		} {
 			if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
 				fakeErr = fmt.Errorf("%s: %v\n%s", strings.Join(cmd, " "), err, out)
@@ -103,6 +110,12 @@ func buildFake(t *testing.T) fakeLib {
 			return
 		}
 		purego.RegisterLibFunc(&fake.compiles, nv, "fake_nvrtc_compiles")
+		blas, err := purego.Dlopen(fake.cublasPath, purego.RTLD_NOW|purego.RTLD_LOCAL)
+		if err != nil {
+			fakeErr = err
+			return
+		}
+		purego.RegisterLibFunc(&fake.sgemms, blas, "fake_cublas_calls")
 	})
 	if fakeErr != nil {
 		testenv.Missing(t, fmt.Sprintf("the fake libcuda: %v", fakeErr))

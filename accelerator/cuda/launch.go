@@ -158,14 +158,26 @@ func (d *Device) prepareGPU(k *kernels.Kernel, args []api.NodeArg, maxWork int) 
 			b.ptr = d.base // nothing is touched
 		}
 	}
-	items, cost := size(func(p string) int64 {
+	v := func(p string) int64 {
 		j := slices.IndexFunc(ps, func(q api.Param) bool { return q.Name == p && q.Kind == api.ArgI64 })
 		return int64(args[j].Bits)
-	})
+	}
+	l := &gpuLaunch{d: d, bufs: bufs, bufOf: bufOf, args: args}
+	items, cost := size(v)
 	per := max(int64(maxWork)/cost, 1)
 	per = min((per+threadsPerBlock-1)/threadsPerBlock*threadsPerBlock, maxSliceItems)
+	l.exec = func(k *Calls, lo, hi int64) error { return l.kernel(k, fn, lo, hi) }
+	if name == "matmul" && d.blas != nil {
+		if s, ok := matmulBLAS(v("m"), v("n"), v("k"), v("trans_a") == 1, v("trans_b") == 1, v("b_batch")); ok {
+			// cuBLAS, in slices of whole matrices of the batch.
+			items, cost = v("batch"), v("m")*v("n")*v("k")
+			per = max(int64(maxWork)/cost, 1)
+			l.exec = func(_ *Calls, lo, hi int64) error {
+				return d.blas.sgemm(s, bufOf[7].ptr, bufOf[8].ptr, bufOf[9].ptr, lo, hi)
+			}
+		}
+	}
 	n := int((items + per - 1) / per)
-	l := &gpuLaunch{d: d, fn: fn, bufs: bufs, bufOf: bufOf, args: args}
 	return kernels.NewPlan(name, n, func(i int) error {
 		lo := int64(i) * per
 		return l.run(i == 0, i == n-1, lo, min(lo+per, items))
@@ -175,13 +187,29 @@ func (d *Device) prepareGPU(k *kernels.Kernel, args []api.NodeArg, maxWork int) 
 // gpuLaunch is a prepared launch on the GPU.
 type gpuLaunch struct {
 	d     *Device
-	fn    Function
 	bufs  []*gpuBuffer
 	bufOf []*gpuBuffer // by argument; nil for scalars
 	args  []api.NodeArg
+	// exec queues items [lo, hi) on the device's launch stream.
+	exec func(k *Calls, lo, hi int64) error
 }
 
-// run launches items [lo, hi) and waits for them. The first slice gathers
+// kernel queues items [lo, hi) of the catalog's kernel fn.
+func (l *gpuLaunch) kernel(k *Calls, fn Function, lo, hi int64) error {
+	vals := make([]uint64, 0, 2+len(l.args))
+	vals = append(vals, uint64(lo), uint64(hi))
+	for i, a := range l.args {
+		if b := l.bufOf[i]; b != nil {
+			vals = append(vals, b.ptr)
+		} else {
+			vals = append(vals, a.Bits) // an i64, or a float32's bits in the low half
+		}
+	}
+	blocks := uint32((hi - lo + threadsPerBlock - 1) / threadsPerBlock)
+	return k.Launch(fn, blocks, threadsPerBlock, l.d.streams[0], vals)
+}
+
+// run runs items [lo, hi) and waits for them. The first slice gathers
 // the scratch buffers, the last scatters back those written and frees
 // them; a failing slice frees them too (the plan stops there).
 func (l *gpuLaunch) run(first, last bool, lo, hi int64) error {
@@ -198,17 +226,7 @@ func (l *gpuLaunch) run(first, last bool, lo, hi int64) error {
 				return err
 			}
 		}
-		vals := make([]uint64, 0, 2+len(l.args))
-		vals = append(vals, uint64(lo), uint64(hi))
-		for i, a := range l.args {
-			if b := l.bufOf[i]; b != nil {
-				vals = append(vals, b.ptr)
-			} else {
-				vals = append(vals, a.Bits) // an i64, or a float32's bits in the low half
-			}
-		}
-		blocks := uint32((hi - lo + threadsPerBlock - 1) / threadsPerBlock)
-		if err := k.Launch(l.fn, blocks, threadsPerBlock, d.streams[0], vals); err != nil {
+		if err := l.exec(k, lo, hi); err != nil {
 			return err
 		}
 		if err := k.Sync(d.streams[0]); err != nil {

@@ -220,3 +220,30 @@ func TestGridSlices(t *testing.T) {
 		t.Errorf("%d scratch buffers during a launch in two extents, want 1", len(d.scratch))
 	}
 }
+
+// TestConformanceCUBLAS runs the suite with matmul through cuBLAS (the
+// fake's reference SGEMM, column-major as cuBLAS's): the mapping of
+// row-major matmul, transposes and a shared b included, onto it.
+func TestConformanceCUBLAS(t *testing.T) {
+	f := buildFake(t)
+	c := NewCompiler(nvrtcFake(t, f), "")
+	blas, err := LoadCUBLAS(f.cublasPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := f.sgemms()
+	conformance.Run(t, func(t *testing.T, size uint64) accelerator.Device {
+		d, _ := openKernels(t, size, c)
+		if err := d.UseCUBLAS(blas); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}, conformance.Options{MaxRelErr: fakeMaxRelErr})
+	// Two matmul cases, each whole and in slices of one matrix of the batch.
+	if n := f.sgemms() - before; n < 4 {
+		t.Errorf("%d SGEMM calls, want matmul through cuBLAS at least 4 times", n)
+	}
+	if _, err := LoadCUBLAS(filepath.Join(t.TempDir(), "libcublas.so.13")); !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "libcublas") {
+		t.Errorf("LoadCUBLAS of a missing library: %v, want unavailable naming libcublas", err)
+	}
+}

@@ -30,9 +30,10 @@ func (o *options) startNode(size uint64, opts accelerator.SimOptions, log logrus
 
 // cudaKernels are the flags that say where a cuda node's kernels run.
 type cudaKernels struct {
-	mode  string // --kernels: gpu or host
-	cache string // --kernel-cache: a directory, "" for the default, or off
-	nvrtc string // --nvrtc: libnvrtc's path, or "" to search
+	mode   string // --kernels: gpu or host
+	cache  string // --kernel-cache: a directory, "" for the default, or off
+	nvrtc  string // --nvrtc: libnvrtc's path, or "" to search
+	cublas string // --cublas: libcublas's path, "" to search, or off
 }
 
 // simCount reads --devices for the sim backend: a number of devices.

@@ -57,6 +57,10 @@ func openCUDA(sel string, size uint64, kern cudaKernels, log logrus.FieldLogger)
 		}
 		compiler = cuda.NewCompiler(nvrtc, dir)
 	}
+	blas, err := loadCUBLAS(kern, log)
+	if err != nil {
+		return nil, err
+	}
 	shared := &sharedHost{host: host, refs: 1} // openCUDA's reference, dropped on return
 	defer shared.release()
 	chosen, err := host.Select(sel)
@@ -104,12 +108,35 @@ func openCUDA(sel string, size uint64, kern cudaKernels, log logrus.FieldLogger)
 			s := compiler.Stats()
 			log.WithFields(logrus.Fields{"gpu": g.Index, "took": time.Since(start).Round(time.Millisecond), "compiled": s.Compiled, "from_cache": s.CacheHits, "nvrtc": nvrtc.Path()}).Info("kernels loaded")
 			kernels = "gpu"
+			if blas != nil {
+				if err := d.UseCUBLAS(blas); err != nil {
+					return fail(errors.Join(err, d.Close()))
+				}
+				kernels = "gpu, matmul by cuBLAS"
+			}
 		}
 		log.WithFields(logrus.Fields{"gpu": g.Index, "uuid": g.UUID, "pci": g.PCIBusID, "memory": api.FormatSize(n), "kernels": kernels}).Info("serving GPU")
 		shared.retain()
 		devs = append(devs, &nvmlDevice{Device: d, nvml: shared, gpu: g.Index})
 	}
 	return devs, nil
+}
+
+// loadCUBLAS loads cuBLAS for matmul as --cublas says: nil if off, or
+// kernels run on the host, or none is found where none was named.
+func loadCUBLAS(kern cudaKernels, log logrus.FieldLogger) (*cuda.CUBLAS, error) {
+	if kern.mode != "gpu" || kern.cublas == "off" {
+		return nil, nil
+	}
+	blas, err := cuda.LoadCUBLAS(kern.cublas)
+	if err != nil && kern.cublas != "" {
+		return nil, fmt.Errorf("--cublas: %w", err)
+	}
+	if err != nil {
+		log.WithError(err).Info("matmul runs the catalog's kernel: no cuBLAS")
+		return nil, nil
+	}
+	return blas, nil
 }
 
 // kernelCacheDir is --kernel-cache: "off" for none, else the directory

@@ -33,7 +33,7 @@ type options struct {
 	etcd                             *cluster.Flags // --etcd, --etcd-*
 	advertise                        string
 	version                          bool
-	kernels                          cudaKernels // --kernels, --kernel-cache, --nvrtc
+	kernels                          cudaKernels // --kernels, --kernel-cache, --nvrtc, --cublas
 
 	retain retention // --retain-weights, as check read it
 }
@@ -63,6 +63,7 @@ func addFlags(fs *flag.FlagSet) *options {
 	fs.StringVar(&o.kernels.cache, "kernel-cache", "",
 		"cuda: directory caching the kernels compiled by NVRTC, by source hash and GPU architecture (default $XDG_CACHE_HOME/vgpu/kernels, else ~/.cache/vgpu/kernels; off: compile at every start)")
 	fs.StringVar(&o.kernels.nvrtc, "nvrtc", "", "cuda: path of libnvrtc (default: libnvrtc.so.13, .so.12 or .so, as the loader finds them)")
+	fs.StringVar(&o.kernels.cublas, "cublas", "", "cuda with --kernels gpu: path of libcublas, which matmul uses when it is found (default: libcublas.so.13, .so.12 or .so, if the loader finds one; off: never, matmul runs the catalog's kernel)")
 	o.addClusterFlags(fs)
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	return o
