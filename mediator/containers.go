@@ -472,7 +472,10 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 		return nil, err
 	}
 	sock := filepath.Join(dir, SocketName)
-	l, err := listenIn(d, SocketName)
+	l, ok := m.inherited(sock, restored)
+	if !ok {
+		l, err = listenIn(d, SocketName)
+	}
 	if err != nil {
 		if made {
 			os.Remove(dir)
@@ -504,15 +507,26 @@ func (m *Mediator) openContainer(g isolation.Grant, t *isolation.Tenant, dir str
 		return nil, fmt.Errorf("mediator closing: %w", api.ErrUnavailable)
 	}
 	m.containers[k] = ctr
-	m.wg.Add(1)
+	if restored {
+		m.restoring = append(m.restoring, ctr) // served once New has restored the sessions too
+		m.mu.Unlock()
+		return ctr, nil
+	}
+	m.wg.Add(1) // with m.mu held: Close has not begun to wait
 	m.mu.Unlock()
+	m.serveContainer(ctr)
+	return ctr, nil
+}
+
+// serveContainer accepts connections on ctr's socket until it is closed;
+// the caller has counted it in m.wg.
+func (m *Mediator) serveContainer(ctr *container) {
 	go func() {
 		defer m.wg.Done()
-		if err := m.serve(l, ctr); err != nil {
-			m.log.WithError(err).WithFields(map[string]any{"container": g.Container, "namespace": g.Namespace}).Error("container socket stopped")
+		if err := m.serve(ctr.listener, ctr); err != nil {
+			m.log.WithError(err).WithFields(map[string]any{"container": ctr.grant.Container, "namespace": ctr.grant.Namespace}).Error("container socket stopped")
 		}
 	}()
-	return ctr, nil
 }
 
 // Release ends the registration of container id of namespace: its socket

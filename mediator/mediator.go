@@ -112,6 +112,11 @@ type Config struct {
 	// registry in etcd rather than Nodes, and admissions reserve their
 	// tenants' quota cluster-wide.
 	Cluster *ClusterConfig
+	// Inherited are the container sockets a predecessor passed on a live
+	// upgrade (upgrade.go), listening, by path: a registration restored at
+	// that path serves its socket rather than binding a new one. New closes
+	// those no restored registration takes.
+	Inherited map[string]net.Listener
 }
 
 // device is a physical device of some node, as the mediator places work.
@@ -160,6 +165,11 @@ type Mediator struct {
 	// once the release is done.
 	releasing map[ctrKey]chan struct{}
 	listeners []net.Listener
+	// restoring are the containers restored by New, whose sockets are
+	// served only once New has restored the sessions too, so that a tenant
+	// waiting in a socket's backlog finds its session to resume. New's
+	// alone, before it returns.
+	restoring []*container
 	conns     map[net.Conn]struct{}
 	closed    bool
 	stop      chan struct{} // closed by Close
@@ -274,6 +284,7 @@ func New(cfg Config) (*Mediator, error) {
 	}
 	m.restore(got)
 	m.restoreSessions(journaled)
+	m.serveRestored()
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -417,7 +428,12 @@ func (m *Mediator) forget(nc net.Conn) {
 // Close stops accepting, ends every session (releasing its memory) and
 // disconnects from the nodes. Registrations stay recorded: their
 // containers still run, and the next mediator restores them.
-func (m *Mediator) Close() error {
+func (m *Mediator) Close() error { return m.close(nil) }
+
+// close is Close; with pass set, it leaves each container's socket bound
+// at its path and puts a descriptor of it in pass, by path, for a
+// successor (HandoverSockets).
+func (m *Mediator) close(pass map[string]*os.File) error {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -429,7 +445,9 @@ func (m *Mediator) Close() error {
 		l.Close()
 	}
 	for _, c := range m.containers {
-		c.closeSocket()
+		if pass == nil || !c.passSocket(pass, m.log) {
+			c.closeSocket()
+		}
 	}
 	for c := range m.conns {
 		c.Close()

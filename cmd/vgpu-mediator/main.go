@@ -9,7 +9,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math"
+	"net"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -26,6 +28,7 @@ import (
 	"github.com/vgpu/vgpu/integration"
 	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/pki"
+	"github.com/vgpu/vgpu/internal/upgrade"
 	"github.com/vgpu/vgpu/internal/version"
 	"github.com/vgpu/vgpu/isolation"
 	"github.com/vgpu/vgpu/mediator"
@@ -139,12 +142,23 @@ func main() {
 		fmt.Println(version.String("vgpu-mediator"))
 		return
 	}
-	cfg, sock, err := o.config()
+	pred, err := upgrade.Inherited() // started by a mediator that upgrades
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(2)
 	}
-	if err := run(o, cfg, sock); err != nil {
+	cfg, sock, err := o.config()
+	if err != nil {
+		if pred != nil {
+			pred.Done(err)
+		}
+		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
+		os.Exit(2)
+	}
+	if err := run(o, cfg, sock, pred); err != nil {
+		if pred != nil {
+			pred.Done(err)
+		}
 		fmt.Fprintln(os.Stderr, "vgpu-mediator:", err)
 		os.Exit(1)
 	}
@@ -230,12 +244,22 @@ func defaultStateDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("vgpu-%d", os.Geteuid()))
 }
 
-func run(o *options, cfg mediator.Config, sock hostSocket) error {
+// run serves until stopped. With pred, this process takes over from the
+// mediator that started it (a live upgrade): it gets the sockets from it
+// once it has handed over, and tells it when it serves.
+func run(o *options, cfg mediator.Config, sock hostSocket, pred *upgrade.Predecessor) error {
 	log, err := daemon.Logger("vgpu-mediator", o.level)
 	if err != nil {
 		return err
 	}
 	cfg.Log = log
+	var host *net.UnixListener // the host socket, when passed on by pred
+	if pred != nil {
+		if host, err = takeOver(pred, &cfg, sock.path); err != nil {
+			return fmt.Errorf("taking over: %w", err)
+		}
+		log.WithField("sockets", len(cfg.Inherited)+1).Info("upgrade: took over the previous mediator's sockets; restoring")
+	}
 	var page *statuspage.Server
 	if o.page.Addr != "" {
 		// Before anything starts, so that a taken port stops the mediator at once.
@@ -245,6 +269,7 @@ func run(o *options, cfg mediator.Config, sock hostSocket) error {
 		defer page.Close()
 	}
 	var requests *metrics.Requests // latency and errors of tenants' and operators' requests
+	var metricsSrv io.Closer
 	if o.metricsAddr != "" {
 		requests = metrics.NewRequests(true)
 		cfg.Requests = requests
@@ -278,19 +303,41 @@ func run(o *options, cfg mediator.Config, sock hostSocket) error {
 			return err
 		}
 		defer srv.Close()
+		metricsSrv = srv
 		log.WithField("addr", srv.Addr().String()).Info("serving metrics")
 	}
-	l, err := daemon.ListenUnix(sock.path, sock.mode, sock.gid)
-	if err != nil {
-		return fmt.Errorf("--socket: %w", err)
+	if host == nil {
+		l, err := daemon.ListenUnix(sock.path, sock.mode, sock.gid)
+		if err != nil {
+			return fmt.Errorf("--socket: %w", err)
+		}
+		host = l.(*net.UnixListener)
 	}
 	go func() {
-		if err := m.Serve(l); err != nil {
+		if err := m.Serve(host); err != nil {
 			log.WithError(err).Error("stopped serving")
 		}
 	}()
 	if page != nil {
 		page.Serve()
+	}
+	if pred != nil {
+		pred.Done(nil)
+	}
+	sdNotify(log, "READY=1")
+	if ctl, err := upgrade.ListenControl(sock.path); err != nil {
+		log.WithError(err).Warn("no control socket: vgpuctl upgrade cannot reach this mediator")
+	} else {
+		defer ctl.Close()
+		u := &upgrader{o: o, m: m, host: host, ctl: ctl, log: log, stopServices: func() {
+			if page != nil {
+				page.Close()
+			}
+			if metricsSrv != nil {
+				metricsSrv.Close()
+			}
+		}}
+		go u.serveUpgrades()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

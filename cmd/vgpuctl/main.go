@@ -43,6 +43,9 @@ commands:
   bench [--json] [--out DIR] [--max-size SIZE] [--tenants 1,2,4,8] ...
                     data path against raw baselines measured in the same run, as
                     ratios; --out writes JSON, markdown and an SVG chart (bench --help)
+  upgrade [--binary PATH] [--upgrade-timeout DURATION] [--json]
+                    live upgrade: the mediator hands its sockets, containers and
+                    sessions over to the new binary (default: its own path, re-read)
 
 global flags (before or after the command):
 `
@@ -71,6 +74,7 @@ var commands = []command{
 	{name: "certs", usage: certsUsage, subs: []string{"init", "issue"}, flags: certsSubFlags, run: certsCmd},
 	{name: "demo", usage: demoUsage, flags: jsonFlagsOnly("demo"), run: demo},
 	{name: "bench", usage: benchUsage, flags: func(string) *flag.FlagSet { fs, _ := benchFlags(); return fs }, run: benchCmd},
+	{name: "upgrade", usage: upgradeUsage, flags: func(string) *flag.FlagSet { fs, _, _ := upgradeFlags(); return fs }, run: upgradeCmd},
 }
 
 // globals are vgpuctl's own flags. Those that take a value are also
