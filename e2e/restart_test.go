@@ -27,16 +27,18 @@ memory = "64MiB"
 // restartable is a vgpu-mediator that a test kills and starts again on
 // the same node, socket, quota file, container and state directories.
 type restartable struct {
-	t      *testing.T
-	node   string
-	dir    string
-	socket string
-	med    *proc
+	t        *testing.T
+	node     string
+	nodeProc *proc // the node, whose log a test may read
+	dir      string
+	socket   string
+	med      *proc
 }
 
 func newRestartable(t *testing.T, nodeFlags ...string) *restartable {
 	t.Helper()
-	r := &restartable{t: t, node: startNode(t, append([]string{"--devices", "1", "--memory", "256MiB"}, nodeFlags...)...), dir: t.TempDir()}
+	r := &restartable{t: t, node: freePort(t), dir: t.TempDir()}
+	r.nodeProc = startNodeAt(t, r.node, append([]string{"--devices", "1", "--memory", "256MiB"}, nodeFlags...)...)
 	r.socket = filepath.Join(r.dir, "m.sock")
 	if err := os.WriteFile(r.quotaFile(), []byte(restartQuota), 0o644); err != nil {
 		t.Fatal(err)

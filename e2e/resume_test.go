@@ -244,3 +244,58 @@ func (r *restartable) tenantLine(name string) api.TenantInfo {
 	r.t.Fatalf("tenant %s not listed", name)
 	return api.TenantInfo{}
 }
+
+// TestContainerReattachGraceExpires: a container's session holds memory
+// when its mediator is SIGKILLed, and no mediator comes back within the
+// node's --reattach-grace. The node then scrubs and frees the frames (its
+// devices hold nothing, its log says it scrubbed them), not before the
+// grace; the mediator started after that restores the container's
+// registration but not the session, and the container's quota is whole
+// again: vgpuctl tenants shows its reservation with nothing allocated or
+// charged, and a new session through its socket allocates what the dead
+// one held, which the 32 MiB grant would refuse if that were still charged.
+func TestContainerReattachGraceExpires(t *testing.T) {
+	const grace, held = 2 * time.Second, 20 << 20
+	r := newRestartable(t, "--reattach-grace", grace.String(), "--log-level", "info")
+	r.start()
+	p := sleeping(t)
+	sock := r.register(api.Register{Container: "job", Namespace: "moby", Memory: 32 << 20, Devices: 1, Pid: uint32(p.Process.Pid)})
+	c, err := client.Dial(client.Options{Socket: sock, Reconnect: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	writeBuffers(t, c, held)
+	if before := r.tenantLine("team-a"); before.Containers != 1 || before.Reserved != 32<<20 || before.Allocated < held || before.Charged < held {
+		t.Fatalf("team-a before the kill: %+v, want its container's 32 MiB reserved and %d bytes allocated and charged", before, held)
+	}
+
+	r.kill()
+	killed := time.Now()
+	if used := nodeUsed(t, r.node); used < held {
+		t.Fatalf("node holds %d bytes right after the kill, want the session's %d kept", used, held)
+	}
+	waitFor(t, "the node to free the frames", func() bool { return nodeUsed(t, r.node) == 0 })
+	if after := time.Since(killed); after < grace*9/10 {
+		t.Fatalf("frames freed %v after the kill, before the %v grace", after, grace)
+	}
+	if out := r.nodeProc.out.String(); !strings.Contains(out, "reattach grace ended with no reclaim: frames scrubbed and freed") {
+		t.Fatalf("the node's log does not say it scrubbed the frames when the grace ended:\n%s", out)
+	}
+
+	r.start()
+	if after := r.tenantLine("team-a"); after.Containers != 1 || after.Reserved != 32<<20 || after.Allocated != 0 || after.Charged != 0 {
+		t.Fatalf("team-a after the restart: %+v, want the container's 32 MiB reserved and nothing allocated or charged", after)
+	}
+	if _, err := c.Stats(); !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("call of the expired session after the restart: %v, want unavailable", err)
+	}
+	fresh, err := client.Dial(client.Options{Socket: sock})
+	if err != nil {
+		t.Fatalf("a new session through the container's socket after the restart: %v", err)
+	}
+	defer fresh.Close()
+	if _, err := fresh.Malloc(0, held); err != nil {
+		t.Fatalf("a new session allocating the %d bytes the expired one held: %v\n%s", held, err, r.med.out.String())
+	}
+}

@@ -123,7 +123,8 @@ func (s *Space) Lose(dev uint32, why error) []Lost {
 // contents. An oversubscribing space puts them in its store, to be faulted
 // in when next translated; another grants frames for them and writes them
 // there. The allocation must fill its chunks alone and have sums. On any
-// failure nothing changes: it stays lost, and the error says why.
+// failure it stays lost, as it was but for its reason, which from then on
+// also says why it was not restored; the error says so too.
 func (s *Space) Restore(va uint64, fill func(i int, sum [32]byte, p []byte) error) error {
 	s.allocMu.Lock()
 	defer s.allocMu.Unlock()
@@ -132,6 +133,18 @@ func (s *Space) Restore(va uint64, fill func(i int, sum [32]byte, p []byte) erro
 		return err
 	}
 	a := s.allocs[i]
+	err = s.restore(a, fill)
+	if err != nil && a.lost != nil {
+		s.mu.Lock()
+		a.lost = fmt.Errorf("%w; not restored: %v", a.lost, err)
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// restore is Restore of a. The caller holds allocMu.
+func (s *Space) restore(a *allocation, fill func(i int, sum [32]byte, p []byte) error) error {
+	va := a.va
 	switch {
 	case a.lost == nil:
 		return fmt.Errorf("restore %#x: the allocation is not lost: %w", va, vocab.ErrInvalidArgument)

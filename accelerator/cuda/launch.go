@@ -19,6 +19,14 @@ import (
 // end (a GPU does not preempt a kernel for another context's work), so a
 // slice's length is what bounds how long one tenant holds the device.
 
+// gpuWorkScale multiplies the work a slice may hold (Prepare's maxWork):
+// the node sizes slices in the catalog's element operations to about 70 µs
+// of its CPU cores (accelerator's sliceWork), which a GPU does a hundred
+// times faster or more, while every slice costs a launch and a stream
+// synchronisation (some 10 µs). A guess, not yet measured on a GPU
+// (docs/backends.md).
+const gpuWorkScale = 256
+
 // threadsPerBlock is the block size of every launch.
 const threadsPerBlock = 128
 
@@ -163,15 +171,21 @@ func (d *Device) prepareGPU(k *kernels.Kernel, args []api.NodeArg, maxWork int) 
 		return int64(args[j].Bits)
 	}
 	l := &gpuLaunch{d: d, bufs: bufs, bufOf: bufOf, args: args}
+	work := int64(max(maxWork, 1))
+	if work > math.MaxInt64/gpuWorkScale {
+		work = math.MaxInt64
+	} else {
+		work *= gpuWorkScale
+	}
 	items, cost := size(v)
-	per := max(int64(maxWork)/cost, 1)
+	per := max(work/cost, 1)
 	per = min((per+threadsPerBlock-1)/threadsPerBlock*threadsPerBlock, maxSliceItems)
 	l.exec = func(k *Calls, lo, hi int64) error { return l.kernel(k, fn, lo, hi) }
 	if name == "matmul" && d.blas != nil {
 		if s, ok := matmulBLAS(v("m"), v("n"), v("k"), v("trans_a") == 1, v("trans_b") == 1, v("b_batch")); ok {
 			// cuBLAS, in slices of whole matrices of the batch.
 			items, cost = v("batch"), v("m")*v("n")*v("k")
-			per = max(int64(maxWork)/cost, 1)
+			per = max(work/cost, 1)
 			l.exec = func(_ *Calls, lo, hi int64) error {
 				return d.blas.sgemm(s, bufOf[7].ptr, bufOf[8].ptr, bufOf[9].ptr, lo, hi)
 			}

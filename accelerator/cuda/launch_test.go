@@ -182,11 +182,12 @@ func TestGridSlices(t *testing.T) {
 	d, _ := openKernels(t, 8<<20, NewCompiler(nvrtcFake(t, f), ""))
 	defer d.Close()
 	k, _ := kernels.Lookup("fill_f32")
-	// 1000 elements in two extents, costing 4 each: 300 a slice, rounded
-	// up to 3 blocks of 128, is 384 elements: 3 slices.
+	// 1000 elements in two extents, costing 4 each: 5*gpuWorkScale/4 =
+	// 320 a slice, rounded up to 3 blocks of 128, is 384 elements: 3
+	// slices.
 	xs := []api.Extent{{Addr: 4, Len: 2000}, {Addr: FrameSize + 4, Len: 2000}}
 	args := []api.NodeArg{{Kind: api.ArgBuffer, Extents: xs}, {Kind: api.ArgI64, Bits: 1000}, {Kind: api.ArgF32, Bits: api.F32Bits(1)}}
-	p, _, err := d.Prepare(k, args, 1200)
+	p, _, err := d.Prepare(k, args, 5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +195,7 @@ func TestGridSlices(t *testing.T) {
 		t.Errorf("%d slices, want 3", p.Len())
 	}
 	before := f.calls(4)
-	if err := run(d, k, args, 1200); err != nil {
+	if err := run(d, k, args, 5); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.calls(4) - before; n != 3 {
@@ -204,12 +205,12 @@ func TestGridSlices(t *testing.T) {
 		t.Errorf("%d scratch buffers left after the launch", len(d.scratch))
 	}
 	f.inject("cuLaunchKernel", 719, 1)
-	conformance.WantErr(t, "a launch whose second slice fails", run(d, k, args, 1200), api.ErrInternal, "cuLaunchKernel")
+	conformance.WantErr(t, "a launch whose second slice fails", run(d, k, args, 5), api.ErrInternal, "cuLaunchKernel")
 	if len(d.scratch) != 0 {
 		t.Errorf("%d scratch buffers left after a failed launch", len(d.scratch))
 	}
 	// A plan abandoned after its first slice: Close frees its scratch.
-	p, _, err = d.Prepare(k, args, 1200)
+	p, _, err = d.Prepare(k, args, 5)
 	if err != nil {
 		t.Fatal(err)
 	}

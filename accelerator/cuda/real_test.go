@@ -1,13 +1,18 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"encoding/json"
+	"errors"
+	"math"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/accelerator/conformance"
+	"github.com/vgpu/vgpu/accelerator/kernels"
 	"github.com/vgpu/vgpu/api"
 )
 
@@ -48,18 +53,142 @@ func TestRealGPUs(t *testing.T) {
 	}
 }
 
+// realLib loads one of the CUDA toolkit's libraries, as realDriver the
+// driver.
+func realLib[L any](t *testing.T, load func(string) (L, error)) L {
+	t.Helper()
+	l, err := load("")
+	if err != nil {
+		if os.Getenv("VGPU_REQUIRE_GPU") == "1" {
+			t.Fatalf("VGPU_REQUIRE_GPU=1: %v", err)
+		}
+		t.Skipf("%v", err)
+	}
+	return l
+}
+
+// realMaxRelErr is the conformance tolerance on a GPU: sums run in the
+// references' order without fused multiply-adds, but CUDA's exp and erf
+// may differ from the references' by an ulp of float64, and cuBLAS sums
+// in its own order.
+const realMaxRelErr = 1e-4
+
 // TestRealConformance runs the suite on GPU 0: memory through real VMM
-// mappings, copies and scrubs on the device (kernels still run on the
-// host, Device's doc).
+// mappings, copies and scrubs on the device, and the kernels compiled by
+// NVRTC for the GPU and launched there (matmul by our kernel, then by
+// cuBLAS), then on the host.
 func TestRealConformance(t *testing.T) {
 	drv := realDriver(t)
-	conformance.Run(t, func(t *testing.T, size uint64) accelerator.Device {
+	c := NewCompiler(realLib(t, LoadNVRTC), t.TempDir())
+	open := func(t *testing.T, size uint64) *Device {
 		d, err := New(drv, 0, 0, size, "gpu0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		return d
-	}, conformance.Options{})
+	}
+	t.Run("GPU", func(t *testing.T) {
+		conformance.Run(t, func(t *testing.T, size uint64) accelerator.Device {
+			d := open(t, size)
+			if err := d.UseKernels(c); err != nil {
+				d.Close()
+				t.Fatal(err)
+			}
+			return d
+		}, conformance.Options{MaxRelErr: realMaxRelErr})
+	})
+	t.Run("CUBLAS", func(t *testing.T) {
+		blas := realLib(t, LoadCUBLAS)
+		conformance.Run(t, func(t *testing.T, size uint64) accelerator.Device {
+			d := open(t, size)
+			if err := errors.Join(d.UseKernels(c), d.UseCUBLAS(blas)); err != nil {
+				d.Close()
+				t.Fatal(err)
+			}
+			return d
+		}, conformance.Options{MaxRelErr: realMaxRelErr})
+	})
+	t.Run("Host", func(t *testing.T) {
+		conformance.Run(t, func(t *testing.T, size uint64) accelerator.Device { return open(t, size) }, conformance.Options{})
+	})
+}
+
+// TestRealMatmulRatio measures, with VGPU_GPU_MATMUL_JSON set to a file to
+// write, a 2048 x 2048 x 2048 matmul launched whole through the Device by
+// the catalog's kernel and by cuBLAS, in the same run, and writes the
+// ratio (cuBLAS time / kernel time: 1 is as fast as cuBLAS) and the
+// largest difference between their results; it checks nothing about the
+// speed.
+func TestRealMatmulRatio(t *testing.T) {
+	path := os.Getenv("VGPU_GPU_MATMUL_JSON")
+	if path == "" {
+		t.Skip("VGPU_GPU_MATMUL_JSON not set")
+	}
+	drv := realDriver(t)
+	const n = 2048
+	const bytes = n * n * 4
+	const reps = 5
+	d, err := New(drv, 0, 0, 4*bytes, "gpu0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := errors.Join(d.UseKernels(NewCompiler(realLib(t, LoadNVRTC), "")), d.UseCUBLAS(realLib(t, LoadCUBLAS))); err != nil {
+		t.Fatal(err)
+	}
+	in := make([]byte, 2*bytes)
+	for i := 0; i < len(in); i += 4 {
+		binary.LittleEndian.PutUint32(in[i:], math.Float32bits(float32(i%1999)/1999-0.5))
+	}
+	if err := d.Write([]api.Extent{{Addr: 0, Len: 2 * bytes}}, in); err != nil {
+		t.Fatal(err)
+	}
+	k, _ := kernels.Lookup("matmul")
+	args := []api.NodeArg{{Kind: api.ArgI64, Bits: 1}, {Kind: api.ArgI64, Bits: n}, {Kind: api.ArgI64, Bits: n}, {Kind: api.ArgI64, Bits: n},
+		{Kind: api.ArgI64}, {Kind: api.ArgI64}, {Kind: api.ArgI64, Bits: 1},
+		{Kind: api.ArgBuffer, Extents: []api.Extent{{Addr: 0, Len: bytes}}},
+		{Kind: api.ArgBuffer, Extents: []api.Extent{{Addr: bytes, Len: bytes}}},
+		{Kind: api.ArgBuffer, Extents: []api.Extent{{Addr: 2 * bytes, Len: bytes}}}}
+	out := []api.Extent{{Addr: 2 * bytes, Len: bytes}}
+	timed := func() (time.Duration, []byte) {
+		best := time.Duration(1 << 62)
+		for range reps + 1 { // the first warms up
+			start := time.Now()
+			if err := run(d, k, args, math.MaxInt); err != nil {
+				t.Fatal(err)
+			}
+			best = min(best, time.Since(start))
+		}
+		var c []byte
+		if err := d.Read(out, func(p ...[]byte) error { c = slices.Clone(p[0]); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return best, c
+	}
+	blasTime, blasC := timed()
+	blas := d.blas
+	d.blas = nil
+	kernelTime, kernelC := timed()
+	d.blas = blas
+	maxDiff := 0.0
+	for i := 0; i < len(blasC); i += 4 {
+		a := float64(math.Float32frombits(binary.LittleEndian.Uint32(blasC[i:])))
+		b := float64(math.Float32frombits(binary.LittleEndian.Uint32(kernelC[i:])))
+		maxDiff = max(maxDiff, math.Abs(a-b)/max(1, math.Abs(a)))
+	}
+	tflops := func(t time.Duration) float64 { return 2 * n * n * n / t.Seconds() / 1e12 }
+	res := map[string]any{
+		"m": n, "n": n, "k": n, "reps": reps,
+		"kernel_tflops": tflops(kernelTime), "cublas_tflops": tflops(blasTime),
+		"kernel_vs_cublas": blasTime.Seconds() / kernelTime.Seconds(),
+		"max_rel_diff":     maxDiff,
+		"note":             "one matmul launched whole through Device.Prepare and its plan (compiled catalog kernel vs cublasSgemmStridedBatched), best of reps after a warm-up, each waited for",
+	}
+	b, _ := json.MarshalIndent(res, "", "  ")
+	t.Logf("%s", b)
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestRealCopyRatio measures, with VGPU_GPU_JSON set to a file to write,
