@@ -347,9 +347,9 @@ func testBounds(t *testing.T, d accelerator.Device) {
 	WantErr(t, "Write of mismatched length", d.Write([]api.Extent{{Addr: 0, Len: 8}}, make([]byte, 7)), api.ErrInvalidArgument, "7", "8")
 }
 
-// launch runs k as the node does: Prepare, every slice of the plan, then
-// finish.
-func launch(d accelerator.Device, k *kernels.Kernel, args []api.NodeArg, maxWork int) error {
+// Launch runs k on d as the node does: Prepare, every slice of the plan,
+// then finish.
+func Launch(d accelerator.Device, k *kernels.Kernel, args []api.NodeArg, maxWork int) error {
 	p, finish, err := d.Prepare(k, args, maxWork)
 	if err != nil {
 		return err

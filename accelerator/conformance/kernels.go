@@ -177,7 +177,7 @@ func testKernels(t *testing.T, d accelerator.Device, o Options) {
 				if err := k.Run(vals); err != nil {
 					t.Fatalf("reference run: %v", err)
 				}
-				if err := launch(d, k, args, maxWork); err != nil {
+				if err := Launch(d, k, args, maxWork); err != nil {
 					t.Fatalf("launch (maxWork %d): %v", maxWork, err)
 				}
 				for _, b := range bufs {
@@ -236,16 +236,16 @@ func testKernelErrors(t *testing.T, d accelerator.Device) {
 	bad.i32 = map[string][]int32{"ids": {0, 1, 2, 10, 3, 4}}
 	args, bufs := bad.build(t, d, k, r)
 	out := bufs[len(bufs)-1]
-	err = launch(d, k, args, math.MaxInt)
+	err = Launch(d, k, args, math.MaxInt)
 	WantErr(t, "an id outside the vocabulary", err, api.ErrInvalidArgument, "ids[3] = 10")
 	same(t, "out of a refused launch", read(t, d, out.extents...), out.input)
 	// A buffer shorter than its sizes need.
 	args[len(args)-1].Extents = []api.Extent{{Addr: out.extents[0].Addr, Len: out.extents[0].Len - 4}}
-	err = launch(d, k, args, math.MaxInt)
+	err = Launch(d, k, args, math.MaxInt)
 	WantErr(t, "a short output buffer", err, api.ErrInvalidArgument, "out")
 	// A buffer outside memory.
 	args[len(args)-1].Extents = []api.Extent{{Addr: d.Info().Memory - 4, Len: 120}}
-	err = launch(d, k, args, math.MaxInt)
+	err = Launch(d, k, args, math.MaxInt)
 	WantErr(t, "an output outside memory", err, api.ErrInvalidAddress)
 }
 

@@ -139,14 +139,8 @@ type Driver struct {
 
 // symbols binds each entry point to its symbol; the versioned names (_v2)
 // are the ones cuda.h's macros select for 64-bit sizes.
-func (d *Driver) symbols() []struct {
-	fn   any
-	name string
-} {
-	return []struct {
-		fn   any
-		name string
-	}{
+func (d *Driver) symbols() []symbol {
+	return []symbol{
 		{&d.cuInit, "cuInit"},
 		{&d.cuDriverGetVersion, "cuDriverGetVersion"},
 		{&d.cuDeviceGetCount, "cuDeviceGetCount"},
@@ -203,18 +197,46 @@ func Load(path string) (*Driver, error) {
 			path, err, api.ErrUnavailable)
 	}
 	d := &Driver{path: path, lib: lib}
-	for _, s := range d.symbols() {
-		if _, err := purego.Dlsym(lib, s.name); err != nil {
-			purego.Dlclose(lib)
-			return nil, fmt.Errorf("CUDA driver %s lacks %s (a driver older than the VMM API, CUDA 10.2?): %w", path, s.name, api.ErrUnavailable)
-		}
-		purego.RegisterLibFunc(s.fn, lib, s.name)
+	if missing := bind(lib, d.symbols()); missing != "" {
+		return nil, fmt.Errorf("CUDA driver %s lacks %s (a driver older than the VMM API, CUDA 10.2?): %w", path, missing, api.ErrUnavailable)
 	}
 	if err := d.check("cuInit", d.cuInit(0)); err != nil {
 		purego.Dlclose(lib)
 		return nil, fmt.Errorf("CUDA driver %s: %w", path, err)
 	}
 	return d, nil
+}
+
+// symbol is a Go function variable and the library symbol it calls.
+type symbol struct {
+	fn   any // a pointer to the variable
+	name string
+}
+
+// bind binds each of syms to lib's symbol, or closes lib and returns the
+// name of the first it lacks.
+func bind(lib uintptr, syms []symbol) (missing string) {
+	for _, s := range syms {
+		if _, err := purego.Dlsym(lib, s.name); err != nil {
+			purego.Dlclose(lib)
+			return s.name
+		}
+		purego.RegisterLibFunc(s.fn, lib, s.name)
+	}
+	return ""
+}
+
+// dlopenFirst opens the first of paths the dynamic loader finds; tried
+// says why each one before failed.
+func dlopenFirst(paths []string) (lib uintptr, path string, tried []string) {
+	for _, p := range paths {
+		lib, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_LOCAL)
+		if err == nil {
+			return lib, p, tried
+		}
+		tried = append(tried, err.Error())
+	}
+	return 0, "", tried
 }
 
 // check turns a result into an error.

@@ -142,7 +142,7 @@ func fill(t *testing.T, d *Device) {
 		{Kind: api.ArgI64, Bits: 1000},
 		{Kind: api.ArgF32, Bits: api.F32Bits(2.5)},
 	}
-	if err := run(d, k, args, math.MaxInt); err != nil {
+	if err := conformance.Launch(d, k, args, math.MaxInt); err != nil {
 		t.Fatal(err)
 	}
 	var got []byte
@@ -154,23 +154,6 @@ func fill(t *testing.T, d *Device) {
 			t.Fatalf("element %d is %v after fill_f32 with 2.5", i/4, v)
 		}
 	}
-}
-
-// run prepares and steps a launch to its end.
-func run(d *Device, k *kernels.Kernel, args []api.NodeArg, maxWork int) error {
-	p, finish, err := d.Prepare(k, args, maxWork)
-	if err != nil {
-		return err
-	}
-	for more := p.Len() > 0; more; {
-		if more, err = p.Step(); err != nil {
-			return err
-		}
-	}
-	if finish != nil {
-		return finish()
-	}
-	return nil
 }
 
 // TestGridSlices: a launch is cut into grid ranges of whole blocks, about
@@ -195,7 +178,7 @@ func TestGridSlices(t *testing.T) {
 		t.Errorf("%d slices, want 3", p.Len())
 	}
 	before := f.calls(4)
-	if err := run(d, k, args, 5); err != nil {
+	if err := conformance.Launch(d, k, args, 5); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.calls(4) - before; n != 3 {
@@ -205,7 +188,7 @@ func TestGridSlices(t *testing.T) {
 		t.Errorf("%d scratch buffers left after the launch", len(d.scratch))
 	}
 	f.inject("cuLaunchKernel", 719, 1)
-	conformance.WantErr(t, "a launch whose second slice fails", run(d, k, args, 5), api.ErrInternal, "cuLaunchKernel")
+	conformance.WantErr(t, "a launch whose second slice fails", conformance.Launch(d, k, args, 5), api.ErrInternal, "cuLaunchKernel")
 	if len(d.scratch) != 0 {
 		t.Errorf("%d scratch buffers left after a failed launch", len(d.scratch))
 	}

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"unsafe"
 
-	"github.com/ebitengine/purego"
-
 	"github.com/vgpu/vgpu/api"
 )
 
@@ -46,18 +44,10 @@ func LoadNVRTC(path string) (*NVRTC, error) {
 	if path != "" {
 		tries = []string{path}
 	}
-	var errs []string
-	for _, p := range tries {
-		lib, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_LOCAL)
-		if err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
+	lib, p, errs := dlopenFirst(tries)
+	if lib != 0 {
 		n := &NVRTC{path: p}
-		for _, s := range []struct {
-			fn   any
-			name string
-		}{
+		if missing := bind(lib, []symbol{
 			{&n.nvrtcVersion, "nvrtcVersion"},
 			{&n.nvrtcGetErrorString, "nvrtcGetErrorString"},
 			{&n.nvrtcCreateProgram, "nvrtcCreateProgram"},
@@ -67,12 +57,8 @@ func LoadNVRTC(path string) (*NVRTC, error) {
 			{&n.nvrtcGetProgramLog, "nvrtcGetProgramLog"},
 			{&n.nvrtcGetCUBINSize, "nvrtcGetCUBINSize"},
 			{&n.nvrtcGetCUBIN, "nvrtcGetCUBIN"},
-		} {
-			if _, err := purego.Dlsym(lib, s.name); err != nil {
-				purego.Dlclose(lib)
-				return nil, fmt.Errorf("NVRTC %s lacks %s (older than CUDA 11.1?): %w", p, s.name, api.ErrUnavailable)
-			}
-			purego.RegisterLibFunc(s.fn, lib, s.name)
+		}); missing != "" {
+			return nil, fmt.Errorf("NVRTC %s lacks %s (older than CUDA 11.1?): %w", p, missing, api.ErrUnavailable)
 		}
 		return n, nil
 	}

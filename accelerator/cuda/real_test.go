@@ -20,17 +20,7 @@ import (
 // (CI) unless VGPU_REQUIRE_GPU=1, which scripts/gpu-check sets on a GPU
 // host so that a missing driver fails instead of passing silently.
 
-func realDriver(t *testing.T) *Driver {
-	t.Helper()
-	d, err := Load("")
-	if err != nil {
-		if os.Getenv("VGPU_REQUIRE_GPU") == "1" {
-			t.Fatalf("VGPU_REQUIRE_GPU=1: %v", err)
-		}
-		t.Skipf("no CUDA driver: %v", err)
-	}
-	return d
-}
+func realDriver(t *testing.T) *Driver { return realLib(t, Load) }
 
 func TestRealGPUs(t *testing.T) {
 	d := realDriver(t)
@@ -53,8 +43,8 @@ func TestRealGPUs(t *testing.T) {
 	}
 }
 
-// realLib loads one of the CUDA toolkit's libraries, as realDriver the
-// driver.
+// realLib loads the driver or one of the CUDA toolkit's libraries from
+// where the dynamic loader finds it.
 func realLib[L any](t *testing.T, load func(string) (L, error)) L {
 	t.Helper()
 	l, err := load("")
@@ -154,7 +144,7 @@ func TestRealMatmulRatio(t *testing.T) {
 		best := time.Duration(1 << 62)
 		for range reps + 1 { // the first warms up
 			start := time.Now()
-			if err := run(d, k, args, math.MaxInt); err != nil {
+			if err := conformance.Launch(d, k, args, math.MaxInt); err != nil {
 				t.Fatal(err)
 			}
 			best = min(best, time.Since(start))
