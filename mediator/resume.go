@@ -186,6 +186,10 @@ func (m *Mediator) expireRestored(s *session) {
 	s.teardown()
 }
 
+// errNoSessionToResume answers a resume whose token names no restored
+// session.
+var errNoSessionToResume = fmt.Errorf("no session to resume with that token: it ended, or this mediator could not restore it (its log says why): %w", api.ErrUnavailable)
+
 // resume hands restored session of the token hello presents to connection
 // c, which came through ctr's socket (nil: the host socket).
 func (m *Mediator) resume(c *api.Conn, hello *api.Hello, ctr *container) (*session, error) {
@@ -195,13 +199,11 @@ func (m *Mediator) resume(c *api.Conn, hello *api.Hello, ctr *container) (*sessi
 	var err error
 	switch {
 	case s == nil:
-		err = fmt.Errorf("no session to resume with that token: it ended, or this mediator could not restore it (its log says why): %w", api.ErrUnavailable)
+		err = errNoSessionToResume
 	case s.ctr != ctr:
 		err = fmt.Errorf("session %d was opened through another socket: %w", s.id, api.ErrPermissionDenied)
 	case hello.Tenant != "" && hello.Tenant != s.tenant:
 		err = fmt.Errorf("session %d is of tenant %q, not %q: %w", s.id, s.tenant, hello.Tenant, api.ErrPermissionDenied)
-	default:
-		delete(m.restored, h)
 	}
 	m.mu.Unlock()
 	if err != nil {
@@ -209,14 +211,22 @@ func (m *Mediator) resume(c *api.Conn, hello *api.Hello, ctr *container) (*sessi
 	}
 	if ctr == nil {
 		if err := m.admitHost(c.NetConn(), s.tenant); err != nil {
-			m.mu.Lock()
-			m.restored[h] = s
-			m.mu.Unlock()
 			return nil, err
 		}
 	}
-	s.expiry.Stop() // if it fires now, it finds the session gone from restored
+	// From restored to sessions in one step, so that Tenants never misses
+	// its memory; an expiry or a resume with the same token that came first
+	// leaves nothing to take.
+	m.mu.Lock()
+	if m.restored[h] != s {
+		m.mu.Unlock()
+		return nil, errNoSessionToResume
+	}
+	delete(m.restored, h)
 	s.c, s.resumable, s.token = c, true, hello.Resume
+	m.sessions[s.id] = s
+	m.mu.Unlock()
+	s.expiry.Stop() // if it fires now, it finds the session gone from restored
 	m.addSession(s)
 	s.log.Info("session resumed by its tenant")
 	return s, nil
