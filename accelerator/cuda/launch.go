@@ -41,7 +41,7 @@ const maxSliceItems = 1 << 30
 var grid = map[string]func(v func(string) int64) (items, cost int64){
 	"fill_f32":       func(v func(string) int64) (int64, int64) { return v("n"), 4 },
 	"saxpy":          func(v func(string) int64) (int64, int64) { return v("n"), 4 },
-	"reduce_sum_f32": func(v func(string) int64) (int64, int64) { return 1, max(v("n"), 1) },
+	"reduce_sum_f32": func(v func(string) int64) (int64, int64) { return max(v("n"), 1), 256 },
 	"sgemm":          func(v func(string) int64) (int64, int64) { return v("m") * v("n"), max(v("k"), 1) },
 	"matmul": func(v func(string) int64) (int64, int64) {
 		return v("batch") * v("m") * v("n"), max(v("k"), 1)
@@ -71,6 +71,13 @@ var grid = map[string]func(v func(string) int64) (items, cost int64){
 		return v("heads") * v("t") * v("d"), max(3*v("cap")*v("d"), 1)
 	},
 }
+
+// carried are the kernels that run one thread per slice, which carries a
+// float64 accumulator from slice to slice in scratch device memory (an
+// extra, last argument): a sum in index order, as the reference's, cut
+// into slices so that a long one does not hold the GPU. Their items are
+// elements; a slice's cost reflects one thread's speed.
+var carried = map[string]bool{"reduce_sum_f32": true}
 
 // gpuBuffer is a buffer argument of a launch on the GPU.
 type gpuBuffer struct {
@@ -171,6 +178,10 @@ func (d *Device) prepareGPU(k *kernels.Kernel, args []api.NodeArg, maxWork int) 
 		return int64(args[j].Bits)
 	}
 	l := &gpuLaunch{d: d, bufs: bufs, bufOf: bufOf, args: args}
+	if carried[name] {
+		l.acc = &gpuBuffer{n: 8, scratch: true}
+		l.bufs = append(l.bufs, l.acc)
+	}
 	work := int64(max(maxWork, 1))
 	if work > math.MaxInt64/gpuWorkScale {
 		work = math.MaxInt64
@@ -206,6 +217,8 @@ type gpuLaunch struct {
 	args  []api.NodeArg
 	// exec queues items [lo, hi) on the device's launch stream.
 	exec func(k *Calls, lo, hi int64) error
+	// acc is the accumulator of a carried kernel, else nil.
+	acc *gpuBuffer
 }
 
 // kernel queues items [lo, hi) of the catalog's kernel fn.
@@ -218,6 +231,9 @@ func (l *gpuLaunch) kernel(k *Calls, fn Function, lo, hi int64) error {
 		} else {
 			vals = append(vals, a.Bits) // an i64, or a float32's bits in the low half
 		}
+	}
+	if l.acc != nil {
+		return k.Launch(fn, 1, 1, l.d.streams[0], append(vals, l.acc.ptr))
 	}
 	blocks := uint32((hi - lo + threadsPerBlock - 1) / threadsPerBlock)
 	return k.Launch(fn, blocks, threadsPerBlock, l.d.streams[0], vals)

@@ -13,13 +13,19 @@ VGPU_KERNEL saxpy(long long lo, long long hi, long long n, float a, const float 
 	y[i] = p + y[i];
 }
 
-// Items: one, which sums all of x in float64 in index order.
-VGPU_KERNEL reduce_sum_f32(long long lo, long long hi, long long n, const float *x, float *out) {
+// Items: elements of x (one, if n = 0). One thread a slice, which carries
+// the float64 sum in index order through acc from slice to slice
+// (launch.go's carried) and writes it, rounded once, at the end.
+VGPU_KERNEL reduce_sum_f32(long long lo, long long hi, long long n, const float *x, float *out, double *acc) {
 	ITEM(i);
-	double s = 0;
-	for (long long j = 0; j < n; j++)
+	if (i != lo)
+		return;
+	double s = lo == 0 ? 0 : *acc;
+	for (long long j = lo; j < hi && j < n; j++)
 		s += (double)x[j];
-	out[0] = (float)s;
+	*acc = s;
+	if (hi >= n)
+		out[0] = (float)s;
 }
 
 // Items: elements of c, row-major.

@@ -13,7 +13,8 @@
 // Rules, so that the kernels also run on the fake driver, which runs a
 // grid one thread after another on the host (testdata/fakekernels.cc):
 // no shared memory, no barriers, no warp intrinsics; an item's result
-// depends on the inputs only. Sums run in index order and the program is
+// depends on the inputs only (but for a carried kernel's accumulator,
+// launch.go). Sums run in index order and the program is
 // compiled without fused multiply-add, so results match the Go references
 // closely (the conformance suite's tolerance) and do not depend on the grid.
 // Indices read from buffers are checked again here: the node checked them
