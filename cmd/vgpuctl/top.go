@@ -22,7 +22,9 @@ const topUsage = `usage: vgpuctl top [--interval DURATION] [--iterations N]
 
 A live view of the mediator, refreshed every --interval: each device with
 bars of its memory in use and its utilization (device time per second, all
-tenants), each tenant with its memory against its cap, its compute share
+tenants), and under a GPU's device (--backend cuda) the GPU as NVML reads it
+(utilization and memory used by every process on it, temperature, power,
+ECC errors corrected/uncorrected), each tenant with its memory against its cap, its compute share
 (device time per second on the devices it ran on) against its weight (and
 the share the weight is due among the tenants that ran there), the bytes it
 copies per second, and the sessions holding the most memory. Rates are

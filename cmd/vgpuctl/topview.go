@@ -31,6 +31,7 @@ type (
 		used, total uint64
 		util        float64
 		err         string // the node cannot be reached
+		gpu         string // the GPU behind it as NVML reads it (cuda devices); "" for none
 	}
 	topTenant struct {
 		name      string
@@ -66,6 +67,21 @@ type (
 		tenant string
 	}
 )
+
+// gpuLine is the line top shows under a device for the GPU behind it, as
+// the status's GPU table reads it: what NVML says of its load, memory,
+// temperature, power and ECC errors, which covers every process on the
+// GPU, where the device line above is vgpu's own.
+func gpuLine(g *api.GPUStatus) string {
+	if g == nil {
+		return ""
+	}
+	if g.Error != "" {
+		return fmt.Sprintf("GPU %d unreadable: %s", g.Index, g.Error)
+	}
+	util, used, temp, power, ecc := gpuReadings(g, false)
+	return fmt.Sprintf("GPU %d: util %s · %s used · %s · %s · ECC %s", g.Index, util, used, temp, power, ecc)
+}
 
 // rate is (cur − prev) per second of dt; -1 without a previous reading, a
 // counter that went back (a restart) counts from 0.
@@ -146,7 +162,7 @@ func hostView(prev, cur *api.Status, infos []api.TenantInfo, dt time.Duration) t
 					}
 				}
 			}
-			v.devices = append(v.devices, topDevice{name: fmt.Sprintf("%s/%d %s", n.Addr, d.Index, d.Name), used: d.Used, total: d.Memory, util: util})
+			v.devices = append(v.devices, topDevice{name: fmt.Sprintf("%s/%d %s", n.Addr, d.Index, d.Name), used: d.Used, total: d.Memory, util: util, gpu: gpuLine(d.GPU)})
 		}
 	}
 	// Tenants: those of the quota file, and any with a session.
@@ -344,6 +360,9 @@ func renderTop(prev, cur *topSnapshot, width, height int) string {
 		}
 		add(" %-22s %s %15s %s %4s", clipTo(d.name, 22), meter(float64(d.used)/float64(max(d.total, 1)), bar),
 			short(d.used)+"/"+short(d.total), meter(d.util, bar), pct(d.util))
+		if d.gpu != "" {
+			add("   %s", d.gpu)
+		}
 	}
 
 	add("")

@@ -11,6 +11,7 @@ import (
 
 // hostSnapshots are two readings 1s apart: on one device team-a (weight 1)
 // ran 250ms and team-b (weight 3) 750ms; team-a's session copied 2 MiB in.
+// Device 1 is a GPU's, whose NVML readings the node reports.
 func hostSnapshots() (prev, cur *topSnapshot) {
 	t0 := time.Date(2026, 12, 1, 20, 0, 0, 0, time.UTC)
 	mk := func(at time.Time, a, b time.Duration, copied, launches uint64) *topSnapshot {
@@ -21,7 +22,8 @@ func hostSnapshots() (prev, cur *topSnapshot) {
 					Addr: "10.0.0.7:7070",
 					Devices: []api.DeviceStatus{
 						{Index: 0, Name: "sim0", Memory: 16 << 30, Used: 4 << 30},
-						{Index: 1, Name: "sim1", Memory: 16 << 30},
+						{Index: 1, Name: "gpu1", Memory: 16 << 30, GPU: &api.GPUStatus{Index: 5, Memory: 141 << 30, MemoryUsed: 20 << 30,
+							Utilization: 37, TemperatureC: 61, PowerMilliwatts: 352000, ECCUncorrected: 2, Unsupported: []string{"ecc"}}},
 					},
 					Shares: []api.DeviceTenant{
 						{Device: 0, Tenant: "team-a", Weight: 1, DeviceTime: a},
@@ -79,6 +81,13 @@ func TestRenderTopHost(t *testing.T) {
 	}
 	if d := find("10.0.0.7:7070/1"); !strings.Contains(d, "  0%") {
 		t.Errorf("device 1: %q", d)
+	}
+	// Under it, its GPU as NVML reads it (it offers no ECC counts).
+	if g := find("GPU 5:"); g != "   GPU 5: util 37% · 20.0 GiB used · 61°C · 352 W · ECC n/a" {
+		t.Errorf("GPU line: %q", g)
+	}
+	if strings.Count(out, "GPU ") != 1 {
+		t.Errorf("a GPU line for a device without a GPU:\n%s", out)
 	}
 	if d := find("10.0.0.8:7070"); !strings.Contains(d, "unreachable: connection refused") {
 		t.Errorf("unreachable node: %q", d)
@@ -140,7 +149,7 @@ func TestRenderTopSizes(t *testing.T) {
 	many.Status = &st
 	out := renderTop(prev, &many, 80, 24)
 	checkFits(t, out, 80, 24)
-	if !strings.Contains(out, "... 32 more sessions") {
+	if !strings.Contains(out, "... 33 more sessions") {
 		t.Errorf("42 sessions in 24 lines:\n%s", out)
 	}
 }
