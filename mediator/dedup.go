@@ -101,6 +101,9 @@ func (s *session) seal(body []byte) error {
 		return fmt.Errorf("seal %#x: node %s answered for %d frames, not %d: %w",
 			m.Addr, s.m.node(v.dev.node).addr, len(reply.StoredOnce), len(frames), api.ErrProtocol)
 	}
+	if !sealed {
+		s.recordSums(m.Addr, dev, frames) // for a restart of its node (noderestart.go)
+	}
 	if sealed || s.frameCredit == 0 {
 		return nil // credited at its first seal, or never
 	}

@@ -101,6 +101,12 @@ type Config struct {
 	// NoDedup turns off deduplication of sealed weights (dedup.go): a
 	// tenant then cannot learn whether a node holds contents it uploads.
 	NoDedup bool
+	// WeightSums has each weight sealed in whole 2 MiB chunks read back
+	// once, at its seal, to learn the SHA-256 of its chunks, so that after
+	// a restart of its node it is restored from a sealed copy another node
+	// holds (noderestart.go). Off, a node restart loses sealed weights as
+	// it does all else.
+	WeightSums bool
 	// ResumeGrace is how long a session restored after a restart waits
 	// for its tenant to resume it (resume.go); 0 means DefaultResumeGrace.
 	ResumeGrace time.Duration

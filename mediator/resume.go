@@ -242,6 +242,7 @@ func (m *Mediator) addSession(s *session) {
 		s.ctr.sessions[s] = struct{}{}
 		s.ctr.mu.Unlock()
 	}
+	s.watchNodes() // a node restart takes memory, not the session (noderestart.go)
 }
 
 // endRestored ends the restored sessions no tenant resumed; Close calls it.

@@ -107,19 +107,20 @@ func (m *Mediator) selfStatus(c *container) api.SelfStatus {
 	for _, s := range sessions {
 		st.Sessions = append(st.Sessions, s.status())
 		held := s.frames.byDevice()
-		for i, v := range s.vdevs {
+		for i := range s.vdevs {
 			if i >= len(st.Devices) { // more than granted: newSession refuses it
 				break
 			}
+			dev := s.vdevs[i].dev // not the connection, which the session's reader may replace
 			d := &st.Devices[i]
 			if d.Name == "" {
-				d.Name, d.Node = v.dev.info.Name, m.node(v.dev.node).addr
-				if d.Memory == 0 || v.dev.info.Memory < d.Memory { // as the session's hello reports it
-					d.Memory = v.dev.info.Memory
+				d.Name, d.Node = dev.info.Name, m.node(dev.node).addr
+				if d.Memory == 0 || dev.info.Memory < d.Memory { // as the session's hello reports it
+					d.Memory = dev.info.Memory
 				}
 			}
 			d.Used += held[uint32(i)]
-			behind[i][v.dev] = true
+			behind[i][dev] = true
 		}
 	}
 	m.addDeviceTime(g.Tenant, st.Devices, behind)

@@ -108,6 +108,13 @@ type session struct {
 	// inflight counts the decoded commands accepted and not yet answered,
 	// at most maxSessionInflight (limits.go).
 	inflight bound
+	// nodes watches the node connections and redials a node whose
+	// connection broke (noderestart.go). vdevs are fixed before the
+	// session serves anyone, but for a vdev's connection, which the
+	// session's reader replaces after its node restarted, under issueMu
+	// with the streams idle and under nodes.mu (a leaf), which links
+	// takes to read them.
+	nodes nodeRedial
 }
 
 // end marks the session as ending, which cuts short waits for bandwidth;
@@ -717,8 +724,9 @@ func (s *session) status() api.TenantStatus {
 func (s *session) deviceMemory() []api.DeviceMemory {
 	held := s.frames.byDevice()
 	out := make([]api.DeviceMemory, len(s.vdevs))
-	for i, v := range s.vdevs {
-		out[i] = api.DeviceMemory{Node: s.m.node(v.dev.node).addr, Device: v.dev.info.Index, Held: held[uint32(i)]}
+	for i := range s.vdevs {
+		d := s.vdevs[i].dev // not the connection, which the reader may replace
+		out[i] = api.DeviceMemory{Node: s.m.node(d.node).addr, Device: d.info.Index, Held: held[uint32(i)]}
 	}
 	return out
 }
@@ -733,7 +741,11 @@ func (s *session) links() []api.LinkStatus {
 	}
 	seen := map[*api.RPC]bool{}
 	at := map[int]int{} // node → its entry in out
-	for _, v := range s.vdevs {
+	// The session's reader may replace a connection (noderestart.go).
+	s.nodes.mu.Lock()
+	vdevs := append([]vdev(nil), s.vdevs...)
+	s.nodes.mu.Unlock()
+	for _, v := range vdevs {
 		if seen[v.rpc] {
 			continue
 		}
@@ -974,6 +986,9 @@ func (s *session) readLoop() error {
 		}
 		if err := s.c.ReadBody(body); err != nil {
 			return err
+		}
+		if s.nodes.ready.Load() { // a node restarted: its new connection first
+			s.installRedialled()
 		}
 		queued, err := s.handle(h, body, pool)
 		if !queued && pool != nil {

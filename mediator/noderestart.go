@@ -1,0 +1,406 @@
+package mediator
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/memory"
+)
+
+// A node that restarts, or drops a session's connection, takes the
+// session's device memory there with it: a node frees the frames of a
+// connection that ends (but for an attached one, which it parks for a
+// mediator that died, resume.go; a live mediator does not reclaim them).
+// The session goes on:
+//
+//   - A watcher per node connection (watchNodes) notices the connection
+//     closing and dials the node again, backing off from redialFirst to
+//     redialMax, until it answers or the session ends; it leaves the new
+//     connection pending.
+//   - The session's reader installs a pending connection before the next
+//     request it serves (installRedialled): it waits for the streams,
+//     records under issueMu that the devices of that node lost their
+//     memory (memory.Space.Lose; the frame source forgets their frames),
+//     and points those devices at the new connection. New allocations
+//     there work; an allocation that had memory there fails every use with
+//     api.ErrUnavailable naming the node, until it is freed. What the
+//     mediator holds itself survives: the evicted memory of an
+//     oversubscribing session is in its host store, and faults in again.
+//   - Then, still before that request, each lost sealed weight whose
+//     SHA-256s the session recorded (Config.WeightSums, recordSums) is
+//     restored from another node that holds a sealed frame of the same
+//     contents (fetchSealed): bytes the tenant does not send again. One
+//     that no node holds stays lost, its error saying so.
+//   - A journaled session's journal is given up: it names frames the node
+//     no longer has, so a mediator restart could not restore it.
+//
+// Locks: nodeRedial.mu guards pending and is what vdevs' connections are
+// swapped under (besides issueMu, with the streams idle), so that links,
+// which status calls off the session's reader, reads them under it; it is a
+// leaf. Everything else that reads a vdev's connection holds issueMu, or is
+// the session's reader, which alone swaps them.
+
+// Redialling a node whose connection broke backs off from redialFirst to
+// redialMax between tries.
+const (
+	redialFirst = 100 * time.Millisecond
+	redialMax   = 2 * time.Second
+)
+
+// nodeRedial is a session's view of its node connections' health.
+type nodeRedial struct {
+	once  sync.Once   // starts the watchers once
+	ready atomic.Bool // pending holds a connection to install
+	mu    sync.Mutex
+	// pending are the new connections to nodes whose old one broke, by
+	// node index, not yet installed; guarded by mu.
+	pending map[int]*api.RPC
+	// restored counts the chunks of sealed weights restored from another
+	// node's copy after a node restart.
+	restored atomic.Uint64
+}
+
+// watchNodes starts, once, a watcher of each of the session's node
+// connections.
+func (s *session) watchNodes() {
+	s.nodes.once.Do(func() {
+		seen := map[*api.RPC]bool{}
+		for _, v := range s.vdevs {
+			if !seen[v.rpc] {
+				seen[v.rpc] = true
+				go s.watchNode(v.dev.node, v.rpc)
+			}
+		}
+	})
+}
+
+// watchNode waits for rpc, the session's connection to node, to break, and
+// then dials the node until it answers, leaving the new connection pending
+// for the session's reader. It ends with the session.
+func (s *session) watchNode(node int, rpc *api.RPC) {
+	select {
+	case <-rpc.Closed():
+	case <-s.ending:
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.ending:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	n := s.m.node(node)
+	for wait := redialFirst; ; wait = min(2*wait, redialMax) {
+		fresh, _, err := dialNodeContext(ctx, n.addr, s.m.nodeTenant(s.tenant), s.m.cfg.NodeTLS, n.cache.push)
+		if err == nil {
+			s.nodes.mu.Lock()
+			if ctx.Err() != nil { // the session ended meanwhile: nobody installs it
+				s.nodes.mu.Unlock()
+				fresh.Close()
+				return
+			}
+			if s.nodes.pending == nil {
+				s.nodes.pending = map[int]*api.RPC{}
+			}
+			s.nodes.pending[node] = fresh
+			s.nodes.ready.Store(true)
+			s.nodes.mu.Unlock()
+			s.log.WithField("node", n.addr).Info("connection to a node broke; redialled, the memory the session held there is lost")
+			// A connection never installed is closed when the session ends.
+			<-ctx.Done()
+			s.nodes.mu.Lock()
+			if s.nodes.pending[node] == fresh {
+				delete(s.nodes.pending, node)
+				fresh.Close()
+			}
+			s.nodes.mu.Unlock()
+			return
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// installRedialled installs the connections the watchers redialled, as the
+// package comment above says. The session's reader calls it before a
+// request, when nodes.ready says there are some.
+func (s *session) installRedialled() {
+	s.nodes.mu.Lock()
+	pending := s.nodes.pending
+	s.nodes.pending = nil
+	s.nodes.ready.Store(false)
+	s.nodes.mu.Unlock()
+	if len(pending) == 0 {
+		return
+	}
+	s.drainAll()
+	s.issueMu.Lock()
+	defer s.issueMu.Unlock()
+	for node, rpc := range pending {
+		addr := s.m.node(node).addr
+		why := fmt.Errorf("node %s restarted or dropped the session's connection, and the device memory the session held there went with it: %w", addr, api.ErrUnavailable)
+		var lost []memory.Lost
+		for i := range s.vdevs {
+			if s.vdevs[i].dev.node == node {
+				lost = append(lost, s.space.Lose(uint32(i), why)...)
+				s.frames.forget(uint32(i))
+				s.nodes.mu.Lock()
+				s.vdevs[i].rpc = rpc
+				s.nodes.mu.Unlock()
+			}
+		}
+		s.jr.giveUp(why)
+		go s.watchNode(node, rpc)
+		restored := s.restoreSealed(node, lost)
+		s.log.WithFields(logrus.Fields{"node": addr, "lost": len(lost) - restored, "restored": restored}).
+			Warn("node connection replaced: allocations that had memory there are lost, but sealed weights restored from another node")
+	}
+}
+
+// forget drops the frames of dev the source held, which their node no
+// longer has, from the container's count of resident memory.
+func (f *frameSource) forget(dev uint32) {
+	f.mu.Lock()
+	var n uint64
+	for k := range f.held {
+		if k.dev == dev {
+			delete(f.held, k)
+			n++
+		}
+	}
+	f.mu.Unlock()
+	if q := f.resident(); q != nil {
+		q.release(n * memory.FrameSize)
+	}
+}
+
+// giveUp deletes the session's journal, if it has one still, since it no
+// longer describes memory the nodes hold.
+func (l *sessionLog) giveUp(why error) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f != nil {
+		l.fail(why)
+	}
+}
+
+// restoreSealed restores each of the lost allocations that has sums from
+// another node's sealed copy, and returns how many it restored; an
+// allocation that cannot be is left lost, with the reason added. The
+// caller holds issueMu.
+func (s *session) restoreSealed(restarted int, lost []memory.Lost) int {
+	src := &sealedSource{s: s, skip: s.m.node(restarted), conns: map[*node]*scratch{}}
+	defer src.close()
+	n := 0
+	for _, l := range lost {
+		if l.Sums == nil {
+			continue
+		}
+		err := s.space.Restore(l.VA, func(_ int, sum [32]byte, p []byte) error {
+			if err := src.fetch(sum, p); err != nil {
+				return err
+			}
+			s.nodes.restored.Add(1)
+			return nil
+		})
+		if err != nil {
+			s.log.WithError(err).WithField("addr", fmt.Sprintf("%#x", l.VA)).Warn("sealed weight not restored")
+			continue
+		}
+		s.resealRestored(l.VA)
+		n++
+	}
+	return n
+}
+
+// resealRestored seals on its node the frames of a weight just restored,
+// so that the node protects and indexes them as before. A failure leaves
+// the weight readable and sealed in the space (which refuses writes to it),
+// only not shared.
+func (s *session) resealRestored(va uint64) {
+	a, err := s.space.AllocationAt(va)
+	if err == nil {
+		var ts []memory.Translation
+		ts, err = s.space.TranslateAll([]memory.Range{{VA: va, Len: a.End - va, SealFrames: true}})
+		if err == nil {
+			var frames []uint64
+			for _, x := range ts[0].Extents {
+				for f := x.Addr; f < x.Addr+x.Len; f += memory.FrameSize {
+					frames = append(frames, f)
+				}
+			}
+			v := s.vdevs[a.Dev]
+			_, err = v.rpc.Call(api.OpNodeSeal, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames}))
+		}
+	}
+	if err != nil {
+		s.log.WithError(err).WithField("addr", fmt.Sprintf("%#x", va)).Info("restored weight not sealed on its node again")
+	}
+}
+
+// sealedSource fetches sealed contents by SHA-256 from the nodes other than
+// skip: on each, through a connection of the session's tenant of its own,
+// it has the node fill a scratch frame from its content index
+// (api.OpNodeDedup) and reads it back. The connections, and with them the
+// scratch frames, last one restore.
+type sealedSource struct {
+	s     *session
+	skip  *node
+	conns map[*node]*scratch // nil: the node could not be used
+}
+
+// scratch is a connection to a node and the frame it fills there.
+type scratch struct {
+	rpc    *api.RPC
+	device uint32
+	frame  uint64
+}
+
+// fetch fills p with the FrameSize bytes whose SHA-256 is sum, from the
+// first node that holds them, checking them against sum.
+func (src *sealedSource) fetch(sum [32]byte, p []byte) error {
+	var errs []error
+	for _, n := range src.s.m.nodeList() {
+		if n == src.skip || n.gone.Load() {
+			continue
+		}
+		sc, err := src.scratchOn(n)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ok, err := sc.fill(sum, p)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("node %s: %w", n.addr, err))
+		case !ok:
+			continue
+		case sha256.Sum256(p) != sum:
+			errs = append(errs, fmt.Errorf("node %s gave contents that do not match their sum: %w", n.addr, api.ErrProtocol))
+		default:
+			return nil
+		}
+	}
+	return fmt.Errorf("no other node holds a sealed copy of its contents (%x…)%s: %w", sum[:4], joinedReasons(errs), api.ErrUnavailable)
+}
+
+func joinedReasons(errs []error) string {
+	if len(errs) == 0 {
+		return ""
+	}
+	return " (" + errors.Join(errs...).Error() + ")"
+}
+
+// scratchOn returns the scratch connection and frame on node n, made on
+// first use.
+func (src *sealedSource) scratchOn(n *node) (*scratch, error) {
+	if sc, ok := src.conns[n]; ok {
+		if sc == nil {
+			return nil, fmt.Errorf("node %s could not be used", n.addr)
+		}
+		return sc, nil
+	}
+	src.conns[n] = nil
+	if len(n.devices) == 0 {
+		return nil, fmt.Errorf("node %s has no device", n.addr)
+	}
+	rpc, _, err := dialNode(n.addr, src.s.m.nodeTenant(src.s.tenant), src.s.m.cfg.NodeTLS, nil)
+	if err != nil {
+		return nil, err
+	}
+	dev := n.devices[0].Index
+	body, err := rpc.Call(api.OpNodeAlloc, nil, api.Encode(&api.NodeAlloc{Device: dev, Count: 1}))
+	var frames api.NodeFrames
+	if err == nil {
+		err = api.Decode(body, &frames)
+	}
+	if err == nil && len(frames.Frames) != 1 {
+		err = fmt.Errorf("%d frames granted for 1: %w", len(frames.Frames), api.ErrProtocol)
+	}
+	if err != nil {
+		rpc.Close()
+		return nil, fmt.Errorf("node %s: a scratch frame: %w", n.addr, err)
+	}
+	sc := &scratch{rpc: rpc, device: dev, frame: frames.Frames[0]}
+	src.conns[n] = sc
+	return sc, nil
+}
+
+// fill has the node fill the scratch frame with the contents whose SHA-256
+// is sum, and reads them into p; ok is false if the node holds none.
+func (sc *scratch) fill(sum [32]byte, p []byte) (ok bool, err error) {
+	body, err := sc.rpc.Call(api.OpNodeDedup, nil, api.Encode(&api.NodeDedup{Device: sc.device, Hashes: [][32]byte{sum},
+		Dst: []api.Extent{{Addr: sc.frame, Len: memory.FrameSize}}}))
+	var reply api.NodeDedupReply
+	if err == nil {
+		err = api.Decode(body, &reply)
+	}
+	if err == nil && len(reply.Hit) != 1 {
+		err = fmt.Errorf("%d answers to a dedup of 1 frame: %w", len(reply.Hit), api.ErrProtocol)
+	}
+	if err != nil || !reply.Hit[0] {
+		return false, err
+	}
+	calls := make([]*api.Call, 0, memory.FrameSize/api.MaxChunk)
+	for off := 0; off < len(p); off += api.MaxChunk {
+		k := min(api.MaxChunk, len(p)-off)
+		req := api.Encode(&api.NodeAccess{Device: sc.device, Extents: []api.Extent{{Addr: sc.frame + uint64(off), Len: uint64(k)}}})
+		calls = append(calls, sc.rpc.Go(api.OpNodeRead, p[off:off+k], req))
+	}
+	return true, waitAll(calls)
+}
+
+// close ends the scratch connections; their nodes free the frames.
+func (src *sealedSource) close() {
+	for _, sc := range src.conns {
+		if sc != nil {
+			sc.rpc.Close()
+		}
+	}
+}
+
+// recordSums learns the SHA-256 of each chunk of the weight sealed at va,
+// whose frames on its node are frames (in order), by reading them back,
+// and records them in the space (memory.Space.SetSums), so that a restart
+// of its node can restore the weight from another node's copy. Only with
+// Config.WeightSums, and for a weight that fills whole chunks; its cost is
+// one read of the weight. The caller holds issueMu.
+func (s *session) recordSums(va uint64, dev uint32, frames []uint64) {
+	if !s.m.cfg.WeightSums {
+		return
+	}
+	a, err := s.space.AllocationAt(va)
+	if err != nil || a.VA != va || va%memory.FrameSize != 0 || (a.End-va)%memory.FrameSize != 0 ||
+		uint64(len(frames)) != (a.End-va)/memory.FrameSize {
+		return // not whole chunks, sealed on the node whole
+	}
+	buf := make([]byte, memory.FrameSize)
+	sums := make([][32]byte, len(frames))
+	for i, f := range frames {
+		if err := s.frames.Read(dev, f, buf); err != nil {
+			s.log.WithError(err).Info("sums of a sealed weight not learnt; a node restart will not restore it")
+			return
+		}
+		sums[i] = sha256.Sum256(buf)
+	}
+	if err := s.space.SetSums(va, sums); err != nil {
+		s.log.WithError(err).Info("sums of a sealed weight not recorded")
+	}
+}

@@ -1,0 +1,180 @@
+package mediator_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/accelerator"
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/mediator"
+)
+
+// A node that restarts comes back empty, and the session on it goes on:
+// an ordinary buffer it held fails with ErrUnavailable naming the node; a
+// sealed weight whose contents the other node holds reads back intact
+// without the tenant sending a byte of it again; a sealed weight no other
+// node holds fails the same typed way; buffers on the other node, and new
+// allocations on the restarted one, work.
+func TestNodeRestartKeepsSession(t *testing.T) {
+	const size = 4 << 20
+	sys := startNodes(t, 2, 1, 64<<20, func(c *mediator.Config) { c.WeightSums = true })
+	c := sys.dial(t, "a", 2)
+	devs := c.Devices()
+	if devs[0].Node == devs[1].Node {
+		t.Fatalf("both devices on node %s; the test needs one on each", devs[0].Node)
+	}
+	a, b := 0, 1 // a's node restarts
+	addrA := devs[a].Node
+	restartAt := 0
+	if sys.med.Status().Nodes[1].Addr == addrA {
+		restartAt = 1
+	}
+
+	shared, unique := randomBytes(1, size), randomBytes(2, size)
+	st := c.Stream()
+	weight := func(dev int, data []byte) client.Ptr {
+		t.Helper()
+		p, err := c.MallocWith(dev, size, client.AllocOptions{Hint: api.HintWeight})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.CopyToDevice(p, data)
+		if err := st.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Seal(p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	weight(b, shared) // the other node's copy
+	restorable := weight(a, shared)
+	lostWeight := weight(a, unique)
+	plain, err := c.Malloc(a, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onB, err := c.Malloc(b, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.CopyToDevice(plain, shared[:4096])
+	st.CopyToDevice(onB, unique[:4096])
+	if err := st.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := c.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	sys.nodes[restartAt].Close()
+	node, _, err := accelerator.StartSim(addrA, 1, 64<<20, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+
+	// The session's next requests find the node back, at the latest once
+	// its watcher has redialled it: a new allocation there then works.
+	fresh := mallocWhenBack(t, c, a)
+	st.CopyToDevice(fresh, unique[:4096])
+	got := make([]byte, 4096)
+	st.CopyFromDevice(got, fresh)
+	if err := st.Synchronize(); err != nil || !bytes.Equal(got, unique[:4096]) {
+		t.Fatalf("new buffer on the restarted node: %v, equal %v", err, bytes.Equal(got, unique[:4096]))
+	}
+
+	// (a) An ordinary buffer on the node is lost, typed, naming the node.
+	st.CopyFromDevice(got, plain)
+	err = st.Synchronize()
+	wantErr(t, err, api.ErrUnavailable, addrA, "restarted")
+
+	// (b) The weight another node holds reads back whole, and the tenant
+	// sent nothing for it.
+	back := make([]byte, size)
+	st.CopyFromDevice(back, restorable)
+	if err := st.Synchronize(); err != nil {
+		t.Fatalf("restored weight: %v", err)
+	}
+	if !bytes.Equal(back, shared) {
+		t.Fatal("restored weight differs from what was sealed")
+	}
+	after, err := c.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.CopiedIn-before.CopiedIn != 4096 { // the new buffer's bytes only
+		t.Fatalf("the tenant copied %d bytes in after the restart, want 4096 (the new buffer)", after.CopiedIn-before.CopiedIn)
+	}
+	if err := c.Free(restorable); err != nil {
+		t.Fatal(err)
+	}
+
+	// (c) A weight that no other node holds is lost, typed, and says why.
+	st.CopyFromDevice(back, lostWeight)
+	err = st.Synchronize()
+	wantErr(t, err, api.ErrUnavailable, addrA, "restarted", "not restored: ", "no other node holds a sealed copy")
+
+	// The other node's buffer is intact, and lost buffers free.
+	st.CopyFromDevice(got, onB)
+	if err := st.Synchronize(); err != nil || !bytes.Equal(got, unique[:4096]) {
+		t.Fatalf("buffer on the other node: %v", err)
+	}
+	for _, p := range []client.Ptr{plain, lostWeight, fresh} {
+		if err := c.Free(p); err != nil {
+			t.Fatalf("free %#x: %v", p, err)
+		}
+	}
+}
+
+// mallocWhenBack allocates 4 KiB on device dev, whose node restarted,
+// trying again while that fails with ErrUnavailable (the session has not
+// redialled the node yet), for up to 10 s.
+func mallocWhenBack(t *testing.T, c *client.Client, dev int) client.Ptr {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p, err := c.Malloc(dev, 4096)
+		if err == nil {
+			return p
+		}
+		if !errors.Is(err, api.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("malloc on the restarted node: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Without WeightSums, and on a single node, a sealed weight is lost like
+// any buffer: the session still goes on.
+func TestNodeRestartWithoutSums(t *testing.T) {
+	sys := startNodes(t, 1, 1, 64<<20, nil)
+	c := sys.dial(t, "a", 1)
+	addr := c.Devices()[0].Node
+	st := c.Stream()
+	w, err := c.MallocWith(0, 2<<20, client.AllocOptions{Hint: api.HintWeight})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.CopyToDevice(w, randomBytes(3, 2<<20))
+	if err := st.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Seal(w); err != nil {
+		t.Fatal(err)
+	}
+	sys.nodes[0].Close()
+	node, _, err := accelerator.StartSim(addr, 1, 64<<20, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+	mallocWhenBack(t, c, 0)
+	got := make([]byte, 64)
+	st.CopyFromDevice(got, w)
+	wantErr(t, st.Synchronize(), api.ErrUnavailable, addr, "restarted")
+}
