@@ -1,6 +1,8 @@
 package api
 
 import (
+	"fmt"
+	"slices"
 	"time"
 )
 
@@ -74,6 +76,28 @@ type GPUStatus struct {
 	// none could be read (a GPU fallen off the bus).
 	Unsupported []string `json:"unsupported,omitempty"`
 	Error       string   `json:"error,omitempty"`
+}
+
+// Readings formats g's readings as vgpuctl status's GPU table, top and
+// the status page show them: utilization, memory used, temperature, power
+// and ECC errors corrected/uncorrected (each count as count writes it);
+// "unreadable" and dashes when NVML could not read the GPU, and n/a for a
+// reading the GPU does not offer.
+func (g *GPUStatus) Readings(count func(uint64) string) (util, used, temp, power, ecc string) {
+	if g.Error != "" {
+		return "unreadable", "-", "-", "-", "-"
+	}
+	reading := func(what, s string) string {
+		if slices.Contains(g.Unsupported, what) {
+			return "n/a"
+		}
+		return s
+	}
+	return reading("utilization", fmt.Sprintf("%d%%", g.Utilization)),
+		reading("memory", FormatSize(g.MemoryUsed)),
+		reading("temperature", fmt.Sprintf("%d°C", g.TemperatureC)),
+		reading("power", fmt.Sprintf("%.0f W", float64(g.PowerMilliwatts)/1000)),
+		reading("ecc", count(g.ECCCorrected)+"/"+reading("ecc uncorrected", count(g.ECCUncorrected)))
 }
 
 // DeviceTenant is one tenant's share of one physical device, as the node's

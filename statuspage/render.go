@@ -28,6 +28,7 @@ var page = template.Must(template.New("").Funcs(template.FuncMap{
 	"retained": retainedBytes,
 	"ctr":      containerName,
 	"mul100":   func(v float64) float64 { return 100 * v },
+	"gpus":     gpuRows,
 }).ParseFS(pageFS, "page.html"))
 
 // The charts' SVG coordinate space; the page scales it to its width.
@@ -203,6 +204,30 @@ func retainedBytes(d api.DeviceStatus) uint64 {
 		return 0
 	}
 	return d.Memory / uint64(d.Frames) * uint64(d.Retained)
+}
+
+// gpuRow is a row of the page's GPU table: a cuda device's GPU as NVML
+// read it for the status, formatted as vgpuctl status shows it.
+type gpuRow struct {
+	Node, Name                   string
+	Device                       uint32
+	GPU                          *api.GPUStatus
+	Util, Used, Temp, Power, ECC string
+}
+
+// gpuRows are the GPUs behind the devices of st's nodes; none on sim.
+func gpuRows(st *api.Status) []gpuRow {
+	var rows []gpuRow
+	for _, n := range st.Nodes {
+		for _, d := range n.Devices {
+			if g := d.GPU; g != nil {
+				r := gpuRow{Node: n.Addr, Name: d.Name, Device: d.Index, GPU: g}
+				r.Util, r.Used, r.Temp, r.Power, r.ECC = g.Readings(func(n uint64) string { return fmt.Sprint(n) })
+				rows = append(rows, r)
+			}
+		}
+	}
+	return rows
 }
 
 // containerName is a container as vgpuctl status shows it: "namespace/id"

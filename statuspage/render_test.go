@@ -147,3 +147,41 @@ func TestAxisCeilings(t *testing.T) {
 		}
 	}
 }
+
+// TestPageShowsGPUs: a cuda node's devices get a GPU table of their NVML
+// readings (n/a where the GPU lacks one, the error where NVML could not read
+// it); a page of sim devices has none.
+func TestPageShowsGPUs(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	snap := snapshotAt(now)
+	var b bytes.Buffer
+	if err := render(&b, "page", snap, nil, time.Minute, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), `id="gpus"`) {
+		t.Errorf("a GPU table for sim devices")
+	}
+	st := *snap.Status
+	st.Nodes = append(st.Nodes, api.NodeStatus{Addr: "gpu-host:7070", Backend: "cuda", Devices: []api.DeviceStatus{
+		{Index: 0, Name: "NVIDIA H200 (GPU 3)", Memory: 8 << 30, GPU: &api.GPUStatus{Index: 3, UUID: "GPU-0a1b", Memory: 141 << 30, MemoryUsed: 9 << 30,
+			Utilization: 42, TemperatureC: 55, PowerMilliwatts: 301000, ECCCorrected: 7, Unsupported: []string{"ecc uncorrected"}}},
+		{Index: 1, Name: "NVIDIA H200 (GPU 4)", Memory: 8 << 30, GPU: &api.GPUStatus{Index: 4, Error: "GPU is lost"}},
+	}})
+	snap.Status = &st
+	b.Reset()
+	if err := render(&b, "page", snap, nil, time.Minute, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	html := b.String()
+	for _, want := range []string{
+		`<table id="gpus">`, `data-gpu="gpu-host:7070/0"`, "GPU-0a1b", ">42%<", "9.0 GiB of 141.0 GiB", "55°C", "301 W", ">7/n/a<",
+		`data-gpu="gpu-host:7070/1"`, "unreadable: GPU is lost",
+	} {
+		if !strings.Contains(html, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(html)
+	}
+}

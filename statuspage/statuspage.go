@@ -1,6 +1,7 @@
 // Package statuspage serves a mediator's operator view over HTTP
 // (vgpu-mediator --http): an HTML page with what vgpuctl status and vgpuctl
-// tenants show — nodes, devices, memory, tenants, containers, sessions —
+// tenants show — nodes, devices, the GPUs behind cuda devices as NVML reads
+// them, memory, tenants, containers, sessions —
 // and line charts of the last minutes, refreshed live, and the same
 // snapshot as JSON (/status.json).
 //

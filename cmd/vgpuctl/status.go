@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"text/tabwriter"
 	"unicode/utf8"
 
@@ -211,7 +210,7 @@ func renderGPUs(w io.Writer, st *api.Status, wide bool, fit func(string, int) st
 					fmt.Fprintln(w, "\nNODE\tDEVICE\tGPU\tUTIL\tGPU MEM USED\tTEMP\tPOWER\tECC CORR/UNCORR")
 				}
 			}
-			util, used, temp, power, ecc := gpuReadings(g, wide)
+			util, used, temp, power, ecc := g.Readings(func(n uint64) string { return count(n, wide) })
 			if wide {
 				if g.Error == "" {
 					used += " / " + api.FormatSize(g.Memory)
@@ -223,26 +222,6 @@ func renderGPUs(w io.Writer, st *api.Status, wide bool, fit func(string, int) st
 			fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", fit(n.Addr, 20), fit(d.Name, 16), g.Index, util, used, temp, power, ecc)
 		}
 	}
-}
-
-// gpuReadings formats g's readings as the GPU table shows them (wide: ECC
-// counts in full): "unreadable" and dashes when NVML could not read it,
-// n/a for a reading the GPU does not offer.
-func gpuReadings(g *api.GPUStatus, wide bool) (util, used, temp, power, ecc string) {
-	if g.Error != "" {
-		return "unreadable", "-", "-", "-", "-"
-	}
-	reading := func(what, s string) string {
-		if slices.Contains(g.Unsupported, what) {
-			return "n/a"
-		}
-		return s
-	}
-	return reading("utilization", fmt.Sprintf("%d%%", g.Utilization)),
-		reading("memory", api.FormatSize(g.MemoryUsed)),
-		reading("temperature", fmt.Sprintf("%d°C", g.TemperatureC)),
-		reading("power", fmt.Sprintf("%.0f W", float64(g.PowerMilliwatts)/1000)),
-		reading("ecc", count(g.ECCCorrected, wide)+"/"+reading("ecc uncorrected", count(g.ECCUncorrected, wide)))
 }
 
 // clip cuts s to n columns, the last one "…" where it cut.

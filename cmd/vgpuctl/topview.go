@@ -69,7 +69,7 @@ type (
 )
 
 // gpuLine is the line top shows under a device for the GPU behind it, as
-// the status's GPU table reads it: what NVML says of its load, memory,
+// status's GPU table shows it: what NVML says of its load, memory,
 // temperature, power and ECC errors, which covers every process on the
 // GPU, where the device line above is vgpu's own.
 func gpuLine(g *api.GPUStatus) string {
@@ -79,7 +79,7 @@ func gpuLine(g *api.GPUStatus) string {
 	if g.Error != "" {
 		return fmt.Sprintf("GPU %d unreadable: %s", g.Index, g.Error)
 	}
-	util, used, temp, power, ecc := gpuReadings(g, false)
+	util, used, temp, power, ecc := g.Readings(func(n uint64) string { return count(n, false) })
 	return fmt.Sprintf("GPU %d: util %s · %s used · %s · %s · ECC %s", g.Index, util, used, temp, power, ecc)
 }
 
