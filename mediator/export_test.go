@@ -37,6 +37,19 @@ func SessionEvictions(m *Mediator, id uint64) uint64 {
 	return s.space.Stats().Evictions
 }
 
+// NodeRestores is how many chunks of sealed weights session id of m has
+// had restored from another node's copy after a node restart
+// (noderestart.go); 0 once the session has ended.
+func NodeRestores(m *Mediator, id uint64) uint64 {
+	m.mu.Lock()
+	s := m.sessions[id]
+	m.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	return s.nodes.restored.Load()
+}
+
 // HoldIssuing holds session id's issueMu, as the session does while it
 // issues a command, until release is called.
 func HoldIssuing(m *Mediator, id uint64) (release func()) {

@@ -213,17 +213,12 @@ func (s *session) restoreSealed(restarted int, lost []memory.Lost) int {
 		if l.Sums == nil {
 			continue
 		}
-		err := s.space.Restore(l.VA, func(_ int, sum [32]byte, p []byte) error {
-			if err := src.fetch(sum, p); err != nil {
-				return err
-			}
-			s.nodes.restored.Add(1)
-			return nil
-		})
+		err := s.space.Restore(l.VA, func(_ int, sum [32]byte, p []byte) error { return src.fetch(sum, p) })
 		if err != nil {
 			s.log.WithError(err).WithField("addr", fmt.Sprintf("%#x", l.VA)).Warn("sealed weight not restored")
 			continue
 		}
+		s.nodes.restored.Add(uint64(len(l.Sums)))
 		s.resealRestored(l.VA)
 		n++
 	}

@@ -103,6 +103,9 @@ func TestNodeRestartKeepsSession(t *testing.T) {
 	if !bytes.Equal(back, shared) {
 		t.Fatal("restored weight differs from what was sealed")
 	}
+	if n := mediator.NodeRestores(sys.med, c.Session()); n != 2 {
+		t.Fatalf("%d chunks restored from another node, want the weight's 2", n)
+	}
 	after, err := c.Stats()
 	if err != nil {
 		t.Fatal(err)

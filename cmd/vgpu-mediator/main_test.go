@@ -116,14 +116,14 @@ func TestOptionsConfig(t *testing.T) {
 		return o
 	}
 	o := parse("--node", "10.0.0.1:7070", "--node", "10.0.0.2:7070", "--quota", "/q.toml", "--tenant-memory", "1GiB", "--oversubscribe", "2",
-		"--host-memory", "4GiB", "--cache-memory", "64MiB", "--node-timeout", "7s", "--dedup=false", "--tenant-bandwidth", "1MiB",
+		"--host-memory", "4GiB", "--cache-memory", "64MiB", "--node-timeout", "7s", "--dedup=false", "--weight-sums", "--tenant-bandwidth", "1MiB",
 		"--state-dir", "", "--container-dir", "/c", "--socket-mode", "0660", "--socket-group", "0")
 	cfg, sock, err := o.config()
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := mediator.Config{Nodes: []string{"10.0.0.1:7070", "10.0.0.2:7070"}, Quota: "/q.toml", TenantMemory: 1 << 30, Oversubscribe: 2,
-		HostMemory: 4 << 30, CacheMemory: 64 << 20, NodeTimeout: 7 * time.Second, NoDedup: true, TenantBandwidth: 1 << 20, ContainerDir: "/c"}
+		HostMemory: 4 << 30, CacheMemory: 64 << 20, NodeTimeout: 7 * time.Second, NoDedup: true, WeightSums: true, TenantBandwidth: 1 << 20, ContainerDir: "/c"}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("config:\n got %+v\nwant %+v", cfg, want)
 	}
