@@ -1,0 +1,209 @@
+package upgrade
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/api/vocab"
+)
+
+// childEnv makes the test binary, started as a successor, play one: "serve"
+// takes the sockets and answers two connections on each with its pid;
+// "fail-late" takes them and then says it cannot restore.
+const childEnv = "UPGRADE_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(childEnv) {
+	case "":
+		os.Exit(m.Run())
+	case "serve":
+		os.Exit(serveChild())
+	case "fail-late":
+		pred, err := Inherited()
+		if err == nil {
+			_, err = pred.Take()
+		}
+		if err == nil {
+			pred.Done(errors.New("restore failed: the state directory is unreadable"))
+		}
+		os.Exit(1)
+	}
+}
+
+func serveChild() int {
+	pred, err := Inherited()
+	if err != nil || pred == nil {
+		fmt.Fprintln(os.Stderr, "no predecessor:", err)
+		return 2
+	}
+	files, err := pred.Take()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	var ls []net.Listener
+	for _, f := range files {
+		l, err := net.FileListener(f)
+		if err != nil {
+			pred.Done(err)
+			return 2
+		}
+		ls = append(ls, l)
+	}
+	pred.Done(nil)
+	for _, l := range ls {
+		for range 2 {
+			c, err := l.Accept()
+			if err != nil {
+				return 2
+			}
+			fmt.Fprintf(c, "served by %d\n", os.Getpid())
+			c.Close()
+		}
+	}
+	return 0
+}
+
+// script writes an executable shell script of body.
+func script(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "new-binary")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func readLine(t *testing.T, c net.Conn) string {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading from the successor: %v", err)
+	}
+	return strings.TrimSpace(line)
+}
+
+// TestPassedSocketServedBySuccessor: the successor serves the socket
+// passed to it, at the same path, including a connection made while no
+// process accepted (after the predecessor stopped, before the successor
+// took it), which waited in the backlog.
+func TestPassedSocketServedBySuccessor(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ul := l.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false)
+	f, err := ul.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	t.Setenv(childEnv, "serve")
+	s, err := Start(os.Args[0], nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close() // the predecessor stops accepting; the socket stays bound
+	early, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("connect between the two processes: %v", err)
+	}
+	defer early.Close()
+	if err := s.Pass(map[string]*os.File{path: f}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("served by %d", s.Pid())
+	if got := readLine(t, early); got != want {
+		t.Fatalf("the connection made during the handover: %q, want %q", got, want)
+	}
+	late, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if got := readLine(t, late); got != want {
+		t.Fatalf("a connection after the handover: %q, want %q", got, want)
+	}
+	<-s.exited
+}
+
+// TestStartQuotesAFailingBinary: a binary that exits before taking over
+// fails Start with its exit status and what it printed.
+func TestStartQuotesAFailingBinary(t *testing.T) {
+	_, err := Start(script(t, "echo 'cannot load libcuda' >&2; exit 3"), nil, 10*time.Second)
+	if !errors.Is(err, vocab.ErrUnavailable) || !strings.Contains(err.Error(), "cannot load libcuda") || !strings.Contains(err.Error(), "exit status 3") {
+		t.Fatalf("Start of a binary that exits 3: %v", err)
+	}
+	_, err = Start(filepath.Join(t.TempDir(), "missing"), nil, 10*time.Second)
+	if !errors.Is(err, vocab.ErrInvalidArgument) || !strings.Contains(err.Error(), "did not start") {
+		t.Fatalf("Start of a missing binary: %v", err)
+	}
+}
+
+// TestStartTimesOut: a binary that never answers is killed at the timeout.
+func TestStartTimesOut(t *testing.T) {
+	start := time.Now()
+	_, err := Start(script(t, "exec sleep 60"), nil, 300*time.Millisecond)
+	if !errors.Is(err, vocab.ErrUnavailable) || !strings.Contains(err.Error(), "no answer before the timeout") || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("Start of a binary that never answers: %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Start took %v with a 300ms timeout", took)
+	}
+}
+
+// TestPassReportsAFailedRestore: a successor that takes over and then
+// fails makes Pass fail with what it said.
+func TestPassReportsAFailedRestore(t *testing.T) {
+	t.Setenv(childEnv, "fail-late")
+	s, err := Start(os.Args[0], nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Pass(nil, 10*time.Second)
+	if !errors.Is(err, vocab.ErrUnavailable) || !strings.Contains(err.Error(), "the state directory is unreadable") || !strings.Contains(err.Error(), "while it restored") {
+		t.Fatalf("Pass to a successor that fails to restore: %v", err)
+	}
+}
+
+// TestControlSocket: Ask finds no mediator where none serves, and a bad
+// request is answered with a report naming it, not acted on.
+func TestControlSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "m.sock")
+	if _, err := Ask(sock, Request{}); !errors.Is(err, vocab.ErrUnavailable) || !strings.Contains(err.Error(), "no control socket") {
+		t.Fatalf("Ask with no mediator: %v", err)
+	}
+	l, err := ListenControl(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if fi, err := os.Stat(sock + ControlSuffix); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("control socket: %v, mode %v, want 0600", err, fi.Mode().Perm())
+	}
+	asked := make(chan Request, 1)
+	go ServeControl(l, func(r Request) (Report, bool) {
+		asked <- r
+		return Report{OldPid: 1, NewPid: 2, Binary: r.Binary}, false
+	})
+	if _, err := Ask(sock, Request{Timeout: -time.Second}); err == nil || !strings.Contains(err.Error(), "timeout -1s") {
+		t.Fatalf("Ask with a negative timeout: %v", err)
+	}
+	rep, err := Ask(sock, Request{Binary: "/new"})
+	if err != nil || rep.NewPid != 2 || rep.Binary != "/new" {
+		t.Fatalf("Ask: %+v, %v", rep, err)
+	}
+	if r := <-asked; r.Binary != "/new" {
+		t.Fatalf("the upgrade asked for %+v, want binary /new", r)
+	}
+}
