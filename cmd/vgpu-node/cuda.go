@@ -51,11 +51,7 @@ func openCUDA(sel string, size uint64, kern cudaKernels, log logrus.FieldLogger)
 	}
 	var compiler *cuda.Compiler
 	if nvrtc != nil {
-		dir, err := kernelCacheDir(kern.cache)
-		if err != nil {
-			return nil, err
-		}
-		compiler = cuda.NewCompiler(nvrtc, dir)
+		compiler = cuda.NewCompiler(nvrtc, kernelCacheDir(kern.cache, log))
 	}
 	blas, err := loadCUBLAS(kern, log)
 	if err != nil {
@@ -139,21 +135,23 @@ func loadCUBLAS(kern cudaKernels, log logrus.FieldLogger) (*cuda.CUBLAS, error) 
 	return blas, nil
 }
 
-// kernelCacheDir is --kernel-cache: "off" for none, else the directory
-// given, by default vgpu/kernels under the user's cache directory
-// ($XDG_CACHE_HOME, else ~/.cache).
-func kernelCacheDir(flag string) (string, error) {
+// kernelCacheDir is --kernel-cache: "off" (or "") for none, else the
+// directory given, by default vgpu/kernels under the user's cache
+// directory ($XDG_CACHE_HOME, else ~/.cache). Without a default (a service
+// with no HOME) the node compiles at every start, and says so.
+func kernelCacheDir(flag string, log logrus.FieldLogger) string {
 	switch flag {
 	case "off":
-		return "", nil
+		return ""
 	case "":
 		dir, err := os.UserCacheDir()
 		if err != nil {
-			return "", fmt.Errorf("--kernel-cache: no default (%v): give a directory, or off: %w", err, api.ErrInvalidArgument)
+			log.WithError(err).Warn("no kernel cache (give --kernel-cache DIR): the kernels are compiled at every start")
+			return ""
 		}
-		return filepath.Join(dir, "vgpu", "kernels"), nil
+		return filepath.Join(dir, "vgpu", "kernels")
 	}
-	return flag, nil
+	return flag
 }
 
 // nvmlDevice is a cuda device whose GPU's NVML description and telemetry

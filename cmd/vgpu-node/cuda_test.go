@@ -13,6 +13,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/accelerator/gpus"
@@ -150,5 +152,23 @@ func TestNVMLDevice(t *testing.T) {
 	}
 	if shutdowns != 1 {
 		t.Errorf("NVML shut down %d times, want once", shutdowns)
+	}
+}
+
+// TestKernelCacheDir: --kernel-cache names the directory, off none, and by
+// default it is under $XDG_CACHE_HOME (else ~/.cache); with neither the
+// node compiles at every start and warns.
+func TestKernelCacheDir(t *testing.T) {
+	log, hook := test.NewNullLogger()
+	t.Setenv("XDG_CACHE_HOME", "/var/cache/x")
+	for flag, want := range map[string]string{"/srv/k": "/srv/k", "off": "", "": "/var/cache/x/vgpu/kernels"} {
+		if got := kernelCacheDir(flag, log); got != want {
+			t.Errorf("--kernel-cache %q: %q, want %q", flag, got, want)
+		}
+	}
+	t.Setenv("XDG_CACHE_HOME", "")
+	t.Setenv("HOME", "")
+	if got := kernelCacheDir("", log); got != "" || len(hook.AllEntries()) != 1 || hook.LastEntry().Level != logrus.WarnLevel {
+		t.Errorf("without XDG_CACHE_HOME and HOME: %q and %d log entries, want none and a warning", got, len(hook.AllEntries()))
 	}
 }
