@@ -29,6 +29,11 @@ func Start(t testing.TB, devs int, size uint64) string {
 type Options struct {
 	Devices int    // of the sim node
 	Size    uint64 // of each device, in bytes
+	// Serve, when set, are the node's devices instead of sim's (Devices
+	// and Size unused), of the backend Backend names: the node closes
+	// them.
+	Serve   []accelerator.Device
+	Backend string
 	// Quota is the text of the mediator's quota file; "": none.
 	Quota string
 	// Dir holds the socket (m.sock), the quota file and the containers'
@@ -52,7 +57,14 @@ func StartWith(t testing.TB, o Options) (*mediator.Mediator, string) {
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	node, addr, err := accelerator.StartSim("127.0.0.1:0", o.Devices, o.Size, log)
+	var node *accelerator.Node
+	var addr net.Addr
+	var err error
+	if o.Serve != nil {
+		node, addr, err = accelerator.StartWith("127.0.0.1:0", o.Backend, o.Serve, accelerator.SimOptions{}, log)
+	} else {
+		node, addr, err = accelerator.StartSim("127.0.0.1:0", o.Devices, o.Size, log)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
