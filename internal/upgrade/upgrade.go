@@ -146,7 +146,8 @@ type Successor struct {
 	hs     *net.UnixConn
 	exited chan struct{} // closed once the process has exited; then err is set
 	err    error
-	stderr tail // what it printed before it took over
+	stderr tail          // what it printed before it took over
+	copied chan struct{} // closed once stderr has all of it
 }
 
 // Start starts binary with args and waits, until timeout, for it to take
@@ -170,7 +171,7 @@ func Start(binary string, args []string, timeout time.Duration) (*Successor, err
 		nc.Close()
 		return nil, fmt.Errorf("successor's standard error: %v: %w", err, vocab.ErrInternal)
 	}
-	s := &Successor{Binary: binary, hs: nc.(*net.UnixConn), exited: make(chan struct{})}
+	s := &Successor{Binary: binary, hs: nc.(*net.UnixConn), exited: make(chan struct{}), copied: make(chan struct{})}
 	s.cmd = exec.Command(binary, args...)
 	s.cmd.Stdout, s.cmd.Stderr = os.Stdout, pw
 	s.cmd.ExtraFiles = []*os.File{theirs, os.Stderr} // 3 and 4
@@ -183,7 +184,10 @@ func Start(binary string, args []string, timeout time.Duration) (*Successor, err
 		nc.Close()
 		return nil, fmt.Errorf("new binary %s did not start: %v: %w", binary, err, vocab.ErrInvalidArgument)
 	}
-	go s.stderr.copy(pr) // to our standard error too, until it takes over or exits
+	go func() {
+		defer close(s.copied)
+		s.stderr.copy(pr) // to our standard error too, until it takes over or exits
+	}()
 	go func() {
 		s.err = s.cmd.Wait()
 		close(s.exited)
@@ -211,6 +215,10 @@ func (s *Successor) fail(when string, err error) error {
 		<-s.exited
 	}
 	s.hs.Close()
+	select {
+	case <-s.copied:
+	case <-time.After(time.Second): // something it started holds its standard error
+	}
 	why := err.Error()
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
