@@ -43,8 +43,8 @@ var grid = map[string]func(v func(string) int64) (items, cost int64){
 	"saxpy":          func(v func(string) int64) (int64, int64) { return v("n"), 4 },
 	"reduce_sum_f32": func(v func(string) int64) (int64, int64) { return max(v("n"), 1), 256 },
 	"sgemm":          func(v func(string) int64) (int64, int64) { return v("m") * v("n"), max(v("k"), 1) },
-	"matmul": func(v func(string) int64) (int64, int64) {
-		return v("batch") * v("m") * v("n"), max(v("k"), 1)
+	"matmul": func(v func(string) int64) (int64, int64) { // tiles of 4 x 4 (blas.cu's MATMUL_TM, _TN)
+		return v("batch") * ((v("m") + 3) / 4) * ((v("n") + 3) / 4), 16 * max(v("k"), 1)
 	},
 	"add":  func(v func(string) int64) (int64, int64) { return v("rows") * v("cols"), 4 },
 	"mul":  func(v func(string) int64) (int64, int64) { return v("rows") * v("cols"), 4 },
