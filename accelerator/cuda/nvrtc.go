@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"unsafe"
 
@@ -12,8 +13,21 @@ import (
 
 // NVRTCLibraries are the file names tried, in order, for the CUDA runtime
 // compiler when no path is given: the sonames of CUDA 13 and 12, then the
-// development link.
-var NVRTCLibraries = []string{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}
+// development link, on the loader's path and then in the toolkit's default
+// directory, which the loader's path often lacks.
+var NVRTCLibraries = toolkitLibraries("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so")
+
+// toolkitDir is where the CUDA toolkit installs its libraries by default.
+const toolkitDir = "/usr/local/cuda/lib64/"
+
+// toolkitLibraries is names, then each under toolkitDir.
+func toolkitLibraries(names ...string) []string {
+	out := slices.Clone(names)
+	for _, n := range names {
+		out = append(out, toolkitDir+n)
+	}
+	return out
+}
 
 // NVRTC is the loaded runtime compiler library (libnvrtc), opened with
 // dlopen like the driver, so that building vgpu-node needs no CUDA

@@ -62,8 +62,8 @@ func addFlags(fs *flag.FlagSet) *options {
 		"cuda: where kernels run: gpu (the catalog's CUDA C, compiled at start with NVRTC, which must be installed) or host (the catalog's Go code on CPU cores, over copies of the buffers; no NVRTC needed)")
 	fs.StringVar(&o.kernels.cache, "kernel-cache", "",
 		"cuda: directory caching the kernels compiled by NVRTC, by source hash and GPU architecture (default $XDG_CACHE_HOME/vgpu/kernels, else ~/.cache/vgpu/kernels, else none; off: compile at every start)")
-	fs.StringVar(&o.kernels.nvrtc, "nvrtc", "", "cuda: path of libnvrtc (default: libnvrtc.so.13, .so.12 or .so, as the loader finds them)")
-	fs.StringVar(&o.kernels.cublas, "cublas", "", "cuda with --kernels gpu: path of libcublas, which matmul uses when it is found (default: libcublas.so.13, .so.12 or .so, if the loader finds one; off: never, matmul runs the catalog's kernel)")
+	fs.StringVar(&o.kernels.nvrtc, "nvrtc", "", "cuda: path of libnvrtc (default: libnvrtc.so.13, .so.12 or .so, on the loader's path, then in /usr/local/cuda/lib64)")
+	fs.StringVar(&o.kernels.cublas, "cublas", "", "cuda with --kernels gpu: path of libcublas, which matmul uses when it is found (default: libcublas.so.13, .so.12 or .so, searched as libnvrtc, if found; off: never, matmul runs the catalog's kernel)")
 	o.addClusterFlags(fs)
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	return o
