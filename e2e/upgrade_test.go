@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,6 +139,7 @@ type computing struct {
 	stop   chan struct{}
 	done   chan error
 	rounds atomic.Int64
+	took   []time.Duration // each round's time; read once done
 }
 
 func compute(c *client.Client) *computing {
@@ -152,6 +154,7 @@ func compute(c *client.Client) *computing {
 		s := c.Stream()
 		want, got := make([]byte, n), make([]byte, n)
 		for i := 0; ; i++ {
+			began := time.Now()
 			select {
 			case <-k.stop:
 				k.done <- nil
@@ -171,6 +174,7 @@ func compute(c *client.Client) *computing {
 				k.done <- fmt.Errorf("round %d: read back differs from what was written", i)
 				return
 			}
+			k.took = append(k.took, time.Since(began))
 			k.rounds.Add(1)
 		}
 	}()
@@ -214,7 +218,9 @@ func TestLiveUpgrade(t *testing.T) {
 
 	watches := []*socketWatch{watchSocket(r.socket), watchSocket(ctrSock)}
 	time.Sleep(20 * time.Millisecond) // some checks before, so the watch spans the upgrade
+	began := time.Now()
 	rep, out, err := r.upgradeTo(newBin)
+	upgradeTook := time.Since(began)
 	time.Sleep(20 * time.Millisecond)
 	for _, w := range watches {
 		w.end(t)
@@ -239,6 +245,9 @@ func TestLiveUpgrade(t *testing.T) {
 	if err := <-busy.done; err != nil {
 		t.Fatalf("the computing tenant: %v\nmediator log:\n%s", err, r.med.out)
 	}
+	typical := slices.Sorted(slices.Values(busy.took))[len(busy.took)/2]
+	t.Logf("vgpuctl upgrade took %v; the computing tenant's longest round %v, %.0f× its median round %v (%d rounds)",
+		upgradeTook, slices.Max(busy.took), float64(slices.Max(busy.took))/float64(typical), typical, len(busy.took))
 	checkBuffers(t, host, hostWs, "on the host socket after the upgrade")
 	checkBuffers(t, ctr, ctrWs, "through the container's socket after the upgrade")
 	if err := computeThrough(t, ctrSock); err != nil {
