@@ -63,9 +63,9 @@ type Header struct {
 // system calls.
 const directMin = 16 << 10
 
-// bulkLead is how much a read buffer that is empty takes in front of a
-// frame that follows a bulk one: its header and a bulk write's fields
-// (device and extents), not the payload behind them.
+// bulkLead is how much more than asked for a read buffer that is empty
+// takes while bulk frames are read: the next frame's header and a bulk
+// write's fields (device and extents), not the payload behind them.
 const bulkLead = 512
 
 // Conn frames a byte stream. Reads are for one goroutine at a time; writes
@@ -74,7 +74,7 @@ type Conn struct {
 	nc   net.Conn
 	src  capReader // what r reads from: nc, or the descriptor reader (fd.go)
 	r    *bufio.Reader
-	bulk bool // the last frame read had a bulk body (directMin or more); reader only
+	bulk bool // the frame being read, or last read, has a bulk body (directMin or more); reader only
 	wmu  sync.Mutex
 	w    *bufio.Writer
 	whdr [HeaderSize]byte // the header being written; guarded by wmu
@@ -242,14 +242,24 @@ func (c *Conn) readFull(p []byte) (int, error) {
 	return n, nil
 }
 
-// read reads into p from the read buffer while it holds bytes; once it is
+// read reads into p from the read buffer while it holds bytes. Once it is
 // empty, p of directMin bytes or more is read from the socket itself,
-// without passing through the buffer. The caller never asks for more than
-// the frame holds, so the buffer cannot be bypassed by another frame's
-// bytes.
+// without passing through the buffer; a smaller p of a bulk frame (its
+// fields, or the rest of a payload that arrived in pieces) refills the
+// buffer with p and at most bulkLead more, so that the next frame's
+// payload is not drawn into the buffer either. The caller never asks for
+// more than the frame holds, so no other frame's bytes bypass the buffer.
 func (c *Conn) read(p []byte) (int, error) {
-	if len(p) >= directMin && c.r.Buffered() == 0 {
-		return c.src.Read(p)
+	if c.r.Buffered() == 0 {
+		if len(p) >= directMin {
+			return c.src.Read(p)
+		}
+		if c.bulk {
+			c.src.max = len(p) + bulkLead
+			n, err := c.r.Read(p)
+			c.src.max = 0
+			return n, err
+		}
 	}
 	return c.r.Read(p)
 }

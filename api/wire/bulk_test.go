@@ -1,0 +1,184 @@
+package wire
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// tcpPair returns the two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	a, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-accepted
+	if b == nil {
+		t.FailNow()
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+// bulkFrame is a frame of the sequence TestBulkFramesBypassTheBuffers
+// sends: fields in front of a payload, as a node write has them.
+type bulkFrame struct {
+	fields, payload []byte
+	held            bool // written while the connection is held, behind a small frame
+}
+
+func (f bulkFrame) len() int { return len(f.fields) + len(f.payload) }
+
+// Bulk frames (directMin and more) leave in one vectored write, after any
+// frame held in the write buffer, and are read into place: the reader's
+// buffer takes no more than bulkLead of a frame that follows a bulk one,
+// so its payload is not copied through the buffer. Small frames between
+// them, fields read in small pieces and payloads that arrive in parts all
+// keep the stream in step, over TCP and over a Unix socket that carries
+// descriptors.
+func TestBulkFramesBypassTheBuffers(t *testing.T) {
+	pattern := func(n, seed int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(i*7 + seed)
+		}
+		return b
+	}
+	frames := []bulkFrame{
+		{fields: pattern(40, 1)},
+		{fields: pattern(41, 2), payload: pattern(64<<10, 3)},
+		{fields: pattern(25, 4), payload: pattern(64<<10, 5)},
+		{fields: pattern(9, 6)},
+		{fields: pattern(57, 7), payload: pattern(directMin, 8), held: true},
+		{fields: pattern(57, 9), payload: pattern(MaxChunk, 10)},
+		{fields: pattern(12, 11), payload: pattern(100<<10, 12)},
+	}
+	for _, kind := range []string{"tcp", "unix"} {
+		t.Run(kind, func(t *testing.T) {
+			var wc, rc *Conn
+			if kind == "tcp" {
+				a, b := tcpPair(t)
+				wc, rc = NewConn(a), NewConn(b)
+			} else {
+				a, b := unixPair(t)
+				wc, rc = NewConn(a), NewConnFDs(b, b)
+			}
+			if wc.vec == nil {
+				t.Fatalf("%s: no vectored write", kind)
+			}
+			errs := make(chan error, 1)
+			// fatalf reports the writer's error too: one that stops the
+			// writer closes the connection, and the reader fails.
+			fatalf := func(format string, args ...any) {
+				t.Helper()
+				select {
+				case err := <-errs:
+					format += " (writer: %v)"
+					args = append(args, err)
+				case <-time.After(time.Second):
+				}
+				t.Fatalf(format, args...)
+			}
+			go func() {
+				for i, f := range frames {
+					if f.held {
+						wc.Hold()
+						if err := wc.WriteFrame(Op(100), 0, uint64(i)+100, []byte("held")); err != nil {
+							errs <- err
+							return
+						}
+					}
+					if err := wc.WriteFrame(Op(i), 0, uint64(i), f.fields, f.payload); err != nil {
+						errs <- err
+						return
+					}
+					if f.held {
+						// The held frame went out first, and nothing of the
+						// bulk one stayed behind in the buffer.
+						if n := wc.w.Buffered(); n != 0 {
+							wc.Close()
+							errs <- fmt.Errorf("frame %d: %d bytes left in the write buffer while held", i, n)
+							return
+						}
+						if err := wc.Release(); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}
+				errs <- nil
+			}()
+			prevBulk := false
+			for i, f := range frames {
+				if f.held {
+					h, body, err := readFrame(rc)
+					if err != nil || h.ID != uint64(i)+100 || string(body) != "held" {
+						fatalf("frame before %d: %+v %q %v, want the held frame", i, h, body, err)
+					}
+				}
+				if prevBulk && rc.Buffered() == 0 {
+					// Once the frame has arrived, an uncapped read would
+					// draw its payload into the buffer.
+					for deadline := time.Now().Add(10 * time.Second); rc.Arrived() < HeaderSize+min(f.len(), 32<<10); {
+						if time.Now().After(deadline) {
+							fatalf("frame %d did not arrive", i)
+						}
+						time.Sleep(time.Millisecond)
+					}
+				}
+				h, err := rc.ReadHeader()
+				if err != nil {
+					fatalf("frame %d: %v", i, err)
+				}
+				if h.ID != uint64(i) || int(h.Len) != f.len() {
+					fatalf("frame %d: header %+v, want id %d and %d bytes", i, h, i, f.len())
+				}
+				if prevBulk && rc.Buffered() > bulkLead {
+					fatalf("frame %d after a bulk one: %d bytes buffered, at most %d wanted", i, rc.Buffered(), bulkLead)
+				}
+				body := rc.BodyReader(int(h.Len))
+				got := make([]byte, h.Len)
+				// The fields a byte at a time, then the payload whole.
+				for j := range f.fields {
+					if _, err := io.ReadFull(body, got[j:j+1]); err != nil {
+						fatalf("frame %d field byte %d: %v", i, j, err)
+					}
+				}
+				if _, err := io.ReadFull(body, got[len(f.fields):]); err != nil {
+					fatalf("frame %d payload: %v", i, err)
+				}
+				if n, err := body.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+					fatalf("frame %d: read past its body: %d, %v", i, n, err)
+				}
+				if !bytes.Equal(got[:len(f.fields)], f.fields) || !bytes.Equal(got[len(f.fields):], f.payload) {
+					fatalf("frame %d: body differs from what was sent", i)
+				}
+				prevBulk = int(h.Len) >= directMin
+			}
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+			sent, _ := wc.Counts()
+			if _, recv := rc.Counts(); sent != recv {
+				t.Fatalf("%d bytes sent, %d read", sent, recv)
+			}
+		})
+	}
+}
