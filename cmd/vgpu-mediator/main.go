@@ -327,11 +327,12 @@ func run(o *options, cfg mediator.Config, sock hostSocket, pred *upgrade.Predece
 		pred.Done(nil)
 	}
 	sdNotify(log, "READY=1")
+	var u *upgrader
 	if ctl, err := upgrade.ListenControl(sock.path); err != nil {
 		log.WithError(err).Warn("no control socket: vgpuctl upgrade cannot reach this mediator")
 	} else {
 		defer ctl.Close()
-		u := &upgrader{o: o, m: m, host: host, ctl: ctl, log: log, stopServices: func() {
+		u = &upgrader{o: o, m: m, host: host, ctl: ctl, log: log, stopServices: func() {
 			if page != nil {
 				page.Close()
 			}
@@ -353,6 +354,11 @@ func run(o *options, cfg mediator.Config, sock hostSocket, pred *upgrade.Predece
 	log.WithFields(map[string]any{"socket": sock.path, "nodes": cfg.Nodes, "node_tls": cfg.NodeTLS != nil, "node_timeout": cfg.NodeTimeout.String()}).Info("serving")
 	handOverOnSIGUSR2(m, log)
 	daemon.RunUntilStopped(log, m.Reload)
+	if u != nil && u.orphaned.Load() {
+		// Exit 1, so that a service manager restarts the mediator, which
+		// restores from --state-dir.
+		return fmt.Errorf("upgrade: handed over, and neither the new binary nor this one could take over: nothing serves; the state is kept in %s", o.stateDir)
+	}
 	if page != nil {
 		page.Close() // before the mediator: the page asks it until then
 	}

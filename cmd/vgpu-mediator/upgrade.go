@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/sirupsen/logrus"
@@ -27,6 +28,9 @@ type upgrader struct {
 	// ports the successor listens on.
 	stopServices func()
 	log          logrus.FieldLogger
+	// orphaned: an upgrade handed over and no successor took over, so
+	// nothing serves; the process exits 1.
+	orphaned atomic.Bool
 }
 
 // do runs one upgrade; it reports whether this process has handed over
@@ -91,6 +95,7 @@ func (u *upgrader) do(req upgrade.Request) (upgrade.Report, bool) {
 		if err != nil {
 			rep.Error += fmt.Sprintf("; starting the previous binary again failed too (%v): nothing serves; the state is kept in %s for the next vgpu-mediator", err, u.o.stateDir)
 			log.WithError(err).Error("rolling back failed")
+			u.orphaned.Store(true)
 			return rep, true
 		}
 		rep.NewPid, rep.RolledBack = back.Pid(), true
