@@ -14,7 +14,8 @@ import (
 // (Mediator.Handover) — its journaled sessions, their device memory kept
 // by the nodes, wait for the next vgpu-mediator started on the same
 // --state-dir, and their tenants reconnect to it — and then the process
-// stops as on SIGTERM.
+// stops as on SIGTERM. Its sockets go with it; vgpuctl upgrade
+// (upgrade.go) starts the next one itself and passes them on.
 func handOverOnSIGUSR2(m *mediator.Mediator, log logrus.FieldLogger) {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGUSR2)
