@@ -66,6 +66,19 @@ type nodeRedial struct {
 	// restored counts the chunks of sealed weights restored from another
 	// node's copy after a node restart.
 	restored atomic.Uint64
+	// installs counts the connections installed; replaced is, by virtual
+	// device, the count when its connection was last replaced, and why. A
+	// tensor graph registered before that (tensorGraph.epoch) went with
+	// its node (graphGone). Both are the session's reader's alone.
+	installs uint64
+	replaced map[uint32]replacedConn
+}
+
+// replacedConn is when and why a virtual device's node connection was
+// replaced.
+type replacedConn struct {
+	at  uint64
+	why error
 }
 
 // watchNodes starts, once, a watcher of each of the session's node
@@ -154,8 +167,13 @@ func (s *session) installRedialled() {
 		addr := s.m.node(node).addr
 		why := fmt.Errorf("node %s restarted or dropped the session's connection, and the device memory the session held there went with it: %w", addr, api.ErrUnavailable)
 		var lost []memory.Lost
+		s.nodes.installs++
+		if s.nodes.replaced == nil {
+			s.nodes.replaced = map[uint32]replacedConn{}
+		}
 		for i := range s.vdevs {
 			if s.vdevs[i].dev.node == node {
+				s.nodes.replaced[uint32(i)] = replacedConn{at: s.nodes.installs, why: why}
 				lost = append(lost, s.space.Lose(uint32(i), why)...)
 				s.frames.forget(uint32(i))
 				s.nodes.mu.Lock()
@@ -169,6 +187,17 @@ func (s *session) installRedialled() {
 		s.log.WithFields(logrus.Fields{"node": addr, "lost": len(lost) - restored, "restored": restored}).
 			Warn("node connection replaced: allocations that had memory there are lost, but sealed weights restored from another node")
 	}
+}
+
+// graphGone says why tensor graph g went with its node, if it did: the
+// node that restarted forgot it, and the physical runs it was placed at may
+// now be other allocations' frames, so nothing of it may be sent to the
+// node. The caller is the session's reader.
+func (s *session) graphGone(g *tensorGraph) error {
+	if r, ok := s.nodes.replaced[g.dev]; ok && r.at > g.epoch {
+		return r.why
+	}
+	return nil
 }
 
 // forget drops the frames of dev the source held, which their node no

@@ -3,6 +3,7 @@ package mediator_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -180,4 +181,62 @@ func TestNodeRestartWithoutSums(t *testing.T) {
 	got := make([]byte, 64)
 	st.CopyFromDevice(got, w)
 	wantErr(t, st.Synchronize(), api.ErrUnavailable, addr, "restarted")
+}
+
+// A tensor graph registered on a node that restarted is gone with it: an
+// invocation fails with ErrUnavailable naming the node, and writes none of
+// its inputs through the physical addresses the graph was placed at, which
+// the restarted node may have granted to the session's new allocations.
+func TestNodeRestartEndsTensorGraphs(t *testing.T) {
+	sys := start(t, 1, 1, 64<<20, 0)
+	c := hostile(t, sys, "acme")
+	const n = 3000
+	w := seq(n, func(i int) float32 { return float32(i) / 3 })
+	id := mustRegister(t, c, affineGraph(n, weight(t, c, w)))
+	checkAffine(t, c, id, w, 1)
+	addr := sys.med.Status().Nodes[0].Addr
+
+	sys.nodes[0].Close()
+	node, _, err := accelerator.StartSim(addr, 1, 64<<20, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+	deadline := time.Now().Add(10 * time.Second)
+	var fresh []uint64 // new allocations, which take the node's first frames again
+	for len(fresh) == 0 {
+		b, err := roundTrip(t, c, api.OpMalloc, api.Encode(&api.Malloc{Size: 4 << 20}))
+		if err == nil {
+			var r api.MallocReply
+			if err := api.Decode(b, &r); err != nil {
+				t.Fatal(err)
+			}
+			fresh = append(fresh, r.Addr)
+			break
+		}
+		if !errors.Is(err, api.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("malloc on the restarted node: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	fresh = append(fresh, mallocRaw(t, c, 4<<20))
+	const piece = 1 << 20 // what one inline copy carries
+	pattern := bytes.Repeat([]byte{0x5a}, piece)
+	for _, va := range fresh {
+		for off := uint64(0); off < 4<<20; off += piece {
+			putRaw(t, c, va+off, pattern)
+		}
+	}
+	_, err = invoke(t, c, id, nil, bytes.Repeat([]byte{1}, 4*n))
+	wantErr(t, err, api.ErrUnavailable, addr, "restarted", fmt.Sprintf("tensor graph %d", id))
+	for _, va := range fresh {
+		for off := uint64(0); off < 4<<20; off += piece {
+			if !bytes.Equal(getRaw(t, c, va+off, piece), pattern) {
+				t.Fatalf("the invocation of a graph of the restarted node wrote into the new allocation at %#x", va+off)
+			}
+		}
+	}
+	if err := release(t, c, id); err != nil {
+		t.Fatalf("release of a graph of the restarted node: %v", err)
+	}
 }

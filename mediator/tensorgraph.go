@@ -60,6 +60,7 @@ type tensorGraph struct {
 	dev   uint32 // the session's virtual device
 	node  uint32 // the node graph's id on that device's connection
 	arena uint64 // the arena allocation's address; 0 if the graph has none
+	epoch uint64 // connections the session had installed at its registration (graphGone, noderestart.go)
 	// bound are the starts of the allocations that hold the graph's
 	// bound tensors, with the first tensor in each (a weight's allocation
 	// is sealed, a KV cache's is not, so no allocation holds both).
@@ -111,7 +112,7 @@ func (s *session) registerGraph(body []byte) (uint32, error) {
 	if err != nil {
 		return 0, fmt.Errorf("graph %q: %w", def.Name, err)
 	}
-	g := &tensorGraph{def: &def, bound: map[uint64]int{}}
+	g := &tensorGraph{def: &def, bound: map[uint64]int{}, epoch: s.nodes.installs}
 	if err := s.bindTensors(g, checked); err != nil {
 		return 0, fmt.Errorf("graph %q: %w", def.Name, err)
 	}
@@ -413,6 +414,9 @@ func (s *session) invokeGraph(h api.Header, body []byte) error {
 	if err != nil {
 		return fmt.Errorf("invoke: %w", err)
 	}
+	if err := s.graphGone(g); err != nil {
+		return fmt.Errorf("invoke %v: %w", g, err)
+	}
 	if err := g.checkInvocation(&m); err != nil {
 		return err
 	}
@@ -537,7 +541,9 @@ func (s *session) releaseGraph(body []byte) error {
 	// if the node's answer is lost; a node forgets a connection's graphs
 	// with the connection.
 	v := s.vdevs[g.dev]
-	if _, err := v.rpc.Call(api.OpNodeGraphFree, nil, api.Encode(&api.Graph{Graph: g.node})); err != nil {
+	if err := s.graphGone(g); err != nil {
+		s.log.WithError(err).WithField("graph", g.String()).Debug("node graph not freed: its node forgot it, and its id may be another's now")
+	} else if _, err := v.rpc.Call(api.OpNodeGraphFree, nil, api.Encode(&api.Graph{Graph: g.node})); err != nil {
 		s.log.WithError(err).WithField("graph", g.String()).Info("freeing a node graph failed; the node frees it with the connection")
 	}
 	if g.arena != 0 {
