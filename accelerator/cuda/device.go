@@ -431,13 +431,10 @@ func (d *Device) prepareHost(k *kernels.Kernel, args []api.NodeArg, maxWork int)
 	if err != nil {
 		return nil, nil, err
 	}
-	for i, b := range bufs {
-		for _, o := range bufs[i+1:] {
-			if (b.write || o.write) && api.ExtentsOverlap(b.xs, o.xs) {
-				return nil, nil, fmt.Errorf("%s: buffer arguments overlap in device memory other than exactly, and one is written (the cuda backend runs kernels on copies of them): %w",
-					k.Info.Name, api.ErrInvalidArgument)
-			}
-		}
+	if err := disjoint(k.Info.Name, "the cuda backend runs kernels on copies of them", len(bufs), func(i int) ([]api.Extent, bool) {
+		return bufs[i].xs, bufs[i].write
+	}); err != nil {
+		return nil, nil, err
 	}
 	return p, func() error {
 		for _, b := range bufs {
@@ -449,4 +446,20 @@ func (d *Device) prepareHost(k *kernels.Kernel, args []api.NodeArg, maxWork int)
 		}
 		return nil
 	}, nil
+}
+
+// disjoint checks that no two of a launch's n distinct buffers (buf gives
+// each one's extents and whether the kernel writes it) overlap in device
+// memory where one is written; why says what the overlap would break.
+func disjoint(kernel, why string, n int, buf func(i int) (xs []api.Extent, write bool)) error {
+	for i := range n {
+		xi, wi := buf(i)
+		for j := i + 1; j < n; j++ {
+			if xj, wj := buf(j); (wi || wj) && api.ExtentsOverlap(xi, xj) {
+				return fmt.Errorf("%s: buffer arguments overlap in device memory other than exactly, and one is written (%s): %w",
+					kernel, why, api.ErrInvalidArgument)
+			}
+		}
+	}
+	return nil
 }

@@ -155,13 +155,10 @@ func (d *Device) prepareGPU(k *kernels.Kernel, args []api.NodeArg, maxWork int) 
 	if err != nil {
 		return nil, nil, err
 	}
-	for i, b := range bufs {
-		for _, o := range bufs[i+1:] {
-			if (b.write || o.write) && api.ExtentsOverlap(b.xs, o.xs) {
-				return nil, nil, fmt.Errorf("%s: buffer arguments overlap in device memory other than exactly, and one is written (threads of a GPU kernel would race on them): %w",
-					name, api.ErrInvalidArgument)
-			}
-		}
+	if err := disjoint(name, "threads of a GPU kernel would race on them", len(bufs), func(i int) ([]api.Extent, bool) {
+		return bufs[i].xs, bufs[i].write
+	}); err != nil {
+		return nil, nil, err
 	}
 	for _, b := range bufs {
 		b.host = nil

@@ -231,3 +231,26 @@ func TestConformanceCUBLAS(t *testing.T) {
 		t.Errorf("LoadCUBLAS of a missing library: %v, want unavailable naming libcublas", err)
 	}
 }
+
+// TestOverlapRefused: a written buffer that overlaps another other than
+// exactly is refused, on the GPU (threads would race) and with kernels on
+// the host (copies would hide it); exactly in place is allowed.
+func TestOverlapRefused(t *testing.T) {
+	f := buildFake(t)
+	gpu, _ := openKernels(t, 4<<20, NewCompiler(nvrtcFake(t, f), ""))
+	defer gpu.Close()
+	host, _ := openFake(t, 4<<20)
+	defer host.Close()
+	k, _ := kernels.Lookup("relu")
+	arg := func(addr uint64) api.NodeArg {
+		return api.NodeArg{Kind: api.ArgBuffer, Extents: []api.Extent{{Addr: addr, Len: 400}}}
+	}
+	for _, d := range []*Device{gpu, host} {
+		shifted := []api.NodeArg{{Kind: api.ArgI64, Bits: 100}, arg(0), arg(4)}
+		conformance.WantErr(t, "relu with out shifted over x", conformance.Launch(d, k, shifted, math.MaxInt), api.ErrInvalidArgument, "relu", "overlap")
+		inPlace := []api.NodeArg{{Kind: api.ArgI64, Bits: 100}, arg(0), arg(0)}
+		if err := conformance.Launch(d, k, inPlace, math.MaxInt); err != nil {
+			t.Errorf("relu in place: %v", err)
+		}
+	}
+}
