@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/vgpu/vgpu/internal/upgrade"
 )
@@ -43,6 +44,14 @@ func upgradeCmd(socket string, args []string) error {
 	}
 	if req.Timeout <= 0 {
 		return fmt.Errorf("upgrade: --upgrade-timeout %v: want more than 0", req.Timeout)
+	}
+	if req.Binary != "" {
+		// The mediator runs in its own directory, not this one's.
+		abs, err := filepath.Abs(req.Binary)
+		if err != nil {
+			return fmt.Errorf("upgrade: --binary %q: %w", req.Binary, err)
+		}
+		req.Binary = abs
 	}
 	rep, err := upgrade.Ask(socket, *req)
 	if *asJSON && rep.OldPid != 0 {
