@@ -115,8 +115,7 @@ func (s *session) seal(body []byte) error {
 	}
 	if credit > 0 {
 		s.jr.add(journalOp{Op: opCredit, VA: m.Addr, Credit: credit})
-		s.credits[m.Addr] = credit
-		s.budget.release(credit)
+		s.credit(m.Addr, credit)
 	}
 	return nil
 }

@@ -36,23 +36,7 @@ func (s *session) createGraph(body []byte) (uint32, error) {
 			return 0, fmt.Errorf("graph: command %d: %w", i, err)
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.graphs) >= MaxGraphs {
-		return 0, fmt.Errorf("session has %d graphs, the limit: %w", len(s.graphs), api.ErrInvalidArgument)
-	}
-	if s.graphCmds+len(cmds) > MaxGraphCommands {
-		return 0, fmt.Errorf("graph of %d commands: the session's graphs hold %d, and may hold %d in all: %w",
-			len(cmds), s.graphCmds, MaxGraphCommands, api.ErrQuotaExceeded)
-	}
-	s.graphCmds += len(cmds)
-	id := s.nextGraph + 1
-	for s.graphs[id] != nil || id == 0 { // ids wrap; never replace a live graph
-		id++
-	}
-	s.nextGraph = id
-	s.graphs[id] = cmds
-	return id, nil
+	return s.graphs.add(cmds)
 }
 
 // checkGraphCommand refuses a command a graph may not keep (see the
@@ -78,23 +62,5 @@ func (s *session) destroyGraph(body []byte) error {
 		return err
 	}
 	s.drainAll() // replays already queued still run it
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.graphs[m.Graph] == nil {
-		return fmt.Errorf("graph %d does not exist: %w", m.Graph, api.ErrInvalidArgument)
-	}
-	s.graphCmds -= len(s.graphs[m.Graph])
-	delete(s.graphs, m.Graph)
-	return nil
-}
-
-// graph returns a graph's commands, for a replay; they are never changed.
-func (s *session) graph(id uint32) ([]command, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cmds := s.graphs[id]
-	if cmds == nil {
-		return nil, fmt.Errorf("graph %d does not exist: %w", id, api.ErrInvalidArgument)
-	}
-	return cmds, nil
+	return s.graphs.remove(m.Graph)
 }

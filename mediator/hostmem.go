@@ -88,10 +88,7 @@ func (s *session) registerHost(body []byte) (uint32, error) {
 	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) < m.Size {
 		return 0, fmt.Errorf("host region of %d bytes: the memfd holds %d: %w", m.Size, st.Size, api.ErrInvalidArgument)
 	}
-	s.mu.Lock()
-	n := len(s.regions)
-	s.mu.Unlock()
-	if n >= MaxHostRegions {
+	if n := s.regions.count(); n >= MaxHostRegions {
 		return 0, fmt.Errorf("session has %d host regions, the limit: %w", n, api.ErrInvalidArgument)
 	}
 	budgets := s.hostBudgets()
@@ -114,13 +111,7 @@ func (s *session) registerHost(body []byte) (uint32, error) {
 		_ = unix.Munmap(mem)
 		return 0, fmt.Errorf("host region of %d bytes: %w", m.Size, err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for s.nextRegion++; s.nextRegion == 0 || s.regions[s.nextRegion] != nil; s.nextRegion++ {
-	}
-	r := &hostRegion{id: s.nextRegion, mem: mem}
-	s.regions[r.id] = r
-	return r.id, nil
+	return s.regions.add(mem), nil
 }
 
 // keepsPages seals fd against hole punching and checks that its first
@@ -172,10 +163,7 @@ func (s *session) unregisterHost(body []byte) error {
 		return err
 	}
 	s.drainAll()
-	s.mu.Lock()
-	r := s.regions[m.Region]
-	delete(s.regions, m.Region)
-	s.mu.Unlock()
+	r := s.regions.remove(m.Region)
 	if r == nil {
 		return fmt.Errorf("host region %d does not exist: %w", m.Region, api.ErrInvalidArgument)
 	}
@@ -184,19 +172,14 @@ func (s *session) unregisterHost(body []byte) error {
 
 // unmapAll unmaps every region; the session's streams have stopped.
 func (s *session) unmapAll() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for id, r := range s.regions {
+	for _, r := range s.regions.takeAll() {
 		_ = s.unmap(r)
-		delete(s.regions, id)
 	}
 }
 
 // hostBytes returns the bytes of a copy's region, checked.
 func (s *session) hostBytes(m *api.CopyHost) ([]byte, error) {
-	s.mu.Lock()
-	r := s.regions[m.Region]
-	s.mu.Unlock()
+	r := s.regions.get(m.Region)
 	if r == nil {
 		return nil, fmt.Errorf("host region %d does not exist: %w", m.Region, api.ErrInvalidArgument)
 	}

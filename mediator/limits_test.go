@@ -248,7 +248,7 @@ func TestInflightCommandsAreBounded(t *testing.T) {
 	newSession := func() *session {
 		a, b := net.Pipe()
 		t.Cleanup(func() { a.Close(); b.Close() })
-		return &session{c: api.NewConn(a), bw: tenant, inflight: bound{limit: maxSessionInflight}}
+		return &session{c: api.NewConn(a), sessionFlow: sessionFlow{bw: tenant, inflight: bound{limit: maxSessionInflight}}}
 	}
 	admitted := func(s *session, n int64) <-chan error {
 		done := make(chan error, 1)

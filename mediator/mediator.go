@@ -29,7 +29,8 @@
 //     mediator that restarts finds every container it had admitted, and
 //     restores those still running (restore.go).
 //
-// Lock order: Mediator.mu, then session.mu. Streams lock nothing of others.
+// Lock order: Mediator.mu, then only the leaf locks of a session (its
+// parts and their order: the session type). Streams lock nothing of others.
 // The registration store is never written with Mediator.mu held: its
 // writes wait for the disk.
 package mediator

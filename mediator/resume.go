@@ -474,31 +474,27 @@ func (s *session) replayOne(op journalOp, r *replay) error {
 		if err := s.free(op.VA); err != nil {
 			return err
 		}
-		s.forgetWithStream(op.VA)
+		s.streams.forget(op.VA)
 	case opSeal:
 		return s.space.Seal(op.VA)
 	case opCredit:
 		if s.space.CheckStart("credit", op.VA) != nil || s.credits[op.VA] != 0 {
 			return fmt.Errorf("credit %d for no allocation, or a second one: %w", op.Credit, api.ErrInternal)
 		}
-		s.credits[op.VA] = op.Credit
-		s.budget.release(op.Credit)
+		s.credit(op.VA, op.Credit)
 	case opStream:
-		if s.streams[op.Stream] != nil {
-			return fmt.Errorf("stream %d made twice: %w", op.Stream, api.ErrInternal)
-		}
-		s.streams[op.Stream] = s.newStream(op.Stream)
-		s.nextStream = op.Stream + 1
+		return s.streams.recreate(op.Stream, s.newStream)
 	case opUnstream:
-		st := s.streams[op.Stream]
-		if st == nil || op.Stream == api.DefaultStream {
+		if op.Stream == api.DefaultStream {
 			return fmt.Errorf("stream %d destroyed but not live: %w", op.Stream, api.ErrInternal)
 		}
-		delete(s.streams, op.Stream)
-		delete(s.withStream, op.Stream)
+		st, _ := s.streams.remove(op.Stream)
+		if st == nil {
+			return fmt.Errorf("stream %d destroyed but not live: %w", op.Stream, api.ErrInternal)
+		}
 		st.stop()
 	case opWith:
-		s.withStream[op.Stream] = append(s.withStream[op.Stream], op.VA)
+		s.streams.freeWith(op.Stream, op.VA)
 	default:
 		return fmt.Errorf("unknown operation %q: %w", op.Op, api.ErrInternal)
 	}
@@ -545,16 +541,7 @@ func (s *session) compactJournal() {
 	if s.jr == nil || s.space.Stats().Allocations > 0 {
 		return
 	}
-	s.mu.Lock()
-	var ids []uint32
-	for id := range s.streams {
-		if id != api.DefaultStream {
-			ids = append(ids, id)
-		}
-	}
-	s.mu.Unlock()
-	slices.Sort(ids)
-	s.jr.compact(ids)
+	s.jr.compact(s.streams.ids())
 }
 
 // heldFrames is the frames f holds, by virtual device.

@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,7 +33,41 @@ type vdev struct {
 	rpc *api.RPC
 }
 
-// session is one tenant connection.
+// session is one tenant connection. It is made of parts that each guard
+// their own state:
+//
+//   - its identity and connections, the fields below: fixed by
+//     openSession before the session serves anyone (c, of a session a
+//     restart restored, by resume, before it serves), so read without a
+//     lock — but for a vdev's connection, which the session's reader
+//     replaces after its node restarted (noderestart.go), under issueMu
+//     with the streams idle and under nodes.mu, under which links reads
+//     them;
+//   - sessionMemory (sessionmem.go): its address space, frame source,
+//     budget and credits, behind issueMu;
+//   - streams, regions, graphs and shares (sessionparts.go): collections
+//     by id, each behind its own mutex; tgraphs, touched by the session's
+//     reader alone; nodes (noderestart.go), the node connections redialled
+//     and not yet installed, behind its own mutex;
+//   - resumeState: its journal and token, set before it serves anyone;
+//   - sessionFlow and sessionCounters: flow control and statistics, made
+//     of channels and atomics.
+//
+// The parts with a lock that every path reads (sessionMemory) or none
+// (the other embedded ones) are embedded, so their fields read as the
+// session's; a collection is a named field reached through its methods.
+//
+// Lock order: issueMu, then at most one of streams.mu, regions.mu,
+// graphs.mu and shares.mu, then sessionLog.mu (jr); budget.mu,
+// frameSource.mu and nodes.mu are leaves, as are memory.Space's own locks
+// (held only within its calls, which issueMu encloses). No part's lock is
+// held while issueMu or another part's lock is taken, nor across a node
+// call or a wait for a stream: the collections' methods (sessionparts.go)
+// take only their own. Mediator.mu is held over none of them but the
+// leaves (tenants reads space statistics and budgets under it).
+// container.mu is taken under issueMu only to list the container's
+// sessions (reclaim), and a sibling's issueMu is then only tried
+// (TryLock), never waited for.
 type session struct {
 	m      *Mediator
 	id     uint64
@@ -42,61 +75,42 @@ type session struct {
 	c      *api.Conn
 	log    logrus.FieldLogger
 	vdevs  []vdev
-	space  *memory.Space
-	frames *frameSource // the space's source: frames held, by device (self.go)
-	ctr    *container   // the container whose socket the session came through; nil on the host socket
-	budget *budget      // the container's, shared by its sessions, or the session's own
-	evicts bool         // the space oversubscribes and may evict
-	// frameCredit is what the budget credits for each frame of a sealed
-	// weight that its node stores once (dedup.go): (1 − dedup_charge) of a
-	// frame for a container's session, 0 on the host socket.
-	frameCredit uint64
-	// Surviving a restart (resume.go): jr journals the session (nil: not
-	// journaled); token is the secret that resumes it, tokenHash its
-	// SHA-256 as the journal keeps it; resumable says the tenant's hello
-	// can take a token; expiry ends a restored session its tenant does
-	// not resume in time.
+	ctr    *container // the container whose socket the session came through; nil on the host socket
+
+	sessionMemory
+	resumeState
+	sessionFlow
+	sessionCounters
+
+	streams streamSet      // and the allocations freed with them
+	regions regionSet      // host regions (hostmem.go)
+	graphs  graphSet       // graph.go
+	tgraphs tensorGraphSet // tensorgraph.go
+	shares  shareSet       // exported and imported buffers (shared.go)
+	// nodes watches the node connections and redials a node whose
+	// connection broke (noderestart.go).
+	nodes nodeRedial
+}
+
+// resumeState is what lets a session survive a restart (resume.go): jr
+// journals the session (nil: not journaled); token is the secret that
+// resumes it, tokenHash its SHA-256 as the journal keeps it; resumable says
+// the tenant's hello can take a token; expiry ends a restored session its
+// tenant does not resume in time. All are set before the session serves
+// anyone (journalSession, rebuild, restoreSessions, and resume, which
+// hands the session over through Mediator.mu), and only read after; jr
+// orders its records by its own lock.
+type resumeState struct {
 	jr        *sessionLog
 	token     string
 	tokenHash string
 	resumable bool
 	expiry    *time.Timer
-	// grants are the node's grants of frames during the allocation in
-	// progress, for its journal record; guarded by issueMu.
-	grants [][]uint64
+}
 
-	// issueMu serialises what changes where the session's memory lives —
-	// translation (which may fault in and evict), allocation and free —
-	// with issuing the node calls that use the translation.
-	issueMu sync.Mutex
-	// credits are the budget credits of sealed weights, by allocation
-	// address; guarded by issueMu. Freeing an allocation releases its
-	// footprint less its credit.
-	credits map[uint64]uint64
-	// tgraphs are the session's tensor graphs (tensorgraph.go), by id;
-	// with nextTGraph and tgraphOps, touched by the session's reader only.
-	tgraphs    map[uint32]*tensorGraph
-	nextTGraph uint32
-	tgraphOps  int // ops of all tensor graphs, at most MaxTensorGraphOps
-
-	mu         sync.Mutex
-	streams    map[uint32]*stream
-	nextStream uint32
-	regions    map[uint32]*hostRegion // hostmem.go
-	nextRegion uint32
-	graphs     map[uint32][]command // graph.go
-	graphCmds  int                  // commands of all graphs, at most MaxGraphCommands
-	nextGraph  uint32
-	withStream map[uint32][]uint64 // allocations freed with their stream
-	shared     []*sharedRange      // exported and imported buffers (shared.go)
-	importing  *pendingImport      // the import in progress, if any
-	nextImport uint64
-	extra      map[int]*api.RPC // connections to nodes for imports only, by node
-
-	copiedIn, copiedOut, launches atomic.Uint64
-	dedupHits, dedupBytes         atomic.Uint64
-	sharedHits, sharedMisses      atomic.Uint64
-
+// sessionFlow is what bounds and ends a session's work (limits.go,
+// ratelimit.go): channels and atomics, safe without a lock.
+type sessionFlow struct {
 	bw      *limiter      // the tenant's bandwidth bucket (ratelimit.go)
 	ending  chan struct{} // closed by end
 	endOnce sync.Once
@@ -108,23 +122,24 @@ type session struct {
 	// inflight counts the decoded commands accepted and not yet answered,
 	// at most maxSessionInflight (limits.go).
 	inflight bound
-	// nodes watches the node connections and redials a node whose
-	// connection broke (noderestart.go). vdevs are fixed before the
-	// session serves anyone, but for a vdev's connection, which the
-	// session's reader replaces after its node restarted, under issueMu
-	// with the streams idle and under nodes.mu (a leaf), which links
-	// takes to read them.
-	nodes nodeRedial
 }
 
 // end marks the session as ending, which cuts short waits for bandwidth;
 // gone says the tenant can no longer be answered, so its queued commands
 // fail without being issued.
-func (s *session) end(gone bool) {
+func (f *sessionFlow) end(gone bool) {
 	if gone {
-		s.gone.Store(true)
+		f.gone.Store(true)
 	}
-	s.endOnce.Do(func() { close(s.ending) })
+	f.endOnce.Do(func() { close(f.ending) })
+}
+
+// sessionCounters are a session's statistics (api.SessionStats), counted
+// atomically by the streams that do the work.
+type sessionCounters struct {
+	copiedIn, copiedOut, launches atomic.Uint64
+	dedupHits, dedupBytes         atomic.Uint64
+	sharedHits, sharedMisses      atomic.Uint64
 }
 
 // serveConn serves one connection; greeted is called once its hello has
@@ -345,10 +360,10 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 func (m *Mediator) openSession(id uint64, tenant string, c *api.Conn, ctr *container, devs []*device, rpcs map[int]*api.RPC) *session {
 	s := &session{
 		m: m, id: id, tenant: tenant, c: c,
-		streams: map[uint32]*stream{}, nextStream: 1,
-		regions: map[uint32]*hostRegion{}, graphs: map[uint32][]command{}, withStream: map[uint32][]uint64{},
-		extra: map[int]*api.RPC{}, credits: map[uint64]uint64{}, tgraphs: map[uint32]*tensorGraph{},
-		inflight: bound{limit: maxSessionInflight},
+		streams: newStreamSet(), regions: regionSet{byID: map[uint32]*hostRegion{}},
+		graphs: graphSet{byID: map[uint32][]command{}}, tgraphs: tensorGraphSet{byID: map[uint32]*tensorGraph{}},
+		shares: shareSet{extra: map[int]*api.RPC{}}, sessionMemory: sessionMemory{credits: map[uint64]uint64{}},
+		sessionFlow: sessionFlow{inflight: bound{limit: maxSessionInflight}},
 	}
 	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
 	for _, d := range devs {
@@ -373,7 +388,7 @@ func (m *Mediator) openSession(id uint64, tenant string, c *api.Conn, ctr *conta
 	}
 	s.ending, s.bw = make(chan struct{}), m.limiter(s.tenant)
 	s.inBufs, s.outBufs = make(chan struct{}, MaxSessionBuffers), make(chan struct{}, MaxSessionBuffers)
-	s.streams[api.DefaultStream] = s.newStream(api.DefaultStream)
+	s.streams.byID[api.DefaultStream] = s.newStream(api.DefaultStream)
 	return s
 }
 
@@ -400,223 +415,6 @@ func (m *Mediator) nodeTenant(tenant string) nodeTenant {
 		t.weight, t.computeMax = max(q.Compute, 1), float32(q.ComputeMax)
 	}
 	return t
-}
-
-// frameSource leases frames from the node behind each virtual device, over
-// the session's own connection, so the node ties them to this tenant. It
-// checks each grant and records the frames the space holds, so that the
-// container's count of resident memory holds exactly those whatever a node
-// answers.
-type frameSource struct {
-	s *session
-	// replay, while a restart rebuilds the session, grants the frames
-	// its journal records and takes frees without telling the nodes
-	// (resume.go); nil otherwise. Set and cleared before the session
-	// serves anyone.
-	replay *replay
-
-	mu   sync.Mutex
-	held map[devFrame]bool // granted and not returned since
-}
-
-type devFrame struct {
-	dev   uint32
-	frame uint64
-}
-
-func newFrameSource(s *session) *frameSource {
-	return &frameSource{s: s, held: make(map[devFrame]bool)}
-}
-
-func (f *frameSource) Grant(dev uint32, n int) (_ []uint64, err error) {
-	// A container's sessions hold its resident memory together: a grant
-	// past it takes frames from the others' coldest chunks, or is refused
-	// as a full device would refuse it, so the space evicts its own chunks
-	// or fails with out-of-memory.
-	if q := f.resident(); q != nil {
-		if err := f.s.ctr.reserveResident(f.s, n); err != nil {
-			return nil, err
-		}
-		defer func() {
-			if err != nil {
-				q.release(uint64(n) * memory.FrameSize)
-			}
-		}()
-	}
-	if f.replay != nil {
-		frames, err := f.replay.grant(dev, n)
-		if err == nil {
-			_, err = f.hold(dev, frames, n)
-		}
-		return frames, err
-	}
-	v := f.s.vdevs[dev]
-	addr := f.s.m.node(v.dev.node).addr
-	body, err := v.rpc.Call(api.OpNodeAlloc, nil, api.Encode(&api.NodeAlloc{Device: v.dev.info.Index, Count: uint32(n)}))
-	if err != nil {
-		return nil, err
-	}
-	var frames api.NodeFrames
-	if err := api.Decode(body, &frames); err != nil {
-		return nil, fmt.Errorf("node %s: frames reply: %w", addr, err)
-	}
-	if ours, err := f.hold(dev, frames.Frames, n); err != nil {
-		err = fmt.Errorf("node %s: grant of %d frames: %w", addr, n, err)
-		if len(ours) > 0 {
-			_, rerr := v.rpc.Call(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: ours}))
-			if rerr != nil {
-				err = errors.Join(err, fmt.Errorf("return the %d frames of that grant to node %s: %w", len(ours), addr, rerr))
-			}
-		}
-		return nil, err
-	}
-	if f.s.jr != nil { // the allocation's journal record names them (resume.go)
-		f.s.grants = append(f.s.grants, frames.Frames)
-	}
-	return frames.Frames, nil
-}
-
-// hold records frames, the node's answer to a grant of n frames of dev,
-// as held. It refuses an answer with a frame misaligned, repeated or held
-// already, which would alias memory, or with other than n frames; it then
-// returns the frames certainly granted (aligned, distinct, not held), which
-// the caller gives back to the node.
-func (f *frameSource) hold(dev uint32, frames []uint64, n int) (ours []uint64, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	seen := make(map[uint64]bool, len(frames))
-	for _, fr := range frames {
-		switch {
-		case fr%memory.FrameSize != 0:
-			err = fmt.Errorf("frame %#x is not a multiple of %#x: %w", fr, memory.FrameSize, api.ErrProtocol)
-		case seen[fr] || f.held[devFrame{dev, fr}]:
-			err = fmt.Errorf("frame %#x is granted twice: %w", fr, api.ErrProtocol)
-		default:
-			seen[fr] = true
-			ours = append(ours, fr)
-		}
-	}
-	if err == nil && len(frames) != n {
-		err = fmt.Errorf("%d frames granted: %w", len(frames), api.ErrProtocol)
-	}
-	if err != nil {
-		return ours, err
-	}
-	for _, fr := range frames {
-		f.held[devFrame{dev, fr}] = true
-	}
-	return nil, nil
-}
-
-// Read copies a frame's contents out, for eviction to host memory.
-func (f *frameSource) Read(dev uint32, frame uint64, p []byte) error {
-	v := f.s.vdevs[dev]
-	calls := make([]*api.Call, 0, memory.FrameSize/api.MaxChunk)
-	for off := 0; off < len(p); off += api.MaxChunk {
-		n := min(api.MaxChunk, len(p)-off)
-		req := api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: []api.Extent{{Addr: frame + uint64(off), Len: uint64(n)}}})
-		calls = append(calls, v.rpc.Go(api.OpNodeRead, p[off:off+n], req))
-	}
-	return waitAll(calls)
-}
-
-// Write fills a frame with p, for fault-in from host memory.
-func (f *frameSource) Write(dev uint32, frame uint64, p []byte) error {
-	v := f.s.vdevs[dev]
-	calls := make([]*api.Call, 0, memory.FrameSize/api.MaxChunk)
-	for off := 0; off < len(p); off += api.MaxChunk {
-		n := min(api.MaxChunk, len(p)-off)
-		hdr := api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: []api.Extent{{Addr: frame + uint64(off), Len: uint64(n)}}})
-		calls = append(calls, v.rpc.Go(api.OpNodeWrite, nil, hdr, p[off:off+n]))
-	}
-	return waitAll(calls)
-}
-
-// Refill asks the node to fill frames, for a fault-in, with the bytes
-// whose SHA-256 are sums, from sealed frames it holds or retains
-// (accelerator/content.go), in dedups of up to refillBatch frames: evicted
-// weights come back without crossing the network. Off with deduplication
-// (Config.NoDedup).
-func (f *frameSource) Refill(dev uint32, frames []uint64, sums [][32]byte) ([]bool, error) {
-	if f.s.m.cfg.NoDedup {
-		return make([]bool, len(frames)), nil
-	}
-	v := f.s.vdevs[dev]
-	var hits []bool
-	for len(frames) > 0 {
-		n := min(len(frames), refillBatch)
-		req := api.NodeDedup{Device: v.dev.info.Index, Hashes: sums[:n]}
-		for _, fr := range frames[:n] {
-			req.Dst = append(req.Dst, api.Extent{Addr: fr, Len: memory.FrameSize})
-		}
-		body, err := v.rpc.Call(api.OpNodeDedup, nil, api.Encode(&req))
-		if err != nil {
-			return nil, fmt.Errorf("node %s: %w", f.s.m.node(v.dev.node).addr, err)
-		}
-		hit, err := f.s.dedupReply(body, n)
-		if err != nil {
-			return nil, err
-		}
-		hits, frames, sums = append(hits, hit...), frames[n:], sums[n:]
-	}
-	return hits, nil
-}
-
-// refillBatch bounds the frames of one refill request, whose body (48
-// bytes a frame, after a few bytes of lengths) must stay within
-// api.MaxBody; the constant below fails to compile if it does not.
-const refillBatch = 4096
-
-const _ uint = api.MaxBody - 64 - 48*refillBatch
-
-// Zero clears a frame that is reused for a chunk never written.
-func (f *frameSource) Zero(dev uint32, frame uint64) error {
-	v := f.s.vdevs[dev]
-	_, err := v.rpc.Call(api.OpNodeFill, nil, api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: []api.Extent{{Addr: frame, Len: memory.FrameSize}}}))
-	return err
-}
-
-// waitAll waits for every call and returns the first error.
-func waitAll(calls []*api.Call) error {
-	var first error
-	for _, c := range calls {
-		if err := c.Wait(); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
-
-// Return gives frames back to the node. They count no longer against the
-// container's resident memory even if the node does not answer: the space
-// forgets them, and the node frees them when the connection ends.
-func (f *frameSource) Return(dev uint32, frames []uint64) error {
-	f.mu.Lock()
-	var released uint64
-	for _, fr := range frames {
-		if f.held[devFrame{dev, fr}] {
-			delete(f.held, devFrame{dev, fr})
-			released += memory.FrameSize
-		}
-	}
-	f.mu.Unlock()
-	if q := f.resident(); q != nil {
-		defer q.release(released)
-	}
-	if f.replay != nil {
-		return nil // what the nodes kept beyond the replayed space is freed after it
-	}
-	v := f.s.vdevs[dev]
-	_, err := v.rpc.Call(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: frames}))
-	return err
-}
-
-// resident is the container's count of resident memory, if it has one.
-func (f *frameSource) resident() *budget {
-	if f.s.ctr == nil {
-		return nil
-	}
-	return f.s.ctr.resident
 }
 
 // run answers the hello, serves requests until the tenant goes, then
@@ -656,34 +454,19 @@ func (s *session) teardown() {
 		s.ctr.mu.Unlock()
 	}
 	s.end(false) // ends bandwidth waits: stopping a stream never waits on one
-	s.mu.Lock()
-	streams := s.streams
-	s.streams = map[uint32]*stream{}
-	s.mu.Unlock()
-	for _, st := range streams {
+	for _, st := range s.streams.takeAll() {
 		st.stop()
 	}
 	s.unmapAll()
 	// The nodes forget the tensor graphs with the connections closed
 	// below, and the arenas go with the space.
-	clear(s.tgraphs)
-	s.issueMu.Lock()
-	var credited uint64
-	for _, c := range s.credits {
-		credited += c
-	}
-	clear(s.credits)
-	s.issueMu.Unlock()
-	s.budget.release(s.space.Stats().Allocated - credited)
+	clear(s.tgraphs.byID)
+	s.releaseAll()
 	if err := s.space.Close(); err != nil {
 		s.log.WithError(err).Info("returning frames failed; the nodes free them when the connection closes")
 	}
 	closed := map[*api.RPC]bool{}
-	s.mu.Lock()
-	for _, rpc := range s.extra {
-		rpc.Close()
-	}
-	s.mu.Unlock()
+	s.shares.closeConns()
 	for _, v := range s.vdevs {
 		if !closed[v.rpc] {
 			v.rpc.Close()
@@ -763,131 +546,11 @@ func (s *session) links() []api.LinkStatus {
 	return out
 }
 
-// alloc reserves the allocation's footprint in the session's budget first,
-// so a tenant over its limit never holds device memory, even briefly.
-func (s *session) alloc(dev uint32, size uint64, hint api.Hint) (uint64, error) {
-	foot, err := memory.Footprint(size)
-	if err != nil {
-		return 0, err
-	}
-	if err := s.budget.reserve(foot); err != nil {
-		return 0, err
-	}
-	s.issueMu.Lock()
-	defer s.issueMu.Unlock()
-	s.grants = nil
-	va, err := s.space.AllocHint(dev, size, hint)
-	if err != nil {
-		s.budget.release(foot)
-		return 0, err
-	}
-	s.jr.add(journalOp{Op: opAlloc, Dev: dev, Size: size, Hint: uint8(hint), VA: va, Grants: s.grants})
-	// A small allocation may be packed into pages a freed buffer of this
-	// session used; only a chunk's last free returns (and scrubs) its frame.
-	// Clear them, so new memory reads as zeros.
-	if foot < memory.Page2M {
-		if err := s.zero(va, size); err != nil {
-			s.jr.add(journalOp{Op: opFree, VA: va})
-			before := s.space.Stats().Allocated
-			ferr := s.space.Free(va)
-			s.budget.release(before - s.space.Stats().Allocated)
-			return 0, errors.Join(fmt.Errorf("clear new allocation %#x: %w", va, err), ferr)
-		}
-	}
-	return va, nil
-}
-
-// zero fills [va, va+n) with zeros and waits. The caller holds issueMu.
-func (s *session) zero(va, n uint64) error {
-	dev, xs, err := s.space.Translate(va, n)
-	if err != nil {
-		return err
-	}
-	v := s.vdevs[dev]
-	_, err = v.rpc.Call(api.OpNodeFill, nil, api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs}))
-	return err
-}
-
-// free releases what the space stops accounting for, less the credit its
-// seal earned. Only this session's reader allocates and frees in its
-// space, so the difference is exact: the allocation's footprint, or 0 where
-// nothing was freed.
-func (s *session) free(va uint64) error {
-	s.issueMu.Lock()
-	defer s.issueMu.Unlock()
-	if s.jr != nil && s.space.CheckStart("free", va) == nil {
-		s.jr.add(journalOp{Op: opFree, VA: va}) // before the node frees its frames
-	}
-	before := s.space.Stats().Allocated
-	err := s.space.Free(va)
-	freed := before - s.space.Stats().Allocated
-	if freed > 0 {
-		freed -= s.credits[va]
-		delete(s.credits, va)
-	}
-	s.budget.release(freed)
-	return err
-}
-
-// malloc allocates as a Malloc request asks.
-func (s *session) malloc(body []byte) (uint64, error) {
-	var m api.Malloc
-	if err := api.Decode(body, &m); err != nil {
-		return 0, err
-	}
-	if err := m.Check(); err != nil {
-		return 0, err
-	}
-	dev := m.Device
-	if m.Flags&api.MallocNear != 0 {
-		d, _, err := s.space.Span(m.Near)
-		if err != nil {
-			return 0, fmt.Errorf("malloc %d bytes near %#x: %w", m.Size, m.Near, err)
-		}
-		dev = d
-	}
-	if int(dev) >= len(s.vdevs) {
-		return 0, fmt.Errorf("malloc on device %d: session has %d: %w", dev, len(s.vdevs), api.ErrInvalidArgument)
-	}
-	withStream := m.Flags&api.MallocFreeWithStream != 0
-	if withStream {
-		if _, err := s.stream(m.Stream); err != nil {
-			return 0, fmt.Errorf("malloc %d bytes freed with its stream: %w", m.Size, err)
-		}
-		if m.Stream == api.DefaultStream {
-			return 0, fmt.Errorf("malloc %d bytes freed with the default stream, which is never destroyed: %w", m.Size, api.ErrInvalidArgument)
-		}
-	}
-	va, err := s.alloc(dev, m.Size, m.Hint)
-	if err != nil {
-		return 0, fmt.Errorf("malloc %d bytes (%v) on device %d: %w", m.Size, m.Hint, dev, err)
-	}
-	if withStream {
-		s.jr.add(journalOp{Op: opWith, VA: va, Stream: m.Stream})
-		s.mu.Lock()
-		s.withStream[m.Stream] = append(s.withStream[m.Stream], va)
-		s.mu.Unlock()
-	}
-	return va, nil
-}
-
-// forgetWithStream drops a freed allocation from the lists of those freed
-// with their stream, so its address, once reused, is not freed with it.
-func (s *session) forgetWithStream(va uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for id, vas := range s.withStream {
-		if i := slices.Index(vas, va); i >= 0 {
-			s.withStream[id] = slices.Delete(vas, i, i+1)
-		}
-	}
-}
-
 // cheap says whether cmd moves no bulk data and never waits for bandwidth
 // or a node, so the session's reader may issue it itself.
 func (s *session) cheap(cmd *command) bool {
 	const small = 64 << 10
-	if s.hasShared() {
+	if s.shares.count() > 0 {
 		return false // a copy of a shared buffer waits for its node
 	}
 	switch cmd.op {
@@ -1099,11 +762,11 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 		if err := s.freeShared(m.Addr); err != nil {
 			return false, err
 		}
-		s.forgetWithStream(m.Addr)
+		s.streams.forget(m.Addr)
 		s.compactJournal()
 		return false, s.c.Reply(h)
 	case api.OpStreamCreate:
-		id, err := s.createStream()
+		id, err := s.streams.create(s.newStream)
 		if err != nil {
 			return false, err
 		}
@@ -1124,7 +787,7 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 		if err != nil {
 			return false, err
 		}
-		st, err := s.stream(cmd.stream)
+		st, err := s.streams.get(cmd.stream)
 		if err != nil {
 			return false, err
 		}
@@ -1154,41 +817,11 @@ func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, 
 	return false, fmt.Errorf("unknown operation %v: %w", h.Op, api.ErrProtocol)
 }
 
-func (s *session) stream(id uint32) (*stream, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.streams[id]
-	if st == nil {
-		return nil, fmt.Errorf("stream %d does not exist: %w", id, api.ErrInvalidArgument)
-	}
-	return st, nil
-}
-
-func (s *session) createStream() (uint32, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.streams) >= MaxStreams {
-		return 0, fmt.Errorf("session has %d streams, the limit: %w", len(s.streams), api.ErrInvalidArgument)
-	}
-	id := s.nextStream
-	for s.streams[id] != nil { // ids wrap; never replace a live stream
-		id++
-	}
-	s.nextStream = id + 1
-	s.streams[id] = s.newStream(id)
-	return id, nil
-}
-
 func (s *session) destroyStream(id uint32) error {
 	if id == api.DefaultStream {
 		return fmt.Errorf("the default stream cannot be destroyed: %w", api.ErrInvalidArgument)
 	}
-	s.mu.Lock()
-	st := s.streams[id]
-	delete(s.streams, id)
-	owned := s.withStream[id]
-	delete(s.withStream, id)
-	s.mu.Unlock()
+	st, owned := s.streams.remove(id)
 	if st == nil {
 		return fmt.Errorf("stream %d does not exist: %w", id, api.ErrInvalidArgument)
 	}
@@ -1222,13 +855,7 @@ func (s *session) freeShared(va uint64) error {
 
 // drainAll waits until every stream has completed the work queued so far.
 func (s *session) drainAll() {
-	s.mu.Lock()
-	streams := make([]*stream, 0, len(s.streams))
-	for _, st := range s.streams {
-		streams = append(streams, st)
-	}
-	s.mu.Unlock()
-	for _, st := range streams {
+	for _, st := range s.streams.list() {
 		if !st.idle() {
 			st.drain()
 		}

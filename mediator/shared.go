@@ -213,19 +213,7 @@ func (m *Mediator) revoked(rpc *api.RPC, rv api.NodeRevoke) {
 		if rv.Tenant != "" && rv.Tenant != s.tenant {
 			continue
 		}
-		s.mu.Lock()
-		if s.importing != nil && s.importing.rpc == rpc && s.importing.object == rv.Object {
-			s.importing.err = &err // it arrived before the import was recorded
-		}
-		for _, r := range s.shared {
-			if r.rpc == rpc && r.object == rv.Object && r.imported {
-				r.ended.Store(&err)
-				if rv.Tenant == "" {
-					r.version.Store(0) // the object's pins ended with it: nothing to unpin
-				}
-			}
-		}
-		s.mu.Unlock()
+		s.shares.revoked(rpc, rv.Object, rv.Tenant == "", &err)
 	}
 }
 
@@ -241,41 +229,24 @@ type pendingImport struct {
 // a range that starts in one and leaves it is refused, as is one that has
 // ended or whose node connection is closed.
 func (s *session) sharedAt(va, n uint64) (*sharedRange, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, r := range s.shared {
-		if va >= r.base && va < r.base+r.size {
-			if n > r.base+r.size-va {
-				return nil, fmt.Errorf("%d bytes at %#x run past the end of shared buffer [%#x, +%d): %w", n, va, r.base, r.size, api.ErrInvalidAddress)
-			}
-			if err := r.ended.Load(); err != nil {
-				return nil, *err
-			}
-			if closed(r.rpc) {
-				// The node forgot the connection's grants and pins with it,
-				// and pushes a later revocation to nobody: copies cached
-				// here must not outlive it.
-				return nil, fmt.Errorf("shared object %d: the connection to node %s it was reached through is lost: %w",
-					r.object, s.m.node(r.node).addr, api.ErrUnavailable)
-			}
-			return r, nil
-		}
+	r := s.shares.find(va)
+	if r == nil {
+		return nil, nil
 	}
-	return nil, nil
-}
-
-// sharedCount is how many buffers the session exports and imports.
-func (s *session) sharedCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.shared)
-}
-
-// hasShared says whether the session has exported or imported anything.
-func (s *session) hasShared() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.shared) > 0
+	if n > r.base+r.size-va {
+		return nil, fmt.Errorf("%d bytes at %#x run past the end of shared buffer [%#x, +%d): %w", n, va, r.base, r.size, api.ErrInvalidAddress)
+	}
+	if err := r.ended.Load(); err != nil {
+		return nil, *err
+	}
+	if closed(r.rpc) {
+		// The node forgot the connection's grants and pins with it, and
+		// pushes a later revocation to nobody: copies cached here must
+		// not outlive it.
+		return nil, fmt.Errorf("shared object %d: the connection to node %s it was reached through is lost: %w",
+			r.object, s.m.node(r.node).addr, api.ErrUnavailable)
+	}
+	return r, nil
 }
 
 // export makes the allocation at m.Addr a shared object of its node.
@@ -296,7 +267,7 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	if r, _ := s.sharedAt(m.Addr, 1); r != nil {
 		return nil, fmt.Errorf("export of %#x: it is shared already (object %d): %w", m.Addr, r.object, api.ErrInvalidArgument)
 	}
-	if s.sharedCount() >= MaxShared {
+	if s.shares.count() >= MaxShared {
 		return nil, fmt.Errorf("session has %d shared buffers, the limit: %w", MaxShared, api.ErrInvalidArgument)
 	}
 	if len(m.Grants) > api.MaxGrants {
@@ -346,10 +317,8 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 		}
 		return nil, fmt.Errorf("export %#x: %w", m.Addr, err)
 	}
-	s.mu.Lock()
-	s.shared = append(s.shared, r)
+	s.shares.addExport(r)
 	s.jr.add(journalOp{Op: opShared}) // its restore would lose the sharing: it is not restored
-	s.mu.Unlock()
 	return &api.Shared{Node: s.m.node(v.dev.node).addr, Object: obj.Object}, nil
 }
 
@@ -379,7 +348,7 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 	}
 	// Checked before the node holds a pin for the import: only this
 	// goroutine (the session's reader) adds shared buffers.
-	if s.sharedCount() >= MaxShared {
+	if s.shares.count() >= MaxShared {
 		return nil, fmt.Errorf("session has %d shared buffers, the limit: %w", MaxShared, api.ErrInvalidArgument)
 	}
 	rpc, err := s.nodeRPC(idx)
@@ -388,14 +357,8 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 	}
 	// Only this goroutine (the session's reader) imports, one at a time.
 	pending := &pendingImport{rpc: rpc, object: m.Object}
-	s.mu.Lock()
-	s.importing = pending
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		s.importing = nil
-		s.mu.Unlock()
-	}()
+	s.shares.setImporting(pending)
+	defer s.shares.setImporting(nil)
 	reply, err := rpc.Call(api.OpNodeImport, nil, api.Encode(&api.NodeObject{Object: m.Object}))
 	var ir api.NodeImportReply
 	if err == nil {
@@ -412,17 +375,7 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 	if err := r.pin(s.log); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r.base = s.nextImport
-	if r.base == 0 {
-		r.base = importBase
-	}
-	s.nextImport = r.base + (ir.Size+(2<<20)-1)&^((2<<20)-1)
-	if pending.err != nil {
-		r.ended.Store(pending.err)
-	}
-	s.shared = append(s.shared, r)
+	s.shares.addImport(r, ir.Size, pending)
 	s.jr.add(journalOp{Op: opShared}) // its restore would lose the sharing: it is not restored
 	return &api.ImportReply{Addr: r.base, Size: ir.Size, Mode: ir.Mode, Write: ir.Write}, nil
 }
@@ -443,9 +396,7 @@ func (s *session) nodeRPC(idx int) (*api.RPC, error) {
 	}
 	// A lost connection is replaced: the imports made over it stay
 	// refused (sharedAt), new ones go over the new one.
-	s.mu.Lock()
-	rpc := s.extra[idx]
-	s.mu.Unlock()
+	rpc := s.shares.conn(idx)
 	if rpc != nil && !closed(rpc) {
 		return rpc, nil
 	}
@@ -454,14 +405,7 @@ func (s *session) nodeRPC(idx int) (*api.RPC, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if old := s.extra[idx]; old != nil && !closed(old) {
-		rpc.Close()
-		return old, nil
-	}
-	s.extra[idx] = rpc
-	return rpc, nil
+	return s.shares.keepConn(idx, rpc), nil
 }
 
 // closed reports whether rpc's connection has ended.
@@ -495,16 +439,7 @@ func (s *session) revoke(body []byte) error {
 // export whose allocation is freed, which ends the object on its node),
 // reporting whether there was one.
 func (s *session) unshare(va uint64, importsOnly bool) (bool, error) {
-	s.mu.Lock()
-	var r *sharedRange
-	for i, x := range s.shared {
-		if x.base == va && (x.imported || !importsOnly) {
-			r = x
-			s.shared = append(s.shared[:i], s.shared[i+1:]...)
-			break
-		}
-	}
-	s.mu.Unlock()
+	r := s.shares.remove(va, importsOnly)
 	if r == nil {
 		return false, nil
 	}

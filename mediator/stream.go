@@ -133,7 +133,7 @@ func (s *session) decodeOne(op api.Op, body []byte) (command, error) {
 		err = api.Decode(body, &m)
 		c.stream = m.Stream
 		if err == nil {
-			c.subs, err = s.graph(m.Graph)
+			c.subs, err = s.graphs.get(m.Graph)
 		}
 	default:
 		err = fmt.Errorf("%v is not a stream operation: %w", op, api.ErrInvalidArgument)

@@ -11,19 +11,19 @@ import (
 // a live stream (the default one included), which would leak its goroutines
 // and strand its queued commands.
 func TestStreamIDsSkipLiveStreams(t *testing.T) {
-	s := &session{streams: map[uint32]*stream{}, nextStream: math.MaxUint32}
+	s := &session{streams: streamSet{byID: map[uint32]*stream{}, next: math.MaxUint32}}
 	def := s.newStream(api.DefaultStream)
-	s.streams[api.DefaultStream] = def
+	s.streams.byID[api.DefaultStream] = def
 	one := s.newStream(1)
-	s.streams[1] = one
+	s.streams.byID[1] = one
 	defer func() {
-		for _, st := range s.streams {
+		for _, st := range s.streams.byID {
 			st.stop()
 		}
 	}()
 	var ids []uint32
 	for range 2 {
-		id, err := s.createStream()
+		id, err := s.streams.create(s.newStream)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,7 +32,7 @@ func TestStreamIDsSkipLiveStreams(t *testing.T) {
 	if ids[0] != math.MaxUint32 || ids[1] != 2 {
 		t.Fatalf("ids after wrapping = %v, want [%d 2]", ids, uint32(math.MaxUint32))
 	}
-	if s.streams[api.DefaultStream] != def || s.streams[1] != one {
+	if s.streams.byID[api.DefaultStream] != def || s.streams.byID[1] != one {
 		t.Fatal("a new stream replaced a live one")
 	}
 }

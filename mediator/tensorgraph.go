@@ -101,12 +101,8 @@ func (s *session) registerGraph(body []byte) (uint32, error) {
 		return 0, fmt.Errorf("graph %q: this session oversubscribes its memory, which may then move, and a graph's launches keep where its tensors are: register graphs in a session without oversubscription: %w",
 			def.Name, api.ErrInvalidArgument)
 	}
-	if len(s.tgraphs) >= MaxTensorGraphs {
-		return 0, fmt.Errorf("graph %q: session has %d tensor graphs, the limit: %w", def.Name, len(s.tgraphs), api.ErrInvalidArgument)
-	}
-	if s.tgraphOps+len(def.Ops) > MaxTensorGraphOps {
-		return 0, fmt.Errorf("graph %q of %d ops: the session's tensor graphs hold %d, and may hold %d in all: %w",
-			def.Name, len(def.Ops), s.tgraphOps, MaxTensorGraphOps, api.ErrQuotaExceeded)
+	if err := s.tgraphs.room(def.Name, len(def.Ops)); err != nil {
+		return 0, err
 	}
 	checked, err := api.CheckGraph(&def, s.m.catalog)
 	if err != nil {
@@ -143,13 +139,7 @@ func (s *session) registerGraph(body []byte) (uint32, error) {
 		}
 		return 0, fmt.Errorf("graph %q: %w", def.Name, err)
 	}
-	g.id = s.nextTGraph + 1
-	for s.tgraphs[g.id] != nil || g.id == 0 { // ids wrap; never replace a live graph
-		g.id++
-	}
-	s.nextTGraph = g.id
-	s.tgraphs[g.id] = g
-	s.tgraphOps += len(def.Ops)
+	s.tgraphs.add(g)
 	return g.id, nil
 }
 
@@ -395,7 +385,7 @@ func (s *session) registerNodeGraph(g *tensorGraph, ng *api.NodeGraph) (uint32, 
 
 // tensorGraph returns the registered graph id.
 func (s *session) tensorGraph(id uint32) (*tensorGraph, error) {
-	g := s.tgraphs[id]
+	g := s.tgraphs.byID[id]
 	if g == nil {
 		return nil, fmt.Errorf("tensor graph %d does not exist: %w", id, api.ErrInvalidArgument)
 	}
@@ -535,8 +525,7 @@ func (s *session) releaseGraph(body []byte) error {
 	if err != nil {
 		return fmt.Errorf("release: %w", err)
 	}
-	delete(s.tgraphs, g.id)
-	s.tgraphOps -= len(g.def.Ops)
+	s.tgraphs.remove(g)
 	// The node is never asked to run it again, so its arena may go even
 	// if the node's answer is lost; a node forgets a connection's graphs
 	// with the connection.
@@ -557,7 +546,7 @@ func (s *session) releaseGraph(body []byte) error {
 
 // arenaOf is the tensor graph whose arena is the allocation at va, if any.
 func (s *session) arenaOf(va uint64) *tensorGraph {
-	for _, g := range s.tgraphs {
+	for _, g := range s.tgraphs.byID {
 		if g.arena == va {
 			return g
 		}
@@ -572,7 +561,7 @@ func (s *session) graphHolding(va uint64) (what string, writes bool) {
 	if g := s.arenaOf(va); g != nil {
 		return fmt.Sprintf("%v has it as its arena", g), true
 	}
-	for _, g := range s.tgraphs {
+	for _, g := range s.tgraphs.byID {
 		if i, ok := g.bound[va]; ok {
 			return fmt.Sprintf("%v binds it as %s", g, g.def.TensorName(i)), g.def.Tensors[i].Residency == api.ResKVCache
 		}
