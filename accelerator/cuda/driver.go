@@ -26,9 +26,10 @@
 //     the call: asynchronous copies use pinned host memory from
 //     cuMemHostAlloc (HostAlloc), never Go memory.
 //
-// The tests run against testdata/fakecuda.c, a fake libcuda built with gcc
-// that stands in for the hardware and driver this machine does not have
-// (with the catalog's CUDA C compiled for the host, testdata/fakekernels.cc),
+// The tests run against testdata/fakecuda.c, a fake libcuda that
+// internal/fakegpu builds with gcc and that stands in for the hardware and
+// driver this machine does not have (with the catalog's CUDA C compiled for
+// the host, testdata/fakekernels.cc),
 // and testdata/fakenvrtc.c, a fake libnvrtc; on a GPU host scripts/gpu-check
 // runs them against the real driver and compiler.
 package cuda

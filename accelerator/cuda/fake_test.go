@@ -1,31 +1,27 @@
 package cuda
 
 import (
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 
 	"github.com/ebitengine/purego"
 
-	"github.com/vgpu/vgpu/internal/testenv"
+	"github.com/vgpu/vgpu/internal/fakegpu"
 )
 
-// The tests load testdata/fakecuda.c, built here with gcc, in place of
-// libcuda.so.1: a fake driver over host memory that stands in for the GPU
-// and driver this machine does not have, with the kernel catalog's CUDA C
-// compiled for the host by g++ (testdata/fakekernels.cc), which its
-// cuLaunchKernel runs thread by thread; testdata/fakenvrtc.c in place of
-// libnvrtc, whose "compiler" emits an image naming the source's kernels;
-// and testdata/fakecublas.c in place of libcublas, a reference SGEMM.
-// They run the binding's real dlopen, symbol binding, argument passing and
-// error paths, and the kernels' indexing; what only a GPU shows (real
-// compilation, parallel threads, real DMA, the driver's own checks) is
-// left to scripts/gpu-check.
+// The tests load the fake NVIDIA libraries internal/fakegpu builds with
+// gcc and g++: testdata/fakecuda.c in place of libcuda.so.1, a fake driver
+// over host memory that stands in for the GPU and driver this machine does
+// not have, with the kernel catalog's CUDA C compiled for the host
+// (testdata/fakekernels.cc), which its cuLaunchKernel runs thread by
+// thread; testdata/fakenvrtc.c in place of libnvrtc, whose "compiler"
+// emits an image naming the source's kernels; and testdata/fakecublas.c in
+// place of libcublas, a reference SGEMM. They run the binding's real
+// dlopen, symbol binding, argument passing and error paths, and the
+// kernels' indexing; what only a GPU shows (real compilation, parallel
+// threads, real DMA, the driver's own checks) is left to scripts/gpu-check.
 
 // fake is the built fake driver and its test controls.
 type fakeLib struct {
@@ -53,72 +49,41 @@ var (
 	fakeOnce sync.Once
 	fakeErr  error
 	fake     fakeLib
-	fakeDir  string
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if fakeDir != "" {
-		os.RemoveAll(fakeDir)
-	}
+	fakegpu.Remove()
 	os.Exit(code)
 }
 
-// buildFake compiles the fake driver once per test binary.
+// buildFake builds the fake libraries and binds their test controls, once
+// per test binary.
 func buildFake(t *testing.T) fakeLib {
 	t.Helper()
+	libs := fakegpu.Build(t)
 	fakeOnce.Do(func() {
-		for _, cc := range []string{"gcc", "g++"} {
-			if _, err := exec.LookPath(cc); err != nil {
-				fakeErr = fmt.Errorf("%s not found: %v", cc, err)
-				return
-			}
-		}
-		if fakeDir, fakeErr = os.MkdirTemp("", "fakecuda"); fakeErr != nil {
-			return
-		}
-		fake.path = filepath.Join(fakeDir, "libcuda.so.1")
-		fake.nvrtcPath = filepath.Join(fakeDir, "libnvrtc.so.13")
-		fake.cublasPath = filepath.Join(fakeDir, "libcublas.so.13")
-		in := func(name string) string { return filepath.Join(fakeDir, name) }
-		warn := []string{"-fPIC", "-O1", "-Wall", "-Werror"}
-		for _, cmd := range [][]string{
-			append([]string{"gcc", "-c", "-o", in("fakecuda.o"), "testdata/fakecuda.c"}, warn...),
-			// No contraction into fused multiply-adds, as NVRTC's --fmad=false.
-			append([]string{"g++", "-c", "-std=c++17", "-ffp-contract=off", "-o", in("fakekernels.o"), "testdata/fakekernels.cc"}, warn...),
-			{"g++", "-shared", "-o", fake.path, in("fakecuda.o"), in("fakekernels.o"), "-lm"},
-			append([]string{"gcc", "-shared", "-o", fake.nvrtcPath, "testdata/fakenvrtc.c"}, warn...),
-			append([]string{"gcc", "-shared", "-ffp-contract=off", "-o", fake.cublasPath, "testdata/fakecublas.c"}, warn...),
+		fake.path, fake.nvrtcPath, fake.cublasPath = libs.CUDA, libs.NVRTC, libs.CUBLAS
+		for _, bind := range []struct {
+			path string
+			fns  map[string]any
+		}{
+			{fake.path, map[string]any{"fake_inject": &fake.inject, "fake_live": &fake.live, "fake_set_memory": &fake.setMemory, "fake_calls": &fake.calls}},
+			{fake.nvrtcPath, map[string]any{"fake_nvrtc_compiles": &fake.compiles}},
+			{fake.cublasPath, map[string]any{"fake_cublas_calls": &fake.sgemms}},
 		} {
-			if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
-				fakeErr = fmt.Errorf("%s: %v\n%s", strings.Join(cmd, " "), err, out)
+			lib, err := purego.Dlopen(bind.path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+			if err != nil {
+				fakeErr = err
 				return
 			}
+			for name, fn := range bind.fns {
+				purego.RegisterLibFunc(fn, lib, name)
+			}
 		}
-		lib, err := purego.Dlopen(fake.path, purego.RTLD_NOW|purego.RTLD_LOCAL)
-		if err != nil {
-			fakeErr = err
-			return
-		}
-		purego.RegisterLibFunc(&fake.inject, lib, "fake_inject")
-		purego.RegisterLibFunc(&fake.live, lib, "fake_live")
-		purego.RegisterLibFunc(&fake.setMemory, lib, "fake_set_memory")
-		purego.RegisterLibFunc(&fake.calls, lib, "fake_calls")
-		nv, err := purego.Dlopen(fake.nvrtcPath, purego.RTLD_NOW|purego.RTLD_LOCAL)
-		if err != nil {
-			fakeErr = err
-			return
-		}
-		purego.RegisterLibFunc(&fake.compiles, nv, "fake_nvrtc_compiles")
-		blas, err := purego.Dlopen(fake.cublasPath, purego.RTLD_NOW|purego.RTLD_LOCAL)
-		if err != nil {
-			fakeErr = err
-			return
-		}
-		purego.RegisterLibFunc(&fake.sgemms, blas, "fake_cublas_calls")
 	})
 	if fakeErr != nil {
-		testenv.Missing(t, fmt.Sprintf("the fake libcuda: %v", fakeErr))
+		t.Fatalf("load the fake libraries' test controls: %v", fakeErr)
 	}
 	return fake
 }

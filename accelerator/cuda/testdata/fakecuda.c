@@ -1,13 +1,14 @@
 /*
  * fakecuda: a stand-in for libcuda.so.1 on hosts without an NVIDIA GPU.
  *
- * The cuda package's tests build this with gcc into a shared library and
+ * The tests build this with gcc into a shared library (internal/fakegpu) and
  * load it through the same dlopen path as the real driver, so that argument
  * passing (pointers, 64-bit device addresses, structs by pointer), error
  * codes and the error paths of the binding and of the cuda backend run for
  * real. It implements the driver calls the backend uses over host memory:
  *
- *   - one device ("vgpu fake GPU") whose memory size fake_set_memory sets;
+ *   - one device ("vgpu fake GPU") whose memory size fake_set_memory sets
+ *     (or VGPU_FAKE_GPU_MEMORY, in bytes, at cuInit);
  *   - a primary context that must be current on the calling thread
  *     (thread-local, as in the real driver) for every memory call;
  *   - virtual memory management, with the host's own: an address
@@ -56,8 +57,7 @@ typedef struct module *CUmodule;
 typedef struct function *CUfunction;
 
 /* fakekernels.cc: the catalog's kernels compiled for the host. Weak, so
- * that this file alone still builds a driver (without kernels), as
- * cmd/vgpu-node's tests build it. */
+ * that this file alone still builds a driver (without kernels). */
 __attribute__((weak)) void *fake_kernel(const char *name);
 __attribute__((weak)) int fake_run(void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
 				   unsigned bz, void **params);
@@ -194,6 +194,12 @@ CUresult cuInit(unsigned int flags) {
 	INJECT("cuInit");
 	if (flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
+	/* A process that loads this library in place of the driver (a
+	 * vgpu-node run by a test) sizes the device with the environment,
+	 * as the fake NVML (accelerator/gpus/testdata/fakenvml.c) does. */
+	const char *m = getenv("VGPU_FAKE_GPU_MEMORY");
+	if (m && *m)
+		memory = strtoull(m, NULL, 10);
 	initialised = 1;
 	return CUDA_SUCCESS;
 }
