@@ -240,3 +240,46 @@ func TestNodeRestartEndsTensorGraphs(t *testing.T) {
 		t.Fatalf("release of a graph of the restarted node: %v", err)
 	}
 }
+
+// What the mediator holds itself survives a node restart: an
+// oversubscribing session's chunk evicted to the host store reads back
+// intact on the restarted node, while one resident there is lost.
+func TestNodeRestartKeepsEvictedMemory(t *testing.T) {
+	const chunk = 2 << 20
+	sys := startOversubscribed(t, 64<<20, 2*chunk, 2, 64<<20) // two chunks resident at most
+	c := sys.dial(t, "a", 1)
+	addr := c.Devices()[0].Node
+	st := c.Stream()
+	var ps []client.Ptr
+	var data [][]byte
+	for i := range 3 { // the third evicts the first
+		p, err := c.Malloc(0, chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, data = append(ps, p), append(data, randomBytes(uint64(10+i), chunk))
+		st.CopyToDevice(p, data[i])
+		if err := st.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := mediator.SessionEvictions(sys.med, c.Session()); n != 1 {
+		t.Fatalf("%d evictions before the restart, want the first buffer's", n)
+	}
+
+	sys.nodes[0].Close()
+	node, _, err := accelerator.StartSim(addr, 1, 64<<20, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+	mallocWhenBack(t, c, 0)
+
+	got := make([]byte, chunk)
+	st.CopyFromDevice(got, ps[0])
+	if err := st.Synchronize(); err != nil || !bytes.Equal(got, data[0]) {
+		t.Fatalf("the evicted buffer after the restart: %v, equal %v", err, bytes.Equal(got, data[0]))
+	}
+	st.CopyFromDevice(got, ps[2])
+	wantErr(t, st.Synchronize(), api.ErrUnavailable, addr, "restarted")
+}
