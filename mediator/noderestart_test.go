@@ -72,12 +72,7 @@ func TestNodeRestartKeepsSession(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sys.nodes[restartAt].Close()
-	node, _, err := accelerator.StartSim(addrA, 1, 64<<20, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Close() })
+	sys.restartNode(t, restartAt, addrA)
 
 	// The session's next requests find the node back, at the latest once
 	// its watcher has redialled it: a new allocation there then works.
@@ -135,6 +130,18 @@ func TestNodeRestartKeepsSession(t *testing.T) {
 	}
 }
 
+// restartNode stops node i, at addr, and starts an empty one of one
+// 64 MiB device at the same address, as a node that restarts comes back.
+func (s *system) restartNode(t *testing.T, i int, addr string) {
+	t.Helper()
+	s.nodes[i].Close()
+	node, _, err := accelerator.StartSim(addr, 1, 64<<20, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+}
+
 // mallocWhenBack allocates 4 KiB on device dev, whose node restarted,
 // trying again while that fails with ErrUnavailable (the session has not
 // redialled the node yet), for up to 10 s.
@@ -171,12 +178,7 @@ func TestNodeRestartWithoutSums(t *testing.T) {
 	if err := c.Seal(w); err != nil {
 		t.Fatal(err)
 	}
-	sys.nodes[0].Close()
-	node, _, err := accelerator.StartSim(addr, 1, 64<<20, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Close() })
+	sys.restartNode(t, 0, addr)
 	mallocWhenBack(t, c, 0)
 	got := make([]byte, 64)
 	st.CopyFromDevice(got, w)
@@ -196,12 +198,7 @@ func TestNodeRestartEndsTensorGraphs(t *testing.T) {
 	checkAffine(t, c, id, w, 1)
 	addr := sys.med.Status().Nodes[0].Addr
 
-	sys.nodes[0].Close()
-	node, _, err := accelerator.StartSim(addr, 1, 64<<20, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Close() })
+	sys.restartNode(t, 0, addr)
 	deadline := time.Now().Add(10 * time.Second)
 	var fresh []uint64 // new allocations, which take the node's first frames again
 	for len(fresh) == 0 {
@@ -227,7 +224,7 @@ func TestNodeRestartEndsTensorGraphs(t *testing.T) {
 			putRaw(t, c, va+off, pattern)
 		}
 	}
-	_, err = invoke(t, c, id, nil, bytes.Repeat([]byte{1}, 4*n))
+	_, err := invoke(t, c, id, nil, bytes.Repeat([]byte{1}, 4*n))
 	wantErr(t, err, api.ErrUnavailable, addr, "restarted", fmt.Sprintf("tensor graph %d", id))
 	for _, va := range fresh {
 		for off := uint64(0); off < 4<<20; off += piece {
@@ -267,12 +264,7 @@ func TestNodeRestartKeepsEvictedMemory(t *testing.T) {
 		t.Fatalf("%d evictions before the restart, want the first buffer's", n)
 	}
 
-	sys.nodes[0].Close()
-	node, _, err := accelerator.StartSim(addr, 1, 64<<20, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Close() })
+	sys.restartNode(t, 0, addr)
 	mallocWhenBack(t, c, 0)
 
 	got := make([]byte, chunk)
