@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/internal/fakegpu"
 )
 
 var bin string
@@ -40,6 +41,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	fakegpu.Remove()
 	os.Exit(code)
 }
 
@@ -76,9 +78,18 @@ func startProc(t *testing.T, name string, args ...string) *proc {
 // startProcAs is startProc with the process's credentials (nil: the test's).
 func startProcAs(t *testing.T, cred *syscall.Credential, name string, args ...string) *proc {
 	t.Helper()
+	return startProcWith(t, cred, nil, name, args...)
+}
+
+// startProcWith is startProcAs with env added to the test's environment.
+func startProcWith(t *testing.T, cred *syscall.Credential, env []string, name string, args ...string) *proc {
+	t.Helper()
 	p := &proc{cmd: exec.Command(filepath.Join(bin, name), args...), out: &output{}}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +141,13 @@ func cluster(t *testing.T) (socket string) {
 // extra flags, and returns the mediator's socket.
 func startSystem(t *testing.T, nodeFlags, mediatorFlags []string) (socket string) {
 	t.Helper()
-	addr := startNode(t, nodeFlags...)
+	return startMediator(t, startNode(t, nodeFlags...), mediatorFlags...)
+}
+
+// startMediator starts a vgpu-mediator using the node at addr, with extra
+// flags, and returns its socket.
+func startMediator(t *testing.T, addr string, mediatorFlags ...string) (socket string) {
+	t.Helper()
 	dir := t.TempDir()
 	socket = filepath.Join(dir, "mediator.sock")
 	startProc(t, "vgpu-mediator", append([]string{"--socket", socket, "--node", addr, "--state-dir", dir,
@@ -151,7 +168,15 @@ func startNode(t *testing.T, flags ...string) (addr string) {
 // waits until it accepts connections.
 func startNodeAt(t *testing.T, addr string, flags ...string) *proc {
 	t.Helper()
-	p := startProc(t, "vgpu-node", append([]string{"--listen", addr, "--log-level", "warn"}, flags...)...)
+	return startNodeWith(t, nil, addr, append([]string{"--log-level", "warn"}, flags...)...)
+}
+
+// startNodeWith starts a vgpu-node listening on addr, with env added to
+// the test's environment and extra flags, and waits until it accepts
+// connections.
+func startNodeWith(t *testing.T, env []string, addr string, flags ...string) *proc {
+	t.Helper()
+	p := startProcWith(t, nil, env, "vgpu-node", append([]string{"--listen", addr}, flags...)...)
 	waitFor(t, "vgpu-node to listen", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/accelerator/gpus"
 	"github.com/vgpu/vgpu/accelerator/sim"
+	"github.com/vgpu/vgpu/internal/fakegpu"
 )
 
 // runNode runs this test binary as vgpu-node (TestMain) with args and env,
@@ -75,22 +76,29 @@ func TestCUDABackendWithoutDriver(t *testing.T) {
 		t.Errorf("took %v to fail", took)
 	}
 
-	// With a libcuda.so.1 on the loader's path (the fake driver of
-	// accelerator/cuda's tests) only NVML is missing, and only it is named.
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("no gcc to build the fake libcuda")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcuda.so.1"),
-		"../../accelerator/cuda/testdata/fakecuda.c").CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
-	stderr, _, err = runNode(t, []string{"LD_LIBRARY_PATH=" + dir}, "--backend", "cuda", "--listen", "127.0.0.1:0")
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
-		t.Fatalf("exit %v with a libcuda present, want status 1; stderr:\n%s", err, stderr)
-	}
-	if !strings.Contains(stderr, "libnvidia-ml.so.1 not found") || strings.Contains(stderr, "cannot load libcuda.so.1") {
-		t.Errorf("with libcuda.so.1 present, stderr should name only NVML:\n%s", stderr)
+	// With one of the driver's libraries on the loader's path (the fakes of
+	// internal/fakegpu) only the other is missing, and only it is named.
+	libs := fakegpu.Build(t)
+	for _, tc := range []struct {
+		lib, want, not string
+	}{
+		{libs.CUDA, "libnvidia-ml.so.1 not found", "cannot load libcuda.so.1"},
+		{libs.NVML, "cannot load libcuda.so.1", "libnvidia-ml.so.1 not found"},
+	} {
+		dir := t.TempDir()
+		if err := os.Symlink(tc.lib, filepath.Join(dir, filepath.Base(tc.lib))); err != nil {
+			t.Fatal(err)
+		}
+		stderr, took, err := runNode(t, []string{"LD_LIBRARY_PATH=" + dir}, "--backend", "cuda", "--kernels", "host", "--listen", "127.0.0.1:0")
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+			t.Fatalf("exit %v with only %s, want status 1; stderr:\n%s", err, filepath.Base(tc.lib), stderr)
+		}
+		if !strings.Contains(stderr, tc.want) || strings.Contains(stderr, tc.not) || strings.Contains(stderr, "serving") {
+			t.Errorf("with only %s, stderr should say %q and not %q:\n%s", filepath.Base(tc.lib), tc.want, tc.not, stderr)
+		}
+		if took > 10*time.Second {
+			t.Errorf("with only %s, took %v to fail", filepath.Base(tc.lib), took)
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/internal/fakegpu"
 )
 
 // With VGPU_NODE_ARGS set, the test binary is vgpu-node with those
@@ -26,7 +27,9 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	fakegpu.Remove()
+	os.Exit(code)
 }
 
 func TestWarnIfExposed(t *testing.T) {
