@@ -332,7 +332,7 @@ func run(o *options, cfg mediator.Config, sock hostSocket, pred *upgrade.Predece
 		log.WithError(err).Warn("no control socket: vgpuctl upgrade cannot reach this mediator")
 	} else {
 		defer ctl.Close()
-		u = &upgrader{o: o, m: m, host: host, ctl: ctl, log: log, stopServices: func() {
+		u = &upgrader{o: o, m: m, host: host, ctl: ctl, log: log, leaveCluster: leave, stopServices: func() {
 			if page != nil {
 				page.Close()
 			}

@@ -27,6 +27,10 @@ type upgrader struct {
 	// stopServices closes the status page and the metrics server, whose
 	// ports the successor listens on.
 	stopServices func()
+	// leaveCluster closes the etcd session (revoking its lease) in
+	// cluster mode: the successor registers under the same --cluster-id,
+	// which it waits for while the lease lives.
+	leaveCluster func()
 	log          logrus.FieldLogger
 	// orphaned: an upgrade handed over and no successor took over, so
 	// nothing serves; the process exits 1.
@@ -77,6 +81,7 @@ func (u *upgrader) do(req upgrade.Request) (upgrade.Report, bool) {
 	sockets[u.o.socket] = host
 	u.ctl.Close() // the successor binds its own
 	u.stopServices()
+	u.leaveCluster()
 	defer func() {
 		for _, f := range sockets {
 			f.Close()

@@ -1,0 +1,46 @@
+package e2e
+
+import (
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/etcdtest"
+)
+
+// TestLiveUpgradeCluster: vgpuctl upgrade of a mediator in cluster mode.
+// The successor registers under the same --cluster-id, which the old
+// process's etcd lease holds until that process lets it go: the upgrade
+// serves on the successor and the tenant's bytes read back intact, rather
+// than the successor waiting out a lease the old process keeps alive and
+// nothing serving after both binaries failed.
+func TestLiveUpgradeCluster(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	eps := strings.Join(etcd.Endpoints(), ",")
+	startNode(t, "--etcd", eps, "--etcd-ttl", "2s", "--memory", "256MiB")
+	dir := t.TempDir()
+	r := &restartable{t: t, dir: dir, socket: filepath.Join(dir, "m.sock")}
+	r.med = startProc(t, "vgpu-mediator", "--socket", r.socket, "--etcd", eps, "--cluster-id", "m1", "--etcd-ttl", "2s",
+		"--state-dir", filepath.Join(dir, "state"), "--container-dir", filepath.Join(dir, "c"), "--quota", "", "--containerd", "", "--log-level", "info")
+	waitFor(t, "the mediator to serve with its node", func() bool {
+		c, err := net.Dial("unix", r.socket)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return len(status(t, r.socket).Nodes) == 1
+	})
+	c, err := client.Dial(client.Options{Socket: r.socket, Tenant: "t", Reconnect: 30e9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ws := writeBuffers(t, c, 2<<20, 1000)
+	rep, out, err := r.upgradeTo("", "--upgrade-timeout", "30s")
+	if err != nil || rep.RolledBack || rep.NewPid == 0 {
+		t.Fatalf("vgpuctl upgrade in cluster mode: %v, report %+v\n%s\nmediator log:\n%s", err, rep, out, r.med.out)
+	}
+	checkBuffers(t, c, ws, "after the upgrade in cluster mode")
+}
