@@ -122,11 +122,7 @@ func (b *nodeBatch) merge(c *completion, v vdev, idx int, parts [][]byte) {
 	if len(parts) != 2 || api.Decode(parts[0], &at) != nil || len(at.Payload) != 0 || len(parts[1]) > api.MaxChunk {
 		// Not a write this file knows how to merge: alone, as it came.
 		b.flushWrites()
-		c.send(v.rpc, api.OpNodeWrite, nil, func(call *api.Call) {
-			if call.Err != nil {
-				c.fail(idx, api.OpNodeWrite, call.Err)
-			}
-		}, parts...)
+		c.send(v.rpc, api.OpNodeWrite, nil, c.failsAs(idx, api.OpNodeWrite), parts...)
 		return
 	}
 	w := &b.w
@@ -161,12 +157,7 @@ func (b *nodeBatch) flushWrites() {
 	} else {
 		w.parts[0] = api.Encode(&w.access)
 	}
-	c, idx := w.c, w.idx
-	c.send(w.v.rpc, api.OpNodeWrite, nil, func(call *api.Call) {
-		if call.Err != nil {
-			c.fail(idx, api.OpNodeWrite, call.Err)
-		}
-	}, w.parts...)
+	w.c.send(w.v.rpc, api.OpNodeWrite, nil, w.c.failsAs(w.idx, api.OpNodeWrite), w.parts...)
 	// send has written the parts out (wire.Conn writes a frame before it
 	// returns); drop them, keep the slices' room.
 	clear(w.parts)
@@ -183,11 +174,7 @@ func (b *nodeBatch) flushCommands() {
 	idx := slices.Clone(b.idx) // the continuation keeps it; b's is reused
 	ops = slices.Clone(ops)
 	if len(idx) == 1 {
-		c.send(v.rpc, ops[0], nil, func(call *api.Call) {
-			if call.Err != nil {
-				c.fail(idx[0], ops[0], call.Err)
-			}
-		}, b.body[cmdHeader:]) // the one command's body, after its header
+		c.send(v.rpc, ops[0], nil, c.failsAs(idx[0], ops[0]), b.body[cmdHeader:]) // the one command's body, after its header
 	} else {
 		var hdr api.Encoder
 		hdr.U32(0)
@@ -205,4 +192,14 @@ func (b *nodeBatch) flushCommands() {
 	}
 	// The body's bytes were written out by send; its buffer is reused.
 	*b = nodeBatch{body: b.body[:0], idx: b.idx[:0], ops: b.ops[:0], w: b.w}
+}
+
+// failsAs is a node call's check that charges its failure to command idx
+// of c, as op.
+func (c *completion) failsAs(idx int, op api.Op) func(*api.Call) {
+	return func(call *api.Call) {
+		if call.Err != nil {
+			c.fail(idx, op, call.Err)
+		}
+	}
 }
