@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vgpu/vgpu/api/vocab"
 	"github.com/vgpu/vgpu/internal/daemon"
@@ -15,6 +18,8 @@ import (
 
 // ListenControl listens on the control socket of the mediator serving
 // socket: mode 0600, so only its user (and root) may ask for an upgrade.
+// The mode is set after the bind, so ServeControl checks each peer's
+// user as well.
 func ListenControl(socket string) (net.Listener, error) {
 	return daemon.ListenUnix(socket+ControlSuffix, 0o600, -1)
 }
@@ -22,6 +27,9 @@ func ListenControl(socket string) (net.Listener, error) {
 // ServeControl answers each request on l with do's report, one connection
 // at a time (an upgrade at a time), until l is closed. do returns whether
 // this process must stop serving the control socket (it handed over).
+// Only this process's user and root are served: a connection made while
+// the socket still had the umask's mode, before ListenControl's chmod,
+// lasts beyond it, and an upgrade runs a binary of the asker's choice.
 func ServeControl(l net.Listener, do func(Request) (Report, bool)) {
 	for {
 		c, err := l.Accept()
@@ -30,7 +38,12 @@ func ServeControl(l net.Listener, do func(Request) (Report, bool)) {
 		}
 		var req Request
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		line, err := bufio.NewReader(c).ReadBytes('\n')
+		// Read before the check, so that a refused asker reads the refusal
+		// rather than a reset connection; the limit bounds what it costs.
+		line, err := bufio.NewReader(io.LimitReader(c, 64<<10)).ReadBytes('\n')
+		if perr := operator(c); perr != nil {
+			line, err = nil, perr
+		}
 		if err == nil {
 			err = json.Unmarshal(line, &req)
 		}
@@ -51,6 +64,29 @@ func ServeControl(l net.Listener, do func(Request) (Report, bool)) {
 			return
 		}
 	}
+}
+
+// operator checks that c's peer is this process's user or root.
+func operator(c net.Conn) error {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("not a Unix socket connection: %w", vocab.ErrPermissionDenied)
+	}
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("peer credentials: %v: %w", err, vocab.ErrPermissionDenied)
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil || credErr != nil {
+		return fmt.Errorf("peer credentials: %v: %w", errors.Join(err, credErr), vocab.ErrPermissionDenied)
+	}
+	if cred.Uid != 0 && int(cred.Uid) != os.Geteuid() {
+		return fmt.Errorf("uid %d: only the mediator's user (uid %d) and root may upgrade it: %w", cred.Uid, os.Geteuid(), vocab.ErrPermissionDenied)
+	}
+	return nil
 }
 
 // Ask asks the mediator serving socket to upgrade, and waits for its

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +27,10 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	case "serve":
 		os.Exit(serveChild())
+	case "ask":
+		_, err := Ask(os.Getenv("UPGRADE_TEST_SOCKET"), Request{Binary: "/tmp/not-the-operators"})
+		fmt.Println(err)
+		os.Exit(0)
 	case "fail-late":
 		pred, err := Inherited()
 		if err == nil {
@@ -205,5 +211,61 @@ func TestControlSocket(t *testing.T) {
 	}
 	if r := <-asked; r.Binary != "/new" {
 		t.Fatalf("the upgrade asked for %+v, want binary /new", r)
+	}
+}
+
+// TestControlSocketRefusesOtherUsers: a connection from a user other than
+// the mediator's (and root's) is refused whatever the socket's mode — as
+// during the moment between the socket's bind, with the umask's mode, and
+// its chmod to 0600, when another user may connect and then keep the
+// connection. Here the socket is left 0666 and the request comes from
+// nobody; it must not reach the upgrade.
+func TestControlSocketRefusesOtherUsers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to connect as another user")
+	}
+	dir, err := os.MkdirTemp("", "upgrade-ctl") // t.TempDir's parent is root's alone
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	sock := filepath.Join(dir, "m.sock")
+	l, err := net.Listen("unix", sock+ControlSuffix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	os.Chmod(sock+ControlSuffix, 0o666)
+	asked := make(chan Request, 1)
+	go ServeControl(l, func(r Request) (Report, bool) {
+		asked <- r
+		return Report{OldPid: 1, NewPid: 2, Binary: r.Binary}, false
+	})
+	self, err := os.ReadFile(os.Args[0]) // its directory is the test's user's alone
+	if err != nil {
+		t.Fatal(err)
+	}
+	asker := filepath.Join(dir, "asker")
+	if err := os.WriteFile(asker, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(asker)
+	cmd.Env = append(os.Environ(), childEnv+"=ask", "UPGRADE_TEST_SOCKET="+sock)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the request as nobody: %v\n%s", err, out)
+	}
+	select {
+	case r := <-asked:
+		t.Fatalf("a request from uid 65534 reached the upgrade: %+v", r)
+	default:
+	}
+	if !strings.Contains(string(out), "uid 65534") {
+		t.Fatalf("the answer to uid 65534: %s, want a refusal naming it", out)
+	}
+	if rep, err := Ask(sock, Request{Binary: "/new"}); err != nil || rep.Binary != "/new" {
+		t.Fatalf("Ask as root: %+v, %v", rep, err)
 	}
 }
