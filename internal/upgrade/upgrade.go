@@ -241,6 +241,9 @@ func (s *Successor) Pid() int { return s.cmd.Process.Pid }
 // The caller keeps its own descriptors of the sockets: on an error, s is
 // killed and they may be passed to another successor.
 func (s *Successor) Pass(sockets map[string]*os.File, timeout time.Duration) error {
+	// A successor that reads nothing more fills the handshake's buffer:
+	// without this, a send would wait for it for ever.
+	s.hs.SetWriteDeadline(time.Now().Add(timeout))
 	for path, f := range sockets {
 		if err := send(s.hs, Message{Socket: path}, int(f.Fd())); err != nil {
 			return s.fail("as it was given the sockets", err)

@@ -27,6 +27,15 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	case "serve":
 		os.Exit(serveChild())
+	case "took-then-stall": // takes over, then reads nothing more
+		pred, err := Inherited()
+		if err == nil {
+			err = send(pred.hs, Message{Took: true}, -1)
+		}
+		if err != nil {
+			os.Exit(2)
+		}
+		time.Sleep(time.Hour)
 	case "ask":
 		_, err := Ask(os.Getenv("UPGRADE_TEST_SOCKET"), Request{Binary: "/tmp/not-the-operators"})
 		fmt.Println(err)
@@ -267,5 +276,44 @@ func TestControlSocketRefusesOtherUsers(t *testing.T) {
 	}
 	if rep, err := Ask(sock, Request{Binary: "/new"}); err != nil || rep.Binary != "/new" {
 		t.Fatalf("Ask as root: %+v, %v", rep, err)
+	}
+}
+
+// TestPassTimesOutOnAStalledSuccessor: a successor that takes over and
+// then reads nothing fills the handshake's buffer as the sockets are
+// passed; Pass still fails at its timeout, having killed it, rather than
+// blocking in a send for ever with nothing serving.
+func TestPassTimesOutOnAStalledSuccessor(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	f, err := l.(*net.UnixListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sockets := map[string]*os.File{}
+	for i := range 5000 { // more packets than the handshake's buffer holds
+		sockets[fmt.Sprintf("%s.%d", path, i)] = f
+	}
+	t.Setenv(childEnv, "took-then-stall")
+	s, err := Start(os.Args[0], nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.cmd.Process.Kill()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- s.Pass(sockets, 500*time.Millisecond) }()
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Pass to a stalled successor still blocks after 20s with a 500ms timeout")
+	}
+	if !errors.Is(err, vocab.ErrUnavailable) || !strings.Contains(err.Error(), "as it was given the sockets") {
+		t.Fatalf("Pass to a stalled successor, after %v: %v", time.Since(start), err)
 	}
 }
