@@ -37,17 +37,17 @@ type Libs struct {
 }
 
 var (
-	once  sync.Once
-	built Libs
-	err   error
+	once     sync.Once
+	built    Libs
+	buildErr error
 )
 
 // Build builds the fake libraries, once per process, and returns them.
 func Build(tb testing.TB) Libs {
 	tb.Helper()
-	once.Do(func() { built, err = build() })
-	if err != nil {
-		testenv.Missing(tb, fmt.Sprintf("the fake NVIDIA libraries: %v", err))
+	once.Do(func() { built, buildErr = build() })
+	if buildErr != nil {
+		testenv.Missing(tb, fmt.Sprintf("the fake NVIDIA libraries: %v", buildErr))
 	}
 	return built
 }
