@@ -44,3 +44,23 @@ func TestLiveUpgradeCluster(t *testing.T) {
 	}
 	checkBuffers(t, c, ws, "after the upgrade in cluster mode")
 }
+
+// TestLiveUpgradeTwiceBeforeResume: two upgrades in a row while a tenant,
+// idle, has not yet resumed its session on the first successor (it waits
+// restored, its journal and frames kept): the second successor restores it
+// again, and every byte reads back.
+func TestLiveUpgradeTwiceBeforeResume(t *testing.T) {
+	r := newRestartable(t)
+	r.start()
+	c := r.dial(30e9)
+	ws := writeBuffers(t, c, 4<<20, 4000)
+	for i := range 2 {
+		if rep, out, err := r.upgradeTo(""); err != nil || rep.RolledBack {
+			t.Fatalf("upgrade %d: %v, report %+v\n%s\nmediator log:\n%s", i+1, err, rep, out, r.med.out)
+		}
+	}
+	if n := strings.Count(r.med.out.String(), "session resumed"); n != 0 {
+		t.Fatalf("%d sessions resumed before the tenant called again: the upgrades did not find it waiting\n%s", n, r.med.out)
+	}
+	checkBuffers(t, c, ws, "after two upgrades with the session not resumed in between")
+}
