@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -49,6 +50,11 @@ func ServeControl(l net.Listener, do func(Request) (Report, bool)) {
 		}
 		if err == nil && req.Timeout < 0 {
 			err = fmt.Errorf("timeout %v: want 0 (the default) or more", req.Timeout)
+		}
+		if err == nil && req.Binary != "" && !filepath.IsAbs(req.Binary) {
+			// Resolved here, it would name a file in this process's
+			// working directory, not the asker's.
+			err = fmt.Errorf("binary %q: want an absolute path: %w", req.Binary, vocab.ErrInvalidArgument)
 		}
 		var rep Report
 		stop := false

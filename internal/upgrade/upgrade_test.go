@@ -317,3 +317,28 @@ func TestPassTimesOutOnAStalledSuccessor(t *testing.T) {
 		t.Fatalf("Pass to a stalled successor, after %v: %v", time.Since(start), err)
 	}
 }
+
+// TestControlSocketRefusesARelativeBinary: a request naming a relative
+// binary is refused, naming it, rather than run from the mediator's
+// working directory, which is not the asker's.
+func TestControlSocketRefusesARelativeBinary(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "m.sock")
+	l, err := ListenControl(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	asked := make(chan Request, 1)
+	go ServeControl(l, func(r Request) (Report, bool) {
+		asked <- r
+		return Report{OldPid: 1, NewPid: 2, Binary: r.Binary}, false
+	})
+	if _, err := Ask(sock, Request{Binary: "bin/vgpu-mediator"}); err == nil || !strings.Contains(err.Error(), `"bin/vgpu-mediator"`) {
+		t.Fatalf("Ask with a relative binary: %v", err)
+	}
+	select {
+	case r := <-asked:
+		t.Fatalf("a relative binary reached the upgrade: %+v", r)
+	default:
+	}
+}
