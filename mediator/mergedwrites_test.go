@@ -11,7 +11,8 @@ import (
 // A batch of copies too large to gather into a node batch (64 KiB each,
 // from host memory) reaches the node as a few merged writes, not a request
 // each, and lands as the copies would one by one: scattered offsets, in
-// reverse order, and the later of two copies to one place wins.
+// reverse order, and the later of two copies to one place wins. Copies
+// back into host memory are merged reads, each landing where it should.
 func TestLargeWritesOfABatchAreMerged(t *testing.T) {
 	sys := start(t, 1, 1, 64<<20, 0)
 	c := sys.dial(t, "acme", 1)
@@ -53,15 +54,29 @@ func TestLargeWritesOfABatchAreMerged(t *testing.T) {
 	if after.CopiedIn-before.CopiedIn != size*(n+1) {
 		t.Fatalf("%d bytes counted copied in, %d copied", after.CopiedIn-before.CopiedIn, size*(n+1))
 	}
+	// And back, the same way: reads into host memory, merged too.
 	got, err := c.HostAlloc(size * n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.CopyFromDevice(got, p)
+	for i := range n {
+		s.CopyFromDevice(got[i*size:(i+1)*size], p+client.Ptr((n-1-i)*size))
+	}
 	if err := s.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(got, want) {
-		t.Fatal("merged writes left the device's memory other than the copies one by one would")
+	back, err := c.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each reply carries its payload behind its header.
+	if replies := (back.NetIn - after.NetIn - size*n) / api.HeaderSize; replies > n/4 {
+		t.Fatalf("%d node replies for %d copies of %d bytes from the device in one batch: not merged", replies, n, size)
+	}
+	for i := range n {
+		at := (n - 1 - i) * size
+		if !bytes.Equal(got[i*size:(i+1)*size], want[at:at+size]) {
+			t.Fatalf("copy %d from the device brought back other bytes than the merged writes left", i)
+		}
 	}
 }

@@ -15,13 +15,16 @@ import (
 // a thousand. The node names its first failing command; the failure is
 // charged to the tenant command that issued it.
 //
-// Larger writes are merged instead: a run of them to one device becomes
-// one api.OpNodeWrite of all their extents, up to api.MaxChunk of payload,
-// whose payloads are not copied but written with the request in one
-// vectored write (wire.Conn). A tenant batch of 64 KiB copies so costs the
-// node one request per MiB, as a copy of 1 MiB does, not one per copy. The
-// node checks every extent of a write before it writes any; a merged write
-// it refuses is charged to the first command of the run.
+// Larger writes, and reads into host memory, are merged instead: a run of
+// them to one device becomes one api.OpNodeWrite (api.OpNodeRead) of all
+// their extents, up to api.MaxChunk of payload. A merged write's payloads
+// are not copied but written with the request in one vectored write
+// (wire.Conn); a merged read's reply is read straight into each read's
+// destination in turn (api.RPC.GoThenScatter). A tenant batch of 64 KiB
+// copies so costs the node one request per MiB, as a copy of 1 MiB does,
+// not one per copy. The node checks every extent of a request before it
+// touches any; a merged request it refuses is charged to the first command
+// of the run.
 
 // Limits of gathering: bodies larger than gatherItem go alone, and a node
 // batch is sent once it holds gatherBytes.
@@ -37,7 +40,7 @@ const mergeExtents = 256
 func gatherable(op api.Op, parts [][]byte) bool {
 	switch op {
 	case api.OpNodeWrite:
-		return true // merged if large (writeRun)
+		return true // merged if large (run)
 	case api.OpNodeLaunch, api.OpNodeFill, api.OpNodeCopy:
 	default:
 		return false
@@ -57,19 +60,22 @@ type nodeBatch struct {
 	body []byte   // commands, each as api.Batch encodes them
 	idx  []int    // the tenant command of each
 	ops  []api.Op // and its node operation
-	w    writeRun // large writes being merged; empty while body holds commands
+	w    run      // large writes or reads being merged; empty while body holds commands
 }
 
-// writeRun is large writes of one completion to one device, to be sent as
-// one: their fields (api.NodeAccess without payload) and payloads, not
-// copied.
-type writeRun struct {
+// run is large writes, or reads, of one completion to one device, to be
+// sent as one: their fields (api.NodeAccess without payload) merged, and
+// their payloads or destinations, not copied.
+type run struct {
 	c      *completion
 	v      vdev
-	idx    int // the tenant command of the first
+	op     api.Op // api.OpNodeWrite or api.OpNodeRead
+	idx    int    // the tenant command of the first
+	calls  int
 	access api.NodeAccess
-	first  []byte   // the first write's fields as its caller encoded them
-	parts  [][]byte // the payloads in order, after a slot for the fields
+	first  []byte   // the first call's fields as its caller encoded them
+	parts  [][]byte // writes: the payloads in order, after a slot for the fields
+	into   [][]byte // reads: the destinations in order
 	n      int      // payload bytes
 }
 
@@ -87,10 +93,10 @@ func (b *nodeBatch) add(c *completion, v vdev, idx int, op api.Op, parts [][]byt
 		n += len(p)
 	}
 	if op == api.OpNodeWrite && n > gatherItem {
-		b.merge(c, v, idx, parts)
+		b.merge(c, v, idx, op, nil, parts)
 		return
 	}
-	b.flushWrites() // sent first: it came first
+	b.flushRun() // sent first: it came first
 	if len(b.idx) > 0 && (b.c != c || b.v.rpc != v.rpc) {
 		b.flush()
 	}
@@ -112,56 +118,92 @@ func (b *nodeBatch) add(c *completion, v vdev, idx int, op api.Op, parts [][]byt
 	}
 }
 
-// merge adds a large write to the run, sending the run first when the
-// write cannot join it: another completion, connection or device, or past
-// api.MaxChunk of payload or mergeExtents extents. parts are the write's
-// fields and its payload, as writeChunk and issueLocked make them.
-func (b *nodeBatch) merge(c *completion, v vdev, idx int, parts [][]byte) {
+// addRead merges a read into host memory at into (which must stay
+// untouched until the read completes, as the tenant's shared memory does)
+// into the run of reads.
+func (b *nodeBatch) addRead(c *completion, v vdev, idx int, into []byte, parts [][]byte) {
+	b.merge(c, v, idx, api.OpNodeRead, into, parts)
+}
+
+// merge adds a large write (parts: its fields and payload) or a read
+// (into, and parts: its fields) to the run, sending the run first when
+// the call cannot join it: another completion, connection, device or
+// operation, or past api.MaxChunk of payload or mergeExtents extents.
+func (b *nodeBatch) merge(c *completion, v vdev, idx int, op api.Op, into []byte, parts [][]byte) {
 	b.flushCommands() // sent first: they came first
 	var at api.NodeAccess
-	if len(parts) != 2 || api.Decode(parts[0], &at) != nil || len(at.Payload) != 0 || len(parts[1]) > api.MaxChunk {
-		// Not a write this file knows how to merge: alone, as it came.
-		b.flushWrites()
-		c.send(v.rpc, api.OpNodeWrite, nil, c.failsAs(idx, api.OpNodeWrite), parts...)
+	n, fields := len(into), 1
+	if op == api.OpNodeWrite {
+		n, fields = len(parts[len(parts)-1]), 2
+	}
+	if len(parts) != fields || api.Decode(parts[0], &at) != nil || len(at.Payload) != 0 || n > api.MaxChunk {
+		// Not a call this file knows how to merge: alone, as it came.
+		b.flushRun()
+		c.send(v.rpc, op, into, c.failsAs(idx, op), parts...)
 		return
 	}
 	w := &b.w
-	if len(w.parts) > 0 && (w.c != c || w.v.rpc != v.rpc || w.access.Device != at.Device ||
-		w.n+len(parts[1]) > api.MaxChunk || len(w.access.Extents)+len(at.Extents) > mergeExtents) {
-		b.flushWrites()
+	if w.calls > 0 && (w.c != c || w.v.rpc != v.rpc || w.op != op || w.access.Device != at.Device ||
+		w.n+n > api.MaxChunk || len(w.access.Extents)+len(at.Extents) > mergeExtents) {
+		b.flushRun()
 	}
-	if len(w.parts) == 0 {
-		w.c, w.v, w.idx, w.first = c, v, idx, parts[0]
+	if w.calls == 0 {
+		w.c, w.v, w.op, w.idx, w.first = c, v, op, idx, parts[0]
 		w.access = api.NodeAccess{Device: at.Device, Extents: w.access.Extents[:0]}
 		w.parts = append(w.parts[:0], nil) // the fields' slot
+		w.into = nil                       // the last run's belong to its call
 	}
+	w.calls++
 	w.access.Extents = append(w.access.Extents, at.Extents...)
-	w.parts = append(w.parts, parts[1])
-	w.n += len(parts[1])
+	if op == api.OpNodeWrite {
+		w.parts = append(w.parts, parts[1])
+	} else {
+		w.into = append(w.into, into)
+	}
+	w.n += n
 }
 
 // flush sends what is gathered or merged.
 func (b *nodeBatch) flush() {
-	b.flushWrites()
+	b.flushRun()
 	b.flushCommands()
 }
 
-// flushWrites sends the run of large writes as one write.
-func (b *nodeBatch) flushWrites() {
+// flushRun sends the run of large writes or reads as one call.
+func (b *nodeBatch) flushRun() {
 	w := &b.w
-	if len(w.parts) == 0 {
+	if w.calls == 0 {
 		return
 	}
-	if len(w.parts) == 2 {
-		w.parts[0] = w.first // alone: its fields as they came
-	} else {
+	w.parts[0] = w.first // alone: its fields as they came
+	if w.calls > 1 {
 		w.parts[0] = api.Encode(&w.access)
 	}
-	w.c.send(w.v.rpc, api.OpNodeWrite, nil, w.c.failsAs(w.idx, api.OpNodeWrite), w.parts...)
+	check := w.c.failsAs(w.idx, w.op)
+	switch {
+	case w.op == api.OpNodeWrite:
+		w.c.send(w.v.rpc, w.op, nil, check, w.parts...)
+	case w.calls == 1:
+		w.c.send(w.v.rpc, w.op, w.into[0], check, w.parts[0])
+	default:
+		w.c.sendScatter(w.v.rpc, w.op, w.into, check, w.parts[0])
+	}
 	// send has written the parts out (wire.Conn writes a frame before it
-	// returns); drop them, keep the slices' room.
+	// returns); drop them, keep the slices' room. The call keeps into.
 	clear(w.parts)
-	*w = writeRun{access: api.NodeAccess{Extents: w.access.Extents[:0]}, parts: w.parts[:0]}
+	*w = run{access: api.NodeAccess{Extents: w.access.Extents[:0]}, parts: w.parts[:0]}
+}
+
+// sendScatter is send for a read whose reply is read into the pieces of
+// into in turn.
+func (c *completion) sendScatter(rpc *api.RPC, op api.Op, into [][]byte, check func(*api.Call), parts ...[]byte) {
+	c.pending.Add(1)
+	c.st.calls.add(1)
+	rpc.GoThenScatter(op, into, func(call *api.Call) {
+		check(call)
+		c.done()
+		c.st.calls.add(-1)
+	}, parts...)
 }
 
 // flushCommands sends the gathered commands: one alone, several as a node

@@ -234,12 +234,17 @@ func (c *completion) fail(idx int, op api.Op, err error) {
 
 // call issues a node call for command idx of c. While the stream issues a
 // batch, calls with small bodies and empty replies are gathered into one
-// node batch (nodebatch.go); any other call first sends what was gathered,
-// so the node sees them in order.
+// node batch, and large writes and reads into host memory merged
+// (nodebatch.go); any other call first sends what was gathered, so the
+// node sees them in order.
 func (c *completion) call(v vdev, idx int, op api.Op, into []byte, parts ...[]byte) {
 	st := c.st
 	if st.gather && into == nil && gatherable(op, parts) {
 		st.nb.add(c, v, idx, op, parts)
+		return
+	}
+	if st.gather && op == api.OpNodeRead && c.out == nil {
+		st.nb.addRead(c, v, idx, into, parts)
 		return
 	}
 	st.nb.flush()

@@ -2,11 +2,14 @@ package wire
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/vgpu/vgpu/api/vocab"
 )
 
 // tcpPair returns the two ends of a loopback TCP connection.
@@ -178,6 +181,42 @@ func TestBulkFramesBypassTheBuffers(t *testing.T) {
 			sent, _ := wc.Counts()
 			if _, recv := rc.Counts(); sent != recv {
 				t.Fatalf("%d bytes sent, %d read", sent, recv)
+			}
+		})
+	}
+}
+
+// A reply read by GoThenScatter lands in the pieces in order, a bulk one
+// too; a reply of another length fails its call as a protocol error and
+// the connection carries on.
+func TestGoThenScatter(t *testing.T) {
+	for _, mode := range rpcModes {
+		t.Run(mode.name, func(t *testing.T) {
+			r := mode.dial(t, serve(t, echo))
+			for _, size := range []int{10, 100 << 10} {
+				body := make([]byte, size)
+				for i := range body {
+					body[i] = byte(i*13 + size)
+				}
+				a, b, c := make([]byte, size/5), make([]byte, 0), make([]byte, size-size/5)
+				then := make(chan bool, 1)
+				call := r.GoThenScatter(opNodeRead, [][]byte{a, b, c}, func(*Call) { then <- true }, body)
+				if err := waitCall(t, call); err != nil {
+					t.Fatalf("%d bytes: %v", size, err)
+				}
+				if !<-then {
+					t.Fatal("continuation did not run")
+				}
+				if !bytes.Equal(append(append(a, b...), c...), body) || call.Body != nil {
+					t.Fatalf("%d bytes: the pieces hold other bytes than the reply", size)
+				}
+			}
+			call := r.GoThenScatter(opNodeRead, [][]byte{make([]byte, 3), make([]byte, 4)}, nil, []byte("six!!!"))
+			if err := waitCall(t, call); !errors.Is(err, vocab.ErrProtocol) {
+				t.Fatalf("reply of 6 bytes into pieces of 7: %v, want ErrProtocol", err)
+			}
+			if _, err := r.Call(opNodeRead, nil, []byte("still")); err != nil {
+				t.Fatalf("call after a reply of the wrong length: %v", err)
 			}
 		})
 	}

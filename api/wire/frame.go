@@ -213,20 +213,33 @@ func (c *Conn) ReadHeader() (Header, error) {
 
 // ReadBody reads the body of the frame whose header was just read into p,
 // which must be exactly h.Len long. The body must arrive within BodyTimeout.
-func (c *Conn) ReadBody(p []byte) error {
-	if len(p) == 0 {
+func (c *Conn) ReadBody(p []byte) error { return c.readBody(p) }
+
+// readBody is ReadBody for a body read into the pieces of ps in order, as
+// long together as the body.
+func (c *Conn) readBody(ps ...[]byte) error {
+	n := 0
+	for _, p := range ps {
+		n += len(p)
+	}
+	if n == 0 {
 		return nil
 	}
-	if c.r.Buffered() < len(p) {
+	if c.r.Buffered() < n {
 		_ = c.nc.SetReadDeadline(time.Now().Add(BodyTimeout))
 		defer c.nc.SetReadDeadline(time.Time{})
 	}
-	n, err := c.readFull(p)
-	c.recv.Add(uint64(n))
-	if errors.Is(err, io.EOF) {
-		err = io.ErrUnexpectedEOF
+	for _, p := range ps {
+		n, err := c.readFull(p)
+		c.recv.Add(uint64(n))
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return err
+		}
 	}
-	return err
+	return nil
 }
 
 // readFull fills p by read.

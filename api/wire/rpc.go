@@ -16,9 +16,21 @@ type Call struct {
 	Body []byte // the reply body, unless into was given
 	Err  error
 	into []byte
-	done chan struct{}
-	then func(*Call) // run once the call completes, by whoever completes it
-	rpc  *RPC        // set where waiters read replies (NewRPCCallerReads)
+	// scatter, if set instead of into, are the places the reply body is
+	// read into, in order (GoThenScatter).
+	scatter [][]byte
+	done    chan struct{}
+	then    func(*Call) // run once the call completes, by whoever completes it
+	rpc     *RPC        // set where waiters read replies (NewRPCCallerReads)
+}
+
+// intoLen is how long a reply read into place must be.
+func (c *Call) intoLen() int {
+	n := len(c.into)
+	for _, p := range c.scatter {
+		n += len(p)
+	}
+	return n
 }
 
 // finish runs c's continuation, which may still change Err and Body, and
@@ -182,6 +194,19 @@ func (r *RPC) GoThen(op Op, into []byte, then func(*Call), parts ...[]byte) *Cal
 	return c
 }
 
+// GoThenScatter is GoThen for a reply whose body is read straight into
+// the pieces of into, in order, and must fill them exactly: one request
+// for several destinations (the mediator's merged reads).
+func (r *RPC) GoThenScatter(op Op, into [][]byte, then func(*Call), parts ...[]byte) *Call {
+	c, ok := r.registerCall(&Call{Op: op, scatter: into, then: then})
+	if ok {
+		if err := r.conn.WriteFrame(op, 0, c.id, parts...); err != nil {
+			r.sendFailed(c, err)
+		}
+	}
+	return c
+}
+
 // register makes a call pending under a new id and reports true, or
 // completes it at once with the error that broke the connection. The
 // caller sends the request only on true, and must not read c.Err to tell:
@@ -191,7 +216,11 @@ func (r *RPC) register(op Op, into []byte) (*Call, bool) {
 }
 
 func (r *RPC) registerThen(op Op, into []byte, then func(*Call)) (*Call, bool) {
-	c := &Call{Op: op, into: into, done: make(chan struct{}), then: then}
+	return r.registerCall(&Call{Op: op, into: into, then: then})
+}
+
+func (r *RPC) registerCall(c *Call) (*Call, bool) {
+	c.done = make(chan struct{})
 	if r.role != nil {
 		c.rpc = r
 	}
@@ -334,12 +363,14 @@ func (r *RPC) readOne() error {
 				c.Err = fmt.Errorf("%s: error reply to %v (request %d): %w", r.name, h.Op, h.ID, c.Err)
 			}
 		}
-	case c.into != nil:
-		if int(h.Len) != len(c.into) {
+	case c.into != nil || c.scatter != nil:
+		if want := c.intoLen(); int(h.Len) != want {
 			// The frame is well formed, so skip its body: this call fails,
 			// the connection and the other calls on it carry on.
-			c.Err = fmt.Errorf("%s replied %d bytes to %v, want %d: %w", r.name, h.Len, h.Op, len(c.into), vocab.ErrProtocol)
+			c.Err = fmt.Errorf("%s replied %d bytes to %v, want %d: %w", r.name, h.Len, h.Op, want, vocab.ErrProtocol)
 			err = r.conn.skipBody(int(h.Len))
+		} else if c.scatter != nil {
+			err = r.conn.readBody(c.scatter...)
 		} else {
 			err = r.conn.ReadBody(c.into)
 		}
