@@ -65,6 +65,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -144,6 +145,7 @@ type device struct {
 // Node serves devices to mediators.
 type Node struct {
 	backend string
+	boot    string // drawn at start (api.NodeStatus.Boot)
 	devs    []*device
 	log     logrus.FieldLogger
 
@@ -177,7 +179,7 @@ type Node struct {
 // New returns a node that serves devs, whose memory sizes must be multiples
 // of FrameSize. backend names them in status ("sim").
 func New(backend string, devs []Device, log logrus.FieldLogger) (*Node, error) {
-	n := &Node{backend: backend, log: log, content: newContentIndex(), objects: newObjectTable(), conns: map[net.Conn]struct{}{},
+	n := &Node{backend: backend, boot: bootID(), log: log, content: newContentIndex(), objects: newObjectTable(), conns: map[net.Conn]struct{}{},
 		tenants: map[string]*tenantLimits{}, grace: DefaultReattachGrace, parked: map[owner]*parkedConn{}, attached: map[owner]*conn{}, parkedNote: make(chan struct{}), graphLimits: graphLimits{MaxNodeGraphs, MaxNodeGraphLaunches, MaxNodeGraphExtents}}
 	for i, d := range devs {
 		info := d.Info()
@@ -259,9 +261,15 @@ func (n *Node) Close() error {
 	return errors.Join(errs...)
 }
 
+// bootID draws a node's boot id: 64 random bits, so that two starts of a
+// node share one with a chance of 2⁻⁶⁴.
+func bootID() string {
+	return fmt.Sprintf("%016x", rand.Uint64())
+}
+
 // Status reports devices and their use.
 func (n *Node) Status() api.NodeStatus {
-	st := api.NodeStatus{Backend: n.backend, Coherence: n.objects.status()}
+	st := api.NodeStatus{Backend: n.backend, Boot: n.boot, Coherence: n.objects.status()}
 	n.mu.Lock()
 	st.Connections = len(n.conns)
 	n.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 type NodeStatus struct {
 	Addr        string         `json:"addr"`
 	Backend     string         `json:"backend"`
+	Boot        string         `json:"boot,omitempty"` // random, drawn at the node's start: another at the same address means it restarted
 	Devices     []DeviceStatus `json:"devices"`
 	Connections int            `json:"connections"`
 	Error       string         `json:"error,omitempty"` // set by a mediator that could not reach the node

@@ -96,7 +96,7 @@ func TestNodeKilledAndRestarted(t *testing.T) {
 	}
 	st.CopyFromDevice(got[:4096], plain)
 	err = st.Synchronize()
-	if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), addrA) || !strings.Contains(err.Error(), "restarted") {
+	if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), addrA) || !strings.Contains(err.Error(), addrA+" restarted (boot ") {
 		t.Fatalf("a plain buffer of the restarted node: %v, want unavailable naming %s", err, addrA)
 	}
 	after, err := c.Stats()

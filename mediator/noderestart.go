@@ -3,6 +3,7 @@ package mediator
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -62,7 +63,7 @@ type nodeRedial struct {
 	mu    sync.Mutex
 	// pending are the new connections to nodes whose old one broke, by
 	// node index, not yet installed; guarded by mu.
-	pending map[int]*api.RPC
+	pending map[int]redialled
 	// restored counts the chunks of sealed weights restored from another
 	// node's copy after a node restart.
 	restored atomic.Uint64
@@ -72,6 +73,14 @@ type nodeRedial struct {
 	// its node (graphGone). Both are the session's reader's alone.
 	installs uint64
 	replaced map[uint32]replacedConn
+}
+
+// redialled is a new connection to a node whose old one broke, why the
+// memory there is lost, and the boot id the node reports now.
+type redialled struct {
+	rpc  *api.RPC
+	why  error
+	boot string
 }
 
 // replacedConn is when and why a virtual device's node connection was
@@ -89,7 +98,7 @@ func (s *session) watchNodes() {
 		for _, v := range s.vdevs {
 			if !seen[v.rpc] {
 				seen[v.rpc] = true
-				go s.watchNode(v.dev.node, v.rpc)
+				go s.watchNode(v.dev.node, v.rpc, s.m.node(v.dev.node).bootIfUp())
 			}
 		}
 	})
@@ -97,8 +106,9 @@ func (s *session) watchNodes() {
 
 // watchNode waits for rpc, the session's connection to node, to break, and
 // then dials the node until it answers, leaving the new connection pending
-// for the session's reader. It ends with the session.
-func (s *session) watchNode(node int, rpc *api.RPC) {
+// for the session's reader. boot is the node's boot id when rpc was made,
+// "" if unknown. It ends with the session.
+func (s *session) watchNode(node int, rpc *api.RPC, boot string) {
 	select {
 	case <-rpc.Closed():
 	case <-s.ending:
@@ -117,6 +127,8 @@ func (s *session) watchNode(node int, rpc *api.RPC) {
 	for wait := redialFirst; ; wait = min(2*wait, redialMax) {
 		fresh, _, err := dialNodeContext(ctx, n.addr, s.m.nodeTenant(s.tenant), s.m.cfg.NodeTLS, n.cache.push)
 		if err == nil {
+			now, _ := bootOf(fresh)
+			p := redialled{rpc: fresh, why: lossReason(n.addr, boot, now), boot: now}
 			s.nodes.mu.Lock()
 			if ctx.Err() != nil { // the session ended meanwhile: nobody installs it
 				s.nodes.mu.Unlock()
@@ -124,16 +136,16 @@ func (s *session) watchNode(node int, rpc *api.RPC) {
 				return
 			}
 			if s.nodes.pending == nil {
-				s.nodes.pending = map[int]*api.RPC{}
+				s.nodes.pending = map[int]redialled{}
 			}
-			s.nodes.pending[node] = fresh
+			s.nodes.pending[node] = p
 			s.nodes.ready.Store(true)
 			s.nodes.mu.Unlock()
-			s.log.WithField("node", n.addr).Info("connection to a node broke; redialled, the memory the session held there is lost")
+			s.log.WithError(p.why).WithField("node", n.addr).Info("connection to a node broke; redialled")
 			// A connection never installed is closed when the session ends.
 			<-ctx.Done()
 			s.nodes.mu.Lock()
-			if s.nodes.pending[node] == fresh {
+			if s.nodes.pending[node].rpc == fresh {
 				delete(s.nodes.pending, node)
 				fresh.Close()
 			}
@@ -163,9 +175,8 @@ func (s *session) installRedialled() {
 	s.drainAll()
 	s.issueMu.Lock()
 	defer s.issueMu.Unlock()
-	for node, rpc := range pending {
-		addr := s.m.node(node).addr
-		why := fmt.Errorf("node %s restarted or dropped the session's connection, and the device memory the session held there went with it: %w", addr, api.ErrUnavailable)
+	for node, p := range pending {
+		addr, rpc, why := s.m.node(node).addr, p.rpc, p.why
 		var lost []memory.Lost
 		s.nodes.installs++
 		if s.nodes.replaced == nil {
@@ -182,7 +193,7 @@ func (s *session) installRedialled() {
 			}
 		}
 		s.jr.giveUp(why)
-		go s.watchNode(node, rpc)
+		go s.watchNode(node, rpc, p.boot)
 		restored := s.restoreSealed(node, lost)
 		s.log.WithFields(logrus.Fields{"node": addr, "lost": len(lost) - restored, "restored": restored}).
 			Warn("node connection replaced: allocations that had memory there are lost, but sealed weights restored from another node")
@@ -198,6 +209,53 @@ func (s *session) graphGone(g *tensorGraph) error {
 		return r.why
 	}
 	return nil
+}
+
+// lossReason is why a session's memory on the node at addr is lost, its
+// connection having broken: the node's boot id was boot when the
+// connection was made and is now now ("": unknown).
+func lossReason(addr, boot, now string) error {
+	const lost = "and the device memory the session held there went with it"
+	switch {
+	case boot != "" && now != "" && boot != now:
+		return fmt.Errorf("node %s restarted (boot %s, now %s), %s: %w", addr, boot, now, lost, api.ErrUnavailable)
+	case boot != "" && boot == now:
+		return fmt.Errorf("node %s dropped the session's connection (it did not restart), %s: %w", addr, lost, api.ErrUnavailable)
+	}
+	return fmt.Errorf("node %s restarted or dropped the session's connection, %s: %w", addr, lost, api.ErrUnavailable)
+}
+
+// bootOf asks the node at the other end of rpc for its boot id, waiting at
+// most statusTimeout.
+func bootOf(rpc *api.RPC) (string, error) {
+	call := rpc.Go(api.OpNodeStatus, nil)
+	select {
+	case <-call.Done():
+	case <-time.After(statusTimeout):
+		return "", fmt.Errorf("no status within %v: %w", statusTimeout, api.ErrUnavailable)
+	}
+	if call.Err != nil {
+		return "", call.Err
+	}
+	var st api.NodeStatus
+	if err := json.Unmarshal(call.Body, &st); err != nil {
+		return "", fmt.Errorf("malformed status: %v: %w", err, api.ErrProtocol)
+	}
+	return st.Boot, nil
+}
+
+// bootIfUp is the node's boot id if its control connection, on which it
+// was learnt, is still open, so that the node has not restarted since;
+// otherwise "".
+func (n *node) bootIfUp() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	select {
+	case <-n.ctl.Closed():
+		return ""
+	default:
+		return n.boot
+	}
 }
 
 // forget drops the frames of dev the source held, which their node no

@@ -87,7 +87,7 @@ func TestNodeRestartKeepsSession(t *testing.T) {
 	// (a) An ordinary buffer on the node is lost, typed, naming the node.
 	st.CopyFromDevice(got, plain)
 	err = st.Synchronize()
-	wantErr(t, err, api.ErrUnavailable, addrA, "restarted")
+	wantErr(t, err, api.ErrUnavailable, addrA+" restarted (boot ")
 
 	// (b) The weight another node holds reads back whole, and the tenant
 	// sent nothing for it.
@@ -116,7 +116,7 @@ func TestNodeRestartKeepsSession(t *testing.T) {
 	// (c) A weight that no other node holds is lost, typed, and says why.
 	st.CopyFromDevice(back, lostWeight)
 	err = st.Synchronize()
-	wantErr(t, err, api.ErrUnavailable, addrA, "restarted", "not restored: ", "no other node holds a sealed copy")
+	wantErr(t, err, api.ErrUnavailable, addrA+" restarted (boot ", "not restored: ", "no other node holds a sealed copy")
 
 	// The other node's buffer is intact, and lost buffers free.
 	st.CopyFromDevice(got, onB)
@@ -182,7 +182,7 @@ func TestNodeRestartWithoutSums(t *testing.T) {
 	mallocWhenBack(t, c, 0)
 	got := make([]byte, 64)
 	st.CopyFromDevice(got, w)
-	wantErr(t, st.Synchronize(), api.ErrUnavailable, addr, "restarted")
+	wantErr(t, st.Synchronize(), api.ErrUnavailable, addr+" restarted (boot ")
 }
 
 // A tensor graph registered on a node that restarted is gone with it: an
@@ -225,7 +225,7 @@ func TestNodeRestartEndsTensorGraphs(t *testing.T) {
 		}
 	}
 	_, err := invoke(t, c, id, nil, bytes.Repeat([]byte{1}, 4*n))
-	wantErr(t, err, api.ErrUnavailable, addr, "restarted", fmt.Sprintf("tensor graph %d", id))
+	wantErr(t, err, api.ErrUnavailable, addr+" restarted (boot ", fmt.Sprintf("tensor graph %d", id))
 	for _, va := range fresh {
 		for off := uint64(0); off < 4<<20; off += piece {
 			if !bytes.Equal(getRaw(t, c, va+off, piece), pattern) {
@@ -273,5 +273,5 @@ func TestNodeRestartKeepsEvictedMemory(t *testing.T) {
 		t.Fatalf("the evicted buffer after the restart: %v, equal %v", err, bytes.Equal(got, data[0]))
 	}
 	st.CopyFromDevice(got, ps[2])
-	wantErr(t, st.Synchronize(), api.ErrUnavailable, addr, "restarted")
+	wantErr(t, st.Synchronize(), api.ErrUnavailable, addr+" restarted (boot ")
 }

@@ -143,11 +143,14 @@ type node struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	// mu guards ctl and redial; nothing blocks on the network under it, so
-	// the status of a node that cannot be reached waits for no lock.
+	// mu guards ctl, redial and boot; nothing blocks on the network under
+	// it, so the status of a node that cannot be reached waits for no lock.
 	mu     sync.Mutex
 	ctl    *api.RPC // redialled when it breaks, so status recovers with the node
 	redial *redial  // the redial of ctl in flight; nil when none is
+	// boot is the node's boot id (api.NodeStatus.Boot) as its last status
+	// said; "" if none has.
+	boot string
 }
 
 // redial is one redial of a node's control connection, shared by the
@@ -179,6 +182,7 @@ func connectNode(addr string, tlsCfg *tls.Config, timeout time.Duration) (*node,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &node{addr: addr, devices: hello.Devices, tls: tlsCfg, timeout: timeout, ctx: ctx, cancel: cancel, ctl: rpc}
+	n.boot, _ = bootOf(rpc) // "" if it cannot tell: a restart then is not told from a dropped connection
 	return n, catalog, nil
 }
 
@@ -278,13 +282,17 @@ func (m *Mediator) canServe(want int) error {
 // closes it if the mediator closed meanwhile: close would not see it.
 func (n *node) redialControl(r *redial) {
 	rpc, _, err := dialNodeContext(n.ctx, n.addr, nodeTenant{timeout: n.timeout}, n.tls, nil)
+	var boot string
+	if err == nil {
+		boot, _ = bootOf(rpc) // the node may have restarted while ctl was down
+	}
 	n.mu.Lock()
 	if err == nil && n.ctx.Err() != nil {
 		rpc.Close()
 		rpc, err = nil, n.errClosed()
 	}
 	if err == nil {
-		n.ctl = rpc
+		n.ctl, n.boot = rpc, boot
 	}
 	r.rpc, r.err = rpc, err
 	n.redial = nil
@@ -328,6 +336,10 @@ func (n *node) status() api.NodeStatus {
 	}
 	if err := json.Unmarshal(call.Body, &st); err != nil {
 		st.Error = fmt.Sprintf("node %s: malformed status: %v", n.addr, err)
+	} else if st.Boot != "" {
+		n.mu.Lock()
+		n.boot = st.Boot
+		n.mu.Unlock()
 	}
 	st.Addr = n.addr
 	return st
