@@ -26,17 +26,63 @@ const (
 	MaxGraphCommands = 1 << 14
 )
 
+// createGraph creates a graph as body asks, and journals it (journal.go):
+// its request, which a restore decodes and checks again — unless it
+// copies host memory, whose regions a restart loses (resume.go): then the
+// journal says only that the graph was, so that its id is not reused.
 func (s *session) createGraph(body []byte) (uint32, error) {
+	cmds, err := s.graphCommands(body)
+	if err != nil {
+		return 0, err
+	}
+	id, err := s.graphs.add(cmds)
+	if err != nil {
+		return 0, err
+	}
+	rec := journalOp{Op: opGraph, Graph: id, Body: body}
+	if copiesHost(cmds) {
+		rec.Body = nil
+	}
+	s.jr.add(rec)
+	return id, nil
+}
+
+// graphCommands decodes and checks a graph's commands.
+func (s *session) graphCommands(body []byte) ([]command, error) {
 	_, cmds, err := s.decodeCommands(body, nil)
 	if err != nil {
-		return 0, fmt.Errorf("graph: %w", err)
+		return nil, fmt.Errorf("graph: %w", err)
 	}
 	for i := range cmds {
 		if err := s.checkGraphCommand(&cmds[i]); err != nil {
-			return 0, fmt.Errorf("graph: command %d: %w", i, err)
+			return nil, fmt.Errorf("graph: command %d: %w", i, err)
 		}
 	}
-	return s.graphs.add(cmds)
+	return cmds, nil
+}
+
+// copiesHost says whether cmds copy to or from host regions.
+func copiesHost(cmds []command) bool {
+	for _, c := range cmds {
+		if c.op == api.OpCopyToDeviceHost || c.op == api.OpCopyFromDeviceHost {
+			return true
+		}
+	}
+	return false
+}
+
+// replayGraph recreates graph op.Graph of a session being restored as its
+// journal record op says (resume.go).
+func (s *session) replayGraph(op journalOp) error {
+	if op.Body == nil {
+		s.graphs.lose(op.Graph, fmt.Errorf("graph %d copies host memory, whose registrations a mediator restart lost: destroy it and create it again: %w", op.Graph, api.ErrUnavailable))
+		return nil
+	}
+	cmds, err := s.graphCommands(op.Body)
+	if err != nil {
+		return err
+	}
+	return s.graphs.addAs(op.Graph, cmds)
 }
 
 // checkGraphCommand refuses a command a graph may not keep (see the
@@ -62,5 +108,9 @@ func (s *session) destroyGraph(body []byte) error {
 		return err
 	}
 	s.drainAll() // replays already queued still run it
-	return s.graphs.remove(m.Graph)
+	if err := s.graphs.remove(m.Graph); err != nil {
+		return err
+	}
+	s.jr.add(journalOp{Op: opUngraph, Graph: m.Graph})
+	return nil
 }

@@ -5,8 +5,8 @@ package mediator
 // state directory, beside the registration store (regstore.go), with one
 // append-only file per journaled session, <id>.journal. Its first record
 // is the session's header (sessionRecord), each later one an operation
-// that changed its address space (journalOp), in the order the space
-// applied them. A record is its body's length (4 bytes, little-endian),
+// that changed its address space, streams or graphs (journalOp), in the
+// order the session applied them. A record is its body's length (4 bytes, little-endian),
 // the CRC-32C of its body (4 bytes, little-endian), then the body: JSON.
 //
 // Invariants:
@@ -29,8 +29,8 @@ package mediator
 //   - A journal holds at most its session's history since its space was
 //     last empty, once that history passes compactBytes: a space with no
 //     allocation places the next one as a new space would (memory.Space),
-//     so a free that empties the space rewrites the journal — header and
-//     live streams — to <id>.journal.new and renames it over the old one
+//     so a free that empties the space rewrites the journal — header,
+//     live streams and live graphs — to <id>.journal.new and renames it over the old one
 //     (compact). A leftover .new file is a compaction cut short, and is
 //     deleted at start. Past maxJournal, a journal is given up.
 //
@@ -54,6 +54,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -134,6 +135,10 @@ const (
 	opUnstream = "unstream" // Stream destroyed
 	opWith     = "with"     // VA is freed with Stream
 	opShared   = "shared"   // the session exported or imported a buffer: it cannot be restored
+	opGraph    = "graph"    // Graph created from Body (an api.Batch); no Body: it copies host memory and is lost with a restart
+	opUngraph  = "ungraph"  // Graph destroyed
+	opTGraph   = "tgraph"   // tensor graph Graph registered from Body (an api.GraphDef), its arena at VA (0: none)
+	opUntgraph = "untgraph" // tensor graph Graph released (its arena's free is a record of its own)
 )
 
 // journalOp is one journaled change of a session.
@@ -148,6 +153,49 @@ type journalOp struct {
 	Grants [][]uint64 `json:"grants,omitempty"`
 	Stream uint32     `json:"stream,omitempty"`
 	Credit uint64     `json:"credit,omitempty"`
+	Graph  uint32     `json:"graph,omitempty"`
+	// Body is a graph's request as the tenant sent it, to decode and
+	// check again at restore.
+	Body []byte `json:"body,omitempty"`
+}
+
+// graphKey names a live graph (op opGraph) or tensor graph (opTGraph) in
+// sessionLog.graphs.
+type graphKey struct {
+	op string
+	id uint32
+}
+
+// liveGraphs follows ops in order and returns the records of the graphs
+// and tensor graphs they leave live.
+func liveGraphs(ops []journalOp) (map[graphKey][]byte, error) {
+	live := map[graphKey][]byte{}
+	for _, op := range ops {
+		var b []byte
+		if op.Op == opGraph || op.Op == opTGraph {
+			var err error
+			if b, err = record(op); err != nil {
+				return nil, err
+			}
+		}
+		keepGraph(live, op, b)
+	}
+	return live, nil
+}
+
+// keepGraph notes in live the record b of op if op creates a graph (b nil:
+// it was not written), and forgets the graph's record if op ends it.
+func keepGraph(live map[graphKey][]byte, op journalOp, b []byte) {
+	switch op.Op {
+	case opGraph, opTGraph:
+		if b != nil {
+			live[graphKey{op.Op, op.Graph}] = b
+		}
+	case opUngraph:
+		delete(live, graphKey{opGraph, op.Graph})
+	case opUntgraph:
+		delete(live, graphKey{opTGraph, op.Graph})
+	}
 }
 
 // journaled is what the journal holds of one session.
@@ -224,6 +272,9 @@ func (j *journal) read(name string) (s journaled) {
 		} else {
 			var op journalOp
 			if err = decodeJSON(body, &op); err == nil {
+				if len(op.Body) == 0 {
+					op.Body = nil // as written back: an empty body is none
+				}
 				s.ops = append(s.ops, op)
 			}
 		}
@@ -283,7 +334,7 @@ func (j *journal) begin(r sessionRecord, log logrus.FieldLogger) (*sessionLog, e
 		os.Remove(j.path(r.ID))
 		return nil, err
 	}
-	return &sessionLog{j: j, id: r.ID, rec: r, f: f, size: int64(len(b)), log: log}, nil
+	return &sessionLog{j: j, id: r.ID, rec: r, f: f, size: int64(len(b)), log: log, graphs: map[graphKey][]byte{}}, nil
 }
 
 // reopen goes on with the journal of restored session s.
@@ -298,7 +349,12 @@ func (j *journal) reopen(s journaled, log logrus.FieldLogger) (*sessionLog, erro
 		f.Close()
 		return nil, err
 	}
-	return &sessionLog{j: j, id: id, rec: s.rec, f: f, size: fi.Size(), log: log}, nil
+	live, err := liveGraphs(s.ops)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &sessionLog{j: j, id: id, rec: s.rec, f: f, size: fi.Size(), log: log, graphs: live}, nil
 }
 
 // drop deletes what is journaled of session id.
@@ -320,11 +376,17 @@ type sessionLog struct {
 	mu   sync.Mutex // orders records of calls not under issueMu (streams)
 	f    *os.File   // guarded by mu; nil once the journal ended
 	size int64      // guarded by mu: the bytes f holds, at most maxJournal
+	// graphs are the records of the session's live graphs and tensor
+	// graphs, which a compaction writes again; guarded by mu. They take
+	// what the journal takes for them, so at most maxJournal.
+	graphs map[graphKey][]byte
 }
 
 // add journals op and returns once it is written. A record that cannot be
 // written ends the session's journal (fail): the operation goes on, and
-// the session will not survive a restart.
+// the session will not survive a restart. The record of an op that creates
+// a graph (opGraph, opTGraph) is kept while the graph lives, for
+// compactions.
 func (l *sessionLog) add(op journalOp) {
 	if l == nil {
 		return
@@ -334,10 +396,16 @@ func (l *sessionLog) add(op journalOp) {
 	if l.f == nil {
 		return
 	}
+	keepGraph(l.graphs, op, l.write(op))
+}
+
+// write writes op's record and returns it, or nil if the journal ended.
+// The caller holds l.mu, and l.f is open.
+func (l *sessionLog) write(op journalOp) []byte {
 	if dieBeforeRecord != nil && dieBeforeRecord(l) {
 		l.f.Close()
 		l.f = nil
-		return
+		return nil
 	}
 	b, err := record(op)
 	if err == nil && l.size+int64(len(b)) > maxJournal {
@@ -349,12 +417,16 @@ func (l *sessionLog) add(op journalOp) {
 	}
 	if err != nil {
 		l.fail(fmt.Errorf("journal %s: record %s: %w", l.f.Name(), op.Op, err))
+		return nil
 	}
+	return b
 }
 
 // compact rewrites the journal of a session whose space is empty, with
 // live streams streams, if it has grown past compactBytes: its header,
-// then a record for each stream.
+// then a record for each stream, then the records of its live graphs and
+// tensor graphs (those have no arena and bind nothing, the space being
+// empty), by id.
 func (l *sessionLog) compact(streams []uint32) {
 	if l == nil {
 		return
@@ -372,6 +444,11 @@ func (l *sessionLog) compact(streams []uint32) {
 			r, err = record(journalOp{Op: opStream, Stream: id})
 		}
 		b = append(b, r...)
+	}
+	keys := slices.Collect(maps.Keys(l.graphs))
+	slices.SortFunc(keys, func(a, b graphKey) int { return cmp.Or(cmp.Compare(a.op, b.op), cmp.Compare(a.id, b.id)) })
+	for _, k := range keys {
+		b = append(b, l.graphs[k]...)
 	}
 	var f *os.File
 	if err == nil {
@@ -399,7 +476,7 @@ func (l *sessionLog) compact(streams []uint32) {
 // The caller holds l.mu.
 func (l *sessionLog) fail(why error) {
 	l.f.Close()
-	l.f = nil
+	l.f, l.graphs = nil, nil
 	err := l.j.drop(l.id)
 	l.log.WithError(errors.Join(why, err)).Error("session journal given up: the session goes on, but will not survive a mediator restart")
 }

@@ -24,6 +24,8 @@ func FuzzJournalRead(f *testing.F) {
 		{Op: opAlloc, Dev: 0, Size: 3 << 20, Hint: 1, VA: 1 << 40, Grants: [][]uint64{{0, 2 << 20}}},
 		{Op: opSeal, VA: 1 << 40}, {Op: opCredit, VA: 1 << 40, Credit: 1 << 20},
 		{Op: opStream, Stream: 2}, {Op: opWith, VA: 1 << 40, Stream: 2}, {Op: opUnstream, Stream: 2}, {Op: opFree, VA: 1 << 40},
+		{Op: opGraph, Graph: 1, Body: []byte{2, 0, 0, 0, 0, 0, 0, 0}}, {Op: opGraph, Graph: 2}, {Op: opUngraph, Graph: 1},
+		{Op: opTGraph, Graph: 1, Body: []byte("def"), VA: 1 << 40}, {Op: opUntgraph, Graph: 1},
 	} {
 		b, err := record(op)
 		if err != nil {

@@ -15,17 +15,22 @@ package mediator
 //
 // What a restored session has: its virtual devices, its allocations at the
 // same addresses with their bytes, hints, seals and dedup credits, its
-// streams, and its container's accounting. What it loses: its host
-// regions (HostAlloc memory: the tenant registers them again), graphs and
-// tensor graphs (their arenas stay allocated until the session ends), and
-// queued work that was not answered. A session that exported or imported a
+// streams, its graphs and tensor graphs under the same ids (each decoded
+// and checked again from the request the journal kept; a tensor graph
+// with the same arena, its launches registered anew with its node once
+// the replayed space is reconciled, since the node forgot them with the
+// dropped connection), and its container's accounting. What it loses: its
+// host regions (HostAlloc memory: the tenant registers them again), with
+// them the graphs that copy to or from host memory (their ids stay taken,
+// and a launch fails unavailable saying why), and queued work that was
+// not answered. A session that exported or imported a
 // shared buffer, or that oversubscribes (its evicted memory lived in this
 // process), is not restored: the log says so, and its frames are freed.
 //
 // Invariants:
 //   - A session is restored whole or not at all: any check that fails
 //     (a record, a node's reclaim, an address or frame the replay does not
-//     reproduce) drops it, frees what the nodes kept of it and deletes its
+//     reproduce, a graph that no longer checks or registers) drops it, frees what the nodes kept of it and deletes its
 //     journal; a tenant resuming it is told it is gone (api.ErrUnavailable).
 //   - A restored session is in Mediator.restored, not Mediator.sessions,
 //     until its tenant resumes it: nothing serves it before. It ends
@@ -394,6 +399,9 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 	if err == nil {
 		err = s.reconcile(r)
 	}
+	if err == nil {
+		err = s.registerRestored()
+	}
 	if err != nil {
 		// The replayed space's frees go to the replay, not the nodes:
 		// every frame the nodes kept is freed here, once, then the
@@ -495,6 +503,18 @@ func (s *session) replayOne(op journalOp, r *replay) error {
 		st.stop()
 	case opWith:
 		s.streams.freeWith(op.Stream, op.VA)
+	case opGraph:
+		return s.replayGraph(op)
+	case opUngraph:
+		return s.graphs.remove(op.Graph)
+	case opTGraph:
+		return s.restoreTensorGraph(op)
+	case opUntgraph:
+		g := s.tgraphs.byID[op.Graph]
+		if g == nil {
+			return fmt.Errorf("tensor graph %d released but not live: %w", op.Graph, api.ErrInternal)
+		}
+		s.tgraphs.remove(g) // its launches never went to the node (registerRestored)
 	default:
 		return fmt.Errorf("unknown operation %q: %w", op.Op, api.ErrInternal)
 	}

@@ -176,24 +176,38 @@ func TestJournalDamagedRecord(t *testing.T) {
 	h.start()
 	sock := h.serveHost()
 	var cs []*client.Client
+	var gs []*client.Graph
 	for range 3 {
 		c := h.dial(sock)
 		p, err := c.Malloc(0, 64<<10)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Stream().CopyToDevice(p, pattern(5, 64<<10))
-		if err := c.Stream().Synchronize(); err != nil {
+		s := c.Stream()
+		s.CopyToDevice(p, pattern(5, 64<<10))
+		if err := s.Synchronize(); err != nil {
 			t.Fatal(err)
 		}
-		cs = append(cs, c)
+		// A graph, whose record is the session's last.
+		if err := s.BeginCapture(); err != nil {
+			t.Fatal(err)
+		}
+		s.Memset(p, 1, 64<<10)
+		g, err := s.EndCapture()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, gs = append(cs, c), append(gs, g)
 	}
 	h.crash()
-	// Flip a byte of the second session's last record.
+	// Flip a byte of the second session's last record, its graph's.
 	path := filepath.Join(h.stateDir(), journalDir, strconv.FormatUint(cs[1].Session(), 10)+".journal")
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte(`"op":"graph"`)) {
+		t.Fatalf("the journal holds no graph record:\n%q", b)
 	}
 	b[len(b)-2] ^= 0x20
 	if err := os.WriteFile(path, b, 0o600); err != nil {
@@ -215,6 +229,10 @@ func TestJournalDamagedRecord(t *testing.T) {
 	}
 	if _, err := cs[0].Stats(); err != nil {
 		t.Fatalf("the undamaged session: %v", err)
+	}
+	cs[0].Stream().Replay(gs[0])
+	if err := cs[0].Stream().Synchronize(); err != nil {
+		t.Fatalf("the undamaged session's graph: %v", err)
 	}
 	for _, c := range cs[1:] {
 		if _, err := c.Stats(); !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "no session to resume") {

@@ -204,6 +204,9 @@ type graphSet struct {
 	byID map[uint32][]command // guarded by mu
 	cmds int                  // guarded by mu: commands of all graphs
 	last uint32               // guarded by mu: the id given last
+	// lost are graphs a restore could not recreate, with why; their ids
+	// stay taken until they are destroyed. Guarded by mu.
+	lost map[uint32]error
 }
 
 // add lists a graph of cmds and returns its id.
@@ -219,7 +222,7 @@ func (gs *graphSet) add(cmds []command) (uint32, error) {
 	}
 	gs.cmds += len(cmds)
 	id := gs.last + 1
-	for gs.byID[id] != nil || id == 0 { // ids wrap; never replace a live graph
+	for gs.byID[id] != nil || gs.lost[id] != nil || id == 0 { // ids wrap; never replace a live graph
 		id++
 	}
 	gs.last = id
@@ -227,10 +230,39 @@ func (gs *graphSet) add(cmds []command) (uint32, error) {
 	return id, nil
 }
 
+// addAs lists a graph of cmds as id, which a session being restored had:
+// its journal names them in the order they were given.
+func (gs *graphSet) addAs(id uint32, cmds []command) error {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if id == 0 || gs.byID[id] != nil || gs.lost[id] != nil || len(gs.byID) >= MaxGraphs || gs.cmds+len(cmds) > MaxGraphCommands {
+		return fmt.Errorf("graph %d: taken, or past the bounds: %w", id, api.ErrInternal)
+	}
+	gs.cmds += len(cmds)
+	gs.last = id
+	gs.byID[id] = cmds
+	return nil
+}
+
+// lose lists id as a graph a restore lost, for why.
+func (gs *graphSet) lose(id uint32, why error) {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if gs.lost == nil {
+		gs.lost = map[uint32]error{}
+	}
+	gs.lost[id] = why
+	gs.last = id
+}
+
 // remove forgets graph id.
 func (gs *graphSet) remove(id uint32) error {
 	gs.mu.Lock()
 	defer gs.mu.Unlock()
+	if gs.lost[id] != nil {
+		delete(gs.lost, id)
+		return nil
+	}
 	if gs.byID[id] == nil {
 		return fmt.Errorf("graph %d does not exist: %w", id, api.ErrInvalidArgument)
 	}
@@ -245,6 +277,9 @@ func (gs *graphSet) get(id uint32) ([]command, error) {
 	defer gs.mu.Unlock()
 	cmds := gs.byID[id]
 	if cmds == nil {
+		if why := gs.lost[id]; why != nil {
+			return nil, why
+		}
 		return nil, fmt.Errorf("graph %d does not exist: %w", id, api.ErrInvalidArgument)
 	}
 	return cmds, nil
@@ -281,6 +316,13 @@ func (ts *tensorGraphSet) add(g *tensorGraph) {
 	for ts.byID[g.id] != nil || g.id == 0 { // ids wrap; never replace a live graph
 		g.id++
 	}
+	ts.addAs(g)
+}
+
+// addAs lists g under its id, which is no live graph's; room has passed
+// it. A restore lists the graphs its journal names in the order they were
+// given, so the last is the id given last.
+func (ts *tensorGraphSet) addAs(g *tensorGraph) {
 	ts.last = g.id
 	ts.byID[g.id] = g
 	ts.ops += len(g.def.Ops)

@@ -74,6 +74,9 @@ type tensorGraph struct {
 	// nodeScalars is how many of an invocation's scalars the node graph
 	// takes: 1 + the highest index its arguments use, or 0.
 	nodeScalars int
+	// restored is the node graph of a graph a restore rebuilt, until it
+	// is registered with the node (registerRestored); nil otherwise.
+	restored *api.NodeGraph
 }
 
 // placed is a tensor's index, size and the physical runs that back it.
@@ -91,56 +94,136 @@ type scalarUse struct {
 
 func (g *tensorGraph) String() string { return fmt.Sprintf("tensor graph %d %q", g.id, g.def.Name) }
 
-// registerGraph registers a GraphDef and returns the graph's id.
+// registerGraph registers a GraphDef and returns the graph's id. Its
+// record — the request, the id, the arena — goes to the session's journal,
+// after the arena's allocation, so that a restore registers it again
+// (restoreTensorGraph).
 func (s *session) registerGraph(body []byte) (uint32, error) {
+	g, err := s.buildTensorGraph(body, nil)
+	if err != nil {
+		return 0, err
+	}
+	s.tgraphs.add(g)
+	s.jr.add(journalOp{Op: opTGraph, Graph: g.id, Body: body, VA: g.arena})
+	return g.id, nil
+}
+
+// restoreTensorGraph rebuilds, for a session being restored, the tensor
+// graph its journal record op names, under the same id and with the same
+// arena, which the journal's records before it allocated. Its node graph
+// is a new one, since a node forgets a connection's graphs when the
+// connection drops (accelerator/reattach.go); it is registered once the
+// whole journal is replayed (registerRestored), when the graph is known to
+// live: a graph the journal releases later may have had frames the node
+// has freed since.
+func (s *session) restoreTensorGraph(op journalOp) error {
+	if op.Graph == 0 || s.tgraphs.byID[op.Graph] != nil {
+		return fmt.Errorf("tensor graph %d: no id, or a live graph's: %w", op.Graph, api.ErrInternal)
+	}
+	g, err := s.buildTensorGraph(op.Body, &op.VA)
+	if err != nil {
+		return err
+	}
+	g.id = op.Graph
+	s.tgraphs.addAs(g)
+	return nil
+}
+
+// buildTensorGraph checks the GraphDef in body, lays it out and registers
+// its launches with its node. Its arena is allocated, unless arena is not
+// nil: then it is the allocation at *arena (0: none) of a graph being
+// restored, which must be the size the layout asks, and its launches are
+// kept in g.restored for registerRestored.
+func (s *session) buildTensorGraph(body []byte, arena *uint64) (*tensorGraph, error) {
 	var def api.GraphDef
 	if err := api.Decode(body, &def); err != nil {
-		return 0, fmt.Errorf("graph: %w", err)
+		return nil, fmt.Errorf("graph: %w", err)
 	}
 	if s.evicts {
-		return 0, fmt.Errorf("graph %q: this session oversubscribes its memory, which may then move, and a graph's launches keep where its tensors are: register graphs in a session without oversubscription: %w",
+		return nil, fmt.Errorf("graph %q: this session oversubscribes its memory, which may then move, and a graph's launches keep where its tensors are: register graphs in a session without oversubscription: %w",
 			def.Name, api.ErrInvalidArgument)
 	}
 	if err := s.tgraphs.room(def.Name, len(def.Ops)); err != nil {
-		return 0, err
+		return nil, err
 	}
 	checked, err := api.CheckGraph(&def, s.m.catalog)
 	if err != nil {
-		return 0, fmt.Errorf("graph %q: %w", def.Name, err)
+		return nil, fmt.Errorf("graph %q: %w", def.Name, err)
 	}
 	g := &tensorGraph{def: &def, bound: map[uint64]int{}, epoch: s.nodes.installs}
 	if err := s.bindTensors(g, checked); err != nil {
-		return 0, fmt.Errorf("graph %q: %w", def.Name, err)
+		return nil, fmt.Errorf("graph %q: %w", def.Name, err)
 	}
 	if err := g.checkIO(checked); err != nil {
-		return 0, err
+		return nil, err
 	}
 	largest, err := s.largestInArena(g, checked)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	// The arena is charged to the session's budget like any allocation.
 	offsets, size := layArena(&def, checked)
-	if size > 0 {
+	switch {
+	case arena != nil:
+		if err := s.checkRestoredArena(*arena, size); err != nil {
+			return nil, fmt.Errorf("graph %q: %w", def.Name, err)
+		}
+		g.arena = *arena
+	case size > 0:
 		if g.arena, err = s.alloc(g.dev, size, api.HintActivation); err != nil {
-			return 0, fmt.Errorf("graph %q: arena of %d bytes for its inputs, outputs and activations (the largest, %s, takes %d): %w",
+			return nil, fmt.Errorf("graph %q: arena of %d bytes for its inputs, outputs and activations (the largest, %s, takes %d): %w",
 				def.Name, size, def.TensorName(largest), checked.Bytes[largest], err)
 		}
 	}
 	ng, err := s.translateGraph(g, checked, offsets)
-	if err == nil {
+	switch {
+	case err == nil && arena != nil:
+		g.restored = ng
+	case err == nil:
 		g.node, err = s.registerNodeGraph(g, ng)
 	}
 	if err != nil {
-		if g.arena != 0 {
+		// A restored graph's arena is the journal's, and a session whose
+		// graph fails to restore is not restored at all.
+		if g.arena != 0 && arena == nil {
 			if ferr := s.free(g.arena); ferr != nil {
 				err = errors.Join(err, fmt.Errorf("free its arena: %w", ferr))
 			}
 		}
-		return 0, fmt.Errorf("graph %q: %w", def.Name, err)
+		return nil, fmt.Errorf("graph %q: %w", def.Name, err)
 	}
-	s.tgraphs.add(g)
-	return g.id, nil
+	return g, nil
+}
+
+// registerRestored registers with their nodes the launches of the tensor
+// graphs a restore rebuilt, once the replayed space is reconciled with
+// the frames the nodes kept.
+func (s *session) registerRestored() error {
+	for _, g := range s.tgraphs.byID {
+		if g.restored == nil {
+			continue
+		}
+		node, err := s.registerNodeGraph(g, g.restored)
+		if err != nil {
+			return fmt.Errorf("%v: %w", g, err)
+		}
+		g.node, g.restored = node, nil
+	}
+	return nil
+}
+
+// checkRestoredArena checks that the allocation at va, the arena the
+// journal gives a graph being restored, is a whole allocation of size
+// bytes on no other graph (va 0: the graph has no arena, size 0).
+func (s *session) checkRestoredArena(va, size uint64) error {
+	if va == 0 && size == 0 {
+		return nil
+	}
+	a, err := s.space.AllocationAt(va)
+	if err != nil || a.VA != va || a.End-a.VA != size || s.arenaOf(va) != nil {
+		return fmt.Errorf("the journal's arena at %#x is not a %d-byte allocation of its own (%v): %w", va, size, err, api.ErrInternal)
+	}
+	return nil
 }
 
 // bindTensors resolves g's bound tensors to the session's allocations: the
@@ -526,6 +609,7 @@ func (s *session) releaseGraph(body []byte) error {
 		return fmt.Errorf("release: %w", err)
 	}
 	s.tgraphs.remove(g)
+	s.jr.add(journalOp{Op: opUntgraph, Graph: g.id}) // before its arena's free
 	// The node is never asked to run it again, so its arena may go even
 	// if the node's answer is lost; a node forgets a connection's graphs
 	// with the connection.
