@@ -184,3 +184,41 @@ def test_reconnect_off_and_mediator_not_back(restartable) -> None:
         off.stats()
     off.close()
     short.close()
+
+
+def test_torch_model_survives_mediator_kill(restartable) -> None:
+    # A model run through vgpu.torch is a tensor graph, which the restarted
+    # mediator rebuilds from the session's journal under the same id: the
+    # same RemoteModule runs on, with the weights it uploaded before.
+    import torch
+    import torch.nn as nn
+
+    import vgpu.torch
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1, self.l2 = nn.Linear(16, 32), nn.Linear(32, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.l2(torch.relu(self.l1(x)))
+
+    torch.manual_seed(22)
+    model = Net()
+    x = torch.randn(4, 16)
+    m = restartable()
+    c = vgpu.Client(socket=m.socket, tenant="test")
+    session = c.session
+    r = vgpu.torch.remote(model, (x,), client=c)
+    with torch.no_grad():
+        assert float((r(x) - model(x)).abs().max()) < 1e-5
+        m.kill()
+        m = restartable()
+        # A read, safe to send again, resumes the session; an invocation
+        # that found the connection broken would fail vgpu.Interrupted.
+        c.stats()
+        assert c.session == session
+        y = torch.randn(4, 16)
+        assert float((r(y) - model(y)).abs().max()) < 1e-5, "the model after the restart"
+    r.close()
+    c.close()
