@@ -16,7 +16,8 @@ import (
 // read at replay time), and its launches name catalog kernels with their
 // number of arguments, so no command keeps more than a catalog entry's
 // worth of name and arguments. So nothing of a graph refers to the
-// request, whose buffer is reused.
+// request, whose buffer is reused: the session's journal takes a copy of
+// it, which a restarted mediator decodes and checks again (resume.go).
 
 // MaxGraphs bounds the graphs one session holds, and MaxGraphCommands
 // their commands together: each decoded command takes some 300 bytes of

@@ -36,6 +36,11 @@ import (
 //     scalars' values and its inputs' length before anything is sent, and
 //     the node plans every launch before it runs the first, so a refused
 //     or failed invocation leaves the KV caches as they were.
+//   - A registered graph's request, id and arena are in the session's
+//     journal, written after its arena's allocation and before its id is
+//     answered; its release is written before its arena's free. So a
+//     restore that replays the journal in order rebuilds every graph the
+//     tenant was told of over the allocations it binds (resume.go).
 //   - Only the session's reader registers, invokes and releases graphs and
 //     frees memory, and teardown runs on it after the reader loop, so
 //     session.tgraphs needs no lock. An invocation drains the session's
