@@ -41,13 +41,18 @@ func SessionEvictions(m *Mediator, id uint64) uint64 {
 // had restored from another node's copy after a node restart
 // (noderestart.go); 0 once the session has ended.
 func NodeRestores(m *Mediator, id uint64) uint64 {
+	return sessionCount(m, id, func(s *session) uint64 { return s.nodes.restored.Load() })
+}
+
+// sessionCount is count of session id of m; 0 once the session has ended.
+func sessionCount(m *Mediator, id uint64, count func(*session) uint64) uint64 {
 	m.mu.Lock()
 	s := m.sessions[id]
 	m.mu.Unlock()
 	if s == nil {
 		return 0
 	}
-	return s.nodes.restored.Load()
+	return count(s)
 }
 
 // HoldIssuing holds session id's issueMu, as the session does while it
@@ -58,4 +63,11 @@ func HoldIssuing(m *Mediator, id uint64) (release func()) {
 	m.mu.Unlock()
 	s.issueMu.Lock()
 	return s.issueMu.Unlock
+}
+
+// NodeReclaims is how many node connections of session id of m dropped
+// and had their frames reclaimed (noderestart.go); 0 once the session has
+// ended.
+func NodeReclaims(m *Mediator, id uint64) uint64 {
+	return sessionCount(m, id, func(s *session) uint64 { return s.nodes.reclaimed.Load() })
 }

@@ -16,32 +16,46 @@ import (
 	"github.com/vgpu/vgpu/memory"
 )
 
-// A node that restarts, or drops a session's connection, takes the
-// session's device memory there with it: a node frees the frames of a
-// connection that ends (but for an attached one, which it parks for a
-// mediator that died, resume.go; a live mediator does not reclaim them).
-// The session goes on:
+// A node that restarts takes the session's device memory there with it; a
+// node that only drops a session's connection (a network blip, a reset, its
+// peer timeout) frees the frames of a connection that ends, but for an
+// attached one (a journaled session's, resume.go), which it parks for its
+// reattach grace (accelerator/reattach.go). The session goes on:
 //
 //   - A watcher per node connection (watchNodes) notices the connection
 //     closing and dials the node again, backing off from redialFirst to
-//     redialMax, until it answers or the session ends; it leaves the new
-//     connection pending.
+//     redialMax, until it answers or the session ends. If the node reports
+//     the boot id it had (it did not restart) and the old connection had
+//     attached, the watcher reclaims the parked frames on the new
+//     connection at once, with the owner id and token the journal records
+//     (attach, as a restore does), before the grace can end. It leaves the
+//     new connection pending, with what it reclaimed or why it could not.
 //   - The session's reader installs a pending connection before the next
-//     request it serves (installRedialled): it waits for the streams,
-//     records under issueMu that the devices of that node lost their
-//     memory (memory.Space.Lose; the frame source forgets their frames),
-//     and points those devices at the new connection. New allocations
-//     there work; an allocation that had memory there fails every use with
-//     api.ErrUnavailable naming the node, until it is freed. What the
-//     mediator holds itself survives: the evicted memory of an
+//     request it serves (installRedialled): it waits for the streams and
+//     points the node's devices at the new connection under issueMu. A
+//     reclaim is checked as a restore's is (reconcile: every frame the
+//     space maps was kept, those kept beyond are freed); then every
+//     allocation keeps its bytes, and the journal stays valid, since the
+//     reclaimed connection goes on under the same owner id and token.
+//     Otherwise — the node restarted, refused the reclaim (grace over,
+//     token wrong), the connection had not attached, or the session
+//     shares buffers (whose objects end with the connection) — it records
+//     that the devices of that node lost their memory (memory.Space.Lose;
+//     the frame source forgets their frames). New allocations there work;
+//     an allocation that had memory there fails every use with
+//     api.ErrUnavailable naming the node and why, until it is freed. What
+//     the mediator holds itself survives: the evicted memory of an
 //     oversubscribing session is in its host store, and faults in again.
+//     Either way the node forgot the connection's tensor graphs
+//     (graphGone).
 //   - Then, still before that request, each lost sealed weight whose
 //     SHA-256s the session recorded (Config.WeightSums, recordSums) is
 //     restored from another node that holds a sealed frame of the same
 //     contents (fetchSealed): bytes the tenant does not send again. One
 //     that no node holds stays lost, its error saying so.
-//   - A journaled session's journal is given up: it names frames the node
-//     no longer has, so a mediator restart could not restore it.
+//   - A journaled session that lost memory gives its journal up: it names
+//     frames the node no longer has, so a mediator restart could not
+//     restore it.
 //
 // Locks: nodeRedial.mu guards pending and is what vdevs' connections are
 // swapped under (besides issueMu, with the streams idle), so that links,
@@ -56,6 +70,13 @@ const (
 	redialMax   = 2 * time.Second
 )
 
+// stopRedials, a test's fault injection beside dieBeforeRecord, keeps the
+// watchers from dialling, as a mediator that died would not. false
+// outside tests.
+var stopRedials atomic.Bool
+
+var errRedialsStopped = fmt.Errorf("redials stopped: %w", api.ErrUnavailable)
+
 // nodeRedial is a session's view of its node connections' health.
 type nodeRedial struct {
 	once  sync.Once   // starts the watchers once
@@ -64,9 +85,14 @@ type nodeRedial struct {
 	// pending are the new connections to nodes whose old one broke, by
 	// node index, not yet installed; guarded by mu.
 	pending map[int]redialled
+	// attached is, by node index, how the session's connection there
+	// attached (owner id and token), for a journaled session; guarded by
+	// mu. A connection that lost its memory is no longer there.
+	attached map[int]journalConn
 	// restored counts the chunks of sealed weights restored from another
-	// node's copy after a node restart.
-	restored atomic.Uint64
+	// node's copy after a node restart; reclaimed the node connections
+	// that dropped and whose frames were reclaimed.
+	restored, reclaimed atomic.Uint64
 	// installs counts the connections installed; replaced is, by virtual
 	// device, the count when its connection was last replaced, and why. A
 	// tensor graph registered before that (tensorGraph.epoch) went with
@@ -75,12 +101,14 @@ type nodeRedial struct {
 	replaced map[uint32]replacedConn
 }
 
-// redialled is a new connection to a node whose old one broke, why the
-// memory there is lost, and the boot id the node reports now.
+// redialled is a new connection to a node whose old one broke, the boot
+// id the node reports now, and either the frames it reclaimed of the old
+// one, by device, or why the memory there is lost.
 type redialled struct {
 	rpc  *api.RPC
-	why  error
 	boot string
+	kept []api.NodeFrames // valid if why is nil
+	why  error
 }
 
 // replacedConn is when and why a virtual device's node connection was
@@ -125,10 +153,15 @@ func (s *session) watchNode(node int, rpc *api.RPC, boot string) {
 	}()
 	n := s.m.node(node)
 	for wait := redialFirst; ; wait = min(2*wait, redialMax) {
-		fresh, _, err := dialNodeContext(ctx, n.addr, s.m.nodeTenant(s.tenant), s.m.cfg.NodeTLS, n.cache.push)
+		var fresh *api.RPC
+		err := errRedialsStopped
+		if !stopRedials.Load() {
+			fresh, _, err = dialNodeContext(ctx, n.addr, s.m.nodeTenant(s.tenant), s.m.cfg.NodeTLS, n.cache.push)
+		}
 		if err == nil {
 			now, _ := bootOf(fresh)
-			p := redialled{rpc: fresh, why: lossReason(n.addr, boot, now), boot: now}
+			p := redialled{rpc: fresh, boot: now}
+			p.kept, p.why = s.reclaimDropped(node, fresh, boot, now)
 			s.nodes.mu.Lock()
 			if ctx.Err() != nil { // the session ended meanwhile: nobody installs it
 				s.nodes.mu.Unlock()
@@ -141,7 +174,7 @@ func (s *session) watchNode(node int, rpc *api.RPC, boot string) {
 			s.nodes.pending[node] = p
 			s.nodes.ready.Store(true)
 			s.nodes.mu.Unlock()
-			s.log.WithError(p.why).WithField("node", n.addr).Info("connection to a node broke; redialled")
+			s.log.WithError(p.why).WithFields(logrus.Fields{"node": n.addr, "reclaimed": p.why == nil}).Info("connection to a node broke; redialled")
 			// A connection never installed is closed when the session ends.
 			<-ctx.Done()
 			s.nodes.mu.Lock()
@@ -176,28 +209,99 @@ func (s *session) installRedialled() {
 	s.issueMu.Lock()
 	defer s.issueMu.Unlock()
 	for node, p := range pending {
-		addr, rpc, why := s.m.node(node).addr, p.rpc, p.why
-		var lost []memory.Lost
+		addr, rpc := s.m.node(node).addr, p.rpc
 		s.nodes.installs++
 		if s.nodes.replaced == nil {
 			s.nodes.replaced = map[uint32]replacedConn{}
 		}
 		for i := range s.vdevs {
 			if s.vdevs[i].dev.node == node {
-				s.nodes.replaced[uint32(i)] = replacedConn{at: s.nodes.installs, why: why}
-				lost = append(lost, s.space.Lose(uint32(i), why)...)
-				s.frames.forget(uint32(i))
 				s.nodes.mu.Lock()
 				s.vdevs[i].rpc = rpc
 				s.nodes.mu.Unlock()
 			}
 		}
+		why := p.why
+		if why == nil {
+			why = s.adoptReclaimed(node, p.boot, p.kept)
+		}
+		if why == nil {
+			s.nodes.reclaimed.Add(1)
+			gone := fmt.Errorf("node %s dropped the session's connection, and the tensor graphs registered there with it: %w", addr, api.ErrUnavailable)
+			for i := range s.vdevs {
+				if s.vdevs[i].dev.node == node {
+					s.nodes.replaced[uint32(i)] = replacedConn{at: s.nodes.installs, why: gone}
+				}
+			}
+			go s.watchNode(node, rpc, p.boot)
+			s.log.WithField("node", addr).Info("node connection replaced: its frames reclaimed, every allocation there kept")
+			continue
+		}
+		var lost []memory.Lost
+		for i := range s.vdevs {
+			if s.vdevs[i].dev.node == node {
+				s.nodes.replaced[uint32(i)] = replacedConn{at: s.nodes.installs, why: why}
+				lost = append(lost, s.space.Lose(uint32(i), why)...)
+				s.frames.forget(uint32(i))
+			}
+		}
+		s.nodes.mu.Lock()
+		delete(s.nodes.attached, node) // the new connection did not attach
+		s.nodes.mu.Unlock()
 		s.jr.giveUp(why)
 		go s.watchNode(node, rpc, p.boot)
 		restored := s.restoreSealed(node, lost)
-		s.log.WithFields(logrus.Fields{"node": addr, "lost": len(lost) - restored, "restored": restored}).
+		s.log.WithError(why).WithFields(logrus.Fields{"node": addr, "lost": len(lost) - restored, "restored": restored}).
 			Warn("node connection replaced: allocations that had memory there are lost, but sealed weights restored from another node")
 	}
+}
+
+// reclaimDropped reclaims, on rpc, a new connection to node, the frames the
+// node parked of the session's connection that dropped, if it can: the
+// node's boot id was boot then and is now now ("": unknown). It returns
+// them by device, or why the memory there is lost. The node's watcher
+// calls it, so that the reclaim comes as soon as the node answers.
+func (s *session) reclaimDropped(node int, rpc *api.RPC, boot, now string) ([]api.NodeFrames, error) {
+	addr := s.m.node(node).addr
+	s.nodes.mu.Lock()
+	jc, ok := s.nodes.attached[node]
+	s.nodes.mu.Unlock()
+	switch {
+	case boot != "" && now != "" && boot != now:
+		return nil, lossReason(addr, boot, now, "") // a restarted node keeps nothing
+	case !ok:
+		return nil, lossReason(addr, boot, now, "the connection had not attached: the session has no journal, so the node kept nothing of it")
+	case s.shares.count() > 0:
+		return nil, lossReason(addr, boot, now, "the session exports or imports shared buffers, whose objects end with the connection, so it does not reclaim it")
+	}
+	_, kept, err := attach(rpc, addr, jc.Owner, jc.Token)
+	if err != nil {
+		return nil, lossReason(addr, boot, now, "the reclaim was refused: "+err.Error())
+	}
+	return kept, nil
+}
+
+// adoptReclaimed checks the frames reclaimed of node (boot: its boot id),
+// kept by device,
+// against those the session's space maps there, as a restore does
+// (reconcile), freeing those it does not map; nil if the session may go
+// on with its memory there. The caller holds issueMu, the node's devices
+// pointing at the new connection.
+func (s *session) adoptReclaimed(node int, boot string, kept []api.NodeFrames) error {
+	addr := s.m.node(node).addr
+	if s.shares.count() > 0 { // shared since the reclaim
+		return lossReason(addr, boot, boot, "the session shares buffers now, whose objects ended with the connection")
+	}
+	r := &replay{kept: make([]map[uint64]bool, len(s.vdevs))}
+	for i, v := range s.vdevs {
+		if v.dev.node == node {
+			r.kept[i] = keptOn(v.dev, kept)
+		}
+	}
+	if err := s.reconcile(r); err != nil {
+		return lossReason(addr, boot, boot, "the frames it gave back do not match the session's: "+err.Error())
+	}
+	return nil
 }
 
 // graphGone says why tensor graph g went with its node, if it did: the
@@ -213,9 +317,13 @@ func (s *session) graphGone(g *tensorGraph) error {
 
 // lossReason is why a session's memory on the node at addr is lost, its
 // connection having broken: the node's boot id was boot when the
-// connection was made and is now now ("": unknown).
-func lossReason(addr, boot, now string) error {
-	const lost = "and the device memory the session held there went with it"
+// connection was made and is now now ("": unknown); because, if not "",
+// says why nothing was reclaimed.
+func lossReason(addr, boot, now, because string) error {
+	lost := "and the device memory the session held there went with it"
+	if because != "" {
+		lost += " (" + because + ")"
+	}
 	switch {
 	case boot != "" && now != "" && boot != now:
 		return fmt.Errorf("node %s restarted (boot %s, now %s), %s: %w", addr, boot, now, lost, api.ErrUnavailable)

@@ -19,7 +19,7 @@ func TestLossReason(t *testing.T) {
 		{"", "b2", "node n:1 restarted or dropped the session's connection, and"},
 		{"a1", "", "node n:1 restarted or dropped the session's connection, and"},
 	} {
-		err := lossReason("n:1", c.boot, c.now)
+		err := lossReason("n:1", c.boot, c.now, "")
 		if !errors.Is(err, api.ErrUnavailable) || !strings.HasPrefix(err.Error(), c.want) {
 			t.Errorf("boot %q, now %q: %v, want unavailable starting %q", c.boot, c.now, err, c.want)
 		}

@@ -94,7 +94,7 @@ func (m *Mediator) journalSession(s *session, hello *api.Hello) {
 			continue
 		}
 		attached[v.rpc] = true
-		c, err := attach(v.rpc, addr, 0, "")
+		c, _, err := attach(v.rpc, addr, 0, "")
 		if err != nil {
 			s.log.WithError(err).Warn("session not journaled: its node connection could not attach; it will not survive a mediator restart")
 			return
@@ -112,17 +112,34 @@ func (m *Mediator) journalSession(s *session, hello *api.Hello) {
 		return
 	}
 	s.jr, s.token, s.tokenHash = jr, token, rec.TokenHash
+	s.nodes.attach(m, rec.Conns)
+}
+
+// attach records conns, the session's attached node connections, for a
+// reclaim after one drops (noderestart.go).
+func (r *nodeRedial) attach(m *Mediator, conns []journalConn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.attached = map[int]journalConn{}
+	for _, c := range conns {
+		if i := m.nodeAt(c.Node); i >= 0 {
+			r.attached[i] = c
+		}
+	}
 }
 
 // attach attaches a node connection: with owner 0 under a new token, which
 // it returns with the owner id the node gave; otherwise it reclaims the
-// frames kept for owner under token, and returns them by device.
-func attach(rpc *api.RPC, addr string, owner uint64, token string) (journalConn, error) {
+// frames kept for owner under token, and returns them by device. The
+// reclaimed connection goes on as owner, under token: what the journal
+// records of it stays true. A restore and a live session whose node
+// connection dropped (reclaimDropped) reclaim through it.
+func attach(rpc *api.RPC, addr string, owner uint64, token string) (journalConn, []api.NodeFrames, error) {
 	c := journalConn{Node: addr, Owner: owner, Token: token}
 	if owner == 0 {
 		var err error
 		if c.Token, err = secret(16); err != nil {
-			return c, err
+			return c, nil, err
 		}
 	}
 	body, err := rpc.Call(api.OpNodeAttach, nil, api.Encode(&api.NodeAttach{Owner: owner, Token: c.Token}))
@@ -131,10 +148,10 @@ func attach(rpc *api.RPC, addr string, owner uint64, token string) (journalConn,
 		err = api.Decode(body, &r)
 	}
 	if err != nil {
-		return c, fmt.Errorf("node %s: attach: %w", addr, err)
+		return c, nil, fmt.Errorf("node %s: attach: %w", addr, err)
 	}
 	c.Owner = r.Owner
-	return c, nil
+	return c, r.Devices, nil
 }
 
 // restoreSessions rebuilds the sessions the journal held, oldest first,
@@ -330,19 +347,14 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 			break
 		}
 		rpcs[ni] = rpc
-		var body []byte
-		body, err = rpc.Call(api.OpNodeAttach, nil, api.Encode(&api.NodeAttach{Owner: jc.Owner, Token: jc.Token}))
-		var r api.NodeAttached
-		if err == nil {
-			err = api.Decode(body, &r)
-		}
-		if err != nil {
-			err = fmt.Errorf("reclaiming its frames from node %s: %w", jc.Node, err)
+		var frames []api.NodeFrames
+		if _, frames, err = attach(rpc, jc.Node, jc.Owner, jc.Token); err != nil {
+			err = fmt.Errorf("reclaiming its frames: %w", err)
 			break
 		}
-		// From here the frames are this connection's: a new token keeps
-		// them through the next restart.
-		kept[ni] = r.Devices
+		// From here the frames are this connection's, which goes on
+		// under the same owner id and token.
+		kept[ni] = frames
 	}
 	if err == nil {
 		for _, d := range devs {
@@ -383,14 +395,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 	}
 	r := &replay{kept: make([]map[uint64]bool, len(s.vdevs))}
 	for i, v := range s.vdevs {
-		r.kept[i] = map[uint64]bool{}
-		for _, d := range kept[v.dev.node] {
-			if d.Device == v.dev.info.Index {
-				for _, f := range d.Frames {
-					r.kept[i][f] = true
-				}
-			}
-		}
+		r.kept[i] = keptOn(v.dev, kept[v.dev.node])
 	}
 	s.frames.replay = r
 	if err == nil {
@@ -419,7 +424,22 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 		return nil, err
 	}
 	s.tokenHash = j.rec.TokenHash
+	s.nodes.attach(m, j.rec.Conns)
 	return s, nil
+}
+
+// keptOn is the set of frames of dev among kept, frames a node gave back by
+// device.
+func keptOn(dev *device, kept []api.NodeFrames) map[uint64]bool {
+	set := map[uint64]bool{}
+	for _, d := range kept {
+		if d.Device == dev.info.Index {
+			for _, f := range d.Frames {
+				set[f] = true
+			}
+		}
+	}
+	return set
 }
 
 // deviceAt is the index in m.deviceList() of device index of node addr,
@@ -521,13 +541,18 @@ func (s *session) replayOne(op journalOp, r *replay) error {
 	return nil
 }
 
-// reconcile checks that the frames the replayed space holds are frames the
-// nodes kept for it, and frees those they kept beyond: frames granted for
-// an allocation the mediator died before journaling, or kept by a free it
-// journaled but had not sent.
+// reconcile checks that the frames the space holds are frames the nodes
+// kept for it, and frees those they kept beyond: frames granted for an
+// allocation the mediator died before journaling, or kept by a free it
+// journaled but had not sent (or, for a live session's dropped
+// connection, a grant or free in flight at the drop). Only the virtual
+// devices r.kept has a set for are checked.
 func (s *session) reconcile(r *replay) error {
 	held := s.frames.heldFrames()
 	for i, v := range s.vdevs {
+		if r.kept[i] == nil {
+			continue
+		}
 		for f := range held[uint32(i)] {
 			if !r.kept[i][f] {
 				return fmt.Errorf("frame %#x of device %d is mapped by the replayed space but its node did not keep it: %w", f, i, api.ErrUnavailable)
@@ -546,7 +571,7 @@ func (s *session) reconcile(r *replay) error {
 		if _, err := v.rpc.Call(api.OpNodeFree, nil, api.Encode(&api.NodeFrames{Device: v.dev.info.Index, Frames: extra})); err != nil {
 			return fmt.Errorf("freeing %d frames the journal does not map: %w", len(extra), err)
 		}
-		s.log.WithField("frames", len(extra)).Info("restore freed frames the node kept that no journaled allocation maps (granted or freed as the mediator died)")
+		s.log.WithField("frames", len(extra)).Info("reclaim freed frames the node kept that no allocation maps (granted or freed as the connection dropped)")
 		for _, f := range extra {
 			delete(r.kept[i], f)
 		}

@@ -307,7 +307,7 @@ func TestJournalWriteFails(t *testing.T) {
 // restored, every allocation answered before the death reads back its
 // bytes, and frames the journal does not map are freed.
 func TestDeathAtEachJournalRecord(t *testing.T) {
-	defer func() { dieBeforeRecord = nil }()
+	defer func() { dieBeforeRecord = nil; stopRedials.Store(false) }()
 	a, b := pattern(1, 4<<10), pattern(2, 3<<20)
 	for k := 1; k <= 5; k++ {
 		t.Run(fmt.Sprint("before record ", k), func(t *testing.T) {
@@ -319,7 +319,9 @@ func TestDeathAtEachJournalRecord(t *testing.T) {
 				if records++; records < k {
 					return false
 				}
-				// The process is gone: the session reaches no node.
+				// The process is gone: the session reaches no node, and
+				// does not dial one again.
+				stopRedials.Store(true)
 				for _, v := range h.med.sessions[l.id].vdevs {
 					v.rpc.Close()
 				}
@@ -364,6 +366,7 @@ func TestDeathAtEachJournalRecord(t *testing.T) {
 			}
 			dieBeforeRecord = nil
 			h.crash()
+			stopRedials.Store(false)
 			out := h.start()
 			h.serveHost()
 			if !strings.Contains(out, "session restored") {
