@@ -41,6 +41,7 @@ type TenantStatus struct {
 	Mapped2M    uint64  `json:"mapped_2m_bytes"`
 	Resident    uint64  `json:"resident_bytes"` // chunks on the device
 	Evicted     uint64  `json:"evicted_bytes"`  // chunks in host memory or the spill file
+	Lost        uint64  `json:"lost_bytes"`     // chunks whose device memory went with their node: their allocations fail unavailable until freed
 	TLBHitRate  float64 `json:"tlb_hit_rate"`
 	CopiedIn    uint64  `json:"copied_in_bytes"`
 	CopiedOut   uint64  `json:"copied_out_bytes"`
@@ -95,6 +96,9 @@ type TenantInfo struct {
 	// Charged is what its containers' and sessions' memory budgets count
 	// now: Allocated less the credits for sealed weights stored once.
 	Charged uint64 `json:"charged_bytes"`
+	// Lost is the bytes of its sessions' allocations whose device memory
+	// went with their node (TenantStatus.Lost), until they are freed.
+	Lost uint64 `json:"lost_bytes"`
 	// Cluster is its use over all mediators, in cluster mode; nil otherwise
 	// or when etcd could not be read.
 	Cluster *ClusterUse `json:"cluster,omitempty"`

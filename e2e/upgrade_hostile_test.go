@@ -1,13 +1,18 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/internal/etcdtest"
+	runtimehook "github.com/vgpu/vgpu/runtime-hook"
 )
 
 // TestLiveUpgradeCluster: vgpuctl upgrade of a mediator in cluster mode.
@@ -63,4 +68,79 @@ func TestLiveUpgradeTwiceBeforeResume(t *testing.T) {
 		t.Fatalf("%d sessions resumed before the tenant called again: the upgrades did not find it waiting\n%s", n, r.med.out)
 	}
 	checkBuffers(t, c, ws, "after two upgrades with the session not resumed in between")
+}
+
+// TestLiveUpgradeWhileRegistering: containers register one after another,
+// as the runtime hook does, while an upgrade runs. None fails — the one
+// whose connection the handover closed registers again, with the
+// successor — and every registration is the new mediator's afterwards,
+// its socket taking connections.
+func TestLiveUpgradeWhileRegistering(t *testing.T) {
+	r := newRestartable(t)
+	r.start()
+	p := sleeping(t)
+	dial := func(socket string) (runtimehook.Mediator, error) { return client.DialOperator(socket) }
+	stop := make(chan struct{})
+	type result struct {
+		name, socket string
+		err          error
+	}
+	results := make(chan result, 100)
+	go func() {
+		defer close(results)
+		for i := 0; i < 60; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			name := fmt.Sprintf("c%d", i)
+			ctx, cancel := context.WithTimeout(context.Background(), runtimehook.HookDeadline)
+			reply, err := runtimehook.Register(ctx, r.socket, dial, api.Register{Container: name, Namespace: "moby", Memory: 1 << 20, Devices: 1, Pid: uint32(p.Process.Pid)})
+			cancel()
+			if err != nil {
+				results <- result{name, "", err}
+				continue
+			}
+			results <- result{name, reply.Socket, nil}
+			time.Sleep(3 * time.Millisecond) // 60 of them span the upgrade
+		}
+	}()
+	for range 2 { // each upgrade catches a registration in flight about 3 times in 4 here
+		time.Sleep(50 * time.Millisecond)
+		if rep, out, err := r.upgradeTo(""); err != nil {
+			close(stop)
+			t.Fatalf("vgpuctl upgrade: %v, report %+v\n%s", err, rep, out)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(stop)
+	var acked []result
+	for res := range results {
+		if res.err != nil {
+			t.Errorf("registration %s failed during the upgrade: %v", res.name, res.err)
+		} else {
+			acked = append(acked, res)
+		}
+	}
+	st := status(t, r.socket)
+	have := map[string]bool{}
+	for _, c := range st.Containers {
+		have[c.Container] = true
+	}
+	for _, a := range acked {
+		if !have[a.name] {
+			t.Errorf("acknowledged registration %s is not the new mediator's", a.name)
+		}
+		c, err := net.Dial("unix", a.socket)
+		if err != nil {
+			t.Errorf("acknowledged registration %s: socket %s: %v", a.name, a.socket, err)
+		} else {
+			c.Close()
+		}
+	}
+	if len(st.Containers) != len(acked) || len(acked) < 10 {
+		t.Errorf("%d registrations acknowledged, the new mediator has %d containers; want the same, and at least 10", len(acked), len(st.Containers))
+	}
+	t.Logf("%d registrations across the upgrade", len(acked))
 }

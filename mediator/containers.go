@@ -343,6 +343,9 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	if int(r.Devices) > len(m.deviceList()) {
 		return nil, fmt.Errorf("register %v: %d devices asked, %d exist: %w", k, r.Devices, len(m.deviceList()), api.ErrInvalidArgument)
 	}
+	if reply := m.repeated(k, r); reply != nil {
+		return reply, nil
+	}
 	if err := m.awaitRelease(k); err != nil {
 		return nil, fmt.Errorf("register %v: %w", k, err)
 	}
@@ -379,6 +382,31 @@ func (m *Mediator) Register(r api.Register) (*api.RegisterReply, error) {
 	}
 	m.log.WithFields(map[string]any{"container": r.Container, "namespace": r.Namespace, "tenant": grant.Tenant, "memory": grant.Memory}).Info("container registered")
 	return &api.RegisterReply{Tenant: grant.Tenant, Memory: grant.Memory, Socket: ctr.socket}, nil
+}
+
+// repeated answers a registration that repeats one this mediator holds —
+// the same container, its same init process, nothing asked otherwise — as
+// the first was answered. A runtime hook repeats its registration when its
+// connection was lost before the answer (an upgrade's handover closes
+// connections): the first may or may not have been made, and the
+// container's start must not fail either way. nil: not a repeat.
+func (m *Mediator) repeated(k ctrKey, r api.Register) *api.RegisterReply {
+	if r.Pid == 0 {
+		return nil
+	}
+	m.mu.Lock()
+	c := m.containers[k]
+	m.mu.Unlock()
+	if c == nil || c.proc.start == 0 || c.proc != processOf(int(r.Pid)) {
+		return nil
+	}
+	g := c.grant
+	if r.Tenant != "" && r.Tenant != g.Tenant || r.Memory != 0 && r.Memory != g.Memory ||
+		r.Compute != 0 && r.Compute != g.Compute || max(r.Devices, 1) != g.Devices {
+		return nil
+	}
+	m.log.WithFields(map[string]any{"container": r.Container, "namespace": r.Namespace}).Info("registration repeated: answered as the first")
+	return &api.RegisterReply{Tenant: g.Tenant, Memory: g.Memory, Socket: c.socket}
 }
 
 // registerWait bounds how long a registration waits for the release of a
@@ -698,13 +726,15 @@ func (m *Mediator) Tenants() []api.TenantInfo {
 			DedupCharge: t.DedupCharge, Containers: u.Containers, Reserved: u.Reserved,
 		}
 	}
-	held, charged := map[string]uint64{}, map[string]uint64{}
+	held, charged, lost := map[string]uint64{}, map[string]uint64{}, map[string]uint64{}
 	m.mu.Lock()
 	// A session restored after a restart holds its memory, charged to its
 	// budget, before its tenant resumes it: it counts from the start, so
 	// the listing after a restart is what it was before.
 	count := func(s *session) {
-		held[s.tenant] += s.space.Stats().Allocated
+		st := s.space.Stats()
+		held[s.tenant] += st.Allocated
+		lost[s.tenant] += st.Lost
 		if s.ctr == nil { // the session's own budget
 			charged[s.tenant] += s.budget.inUse()
 		}
@@ -721,12 +751,12 @@ func (m *Mediator) Tenants() []api.TenantInfo {
 	m.mu.Unlock()
 	seen := map[string]bool{}
 	for i := range infos {
-		infos[i].Allocated, infos[i].Charged = held[infos[i].Name], charged[infos[i].Name]
+		infos[i].Allocated, infos[i].Charged, infos[i].Lost = held[infos[i].Name], charged[infos[i].Name], lost[infos[i].Name]
 		seen[infos[i].Name] = true
 	}
 	for name, n := range held { // host-socket tenants outside the quota file
 		if !seen[name] {
-			infos = append(infos, api.TenantInfo{Name: name, Allocated: n, Charged: charged[name]})
+			infos = append(infos, api.TenantInfo{Name: name, Allocated: n, Charged: charged[name], Lost: lost[name]})
 		}
 	}
 	sort.Slice(infos, func(i, j int) bool { return infos[i].Name < infos[j].Name })

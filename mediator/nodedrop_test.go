@@ -192,6 +192,10 @@ func TestNodeDropPastGraceLosesMemory(t *testing.T) {
 	if n := mediator.NodeReclaims(sys.med, c.Session()); n != 0 {
 		t.Fatalf("%d node connections reclaimed, want none", n)
 	}
+	// The status and the tenants' listing show the lost bytes.
+	if lost := lostBytes(t, sys, "a"); lost < 2<<20 {
+		t.Fatalf("%d lost bytes shown, want at least the 2 MiB buffer's", lost)
+	}
 	fresh, fdata := writeBuffers(t, c, 4096)
 	if err := readBack(t, st, fresh[0], fdata[0]); err != nil {
 		t.Fatal(err)
@@ -201,4 +205,28 @@ func TestNodeDropPastGraceLosesMemory(t *testing.T) {
 			t.Fatalf("free %#x: %v", p, err)
 		}
 	}
+	if lost := lostBytes(t, sys, "a"); lost != 0 {
+		t.Fatalf("%d lost bytes shown once every lost buffer is freed", lost)
+	}
+}
+
+// lostBytes is the lost bytes the mediator's status shows for tenant's
+// sessions, checked to be what its tenants' listing shows.
+func lostBytes(t *testing.T, sys *system, tenant string) uint64 {
+	t.Helper()
+	var inStatus, inTenants uint64
+	for _, s := range sys.med.Status().Tenants {
+		if s.Tenant == tenant {
+			inStatus += s.Lost
+		}
+	}
+	for _, ti := range sys.med.Tenants() {
+		if ti.Name == tenant {
+			inTenants += ti.Lost
+		}
+	}
+	if inStatus != inTenants {
+		t.Fatalf("status shows %d lost bytes of tenant %s, its listing %d", inStatus, tenant, inTenants)
+	}
+	return inStatus
 }

@@ -342,7 +342,7 @@ func (s *session) status() api.TenantStatus {
 		Tenant: s.tenant, Container: ctr, Namespace: ns, Session: s.id, Devices: len(s.vdevs),
 		Allocations: st.Allocations, Allocated: st.Allocated, Mapped: st.Mapped,
 		Mapped4K: st.Mapped4K, Mapped64K: st.Mapped64K, Mapped2M: st.Mapped2M,
-		Resident: st.Resident, Evicted: st.Evicted,
+		Resident: st.Resident, Evicted: st.Evicted, Lost: st.Lost,
 		TLBHitRate: hitRate(st.TLBHits, st.TLBMisses),
 		CopiedIn:   s.copiedIn.Load(), CopiedOut: s.copiedOut.Load(), Launches: s.launches.Load(),
 		SharedHits: s.sharedHits.Load(), SharedMisses: s.sharedMisses.Load(), Links: s.links(),

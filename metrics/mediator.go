@@ -25,6 +25,7 @@ var (
 	tenantCharged   = desc("vgpu_tenant_memory_charged_bytes", "What the tenant's memory budgets count now: used memory less credits for sealed weights stored once.", "tenant")
 	tenantResident  = desc("vgpu_tenant_memory_resident_bytes", "The tenant's allocated memory on devices now.", "tenant")
 	tenantEvicted   = desc("vgpu_tenant_memory_evicted_bytes", "The tenant's allocated memory evicted to the host (RAM or spill file) now.", "tenant")
+	tenantLost      = desc("vgpu_tenant_memory_lost_bytes", "The tenant's allocated memory whose device memory went with its node (a node restart, or a dropped connection not reclaimed within the node's reattach grace), until freed.", "tenant")
 	tenantDevice    = desc("vgpu_tenant_device_memory_used_bytes", "Device memory the tenant's sessions hold in frames on each physical device.", "tenant", "node", "device")
 	tenantCtrs      = desc("vgpu_tenant_containers", "The tenant's registered containers.", "tenant")
 	tenantSessions  = desc("vgpu_tenant_sessions", "The tenant's open sessions.", "tenant")
@@ -40,7 +41,7 @@ var (
 )
 
 var mediatorDescs = []*prometheus.Desc{hostEvicted, tenantUsed, tenantDevice, tenantCap, tenantReserved, tenantCharged, tenantResident, tenantEvicted,
-	tenantCtrs, tenantSessions, tenantWeight, tenantBandwidth,
+	tenantLost, tenantCtrs, tenantSessions, tenantWeight, tenantBandwidth,
 	sessionCopied, sessionLink, sessionLaunches, sessionHits, sessionMisses, sessionAlloc}
 
 // MediatorCollector exports a mediator's status and tenants at each
@@ -80,8 +81,8 @@ func (c *MediatorCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(hostEvicted, float64(st.HostSpilled), "spill")
 
 	type sums struct {
-		resident, evicted float64
-		sessions          int
+		resident, evicted, lost float64
+		sessions                int
 	}
 	by := map[string]*sums{}
 	type onDevice struct{ tenant, node, device string }
@@ -94,6 +95,7 @@ func (c *MediatorCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		s.resident += float64(t.Resident)
 		s.evicted += float64(t.Evicted)
+		s.lost += float64(t.Lost)
 		s.sessions++
 		for _, d := range t.DeviceMemory {
 			held[onDevice{t.Tenant, d.Node, strconv.FormatUint(uint64(d.Device), 10)}] += float64(d.Held)
@@ -134,6 +136,7 @@ func (c *MediatorCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, s := range by {
 		gauge(tenantResident, s.resident, name)
 		gauge(tenantEvicted, s.evicted, name)
+		gauge(tenantLost, s.lost, name)
 		gauge(tenantSessions, float64(s.sessions), name)
 	}
 }

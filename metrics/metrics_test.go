@@ -121,7 +121,7 @@ func (fakeMediator) Status() api.Status {
 				SharedHits: 6, SharedMisses: 2,
 				Links:        []api.LinkStatus{{Peer: "socket", Sent: 70, Received: 140}, {Peer: "node 10.0.0.1:7070", Sent: 150, Received: 80}},
 				DeviceMemory: []api.DeviceMemory{{Node: "10.0.0.1:7070", Device: 0, Held: 4 * mib}}},
-			{Tenant: "a", Session: 2, Allocated: 2 * mib, Resident: 2 * mib,
+			{Tenant: "a", Session: 2, Allocated: 2 * mib, Resident: 2 * mib, Lost: 2 * mib,
 				DeviceMemory: []api.DeviceMemory{{Node: "10.0.0.1:7070", Device: 0, Held: 2 * mib}, {Node: "10.0.0.1:7070", Device: 1}}},
 			{Tenant: "b", Session: 3},
 		},
@@ -162,6 +162,11 @@ vgpu_tenant_memory_cap_bytes{tenant="a"} 8.388608e+06
 vgpu_tenant_memory_evicted_bytes{tenant="a"} 1.048576e+06
 vgpu_tenant_memory_evicted_bytes{tenant="b"} 0
 vgpu_tenant_memory_evicted_bytes{tenant="idle"} 0
+# HELP vgpu_tenant_memory_lost_bytes The tenant's allocated memory whose device memory went with its node (a node restart, or a dropped connection not reclaimed within the node's reattach grace), until freed.
+# TYPE vgpu_tenant_memory_lost_bytes gauge
+vgpu_tenant_memory_lost_bytes{tenant="a"} 2.097152e+06
+vgpu_tenant_memory_lost_bytes{tenant="b"} 0
+vgpu_tenant_memory_lost_bytes{tenant="idle"} 0
 # HELP vgpu_tenant_sessions The tenant's open sessions.
 # TYPE vgpu_tenant_sessions gauge
 vgpu_tenant_sessions{tenant="a"} 2
@@ -194,7 +199,7 @@ vgpu_session_coherence_cache_hits_total{container="",session="3",tenant="b"} 0
 vgpu_host_evicted_bytes{store="ram"} 1.048576e+06
 vgpu_host_evicted_bytes{store="spill"} 0
 `, "vgpu_node_up", "vgpu_tenant_memory_used_bytes", "vgpu_tenant_device_memory_used_bytes", "vgpu_tenant_memory_cap_bytes", "vgpu_tenant_memory_evicted_bytes",
-		"vgpu_tenant_sessions", "vgpu_tenant_bandwidth_limit_bytes_per_second", "vgpu_session_copied_bytes_total",
+		"vgpu_tenant_memory_lost_bytes", "vgpu_tenant_sessions", "vgpu_tenant_bandwidth_limit_bytes_per_second", "vgpu_session_copied_bytes_total",
 		"vgpu_session_link_bytes_total", "vgpu_session_coherence_cache_hits_total", "vgpu_host_evicted_bytes")
 }
 

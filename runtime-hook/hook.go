@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
@@ -292,12 +293,7 @@ func register(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer
 		Pid:       uint32(st.Pid),
 		SocketDir: cfg.SocketDir,
 	}
-	var reply *api.RegisterReply
-	err = withMediator(ctx, cfg.Socket, dial, func(m Mediator) error {
-		var err error
-		reply, err = m.Register(req)
-		return err
-	})
+	reply, err := Register(ctx, cfg.Socket, dial, req)
 	if err != nil {
 		if rerr := RemoveSocketDir(cfg.StateDir, cfg.SocketDir); rerr != nil {
 			fmt.Fprintf(log, "vgpu-hook: container %s: %v\n", st.ID, rerr)
@@ -313,6 +309,42 @@ func register(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer
 		st.ID, reply.Tenant, api.FormatSize(reply.Memory), reply.Socket)
 	return nil
 }
+
+// Register registers req with the mediator at socket, again, while the
+// connection was lost before an answer — until ctx ends, or HookDeadline
+// has passed: a mediator that hands over to its successor (vgpuctl
+// upgrade) closes its connections, and the successor takes the next one
+// from the same socket. The mediator answers a repeated registration as
+// the first, should that one have been made. A refusal, or a mediator that
+// cannot be reached at all, is not tried again.
+func Register(ctx context.Context, socket string, dial Dialer, req api.Register) (*api.RegisterReply, error) {
+	deadline := time.Now().Add(HookDeadline)
+	for {
+		var reply *api.RegisterReply
+		var connected atomic.Bool
+		err := withMediator(ctx, socket, dial, func(m Mediator) error {
+			connected.Store(true)
+			var err error
+			reply, err = m.Register(req)
+			return err
+		})
+		if err == nil {
+			return reply, nil
+		}
+		_, refused := errors.AsType[*api.RemoteError](err)
+		if refused || !connected.Load() || !errors.Is(err, api.ErrUnavailable) || time.Now().After(deadline) {
+			return nil, err // reply is still the abandoned call's
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(registerRetry):
+		}
+	}
+}
+
+// registerRetry is the pause before a registration is tried again.
+const registerRetry = 50 * time.Millisecond
 
 func release(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer, log io.Writer) error {
 	err := withMediator(ctx, cfg.Socket, dial, func(m Mediator) error { return m.Release(cfg.Namespace, st.ID) })

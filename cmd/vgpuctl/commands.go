@@ -304,6 +304,7 @@ var tenantColumns = []tenantColumn{
 	{"RESERVED", "", func(t api.TenantInfo) string { return api.FormatSize(t.Reserved) }},
 	{"ALLOCATED", "", func(t api.TenantInfo) string { return api.FormatSize(t.Allocated) }},
 	{"CHARGED", "", func(t api.TenantInfo) string { return api.FormatSize(t.Charged) }},
+	{"LOST", "", func(t api.TenantInfo) string { return api.FormatSize(t.Lost) }},
 }
 
 func renderTenants(out io.Writer, ts []api.TenantInfo) error {

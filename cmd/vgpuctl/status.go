@@ -167,7 +167,7 @@ func renderStatus(out io.Writer, st *api.Status, wide bool) error {
 	fmt.Fprintln(w)
 
 	if wide {
-		fmt.Fprintln(w, "TENANT\tNAMESPACE/CONTAINER\tSESSION\tALLOCATIONS\tALLOCATED\tIN 4K/64K/2M PAGES\tRESIDENT\tEVICTED\tTLB HITS\tIN\tOUT\tLAUNCHES")
+		fmt.Fprintln(w, "TENANT\tNAMESPACE/CONTAINER\tSESSION\tALLOCATIONS\tALLOCATED\tIN 4K/64K/2M PAGES\tRESIDENT\tEVICTED\tLOST\tTLB HITS\tIN\tOUT\tLAUNCHES")
 	} else {
 		fmt.Fprintln(w, "TENANT\tNAMESPACE/CONTAINER\tSESSION\tALLOCATED\tRESIDENT\tEVICTED\tLAUNCHES")
 	}
@@ -176,9 +176,9 @@ func renderStatus(out io.Writer, st *api.Status, wide bool) error {
 	}
 	for _, t := range st.Tenants {
 		if wide {
-			fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s / %s / %s\t%s\t%s\t%.1f%%\t%s\t%s\t%d\n", t.Tenant, ctr(t.Namespace, t.Container), t.Session, t.Allocations,
+			fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s / %s / %s\t%s\t%s\t%s\t%.1f%%\t%s\t%s\t%d\n", t.Tenant, ctr(t.Namespace, t.Container), t.Session, t.Allocations,
 				api.FormatSize(t.Allocated), api.FormatSize(t.Mapped4K), api.FormatSize(t.Mapped64K), api.FormatSize(t.Mapped2M),
-				api.FormatSize(t.Resident), api.FormatSize(t.Evicted), 100*t.TLBHitRate,
+				api.FormatSize(t.Resident), api.FormatSize(t.Evicted), api.FormatSize(t.Lost), 100*t.TLBHitRate,
 				api.FormatSize(t.CopiedIn), api.FormatSize(t.CopiedOut), t.Launches)
 			continue
 		}

@@ -36,7 +36,7 @@ func bigStatus() *api.Status {
 		for s := range 2 {
 			st.Tenants = append(st.Tenants, api.TenantStatus{Tenant: tenant, Container: id, Namespace: ns, Session: uint64(1_000_000 + 10*i + s),
 				Devices: 8, Allocations: 123456, Allocated: 1000 << 30, Mapped4K: 999 << 20, Mapped64K: 1000 << 20, Mapped2M: 1000 << 30,
-				Resident: 1000 << 30, Evicted: 1023 << 30, TLBHitRate: 0.999, CopiedIn: 5 << 50, CopiedOut: 1 << 50, Launches: 18_446_744_073_709_551_615})
+				Resident: 1000 << 30, Evicted: 1023 << 30, Lost: 1022 << 30, TLBHitRate: 0.999, CopiedIn: 5 << 50, CopiedOut: 1 << 50, Launches: 18_446_744_073_709_551_615})
 		}
 	}
 	st.Tenants = append(st.Tenants, api.TenantStatus{Tenant: "host-tenant-without-a-container-but-a-long-name", Session: 7})
@@ -68,7 +68,7 @@ func TestStatusFits100Columns(t *testing.T) {
 	}
 	for _, want := range []string{st.Containers[0].Tenant, "a-very-long-containerd-namespace/" + st.Containers[0].Container,
 		st.Nodes[0].Addr, st.Nodes[0].Devices[0].Name, st.Nodes[2].Error, "18446744073709551615", "TLB HITS", "IN 4K/64K/2M PAGES",
-		st.Nodes[0].Devices[0].GPU.UUID, "00000000:E3:00.0", "1023.0 GiB / 1023.0 GiB"} {
+		st.Nodes[0].Devices[0].GPU.UUID, "00000000:E3:00.0", "1023.0 GiB / 1023.0 GiB", "LOST", "1022.0 GiB"} {
 		if !strings.Contains(wide.String(), want) {
 			t.Errorf("wide view lacks %q", want)
 		}
@@ -192,16 +192,16 @@ func TestTenantsShowEveryQuotaField(t *testing.T) {
 	}
 	var b strings.Builder
 	ts := []api.TenantInfo{{Name: "team-a", Memory: 512 << 20, DefaultMemory: 128 << 20, Compute: 3, ComputeMax: 0.25, Bandwidth: 1 << 30,
-		MaxContainers: 4, Oversubscribe: 1.5, DedupCharge: 0.5, Containers: 2, Reserved: 256 << 20, Allocated: 100 << 20, Charged: 90 << 20},
+		MaxContainers: 4, Oversubscribe: 1.5, DedupCharge: 0.5, Containers: 2, Reserved: 256 << 20, Allocated: 100 << 20, Charged: 90 << 20, Lost: 3 << 20},
 		{Name: "free", Compute: 1, Oversubscribe: 1, DedupCharge: 1}}
 	if err := renderTenants(&b, ts); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 	want := [][]string{
-		{"TENANT", "MEMORY", "CAP", "DEFAULT", "COMPUTE", "MAX", "SHARE", "BANDWIDTH/s", "OVERSUB", "DEDUP", "CONTAINERS", "RESERVED", "ALLOCATED", "CHARGED"},
-		{"team-a", "512.0", "MiB", "128.0", "MiB", "3", "25%", "1.0", "GiB", "1.5x", "0.5", "2/4", "256.0", "MiB", "100.0", "MiB", "90.0", "MiB"},
-		{"free", "-", "-", "1", "-", "-", "1x", "1", "0/-", "0", "B", "0", "B", "0", "B"},
+		{"TENANT", "MEMORY", "CAP", "DEFAULT", "COMPUTE", "MAX", "SHARE", "BANDWIDTH/s", "OVERSUB", "DEDUP", "CONTAINERS", "RESERVED", "ALLOCATED", "CHARGED", "LOST"},
+		{"team-a", "512.0", "MiB", "128.0", "MiB", "3", "25%", "1.0", "GiB", "1.5x", "0.5", "2/4", "256.0", "MiB", "100.0", "MiB", "90.0", "MiB", "3.0", "MiB"},
+		{"free", "-", "-", "1", "-", "-", "1x", "1", "0/-", "0", "B", "0", "B", "0", "B", "0", "B"},
 	}
 	if len(lines) != len(want) {
 		t.Fatalf("tenants table:\n%s", b.String())
