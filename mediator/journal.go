@@ -139,6 +139,8 @@ const (
 	opUngraph  = "ungraph"  // Graph destroyed
 	opTGraph   = "tgraph"   // tensor graph Graph registered from Body (an api.GraphDef), its arena at VA (0: none)
 	opUntgraph = "untgraph" // tensor graph Graph released (its arena's free is a record of its own)
+	opEvict    = "evict"    // the chunk at VA of Dev is evicted to the store file under Key, whose entry has CRC-32C Sum (residency.go)
+	opResident = "resident" // the chunk at VA of Dev is resident in Frame; Keep: it keeps its store entry
 )
 
 // journalOp is one journaled change of a session.
@@ -157,6 +159,12 @@ type journalOp struct {
 	// Body is a graph's request as the tenant sent it, to decode and
 	// check again at restore.
 	Body []byte `json:"body,omitempty"`
+	// Key, Sum, Frame and Keep are a residency record's (opEvict,
+	// opResident: residency.go).
+	Key   uint64 `json:"key,omitempty"`
+	Sum   uint32 `json:"sum,omitempty"`
+	Frame uint64 `json:"frame,omitempty"`
+	Keep  bool   `json:"keep,omitempty"`
 }
 
 // graphKey names a live graph (op opGraph) or tensor graph (opTGraph) in
@@ -228,12 +236,23 @@ func openJournal(dir string) (*journal, []journaled, error) {
 		return nil, nil, fmt.Errorf("session journal %s: %v: %w", j.dir, err, api.ErrInternal)
 	}
 	var got []journaled
+	var stores []string
 	for _, e := range es {
 		if strings.HasSuffix(e.Name(), ".new") { // a compaction cut short
 			os.Remove(filepath.Join(j.dir, e.Name()))
 			continue
 		}
+		if strings.HasSuffix(e.Name(), storeSuffix) { // a journal's store file (residency.go)
+			stores = append(stores, e.Name())
+			continue
+		}
 		got = append(got, j.read(e.Name()))
+	}
+	for _, name := range stores { // with no journal, nothing can read it
+		id, err := strconv.ParseUint(strings.TrimSuffix(name, storeSuffix), 10, 64)
+		if _, jerr := os.Stat(j.path(id)); err != nil || errors.Is(jerr, fs.ErrNotExist) {
+			os.Remove(filepath.Join(j.dir, name))
+		}
 	}
 	slices.SortFunc(got, func(a, b journaled) int { return cmp.Compare(a.id, b.id) })
 	return j, got, nil
@@ -359,10 +378,13 @@ func (j *journal) reopen(s journaled, log logrus.FieldLogger) (*sessionLog, erro
 
 // drop deletes what is journaled of session id.
 func (j *journal) drop(id uint64) error {
-	if err := os.Remove(j.path(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
+	var errs []error
+	for _, p := range []string{j.path(id), j.storePath(id)} { // the store file lives as long (residency.go)
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // sessionLog is one session's journal, open for appending. Its methods on

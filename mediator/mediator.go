@@ -486,9 +486,13 @@ func (m *Mediator) Status() api.Status {
 	for _, s := range m.sessions {
 		sessions = append(sessions, s)
 	}
+	for _, s := range m.restored { // their store files hold their evicted chunks already
+		st.HostSpilled += s.storedBytes()
+	}
 	m.mu.Unlock()
 	for _, s := range sessions {
 		st.Tenants = append(st.Tenants, s.status())
+		st.HostSpilled += s.storedBytes() // evicted chunks in store files are on disk as the spill file's are
 	}
 	sort.Slice(st.Tenants, func(i, j int) bool { return st.Tenants[i].Session < st.Tenants[j].Session })
 	st.Containers = m.containerStatus()

@@ -104,12 +104,20 @@ func (h *host) stateDir() string     { return filepath.Join(h.dir, "state") }
 // returns what it logged while it started.
 func (h *host) start() string {
 	h.t.Helper()
+	return h.startWith(func(*Config) {})
+}
+
+// startWith is start with a configuration that set changes.
+func (h *host) startWith(set func(*Config)) string {
+	h.t.Helper()
 	h.stop()
 	before := len(h.log.String())
 	log := logrus.New()
 	log.SetOutput(h.log)
-	m, err := New(Config{Nodes: []string{h.node}, Quota: h.quota, ContainerDir: h.containerDir(), StateDir: h.stateDir(),
-		ReclaimInterval: 50 * time.Millisecond, Log: log})
+	cfg := Config{Nodes: []string{h.node}, Quota: h.quota, ContainerDir: h.containerDir(), StateDir: h.stateDir(),
+		ReclaimInterval: 50 * time.Millisecond, Log: log}
+	set(&cfg)
+	m, err := New(cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -23,9 +23,11 @@ package mediator
 // host regions (HostAlloc memory: the tenant registers them again), with
 // them the graphs that copy to or from host memory (their ids stay taken,
 // and a launch fails unavailable saying why), and queued work that was
-// not answered. A session that exported or imported a
-// shared buffer, or that oversubscribes (its evicted memory lived in this
-// process), is not restored: the log says so, and its frames are freed.
+// not answered. An oversubscribing session has its evicted chunks too, in
+// a store file of its own that its journal's residency records index
+// (residency.go). A session that exported or imported a shared buffer,
+// or that oversubscribes with no store file (it could not be made), is
+// not restored: the log says so, and its frames are freed.
 //
 // Invariants:
 //   - A session is restored whole or not at all: any check that fails
@@ -78,7 +80,7 @@ func (m *Mediator) journalSession(s *session, hello *api.Hello) {
 	if !hello.Resumable || m.jr == nil {
 		return
 	}
-	if s.evicts {
+	if s.evicts && s.durable == nil {
 		s.log.Info("session not journaled: its evicted memory lives in this process, so it cannot survive a mediator restart")
 		return
 	}
@@ -390,8 +392,8 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 	}
 	m.mu.Unlock()
 	s := m.openSession(j.id, j.rec.Tenant, nil, ctr, devs, rpcs)
-	if s.evicts {
-		err = fmt.Errorf("it oversubscribes now")
+	if s.evicts && s.durable == nil {
+		err = fmt.Errorf("it oversubscribes now, with no store file of evicted memory from before")
 	}
 	r := &replay{kept: make([]map[uint64]bool, len(s.vdevs))}
 	for i, v := range s.vdevs {
@@ -400,6 +402,9 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 	s.frames.replay = r
 	if err == nil {
 		err = s.replay(j.ops, r)
+	}
+	if err == nil && s.durable != nil {
+		err = s.durable.Verify() // the evicted chunks' contents, before anything reads them
 	}
 	if err == nil {
 		err = s.reconcile(r)
@@ -535,6 +540,8 @@ func (s *session) replayOne(op journalOp, r *replay) error {
 			return fmt.Errorf("tensor graph %d released but not live: %w", op.Graph, api.ErrInternal)
 		}
 		s.tgraphs.remove(g) // its launches never went to the node (registerRestored)
+	case opEvict, opResident:
+		return s.replayResidency(op, r)
 	default:
 		return fmt.Errorf("unknown operation %q: %w", op.Op, api.ErrInternal)
 	}

@@ -227,11 +227,7 @@ func (m *Mediator) openSession(id uint64, tenant string, c *api.Conn, ctr *conta
 		s.frameCredit = frameCredit(ctr.dedupCharge)
 	}
 	if factor > 1 {
-		var store memory.Store = m.store // the host's own programs borrow from it
-		if ctr != nil {
-			store = ctr.store // set when its tenant oversubscribes
-		}
-		s.space.Oversubscribe(store, resident)
+		s.space.Oversubscribe(m.evictionStore(s, ctr, c == nil), resident)
 		s.evicts = true
 	}
 	s.ending, s.bw = make(chan struct{}), m.limiter(s.tenant)
@@ -313,6 +309,7 @@ func (s *session) teardown() {
 	if err := s.space.Close(); err != nil {
 		s.log.WithError(err).Info("returning frames failed; the nodes free them when the connection closes")
 	}
+	s.closeStore()
 	closed := map[*api.RPC]bool{}
 	s.shares.closeConns()
 	for _, v := range s.vdevs {

@@ -27,6 +27,9 @@ type sessionMemory struct {
 	frames *frameSource // the space's source: frames held, by device (self.go)
 	budget *budget      // the container's, shared by its sessions, or the session's own
 	evicts bool         // the space oversubscribes and may evict
+	// durable is the space's store where its evicted chunks outlive the
+	// process (residency.go); nil where they are in the host store.
+	durable *memory.FileStore
 	// frameCredit is what the budget credits for each frame of a sealed
 	// weight that its node stores once (dedup.go): (1 − dedup_charge) of a
 	// frame for a container's session, 0 on the host socket.

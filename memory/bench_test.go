@@ -1,8 +1,13 @@
 package memory
 
 import (
+	"encoding/binary"
+	"encoding/json"
+	"hash/crc32"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -259,25 +264,39 @@ func BenchmarkOversubscribe(b *testing.B) {
 		ws    = cap * 3 / 2
 		piece = 1 << 20
 	)
-	for _, spill := range []bool{false, true} {
-		name := "store=ram"
-		if spill {
-			name = "store=spill"
-		}
+	// ram and spill are the mediator's host store; file is the store file
+	// of a journaled session, with a record of each residency change
+	// written as its journal writes it (mediator/residency.go).
+	for _, name := range []string{"store=ram", "store=spill", "store=file"} {
 		b.Run(name, func(b *testing.B) {
 			setup := func(resident uint64) (*Space, *fakeNode, uint64) {
 				node := newFakeNode(ws / FrameSize)
-				budget, dir := uint64(ws), ""
-				if spill {
-					budget, dir = 0, b.TempDir()
-				}
-				store, err := NewHostStore(budget, dir)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { store.Close() })
 				s := NewSpace(node.lease(0), 0)
-				s.Oversubscribe(store, resident)
+				if name == "store=file" {
+					store, err := CreateFileStore(filepath.Join(b.TempDir(), "s.store"), nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { store.Remove() })
+					j, err := os.Create(filepath.Join(b.TempDir(), "s.journal"))
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { j.Close() })
+					s.Oversubscribe(store, resident)
+					s.SetResidency(&journalingResidency{store: store, f: j})
+				} else {
+					budget, dir := uint64(ws), ""
+					if name == "store=spill" {
+						budget, dir = 0, b.TempDir()
+					}
+					store, err := NewHostStore(budget, dir)
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { store.Close() })
+					s.Oversubscribe(store, resident)
+				}
 				va, err := s.Alloc(0, ws)
 				if err != nil {
 					b.Fatal(err)
@@ -348,4 +367,46 @@ func BenchmarkOversubscribe(b *testing.B) {
 			b.ReportMetric(float64(swept)/tOver.Seconds()/1e6, "oversub-MB/s")
 		})
 	}
+}
+
+// journalingResidency writes a record of each residency change to f, as a
+// mediator's session journal does: a JSON body behind its length and
+// CRC-32C, one write each.
+type journalingResidency struct {
+	store *FileStore
+	f     *os.File
+	buf   []byte
+}
+
+func (j *journalingResidency) write(rec any) {
+	body, err := json.Marshal(rec)
+	if err != nil {
+		panic(err)
+	}
+	j.buf = binary.LittleEndian.AppendUint32(j.buf[:0], uint32(len(body)))
+	j.buf = binary.LittleEndian.AppendUint32(j.buf, crc32.Checksum(body, castagnoli))
+	if _, err := j.f.Write(append(j.buf, body...)); err != nil {
+		panic(err)
+	}
+}
+
+func (j *journalingResidency) Evicted(dev uint32, va, key uint64) {
+	sum, _ := j.store.Sum(key)
+	j.write(struct {
+		Op  string `json:"op"`
+		Dev uint32 `json:"dev"`
+		VA  uint64 `json:"va"`
+		Key uint64 `json:"key"`
+		Sum uint32 `json:"sum"`
+	}{"evict", dev, va, key, sum})
+}
+
+func (j *journalingResidency) Resident(dev uint32, va, frame uint64, keep bool) {
+	j.write(struct {
+		Op    string `json:"op"`
+		Dev   uint32 `json:"dev"`
+		VA    uint64 `json:"va"`
+		Frame uint64 `json:"frame"`
+		Keep  bool   `json:"keep"`
+	}{"resident", dev, va, frame, keep})
 }

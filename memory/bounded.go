@@ -36,15 +36,16 @@ type BoundedStore struct {
 	mu      sync.Mutex
 	keys    map[uint64]struct{} // entries held
 	pending uint64              // entries being put
+	files   uint64              // entries held in FileStores bound to it, which count against its limit too
 }
 
 // reserve makes room for one entry, or says why there is none.
 func (b *BoundedStore) reserve() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if uint64(len(b.keys))+b.pending >= b.limit {
+	if held := uint64(len(b.keys)) + b.pending + b.files; held >= b.limit {
 		return fmt.Errorf("host store: %d chunks of %d bytes held, the most this container may keep: %w",
-			uint64(len(b.keys))+b.pending, FrameSize, vocab.ErrOutOfMemory)
+			held, FrameSize, vocab.ErrOutOfMemory)
 	}
 	b.pending++
 	return nil
@@ -59,6 +60,23 @@ func (b *BoundedStore) done(key uint64, err error) (uint64, error) {
 		b.keys[key] = struct{}{}
 	}
 	return key, err
+}
+
+// settle ends a reservation a FileStore made, counting its entry if it
+// was stored; uncharge forgets one it dropped.
+func (b *BoundedStore) settle(stored bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.pending--
+	if stored {
+		b.files++
+	}
+}
+
+func (b *BoundedStore) uncharge() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.files--
 }
 
 func (b *BoundedStore) Put(p []byte) (uint64, error) {

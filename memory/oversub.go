@@ -112,6 +112,9 @@ func (s *Space) faultIn(rs []Range) error {
 		p.keys = append(p.keys, key)
 	}
 
+	for i, v := range p.victims {
+		s.toldEvicted(v, p.keys[i])
+	}
 	s.mu.Lock()
 	for i, v := range p.victims {
 		s.evictLocked(v, p.keys[i])
@@ -147,6 +150,7 @@ func (s *Space) faultIn(rs []Range) error {
 			s.refills++
 		}
 		s.mu.Unlock()
+		s.toldResident(c)
 		if c.stored && c.unsealed > 0 { // it may change: its entry would go stale
 			s.dropKey(c)
 		}
@@ -287,6 +291,7 @@ func (s *Space) evictNow(vs []*chunk) error {
 		if key, err = s.save(v); err != nil {
 			break
 		}
+		s.toldEvicted(v, key)
 		s.mu.Lock()
 		s.evictLocked(v, key)
 		s.mu.Unlock()

@@ -186,6 +186,7 @@ type Space struct {
 	// Oversubscription, off while store is nil.
 	store                      Store
 	lend                       frameStore // store, if it lends its buffers
+	residency                  Residency  // told of residency changes, or nil (residency.go)
 	maxFrames                  int        // cap on frames; 0 means none
 	faults, evictions          uint64
 	writeBacks, cleanEvictions uint64
