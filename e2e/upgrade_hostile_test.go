@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,11 +45,26 @@ func TestLiveUpgradeCluster(t *testing.T) {
 	}
 	defer c.Close()
 	ws := writeBuffers(t, c, 2<<20, 1000)
+	p := sleeping(t)
+	if _, err := register(t, r.socket, api.Register{Container: "job", Namespace: "moby", Memory: 32 << 20, Devices: 1, Pid: uint32(p.Process.Pid)}); err != nil {
+		t.Fatal(err)
+	}
+	reserved := func() []api.ClusterTenant {
+		if cs := status(t, r.socket).Cluster; cs != nil {
+			return cs.Tenants
+		}
+		return nil
+	}
+	before := reserved()
 	rep, out, err := r.upgradeTo("", "--upgrade-timeout", "30s")
 	if err != nil || rep.RolledBack || rep.NewPid == 0 {
 		t.Fatalf("vgpuctl upgrade in cluster mode: %v, report %+v\n%s\nmediator log:\n%s", err, rep, out, r.med.out)
 	}
 	checkBuffers(t, c, ws, "after the upgrade in cluster mode")
+	// "default": the container's tenant; "t": the host session's chunk.
+	if after := reserved(); !slices.Contains(before, api.ClusterTenant{Name: "default", Reserved: 32 << 20, Containers: 1}) || !reflect.DeepEqual(after, before) {
+		t.Fatalf("cluster-wide reservations %+v before the upgrade, %+v after; want the container's 32MiB among them, the same", before, after)
+	}
 }
 
 // TestLiveUpgradeTwiceBeforeResume: two upgrades in a row while a tenant,
