@@ -33,6 +33,7 @@ type restartable struct {
 	dir      string
 	socket   string
 	med      *proc
+	flags    []string // more flags for each start
 }
 
 func newRestartable(t *testing.T, nodeFlags ...string) *restartable {
@@ -54,8 +55,9 @@ func (r *restartable) stateFile() string    { return filepath.Join(r.dir, "state
 // the killed one's, left behind.
 func (r *restartable) start() {
 	r.t.Helper()
-	r.med = startProc(r.t, "vgpu-mediator", "--socket", r.socket, "--node", r.node, "--quota", r.quotaFile(),
-		"--container-dir", r.containerDir(), "--state-dir", filepath.Join(r.dir, "state"), "--containerd", "", "--log-level", "info")
+	r.med = startProc(r.t, "vgpu-mediator", append([]string{"--socket", r.socket, "--node", r.node, "--quota", r.quotaFile(),
+		"--container-dir", r.containerDir(), "--state-dir", filepath.Join(r.dir, "state"), "--containerd", "", "--log-level", "info"},
+		r.flags...)...)
 	waitFor(r.t, "vgpu-mediator to serve", func() bool {
 		c, err := net.Dial("unix", r.socket)
 		if err == nil {

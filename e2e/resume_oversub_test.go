@@ -1,0 +1,60 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+)
+
+// tenantStatus is the status line of session id, or fails the test.
+func (r *restartable) tenantStatus(id uint64) api.TenantStatus {
+	r.t.Helper()
+	op, err := client.DialOperator(r.socket)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer op.Close()
+	st, err := op.Status()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, ts := range st.Tenants {
+		if ts.Session == id {
+			return ts
+		}
+	}
+	r.t.Fatalf("no session %d in the status", id)
+	return api.TenantStatus{}
+}
+
+// TestOversubscribedSessionSurvivesMediatorKill: a tenant that writes 24
+// MiB through an 8 MiB resident cap has most of it evicted when its
+// mediator is SIGKILLed; the mediator started again restores the session
+// with its chunks evicted as they were, in the session's store file, and
+// every byte reads back, the evicted chunks faulting in on the new
+// process.
+func TestOversubscribedSessionSurvivesMediatorKill(t *testing.T) {
+	r := newRestartable(t)
+	r.flags = []string{"--tenant-memory", "8MiB", "--oversubscribe", "4"}
+	r.start()
+	c := r.dial(0)
+	ws := writeBuffers(t, c, 3<<20, 5<<20+4321, 4<<20, 6<<20, 64<<10, 5<<20)
+	if ts := r.tenantStatus(c.Session()); ts.Evicted == 0 || ts.Resident > 8<<20 {
+		t.Fatalf("before the kill: %d bytes evicted, %d resident; want chunks evicted", ts.Evicted, ts.Resident)
+	}
+
+	r.kill()
+	r.start()
+	if _, err := c.Stats(); err != nil { // resumes the session
+		t.Fatalf("after the restart: %v\nmediator log:\n%s", err, r.med.out.String())
+	}
+	if ts := r.tenantStatus(c.Session()); ts.Evicted == 0 {
+		t.Fatalf("the restored session has nothing evicted: %+v", ts)
+	}
+	checkBuffers(t, c, ws, "after the restart") // 24 MiB through 8 MiB: the evicted chunks fault in
+	if out := r.med.out.String(); !strings.Contains(out, "session restored") || !strings.Contains(out, "session resumed") {
+		t.Fatalf("the mediator's log does not say it restored and resumed the session:\n%s", out)
+	}
+}
