@@ -230,3 +230,44 @@ func lostBytes(t *testing.T, sys *system, tenant string) uint64 {
 	}
 	return inStatus
 }
+
+// A tensor graph of a node connection that dropped and was reclaimed is
+// registered again on the new connection: it gives the same results after
+// the drop, under the same id.
+func TestNodeDropKeepsTensorGraphs(t *testing.T) {
+	var cut *cutter
+	sys := startWith(t, 64<<20, func(c *mediator.Config) {
+		cut = newCutter(t, c.Nodes[0])
+		c.Nodes[0] = cut.addr
+	})
+	c := raw(t, sys)
+	if _, err := roundTrip(t, c, api.OpHello, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleTenant,
+		Tenant: "acme", Resumable: true})); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000
+	w := seq(n, func(i int) float32 { return float32(i) / 3 })
+	id := mustRegister(t, c, affineGraph(n, weight(t, c, w)))
+	checkAffine(t, c, id, w, 1)
+
+	if k := cut.cut(); k != 1 {
+		t.Fatalf("%d attached connections cut, want the session's 1", k)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := invoke(t, c, id, nil, client.Float32Bytes(w))
+		if err == nil {
+			break
+		}
+		// Until the watcher has redialled, the invocation meets the closed
+		// connection; a graph gone with it says so.
+		if !errors.Is(err, api.ErrUnavailable) || strings.Contains(err.Error(), "tensor graphs registered there") || time.Now().After(deadline) {
+			t.Fatalf("invocation after the drop: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	checkAffine(t, c, id, w, 2)
+	if err := release(t, c, id); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -46,8 +46,9 @@ import (
 //     api.ErrUnavailable naming the node and why, until it is freed. What
 //     the mediator holds itself survives: the evicted memory of an
 //     oversubscribing session is in its host store, and faults in again.
-//     Either way the node forgot the connection's tensor graphs
-//     (graphGone).
+//     Either way the node forgot the connection's tensor graphs: after a
+//     reclaim they are registered again (reregisterGraphs), otherwise
+//     they are gone (graphGone).
 //   - Then, still before that request, each lost sealed weight whose
 //     SHA-256s the session recorded (Config.WeightSums, recordSums) is
 //     restored from another node that holds a sealed frame of the same
@@ -233,6 +234,7 @@ func (s *session) installRedialled() {
 					s.nodes.replaced[uint32(i)] = replacedConn{at: s.nodes.installs, why: gone}
 				}
 			}
+			s.reregisterGraphs(node)
 			go s.watchNode(node, rpc, p.boot)
 			s.log.WithField("node", addr).Info("node connection replaced: its frames reclaimed, every allocation there kept")
 			continue
@@ -253,6 +255,25 @@ func (s *session) installRedialled() {
 		restored := s.restoreSealed(node, lost)
 		s.log.WithError(why).WithFields(logrus.Fields{"node": addr, "lost": len(lost) - restored, "restored": restored}).
 			Warn("node connection replaced: allocations that had memory there are lost, but sealed weights restored from another node")
+	}
+}
+
+// reregisterGraphs registers again, on the reclaimed connection to node,
+// the launches of the session's tensor graphs there, which the node forgot
+// with the dropped connection; their physical runs are the frames the
+// reclaim kept. A graph that fails stays gone (graphGone), logged. The
+// caller holds issueMu, with the connection installed.
+func (s *session) reregisterGraphs(node int) {
+	for _, g := range s.tgraphs.byID {
+		if s.vdevs[g.dev].dev.node != node || g.launches == nil || s.graphGone(g) == nil {
+			continue
+		}
+		id, err := s.registerNodeGraph(g, g.launches)
+		if err != nil {
+			s.log.WithError(err).WithField("graph", g.String()).Warn("tensor graph not registered again on its reclaimed node connection; it fails unavailable")
+			continue
+		}
+		g.node, g.epoch = id, s.nodes.installs
 	}
 }
 

@@ -82,6 +82,10 @@ type tensorGraph struct {
 	// restored is the node graph of a graph a restore rebuilt, until it
 	// is registered with the node (registerRestored); nil otherwise.
 	restored *api.NodeGraph
+	// launches is the node graph as registered, kept to register it again
+	// on a node connection that dropped and was reclaimed, whose node
+	// forgot it (reregisterGraphs, noderestart.go).
+	launches *api.NodeGraph
 }
 
 // placed is a tensor's index, size and the physical runs that back it.
@@ -181,6 +185,7 @@ func (s *session) buildTensorGraph(body []byte, arena *uint64) (*tensorGraph, er
 		}
 	}
 	ng, err := s.translateGraph(g, checked, offsets)
+	g.launches = ng
 	switch {
 	case err == nil && arena != nil:
 		g.restored = ng
