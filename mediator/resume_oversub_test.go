@@ -3,6 +3,7 @@ package mediator
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -150,5 +151,68 @@ func TestOversubscribedSessionDamagedStore(t *testing.T) {
 	h.serveHost()
 	if _, err := c.Stats(); !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "no session to resume") {
 		t.Fatalf("the dropped session: %v, want unavailable: no session to resume", err)
+	}
+}
+
+// A mediator that dies before any one record of an oversubscribing
+// session — its allocation, an eviction, a fault-in — leaves a journal and
+// store file the next one restores from, with every write answered before
+// the death intact: whatever an eviction or a fault-in did past its last
+// record, the frame or slot it used is one that no record names.
+func TestDeathAtEachResidencyRecord(t *testing.T) {
+	defer func() { dieBeforeRecord = nil; stopRedials.Store(false) }()
+	const size, piece = 16 << 20, 2 << 20 // 8 chunks through 4 resident
+	want := pattern(4, size)
+	// Records: the allocation, then an eviction and a fault-in for each
+	// of the last four pieces and again for the first four.
+	order := []int{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3}
+	const records = 1 + 2*8
+	for k := 1; k <= records+1; k++ { // the last: no death, every record written
+		t.Run(fmt.Sprint("before record ", k), func(t *testing.T) {
+			h := newHostOf(t, 64<<20)
+			h.startWith(oversubscribed)
+			c := h.dial(h.serveHost())
+			n := 0
+			dieBeforeRecord = func(l *sessionLog) bool {
+				if n++; n < k {
+					return false
+				}
+				stopRedials.Store(true) // the process is gone: no node call, no redial
+				for _, v := range h.med.sessions[l.id].vdevs {
+					v.rpc.Close()
+				}
+				return true
+			}
+			s := c.Stream()
+			acked := map[int]bool{}
+			p, err := c.Malloc(0, size)
+			for _, i := range order {
+				if err != nil {
+					break
+				}
+				s.CopyToDevice(p.Add(uint64(i*piece)), want[i*piece:(i+1)*piece])
+				if err = s.Synchronize(); err == nil {
+					acked[i] = true
+				}
+			}
+			if got := n; k <= records && err == nil || k > records && (err != nil || got != records) {
+				t.Fatalf("death before record %d: %d records, last error %v", k, got, err)
+			}
+			dieBeforeRecord = nil
+			h.crash()
+			stopRedials.Store(false)
+			out := h.startWith(oversubscribed)
+			h.serveHost()
+			if !strings.Contains(out, "session restored") {
+				t.Fatalf("death before record %d: not restored:\n%s", k, out)
+			}
+			for i := range acked {
+				got := make([]byte, piece)
+				s.CopyFromDevice(got, p.Add(uint64(i*piece)))
+				if err := s.Synchronize(); err != nil || !bytes.Equal(got, want[i*piece:(i+1)*piece]) {
+					t.Fatalf("death before record %d: piece %d, answered before it: %v, bytes equal %v", k, i, err, bytes.Equal(got, want[i*piece:(i+1)*piece]))
+				}
+			}
+		})
 	}
 }
