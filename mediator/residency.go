@@ -68,7 +68,9 @@ func (m *Mediator) evictionStore(s *session, ctr *container, restoring bool) mem
 	}
 	fs, err := open(m.jr.storePath(s.id), bound)
 	if err != nil {
-		s.log.WithError(err).Warn("evicted memory kept in this process: the session will not survive a mediator restart")
+		if !restoring { // a restore without its file is dropped, saying so (rebuild)
+			s.log.WithError(err).Warn("evicted memory kept in this process: the session will not survive a mediator restart")
+		}
 		return store
 	}
 	s.durable = fs
