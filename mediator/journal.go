@@ -6,7 +6,9 @@ package mediator
 // append-only file per journaled session, <id>.journal. Its first record
 // is the session's header (sessionRecord), each later one an operation
 // that changed its address space, streams or graphs (journalOp), in the
-// order the session applied them. A record is its body's length (4 bytes, little-endian),
+// order the session applied them; an oversubscribing session's evictions
+// and fault-ins among them, its evicted chunks in <id>.store beside it
+// (residency.go). A record is its body's length (4 bytes, little-endian),
 // the CRC-32C of its body (4 bytes, little-endian), then the body: JSON.
 //
 // Invariants:
