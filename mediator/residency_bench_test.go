@@ -18,7 +18,7 @@ import (
 //	go test -run xxx -bench JournaledPaging -benchtime 1x ./mediator/
 func BenchmarkJournaledPaging(b *testing.B) {
 	const rounds, piece, chunks = 15, 2 << 20, 8
-	over := func(c *mediator.Config) { c.TenantMemory, c.Oversubscribe, c.HostMemory = chunks/2*piece, 4, 1 << 30 }
+	over := func(c *mediator.Config) { c.TenantMemory, c.Oversubscribe, c.HostMemory = chunks/2*piece, 4, 1<<30 }
 	plainOnly := func(c *mediator.Config) { over(c); c.StateDir = "" }
 	sys := startWith(b, 1<<30, plainOnly)
 	type tenant struct {
