@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -56,5 +57,35 @@ func TestOversubscribedSessionSurvivesMediatorKill(t *testing.T) {
 	checkBuffers(t, c, ws, "after the restart") // 24 MiB through 8 MiB: the evicted chunks fault in
 	if out := r.med.out.String(); !strings.Contains(out, "session restored") || !strings.Contains(out, "session resumed") {
 		t.Fatalf("the mediator's log does not say it restored and resumed the session:\n%s", out)
+	}
+}
+
+// TestOversubscribedContainerSurvivesMediatorKill: the same through a
+// container's socket, its tenant oversubscribing by the quota file: the
+// restart restores the session, its evicted chunks counted against the
+// container's bound again, and the tenant's accounting as it was.
+func TestOversubscribedContainerSurvivesMediatorKill(t *testing.T) {
+	r := newRestartable(t)
+	if err := os.WriteFile(r.quotaFile(), []byte(restartQuota+"oversubscribe = 4.0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.start()
+	p := sleeping(t)
+	sock := r.register(api.Register{Container: "job", Namespace: "moby", Memory: 8 << 20, Devices: 1, Pid: uint32(p.Process.Pid)})
+	c, err := client.Dial(client.Options{Socket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ws := writeBuffers(t, c, 6<<20, 6<<20+99, 6<<20, 5<<20)
+	if ts := r.tenantStatus(c.Session()); ts.Evicted == 0 {
+		t.Fatalf("before the kill: nothing evicted: %+v", ts)
+	}
+	before := r.tenantLine("team-a")
+	r.kill()
+	r.start()
+	checkBuffers(t, c, ws, "through the container's socket after the restart")
+	if after := r.tenantLine("team-a"); after != before {
+		t.Fatalf("team-a after the restart: %+v, want %+v as before", after, before)
 	}
 }
