@@ -216,3 +216,25 @@ func TestDeathAtEachResidencyRecord(t *testing.T) {
 		})
 	}
 }
+
+// A handover (an upgrade) keeps an oversubscribing session's store file
+// for the next mediator, as a crash does.
+func TestOversubscribedSessionHandover(t *testing.T) {
+	h := newHostOf(t, 64<<20)
+	h.startWith(oversubscribed)
+	c, p, want := writeOversubscribed(t, h)
+	if err := h.med.Handover(); err != nil {
+		t.Fatal(err)
+	}
+	h.med = nil
+	if _, err := os.Stat(storeFile(h, c)); err != nil {
+		t.Fatalf("the store file after a handover: %v", err)
+	}
+	h.startWith(oversubscribed)
+	h.serveHost()
+	got := make([]byte, len(want))
+	c.Stream().CopyFromDevice(got, p)
+	if err := c.Stream().Synchronize(); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("after a handover: %v, bytes equal %v", err, bytes.Equal(got, want))
+	}
+}
