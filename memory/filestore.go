@@ -117,6 +117,9 @@ func (s *FileStore) put(p []byte) (uint64, error) {
 	_, err := f.WriteAt(p, int64(key-1)*FrameSize)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.f == nil { // closed meanwhile: the entry goes with the store
+		return 0, fmt.Errorf("file store %q: put: %w", s.path, errFileStoreClosed)
+	}
 	if err != nil {
 		s.free = append(s.free, key)
 		class := vocab.ErrInternal
