@@ -29,6 +29,14 @@
 // chunk, one frame, is the unit of residency, so a full resident chunk is
 // still a single 2 MiB leaf and an eviction frees a whole frame.
 //
+// A Residency (SetResidency) is told of each eviction, once its contents
+// are stored and before its frame is unmapped, returned or reused, and of
+// each fault-in, once its frame is filled and before its store entry is
+// dropped; a later process that replays those changes in order
+// (RestoreEvicted, RestoreResident) after the same allocations, over a
+// store that kept its entries (FileStore, a file that outlives the
+// process), rebuilds the same residency.
+//
 // Seal makes an allocation immutable: translations for writing
 // (TranslateWrite, a Range with Write) that touch it are refused. A chunk
 // whose live allocations are all sealed therefore cannot change once it is
@@ -63,8 +71,8 @@
 //
 // Lock order: allocMu, then mu. allocMu serialises the calls that change the
 // address space (Alloc, Free, Seal, Close, and a Translate that faults) and
-// is held across calls to the FrameSource and the Store, which therefore
-// must not call back into the Space. mu guards what Translate, Span, Hint
+// is held across calls to the FrameSource, the Store and the Residency,
+// which therefore must not call back into the Space. mu guards what Translate, Span, Hint
 // and Stats read and is never held across a source or store call, so
 // translations of resident memory go on while a Grant or an eviction waits
 // on a remote node.
