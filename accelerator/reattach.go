@@ -19,8 +19,19 @@ package accelerator
 //   - A parked owner stays joined to its tenant (limits.go), so its
 //     tenant's weight and cap, and the frames it holds against the
 //     device, count as before while it waits.
-//   - Shared objects a parked connection exported or imported end with
-//     the connection, as do its graphs: only frames are kept.
+//   - A parked connection's shared objects live on: they are its frames,
+//     their grants stay, and importers read and write them meanwhile. A
+//     reclaim makes the reclaimer their exporter (objectTable.adopt); an
+//     expiry ends them with the frames, telling the importers, as any
+//     free does. What the connection imported or pinned, and where its
+//     invalidations went, is forgotten when it drops, before it is
+//     parked, so that a reclaimer, which takes the same cache id (the
+//     owner), starts with no import or pin a late forget could drop. Its
+//     leases are not forgotten: the node cannot tell a dead mediator from
+//     one cut off that still serves its copies, so a write waits each one
+//     out (a lease at most), and no copy read before the drop is served
+//     after a write is acknowledged. Its graphs end with it: only frames
+//     and exports are kept.
 //   - Only a connection that holds nothing yet (no frames) may reclaim,
 //     and only for its own tenant; a wrong token is refused with
 //     api.ErrPermissionDenied and the parked frames stay parked.
@@ -118,6 +129,9 @@ func (c *conn) reclaim(o owner, token string) (*api.NodeAttached, error) {
 	delete(n.attached, c.owner)
 	n.attached[o] = c // as o, c is attached with o's token from here on
 	n.mu.Unlock()
+	// Out of the parked map, p.c is no one's to release: its objects are
+	// c's from here on, before c's next request can free their frames.
+	objects := n.objects.adopt(p.c, c)
 	// c's own owner id held nothing: it leaves the tenant, and c goes on
 	// as o, which never left it.
 	n.leaveTenant(c.tenant, c.owner)
@@ -130,7 +144,7 @@ func (c *conn) reclaim(o owner, token string) (*api.NodeAttached, error) {
 		held += len(fs)
 		reply.Devices = append(reply.Devices, api.NodeFrames{Device: uint32(i), Frames: fs})
 	}
-	c.log.WithFields(logrus.Fields{"frames": held, "parked_for": time.Since(p.since).Round(time.Millisecond).String()}).
+	c.log.WithFields(logrus.Fields{"frames": held, "objects": objects, "parked_for": time.Since(p.since).Round(time.Millisecond).String()}).
 		Info("mediator reclaimed the frames of its dropped connection")
 	return reply, nil
 }
@@ -165,6 +179,10 @@ func (n *Node) waitParked(o owner) (*parkedConn, error) {
 // reattach grace if it attached.
 func (c *conn) end() {
 	n := c.node
+	// Before it can be parked, and so reclaimed: a forget after the
+	// reclaim would drop the reclaimer's reads and pins, which go under
+	// the same cache id.
+	n.objects.forget(c)
 	n.mu.Lock()
 	if n.attached[c.owner] == c {
 		delete(n.attached, c.owner)
@@ -185,8 +203,6 @@ func (c *conn) end() {
 	n.parkedNote = make(chan struct{})
 	grace := n.grace
 	n.mu.Unlock()
-	// Its shared objects and graphs end with it; its frames wait.
-	n.dropObjects(c, nil, nil)
 	c.log.WithField("grace", grace.String()).Info("mediator connection dropped: its frames are kept for a reclaim")
 }
 

@@ -182,3 +182,127 @@ func TestReclaimWaitsForTheDrop(t *testing.T) {
 		t.Fatalf("reclaim reply %+v, want owner %d holding %#x", got, o, fs)
 	}
 }
+
+// waitParked waits until the node has parked owner o.
+func (tn *testNode) waitParked(t *testing.T, o uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		tn.node.mu.Lock()
+		p := tn.node.parked[owner(o)]
+		tn.node.mu.Unlock()
+		if p != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("connection %d not parked within 5s", o)
+		}
+	}
+}
+
+// objWrite writes p at the start of object id through c, returning the
+// version the node gave it.
+func (c *client) objWrite(id uint64, p []byte) (uint64, error) {
+	body, err := c.call(api.OpNodeObjWrite, &api.NodeObjAccess{Object: id, Payload: p})
+	var g api.NodeGrant
+	if err == nil {
+		err = api.Decode(body, &g)
+	}
+	return g.Version, err
+}
+
+// objRead reads n bytes at the start of object id through c.
+func (c *client) objRead(id uint64, n uint64) ([]byte, error) {
+	body, err := c.call(api.OpNodeObjRead, &api.NodeObjAccess{Object: id, Len: n})
+	if err != nil {
+		return nil, err
+	}
+	return body[len(body)-int(n):], nil
+}
+
+// An object exported by an attached connection outlives its drop: the
+// importer reads and writes it while the exporter is parked (a write waits
+// out the lease the dead exporter's read took, at most), and the reclaimer
+// is its exporter
+// — it reads and writes it, and its unexport ends it, telling the
+// importer.
+func TestReattachKeepsExportedObjects(t *testing.T) {
+	tn := startNode(t)
+	a := tn.connect(t, "acme")
+	o := a.attach(testToken)
+	f := a.alloc(0, 1)[0]
+	id := exportTo(t, a, api.ModeCoherent, []api.Extent{ext(f, 0, FrameSize)}, api.Grant{Tenant: "beta", Write: true})
+	b := tn.importAs(t, "beta", id)
+	if _, err := a.objWrite(id, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.objRead(id, 6); err != nil { // a lease held as it drops
+		t.Fatal(err)
+	}
+	a.rpc.Close()
+	tn.waitParked(t, o)
+	if got, err := b.objRead(id, 6); err != nil || string(got) != "before" {
+		t.Fatalf("importer read %q, %v while the exporter is parked; want \"before\"", got, err)
+	}
+	if _, err := b.objWrite(id, []byte("during")); err != nil {
+		t.Fatalf("importer's write while the exporter is parked: %v", err)
+	}
+
+	a2 := tn.connect(t, "acme")
+	got, err := a2.reclaim(o, testToken)
+	if err != nil || !slices.Equal(got.Devices[0].Frames, []uint64{f}) {
+		t.Fatalf("reclaim: %+v, %v; want frame %#x", got, err, f)
+	}
+	if got, err := a2.objRead(id, 6); err != nil || string(got) != "during" {
+		t.Fatalf("reclaimer read %q, %v; want the importer's \"during\"", got, err)
+	}
+	if _, err := a2.objWrite(id, []byte("after!")); err != nil {
+		t.Fatalf("reclaimer's write: %v", err)
+	}
+	if got, err := b.objRead(id, 6); err != nil || string(got) != "after!" {
+		t.Fatalf("importer read %q, %v; want the reclaimer's \"after!\"", got, err)
+	}
+	// The raw frame is shared still: the reclaimer writes it only through
+	// the object.
+	wantErr(t, a2.write(0, []api.Extent{ext(f, 0, 4)}, []byte("raw!")), api.ErrPermissionDenied)
+
+	end := a2.rpc.Go(api.OpNodeUnexport, nil, api.Encode(&api.NodeObject{Object: id}))
+	if rv := b.next(); rv.Object != id || rv.Tenant != "" {
+		t.Fatalf("importer told %+v, want the end of object %d", rv, id)
+	} else {
+		b.ack(rv)
+	}
+	if err := end.Wait(); err != nil {
+		t.Fatalf("the reclaimer's unexport: %v", err)
+	}
+	_, err = b.objRead(id, 6)
+	wantErr(t, err, api.ErrInvalidArgument, "freed")
+	if err := a2.free(0, f); err != nil {
+		t.Fatal(err)
+	}
+	tn.waitUsed(t, [testDevices]uint64{})
+}
+
+// A parked exporter whose grace ends with no reclaim ends its objects with
+// its frames: the importer is told, and reads no more of them.
+func TestReattachExpiryEndsExportedObjects(t *testing.T) {
+	tn := startNode(t)
+	tn.node.SetReattachGrace(100 * time.Millisecond)
+	a := tn.connect(t, "acme")
+	a.attach(testToken)
+	id := exportFrame(t, a, api.ModeCoherent, api.Grant{Tenant: "beta"})
+	b := tn.importAs(t, "beta", id)
+	a.rpc.Close()
+	if rv := b.next(); rv.Object != id || rv.Tenant != "" {
+		t.Fatalf("importer told %+v, want the end of object %d", rv, id)
+	} else {
+		b.ack(rv)
+	}
+	for deadline := time.Now().Add(5 * time.Second); tn.node.Expired() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d expiries, want the object ended by the grace's end", tn.node.Expired())
+		}
+	}
+	_, err := b.objRead(id, 6)
+	wantErr(t, err, api.ErrInvalidArgument, "freed")
+	tn.waitUsed(t, [testDevices]uint64{})
+}

@@ -12,7 +12,9 @@ package accelerator
 // pushes, delays a write by one lease at most.
 //
 // An object is the exporter's frames, which stay the exporter's: the
-// object ends when the exporter's connection frees them or ends. While it
+// object ends when the exporter's connection frees them or ends (an
+// attached one's parked frames keep it until they are reclaimed, the
+// reclaimer becoming its exporter, or freed: reattach.go). While it
 // lives, its frames are marked shared: the exporter's ordinary writes to
 // them are refused, so every change goes through the directory (the
 // exporter's mediator writes through the object, as importers do).
@@ -997,6 +999,35 @@ func (t *objectTable) forget(c *conn) {
 		o.prune()
 		o.mu.Unlock()
 	}
+}
+
+// adopt makes to the exporter of the objects from exported: to reclaimed
+// from, a parked connection (reattach.go), and holds its frames now.
+// Neither connection runs a request meanwhile (from has ended; to is
+// answering its reclaim), so the objects' set cannot change under it. It
+// returns how many objects to took.
+func (t *objectTable) adopt(from, to *conn) int {
+	t.mu.Lock()
+	var mine []*object
+	if r := t.byConn[from]; r != nil && len(r.exported) > 0 {
+		mine = slices.Collect(maps.Values(r.exported))
+		maps.Copy(t.objectsOf(to).exported, r.exported)
+		clear(r.exported)
+		t.tidy(from)
+	}
+	to.exports += from.exports
+	to.exportExtents += from.exportExtents
+	from.exports, from.exportExtents = 0, 0
+	t.mu.Unlock()
+	// A write from queued before the drop and not yet applied fails its
+	// grant check from here on (may): unacknowledged, either outcome is
+	// allowed, and its writer is gone.
+	for _, o := range mine {
+		o.mu.Lock()
+		o.exporter = to
+		o.mu.Unlock()
+	}
+	return len(mine)
 }
 
 func touches(xs []api.Extent, frames map[uint64]bool) bool {
