@@ -238,15 +238,6 @@ func (l *link) resend(f *inflight) error {
 	}
 }
 
-// unresumable gives up resuming the session: the mediator does not restore
-// one that shares buffers (mediator/resume.go), so reconnecting to it
-// would only delay the failure.
-func (l *link) unresumable() {
-	l.mu.Lock()
-	l.token = ""
-	l.mu.Unlock()
-}
-
 // Close closes the connection for good.
 func (l *link) Close() error {
 	l.mu.Lock()

@@ -6,9 +6,10 @@ import (
 
 // Shared buffers: a tenant exports an allocation to named tenants, who
 // import it through their own mediator, on this host or another, and copy
-// to and from it like any buffer. A session that shares one is not
-// resumed after its mediator restarts (docs/architecture.md), so it does
-// not try: once its connection breaks, its calls fail at once. Its mode says what readers may rely on
+// to and from it like any buffer. A session that shares one is resumed
+// after its mediator restarts, its exports and imports with it; an Export,
+// Import, Revoke, Publish or Pin in flight then fails with ErrInterrupted
+// (docs/architecture.md). Its mode says what readers may rely on
 // (docs/coherence.md): api.ModeImmutable (sealed first; cached anywhere),
 // api.ModeCoherent (linearizable reads and writes, page by page).
 
@@ -20,7 +21,6 @@ func (c *Client) Export(p Ptr, mode api.Mode, grants ...api.Grant) (api.Shared, 
 	var sh api.Shared
 	body, err := c.rpc.Call(api.OpExport, nil, api.Encode(&api.Export{Addr: uint64(p), Mode: mode, Grants: grants}))
 	if err == nil {
-		c.rpc.unresumable()
 		err = api.Decode(body, &sh)
 	}
 	return sh, err
@@ -32,7 +32,6 @@ func (c *Client) Import(sh api.Shared) (Ptr, api.ImportReply, error) {
 	var r api.ImportReply
 	body, err := c.rpc.Call(api.OpImport, nil, api.Encode(&sh))
 	if err == nil {
-		c.rpc.unresumable()
 		err = api.Decode(body, &r)
 	}
 	return Ptr(r.Addr), r, err

@@ -136,7 +136,11 @@ const (
 	opStream   = "stream"   // Stream created
 	opUnstream = "unstream" // Stream destroyed
 	opWith     = "with"     // VA is freed with Stream
-	opShared   = "shared"   // the session exported or imported a buffer: it cannot be restored
+	opShared   = "shared"   // an export or import as earlier mediators wrote it, which they did not restore: nor is it now
+	opExport   = "export"   // the allocation at VA is exported as Object of its node, in Mode (shared.go)
+	opUnexport = "unexport" // the object exported from VA ends: written before the node is told
+	opImport   = "import"   // Object of node Node is imported at VA, Size bytes
+	opUnimport = "unimport" // the import at VA ends
 	opGraph    = "graph"    // Graph created from Body (an api.Batch); no Body: it copies host memory and is lost with a restart
 	opUngraph  = "ungraph"  // Graph destroyed
 	opTGraph   = "tgraph"   // tensor graph Graph registered from Body (an api.GraphDef), its arena at VA (0: none)
@@ -167,6 +171,10 @@ type journalOp struct {
 	Sum   uint32 `json:"sum,omitempty"`
 	Frame uint64 `json:"frame,omitempty"`
 	Keep  bool   `json:"keep,omitempty"`
+	// Object, Mode and Node are a shared buffer's (opExport, opImport).
+	Object uint64   `json:"object,omitempty"`
+	Mode   api.Mode `json:"mode,omitempty"`
+	Node   string   `json:"node,omitempty"`
 }
 
 // graphKey names a live graph (op opGraph) or tensor graph (opTGraph) in

@@ -39,7 +39,8 @@ import (
 //     reclaimed connection goes on under the same owner id and token.
 //     Otherwise — the node restarted, refused the reclaim (grace over,
 //     token wrong), the connection had not attached, or the session
-//     shares buffers (whose objects end with the connection) — it records
+//     shares buffers (whose ranges name the dropped connection: only a
+//     restart rebuilds them, resumeshared.go) — it records
 //     that the devices of that node lost their memory (memory.Space.Lose;
 //     the frame source forgets their frames). New allocations there work;
 //     an allocation that had memory there fails every use with
@@ -293,7 +294,7 @@ func (s *session) reclaimDropped(node int, rpc *api.RPC, boot, now string) ([]ap
 	case !ok:
 		return nil, lossReason(addr, boot, now, "the connection had not attached: the session has no journal, so the node kept nothing of it")
 	case s.shares.count() > 0:
-		return nil, lossReason(addr, boot, now, "the session exports or imports shared buffers, whose objects end with the connection, so it does not reclaim it")
+		return nil, lossReason(addr, boot, now, "the session exports or imports shared buffers, whose ranges a dropped node connection does not rebuild (a restart does), so it does not reclaim it")
 	}
 	_, kept, err := attach(rpc, addr, jc.Owner, jc.Token)
 	if err != nil {
@@ -311,7 +312,7 @@ func (s *session) reclaimDropped(node int, rpc *api.RPC, boot, now string) ([]ap
 func (s *session) adoptReclaimed(node int, boot string, kept []api.NodeFrames) error {
 	addr := s.m.node(node).addr
 	if s.shares.count() > 0 { // shared since the reclaim
-		return lossReason(addr, boot, boot, "the session shares buffers now, whose objects ended with the connection")
+		return lossReason(addr, boot, boot, "the session shares buffers now, whose ranges a dropped node connection does not rebuild")
 	}
 	r := &replay{kept: make([]map[uint64]bool, len(s.vdevs))}
 	for i, v := range s.vdevs {

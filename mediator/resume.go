@@ -25,9 +25,9 @@ package mediator
 // and a launch fails unavailable saying why), and queued work that was
 // not answered. An oversubscribing session has its evicted chunks too, in
 // a store file of its own that its journal's residency records index
-// (residency.go). A session that exported or imported a shared buffer,
-// or that oversubscribes with no store file (it could not be made), is
-// not restored: the log says so, and its frames are freed.
+// (residency.go). Its shared buffers are restored too (resumeshared.go).
+// A session that oversubscribes with no store file (it could not be
+// made) is not restored: the log says so, and its frames are freed.
 //
 // Invariants:
 //   - A session is restored whole or not at all: any check that fails
@@ -289,6 +289,7 @@ func (m *Mediator) endRestored() {
 type replay struct {
 	kept   []map[uint64]bool // by virtual device: the frames its node kept of its device
 	grants [][]uint64        // of the operation being replayed, in order
+	shares replayedShares    // its exports and imports (resumeshared.go)
 }
 
 func (r *replay) grant(dev uint32, n int) ([]uint64, error) {
@@ -310,7 +311,7 @@ func (r *replay) grant(dev uint32, n int) ([]uint64, error) {
 func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error) {
 	for _, op := range j.ops {
 		if op.Op == opShared {
-			return nil, fmt.Errorf("it exported or imported a shared buffer, which a restart does not restore")
+			return nil, fmt.Errorf("an earlier mediator journaled that it exported or imported a shared buffer, without what restores it")
 		}
 	}
 	var ctr *container
@@ -411,6 +412,9 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 	}
 	if err == nil {
 		err = s.registerRestored()
+	}
+	if err == nil {
+		err = s.restoreShares(&r.shares)
 	}
 	if err != nil {
 		// The replayed space's frees go to the replay, not the nodes:
@@ -542,6 +546,8 @@ func (s *session) replayOne(op journalOp, r *replay) error {
 		s.tgraphs.remove(g) // its launches never went to the node (registerRestored)
 	case opEvict, opResident:
 		return s.replayResidency(op, r)
+	case opExport, opUnexport, opImport, opUnimport:
+		return s.replayShared(op, r)
 	default:
 		return fmt.Errorf("unknown operation %q: %w", op.Op, api.ErrInternal)
 	}
@@ -590,8 +596,8 @@ func (s *session) reconcile(r *replay) error {
 // if it has grown long (sessionLog.compact). The session's reader, which
 // alone journals, calls it.
 func (s *session) compactJournal() {
-	if s.jr == nil || s.space.Stats().Allocations > 0 {
-		return
+	if s.jr == nil || s.space.Stats().Allocations > 0 || s.shares.count() > 0 {
+		return // imports, which are no allocations, live in the records only
 	}
 	s.jr.compact(s.streams.ids())
 }

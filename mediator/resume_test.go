@@ -56,6 +56,9 @@ func (h *host) crash() {
 		for _, v := range s.vdevs {
 			rpcs = append(rpcs, v.rpc)
 		}
+		s.shares.mu.Lock()
+		rpcs = slices.AppendSeq(rpcs, maps.Values(s.shares.extra)) // its connections for imports only
+		s.shares.mu.Unlock()
 		s.jr.close() // its end deletes nothing
 	}
 	m.mu.Unlock()

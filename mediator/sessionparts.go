@@ -370,8 +370,9 @@ func (sh *shareSet) find(va uint64) *sharedRange {
 	return nil
 }
 
-// addExport lists r, an export: its base is the allocation's.
-func (sh *shareSet) addExport(r *sharedRange) {
+// add lists r, whose base is set: an export's is the allocation's, an
+// import's that a restore made again its old address (placeRestored).
+func (sh *shareSet) add(r *sharedRange) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.ranges = append(sh.ranges, r)
@@ -387,11 +388,22 @@ func (sh *shareSet) addImport(r *sharedRange, size uint64, pending *pendingImpor
 	if r.base == 0 {
 		r.base = importBase
 	}
-	sh.nextImport = r.base + (size+(2<<20)-1)&^((2<<20)-1)
+	sh.nextImport = importEnd(r.base, size)
 	if pending.err != nil {
 		r.ended.Store(pending.err)
 	}
 	sh.ranges = append(sh.ranges, r)
+}
+
+// importEnd is where the import after one of size bytes at base goes.
+func importEnd(base, size uint64) uint64 { return base + (size+(2<<20)-1)&^((2<<20)-1) }
+
+// placeRestored makes room for an import a restore replays at base, of
+// size bytes: later imports go past it.
+func (sh *shareSet) placeRestored(base, size uint64) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.nextImport = max(sh.nextImport, importEnd(base, size))
 }
 
 // setImporting records the import in progress (nil: none).

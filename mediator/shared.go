@@ -317,8 +317,8 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 		}
 		return nil, fmt.Errorf("export %#x: %w", m.Addr, err)
 	}
-	s.shares.addExport(r)
-	s.jr.add(journalOp{Op: opShared}) // its restore would lose the sharing: it is not restored
+	s.shares.add(r)
+	s.jr.add(journalOp{Op: opExport, VA: m.Addr, Object: obj.Object, Mode: m.Mode})
 	return &api.Shared{Node: s.m.node(v.dev.node).addr, Object: obj.Object}, nil
 }
 
@@ -376,7 +376,7 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 		return nil, err
 	}
 	s.shares.addImport(r, ir.Size, pending)
-	s.jr.add(journalOp{Op: opShared}) // its restore would lose the sharing: it is not restored
+	s.jr.add(journalOp{Op: opImport, VA: r.base, Size: ir.Size, Object: m.Object, Node: m.Node})
 	return &api.ImportReply{Addr: r.base, Size: ir.Size, Mode: ir.Mode, Write: ir.Write}, nil
 }
 
@@ -389,10 +389,8 @@ const MaxShared = 256
 // nodeRPC is the session's connection to node idx, dialled for an import
 // if none of its devices is there.
 func (s *session) nodeRPC(idx int) (*api.RPC, error) {
-	for _, v := range s.vdevs {
-		if v.dev.node == idx {
-			return v.rpc, nil
-		}
+	if rpc := s.vdevRPC(idx); rpc != nil {
+		return rpc, nil
 	}
 	// A lost connection is replaced: the imports made over it stay
 	// refused (sharedAt), new ones go over the new one.
@@ -443,6 +441,13 @@ func (s *session) unshare(va uint64, importsOnly bool) (bool, error) {
 	if r == nil {
 		return false, nil
 	}
+	// Journaled before the node is told: a restore that finds it ends the
+	// object again (restoreShares), should the node not have heard.
+	op := opUnexport
+	if r.imported {
+		op = opUnimport
+	}
+	s.jr.add(journalOp{Op: op, VA: va})
 	if r.imported {
 		// Other sessions here may still read the copies; the node may free
 		// the version once no import pins it.
