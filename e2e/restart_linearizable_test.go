@@ -25,9 +25,9 @@ import (
 // kills, spread at random over the three — and started again each time on
 // the same state directory, while tenants go on reading and writing.
 //
-// What is checked, and why so. A restart restores private sessions with
-// their device memory, not sessions that share buffers (mediator/resume.go),
-// so the registers are private: each session holds a few 8-byte registers,
+// What is checked, and why so. The registers here are private (those of
+// TestSharedRegistersLinearizableThroughMediatorKills are in a shared
+// buffer, across two mediators): each session holds a few 8-byte registers,
 // each read and written concurrently through its own streams by one writer
 // and one reader. One writer per register because a write the SDK repeats
 // after a reconnect (an inline copy to the device is safe to send again:
@@ -56,12 +56,7 @@ func TestRegistersLinearizableThroughMediatorKills(t *testing.T) {
 	}
 	const sessionsPer, regsPer = 2, 3
 	node := startNode(t, "--devices", "1", "--memory", "256MiB")
-	meds := make([]*killable, 3)
-	for i := range meds {
-		dir := t.TempDir()
-		meds[i] = &killable{t: t, node: node, dir: dir, socket: filepath.Join(dir, "m.sock")}
-		meds[i].start()
-	}
+	meds := startKillables(t, node, 3)
 
 	var regs []*reg
 	var clients []*client.Client
@@ -100,65 +95,14 @@ func TestRegistersLinearizableThroughMediatorKills(t *testing.T) {
 			}
 		}
 	}
-	base := make([]uint64, len(clients))
-	for i, c := range clients {
-		base[i] = c.Requests()
-	}
-
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*len(regs))
-	start := time.Now()
-	clock := func() int64 { return int64(time.Since(start)) }
+	run := killRun(t, meds, regs, clients, kills, pauseMax)
+	var interrupted uint64
 	for _, r := range regs {
-		wg.Add(2)
-		go func() { defer wg.Done(); errs <- r.write(&stop, clock) }()
-		go func() { defer wg.Done(); errs <- r.read(&stop, clock) }()
-	}
-
-	// The kills, from the test's goroutine: each at a random point of the
-	// workload, of a random mediator, which comes back on its state.
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, 22))
-	t.Logf("kill schedule seed %d", seed)
-	for range kills {
-		time.Sleep(time.Duration(rng.Int64N(int64(pauseMax))))
-		m := meds[rng.IntN(len(meds))]
-		m.kill()
-		m.start()
-	}
-	time.Sleep(200 * time.Millisecond) // operations after the last restart
-	stop.Store(true)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Error(err)
-		}
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
-
-	// The final read of each register, once every kill is over.
-	for _, r := range regs {
-		if err := r.readOnce(r.rs, clock); err != nil {
-			t.Fatalf("%s: final read: %v", r.name, err)
-		}
-	}
-	var ops, interrupted, sent uint64
-	for _, r := range regs {
-		ops += r.nops
 		interrupted += r.interrupted
 	}
-	for i, c := range clients {
-		sent += c.Requests() - base[i]
-	}
-	// One request per operation; a read or copy batch cut by a kill and
-	// sent again is one more.
-	resent := sent - ops
+	resent := run.resent
 	t.Logf("%d kills in %v: %d operations on %d registers, %d sent again after a reconnect, %d interrupted (unknown outcome)",
-		kills, time.Since(start).Round(time.Millisecond), ops, len(regs), resent, interrupted)
+		kills, run.took, run.ops, len(regs), resent, interrupted)
 	// Both ways a kill cuts an operation must have happened, or the test
 	// proved nothing about them.
 	if resent == 0 || interrupted == 0 {
@@ -213,6 +157,97 @@ func TestRegistersLinearizableThroughMediatorKills(t *testing.T) {
 	}
 }
 
+// killed is what killRun did.
+type killed struct {
+	ops    uint64        // operations on the registers
+	resent uint64        // requests sent again after a reconnect
+	of     []int         // kills of each mediator
+	took   time.Duration // from the workload's start to its end
+}
+
+// killRun runs each register's writer and reader, of clients, while
+// mediators are SIGKILLed kills times, each at a random point of the
+// workload and a random one of meds (each at least once, if kills allow),
+// and started again on its state directory; then it reads each register
+// once more, after every kill. Any error of the workload fails the test.
+func killRun(t *testing.T, meds []*killable, regs []*reg, clients []*client.Client, kills int, pauseMax time.Duration) killed {
+	t.Helper()
+	base := make([]uint64, len(clients))
+	for i, c := range clients {
+		base[i] = c.Requests()
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(regs))
+	start := time.Now()
+	clock := func() int64 { return int64(time.Since(start)) }
+	for _, r := range regs {
+		wg.Add(2)
+		go func() { defer wg.Done(); errs <- r.write(&stop, clock) }()
+		go func() { defer wg.Done(); errs <- r.read(&stop, clock) }()
+	}
+
+	// The kills, from the test's goroutine: each at a random point of the
+	// workload, of a random mediator, which comes back on its state.
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 22))
+	t.Logf("kill schedule seed %d", seed)
+	run := killed{of: make([]int, len(meds))}
+	for k := range kills {
+		time.Sleep(time.Duration(rng.Int64N(int64(pauseMax))))
+		i := rng.IntN(len(meds))
+		if k < len(meds) {
+			i = k
+		}
+		meds[i].kill()
+		meds[i].start()
+		run.of[i]++
+	}
+	time.Sleep(200 * time.Millisecond) // operations after the last restart
+	stop.Store(true)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// The final read of each register, once every kill is over.
+	for _, r := range regs {
+		if err := r.readOnce(r.rs, clock); err != nil {
+			t.Fatalf("%s: final read: %v", r.name, err)
+		}
+	}
+	run.took = time.Since(start).Round(time.Millisecond)
+	var sent uint64
+	for _, r := range regs {
+		run.ops += r.nops
+	}
+	for i, c := range clients {
+		sent += c.Requests() - base[i]
+	}
+	// One request per operation; a read or copy batch cut by a kill and
+	// sent again is one more.
+	run.resent = sent - run.ops
+	return run
+}
+
+// startKillables starts n vgpu-mediator processes in front of node, each
+// with a state directory of its own.
+func startKillables(t *testing.T, node string, n int) []*killable {
+	meds := make([]*killable, n)
+	for i := range meds {
+		dir := t.TempDir()
+		meds[i] = &killable{t: t, node: node, dir: dir, socket: filepath.Join(dir, "m.sock")}
+		meds[i].start()
+	}
+	return meds
+}
+
 // killable is a vgpu-mediator process that the test SIGKILLs and starts
 // again on the same socket and state directory.
 type killable struct {
@@ -248,8 +283,11 @@ type reg struct {
 	name        string
 	id          int
 	c           *client.Client
-	at, scratch client.Ptr
+	at, scratch client.Ptr // scratch 0: every write is an inline copy
 	ws, rs      *client.Stream
+	// readAt is where rs reads the register, if not at: the reader's
+	// import of a shared buffer the writer exported, or the other way.
+	readAt client.Ptr
 
 	mu          sync.Mutex
 	ops         []porcupine.Operation // guarded by mu
@@ -291,7 +329,7 @@ func (r *reg) write(stop *atomic.Bool, clock func() int64) error {
 	for k := uint64(1); !stop.Load(); k++ {
 		v := uint64(r.id+1)<<32 | k
 		o := porcupine.Operation{ClientId: 2 * r.id, Input: linearize.Write(v), Call: clock()}
-		if rng.IntN(2) == 0 {
+		if r.scratch == 0 || rng.IntN(2) == 0 {
 			r.ws.CopyToDevice(r.at, word(v))
 		} else {
 			r.ws.CopyToDevice(r.scratch, word(v))
@@ -337,7 +375,11 @@ func (r *reg) read(stop *atomic.Bool, clock func() int64) error {
 func (r *reg) readOnce(s *client.Stream, clock func() int64) error {
 	b := make([]byte, 8)
 	o := porcupine.Operation{ClientId: 2*r.id + 1, Input: linearize.Read(), Call: clock()}
-	s.CopyFromDevice(b, r.at)
+	at := r.at
+	if r.readAt != 0 {
+		at = r.readAt
+	}
+	s.CopyFromDevice(b, at)
 	err := s.Synchronize()
 	o.Return = clock()
 	r.count()
