@@ -46,8 +46,9 @@ func writeAt(c *client.Client, p client.Ptr, b []byte) error {
 // the same object (which the importer used meanwhile), the importer's
 // imports it again at the same address, and every acknowledged write of
 // either, before, during and after each crash, reads back through both.
-// A grant revoked while the importer's mediator is down ends its restored
-// import, typed; and a freed import and export stay freed across a crash.
+// So do they across a handover of each. A grant revoked while the
+// importer's mediator is down ends its restored import, typed; and a freed
+// import and export stay freed across a crash.
 func TestSharedBuffersSurviveCrashes(t *testing.T) {
 	ha := newHost(t)
 	hb := ha.sibling()
@@ -124,6 +125,22 @@ func TestSharedBuffersSurviveCrashes(t *testing.T) {
 	}
 	patch(b, q, 0, 6, n)
 	check(a, p, "the exporter after the restored importer's write")
+
+	// A handover (an upgrade) of either is the same path as a crash.
+	for _, h := range []*host{ha, hb} {
+		if err := h.med.Handover(); err != nil {
+			t.Fatal(err)
+		}
+		h.med = nil
+		if out := h.start(); !strings.Contains(out, "session restored") {
+			t.Fatalf("a session is not restored after a handover:\n%s", out)
+		}
+		h.serveHost()
+	}
+	patch(a, p, 1000, 7, 3000)
+	check(b, q, "the importer after both handed over")
+	patch(b, q, 3000, 8, 1000)
+	check(a, p, "the exporter after both handed over")
 
 	// A grant revoked while the importer's mediator is down: the restored
 	// import fails as the revoked one would have.
