@@ -180,3 +180,82 @@ func TestSharedBuffersSurviveCrashes(t *testing.T) {
 		t.Fatalf("free of an export freed before the crash: %v, want invalid address", err)
 	}
 }
+
+// An immutable export stays sealed and cached whole across both
+// mediators' crash, and a versioned one keeps its published version: the
+// restored importer reads the latest published version, and a publish
+// after the restart reaches it at its next pin.
+func TestSharedImmutableAndVersionedSurviveCrashes(t *testing.T) {
+	ha := newHost(t)
+	hb := ha.sibling()
+	ha.start()
+	hb.start()
+	a := ha.dial(ha.serveHost())
+	b := hb.dial(hb.serveHost())
+	const n = 130 << 10
+	export := func(mode api.Mode, seed byte) (client.Ptr, client.Ptr, []byte) {
+		t.Helper()
+		p, err := a.Malloc(0, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := pattern(seed, n)
+		if err := writeAt(a, p, data); err != nil {
+			t.Fatal(err)
+		}
+		sh, err := a.Export(p, mode, api.Grant{Tenant: "shared"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, _, err := b.Import(sh)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, q, data
+	}
+	pi, qi, fixed := export(api.ModeImmutable, 1)
+	pv, qv, draft := export(api.ModeVersioned, 2)
+	if _, err := a.Publish(pv); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Pin(qv); err != nil {
+		t.Fatal(err)
+	}
+	published := bytes.Clone(draft)
+	ha.crash()
+	hb.crash()
+	ha.start()
+	hb.start()
+	ha.serveHost()
+	hb.serveHost()
+	for _, c := range []*client.Client{a, b} {
+		if _, err := c.Stats(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := readAll(b, qi, n); err != nil || !bytes.Equal(got, fixed) {
+		t.Fatalf("the importer reads the immutable buffer after the crashes: %v", err)
+	}
+	if err := writeAt(a, pi, []byte("x")); !errors.Is(err, api.ErrPermissionDenied) {
+		t.Fatalf("a write of the immutable export after the crashes: %v, want permission denied", err)
+	}
+	if got, err := readAll(b, qv, n); err != nil || !bytes.Equal(got, published) {
+		t.Fatalf("the importer reads the published version after the crashes: %v", err)
+	}
+	copy(draft, "after the crashes")
+	if err := writeAt(a, pv, draft[:32]); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readAll(b, qv, n); err != nil || !bytes.Equal(got, published) {
+		t.Fatalf("the importer reads its pinned version while the draft changes: %v", err)
+	}
+	if _, err := a.Publish(pv); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Pin(qv); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readAll(b, qv, n); err != nil || !bytes.Equal(got, draft) {
+		t.Fatalf("the importer reads the version published after the crashes: %v", err)
+	}
+}
