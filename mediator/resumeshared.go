@@ -28,7 +28,11 @@ import (
 //     or an object ended, while this mediator was down ends the range with
 //     the node's error, as a revocation pushed to a live session would;
 //     the rest of the session is restored. A versioned import reads the
-//     latest published version, as after a Pin.
+//     latest published version, as after a Pin. A revocation the node
+//     pushes before the tenant resumes finds the session not yet served
+//     (Mediator.revoked looks at served sessions): its range is not ended
+//     at once, but the cache drops the object's copies, and the node
+//     refuses the next access, typed.
 //   - An end journaled is sent to the node again (an unexport the node may
 //     not have heard before the death); an object already gone is fine.
 //
