@@ -67,11 +67,16 @@ type Rig struct {
 	owner   *client.Client
 }
 
+// noReconnect is the rig's clients' Options.Reconnect: a mediator the rig
+// kills (Options.Kill) stays dead, so its clients fail their calls at once,
+// unavailable, rather than wait out a window to resume the session.
+const noReconnect = -1
+
 // Setup exports a buffer of regs registers from a session "owner" on the
 // first socket, with write grants to tenants "c0", "c1"…, and imports it in
 // a session of each on its socket.
 func Setup(sockets []string, regs int) (*Rig, error) {
-	owner, err := client.Dial(client.Options{Socket: sockets[0], Tenant: "owner"})
+	owner, err := client.Dial(client.Options{Socket: sockets[0], Tenant: "owner", Reconnect: noReconnect})
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +96,7 @@ func Setup(sockets []string, regs int) (*Rig, error) {
 		return nil, err
 	}
 	for i, sock := range sockets {
-		c, err := client.Dial(client.Options{Socket: sock, Tenant: fmt.Sprintf("c%d", i)})
+		c, err := client.Dial(client.Options{Socket: sock, Tenant: fmt.Sprintf("c%d", i), Reconnect: noReconnect})
 		if err != nil {
 			rig.Close()
 			return nil, err
