@@ -4,10 +4,11 @@ import (
 	"fmt"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // batchable says which operations a batch may hold.
-func batchable(op api.Op) bool {
+func batchable(op wire.Op) bool {
 	switch op {
 	case api.OpNodeWrite, api.OpNodeFill, api.OpNodeCopy, api.OpNodeLaunch:
 		return true
@@ -20,7 +21,7 @@ func batchable(op api.Op) bool {
 // first command that failed, as an *api.BatchError naming it. Its
 // consecutive launches on one device run as one run (launch.go). The
 // batch's Stream is unused.
-func (c *conn) batch(h api.Header, body []byte) error {
+func (c *conn) batch(h wire.Header, body []byte) error {
 	var b api.Batch
 	if err := decode(h.Op, body, &b); err != nil {
 		return err

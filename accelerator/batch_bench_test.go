@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 const batchLaunches = 1024
@@ -49,7 +50,7 @@ func BenchmarkBatchLaunch(b *testing.B) {
 		for i := range bodies {
 			bodies[i] = api.Encode(launch(i))
 		}
-		calls := make([]*api.Call, batchLaunches)
+		calls := make([]*wire.Call, batchLaunches)
 		for b.Loop() {
 			for i, body := range bodies {
 				calls[i] = c.rpc.Go(api.OpNodeLaunch, nil, body)

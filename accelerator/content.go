@@ -112,6 +112,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // frameRef is a frame of one of the node's devices.
@@ -251,7 +252,7 @@ func hashFrame(d *device, addr uint64) ([32]byte, error) {
 // replySeal makes frames of d, which c holds, read-only, indexes their
 // contents, and answers request h with which of them are stored once
 // (api.NodeSealReply). Frames already sealed are left as they are.
-func (c *conn) replySeal(h api.Header, d *device, frames []uint64) error {
+func (c *conn) replySeal(h wire.Header, d *device, frames []uint64) error {
 	reply, err := c.sealFrames(d, frames)
 	if err != nil {
 		return err

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 const (
@@ -36,7 +37,7 @@ const (
 // holding the buffers of an sgemm.
 type benchTenant struct {
 	name string
-	rpc  *api.RPC
+	rpc  *wire.RPC
 	big  *api.NodeLaunch
 	smol *api.NodeLaunch
 	done atomic.Int64 // launches flood saw complete
@@ -48,7 +49,7 @@ func dialTenant(b *testing.B, addr, name string, weight uint32, computeMax float
 	if err != nil {
 		b.Fatal(err)
 	}
-	rpc := api.NewRPC(api.NewConn(nc), "node "+addr)
+	rpc := wire.NewRPC(wire.NewConn(nc), "node "+addr)
 	b.Cleanup(func() { rpc.Close() })
 	hello := &api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator, Tenant: name, Weight: weight, ComputeMax: computeMax}
 	if _, err := rpc.Call(api.OpHello, nil, api.Encode(hello)); err != nil {
@@ -80,7 +81,7 @@ func sgemmLaunch(base uint64, n uint64) *api.NodeLaunch {
 // flood keeps depth launches of l in flight until stop.
 func (t *benchTenant) flood(b *testing.B, l *api.NodeLaunch, depth int, stop <-chan struct{}) {
 	body := api.Encode(l)
-	var inflight []*api.Call
+	var inflight []*wire.Call
 	for {
 		select {
 		case <-stop:

@@ -12,6 +12,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Arguments of a node graph's launches.
@@ -428,7 +429,7 @@ func FuzzNodeGraph(f *testing.F) {
 	theirs := o.alloc(0, 1)[0]
 	o.mustWrite(0, []api.Extent{ext(theirs, 0, 64)}, pattern(3, 64))
 	seed := func(scalars []int64, ls ...api.NodeGraphLaunch) {
-		var e api.Encoder
+		var e wire.Encoder
 		for _, s := range scalars {
 			e.I64(s)
 		}
@@ -452,7 +453,7 @@ func FuzzNodeGraph(f *testing.F) {
 		if err := api.Decode(body, &g); err != nil {
 			t.Fatal(err)
 		}
-		d := api.NewDecoder(scalars)
+		d := wire.NewDecoder(scalars)
 		var run api.NodeGraphRun
 		run.Graph = g.Graph
 		for range min(len(scalars)/8, api.MaxGraphScalars) {

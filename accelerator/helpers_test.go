@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 const (
@@ -162,14 +163,14 @@ func dedupRound(c *client, dev uint32, dst []uint64, want []byte, hits *int) fun
 }
 
 // dialRaw opens a TCP connection to the node without saying anything.
-func (tn *testNode) dialRaw(t testing.TB) *api.Conn {
+func (tn *testNode) dialRaw(t testing.TB) *wire.Conn {
 	t.Helper()
 	nc, err := net.DialTimeout("tcp", tn.addr, 5*time.Second)
 	if err != nil {
 		t.Fatalf("dial %s: %v", tn.addr, err)
 	}
 	t.Cleanup(func() { nc.Close() })
-	return api.NewConn(nc)
+	return wire.NewConn(nc)
 }
 
 func mediatorHello(tenant string) *api.Hello {
@@ -179,8 +180,8 @@ func mediatorHello(tenant string) *api.Hello {
 // client is one mediator connection to the node.
 type client struct {
 	t     testing.TB
-	conn  *api.Conn
-	rpc   *api.RPC
+	conn  *wire.Conn
+	rpc   *wire.RPC
 	hello api.HelloReply
 }
 
@@ -188,7 +189,7 @@ type client struct {
 func (tn *testNode) connect(t testing.TB, tenant string) *client {
 	t.Helper()
 	conn := tn.dialRaw(t)
-	rpc := api.NewRPC(conn, "node "+tn.addr)
+	rpc := wire.NewRPC(conn, "node "+tn.addr)
 	t.Cleanup(func() { rpc.Close() })
 	c := &client{t: t, conn: conn, rpc: rpc}
 	body, err := rpc.Call(api.OpHello, nil, api.Encode(mediatorHello(tenant)))
@@ -202,7 +203,7 @@ func (tn *testNode) connect(t testing.TB, tenant string) *client {
 }
 
 // call sends a request whose body is m (nil: empty) and returns the reply body.
-func (c *client) call(op api.Op, m api.Message) ([]byte, error) {
+func (c *client) call(op wire.Op, m api.Message) ([]byte, error) {
 	if m == nil {
 		return c.rpc.Call(op, nil)
 	}
@@ -263,7 +264,7 @@ func (c *client) launch(dev uint32, kernel string, args ...api.NodeArg) error {
 }
 
 // cmd is one command of a batch.
-func cmd(op api.Op, m api.Message) api.Cmd { return api.Cmd{Op: op, Body: api.Encode(m)} }
+func cmd(op wire.Op, m api.Message) api.Cmd { return api.Cmd{Op: op, Body: api.Encode(m)} }
 
 func (c *client) batch(cmds ...api.Cmd) error {
 	_, err := c.call(api.OpNodeBatch, &api.Batch{Cmds: cmds})
@@ -383,7 +384,7 @@ func wantErr(t *testing.T, err, sentinel error, parts ...string) {
 
 // wantClosed checks that the node has closed conn, after at most one more
 // frame (an error reply), which it returns decoded.
-func wantClosed(t *testing.T, conn *api.Conn) error {
+func wantClosed(t *testing.T, conn *wire.Conn) error {
 	t.Helper()
 	_ = conn.NetConn().SetReadDeadline(time.Now().Add(5 * time.Second))
 	var replyErr error
@@ -393,10 +394,10 @@ func wantClosed(t *testing.T, conn *api.Conn) error {
 		if err := conn.ReadBody(body); err != nil {
 			t.Fatalf("reading reply body: %v", err)
 		}
-		if h.Flags != api.FlagReply|api.FlagError {
+		if h.Flags != wire.FlagReply|wire.FlagError {
 			t.Fatalf("got a %v reply with flags %#x, want an error", h.Op, h.Flags)
 		}
-		replyErr = api.DecodeError(body)
+		replyErr = wire.DecodeError(body)
 		_, err = conn.ReadHeader()
 	}
 	var ne net.Error

@@ -44,6 +44,7 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator/kernels"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // stepTime is how long a step of a run goes on to the next slice of its
@@ -66,7 +67,7 @@ func (c *conn) checkLaunch(body []byte) (*device, checkedLaunch, error) {
 	// api.Decode, with the message's type known: neither the decoder nor
 	// l escapes to the heap, which counts in a batch of tiny launches.
 	var l api.NodeLaunch
-	dec := api.NewDecoder(body)
+	dec := wire.NewDecoder(body)
 	l.Unmarshal(dec)
 	if err := dec.Finish(); err != nil {
 		return nil, checkedLaunch{}, fmt.Errorf("%v: %w", api.OpNodeLaunch, err)

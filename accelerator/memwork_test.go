@@ -18,6 +18,7 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator/sim"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // share returns tenant's share of device dev as c's node reports it.
@@ -447,10 +448,10 @@ func TestFillCopySameBytes(t *testing.T) {
 	defer ref.Close()
 	rng := rand.NewChaCha8([32]byte{1})
 	for _, fr := range f {
-		for off := uint64(0); off < FrameSize; off += api.MaxChunk {
-			p := make([]byte, api.MaxChunk)
+		for off := uint64(0); off < FrameSize; off += wire.MaxChunk {
+			p := make([]byte, wire.MaxChunk)
 			_, _ = rng.Read(p)
-			xs := []api.Extent{ext(fr, off, api.MaxChunk)}
+			xs := []api.Extent{ext(fr, off, wire.MaxChunk)}
 			c.mustWrite(0, xs, p)
 			if err := ref.Write(xs, p); err != nil {
 				t.Fatal(err)
@@ -503,8 +504,8 @@ func TestFillCopySameBytes(t *testing.T) {
 			t.Errorf("%s: error %q names %s other than once", o.name, got, name)
 		}
 		for _, fr := range f {
-			for off := uint64(0); off < FrameSize; off += api.MaxChunk {
-				xs := []api.Extent{ext(fr, off, api.MaxChunk)}
+			for off := uint64(0); off < FrameSize; off += wire.MaxChunk {
+				xs := []api.Extent{ext(fr, off, wire.MaxChunk)}
 				var w []byte
 				_ = ref.Read(xs, func(parts ...[]byte) error { w = bytes.Clone(parts[0]); return nil })
 				if g := c.mustRead(0, xs...); !bytes.Equal(g, w) {
@@ -619,7 +620,7 @@ func TestMovesOnePiece(t *testing.T) {
 	x := func(n uint64) api.Extent { return api.Extent{Addr: 1 << 20, Len: n} }
 	for _, tc := range []struct {
 		name string
-		op   api.Op
+		op   wire.Op
 		body []byte
 		wait bool
 	}{

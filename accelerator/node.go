@@ -75,6 +75,7 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator/kernels"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Device is one accelerator as the node drives it. Extents passed to it have
@@ -171,7 +172,7 @@ type Node struct {
 	graphLimits graphLimits
 	// requests is told of each reply to a request (SimOptions.Requests);
 	// set before Serve.
-	requests api.ReplyObserver
+	requests wire.ReplyObserver
 	closed   bool
 	wg       sync.WaitGroup
 }
@@ -289,7 +290,7 @@ func (n *Node) Status() api.NodeStatus {
 // conn is one mediator connection: one tenant's view of the node.
 type conn struct {
 	node    *Node
-	c       *api.Conn
+	c       *wire.Conn
 	owner   owner
 	tenant  string
 	share   tenantShare // its tenant, whose weight and compute cap are in share.limits
@@ -308,17 +309,17 @@ type conn struct {
 }
 
 type request struct {
-	h    api.Header
+	h    wire.Header
 	body []byte
 	pool *[]byte // body's buffer, returned to bodyPool after execution
 }
 
 // bodyPool recycles buffers for bulk bodies, so a stream of 1 MiB chunks
 // does not allocate per chunk.
-var bodyPool = sync.Pool{New: func() any { b := make([]byte, api.MaxBody); return &b }}
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, wire.MaxBody); return &b }}
 
 func (n *Node) serveConn(nc net.Conn) {
-	c := &conn{node: n, c: api.NewConn(nc), log: n.log.WithField("peer", nc.RemoteAddr().String())}
+	c := &conn{node: n, c: wire.NewConn(nc), log: n.log.WithField("peer", nc.RemoteAddr().String())}
 	if n.requests != nil {
 		c.c.Observe(n.requests)
 	}
@@ -382,7 +383,7 @@ func (c *conn) handshake() error {
 
 func (c *conn) readLoop(queue chan<- request) error {
 	// Replies to requests run here stay buffered while the next request has
-	// already arrived, so a burst is answered in a few writes (api.Conn.Hold).
+	// already arrived, so a burst is answered in a few writes (wire.Conn.Hold).
 	held := false
 	release := func() {
 		if held {
@@ -396,7 +397,7 @@ func (c *conn) readLoop(queue chan<- request) error {
 		if err != nil {
 			return err
 		}
-		if h.Flags&api.FlagReply != 0 {
+		if h.Flags&wire.FlagReply != 0 {
 			return fmt.Errorf("mediator sent a reply (%v, id %d) to a node: %w", h.Op, h.ID, api.ErrProtocol)
 		}
 		// A request that finds nothing queued or running is executed here:
@@ -421,7 +422,7 @@ func (c *conn) readLoop(queue chan<- request) error {
 			continue
 		}
 		if idle && h.Op == api.OpNodeWrite {
-			more := c.c.Arrived() >= int(h.Len)+api.HeaderSize
+			more := c.c.Arrived() >= int(h.Len)+wire.HeaderSize
 			if !more {
 				release() // the payload may take a while to arrive
 			} else if !held {
@@ -457,7 +458,7 @@ func (c *conn) readLoop(queue chan<- request) error {
 			// Only what this reader has buffered counts: asking the kernel
 			// would cost a system call per small request, and a burst's
 			// next frames are read along with this one.
-			more := c.c.Buffered() >= api.HeaderSize
+			more := c.c.Buffered() >= wire.HeaderSize
 			if more && !held {
 				c.c.Hold()
 				held = true
@@ -488,7 +489,7 @@ func (c *conn) readLoop(queue chan<- request) error {
 // while a capped tenant's job waits its turn. Smaller fills and copies
 // (a mediator zeroes every small allocation with a fill) run on the calling
 // goroutine, where a hand-off to the executor would cost more than they do.
-func waitsForDevice(op api.Op, body []byte) bool {
+func waitsForDevice(op wire.Op, body []byte) bool {
 	switch op {
 	case api.OpNodeLaunch, api.OpNodeBatch, api.OpNodeGraphRun, api.OpNodeSeal, api.OpNodeDedup, api.OpNodePublish, api.OpNodeExport, api.OpNodeFree, api.OpNodeAlloc:
 		return true
@@ -503,7 +504,7 @@ func waitsForDevice(op api.Op, body []byte) bool {
 // less, without decoding all of it. A body that does not decode says yes:
 // its error is answered at once.
 func movesOnePiece(body []byte) bool {
-	d := api.NewDecoder(body)
+	d := wire.NewDecoder(body)
 	d.U32()
 	var n uint64
 	for range d.Len(16) {
@@ -543,7 +544,7 @@ func (c *conn) run(r request) bool {
 // answer sends the error reply to request h that err calls for, if any;
 // false means it could not be sent and the connection is broken (it is
 // closed, so the reader stops).
-func (c *conn) answer(h api.Header, err error) bool {
+func (c *conn) answer(h wire.Header, err error) bool {
 	if err == nil {
 		return true
 	}
@@ -563,7 +564,7 @@ func (c *conn) device(i uint32) (*device, error) {
 }
 
 // decode decodes the body of an op request into m.
-func decode(op api.Op, body []byte, m api.Message) error {
+func decode(op wire.Op, body []byte, m api.Message) error {
 	if err := api.Decode(body, m); err != nil {
 		return fmt.Errorf("%v: %w", op, err)
 	}
@@ -648,8 +649,8 @@ func (c *conn) do(r request) error {
 		if err := d.frames.checkAccess(c.owner, m.Extents); err != nil {
 			return fmt.Errorf("%s: read: %w", name, err)
 		}
-		if n := api.ExtentsLen(m.Extents); n > api.MaxChunk {
-			return fmt.Errorf("%s: read of %d bytes exceeds the %d-byte chunk limit: %w", name, n, api.MaxChunk, api.ErrInvalidArgument)
+		if n := api.ExtentsLen(m.Extents); n > wire.MaxChunk {
+			return fmt.Errorf("%s: read of %d bytes exceeds the %d-byte chunk limit: %w", name, n, wire.MaxChunk, api.ErrInvalidArgument)
 		}
 		return d.Read(m.Extents, func(parts ...[]byte) error { return c.c.Reply(r.h, parts...) })
 	case api.OpNodeBatch:
@@ -668,7 +669,7 @@ func (c *conn) do(r request) error {
 // apply decodes and executes a command that changes device memory and
 // answers nothing: a write, fill, copy or launch, as a request of its own or
 // as a command of a batch.
-func (c *conn) apply(op api.Op, body []byte) error {
+func (c *conn) apply(op wire.Op, body []byte) error {
 	if op == api.OpNodeLaunch {
 		d, l, err := c.checkLaunch(body)
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator/sim"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 func TestNodeHappyPath(t *testing.T) {
@@ -173,7 +174,7 @@ func TestNodeHandshake(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name     string
-		op       api.Op
+		op       wire.Op
 		body     []byte
 		sentinel error
 		names    []string
@@ -200,7 +201,7 @@ func TestNodeHandshake(t *testing.T) {
 	}
 	t.Run("oversized header", func(t *testing.T) {
 		conn := tn.dialRaw(t)
-		if _, err := conn.NetConn().Write(rawHeader(api.MaxBody+1, api.OpHello, 0, 1)); err != nil {
+		if _, err := conn.NetConn().Write(rawHeader(wire.MaxBody+1, api.OpHello, 0, 1)); err != nil {
 			t.Fatal(err)
 		}
 		if err := wantClosed(t, conn); err != nil {
@@ -215,8 +216,8 @@ func TestNodeHandshake(t *testing.T) {
 	tn.waitConnections(t, 1)
 }
 
-func rawHeader(n uint32, op api.Op, flags uint16, id uint64) []byte {
-	var e api.Encoder
+func rawHeader(n uint32, op wire.Op, flags uint16, id uint64) []byte {
+	var e wire.Encoder
 	e.U32(n)
 	e.U16(uint16(op))
 	e.U16(flags)
@@ -286,7 +287,7 @@ func TestNodeBadRequests(t *testing.T) {
 		}
 	}
 	mine := []api.Extent{ext(own[1], 64, 16)}
-	raw := func(op api.Op, body []byte) func() error {
+	raw := func(op wire.Op, body []byte) func() error {
 		return func() error { _, err := c.rpc.Call(op, nil, body); return err }
 	}
 	launch := func(kernel string, args ...api.NodeArg) func() error {
@@ -315,11 +316,11 @@ func TestNodeBadRequests(t *testing.T) {
 		{"free on wrong device", func() error { return c.free(1, own[0]) }, api.ErrPermissionDenied, []string{"sim1", hex(own[0])}},
 		{"write short payload", func() error { return c.write(0, mine, make([]byte, 8)) }, api.ErrInvalidArgument, []string{"8 bytes", "16"}},
 		{"write long payload", func() error { return c.write(0, mine, make([]byte, 17)) }, api.ErrInvalidArgument, []string{"17 bytes", "16"}},
-		{"read over chunk", func() error { _, err := c.read(0, ext(own[0], 0, api.MaxChunk+1)); return err }, api.ErrInvalidArgument, []string{strconv.Itoa(api.MaxChunk + 1)}},
+		{"read over chunk", func() error { _, err := c.read(0, ext(own[0], 0, wire.MaxChunk+1)); return err }, api.ErrInvalidArgument, []string{strconv.Itoa(wire.MaxChunk + 1)}},
 		{"read over chunk in pieces", func() error {
-			_, err := c.read(0, ext(own[0], 0, api.MaxChunk), ext(own[1], 0, 1))
+			_, err := c.read(0, ext(own[0], 0, wire.MaxChunk), ext(own[1], 0, 1))
 			return err
-		}, api.ErrInvalidArgument, []string{strconv.Itoa(api.MaxChunk + 1)}},
+		}, api.ErrInvalidArgument, []string{strconv.Itoa(wire.MaxChunk + 1)}},
 		{"read huge length", func() error { _, err := c.read(0, ext(own[0], 0, 1<<63)); return err }, api.ErrInvalidAddress, []string{hex(own[0])}},
 		{"copy lengths differ", func() error { return c.copy(0, mine, []api.Extent{ext(own[0], 0, 15)}) }, api.ErrInvalidArgument, []string{"15", "16"}},
 		{"unknown kernel", launch("nope", i64Arg(1)), api.ErrUnknownKernel, []string{`"nope"`}},
@@ -382,9 +383,9 @@ func TestNodeDropsBrokenFraming(t *testing.T) {
 		name  string
 		bytes []byte
 	}{
-		{"oversized header", rawHeader(api.MaxBody+1, api.OpNodeWrite, 0, 100)},
+		{"oversized header", rawHeader(wire.MaxBody+1, api.OpNodeWrite, 0, 100)},
 		{"maximal header", rawHeader(1<<32-1, api.OpNodeRead, 0, 100)},
-		{"reply flag", append(rawHeader(2, api.OpNodeStatus, api.FlagReply, 100), 0, 0)},
+		{"reply flag", append(rawHeader(2, api.OpNodeStatus, wire.FlagReply, 100), 0, 0)},
 		{"body cut short", append(rawHeader(100, api.OpNodeWrite, 0, 100), make([]byte, 50)...)},
 		{"header cut short", rawHeader(0, api.OpNodeStatus, 0, 100)[:9]},
 	} {
@@ -456,21 +457,21 @@ func TestNodeScrubsBetweenOwners(t *testing.T) {
 				t.Fatalf("second owner got %#x, want every frame", got)
 			}
 			// Read all of the device back, pipelined, a chunk per request.
-			zero := make([]byte, api.MaxChunk)
-			var calls []*api.Call
+			zero := make([]byte, wire.MaxChunk)
+			var calls []*wire.Call
 			var bufs [][]byte
-			for addr := uint64(0); addr < testMemory; addr += api.MaxChunk {
-				buf := make([]byte, api.MaxChunk)
+			for addr := uint64(0); addr < testMemory; addr += wire.MaxChunk {
+				buf := make([]byte, wire.MaxChunk)
 				bufs = append(bufs, buf)
 				calls = append(calls, b.rpc.Go(api.OpNodeRead, buf,
-					api.Encode(&api.NodeAccess{Device: 1, Extents: []api.Extent{{Addr: addr, Len: api.MaxChunk}}})))
+					api.Encode(&api.NodeAccess{Device: 1, Extents: []api.Extent{{Addr: addr, Len: wire.MaxChunk}}})))
 			}
 			for i, call := range calls {
 				if err := call.Wait(); err != nil {
 					t.Fatalf("read chunk %d: %v", i, err)
 				}
 				if !bytes.Equal(bufs[i], zero) {
-					t.Fatalf("chunk %d at %#x holds the previous owner's data", i, i*api.MaxChunk)
+					t.Fatalf("chunk %d at %#x holds the previous owner's data", i, i*wire.MaxChunk)
 				}
 			}
 		})
@@ -510,7 +511,7 @@ func TestNodeRequestOrder(t *testing.T) {
 	c := tn.connect(t, "acme")
 	f := c.alloc(0, 1)[0]
 	x := []api.Extent{ext(f, 0, 8)}
-	var reads []*api.Call
+	var reads []*wire.Call
 	var bufs [][]byte
 	for i := range 50 {
 		p := []byte(fmt.Sprintf("%08d", i))
@@ -587,7 +588,7 @@ func exercise(c *client, dev uint32, frames []uint64, seed byte, rounds int) err
 		cp := c.rpc.Go(api.OpNodeCopy, nil, api.Encode(&api.NodeCopy{Device: dev, Dst: []api.Extent{ext(frames[1], 0, n)}, Src: across}))
 		into := make([]byte, n)
 		rd := c.rpc.Go(api.OpNodeRead, into, api.Encode(&api.NodeAccess{Device: dev, Extents: []api.Extent{ext(frames[1], 0, n)}}))
-		for _, call := range []*api.Call{w, cp, rd} {
+		for _, call := range []*wire.Call{w, cp, rd} {
 			if err := call.Wait(); err != nil {
 				return fmt.Errorf("seed %d round %d: %v: %w", seed, r, call.Op, err)
 			}

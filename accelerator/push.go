@@ -4,8 +4,7 @@ import (
 	"sync"
 
 	"github.com/sirupsen/logrus"
-
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // MaxPushBacklog bounds the pushes (invalidations, revocations) waiting to
@@ -28,7 +27,7 @@ const MaxPushBacklog = 1024
 // whose connection ended refuses every shared range reached through it,
 // and the node forgets the connection as a reader and importer.
 type pusher struct {
-	c     *api.Conn
+	c     *wire.Conn
 	log   logrus.FieldLogger
 	queue chan push
 	done  chan struct{} // closed once the connection has ended
@@ -36,12 +35,12 @@ type pusher struct {
 }
 
 type push struct {
-	op   api.Op
+	op   wire.Op
 	body []byte
 }
 
 // startPusher starts the pusher of c; stop it once c has ended.
-func startPusher(c *api.Conn, log logrus.FieldLogger) *pusher {
+func startPusher(c *wire.Conn, log logrus.FieldLogger) *pusher {
 	p := &pusher{c: c, log: log, queue: make(chan push, MaxPushBacklog), done: make(chan struct{})}
 	go p.run()
 	return p
@@ -63,7 +62,7 @@ func (p *pusher) run() {
 
 // push queues a push of op with body, which nobody may modify afterwards.
 // It never blocks.
-func (p *pusher) push(op api.Op, body []byte) {
+func (p *pusher) push(op wire.Op, body []byte) {
 	select {
 	case p.queue <- push{op, body}:
 	default:

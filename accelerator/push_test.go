@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Pushes to a peer that reads none never block whoever pushes: they wait
@@ -17,7 +18,7 @@ import (
 func TestPushesToAPeerThatDoesNotReadEndItsConnection(t *testing.T) {
 	nc, peer := net.Pipe() // a write waits until the peer reads it
 	defer peer.Close()
-	p := startPusher(api.NewConn(nc), quietLog())
+	p := startPusher(wire.NewConn(nc), quietLog())
 	defer p.stop()
 	body := api.Encode(&api.NodeInval{Object: 1, Page: 2, Version: 3})
 	pushed := make(chan struct{})
@@ -35,11 +36,11 @@ func TestPushesToAPeerThatDoesNotReadEndItsConnection(t *testing.T) {
 	}
 	// The peer finds the connection ended, after the pushes, if any, that
 	// it reads before the close.
-	pc := api.NewConn(peer)
+	pc := wire.NewConn(peer)
 	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
 	for n := 0; ; n++ {
 		h, err := pc.ReadHeader()
-		if err == nil && h.Op == api.OpNodeInval && h.Flags == api.FlagPush {
+		if err == nil && h.Op == api.OpNodeInval && h.Flags == wire.FlagPush {
 			err = pc.ReadBody(make([]byte, h.Len))
 		} else if err == nil {
 			t.Fatalf("push %d: %v with flags %#x, want an invalidation", n, h.Op, h.Flags)
@@ -58,7 +59,7 @@ func TestPushesToAPeerThatDoesNotReadEndItsConnection(t *testing.T) {
 func TestPushesArriveInOrder(t *testing.T) {
 	nc, peer := net.Pipe()
 	defer peer.Close()
-	p := startPusher(api.NewConn(nc), quietLog())
+	p := startPusher(wire.NewConn(nc), quietLog())
 	defer p.stop()
 	const n = MaxPushBacklog
 	go func() {
@@ -66,7 +67,7 @@ func TestPushesArriveInOrder(t *testing.T) {
 			p.push(api.OpNodeInval, api.Encode(&api.NodeInval{Object: 1, Version: v}))
 		}
 	}()
-	pc := api.NewConn(peer)
+	pc := wire.NewConn(peer)
 	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
 	for v := range uint64(n) {
 		h, err := pc.ReadHeader()

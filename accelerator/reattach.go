@@ -44,6 +44,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // DefaultReattachGrace is how long a node keeps an attached connection's
@@ -75,7 +76,7 @@ func (n *Node) SetReattachGrace(d time.Duration) {
 func (n *Node) Expired() uint64 { return n.expired.Load() }
 
 // attach answers OpNodeAttach.
-func (c *conn) attach(h api.Header, body []byte) error {
+func (c *conn) attach(h wire.Header, body []byte) error {
 	var m api.NodeAttach
 	if err := decode(h.Op, body, &m); err != nil {
 		return err

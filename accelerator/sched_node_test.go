@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // connectShare is testNode.connect with the tenant's weight and compute cap
@@ -13,7 +14,7 @@ import (
 func (tn *testNode) connectShare(t *testing.T, tenant string, weight uint32, computeMax float32) *client {
 	t.Helper()
 	conn := tn.dialRaw(t)
-	rpc := api.NewRPC(conn, "node "+tn.addr)
+	rpc := wire.NewRPC(conn, "node "+tn.addr)
 	t.Cleanup(func() { rpc.Close() })
 	c := &client{t: t, conn: conn, rpc: rpc}
 	h := mediatorHello(tenant)

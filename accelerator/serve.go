@@ -10,11 +10,12 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator/sim"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // DefaultMediatorTimeout is how long a mediator's host may stay silent
 // before the node drops its connection (ListenTimeout).
-const DefaultMediatorTimeout = api.DefaultPeerTimeout
+const DefaultMediatorTimeout = wire.DefaultPeerTimeout
 
 // StartSim starts a node with n simulated devices of size bytes each,
 // serving plain TCP on addr (host:port; port 0 picks one). It is the
@@ -47,7 +48,7 @@ type SimOptions struct {
 	ReattachGrace time.Duration
 	// Requests, when set, is told of every reply to a mediator's request
 	// (metrics of latency and errors by operation).
-	Requests api.ReplyObserver
+	Requests wire.ReplyObserver
 }
 
 // StartSimWith is StartSim with options.
@@ -56,7 +57,7 @@ func StartSimWith(addr string, n int, size uint64, o SimOptions, log logrus.Fiel
 	if mediatorTimeout == 0 {
 		mediatorTimeout = DefaultMediatorTimeout
 	}
-	if err := api.CheckPeerTimeout(mediatorTimeout); err != nil {
+	if err := wire.CheckPeerTimeout(mediatorTimeout); err != nil {
 		return nil, nil, fmt.Errorf("mediator timeout: %w", err)
 	}
 	devs, err := sim.NewDevices(n, size)
@@ -112,8 +113,8 @@ func Listen(addr string, tlsCfg *tls.Config) (net.Listener, error) {
 // tlsCfg is nil, else TLS only. The TLS handshake runs on a connection's
 // first read, which the node bounds with HandshakeTimeout, so a slow or
 // silent client holds up no one else. A mediator whose host stays silent
-// for timeout (at least api.MinPeerTimeout) loses its connection
-// (api.WatchPeer), and with it the frames the connection held and its
+// for timeout (at least wire.MinPeerTimeout) loses its connection
+// (wire.WatchPeer), and with it the frames the connection held and its
 // coherence leases; one that is merely quiet keeps it.
 func ListenTimeout(addr string, tlsCfg *tls.Config, timeout time.Duration) (net.Listener, error) {
 	l, err := net.Listen("tcp", addr)
@@ -131,7 +132,7 @@ func ListenTimeout(addr string, tlsCfg *tls.Config, timeout time.Duration) (net.
 // Watch is ListenTimeout on a TCP listener already made, such as one in
 // another network namespace.
 func Watch(l net.Listener, tlsCfg *tls.Config, timeout time.Duration) (net.Listener, error) {
-	if err := api.CheckPeerTimeout(timeout); err != nil {
+	if err := wire.CheckPeerTimeout(timeout); err != nil {
 		return nil, fmt.Errorf("node listen on %s: %w", l.Addr(), err)
 	}
 	if tlsCfg != nil && (tlsCfg.ClientAuth != tls.RequireAndVerifyClientCert || tlsCfg.ClientCAs == nil) {
@@ -161,7 +162,7 @@ func (l *watchListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		nc, err := api.WatchPeer(tc, "mediator "+tc.RemoteAddr().String(), l.timeout)
+		nc, err := wire.WatchPeer(tc, "mediator "+tc.RemoteAddr().String(), l.timeout)
 		if err != nil {
 			// Its socket refused the options: drop this one, serve on.
 			tc.Close()

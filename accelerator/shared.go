@@ -68,6 +68,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/coherence"
 )
 
@@ -101,7 +102,7 @@ const (
 	// has exported and not yet ended, which the node keeps in host memory
 	// (16 bytes each, and as much again in the frame table) for the
 	// objects' lives: without it, MaxObjects objects of as many extents
-	// as the wire allows (api.MaxList) would cost a gigabyte. A mediator
+	// as the wire allows (wire.MaxList) would cost a gigabyte. A mediator
 	// sends one extent per frame of an allocation at most (fewer where
 	// frames are contiguous), and a frame holds at most MaxSharedRuns
 	// runs of objects (frames.go).
@@ -603,7 +604,7 @@ func subExtents(xs []api.Extent, off, n uint64) []api.Extent {
 }
 
 // readObject answers a read of one page: its grant, then its bytes.
-func (c *conn) readObject(h api.Header, m *api.NodeObjAccess) error {
+func (c *conn) readObject(h wire.Header, m *api.NodeObjAccess) error {
 	grant, data, err := c.readPage(m)
 	if err != nil {
 		return err
@@ -653,7 +654,7 @@ func (c *conn) readPage(m *api.NodeObjAccess) ([]byte, []byte, error) {
 
 // writeObject applies a write of one page once the directory commits it,
 // and answers with the page's new version.
-func (c *conn) writeObject(h api.Header, m *api.NodeObjAccess) error {
+func (c *conn) writeObject(h wire.Header, m *api.NodeObjAccess) error {
 	o, err := c.object(m.Object, true)
 	if err != nil {
 		return err

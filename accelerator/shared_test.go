@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // importer is a mediator connection that imported an object and keeps the
@@ -26,7 +27,7 @@ func (tn *testNode) importAs(t *testing.T, tenant string, id uint64) *importer {
 	t.Helper()
 	im := &importer{revoked: make(chan api.NodeRevoke, 16), invals: make(chan api.NodeInval, 16)}
 	conn := tn.dialRaw(t)
-	rpc := api.NewRPCPush(conn, "node "+tn.addr, func(_ *api.RPC, op api.Op, body []byte) {
+	rpc := wire.NewRPCPush(conn, "node "+tn.addr, func(_ *wire.RPC, op wire.Op, body []byte) {
 		var m api.NodeRevoke
 		var inval api.NodeInval
 		switch {
@@ -568,7 +569,7 @@ func TestNodeRevokedReaderAcknowledgesInvalidations(t *testing.T) {
 func (tn *testNode) stuckReader(t *testing.T, tenant string, id uint64) {
 	t.Helper()
 	conn := tn.dialRaw(t)
-	send := func(op api.Op, m api.Message) error {
+	send := func(op wire.Op, m api.Message) error {
 		return conn.WriteFrame(op, 0, 1, api.Encode(m))
 	}
 	if err := send(api.OpHello, mediatorHello(tenant)); err != nil {
@@ -614,7 +615,7 @@ func TestNodeReaderThatDoesNotReadHoldsUpAWriteOneLease(t *testing.T) {
 	tn.stuckReader(t, "beta", id)
 
 	bound := ReadLease + 300*time.Millisecond // a lease, and time for a loaded machine
-	timed := func(what string, call *api.Call) {
+	timed := func(what string, call *wire.Call) {
 		t.Helper()
 		start := time.Now()
 		select {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // oneByteRuns returns n one-byte extents of frame f, a byte apart.
@@ -60,7 +61,7 @@ func TestNodeSharedRunsPerFrameAreBounded(t *testing.T) {
 	}()
 	for i := range 3 {
 		// Each export names other bytes: none overlaps an earlier one.
-		many := make([]api.Extent, api.MaxList)
+		many := make([]api.Extent, wire.MaxList)
 		for k := range many {
 			many[k] = ext(f, uint64(3*k+i), 1)
 		}
@@ -71,7 +72,7 @@ func TestNodeSharedRunsPerFrameAreBounded(t *testing.T) {
 			wg.Wait()
 			t.Fatalf("export %d of %d one-byte runs of one frame: accepted (in %v), want it refused", i, len(many), time.Since(start))
 		}
-		wantErr(t, err, api.ErrInvalidArgument, strconv.Itoa(api.MaxList), strconv.Itoa(MaxSharedRuns), hex(f))
+		wantErr(t, err, api.ErrInvalidArgument, strconv.Itoa(wire.MaxList), strconv.Itoa(MaxSharedRuns), hex(f))
 	}
 	close(stop)
 	wg.Wait()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator/sim"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // wholeFrames is the extents of frames, a frame each.
@@ -388,10 +389,10 @@ func TestNodePublishIsAtomicWithWrites(t *testing.T) {
 	id := exportTo(t, a, api.ModeVersioned, wholeFrames(a.alloc(0, frames)), api.Grant{Tenant: "beta", Write: true})
 	b := tn.importAs(t, "beta", id)
 	o := tn.objectByID(id)
-	write := func(c *client, off uint64, p []byte) *api.Call {
+	write := func(c *client, off uint64, p []byte) *wire.Call {
 		return c.rpc.Go(api.OpNodeObjWrite, nil, api.Encode(&api.NodeObjAccess{Object: id, Off: off, Payload: p}))
 	}
-	granted := func(call *api.Call) uint64 {
+	granted := func(call *wire.Call) uint64 {
 		t.Helper()
 		var g api.NodeGrant
 		err := call.Wait()
@@ -663,7 +664,7 @@ func TestNodeHeldOffWritesLandBeforeTheNextPublish(t *testing.T) {
 		var v1, v2 api.BufVersion
 		var wg api.NodeGrant
 		for _, r := range []struct {
-			call *api.Call
+			call *wire.Call
 			m    api.Message
 		}{{first, &v1}, {w, &wg}, {next, &v2}} {
 			if err := r.call.Wait(); err != nil || api.Decode(r.call.Body, r.m) != nil {

@@ -25,16 +25,17 @@ import (
 	"net"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // writePrefixLen returns the length of the fields in front of the payload
 // of a write whose body is n bytes, from the body's first 8 bytes (device
 // u32, extent count u32): the count's extents of 16 bytes and the value
-// byte follow. The count must fit api.MaxList and the body.
+// byte follow. The count must fit wire.MaxList and the body.
 func writePrefixLen(head [8]byte, n uint32) (int, error) {
 	count := binary.LittleEndian.Uint32(head[4:])
-	if count > api.MaxList {
-		return 0, fmt.Errorf("decode: list of %d extents exceeds the limit of %d: %w", count, api.MaxList, api.ErrProtocol)
+	if count > wire.MaxList {
+		return 0, fmt.Errorf("decode: list of %d extents exceeds the limit of %d: %w", count, wire.MaxList, api.ErrProtocol)
 	}
 	need := 9 + 16*int(count)
 	if need > int(n) {
@@ -109,7 +110,7 @@ func (s *stickyReader) Read(p []byte) (int, error) {
 // writeDirect executes the write whose header h was just read, reading its
 // payload into device memory, and answers it. It returns an error only when
 // the connection is broken.
-func (c *conn) writeDirect(h api.Header) error {
+func (c *conn) writeDirect(h wire.Header) error {
 	body := &stickyReader{r: c.c.BodyReader(int(h.Len))}
 	err := c.writeFrom(h, body)
 	_, _ = io.Copy(io.Discard, body) // what a refused write left unread
@@ -126,7 +127,7 @@ func (c *conn) writeDirect(h api.Header) error {
 }
 
 // writeFrom reads, checks and executes a write from its body.
-func (c *conn) writeFrom(h api.Header, body io.Reader) error {
+func (c *conn) writeFrom(h wire.Header, body io.Reader) error {
 	m, n, err := readWritePrefix(body, h.Len)
 	if err != nil {
 		return fmt.Errorf("%v: %w", h.Op, err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // TestNodeDirectWrite: writes to an idle connection land, whole chunks and
@@ -22,8 +23,8 @@ func TestNodeDirectWrite(t *testing.T) {
 	o := tn.connect(t, "rival")
 	theirs := o.alloc(0, 1)[0]
 
-	chunk := pattern(1, api.MaxChunk)
-	across := []api.Extent{ext(f[0], FrameSize-api.MaxChunk/2, api.MaxChunk/2), ext(f[1], 0, api.MaxChunk/2)}
+	chunk := pattern(1, wire.MaxChunk)
+	across := []api.Extent{ext(f[0], FrameSize-wire.MaxChunk/2, wire.MaxChunk/2), ext(f[1], 0, wire.MaxChunk/2)}
 	c.mustWrite(0, across, chunk)
 	if got := c.mustRead(0, across...); !bytes.Equal(got, chunk) {
 		t.Fatal("a chunk written across two frames reads back otherwise")
@@ -40,7 +41,7 @@ func TestNodeDirectWrite(t *testing.T) {
 		return func() error { _, err := c.rpc.Call(api.OpNodeWrite, nil, bytes.Join(b, nil)); return err }
 	}
 	prefix := func(dev, count uint32, xs ...api.Extent) []byte {
-		var e api.Encoder
+		var e wire.Encoder
 		e.U32(dev)
 		e.U32(count)
 		for _, x := range xs {
@@ -52,14 +53,14 @@ func TestNodeDirectWrite(t *testing.T) {
 	}
 	for _, tc := range []badCase{
 		{"shorter than a count", raw([]byte{0, 0, 0}), api.ErrProtocol, []string{"node-write"}},
-		{"count over the limit", raw(prefix(0, api.MaxList+1), make([]byte, 100)), api.ErrProtocol, []string{"node-write", strconv.Itoa(api.MaxList + 1)}},
+		{"count over the limit", raw(prefix(0, wire.MaxList+1), make([]byte, 100)), api.ErrProtocol, []string{"node-write", strconv.Itoa(wire.MaxList + 1)}},
 		{"extents past the body", raw(prefix(0, 3, mine...), make([]byte, 20)), api.ErrProtocol, []string{"node-write", "3 extents"}},
 		{"no value byte", raw(prefix(0, 1, mine...)[:24]), api.ErrProtocol, []string{"node-write"}},
 		{"unknown device", raw(prefix(7, 1, mine...), chunk[:16]), api.ErrInvalidArgument, []string{"device 7"}},
-		{"other's frame, a chunk", raw(prefix(0, 1, ext(theirs, 0, api.MaxChunk)), chunk), api.ErrPermissionDenied, []string{hex(theirs)}},
+		{"other's frame, a chunk", raw(prefix(0, 1, ext(theirs, 0, wire.MaxChunk)), chunk), api.ErrPermissionDenied, []string{hex(theirs)}},
 		{"outside memory", raw(prefix(0, 1, ext(testMemory, 0, 16)), chunk[:16]), api.ErrInvalidAddress, []string{hex(testMemory)}},
-		{"payload longer, a chunk", raw(prefix(0, 1, mine...), chunk), api.ErrInvalidArgument, []string{strconv.Itoa(api.MaxChunk) + " bytes", "16"}},
-		{"payload shorter", raw(prefix(0, 1, ext(f[0], 0, api.MaxChunk)), chunk[:100]), api.ErrInvalidArgument, []string{"100 bytes", strconv.Itoa(api.MaxChunk)}},
+		{"payload longer, a chunk", raw(prefix(0, 1, mine...), chunk), api.ErrInvalidArgument, []string{strconv.Itoa(wire.MaxChunk) + " bytes", "16"}},
+		{"payload shorter", raw(prefix(0, 1, ext(f[0], 0, wire.MaxChunk)), chunk[:100]), api.ErrInvalidArgument, []string{"100 bytes", strconv.Itoa(wire.MaxChunk)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { wantErr(t, tc.run(), tc.sentinel, tc.names...) })
 		c.roundTrip(0, f[0])
@@ -73,7 +74,7 @@ func TestNodeDirectWrite(t *testing.T) {
 
 	// Pipelined: a refused write with a chunk of payload, then a good one,
 	// then a read, all sent before any answer.
-	bad := c.rpc.Go(api.OpNodeWrite, nil, prefix(0, 1, ext(theirs, 0, api.MaxChunk)), chunk)
+	bad := c.rpc.Go(api.OpNodeWrite, nil, prefix(0, 1, ext(theirs, 0, wire.MaxChunk)), chunk)
 	good := c.rpc.Go(api.OpNodeWrite, nil, api.Encode(&api.NodeAccess{Extents: mine, Payload: chunk[100:116]}))
 	into := make([]byte, 16)
 	rd := c.rpc.Go(api.OpNodeRead, into, api.Encode(&api.NodeAccess{Extents: mine}))
@@ -96,7 +97,7 @@ func TestNodeDirectWriteCutShort(t *testing.T) {
 	keep := other.alloc(1, 1)[0]
 	c := tn.connect(t, "acme")
 	f := c.alloc(0, 1)[0]
-	body := api.Encode(&api.NodeAccess{Extents: []api.Extent{ext(f, 0, api.MaxChunk)}, Payload: pattern(5, api.MaxChunk)})
+	body := api.Encode(&api.NodeAccess{Extents: []api.Extent{ext(f, 0, wire.MaxChunk)}, Payload: pattern(5, wire.MaxChunk)})
 	nc := c.conn.NetConn()
 	if _, err := nc.Write(append(rawHeader(uint32(len(body)), api.OpNodeWrite, 0, 100), body[:len(body)/2]...)); err != nil {
 		t.Fatal(err)
@@ -120,7 +121,7 @@ func TestNodeWriteBehindLaunch(t *testing.T) {
 	const frames = 8
 	f := c.alloc(0, frames)
 	all := ext(f[0], 0, frames*FrameSize)
-	const n = api.MaxChunk / 2
+	const n = wire.MaxChunk / 2
 	p := pattern(9, n)
 	x := []api.Extent{ext(f[frames-1], 0, n)}
 	for round := range 3 {

@@ -34,6 +34,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/api/vocab"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // DefaultSocket is where the mediator listens unless told otherwise.
@@ -116,12 +117,12 @@ func (c *Client) Requests() uint64 { return c.rpc.requests.Load() }
 
 // dial connects to the mediator at socket and says hello, giving up on
 // the hello after timeout (0: never; see answeredWithin).
-func dial(socket string, hello api.Hello, timeout time.Duration) (*api.RPC, *api.HelloReply, error) {
+func dial(socket string, hello api.Hello, timeout time.Duration) (*wire.RPC, *api.HelloReply, error) {
 	nc, err := net.DialTimeout("unix", socket, 10*time.Second)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to mediator at %s: %v: %w", socket, err, api.ErrUnavailable)
 	}
-	rpc := api.NewRPCCallerReads(api.NewConn(nc), "mediator "+socket)
+	rpc := wire.NewRPCCallerReads(wire.NewConn(nc), "mediator "+socket)
 	var body []byte
 	err = answeredWithin(rpc, socket, api.OpHello, timeout, func() (err error) {
 		if body, err = rpc.Call(api.OpHello, nil, api.Encode(&hello)); err != nil {
@@ -146,7 +147,7 @@ func dial(socket string, hello api.Hello, timeout time.Duration) (*api.RPC, *api
 // late reply must not be taken for a later call's. The error then says
 // that the mediator at socket did not answer in time, and wraps
 // api.ErrUnavailable.
-func answeredWithin(rpc *api.RPC, socket string, op api.Op, timeout time.Duration, call func() error) error {
+func answeredWithin(rpc *wire.RPC, socket string, op wire.Op, timeout time.Duration, call func() error) error {
 	if timeout == 0 {
 		return call()
 	}
@@ -281,7 +282,7 @@ func (c *Client) Kernels() ([]api.KernelInfo, error) {
 }
 
 func kernels(rpc interface {
-	Call(api.Op, []byte, ...[]byte) ([]byte, error)
+	Call(wire.Op, []byte, ...[]byte) ([]byte, error)
 }) ([]api.KernelInfo, error) {
 	body, err := rpc.Call(api.OpKernels, nil)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Capture and replay: a stream records the commands called between
@@ -24,7 +25,7 @@ type capture struct {
 	err  error
 }
 
-func (cp *capture) add(op api.Op, m api.Message) {
+func (cp *capture) add(op wire.Op, m api.Message) {
 	cp.body = api.AppendCmd(cp.body, op, m)
 	cp.n++
 }
@@ -61,7 +62,7 @@ func (s *Stream) EndCapture() (*Graph, error) {
 	if cp.err != nil {
 		return nil, cp.err
 	}
-	var hdr api.Encoder
+	var hdr wire.Encoder
 	hdr.U32(s.id)
 	hdr.U32(uint32(cp.n))
 	body, err := s.c.rpc.Call(api.OpGraphCreate, nil, hdr.B, cp.body)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // DefaultOperatorTimeout is how long an Operator of DialOperator waits for
@@ -16,7 +17,7 @@ const DefaultOperatorTimeout = 30 * time.Second
 // Operator is an operator's connection to a mediator: status, catalog and
 // admission (admission.go).
 type Operator struct {
-	rpc     *api.RPC
+	rpc     *wire.RPC
 	socket  string
 	timeout time.Duration // for each call
 }
@@ -46,7 +47,7 @@ func DialOperatorTimeout(socket string, timeout time.Duration) (*Operator, error
 }
 
 // call sends a request and waits for its reply body, within o.timeout.
-func (o *Operator) call(op api.Op, parts ...[]byte) ([]byte, error) {
+func (o *Operator) call(op wire.Op, parts ...[]byte) ([]byte, error) {
 	var body []byte
 	err := answeredWithin(o.rpc, o.socket, op, o.timeout, func() (err error) {
 		body, err = o.rpc.Call(op, nil, parts...)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // silentMediator listens at a new socket and, on each connection, answers
@@ -29,7 +30,7 @@ func silentMediator(t *testing.T, hello bool) string {
 			}
 			go func() {
 				defer nc.Close()
-				c := api.NewConn(nc)
+				c := wire.NewConn(nc)
 				for answer := hello; ; answer = false {
 					h, err := c.ReadHeader()
 					if err != nil || c.ReadBody(make([]byte, h.Len)) != nil {

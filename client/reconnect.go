@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // ErrInterrupted is what a call fails with when the connection to the
@@ -57,21 +58,21 @@ type link struct {
 	c        *Client       // its regions are registered again on resume
 
 	mu     sync.Mutex
-	rpc    *api.RPC // guarded by mu
-	token  string   // the session's token; "": the mediator keeps none; guarded by mu
-	gen    uint64   // connections made so far, less one; guarded by mu
-	closed bool     // guarded by mu
+	rpc    *wire.RPC // guarded by mu
+	token  string    // the session's token; "": the mediator keeps none; guarded by mu
+	gen    uint64    // connections made so far, less one; guarded by mu
+	closed bool      // guarded by mu
 }
 
 // current returns the connection and its generation.
-func (l *link) current() (*api.RPC, uint64) {
+func (l *link) current() (*wire.RPC, uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.rpc, l.gen
 }
 
 // Go sends a request on the current connection without waiting.
-func (l *link) Go(op api.Op, into []byte, parts ...[]byte) *api.Call {
+func (l *link) Go(op wire.Op, into []byte, parts ...[]byte) *wire.Call {
 	l.requests.Add(1)
 	rpc, _ := l.current()
 	return rpc.Go(op, into, parts...)
@@ -80,19 +81,19 @@ func (l *link) Go(op api.Op, into []byte, parts ...[]byte) *api.Call {
 // Call sends a request and waits for its reply. If the connection breaks
 // meanwhile, it reconnects and sends the request again where op is safe
 // to repeat (retriable), and otherwise fails with ErrInterrupted.
-func (l *link) Call(op api.Op, into []byte, parts ...[]byte) ([]byte, error) {
-	return l.call(op, func(rpc *api.RPC) ([]byte, error) { return rpc.Call(op, into, parts...) })
+func (l *link) Call(op wire.Op, into []byte, parts ...[]byte) ([]byte, error) {
+	return l.call(op, func(rpc *wire.RPC) ([]byte, error) { return rpc.Call(op, into, parts...) })
 }
 
 // CallFD is Call passing fd along; it is never sent again.
-func (l *link) CallFD(op api.Op, fd int, parts ...[]byte) ([]byte, error) {
-	return l.call(op, func(rpc *api.RPC) ([]byte, error) { return rpc.CallFD(op, fd, parts...) })
+func (l *link) CallFD(op wire.Op, fd int, parts ...[]byte) ([]byte, error) {
+	return l.call(op, func(rpc *wire.RPC) ([]byte, error) { return rpc.CallFD(op, fd, parts...) })
 }
 
 // A repeat may break too (the mediator died again before answering it):
 // it is repeated on the next connection, for as long as connections are
 // made.
-func (l *link) call(op api.Op, do func(*api.RPC) ([]byte, error)) ([]byte, error) {
+func (l *link) call(op wire.Op, do func(*wire.RPC) ([]byte, error)) ([]byte, error) {
 	l.requests.Add(1)
 	rpc, gen := l.ready()
 	for {
@@ -113,7 +114,7 @@ func (l *link) call(op api.Op, do func(*api.RPC) ([]byte, error)) ([]byte, error
 
 // retriable says whether a request of op may be sent again after the
 // connection broke while it was in flight (see the file's comment).
-func retriable(op api.Op) bool {
+func retriable(op wire.Op) bool {
 	switch op {
 	case api.OpKernels, api.OpSessionStats, api.OpCopyFromDevice, api.OpStatus:
 		return true
@@ -123,7 +124,7 @@ func retriable(op api.Op) bool {
 
 // broken says whether err, the failure of a call on rpc, is rpc's
 // connection breaking rather than the mediator's answer.
-func broken(rpc *api.RPC, err error) bool {
+func broken(rpc *wire.RPC, err error) bool {
 	var re *api.RemoteError
 	if errors.As(err, &re) {
 		return false
@@ -195,7 +196,7 @@ func (l *link) send(f *inflight) {
 // if it is known to be broken: a request not sent yet is safe to send on
 // the new one, whatever it does. A failed reconnect leaves the broken
 // connection, on which calls fail with the error that broke it.
-func (l *link) ready() (*api.RPC, uint64) {
+func (l *link) ready() (*wire.RPC, uint64) {
 	rpc, gen := l.current()
 	select {
 	case <-rpc.Closed():
@@ -250,7 +251,7 @@ func (l *link) Close() error {
 // resumed the session on rpc, which forgot them: each gets a new id.
 // Requests encoded with the old ids are never sent on rpc (Stream.flush).
 // The caller holds l.mu.
-func (c *Client) reregister(rpc *api.RPC) error {
+func (c *Client) reregister(rpc *wire.RPC) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, r := range c.regions {

@@ -2,6 +2,7 @@ package client
 
 import (
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Shared buffers: a tenant exports an allocation to named tenants, who
@@ -55,7 +56,7 @@ func (c *Client) Publish(p Ptr) (uint64, error) { return c.version(api.OpPublish
 // whatever writers do. Other imports of the buffer keep their versions.
 func (c *Client) Pin(p Ptr) (uint64, error) { return c.version(api.OpPin, p) }
 
-func (c *Client) version(op api.Op, p Ptr) (uint64, error) {
+func (c *Client) version(op wire.Op, p Ptr) (uint64, error) {
 	c.flushAll()
 	var v api.BufVersion
 	body, err := c.rpc.Call(op, nil, api.Encode(&api.At{Addr: uint64(p)}))

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Stream is an in-order queue of device work.
@@ -33,17 +34,17 @@ type Stream struct {
 type inflight struct {
 	body    []byte // batch: encoded commands
 	n       int    // batch: commands in body
-	call    *api.Call
+	call    *wire.Call
 	afters  []func()
 	settled bool
 	// What sending it again after a reconnect needs (reconnect.go): the
 	// request, the connection it went out on and that connection's
 	// generation, whether it is safe to repeat, and where its body names
 	// host regions, whose ids a resumed session changes.
-	op     api.Op
+	op     wire.Op
 	into   []byte
 	parts  [][]byte
-	rpc    *api.RPC
+	rpc    *wire.RPC
 	sentOn uint64
 	unsafe bool
 	fixups []fixup
@@ -83,7 +84,7 @@ func (c *Client) newStream(id uint32) *Stream {
 
 // add appends one command to the batch (or the capture), sending the batch
 // when it is full. The caller holds s.mu.
-func (s *Stream) add(op api.Op, m api.Message) {
+func (s *Stream) add(op wire.Op, m api.Message) {
 	if s.capture != nil {
 		s.capture.add(op, m)
 		return
@@ -95,7 +96,7 @@ func (s *Stream) add(op api.Op, m api.Message) {
 
 // batch is the batch being built, begun if none is, for a command op to
 // be appended to its body. The caller holds s.mu and calls added after.
-func (s *Stream) batch(op api.Op) *inflight {
+func (s *Stream) batch(op wire.Op) *inflight {
 	if s.cur == nil {
 		s.cur = &inflight{op: api.OpBatch}
 	}
@@ -120,7 +121,7 @@ func (s *Stream) added() {
 // addHost is add for a copy through host region r, whose id the batch's
 // body gets now and again whenever it is sent (link.send). The caller
 // holds s.mu.
-func (s *Stream) addHost(op api.Op, m *api.CopyHost, r *region) {
+func (s *Stream) addHost(op wire.Op, m *api.CopyHost, r *region) {
 	m.Region = s.c.regionID(r)
 	if s.capture == nil {
 		if s.cur == nil {
@@ -138,7 +139,7 @@ func (s *Stream) flush() {
 		return
 	}
 	s.cur = nil
-	var hdr api.Encoder
+	var hdr wire.Encoder
 	hdr.U32(s.id)
 	hdr.U32(uint32(f.n))
 	f.parts = [][]byte{hdr.B, f.body}
@@ -263,7 +264,7 @@ func (s *Stream) last() *inflight {
 // that names b's registered region, if it lies in one. During a capture it
 // refuses other memory: a replay could not find it. It reports whether it
 // dealt with the copy. The caller holds s.mu.
-func (s *Stream) viaRegion(op api.Op, dir string, addr Ptr, b []byte) bool {
+func (s *Stream) viaRegion(op wire.Op, dir string, addr Ptr, b []byte) bool {
 	if r, off, ok := s.c.hostRegion(b); ok {
 		s.addHost(op, &api.CopyHost{Stream: s.id, Addr: uint64(addr), Off: off, Len: uint64(len(b))}, r)
 		return true

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/mediator"
 )
 
@@ -142,7 +143,7 @@ func stallHellos(t *testing.T, socket string, conns int, announce uint32, operat
 }
 
 // An unprivileged user opens 4 000 connections that each announce a hello
-// of api.MaxBody bytes and stall: before hellos were bounded, each cost the
+// of wire.MaxBody bytes and stall: before hellos were bounded, each cost the
 // mediator a MaxBody buffer, and such a flood killed it. Every one is now
 // refused at once. Then 4 000 that announce a hello of a hello's size and
 // stall: the mediator holds at most MaxHandshakesPerUID of them and closes
@@ -152,9 +153,9 @@ func TestStalledHelloFlood(t *testing.T) {
 	victim(t, socket, "victim")
 
 	const conns = 4000
-	big := stallHellos(t, socket, conns, api.MaxBody, false)
+	big := stallHellos(t, socket, conns, wire.MaxBody, false)
 	if big.Held != 0 || big.Other != 0 || big.Refused+big.Errors+big.Failed != conns {
-		t.Errorf("the mediator still holds %d hellos announcing %d bytes, or answered %d with no error", big.Held, api.MaxBody, big.Other)
+		t.Errorf("the mediator still holds %d hellos announcing %d bytes, or answered %d with no error", big.Held, wire.MaxBody, big.Other)
 	}
 	small := stallHellos(t, socket, conns, api.MaxHelloBody, false)
 	// While the flooder holds what it could: the victim is served.
@@ -178,9 +179,9 @@ func TestStalledHelloFlood(t *testing.T) {
 func TestOperatorConnectionFlood(t *testing.T) {
 	socket, med := attackedMediator(t)
 	const bodies = 200
-	big := stallHellos(t, socket, bodies, api.MaxBody, true)
+	big := stallHellos(t, socket, bodies, wire.MaxBody, true)
 	if big.Errors != bodies {
-		t.Errorf("of %d status requests announcing %d bytes from an unprivileged peer, %d were refused with an error (%+v), want all", bodies, api.MaxBody, big.Errors, big)
+		t.Errorf("of %d status requests announcing %d bytes from an unprivileged peer, %d were refused with an error (%+v), want all", bodies, wire.MaxBody, big.Errors, big)
 	}
 	const conns = 1000
 	idle := stallHellos(t, socket, conns, 0, true)
@@ -243,8 +244,8 @@ func floodSession(t *testing.T, socket string) (net.Conn, uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := api.NewConn(nc)
-	call := func(op api.Op, m api.Message) []byte {
+	c := wire.NewConn(nc)
+	call := func(op wire.Op, m api.Message) []byte {
 		t.Helper()
 		if err := c.WriteFrame(op, 0, 1, api.Encode(m)); err != nil {
 			t.Fatal(err)
@@ -257,8 +258,8 @@ func floodSession(t *testing.T, socket string) (net.Conn, uint64) {
 		if err := c.ReadBody(body); err != nil {
 			t.Fatal(err)
 		}
-		if h.Flags&api.FlagError != 0 {
-			t.Fatalf("%v: %v", op, api.DecodeError(body))
+		if h.Flags&wire.FlagError != 0 {
+			t.Fatalf("%v: %v", op, wire.DecodeError(body))
 		}
 		return body
 	}
@@ -279,10 +280,10 @@ func floodLaunches(nc net.Conn, buf uint64, d time.Duration) (sent int, stalled 
 		{Kind: api.ArgBuffer, Bits: buf}, {Kind: api.ArgBuffer, Bits: buf},
 	}})
 	const perWrite = 512
-	frame := api.HeaderSize + len(body)
+	frame := wire.HeaderSize + len(body)
 	chunk := make([]byte, 0, perWrite*frame)
 	for i := range perWrite {
-		var hdr [api.HeaderSize]byte
+		var hdr [wire.HeaderSize]byte
 		binary.LittleEndian.PutUint32(hdr[0:], uint32(len(body)))
 		binary.LittleEndian.PutUint16(hdr[4:], uint16(api.OpLaunch))
 		binary.LittleEndian.PutUint64(hdr[8:], uint64(i+2))

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 )
 
@@ -23,7 +24,7 @@ func nodeUsed(t *testing.T, addr string) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rpc := api.NewRPC(api.NewConn(nc), "node "+addr)
+	rpc := wire.NewRPC(wire.NewConn(nc), "node "+addr)
 	defer rpc.Close()
 	if _, err := rpc.Call(api.OpHello, nil, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator})); err != nil {
 		t.Fatal(err)

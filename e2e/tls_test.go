@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/internal/pki"
 )
 
@@ -132,7 +133,7 @@ func TestTLSMediatorNeedsItsCertificate(t *testing.T) {
 
 // hello says hello to a node over nc as a mediator and returns the error.
 func hello(nc net.Conn) error {
-	rpc := api.NewRPC(api.NewConn(nc), "node")
+	rpc := wire.NewRPC(wire.NewConn(nc), "node")
 	defer rpc.Close()
 	call := rpc.Go(api.OpHello, nil, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator, Tenant: "intruder"}))
 	select {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 )
 
@@ -113,19 +114,19 @@ func TestBadRequestsFailAlone(t *testing.T) {
 func hex(p client.Ptr) string { return fmt.Sprintf("%#x", uint64(p)) }
 
 // raw opens a connection and speaks frames by hand.
-func raw(t *testing.T, s *system) *api.Conn {
+func raw(t *testing.T, s *system) *wire.Conn {
 	t.Helper()
 	nc, err := net.Dial("unix", s.socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nc.Close() })
-	return api.NewConn(nc)
+	return wire.NewConn(nc)
 }
 
 // roundTrip sends one request and reads its reply; err is the decoded error
 // reply, io.EOF if the mediator closed the connection.
-func roundTrip(t *testing.T, c *api.Conn, op api.Op, body ...[]byte) ([]byte, error) {
+func roundTrip(t *testing.T, c *wire.Conn, op wire.Op, body ...[]byte) ([]byte, error) {
 	t.Helper()
 	if err := c.WriteFrame(op, 0, 42, body...); err != nil {
 		t.Fatal(err)
@@ -142,11 +143,11 @@ func roundTrip(t *testing.T, c *api.Conn, op api.Op, body ...[]byte) ([]byte, er
 	if err := c.ReadBody(b); err != nil {
 		t.Fatal(err)
 	}
-	if h.ID != 42 || h.Flags&api.FlagReply == 0 {
+	if h.ID != 42 || h.Flags&wire.FlagReply == 0 {
 		t.Fatalf("reply header %+v", h)
 	}
-	if h.Flags&api.FlagError != 0 {
-		return nil, api.DecodeError(b)
+	if h.Flags&wire.FlagError != 0 {
+		return nil, wire.DecodeError(b)
 	}
 	return b, nil
 }
@@ -156,7 +157,7 @@ func hello(tenant string, version uint16) []byte {
 }
 
 // closed reports whether the peer has closed c.
-func closed(c *api.Conn) bool {
+func closed(c *wire.Conn) bool {
 	_ = c.NetConn().SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err := c.ReadHeader()
 	return err != nil
@@ -167,7 +168,7 @@ func TestBadHandshakes(t *testing.T) {
 	good := s.dial(t, "good", 1)
 	cases := []struct {
 		name     string
-		op       api.Op
+		op       wire.Op
 		body     []byte
 		sentinel error
 		names    []string
@@ -196,7 +197,7 @@ func TestBadHandshakes(t *testing.T) {
 func TestBadFrames(t *testing.T) {
 	s := start(t, 1, 1, 64<<20, 0)
 	good := s.dial(t, "good", 1)
-	open := func(t *testing.T) *api.Conn {
+	open := func(t *testing.T) *wire.Conn {
 		c := raw(t, s)
 		if _, err := roundTrip(t, c, api.OpHello, hello("rude", api.Version)); err != nil {
 			t.Fatal(err)
@@ -205,7 +206,7 @@ func TestBadFrames(t *testing.T) {
 	}
 	t.Run("unknown op answered, session goes on", func(t *testing.T) {
 		c := open(t)
-		_, err := roundTrip(t, c, api.Op(999))
+		_, err := roundTrip(t, c, wire.Op(999))
 		wantErr(t, err, api.ErrProtocol, "op(999)")
 		if _, err := roundTrip(t, c, api.OpMalloc, api.Encode(&api.Malloc{Size: 4096})); err != nil {
 			t.Fatalf("malloc after unknown op: %v", err)
@@ -232,7 +233,7 @@ func TestBadFrames(t *testing.T) {
 		if _, err := roundTrip(t, c, api.OpMalloc, api.Encode(&api.Malloc{Size: 1 << 20})); err != nil {
 			t.Fatal(err)
 		}
-		hdr := make([]byte, api.HeaderSize)
+		hdr := make([]byte, wire.HeaderSize)
 		hdr[0], hdr[1], hdr[2], hdr[3] = 0xff, 0xff, 0xff, 0x7f
 		if _, err := c.NetConn().Write(hdr); err != nil {
 			t.Fatal(err)
@@ -248,7 +249,7 @@ func TestBadFrames(t *testing.T) {
 		if _, err := roundTrip(t, c, api.OpMalloc, api.Encode(&api.Malloc{Size: 1 << 20})); err != nil {
 			t.Fatal(err)
 		}
-		hdr := make([]byte, api.HeaderSize)
+		hdr := make([]byte, wire.HeaderSize)
 		hdr[0], hdr[4] = 100, byte(api.OpMalloc)
 		c.NetConn().Write(hdr)
 		c.NetConn().Write([]byte{1, 2, 3})

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/mediator"
 )
@@ -313,13 +314,13 @@ func TestAllocationOptions(t *testing.T) {
 
 // rawTenant is a tenant connection without the SDK, for requests the SDK
 // never sends.
-func rawTenant(t *testing.T, sys *system) *api.RPC {
+func rawTenant(t *testing.T, sys *system) *wire.RPC {
 	t.Helper()
 	nc, err := net.Dial("unix", sys.socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := api.NewRPC(api.NewConn(nc), "mediator")
+	r := wire.NewRPC(wire.NewConn(nc), "mediator")
 	t.Cleanup(func() { r.Close() })
 	if _, err := r.Call(api.OpHello, nil, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleTenant, Tenant: "acme"})); err != nil {
 		t.Fatal(err)
@@ -663,7 +664,7 @@ func TestGraphsRefuseInlineCopies(t *testing.T) {
 		return err
 	}
 	memset := api.Cmd{Op: api.OpMemset, Body: api.Encode(&api.Memset{Dst: m.Addr, Len: 1})}
-	inline := api.Cmd{Op: api.OpCopyToDevice, Body: api.Encode(&api.CopyToDevice{Dst: m.Addr, Payload: make([]byte, api.MaxChunk)})}
+	inline := api.Cmd{Op: api.OpCopyToDevice, Body: api.Encode(&api.CopyToDevice{Dst: m.Addr, Payload: make([]byte, wire.MaxChunk)})}
 	wantErr(t, create(memset, inline), api.ErrInvalidArgument, "command 1", "copy-to-device", "host memory")
 	if err := create(memset); err != nil {
 		t.Fatalf("a graph without copies: %v", err)
@@ -681,7 +682,7 @@ func TestGraphsCheckLaunchesWhenCreated(t *testing.T) {
 		_, err := r.Call(api.OpGraphCreate, nil, api.Encode(&api.Batch{Cmds: []api.Cmd{{Op: api.OpLaunch, Body: api.Encode(&l)}}}))
 		return err
 	}
-	wantErr(t, create(api.Launch{Kernel: strings.Repeat("k", api.MaxString)}), api.ErrUnknownKernel, "kkkk")
+	wantErr(t, create(api.Launch{Kernel: strings.Repeat("k", wire.MaxString)}), api.ErrUnknownKernel, "kkkk")
 	many := make([]api.Arg, 1<<16)
 	for i := range many {
 		many[i] = api.Arg{Kind: api.ArgI64}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/memory"
 )
 
@@ -178,7 +179,7 @@ func (st *stream) dedup(m *api.CopyHost, src []byte, c *completion, idx int) (de
 	// frames are still this chunk's when the node fills them.
 	s.issueMu.Lock()
 	dev, xs, err := s.space.TranslateWrite(m.Addr+first, uint64(len(req.Hashes))*memory.FrameSize)
-	var call *api.Call
+	var call *wire.Call
 	if err == nil {
 		v := st.on(dev)
 		req.Device = v.dev.info.Index

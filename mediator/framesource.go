@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/memory"
 )
 
@@ -118,9 +119,9 @@ func (f *frameSource) hold(dev uint32, frames []uint64, n int) (ours []uint64, e
 // Read copies a frame's contents out, for eviction to host memory.
 func (f *frameSource) Read(dev uint32, frame uint64, p []byte) error {
 	v := f.s.vdevs[dev]
-	calls := make([]*api.Call, 0, memory.FrameSize/api.MaxChunk)
-	for off := 0; off < len(p); off += api.MaxChunk {
-		n := min(api.MaxChunk, len(p)-off)
+	calls := make([]*wire.Call, 0, memory.FrameSize/wire.MaxChunk)
+	for off := 0; off < len(p); off += wire.MaxChunk {
+		n := min(wire.MaxChunk, len(p)-off)
 		req := api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: []api.Extent{{Addr: frame + uint64(off), Len: uint64(n)}}})
 		calls = append(calls, v.rpc.Go(api.OpNodeRead, p[off:off+n], req))
 	}
@@ -130,9 +131,9 @@ func (f *frameSource) Read(dev uint32, frame uint64, p []byte) error {
 // Write fills a frame with p, for fault-in from host memory.
 func (f *frameSource) Write(dev uint32, frame uint64, p []byte) error {
 	v := f.s.vdevs[dev]
-	calls := make([]*api.Call, 0, memory.FrameSize/api.MaxChunk)
-	for off := 0; off < len(p); off += api.MaxChunk {
-		n := min(api.MaxChunk, len(p)-off)
+	calls := make([]*wire.Call, 0, memory.FrameSize/wire.MaxChunk)
+	for off := 0; off < len(p); off += wire.MaxChunk {
+		n := min(wire.MaxChunk, len(p)-off)
 		hdr := api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: []api.Extent{{Addr: frame + uint64(off), Len: uint64(n)}}})
 		calls = append(calls, v.rpc.Go(api.OpNodeWrite, nil, hdr, p[off:off+n]))
 	}
@@ -171,10 +172,10 @@ func (f *frameSource) Refill(dev uint32, frames []uint64, sums [][32]byte) ([]bo
 
 // refillBatch bounds the frames of one refill request, whose body (48
 // bytes a frame, after a few bytes of lengths) must stay within
-// api.MaxBody; the constant below fails to compile if it does not.
+// wire.MaxBody; the constant below fails to compile if it does not.
 const refillBatch = 4096
 
-const _ uint = api.MaxBody - 64 - 48*refillBatch
+const _ uint = wire.MaxBody - 64 - 48*refillBatch
 
 // Zero clears a frame that is reused for a chunk never written.
 func (f *frameSource) Zero(dev uint32, frame uint64) error {
@@ -184,7 +185,7 @@ func (f *frameSource) Zero(dev uint32, frame uint64) error {
 }
 
 // waitAll waits for every call and returns the first error.
-func waitAll(calls []*api.Call) error {
+func waitAll(calls []*wire.Call) error {
 	var first error
 	for _, c := range calls {
 		if err := c.Wait(); err != nil && first == nil {

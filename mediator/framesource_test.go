@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/memory"
 )
 
@@ -92,7 +93,7 @@ func (n *grantNode) serve(t *testing.T) string {
 			return
 		}
 		defer nc.Close()
-		c := api.NewConn(nc)
+		c := wire.NewConn(nc)
 		for {
 			h, err := c.ReadHeader()
 			if err != nil {

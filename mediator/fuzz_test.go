@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/mediator"
 )
 
 // tenantOps are the operations a tenant may send after its hello.
-var tenantOps = []api.Op{
+var tenantOps = []wire.Op{
 	api.OpMalloc, api.OpFree, api.OpStreamCreate, api.OpStreamDestroy,
 	api.OpCopyToDevice, api.OpCopyFromDevice, api.OpCopyDevice, api.OpMemset,
 	api.OpLaunch, api.OpSynchronize, api.OpKernels, api.OpStatus, api.OpHello,
@@ -37,8 +38,8 @@ func FuzzCommandValidator(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { nc.Close() })
-	c := api.NewConn(nc)
-	call := func(op api.Op, body []byte) ([]byte, error) {
+	c := wire.NewConn(nc)
+	call := func(op wire.Op, body []byte) ([]byte, error) {
 		if err := c.WriteFrame(op, 0, 7, body); err != nil {
 			return nil, err
 		}
@@ -51,11 +52,11 @@ func FuzzCommandValidator(f *testing.F) {
 		if err := c.ReadBody(b); err != nil {
 			return nil, err
 		}
-		if h.ID != 7 || h.Flags&api.FlagReply == 0 || h.Op != op {
+		if h.ID != 7 || h.Flags&wire.FlagReply == 0 || h.Op != op {
 			return nil, errors.New("reply header does not match the request")
 		}
-		if h.Flags&api.FlagError != 0 {
-			return nil, api.DecodeError(b)
+		if h.Flags&wire.FlagError != 0 {
+			return nil, wire.DecodeError(b)
 		}
 		return b, nil
 	}
@@ -67,7 +68,7 @@ func FuzzCommandValidator(f *testing.F) {
 			f.Fatal(err)
 		}
 	}
-	index := func(op api.Op) uint16 {
+	index := func(op wire.Op) uint16 {
 		for i, o := range tenantOps {
 			if o == op {
 				return uint16(i)
@@ -101,7 +102,7 @@ func FuzzCommandValidator(f *testing.F) {
 	f.Add(index(api.OpGraphInvoke), api.Encode(&api.GraphInvoke{Graph: 1, Inputs: make([]byte, 64)}))
 	f.Add(index(api.OpGraphRelease), api.Encode(&api.Graph{Graph: 1}))
 	f.Fuzz(func(t *testing.T, opIndex uint16, body []byte) {
-		op := api.Op(opIndex)
+		op := wire.Op(opIndex)
 		if int(opIndex) < len(tenantOps) {
 			op = tenantOps[opIndex]
 		}

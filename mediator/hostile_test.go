@@ -124,7 +124,7 @@ func attack(t *testing.T, s *system, fn func()) {
 }
 
 // hostile is a raw tenant connection that has said hello.
-func hostile(t *testing.T, s *system, tenant string) *api.Conn {
+func hostile(t *testing.T, s *system, tenant string) *wire.Conn {
 	t.Helper()
 	c := raw(t, s)
 	if _, err := roundTrip(t, c, api.OpHello, hello(tenant, api.Version)); err != nil {
@@ -133,7 +133,7 @@ func hostile(t *testing.T, s *system, tenant string) *api.Conn {
 	return c
 }
 
-func mallocRaw(t *testing.T, c *api.Conn, size uint64) uint64 {
+func mallocRaw(t *testing.T, c *wire.Conn, size uint64) uint64 {
 	t.Helper()
 	return mallocHint(t, c, size, api.HintNone)
 }
@@ -368,7 +368,7 @@ func TestHostileHalfOpenConnections(t *testing.T) {
 		// a frame header, then nothing
 		mid := hostile(t, s, "mid")
 		mallocRaw(t, mid, 1<<20)
-		hdr := make([]byte, api.HeaderSize)
+		hdr := make([]byte, wire.HeaderSize)
 		binary.LittleEndian.PutUint32(hdr, 100)
 		binary.LittleEndian.PutUint16(hdr[4:], uint16(api.OpMalloc))
 		if _, err := mid.NetConn().Write(hdr); err != nil {
@@ -401,16 +401,16 @@ func TestHostileHalfOpenConnections(t *testing.T) {
 func TestHostileOversizedFrames(t *testing.T) {
 	s := startWith(t, 256<<20, nil)
 	attack(t, s, func() {
-		for _, size := range []uint32{api.MaxBody + 1, 1 << 31, ^uint32(0)} {
+		for _, size := range []uint32{wire.MaxBody + 1, 1 << 31, ^uint32(0)} {
 			for _, afterHello := range []bool{false, true} {
-				var c *api.Conn
+				var c *wire.Conn
 				if afterHello {
 					c = hostile(t, s, "big")
 					mallocRaw(t, c, 4<<20)
 				} else {
 					c = raw(t, s)
 				}
-				hdr := make([]byte, api.HeaderSize)
+				hdr := make([]byte, wire.HeaderSize)
 				binary.LittleEndian.PutUint32(hdr, size)
 				binary.LittleEndian.PutUint16(hdr[4:], uint16(api.OpCopyToDevice))
 				if _, err := c.NetConn().Write(hdr); err != nil {
@@ -424,10 +424,10 @@ func TestHostileOversizedFrames(t *testing.T) {
 		// the largest body allowed, as one copy: served or refused, typed
 		c := hostile(t, s, "big")
 		dst := mallocRaw(t, c, 4<<20)
-		var e api.Encoder
+		var e wire.Encoder
 		e.U32(0)
 		e.U64(dst)
-		payload := make([]byte, api.MaxBody-len(e.B))
+		payload := make([]byte, wire.MaxBody-len(e.B))
 		_, err := roundTrip(t, c, api.OpCopyToDevice, e.B, payload)
 		if err != nil && api.CodeOf(err) == api.CodeInternal {
 			t.Fatalf("largest frame: %v", err)

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Host memory a tenant shares with the mediator (api.OpHostRegister): a
@@ -207,8 +208,8 @@ func (st *stream) toDeviceHost(m *api.CopyHost, c *completion, idx int) error {
 	if err != nil {
 		return err
 	}
-	for off := uint64(0); off < m.Len; off += api.MaxChunk {
-		n := min(api.MaxChunk, m.Len-off)
+	for off := uint64(0); off < m.Len; off += wire.MaxChunk {
+		n := min(wire.MaxChunk, m.Len-off)
 		if sent.covers(off, n) {
 			continue
 		}
@@ -250,7 +251,7 @@ func zeroTail(b []byte) int {
 	return len(b) - end
 }
 
-// writeChunk issues the write of b, at most api.MaxChunk bytes, at va, or
+// writeChunk issues the write of b, at most wire.MaxChunk bytes, at va, or
 // if zeros says b is all zero a fill of its length, translated under
 // issueMu. An empty b issues nothing.
 func (st *stream) writeChunk(va uint64, b []byte, zeros bool, c *completion, idx int) error {
@@ -283,8 +284,8 @@ func (st *stream) fromDeviceHost(m *api.CopyHost, c *completion, idx int) error 
 	if err != nil {
 		return err
 	}
-	for off := uint64(0); off < m.Len; off += api.MaxChunk {
-		n := min(api.MaxChunk, m.Len-off)
+	for off := uint64(0); off < m.Len; off += wire.MaxChunk {
+		n := min(wire.MaxChunk, m.Len-off)
 		st.s.issueMu.Lock()
 		dev, xs, err := st.s.space.Translate(m.Addr+off, n)
 		if err == nil {

@@ -8,11 +8,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // registerFD registers size bytes of the memfd fd through r and returns
 // the region.
-func registerFD(r *api.RPC, fd int, size uint64) (uint32, error) {
+func registerFD(r *wire.RPC, fd int, size uint64) (uint32, error) {
 	body, err := r.CallFD(api.OpHostRegister, fd, api.Encode(&api.HostRegister{Size: size}))
 	var m api.HostRegion
 	if err == nil {
@@ -83,7 +84,7 @@ func TestRegisteredHostMemoryKeepsItsPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
-		op api.Op
+		op wire.Op
 		m  api.CopyHost
 	}{
 		{api.OpCopyToDeviceHost, api.CopyHost{Addr: m.Addr, Region: region, Len: n / 2}},

@@ -37,7 +37,7 @@ import (
 // sends (the Go SDK's calls do), or past the bound its writes and the
 // mediator's replies wait on each other until ReplyTimeout ends the session.
 //
-// Frames: a header announcing more than api.MaxBody drops the connection,
+// Frames: a header announcing more than wire.MaxBody drops the connection,
 // and so does a body that stalls past wire.BodyTimeout (wire.Conn.ReadBody).
 //
 // Replies: every write of a reply must complete within ReplyTimeout. A
@@ -46,7 +46,7 @@ import (
 // ends, and its memory is freed. The same bounds the teardown of a tenant
 // that half-closed its connection and reads nothing.
 
-// MaxSessionBuffers bounds the bulk buffers (api.MaxBody bytes each) one
+// MaxSessionBuffers bounds the bulk buffers (wire.MaxBody bytes each) one
 // session holds in the mediator, separately for request bodies that are read
 // and not yet sent to a node (copies to the device waiting in stream queues
 // or for bandwidth) and for replies of copies from the device that are not
@@ -77,7 +77,7 @@ const (
 // reader waited for room in a stream's queue.
 var errHungUp = errors.New("tenant closed its connection with a full stream queue")
 
-// replyConn puts a deadline of timeout on every write. api.Conn writes
+// replyConn puts a deadline of timeout on every write. wire.Conn writes
 // frames under its write lock, so writes never overlap.
 type replyConn struct {
 	net.Conn

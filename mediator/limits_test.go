@@ -15,6 +15,7 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/memory"
 )
@@ -248,7 +249,7 @@ func TestInflightCommandsAreBounded(t *testing.T) {
 	newSession := func() *session {
 		a, b := net.Pipe()
 		t.Cleanup(func() { a.Close(); b.Close() })
-		return &session{c: api.NewConn(a), sessionFlow: sessionFlow{bw: tenant, inflight: bound{limit: maxSessionInflight}}}
+		return &session{c: wire.NewConn(a), sessionFlow: sessionFlow{bw: tenant, inflight: bound{limit: maxSessionInflight}}}
 	}
 	admitted := func(s *session, n int64) <-chan error {
 		done := make(chan error, 1)
@@ -307,7 +308,7 @@ func TestBatchesAreBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := api.NewRPC(api.NewConn(nc), "mediator")
+	r := wire.NewRPC(wire.NewConn(nc), "mediator")
 	defer r.Close()
 	if _, err := r.Call(api.OpHello, nil, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleTenant})); err != nil {
 		t.Fatal(err)
@@ -328,7 +329,7 @@ func TestBatchesAreBounded(t *testing.T) {
 		}
 		return b
 	}
-	for _, op := range []api.Op{api.OpBatch, api.OpGraphCreate} {
+	for _, op := range []wire.Op{api.OpBatch, api.OpGraphCreate} {
 		_, err := r.Call(op, nil, api.Encode(batch(maxSessionInflight+1)))
 		if !errors.Is(err, api.ErrQuotaExceeded) || !strings.Contains(err.Error(), "16385 commands") || !strings.Contains(err.Error(), "16384") {
 			t.Fatalf("%v of %d commands: %v, want quota exceeded naming both counts", op, maxSessionInflight+1, err)

@@ -51,6 +51,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/isolation"
 	"github.com/vgpu/vgpu/memory"
 )
@@ -90,8 +91,8 @@ type Config struct {
 	// NodeTimeout bounds how long a node's host may stay silent, answering
 	// neither data sent to it nor keepalive probes, before its connections
 	// are declared lost and the calls on them fail with api.ErrUnavailable
-	// (api.WatchPeer). A node that is busy, however long, is not silent.
-	// 0 means DefaultNodeTimeout; else at least api.MinPeerTimeout.
+	// (wire.WatchPeer). A node that is busy, however long, is not silent.
+	// 0 means DefaultNodeTimeout; else at least wire.MinPeerTimeout.
 	NodeTimeout time.Duration
 	// ReclaimInterval is how often registered containers' processes are
 	// checked for having vanished without a poststop; default 1s.
@@ -113,7 +114,7 @@ type Config struct {
 	ResumeGrace time.Duration
 	// Requests, when set, is told of every reply to a tenant's or an
 	// operator's request (metrics of latency and errors by operation).
-	Requests api.ReplyObserver
+	Requests wire.ReplyObserver
 	Log      logrus.FieldLogger
 	// Cluster, when set, is cluster mode (cluster.go): nodes come from the
 	// registry in etcd rather than Nodes, and admissions reserve their
@@ -201,7 +202,7 @@ func New(cfg Config) (*Mediator, error) {
 	}
 	if cfg.NodeTimeout == 0 {
 		cfg.NodeTimeout = DefaultNodeTimeout
-	} else if err := api.CheckPeerTimeout(cfg.NodeTimeout); err != nil {
+	} else if err := wire.CheckPeerTimeout(cfg.NodeTimeout); err != nil {
 		return nil, fmt.Errorf("node timeout: %w", err)
 	}
 	if cfg.ResumeGrace == 0 {
@@ -411,7 +412,7 @@ func (m *Mediator) refuse(nc net.Conn, err error, slots chan struct{}) {
 				defer func() { <-slots }()
 				defer m.forget(nc)
 				m.log.WithError(err).Warn("connection refused")
-				c := api.NewConn(nc)
+				c := wire.NewConn(nc)
 				if h, _, herr := api.ReadHello(c, time.Now().Add(time.Second), "mediator"); herr == nil || h.Op != 0 {
 					_ = c.ReplyError(h, err)
 				}

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"testing"
 
-	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 )
 
@@ -48,7 +48,7 @@ func TestLargeWritesOfABatchAreMerged(t *testing.T) {
 	}
 	// One reply (a frame header) a node request: n+1 of them unmerged,
 	// about (n+1)/16 merged into writes of 1 MiB.
-	if replies := (after.NetIn - before.NetIn) / api.HeaderSize; replies > (n+1)/4 {
+	if replies := (after.NetIn - before.NetIn) / wire.HeaderSize; replies > (n+1)/4 {
 		t.Fatalf("%d node replies for %d copies of %d bytes in one batch: not merged", replies, n+1, size)
 	}
 	if after.CopiedIn-before.CopiedIn != size*(n+1) {
@@ -70,7 +70,7 @@ func TestLargeWritesOfABatchAreMerged(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Each reply carries its payload behind its header.
-	if replies := (back.NetIn - after.NetIn - size*n) / api.HeaderSize; replies > n/4 {
+	if replies := (back.NetIn - after.NetIn - size*n) / wire.HeaderSize; replies > n/4 {
 		t.Fatalf("%d node replies for %d copies of %d bytes from the device in one batch: not merged", replies, n, size)
 	}
 	for i := range n {

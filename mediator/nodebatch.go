@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Node batches: the node calls of a tenant's batch that carry small bodies
@@ -17,10 +18,10 @@ import (
 //
 // Larger writes, and reads into host memory, are merged instead: a run of
 // them to one device becomes one api.OpNodeWrite (api.OpNodeRead) of all
-// their extents, up to api.MaxChunk of payload. A merged write's payloads
+// their extents, up to wire.MaxChunk of payload. A merged write's payloads
 // are not copied but written with the request in one vectored write
 // (wire.Conn); a merged read's reply is read straight into each read's
-// destination in turn (api.RPC.GoThenScatter). A tenant batch of 64 KiB
+// destination in turn (wire.RPC.GoThenScatter). A tenant batch of 64 KiB
 // copies so costs the node one request per MiB, as a copy of 1 MiB does,
 // not one per copy. The node checks every extent of a request before it
 // touches any; a merged request it refuses is charged to the first command
@@ -37,7 +38,7 @@ const (
 // stay small beside the payload.
 const mergeExtents = 256
 
-func gatherable(op api.Op, parts [][]byte) bool {
+func gatherable(op wire.Op, parts [][]byte) bool {
 	switch op {
 	case api.OpNodeWrite:
 		return true // merged if large (run)
@@ -57,10 +58,10 @@ func gatherable(op api.Op, parts [][]byte) bool {
 type nodeBatch struct {
 	c    *completion
 	v    vdev
-	body []byte   // commands, each as api.Batch encodes them
-	idx  []int    // the tenant command of each
-	ops  []api.Op // and its node operation
-	w    run      // large writes or reads being merged; empty while body holds commands
+	body []byte    // commands, each as api.Batch encodes them
+	idx  []int     // the tenant command of each
+	ops  []wire.Op // and its node operation
+	w    run       // large writes or reads being merged; empty while body holds commands
 }
 
 // run is large writes, or reads, of one completion to one device, to be
@@ -69,8 +70,8 @@ type nodeBatch struct {
 type run struct {
 	c      *completion
 	v      vdev
-	op     api.Op // api.OpNodeWrite or api.OpNodeRead
-	idx    int    // the tenant command of the first
+	op     wire.Op // api.OpNodeWrite or api.OpNodeRead
+	idx    int     // the tenant command of the first
 	calls  int
 	access api.NodeAccess
 	first  []byte   // the first call's fields as its caller encoded them
@@ -87,7 +88,7 @@ const cmdHeader = 6
 // region's mapping, or the tenant request's body, which the stream keeps
 // until the command is issued); the caller may reuse the rest once add
 // returns.
-func (b *nodeBatch) add(c *completion, v vdev, idx int, op api.Op, parts [][]byte) {
+func (b *nodeBatch) add(c *completion, v vdev, idx int, op wire.Op, parts [][]byte) {
 	n := 0
 	for _, p := range parts {
 		n += len(p)
@@ -128,15 +129,15 @@ func (b *nodeBatch) addRead(c *completion, v vdev, idx int, into []byte, parts [
 // merge adds a large write (parts: its fields and payload) or a read
 // (into, and parts: its fields) to the run, sending the run first when
 // the call cannot join it: another completion, connection, device or
-// operation, or past api.MaxChunk of payload or mergeExtents extents.
-func (b *nodeBatch) merge(c *completion, v vdev, idx int, op api.Op, into []byte, parts [][]byte) {
+// operation, or past wire.MaxChunk of payload or mergeExtents extents.
+func (b *nodeBatch) merge(c *completion, v vdev, idx int, op wire.Op, into []byte, parts [][]byte) {
 	b.flushCommands() // sent first: they came first
 	var at api.NodeAccess
 	n, fields := len(into), 1
 	if op == api.OpNodeWrite {
 		n, fields = len(parts[len(parts)-1]), 2
 	}
-	if len(parts) != fields || api.Decode(parts[0], &at) != nil || len(at.Payload) != 0 || n > api.MaxChunk {
+	if len(parts) != fields || api.Decode(parts[0], &at) != nil || len(at.Payload) != 0 || n > wire.MaxChunk {
 		// Not a call this file knows how to merge: alone, as it came.
 		b.flushRun()
 		c.send(v.rpc, op, into, c.failsAs(idx, op), parts...)
@@ -144,7 +145,7 @@ func (b *nodeBatch) merge(c *completion, v vdev, idx int, op api.Op, into []byte
 	}
 	w := &b.w
 	if w.calls > 0 && (w.c != c || w.v.rpc != v.rpc || w.op != op || w.access.Device != at.Device ||
-		w.n+n > api.MaxChunk || len(w.access.Extents)+len(at.Extents) > mergeExtents) {
+		w.n+n > wire.MaxChunk || len(w.access.Extents)+len(at.Extents) > mergeExtents) {
 		b.flushRun()
 	}
 	if w.calls == 0 {
@@ -196,10 +197,10 @@ func (b *nodeBatch) flushRun() {
 
 // sendScatter is send for a read whose reply is read into the pieces of
 // into in turn.
-func (c *completion) sendScatter(rpc *api.RPC, op api.Op, into [][]byte, check func(*api.Call), parts ...[]byte) {
+func (c *completion) sendScatter(rpc *wire.RPC, op wire.Op, into [][]byte, check func(*wire.Call), parts ...[]byte) {
 	c.pending.Add(1)
 	c.st.calls.add(1)
-	rpc.GoThenScatter(op, into, func(call *api.Call) {
+	rpc.GoThenScatter(op, into, func(call *wire.Call) {
 		check(call)
 		c.done()
 		c.st.calls.add(-1)
@@ -218,10 +219,10 @@ func (b *nodeBatch) flushCommands() {
 	if len(idx) == 1 {
 		c.send(v.rpc, ops[0], nil, c.failsAs(idx[0], ops[0]), b.body[cmdHeader:]) // the one command's body, after its header
 	} else {
-		var hdr api.Encoder
+		var hdr wire.Encoder
 		hdr.U32(0)
 		hdr.U32(uint32(len(idx)))
-		c.send(v.rpc, api.OpNodeBatch, nil, func(call *api.Call) {
+		c.send(v.rpc, api.OpNodeBatch, nil, func(call *wire.Call) {
 			if call.Err == nil {
 				return
 			}
@@ -238,8 +239,8 @@ func (b *nodeBatch) flushCommands() {
 
 // failsAs is a node call's check that charges its failure to command idx
 // of c, as op.
-func (c *completion) failsAs(idx int, op api.Op) func(*api.Call) {
-	return func(call *api.Call) {
+func (c *completion) failsAs(idx int, op wire.Op) func(*wire.Call) {
+	return func(call *wire.Call) {
 		if call.Err != nil {
 			c.fail(idx, op, call.Err)
 		}

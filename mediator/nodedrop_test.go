@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/mediator"
 )
@@ -29,7 +30,7 @@ type cutter struct {
 
 func newCutter(t *testing.T, node string) *cutter {
 	c := &cutter{started: map[net.Conn]bool{}}
-	c.addr = proxy(t, node, func(_ *api.Conn, mc, nc net.Conn, h api.Header, body []byte) bool {
+	c.addr = proxy(t, node, func(_ *wire.Conn, mc, nc net.Conn, h wire.Header, body []byte) bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if !c.started[mc] && c.refuse.Load() {

@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/memory"
 )
 
@@ -107,7 +108,7 @@ type nodeRedial struct {
 // id the node reports now, and either the frames it reclaimed of the old
 // one, by device, or why the memory there is lost.
 type redialled struct {
-	rpc  *api.RPC
+	rpc  *wire.RPC
 	boot string
 	kept []api.NodeFrames // valid if why is nil
 	why  error
@@ -124,7 +125,7 @@ type replacedConn struct {
 // connections.
 func (s *session) watchNodes() {
 	s.nodes.once.Do(func() {
-		seen := map[*api.RPC]bool{}
+		seen := map[*wire.RPC]bool{}
 		for _, v := range s.vdevs {
 			if !seen[v.rpc] {
 				seen[v.rpc] = true
@@ -138,7 +139,7 @@ func (s *session) watchNodes() {
 // then dials the node until it answers, leaving the new connection pending
 // for the session's reader. boot is the node's boot id when rpc was made,
 // "" if unknown. It ends with the session.
-func (s *session) watchNode(node int, rpc *api.RPC, boot string) {
+func (s *session) watchNode(node int, rpc *wire.RPC, boot string) {
 	select {
 	case <-rpc.Closed():
 	case <-s.ending:
@@ -155,7 +156,7 @@ func (s *session) watchNode(node int, rpc *api.RPC, boot string) {
 	}()
 	n := s.m.node(node)
 	for wait := redialFirst; ; wait = min(2*wait, redialMax) {
-		var fresh *api.RPC
+		var fresh *wire.RPC
 		err := errRedialsStopped
 		if !stopRedials.Load() {
 			fresh, _, err = dialNodeContext(ctx, n.addr, s.m.nodeTenant(s.tenant), s.m.cfg.NodeTLS, n.cache.push)
@@ -283,7 +284,7 @@ func (s *session) reregisterGraphs(node int) {
 // node's boot id was boot then and is now now ("": unknown). It returns
 // them by device, or why the memory there is lost. The node's watcher
 // calls it, so that the reclaim comes as soon as the node answers.
-func (s *session) reclaimDropped(node int, rpc *api.RPC, boot, now string) ([]api.NodeFrames, error) {
+func (s *session) reclaimDropped(node int, rpc *wire.RPC, boot, now string) ([]api.NodeFrames, error) {
 	addr := s.m.node(node).addr
 	s.nodes.mu.Lock()
 	jc, ok := s.nodes.attached[node]
@@ -357,7 +358,7 @@ func lossReason(addr, boot, now, because string) error {
 
 // bootOf asks the node at the other end of rpc for its boot id, waiting at
 // most statusTimeout.
-func bootOf(rpc *api.RPC) (string, error) {
+func bootOf(rpc *wire.RPC) (string, error) {
 	call := rpc.Go(api.OpNodeStatus, nil)
 	select {
 	case <-call.Done():
@@ -480,7 +481,7 @@ type sealedSource struct {
 
 // scratch is a connection to a node and the frame it fills there.
 type scratch struct {
-	rpc    *api.RPC
+	rpc    *wire.RPC
 	device uint32
 	frame  uint64
 }
@@ -570,9 +571,9 @@ func (sc *scratch) fill(sum [32]byte, p []byte) (ok bool, err error) {
 	if err != nil || !reply.Hit[0] {
 		return false, err
 	}
-	calls := make([]*api.Call, 0, memory.FrameSize/api.MaxChunk)
-	for off := 0; off < len(p); off += api.MaxChunk {
-		k := min(api.MaxChunk, len(p)-off)
+	calls := make([]*wire.Call, 0, memory.FrameSize/wire.MaxChunk)
+	for off := 0; off < len(p); off += wire.MaxChunk {
+		k := min(wire.MaxChunk, len(p)-off)
 		req := api.Encode(&api.NodeAccess{Device: sc.device, Extents: []api.Extent{{Addr: sc.frame + uint64(off), Len: uint64(k)}}})
 		calls = append(calls, sc.rpc.Go(api.OpNodeRead, p[off:off+k], req))
 	}

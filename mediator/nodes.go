@@ -16,14 +16,15 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // DialTimeout bounds connecting to a node and its handshake.
 const DialTimeout = 10 * time.Second
 
 // DefaultNodeTimeout is how long a node's host may stay silent before the
-// calls on its connections fail (Config.NodeTimeout, api.WatchPeer).
-const DefaultNodeTimeout = api.DefaultPeerTimeout
+// calls on its connections fail (Config.NodeTimeout, wire.WatchPeer).
+const DefaultNodeTimeout = wire.DefaultPeerTimeout
 
 // statusTimeout bounds a node's answer to a status query.
 const statusTimeout = 5 * time.Second
@@ -43,22 +44,22 @@ type nodeTenant struct {
 // tlsCfg is set. The returned RPC is the tenant's own connection: the node
 // ties frames to it. Connecting and the TLS handshake take at most
 // DialTimeout, the hello as long again. Once the node's host has been silent
-// for t.timeout (api.WatchPeer), the connection fails and so does every call
+// for t.timeout (wire.WatchPeer), the connection fails and so does every call
 // on it, with api.ErrUnavailable naming the node and how long it was silent;
 // a node that is only busy keeps its connection however long it takes.
-func dialNode(addr string, t nodeTenant, tlsCfg *tls.Config, push func(*api.RPC, api.Op, []byte)) (*api.RPC, *api.HelloReply, error) {
+func dialNode(addr string, t nodeTenant, tlsCfg *tls.Config, push func(*wire.RPC, wire.Op, []byte)) (*wire.RPC, *api.HelloReply, error) {
 	return dialNodeContext(context.Background(), addr, t, tlsCfg, push)
 }
 
 // dialNodeContext is dialNode, given up as soon as ctx ends.
-func dialNodeContext(ctx context.Context, addr string, t nodeTenant, tlsCfg *tls.Config, push func(*api.RPC, api.Op, []byte)) (*api.RPC, *api.HelloReply, error) {
+func dialNodeContext(ctx context.Context, addr string, t nodeTenant, tlsCfg *tls.Config, push func(*wire.RPC, wire.Op, []byte)) (*wire.RPC, *api.HelloReply, error) {
 	dctx, cancel := context.WithTimeout(ctx, DialTimeout)
 	defer cancel()
 	nc, err := dialWatched(dctx, addr, cmp.Or(t.timeout, DefaultNodeTimeout), tlsCfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dial node %s: %w", addr, api.WithCode(err, api.ErrUnavailable))
 	}
-	rpc := api.NewRPCPush(api.NewConn(nc), "node "+addr, push)
+	rpc := wire.NewRPCPush(wire.NewConn(nc), "node "+addr, push)
 	hello := api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator,
 		Tenant: t.name, Weight: t.weight, ComputeMax: t.computeMax}
 	call := rpc.Go(api.OpHello, nil, api.Encode(&hello))
@@ -104,7 +105,7 @@ func dialWatched(ctx context.Context, addr string, timeout time.Duration, tlsCfg
 	}
 	tc := c.(*net.TCPConn)
 	_ = tc.SetNoDelay(true)
-	nc, err := api.WatchPeer(tc, "node "+addr, timeout)
+	nc, err := wire.WatchPeer(tc, "node "+addr, timeout)
 	if err != nil {
 		tc.Close()
 		return nil, err
@@ -146,8 +147,8 @@ type node struct {
 	// mu guards ctl, redial and boot; nothing blocks on the network under
 	// it, so the status of a node that cannot be reached waits for no lock.
 	mu     sync.Mutex
-	ctl    *api.RPC // redialled when it breaks, so status recovers with the node
-	redial *redial  // the redial of ctl in flight; nil when none is
+	ctl    *wire.RPC // redialled when it breaks, so status recovers with the node
+	redial *redial   // the redial of ctl in flight; nil when none is
 	// boot is the node's boot id (api.NodeStatus.Boot) as its last status
 	// said; "" if none has.
 	boot string
@@ -158,7 +159,7 @@ type node struct {
 // before done is closed.
 type redial struct {
 	done chan struct{}
-	rpc  *api.RPC
+	rpc  *wire.RPC
 	err  error
 }
 
@@ -189,7 +190,7 @@ func connectNode(addr string, tlsCfg *tls.Config, timeout time.Duration) (*node,
 // control returns the mediator's own connection to the node. When it has
 // broken, it is redialled by one redial at a time, which callers share:
 // each waits for it until ctx ends.
-func (n *node) control(ctx context.Context) (*api.RPC, error) {
+func (n *node) control(ctx context.Context) (*wire.RPC, error) {
 	n.mu.Lock()
 	if n.ctx.Err() != nil {
 		n.mu.Unlock()
@@ -219,7 +220,7 @@ func (n *node) control(ctx context.Context) (*api.RPC, error) {
 
 // up says, without blocking, whether the mediator's control connection to
 // the node is open. It closes when the node goes away or its host is
-// silent past the node timeout (api.WatchPeer), and opens again when a
+// silent past the node timeout (wire.WatchPeer), and opens again when a
 // status query or an admission finds the node back (control).
 func (n *node) up() bool {
 	n.mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/internal/pki"
 )
 
@@ -20,7 +21,7 @@ import (
 // not silent, and every call succeeds. (A silent host is the root test
 // e2e/root TestNetlabNodeTimeout's.)
 func TestBusyNodeIsNotCutOff(t *testing.T) {
-	const bound = api.MinPeerTimeout
+	const bound = wire.MinPeerTimeout
 	const busy = bound * 5 / 2
 	for _, tc := range []struct {
 		name  string
@@ -47,9 +48,9 @@ func TestBusyNodeIsNotCutOff(t *testing.T) {
 			}
 			defer rpc.Close()
 
-			payload := make([]byte, api.MaxChunk)
+			payload := make([]byte, wire.MaxChunk)
 			start := time.Now()
-			calls := make(chan *api.Call, tc.burst)
+			calls := make(chan *wire.Call, tc.burst)
 			sent := make(chan time.Duration, 1)
 			go func() {
 				for range tc.burst {
@@ -114,8 +115,8 @@ func serveBusy(l net.Listener, busy time.Duration, calls int) error {
 		return err
 	}
 	defer nc.Close()
-	c := api.NewConn(nc)
-	read := func() (api.Header, error) {
+	c := wire.NewConn(nc)
+	read := func() (wire.Header, error) {
 		h, err := c.ReadHeader()
 		if err == nil {
 			_, err = io.Copy(io.Discard, c.BodyReader(int(h.Len)))
@@ -129,7 +130,7 @@ func serveBusy(l net.Listener, busy time.Duration, calls int) error {
 	if err := c.Reply(h, api.Encode(&api.HelloReply{Version: api.Version, Session: 1})); err != nil {
 		return err
 	}
-	var first []api.Header
+	var first []wire.Header
 	if calls == 1 {
 		if h, err = read(); err != nil {
 			return err

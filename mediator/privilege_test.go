@@ -8,11 +8,12 @@ import (
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 func TestStateChangesNeedAPrivilegedPeer(t *testing.T) {
 	m := &Mediator{}
-	for _, op := range []api.Op{api.OpRegister, api.OpRelease, api.OpReload} {
+	for _, op := range []wire.Op{api.OpRegister, api.OpRelease, api.OpReload} {
 		_, err := m.operate(op, nil, false)
 		if !errors.Is(err, api.ErrPermissionDenied) || !strings.Contains(err.Error(), op.String()) {
 			t.Errorf("%v from an unprivileged peer: %v", op, err)

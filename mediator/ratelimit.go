@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Bandwidth caps: one token bucket per tenant on the bytes its streams copy.
@@ -31,7 +32,7 @@ import (
 // the command then fails with api.ErrUnavailable and nothing is issued.
 //
 // The bucket holds at most burst bytes, burstFor(rate): an eighth of a
-// second at the rate, and at least one chunk (api.MaxChunk), so that every
+// second at the rate, and at least one chunk (wire.MaxChunk), so that every
 // frame a tenant can send fits in it. A charge larger than the burst (a big
 // device-to-device copy) waits until the bucket has refilled for all of it.
 // Over any window of time the bytes let through are at most
@@ -43,7 +44,7 @@ import (
 // a full bucket, which is what it would have had anyway.
 
 // burstFor is the bucket size for rate bytes per second.
-func burstFor(rate uint64) uint64 { return max(rate/8, api.MaxChunk) }
+func burstFor(rate uint64) uint64 { return max(rate/8, wire.MaxChunk) }
 
 // bucket is a token bucket in the form of a virtual scheduling time (GCRA):
 // empty is the instant, in nanoseconds of the mediator's clock, at which the

@@ -9,6 +9,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/isolation"
 )
 
@@ -67,12 +68,12 @@ func TestBucketSteadyRate(t *testing.T) {
 	now := int64(0)
 	var sent uint64
 	for now < int64(10*time.Second) {
-		now = b.reserve(rate, api.MaxChunk, now)
-		sent += api.MaxChunk
+		now = b.reserve(rate, wire.MaxChunk, now)
+		sent += wire.MaxChunk
 	}
 	// 10 s at the rate plus the initial burst, within one chunk
 	want := uint64(rate*10) + burstFor(rate)
-	if sent+api.MaxChunk < want || sent > want+api.MaxChunk {
+	if sent+wire.MaxChunk < want || sent > want+wire.MaxChunk {
 		t.Fatalf("sent %d bytes in 10s at %d/s (burst %d), want about %d", sent, rate, burstFor(rate), want)
 	}
 }
@@ -84,14 +85,14 @@ func TestBucketRateChange(t *testing.T) {
 	}
 	// a cap appears: a full bucket, then waits at the new rate
 	const rate = 1 << 20
-	if at := b.reserve(rate, api.MaxChunk, 10); at != 10 {
+	if at := b.reserve(rate, wire.MaxChunk, 10); at != 10 {
 		t.Fatalf("first chunk under a new cap waited until %d", at)
 	}
-	if at := b.reserve(rate, api.MaxChunk, 10); at != 10+int64(time.Second) {
+	if at := b.reserve(rate, wire.MaxChunk, 10); at != 10+int64(time.Second) {
 		t.Fatalf("second chunk at 1 MiB/s granted at %d, want 1s later", at)
 	}
 	// the rate rises: the next charge is priced at the new rate
-	at := b.reserve(4*rate, api.MaxChunk, 10)
+	at := b.reserve(4*rate, wire.MaxChunk, 10)
 	if want := 10 + int64(time.Second) + int64(time.Second)/4; at != want {
 		t.Fatalf("chunk after a rate rise granted at %d, want %d", at, want)
 	}

@@ -50,6 +50,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/memory"
 )
 
@@ -88,7 +89,7 @@ func (m *Mediator) journalSession(s *session, hello *api.Hello) {
 	if s.ctr != nil {
 		rec.Namespace, rec.Container = s.ctr.grant.Namespace, s.ctr.grant.Container
 	}
-	attached := map[*api.RPC]bool{}
+	attached := map[*wire.RPC]bool{}
 	for _, v := range s.vdevs {
 		addr := m.node(v.dev.node).addr
 		rec.Devices = append(rec.Devices, journalDevice{Node: addr, Index: v.dev.info.Index})
@@ -136,7 +137,7 @@ func (r *nodeRedial) attach(m *Mediator, conns []journalConn) {
 // reclaimed connection goes on as owner, under token: what the journal
 // records of it stays true. A restore and a live session whose node
 // connection dropped (reclaimDropped) reclaim through it.
-func attach(rpc *api.RPC, addr string, owner uint64, token string) (journalConn, []api.NodeFrames, error) {
+func attach(rpc *wire.RPC, addr string, owner uint64, token string) (journalConn, []api.NodeFrames, error) {
 	c := journalConn{Node: addr, Owner: owner, Token: token}
 	if owner == 0 {
 		var err error
@@ -216,7 +217,7 @@ var errNoSessionToResume = fmt.Errorf("no session to resume with that token: it 
 
 // resume hands restored session of the token hello presents to connection
 // c, which came through ctr's socket (nil: the host socket).
-func (m *Mediator) resume(c *api.Conn, hello *api.Hello, ctr *container) (*session, error) {
+func (m *Mediator) resume(c *wire.Conn, hello *api.Hello, ctr *container) (*session, error) {
 	h := tokenHash(hello.Resume)
 	m.mu.Lock()
 	s := m.restored[h]
@@ -335,7 +336,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 		devs = append(devs, m.deviceList()[i])
 	}
 	// Reclaim the frames each node connection kept.
-	rpcs := map[int]*api.RPC{}
+	rpcs := map[int]*wire.RPC{}
 	kept := map[int][]api.NodeFrames{} // by node: the frames kept, by device
 	var err error
 	for _, jc := range j.rec.Conns {
@@ -344,7 +345,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 			err = fmt.Errorf("its connection to node %s: not a node of this mediator, or a second one", jc.Node)
 			break
 		}
-		var rpc *api.RPC
+		var rpc *wire.RPC
 		rpc, _, err = dialNode(jc.Node, m.nodeTenant(j.rec.Tenant), m.cfg.NodeTLS, m.node(ni).cache.push)
 		if err != nil {
 			break

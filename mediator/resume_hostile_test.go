@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 )
 
@@ -21,7 +22,7 @@ func helloResume(t *testing.T, socket, tenant, token string) error {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := api.NewRPC(api.NewConn(nc), "mediator")
+	r := wire.NewRPC(wire.NewConn(nc), "mediator")
 	defer r.Close()
 	_, err = r.Call(api.OpHello, nil, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleTenant,
 		Tenant: tenant, Resumable: true, Resume: token}))

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 )
 
@@ -51,7 +52,7 @@ func (h *host) crash() {
 	h.med = nil
 	m.regs.db.Close()
 	m.mu.Lock()
-	var rpcs []*api.RPC
+	var rpcs []*wire.RPC
 	for _, s := range append(slices.Collect(maps.Values(m.sessions)), slices.Collect(maps.Values(m.restored))...) {
 		for _, v := range s.vdevs {
 			rpcs = append(rpcs, v.rpc)

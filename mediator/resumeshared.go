@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Shared buffers across a restart. The journal records each export (the
@@ -178,7 +179,7 @@ func (s *session) reimport(r *sharedRange) error {
 
 // vdevRPC is the session's connection to node idx through one of its
 // devices, or nil.
-func (s *session) vdevRPC(idx int) *api.RPC {
+func (s *session) vdevRPC(idx int) *wire.RPC {
 	for _, v := range s.vdevs {
 		if v.dev.node == idx {
 			return v.rpc

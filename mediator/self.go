@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/memory"
 )
 
@@ -57,8 +58,8 @@ func (p *pace) wait(stop <-chan struct{}) error {
 
 // serveSelf answers a container's requests about itself until it hangs up.
 // What it may ask has no body.
-func (m *Mediator) serveSelf(c *api.Conn, hello api.Header, ctr *container) {
-	serveRequests(c, hello, false, fmt.Sprintf("the socket of container %v", ctr.key()), func(op api.Op, _ []byte) ([]byte, error) {
+func (m *Mediator) serveSelf(c *wire.Conn, hello wire.Header, ctr *container) {
+	serveRequests(c, hello, false, fmt.Sprintf("the socket of container %v", ctr.key()), func(op wire.Op, _ []byte) ([]byte, error) {
 		switch op {
 		case api.OpSelf:
 			if err := ctr.selfPace.wait(m.stop); err != nil {

@@ -10,16 +10,17 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // serveConn serves one connection; greeted is called once its hello has
 // been read, or has failed.
 func (m *Mediator) serveConn(nc net.Conn, ctr *container, greeted func()) {
-	var c *api.Conn
+	var c *wire.Conn
 	if uc, ok := nc.(*net.UnixConn); ok { // tenants pass host memory as memfds
-		c = api.NewConnFDs(withReplyTimeout(nc), uc)
+		c = wire.NewConnFDs(withReplyTimeout(nc), uc)
 	} else {
-		c = api.NewConn(withReplyTimeout(nc))
+		c = wire.NewConn(withReplyTimeout(nc))
 	}
 	if m.cfg.Requests != nil {
 		c.Observe(m.cfg.Requests)
@@ -74,8 +75,8 @@ func (m *Mediator) serveConn(nc net.Conn, ctr *container, greeted func()) {
 // (register, release, reload) need a privileged peer; what an unprivileged
 // one may ask (status, tenants, the catalog) has no body, and its status
 // and tenants requests are paced per uid (statuspace.go).
-func (m *Mediator) serveOperator(c *api.Conn, hello api.Header, priv bool) {
-	serveRequests(c, hello, priv, "an unprivileged peer", func(op api.Op, body []byte) ([]byte, error) {
+func (m *Mediator) serveOperator(c *wire.Conn, hello wire.Header, priv bool) {
+	serveRequests(c, hello, priv, "an unprivileged peer", func(op wire.Op, body []byte) ([]byte, error) {
 		if (op == api.OpStatus || op == api.OpTenants) && !priv {
 			if err := m.statusPace.of(c.NetConn()).wait(m.stop); err != nil {
 				return nil, err
@@ -89,7 +90,7 @@ func (m *Mediator) serveOperator(c *api.Conn, hello api.Header, priv bool) {
 // time, until the peer hangs up or a reply cannot be written. Unless
 // bodies, a request with a body is refused unread (nothing is read or
 // allocated for one), naming the peer as who, and the connection closed.
-func serveRequests(c *api.Conn, hello api.Header, bodies bool, who string, answer func(op api.Op, body []byte) ([]byte, error)) {
+func serveRequests(c *wire.Conn, hello wire.Header, bodies bool, who string, answer func(op wire.Op, body []byte) ([]byte, error)) {
 	if err := c.Reply(hello, api.Encode(&api.HelloReply{Version: api.Version})); err != nil {
 		return
 	}
@@ -118,7 +119,7 @@ func serveRequests(c *api.Conn, hello api.Header, bodies bool, who string, answe
 	}
 }
 
-func (m *Mediator) operate(op api.Op, body []byte, priv bool) ([]byte, error) {
+func (m *Mediator) operate(op wire.Op, body []byte, priv bool) ([]byte, error) {
 	switch op {
 	case api.OpStatus:
 		return m.statusJSON()

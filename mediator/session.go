@@ -14,6 +14,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/api/vocab"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/memory"
 )
 
@@ -30,7 +31,7 @@ const (
 // session's own connection to the node that has it.
 type vdev struct {
 	dev *device
-	rpc *api.RPC
+	rpc *wire.RPC
 }
 
 // session is one tenant connection. It is made of parts that each guard
@@ -72,7 +73,7 @@ type session struct {
 	m      *Mediator
 	id     uint64
 	tenant string
-	c      *api.Conn
+	c      *wire.Conn
 	log    logrus.FieldLogger
 	vdevs  []vdev
 	ctr    *container // the container whose socket the session came through; nil on the host socket
@@ -147,7 +148,7 @@ type sessionCounters struct {
 // says; a hello naming another is refused. On the host socket the hello
 // names the tenant, which the quota file must let the peer act as
 // (admitHost).
-func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*session, error) {
+func (m *Mediator) newSession(c *wire.Conn, hello *api.Hello, ctr *container) (*session, error) {
 	tenant, n := hello.Tenant, int(hello.Devices)
 	if ctr != nil {
 		if tenant != "" && tenant != ctr.grant.Tenant {
@@ -181,7 +182,7 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 	if err != nil {
 		return nil, err
 	}
-	rpcs := map[int]*api.RPC{}
+	rpcs := map[int]*wire.RPC{}
 	for _, d := range devs {
 		if rpcs[d.node] == nil {
 			rpc, _, err := dialNode(m.node(d.node).addr, m.nodeTenant(tenant), m.cfg.NodeTLS, m.node(d.node).cache.push)
@@ -205,12 +206,12 @@ func (m *Mediator) newSession(c *api.Conn, hello *api.Hello, ctr *container) (*s
 // nodes it reaches through rpcs (by node), for connection c, which came
 // through ctr's socket (nil: the host socket). c is nil for a session a
 // restart restores, until its tenant resumes it.
-func (m *Mediator) openSession(id uint64, tenant string, c *api.Conn, ctr *container, devs []*device, rpcs map[int]*api.RPC) *session {
+func (m *Mediator) openSession(id uint64, tenant string, c *wire.Conn, ctr *container, devs []*device, rpcs map[int]*wire.RPC) *session {
 	s := &session{
 		m: m, id: id, tenant: tenant, c: c,
 		streams: newStreamSet(), regions: regionSet{byID: map[uint32]*hostRegion{}},
 		graphs: graphSet{byID: map[uint32][]command{}}, tgraphs: tensorGraphSet{byID: map[uint32]*tensorGraph{}},
-		shares: shareSet{extra: map[int]*api.RPC{}}, sessionMemory: sessionMemory{credits: map[uint64]uint64{}},
+		shares: shareSet{extra: map[int]*wire.RPC{}}, sessionMemory: sessionMemory{credits: map[uint64]uint64{}},
 		sessionFlow: sessionFlow{inflight: bound{limit: maxSessionInflight}},
 	}
 	s.log = m.log.WithFields(logrus.Fields{"tenant": s.tenant, "session": s.id})
@@ -263,7 +264,7 @@ func (m *Mediator) nodeTenant(tenant string) nodeTenant {
 
 // run answers the hello, serves requests until the tenant goes, then
 // releases everything the session held.
-func (s *session) run(hello api.Header) {
+func (s *session) run(hello wire.Header) {
 	reply := api.HelloReply{Version: api.Version, Session: s.id, Resumable: s.resumable, Token: s.token}
 	for i, v := range s.vdevs {
 		// A virtual device has the memory the session may use, not the
@@ -310,7 +311,7 @@ func (s *session) teardown() {
 		s.log.WithError(err).Info("returning frames failed; the nodes free them when the connection closes")
 	}
 	s.closeStore()
-	closed := map[*api.RPC]bool{}
+	closed := map[*wire.RPC]bool{}
 	s.shares.closeConns()
 	for _, v := range s.vdevs {
 		if !closed[v.rpc] {
@@ -367,7 +368,7 @@ func (s *session) links() []api.LinkStatus {
 		sent, recv := s.c.Counts()
 		out = append(out, api.LinkStatus{Peer: "socket", Sent: sent, Received: recv})
 	}
-	seen := map[*api.RPC]bool{}
+	seen := map[*wire.RPC]bool{}
 	at := map[int]int{} // node → its entry in out
 	// The session's reader may replace a connection (noderestart.go).
 	s.nodes.mu.Lock()
@@ -427,7 +428,7 @@ func (s *session) stats() *api.SessionStats {
 		SharedHits: s.sharedHits.Load(), SharedMisses: s.sharedMisses.Load(),
 	}
 	st.SocketOut, st.SocketIn = s.c.Counts()
-	seen := map[*api.RPC]bool{}
+	seen := map[*wire.RPC]bool{}
 	for _, v := range s.vdevs {
 		if !seen[v.rpc] {
 			seen[v.rpc] = true
@@ -447,7 +448,7 @@ func hitRate(hits, misses uint64) float64 {
 }
 
 // bodyPool recycles buffers for bulk bodies and replies.
-var bodyPool = sync.Pool{New: func() any { b := make([]byte, api.MaxBody); return &b }}
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, wire.MaxBody); return &b }}
 
 // smallOut is the largest reply payload taken from smallPool rather than
 // bodyPool: a pool loses its buffers at every garbage collection, and
@@ -465,7 +466,7 @@ func getOut(n uint64) *[]byte {
 }
 
 func putOut(b *[]byte) {
-	if cap(*b) < api.MaxBody {
+	if cap(*b) < wire.MaxBody {
 		smallPool.Put(b)
 		return
 	}
@@ -478,7 +479,7 @@ func (s *session) readLoop() error {
 		if err != nil {
 			return err
 		}
-		if h.Flags&api.FlagReply != 0 {
+		if h.Flags&wire.FlagReply != 0 {
 			return fmt.Errorf("tenant sent a reply (%v, id %d): %w", h.Op, h.ID, api.ErrProtocol)
 		}
 		var pool *[]byte
@@ -517,7 +518,7 @@ func (s *session) readLoop() error {
 // handle executes a control request, or queues a stream command (then
 // queued is true and the stream owns pool). A returned error has not been
 // replied to.
-func (s *session) handle(h api.Header, body []byte, pool *[]byte) (queued bool, err error) {
+func (s *session) handle(h wire.Header, body []byte, pool *[]byte) (queued bool, err error) {
 	switch h.Op {
 	case api.OpKernels:
 		return false, s.c.Reply(h, s.m.catalogBody())

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // The parts of a session that hold a collection by id, each behind its own
@@ -345,10 +346,10 @@ func (ts *tensorGraphSet) remove(g *tensorGraph) {
 // is kept for it (importing) and ends its range once recorded.
 type shareSet struct {
 	mu         sync.Mutex
-	ranges     []*sharedRange   // guarded by mu
-	importing  *pendingImport   // guarded by mu: the import in progress, if any
-	nextImport uint64           // guarded by mu: where the next import goes; 0: importBase
-	extra      map[int]*api.RPC // guarded by mu: connections to nodes for imports only, by node
+	ranges     []*sharedRange    // guarded by mu
+	importing  *pendingImport    // guarded by mu: the import in progress, if any
+	nextImport uint64            // guarded by mu: where the next import goes; 0: importBase
+	extra      map[int]*wire.RPC // guarded by mu: connections to nodes for imports only, by node
 }
 
 // count is how many buffers the session exports and imports.
@@ -416,7 +417,7 @@ func (sh *shareSet) setImporting(p *pendingImport) {
 // revoked ends the imports of object reached through rpc with err, and the
 // import of it in progress, if any; with all (the object ended) their pins
 // end too.
-func (sh *shareSet) revoked(rpc *api.RPC, object uint64, all bool, err *error) {
+func (sh *shareSet) revoked(rpc *wire.RPC, object uint64, all bool, err *error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.importing != nil && sh.importing.rpc == rpc && sh.importing.object == object {
@@ -447,7 +448,7 @@ func (sh *shareSet) remove(va uint64, importsOnly bool) *sharedRange {
 }
 
 // conn returns the connection dialled for imports from node idx, or nil.
-func (sh *shareSet) conn(idx int) *api.RPC {
+func (sh *shareSet) conn(idx int) *wire.RPC {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	return sh.extra[idx]
@@ -456,7 +457,7 @@ func (sh *shareSet) conn(idx int) *api.RPC {
 // keepConn keeps rpc as the connection for imports from node idx, unless
 // another has a live one there already: then rpc is closed and that one
 // returned.
-func (sh *shareSet) keepConn(idx int, rpc *api.RPC) *api.RPC {
+func (sh *shareSet) keepConn(idx int, rpc *wire.RPC) *wire.RPC {
 	sh.mu.Lock()
 	old := sh.extra[idx]
 	if old == nil || closed(old) {
@@ -473,7 +474,7 @@ func (sh *shareSet) keepConn(idx int, rpc *api.RPC) *api.RPC {
 // closeConns closes the connections dialled for imports.
 func (sh *shareSet) closeConns() {
 	sh.mu.Lock()
-	conns := make([]*api.RPC, 0, len(sh.extra))
+	conns := make([]*wire.RPC, 0, len(sh.extra))
 	for _, rpc := range sh.extra {
 		conns = append(conns, rpc)
 	}

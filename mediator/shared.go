@@ -11,6 +11,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/api/vocab"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/coherence"
 )
 
@@ -75,7 +76,7 @@ func newPageCache(m *Mediator, bytes int64) (*pageCache, error) {
 
 // push takes a node's notice, on the connection's reader: an invalidation
 // is applied, then acknowledged on the same connection.
-func (pc *pageCache) push(rpc *api.RPC, op api.Op, body []byte) {
+func (pc *pageCache) push(rpc *wire.RPC, op wire.Op, body []byte) {
 	if op == api.OpNodeRevoked {
 		var m api.NodeRevoke
 		if api.Decode(body, &m) != nil {
@@ -110,7 +111,7 @@ func (pc *pageCache) push(rpc *api.RPC, op api.Op, body []byte) {
 type sharedRange struct {
 	base, size uint64
 	node       int
-	rpc        *api.RPC
+	rpc        *wire.RPC
 	object     uint64
 	mode       api.Mode
 	write      bool
@@ -164,7 +165,7 @@ func (r *sharedRange) unpinVersion(v uint64) error {
 
 // versionOp publishes a versioned buffer's draft, or pins its latest
 // version for the session's reads, once the work queued before is done.
-func (s *session) versionOp(op api.Op, body []byte) (uint64, error) {
+func (s *session) versionOp(op wire.Op, body []byte) (uint64, error) {
 	var m api.At
 	if err := api.Decode(body, &m); err != nil {
 		return 0, err
@@ -198,7 +199,7 @@ func (s *session) versionOp(op api.Op, body []byte) (uint64, error) {
 // revoked ends the imports of an object reached through rpc that a node's
 // revocation names (all of them when it names no tenant: the object
 // ended), so their next use fails now, without asking the node.
-func (m *Mediator) revoked(rpc *api.RPC, rv api.NodeRevoke) {
+func (m *Mediator) revoked(rpc *wire.RPC, rv api.NodeRevoke) {
 	err := fmt.Errorf("shared object %d: the exporter revoked this tenant's grant: %w", rv.Object, api.ErrPermissionDenied)
 	if rv.Tenant == "" {
 		err = fmt.Errorf("shared object %d: its exporter freed it: %w", rv.Object, api.ErrInvalidArgument)
@@ -220,7 +221,7 @@ func (m *Mediator) revoked(rpc *api.RPC, rv api.NodeRevoke) {
 // pendingImport is an import between its request to the node and its
 // range being recorded: a revocation pushed meanwhile is kept here.
 type pendingImport struct {
-	rpc    *api.RPC
+	rpc    *wire.RPC
 	object uint64
 	err    *error
 }
@@ -388,7 +389,7 @@ const MaxShared = 256
 
 // nodeRPC is the session's connection to node idx, dialled for an import
 // if none of its devices is there.
-func (s *session) nodeRPC(idx int) (*api.RPC, error) {
+func (s *session) nodeRPC(idx int) (*wire.RPC, error) {
 	if rpc := s.vdevRPC(idx); rpc != nil {
 		return rpc, nil
 	}
@@ -407,7 +408,7 @@ func (s *session) nodeRPC(idx int) (*api.RPC, error) {
 }
 
 // closed reports whether rpc's connection has ended.
-func closed(rpc *api.RPC) bool {
+func closed(rpc *wire.RPC) bool {
 	select {
 	case <-rpc.Closed():
 		return true
@@ -539,7 +540,7 @@ func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completi
 		piece := dst[at : at+k]
 		// The reply is cached on the connection's reader, in order with
 		// the invalidations that follow it there.
-		c.send(r.rpc, api.OpNodeObjRead, buf, func(call *api.Call) {
+		c.send(r.rpc, api.OpNodeObjRead, buf, func(call *wire.Call) {
 			pc.mu.Lock()
 			defer pc.mu.Unlock()
 			var g api.NodeGrant
@@ -581,7 +582,7 @@ func (st *stream) writeShared(r *sharedRange, off uint64, src []byte, c *complet
 			return err
 		}
 		req := api.Encode(&api.NodeObjAccess{Object: r.object, Off: off + at})
-		c.send(r.rpc, api.OpNodeObjWrite, nil, func(call *api.Call) {
+		c.send(r.rpc, api.OpNodeObjWrite, nil, func(call *wire.Call) {
 			var g api.NodeGrant
 			err := call.Err
 			if err == nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/mediator"
 )
@@ -217,7 +218,7 @@ func TestSharedVersionedBufferReadersPinAVersion(t *testing.T) {
 // returns its address. intercept sees each frame a mediator sends, with
 // both sides of its connection (the mediator's, the node's); when it
 // returns true it has answered the frame itself and the node never sees it.
-func proxy(t *testing.T, addr string, intercept func(med *api.Conn, mc, nc net.Conn, h api.Header, body []byte) bool) string {
+func proxy(t *testing.T, addr string, intercept func(med *wire.Conn, mc, nc net.Conn, h wire.Header, body []byte) bool) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -242,7 +243,7 @@ func proxy(t *testing.T, addr string, intercept func(med *api.Conn, mc, nc net.C
 	})
 	// copyFrames copies frames from one side to the other until either
 	// fails; answer, if it returns true, has answered the frame itself.
-	copyFrames := func(from, to *api.Conn, answer func(api.Header, []byte) bool) {
+	copyFrames := func(from, to *wire.Conn, answer func(wire.Header, []byte) bool) {
 		defer from.Close()
 		defer to.Close()
 		for {
@@ -275,9 +276,9 @@ func proxy(t *testing.T, addr string, intercept func(med *api.Conn, mc, nc net.C
 			}
 			track(mc)
 			track(nc)
-			med, node := api.NewConn(mc), api.NewConn(nc)
-			go copyFrames(node, med, func(api.Header, []byte) bool { return false })
-			go copyFrames(med, node, func(h api.Header, body []byte) bool { return intercept(med, mc, nc, h, body) })
+			med, node := wire.NewConn(mc), wire.NewConn(nc)
+			go copyFrames(node, med, func(wire.Header, []byte) bool { return false })
+			go copyFrames(med, node, func(h wire.Header, body []byte) bool { return intercept(med, mc, nc, h, body) })
 		}
 	}()
 	return ln.Addr().String()
@@ -285,10 +286,10 @@ func proxy(t *testing.T, addr string, intercept func(med *api.Conn, mc, nc net.C
 
 // relay is a proxy to the node at addr that answers the first request of
 // op itself with an error.
-func relay(t *testing.T, addr string, op api.Op) string {
+func relay(t *testing.T, addr string, op wire.Op) string {
 	t.Helper()
 	var failed atomic.Bool
-	return proxy(t, addr, func(med *api.Conn, _, _ net.Conn, h api.Header, _ []byte) bool {
+	return proxy(t, addr, func(med *wire.Conn, _, _ net.Conn, h wire.Header, _ []byte) bool {
 		if h.Op != op || !failed.CompareAndSwap(false, true) {
 			return false
 		}
@@ -484,7 +485,7 @@ func tenantRelay(t *testing.T, addr string) (string, func(tenant string)) {
 	t.Helper()
 	var mu sync.Mutex
 	byTenant := map[string][]net.Conn{}
-	a := proxy(t, addr, func(_ *api.Conn, mc, nc net.Conn, h api.Header, body []byte) bool {
+	a := proxy(t, addr, func(_ *wire.Conn, mc, nc net.Conn, h wire.Header, body []byte) bool {
 		var hello api.Hello
 		if h.Op == api.OpHello && api.Decode(body, &hello) == nil {
 			mu.Lock()

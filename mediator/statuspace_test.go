@@ -8,17 +8,18 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 )
 
 // unprivilegedOperator connects to m's host socket as a local user other
 // than root and the mediator's: over a pipe, which carries no peer
 // credentials, so its peer is not privileged (privileged).
-func unprivilegedOperator(t *testing.T, m *Mediator) *api.RPC {
+func unprivilegedOperator(t *testing.T, m *Mediator) *wire.RPC {
 	t.Helper()
 	mine, theirs := net.Pipe()
 	go m.serveConn(theirs, nil, func() {})
-	r := api.NewRPC(api.NewConn(mine), "mediator")
+	r := wire.NewRPC(wire.NewConn(mine), "mediator")
 	t.Cleanup(func() { r.Close() })
 	if _, err := r.Call(api.OpHello, nil, api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleOperator})); err != nil {
 		t.Fatal(err)

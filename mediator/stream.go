@@ -7,12 +7,13 @@ import (
 	"sync/atomic"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/memory"
 )
 
 // A stream executes one tenant stream's commands in order. Its executor
 // translates each command and issues the node calls it needs without
-// waiting for them; each call's continuation (api.RPC.GoThen) counts it
+// waiting for them; each call's continuation (wire.RPC.GoThen) counts it
 // done, and the last one of a command answers the tenant. The node runs a
 // connection's requests in order, so the stream's order holds while the
 // pipeline is full. A command that finds its stream idle is issued by the
@@ -25,8 +26,8 @@ import (
 
 // command is one queued stream operation, decoded and not yet translated.
 type command struct {
-	h       api.Header // the tenant's request (a batch's, for its commands)
-	op      api.Op
+	h       wire.Header // the tenant's request (a batch's, for its commands)
+	op      wire.Op
 	stream  uint32
 	toDev   api.CopyToDevice
 	fromDev api.CopyFromDevice
@@ -63,7 +64,7 @@ func (cmd *command) weight() int64 {
 // inBatch says which operations a batch or graph may carry: those whose
 // reply is empty (a copy from the device into the reply needs a request of
 // its own).
-var inBatch = map[api.Op]bool{
+var inBatch = map[wire.Op]bool{
 	api.OpCopyToDevice: true, api.OpCopyToDeviceHost: true, api.OpCopyFromDeviceHost: true,
 	api.OpCopyDevice: true, api.OpMemset: true, api.OpLaunch: true, api.OpGraphLaunch: true,
 }
@@ -82,7 +83,7 @@ func decodeInto[T any, P interface {
 }
 
 // decodeOne decodes one stream operation's body.
-func (s *session) decodeOne(op api.Op, body []byte) (command, error) {
+func (s *session) decodeOne(op wire.Op, body []byte) (command, error) {
 	c := command{op: op}
 	var err error
 	switch op {
@@ -95,8 +96,8 @@ func (s *session) decodeOne(op api.Op, body []byte) (command, error) {
 	case api.OpCopyFromDevice:
 		err = decodeInto(body, &c.fromDev)
 		c.stream = c.fromDev.Stream
-		if err == nil && (c.fromDev.Len == 0 || c.fromDev.Len > api.MaxChunk) {
-			err = fmt.Errorf("copy of %d bytes from %#x: want 1 to %d per request: %w", c.fromDev.Len, c.fromDev.Src, api.MaxChunk, api.ErrInvalidArgument)
+		if err == nil && (c.fromDev.Len == 0 || c.fromDev.Len > wire.MaxChunk) {
+			err = fmt.Errorf("copy of %d bytes from %#x: want 1 to %d per request: %w", c.fromDev.Len, c.fromDev.Src, wire.MaxChunk, api.ErrInvalidArgument)
 		}
 	case api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost:
 		err = decodeInto(body, &c.host)
@@ -120,7 +121,7 @@ func (s *session) decodeOne(op api.Op, body []byte) (command, error) {
 		// With the message's type known, as the node decodes launches
 		// (accelerator's checkLaunch): neither the decoder nor the message
 		// escapes to the heap, which counts in a batch of tiny launches.
-		d := api.NewDecoder(body)
+		d := wire.NewDecoder(body)
 		c.launch.Unmarshal(d)
 		err = d.Finish()
 		c.stream = c.launch.Stream
@@ -180,7 +181,7 @@ func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command
 }
 
 // decodeCommand decodes a stream request: one operation or a batch.
-func (s *session) decodeCommand(h api.Header, body []byte) (command, error) {
+func (s *session) decodeCommand(h wire.Header, body []byte) (command, error) {
 	if h.Op == api.OpBatch {
 		var stream uint32
 		id, subs, err := s.decodeCommands(body, &stream)
@@ -199,13 +200,13 @@ func (s *session) decodeCommand(h api.Header, body []byte) (command, error) {
 // is left by then (pending starts at one for the issuer).
 type completion struct {
 	st      *stream
-	h       api.Header
+	h       wire.Header
 	pending atomic.Int32
 
 	mu     sync.Mutex
 	err    error
 	errIdx int // the command of a batch that err belongs to
-	errOp  api.Op
+	errOp  wire.Op
 	batch  bool
 	weight int64 // the command's count in flight, given back once answered
 
@@ -215,7 +216,7 @@ type completion struct {
 	launches uint64
 }
 
-func (st *stream) newCompletion(h api.Header, weight int64) *completion {
+func (st *stream) newCompletion(h wire.Header, weight int64) *completion {
 	c := &completion{st: st, h: h, batch: h.Op == api.OpBatch, errIdx: -1, weight: weight}
 	c.pending.Store(1)
 	st.answers.add(1)
@@ -224,7 +225,7 @@ func (st *stream) newCompletion(h api.Header, weight int64) *completion {
 
 // fail records the error of command idx; the lowest index wins, so a
 // batch reports its first failing command.
-func (c *completion) fail(idx int, op api.Op, err error) {
+func (c *completion) fail(idx int, op wire.Op, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err == nil || idx < c.errIdx {
@@ -237,7 +238,7 @@ func (c *completion) fail(idx int, op api.Op, err error) {
 // node batch, and large writes and reads into host memory merged
 // (nodebatch.go); any other call first sends what was gathered, so the
 // node sees them in order.
-func (c *completion) call(v vdev, idx int, op api.Op, into []byte, parts ...[]byte) {
+func (c *completion) call(v vdev, idx int, op wire.Op, into []byte, parts ...[]byte) {
 	st := c.st
 	if st.gather && into == nil && gatherable(op, parts) {
 		st.nb.add(c, v, idx, op, parts)
@@ -248,7 +249,7 @@ func (c *completion) call(v vdev, idx int, op api.Op, into []byte, parts ...[]by
 		return
 	}
 	st.nb.flush()
-	c.send(v.rpc, op, into, func(call *api.Call) {
+	c.send(v.rpc, op, into, func(call *wire.Call) {
 		if call.Err != nil {
 			c.fail(idx, call.Op, call.Err)
 		}
@@ -257,10 +258,10 @@ func (c *completion) call(v vdev, idx int, op api.Op, into []byte, parts ...[]by
 
 // send issues one node call whose completion counts towards c; check sees
 // the call before c counts it done.
-func (c *completion) send(rpc *api.RPC, op api.Op, into []byte, check func(*api.Call), parts ...[]byte) {
+func (c *completion) send(rpc *wire.RPC, op wire.Op, into []byte, check func(*wire.Call), parts ...[]byte) {
 	c.pending.Add(1)
 	c.st.calls.add(1)
-	rpc.GoThen(op, into, func(call *api.Call) {
+	rpc.GoThen(op, into, func(call *wire.Call) {
 		check(call)
 		c.done()
 		c.st.calls.add(-1)
@@ -634,8 +635,8 @@ func (st *stream) copyDevice(m *api.CopyDevice, c *completion, idx int) error {
 	st.waitIdle()
 	buf := bodyPool.Get().(*[]byte)
 	defer bodyPool.Put(buf)
-	for off := uint64(0); off < m.Len; off += api.MaxChunk {
-		n := min(api.MaxChunk, m.Len-off)
+	for off := uint64(0); off < m.Len; off += wire.MaxChunk {
+		n := min(wire.MaxChunk, m.Len-off)
 		ts, err := space.TranslateAll([]memory.Range{{VA: m.Src + off, Len: n}, {VA: m.Dst + off, Len: n, Write: true}})
 		if err != nil {
 			return err
@@ -735,7 +736,7 @@ func (st *stream) launch(m *api.Launch, c *completion, idx int) error {
 	}
 	v := st.on(uint32(dev))
 	nl := api.NodeLaunch{Device: v.dev.info.Index, Kernel: m.Kernel, Args: args}
-	var e api.Encoder
+	var e wire.Encoder
 	if st.gather {
 		// Gathered (or, if too large, written out) before call returns:
 		// the buffer is free again for the next launch.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/mediator"
 )
 
@@ -20,7 +21,7 @@ func TestSynchronizeWaitsForEarlierCommands(t *testing.T) {
 	release := make(chan struct{})
 	var hold atomic.Bool // the next fill the node is sent waits for release
 	sys := startWith(t, 64<<20, func(c *mediator.Config) {
-		c.Nodes[0] = proxy(t, c.Nodes[0], func(_ *api.Conn, _, _ net.Conn, h api.Header, _ []byte) bool {
+		c.Nodes[0] = proxy(t, c.Nodes[0], func(_ *wire.Conn, _, _ net.Conn, h wire.Header, _ []byte) bool {
 			if h.Op == api.OpNodeFill && hold.CompareAndSwap(true, false) {
 				<-release
 			}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/memory"
 )
 
@@ -300,7 +301,7 @@ func (s *session) pastAllocation(name string, va, n uint64, a memory.Allocation)
 }
 
 // checkIO notes g's inputs and outputs and checks that an invocation's
-// request and reply can carry them (api.MaxChunk each way).
+// request and reply can carry them (wire.MaxChunk each way).
 func (g *tensorGraph) checkIO(c *api.CheckedGraph) error {
 	for i, t := range g.def.Tensors {
 		var list *[]placed
@@ -313,9 +314,9 @@ func (g *tensorGraph) checkIO(c *api.CheckedGraph) error {
 		default:
 			continue
 		}
-		if c.Bytes[i] > api.MaxChunk-*sum {
+		if c.Bytes[i] > wire.MaxChunk-*sum {
 			return fmt.Errorf("graph %q: its %vs up to %s take more than the %d bytes an invocation carries each way: %w",
-				g.def.Name, t.Residency, g.def.TensorName(i), api.MaxChunk, api.ErrInvalidArgument)
+				g.def.Name, t.Residency, g.def.TensorName(i), wire.MaxChunk, api.ErrInvalidArgument)
 		}
 		*list = append(*list, placed{tensor: i, bytes: c.Bytes[i]})
 		*sum += c.Bytes[i]
@@ -460,9 +461,9 @@ func (s *session) translateGraph(g *tensorGraph, c *api.CheckedGraph, offsets []
 // registerNodeGraph registers ng with the node of g's device.
 func (s *session) registerNodeGraph(g *tensorGraph, ng *api.NodeGraph) (uint32, error) {
 	body := api.Encode(ng)
-	if len(body) > api.MaxBody {
+	if len(body) > wire.MaxBody {
 		return 0, fmt.Errorf("its %d launches take %d bytes to describe to the node, more than the %d of a request: split the graph: %w",
-			len(ng.Launches), len(body), api.MaxBody, api.ErrInvalidArgument)
+			len(ng.Launches), len(body), wire.MaxBody, api.ErrInvalidArgument)
 	}
 	v := s.vdevs[g.dev]
 	reply, err := v.rpc.Call(api.OpNodeGraphRegister, nil, body)
@@ -488,7 +489,7 @@ func (s *session) tensorGraph(id uint32) (*tensorGraph, error) {
 // invokeGraph runs a graph as an api.GraphInvoke in body asks and answers h
 // with its outputs. Everything the request decides is checked before the
 // first byte is sent; the node checks every launch before it runs one.
-func (s *session) invokeGraph(h api.Header, body []byte) error {
+func (s *session) invokeGraph(h wire.Header, body []byte) error {
 	var m api.GraphInvoke
 	if err := api.Decode(body, &m); err != nil {
 		return fmt.Errorf("invoke: %w", err)
@@ -512,13 +513,13 @@ func (s *session) invokeGraph(h api.Header, body []byte) error {
 	v := s.vdevs[g.dev]
 	dev := v.dev.info.Index
 	n := len(g.inputs) + 1 + len(g.outputs)
-	calls := make([]*api.Call, 0, n)
+	calls := make([]*wire.Call, 0, n)
 	// The writes, the run and the reads leave in one system call, not one
 	// each: the connection is held while they are sent, and all but the
 	// last stay in its buffer (GoThen) until the last (Go) flushes them.
 	// A failed flush fails the connection, and so every one of them.
 	v.rpc.Hold()
-	send := func(op api.Op, into []byte, parts ...[]byte) {
+	send := func(op wire.Op, into []byte, parts ...[]byte) {
 		if len(calls)+1 == n {
 			calls = append(calls, v.rpc.Go(op, into, parts...))
 		} else {

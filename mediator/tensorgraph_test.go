@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/mediator"
 )
@@ -21,7 +22,7 @@ func tgI64(v int64) api.OpArg     { return api.OpArg{Kind: api.OpArgI64, I64: v}
 func tgF32(v float32) api.OpArg   { return api.OpArg{Kind: api.OpArgF32, F32: v} }
 
 // mallocHint allocates size bytes with a hint through a raw connection.
-func mallocHint(t *testing.T, c *api.Conn, size uint64, hint api.Hint) uint64 {
+func mallocHint(t *testing.T, c *wire.Conn, size uint64, hint api.Hint) uint64 {
 	t.Helper()
 	b, err := roundTrip(t, c, api.OpMalloc, api.Encode(&api.Malloc{Size: size, Hint: hint}))
 	if err != nil {
@@ -35,7 +36,7 @@ func mallocHint(t *testing.T, c *api.Conn, size uint64, hint api.Hint) uint64 {
 }
 
 // putRaw writes b at va on the default stream and waits for it.
-func putRaw(t *testing.T, c *api.Conn, va uint64, b []byte) {
+func putRaw(t *testing.T, c *wire.Conn, va uint64, b []byte) {
 	t.Helper()
 	if _, err := roundTrip(t, c, api.OpCopyToDevice, api.Encode(&api.CopyToDevice{Dst: va, Payload: b})); err != nil {
 		t.Fatal(err)
@@ -43,7 +44,7 @@ func putRaw(t *testing.T, c *api.Conn, va uint64, b []byte) {
 }
 
 // getRaw reads n bytes at va.
-func getRaw(t *testing.T, c *api.Conn, va uint64, n uint64) []byte {
+func getRaw(t *testing.T, c *wire.Conn, va uint64, n uint64) []byte {
 	t.Helper()
 	b, err := roundTrip(t, c, api.OpCopyFromDevice, api.Encode(&api.CopyFromDevice{Src: va, Len: n}))
 	if err != nil {
@@ -53,7 +54,7 @@ func getRaw(t *testing.T, c *api.Conn, va uint64, n uint64) []byte {
 }
 
 // weight allocates, uploads and seals a weight of values.
-func weight(t *testing.T, c *api.Conn, values []float32) uint64 {
+func weight(t *testing.T, c *wire.Conn, values []float32) uint64 {
 	t.Helper()
 	va := mallocHint(t, c, uint64(4*len(values)), api.HintWeight)
 	putRaw(t, c, va, client.Float32Bytes(values))
@@ -63,7 +64,7 @@ func weight(t *testing.T, c *api.Conn, values []float32) uint64 {
 	return va
 }
 
-func register(t *testing.T, c *api.Conn, g *api.GraphDef) (uint32, error) {
+func register(t *testing.T, c *wire.Conn, g *api.GraphDef) (uint32, error) {
 	t.Helper()
 	b, err := roundTrip(t, c, api.OpGraphRegister, api.Encode(g))
 	if err != nil {
@@ -76,7 +77,7 @@ func register(t *testing.T, c *api.Conn, g *api.GraphDef) (uint32, error) {
 	return id.Graph, nil
 }
 
-func mustRegister(t *testing.T, c *api.Conn, g *api.GraphDef) uint32 {
+func mustRegister(t *testing.T, c *wire.Conn, g *api.GraphDef) uint32 {
 	t.Helper()
 	id, err := register(t, c, g)
 	if err != nil {
@@ -85,12 +86,12 @@ func mustRegister(t *testing.T, c *api.Conn, g *api.GraphDef) uint32 {
 	return id
 }
 
-func invoke(t *testing.T, c *api.Conn, id uint32, scalars []int64, inputs []byte) ([]byte, error) {
+func invoke(t *testing.T, c *wire.Conn, id uint32, scalars []int64, inputs []byte) ([]byte, error) {
 	t.Helper()
 	return roundTrip(t, c, api.OpGraphInvoke, api.Encode(&api.GraphInvoke{Graph: id, Scalars: scalars, Inputs: inputs}))
 }
 
-func release(t *testing.T, c *api.Conn, id uint32) error {
+func release(t *testing.T, c *wire.Conn, id uint32) error {
 	t.Helper()
 	_, err := roundTrip(t, c, api.OpGraphRelease, api.Encode(&api.Graph{Graph: id}))
 	return err
@@ -140,7 +141,7 @@ func affine(x, w []float32) []float32 {
 
 // checkAffine invokes an affine graph with inputs from seed and checks
 // its outputs.
-func checkAffine(t *testing.T, c *api.Conn, id uint32, w []float32, seed int) {
+func checkAffine(t *testing.T, c *wire.Conn, id uint32, w []float32, seed int) {
 	t.Helper()
 	x := seq(len(w), func(i int) float32 { return float32(i*seed%97) / 8 })
 	out, err := invoke(t, c, id, nil, client.Float32Bytes(x))
@@ -187,7 +188,7 @@ func TestTensorGraphRegisterInvokeRelease(t *testing.T) {
 	}
 }
 
-func sessionStats(t *testing.T, c *api.Conn) api.SessionStats {
+func sessionStats(t *testing.T, c *wire.Conn) api.SessionStats {
 	t.Helper()
 	b, err := roundTrip(t, c, api.OpSessionStats)
 	if err != nil {
@@ -264,10 +265,10 @@ func TestTensorGraphsShareAKVCache(t *testing.T) {
 // wantWritten checks that the allocation at va, which a tensor graph
 // writes, can be neither sealed, exported nor freed, each refusal naming
 // it, names and the way out.
-func wantWritten(t *testing.T, c *api.Conn, va uint64, names ...string) {
+func wantWritten(t *testing.T, c *wire.Conn, va uint64, names ...string) {
 	t.Helper()
 	for _, tc := range []struct {
-		op   api.Op
+		op   wire.Op
 		body []byte
 	}{
 		{api.OpSeal, api.Encode(&api.Seal{Addr: va})},
@@ -423,7 +424,7 @@ func TestTensorGraphBadInputFailsAlone(t *testing.T) {
 			[]string{`tensor 4 "kv" of 256 bytes`, fmt.Sprintf("the 4096-byte allocation at %#x, runs past its end %#x into the allocation at %#x", left, right, right)}},
 		{"weight written", func(g *api.GraphDef) { g.Ops[1].Args[3] = tgTensor(1) }, api.ErrInvalidArgument, []string{`writes tensor 1 "w"`, "read-only"}},
 		{"inputs too large", func(g *api.GraphDef) {
-			g.Tensors = append(g.Tensors, api.TensorDef{Name: "in2", DType: api.DTypeF32, Shape: []int64{api.MaxChunk / 4}, Residency: api.ResInput})
+			g.Tensors = append(g.Tensors, api.TensorDef{Name: "in2", DType: api.DTypeF32, Shape: []int64{wire.MaxChunk / 4}, Residency: api.ResInput})
 		}, api.ErrInvalidArgument, []string{`tensor 4 "in2"`, "1048576 bytes an invocation carries"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -620,7 +621,7 @@ func TestTensorGraphInvocationFollowsQueuedWork(t *testing.T) {
 		if err := c.ReadBody(b); err != nil {
 			t.Fatal(err)
 		}
-		if h.ID != id || h.Flags&api.FlagError != 0 {
+		if h.ID != id || h.Flags&wire.FlagError != 0 {
 			t.Fatalf("reply %+v, want a good one to request %d", h, id)
 		}
 		return b

@@ -9,7 +9,7 @@
 // collectors (node.go, mediator.go) keep no state of their own and add
 // nothing to a request's path. The exceptions are request latency and
 // errors by operation and code, and container admissions (requests.go),
-// which no snapshot holds: a Requests is an api.ReplyObserver that each
+// which no snapshot holds: a Requests is a wire.ReplyObserver that each
 // served connection tells of every reply, at the cost of one histogram
 // observation.
 //

@@ -19,6 +19,7 @@ import (
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 const mib = 1 << 20
@@ -226,8 +227,8 @@ func TestRequests(t *testing.T) {
 	r.Replied(api.OpMalloc, 3*time.Millisecond, api.CodeQuotaExceeded)
 	r.Replied(api.OpRegister, time.Millisecond, api.CodeOK)
 	r.Replied(api.OpRegister, time.Millisecond, api.CodeQuotaExceeded)
-	r.Replied(api.Op(9999), time.Millisecond, api.CodeProtocol) // a peer's invented operation
-	r.Replied(api.Op(127), time.Millisecond, api.CodeProtocol)  // unknown too, in the last slot
+	r.Replied(wire.Op(9999), time.Millisecond, api.CodeProtocol) // a peer's invented operation
+	r.Replied(wire.Op(127), time.Millisecond, api.CodeProtocol)  // unknown too, in the last slot
 	lint(t, r)
 	compare(t, r, `
 # HELP vgpu_request_errors_total Requests answered with an error, by operation and error code.
@@ -269,18 +270,18 @@ vgpu_request_duration_seconds_count{op="malloc"} 2
 	}
 }
 
-// The api.Conn side: a Conn with an observer reports each reply to a
+// The wire.Conn side: a Conn with an observer reports each reply to a
 // request it read, with the time between, and the code of an error reply.
 func TestConnObserver(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
 	r := NewRequests(false)
-	server := api.NewConn(a)
+	server := wire.NewConn(a)
 	server.Observe(r)
-	client := api.NewConn(b)
+	client := wire.NewConn(b)
 	go func() {
-		for _, op := range []api.Op{api.OpMalloc, api.OpFree} {
+		for _, op := range []wire.Op{api.OpMalloc, api.OpFree} {
 			if err := client.WriteFrame(op, 0, 1, nil); err != nil {
 				return
 			}
@@ -378,7 +379,7 @@ func (failing) Collect(ch chan<- prometheus.Metric) {
 func TestRequestsConcurrent(t *testing.T) {
 	r := NewRequests(false)
 	const goroutines, each = 8, 500
-	ops := []api.Op{api.OpMalloc, api.OpFree, api.OpLaunch, api.Op(9999)}
+	ops := []wire.Op{api.OpMalloc, api.OpFree, api.OpLaunch, wire.Op(9999)}
 	var wg sync.WaitGroup
 	for g := range goroutines {
 		wg.Go(func() {

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // opSlots bounds the operations that get a latency histogram of their own;
@@ -23,7 +24,7 @@ const codeSlots = 16
 // multi-second copy or a node timing out.
 var latencyBuckets = prometheus.ExponentialBuckets(10e-6, 4, 10)
 
-// Requests is an api.ReplyObserver that keeps a latency histogram of the
+// Requests is a wire.ReplyObserver that keeps a latency histogram of the
 // requests a daemon answers, by operation, and counts its error replies by
 // operation and code; for a mediator (NewRequests(true)), also the
 // containers it admitted and refused. It is a prometheus.Collector of
@@ -68,7 +69,7 @@ func NewRequests(admissions bool) *Requests {
 }
 
 // opName is op's label value: api's name of it, or "unknown".
-func opName(op api.Op) string {
+func opName(op wire.Op) string {
 	if s := op.String(); !strings.HasPrefix(s, "op(") {
 		return s
 	}
@@ -83,8 +84,8 @@ func codeName(code api.Code) string {
 	return strings.ReplaceAll(code.String(), " ", "_")
 }
 
-// Replied implements api.ReplyObserver.
-func (r *Requests) Replied(op api.Op, took time.Duration, code api.Code) {
+// Replied implements wire.ReplyObserver.
+func (r *Requests) Replied(op wire.Op, took time.Duration, code api.Code) {
 	slot := &r.byOp[min(int(op), opSlots-1)]
 	h := slot.Load()
 	if h == nil {

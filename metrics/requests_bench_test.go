@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // BenchmarkObservedSmallCall is api's small call (BenchmarkRPCSmallCall's
@@ -18,7 +19,7 @@ import (
 //
 //	go test -run xxx -bench ObservedSmallCall -count 10 ./metrics/
 func BenchmarkObservedSmallCall(b *testing.B) {
-	conns := []*api.Conn{echoConn(b, nil), echoConn(b, nil), echoConn(b, NewRequests(true))}
+	conns := []*wire.Conn{echoConn(b, nil), echoConn(b, nil), echoConn(b, NewRequests(true))}
 	body := []byte("small request")
 	reply := make([]byte, len(body))
 	var took [3]time.Duration
@@ -67,7 +68,7 @@ func BenchmarkClock(b *testing.B) {
 
 // echoConn starts an echo server on loopback whose connection reports to
 // obs (nil: none) and returns a connection to it.
-func echoConn(b *testing.B, obs api.ReplyObserver) *api.Conn {
+func echoConn(b *testing.B, obs wire.ReplyObserver) *wire.Conn {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -78,7 +79,7 @@ func echoConn(b *testing.B, obs api.ReplyObserver) *api.Conn {
 		if err != nil {
 			return
 		}
-		c := api.NewConn(nc)
+		c := wire.NewConn(nc)
 		defer c.Close()
 		if obs != nil {
 			c.Observe(obs)
@@ -101,7 +102,7 @@ func echoConn(b *testing.B, obs api.ReplyObserver) *api.Conn {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := api.NewConn(nc)
+	c := wire.NewConn(nc)
 	b.Cleanup(func() { c.Close() })
 	return c
 }

@@ -13,7 +13,7 @@ import (
 // checker validates the arguments of one launch. The first failure sticks
 // and later checks return zero values, so a kernel reads straight through
 // its checks and tests err once before it writes anything (the pattern of
-// api.Decoder).
+// wire.Decoder).
 type checker struct{ err error }
 
 func (c *checker) fail(format string, args ...any) {

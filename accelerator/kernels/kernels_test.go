@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Test buffers are built with encoding/binary, not the package's views, so
@@ -109,7 +110,7 @@ func TestCatalog(t *testing.T) {
 	}
 	for _, info := range infos {
 		k := mustLookup(t, info.Name)
-		if k.Info.Doc == "" || len(k.Info.Doc) > api.MaxString {
+		if k.Info.Doc == "" || len(k.Info.Doc) > wire.MaxString {
 			t.Errorf("%s: Doc of %d bytes", info.Name, len(k.Info.Doc))
 		}
 		for i, p := range info.Params {

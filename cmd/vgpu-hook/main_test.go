@@ -19,6 +19,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 	runtimehook "github.com/vgpu/vgpu/runtime-hook"
 )
@@ -91,13 +92,13 @@ func startFake(t *testing.T) *fakeMediator {
 			if err != nil {
 				return
 			}
-			go f.serve(api.NewConn(c))
+			go f.serve(wire.NewConn(c))
 		}
 	}()
 	return f
 }
 
-func (f *fakeMediator) serve(c *api.Conn) {
+func (f *fakeMediator) serve(c *wire.Conn) {
 	defer c.Close()
 	for {
 		h, err := c.ReadHeader()
@@ -128,7 +129,7 @@ func (f *fakeMediator) serve(c *api.Conn) {
 	}
 }
 
-func (f *fakeMediator) answer(op api.Op, body []byte) ([]byte, error) {
+func (f *fakeMediator) answer(op wire.Op, body []byte) ([]byte, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch op {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/cluster"
 	"github.com/vgpu/vgpu/integration"
@@ -114,7 +115,7 @@ func (o *options) config() (mediator.Config, hostSocket, error) {
 	if err != nil {
 		return cfg, sock, err
 	}
-	if err := api.CheckPeerTimeout(o.nodeTimeout); err != nil {
+	if err := wire.CheckPeerTimeout(o.nodeTimeout); err != nil {
 		return cfg, sock, fmt.Errorf("--node-timeout: %w", err)
 	}
 	if cfg.TenantMemory, err = hostSessionMemory(o.tenantMemory, o.oversubscribe); err != nil {

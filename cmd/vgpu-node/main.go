@@ -14,6 +14,7 @@ import (
 
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/cluster"
 	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/pki"
@@ -72,7 +73,7 @@ func addFlags(fs *flag.FlagSet) *options {
 // check reads the flags that are wrong whatever the host (exit status 2);
 // its errors name the flag and wrap api.ErrInvalidArgument.
 func (o *options) check() error {
-	if err := api.CheckPeerTimeout(o.mediatorTimeout); err != nil {
+	if err := wire.CheckPeerTimeout(o.mediatorTimeout); err != nil {
 		return fmt.Errorf("--mediator-timeout: %w", err)
 	}
 	retain, err := parseRetain(o.retainWeights)

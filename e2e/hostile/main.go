@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Stalled is what stall-hellos reports.
@@ -49,7 +50,7 @@ func main() {
 	fs := flag.NewFlagSet("stall-hellos", flag.ExitOnError)
 	socket := fs.String("socket", "", "mediator socket")
 	conns := fs.Int("conns", 4000, "connections to open")
-	n := fs.Uint("len", api.MaxBody, "body length each hello's header announces")
+	n := fs.Uint("len", wire.MaxBody, "body length each hello's header announces")
 	operator := fs.Bool("operator", false, "complete an operator's hello first, then stall a status request")
 	_ = fs.Parse(os.Args[2:])
 	st, err := stallHellos(*socket, *conns, uint32(*n), *operator)
@@ -67,7 +68,7 @@ func stallHellos(socket string, n int, announce uint32, operator bool) (Stalled,
 		lim.Cur = lim.Max
 		_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
 	}
-	var hdr [api.HeaderSize]byte
+	var hdr [wire.HeaderSize]byte
 	binary.LittleEndian.PutUint32(hdr[0:], announce)
 	binary.LittleEndian.PutUint16(hdr[4:], uint16(api.OpHello))
 	binary.LittleEndian.PutUint64(hdr[8:], 1)
@@ -127,11 +128,11 @@ func stallHellos(socket string, n int, announce uint32, operator bool) (Stalled,
 // open, waiting.
 func (st *Stalled) classify(c net.Conn) (open bool) {
 	_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
-	var b [api.HeaderSize]byte
+	var b [wire.HeaderSize]byte
 	_, err := io.ReadFull(c, b[:])
 	var ne net.Error
 	switch {
-	case err == nil && binary.LittleEndian.Uint16(b[6:])&api.FlagError != 0:
+	case err == nil && binary.LittleEndian.Uint16(b[6:])&wire.FlagError != 0:
 		st.Errors++
 	case err == nil:
 		st.Other++
@@ -145,7 +146,7 @@ func (st *Stalled) classify(c net.Conn) (open bool) {
 
 // sayHello completes an operator's hello on c.
 func sayHello(c net.Conn) bool {
-	conn := api.NewConn(c)
+	conn := wire.NewConn(c)
 	hello := api.Encode(&api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleOperator})
 	if conn.WriteFrame(api.OpHello, 0, 1, hello) != nil {
 		return false
@@ -153,7 +154,7 @@ func sayHello(c net.Conn) bool {
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	defer c.SetReadDeadline(time.Time{})
 	h, err := conn.ReadHeader()
-	if err != nil || h.Flags&api.FlagError != 0 || conn.ReadBody(make([]byte, h.Len)) != nil {
+	if err != nil || h.Flags&wire.FlagError != 0 || conn.ReadBody(make([]byte, h.Len)) != nil {
 		return false
 	}
 	return conn.Buffered() == 0 // nothing more may have been read past the reply

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Baselines: what the hardware and the kernel give without vgpu in the way,
@@ -65,9 +66,9 @@ func (l *tcpLink) Close() error {
 }
 
 // stream sends src reps times over the link, written in chunks of
-// api.MaxChunk, to a receiver that reads each repetition into dst (the
+// wire.MaxChunk, to a receiver that reads each repetition into dst (the
 // same size as src, already touched) with plain Read calls of up to
-// api.MaxChunk, the way a copy lands in its destination. It returns the
+// wire.MaxChunk, the way a copy lands in its destination. It returns the
 // time from the first write until the receiver has every byte.
 func (l *tcpLink) stream(dst, src []byte, reps int) (time.Duration, error) {
 	if len(dst) != len(src) {
@@ -77,7 +78,7 @@ func (l *tcpLink) stream(dst, src []byte, reps int) (time.Duration, error) {
 	go func() {
 		for range reps {
 			for off := 0; off < len(dst); {
-				n, err := l.recv.Read(dst[off:min(off+api.MaxChunk, len(dst))])
+				n, err := l.recv.Read(dst[off:min(off+wire.MaxChunk, len(dst))])
 				off += n
 				if err != nil {
 					got <- fmt.Errorf("raw stream: received %d bytes of %d: %w", off, len(dst), err)
@@ -89,8 +90,8 @@ func (l *tcpLink) stream(dst, src []byte, reps int) (time.Duration, error) {
 	}()
 	start := time.Now()
 	for range reps {
-		for off := 0; off < len(src); off += api.MaxChunk {
-			if _, err := l.send.Write(src[off:min(off+api.MaxChunk, len(src))]); err != nil {
+		for off := 0; off < len(src); off += wire.MaxChunk {
+			if _, err := l.send.Write(src[off:min(off+wire.MaxChunk, len(src))]); err != nil {
 				l.Close() // ends the receiver
 				<-got
 				return 0, err

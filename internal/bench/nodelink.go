@@ -12,6 +12,7 @@ import (
 	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/accelerator/sim"
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/internal/pki"
 )
 
@@ -59,7 +60,7 @@ func NodeLink(bytes, rounds int, window time.Duration) (*NodeLinkReport, error) 
 // listener and mutual TLS (a throw-away CA, as `vgpuctl certs init` makes)
 // on another, both on nw's node side, connects to each from the mediator's
 // side as a mediator does, and times writing bytes (rounded up to whole
-// frames) to frames of the connection in pipelined api.MaxChunk node-write
+// frames) to frames of the connection in pipelined wire.MaxChunk node-write
 // frames. Plain and TLS take turns in interleaved rounds (rounds.go), after
 // one warm-up write each; the median of rounds counts.
 func NodeLinkOn(nw Network, bytes, rounds int) (*NodeLinkReport, error) {
@@ -117,7 +118,7 @@ func nodeLink(nw Network, bytes, rounds int, window time.Duration) (*NodeLinkRep
 	}
 	defer secure.rpc.Close()
 
-	buf := make([]byte, api.MaxChunk)
+	buf := make([]byte, wire.MaxChunk)
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}
@@ -137,7 +138,7 @@ func nodeLink(nw Network, bytes, rounds int, window time.Duration) (*NodeLinkRep
 
 // link is a mediator-style connection to a node holding frames.
 type link struct {
-	rpc    *api.RPC
+	rpc    *wire.RPC
 	frames []uint64
 }
 
@@ -156,7 +157,7 @@ func dialLink(nw Network, addr string, cfg *tls.Config, frames int) (*link, erro
 		tc.SetDeadline(time.Time{})
 		nc = tc
 	}
-	rpc := api.NewRPC(api.NewConn(nc), "node "+addr)
+	rpc := wire.NewRPC(wire.NewConn(nc), "node "+addr)
 	hello := api.Hello{Magic: api.Magic, Version: api.Version, Role: api.RoleMediator, Tenant: "bench"}
 	if _, err := rpc.Call(api.OpHello, nil, api.Encode(&hello)); err != nil {
 		rpc.Close()
@@ -182,7 +183,7 @@ func dialLink(nw Network, addr string, cfg *tls.Config, frames int) (*link, erro
 // acknowledged.
 func (l *link) write(chunk []byte, reps int) (time.Duration, error) {
 	per := accelerator.FrameSize / len(chunk)
-	calls := make([]*api.Call, 0, nodeWindow)
+	calls := make([]*wire.Call, 0, nodeWindow)
 	start := time.Now()
 	for i := range reps * len(l.frames) {
 		f := l.frames[i%len(l.frames)]

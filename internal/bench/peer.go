@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Baseline peers in their own processes. The system under test is several
@@ -90,7 +91,7 @@ func serveTCP(serve func(net.Conn) error) error {
 }
 
 // sink receives rounds: an 8-byte count n, then n bytes, which it reads
-// into dst (wrapping around) in reads of up to api.MaxChunk, then a one-byte
+// into dst (wrapping around) in reads of up to wire.MaxChunk, then a one-byte
 // acknowledgement.
 func sink(c net.Conn, dst []byte) error {
 	var hdr [8]byte
@@ -105,7 +106,7 @@ func sink(c net.Conn, dst []byte) error {
 			if off == len(dst) {
 				off = 0
 			}
-			n, err := c.Read(dst[off:min(off+api.MaxChunk, len(dst), off+int(min(left, uint64(len(dst)))))])
+			n, err := c.Read(dst[off:min(off+wire.MaxChunk, len(dst), off+int(min(left, uint64(len(dst)))))])
 			off += n
 			left -= uint64(n)
 			if err != nil {
@@ -220,7 +221,7 @@ func (l *sinkLink) Close() error {
 	return err
 }
 
-// stream sends src reps times in chunks of api.MaxChunk and returns the
+// stream sends src reps times in chunks of wire.MaxChunk and returns the
 // time until the sink has acknowledged every byte.
 func (l *sinkLink) stream(src []byte, reps int) (time.Duration, error) {
 	var hdr [8]byte
@@ -230,8 +231,8 @@ func (l *sinkLink) stream(src []byte, reps int) (time.Duration, error) {
 		return 0, err
 	}
 	for range reps {
-		for off := 0; off < len(src); off += api.MaxChunk {
-			if _, err := l.c.Write(src[off:min(off+api.MaxChunk, len(src))]); err != nil {
+		for off := 0; off < len(src); off += wire.MaxChunk {
+			if _, err := l.c.Write(src[off:min(off+wire.MaxChunk, len(src))]); err != nil {
 				return 0, err
 			}
 		}

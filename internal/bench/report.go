@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/api/wire"
 )
 
 // Files are the names WriteFiles gives the report in its directory.
@@ -98,7 +99,7 @@ func (r *Report) WriteMarkdown(w io.Writer, chart string) error {
 		"split over several streams to receiver processes of their own, are measured too: the fastest of the three is the best raw "+
 		"transport, the second baseline (memcpy is not one: the bytes must reach the node through a socket). "+
 		"A window is back-to-back copies and one synchronize. Every device→host window's bytes are compared with what was copied in.\n\n",
-		r.Command, host, api.FormatSize(api.MaxChunk))
+		r.Command, host, api.FormatSize(wire.MaxChunk))
 	fmt.Fprintf(&b, "| size | copies per window | memcpy | raw TCP stream | (in process) | (parallel) | host→device | **h2d ratio** | h2d / best raw | device→host | **d2h ratio** | d2h / best raw |\n")
 	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, t := range r.Transfers {
