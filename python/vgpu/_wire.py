@@ -200,7 +200,7 @@ _U8, _U16, _U32, _U64, _I64, _F32 = (struct.Struct(f) for f in ("<B", "<H", "<I"
 
 
 class Encoder:
-    """Appends little-endian fields (api.Encoder). A value out of its
+    """Appends little-endian fields (wire.Encoder). A value out of its
     field's range raises InvalidArgument naming it as ``what``."""
 
     __slots__ = ("b",)
@@ -249,7 +249,7 @@ class Encoder:
 
 
 class Decoder:
-    """Reads fields written by an Encoder from a reply body (api.Decoder);
+    """Reads fields written by an Encoder from a reply body (wire.Decoder);
     a short or malformed body raises ProtocolError."""
 
     __slots__ = ("b", "off")
@@ -291,7 +291,7 @@ class Decoder:
 
 
 def decode_error(body: bytes) -> VgpuError:
-    """The exception an error reply carries (api.DecodeError)."""
+    """The exception an error reply carries (wire.DecodeError)."""
     try:
         d = Decoder(body)
         code, msg = d.u16(), d.string()

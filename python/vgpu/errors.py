@@ -94,7 +94,7 @@ _BY_CODE: dict[int, type[VgpuError]] = {
 
 def error_for(code: int, message: str) -> VgpuError:
     """The exception for a wire error code; an unknown code is a protocol
-    error, as api.DecodeError treats it."""
+    error, as wire.DecodeError treats it."""
     cls = _BY_CODE.get(code)
     if cls is None:
         return ProtocolError(f"error reply with unknown code {code}: {message}")
