@@ -198,13 +198,7 @@ func (b *nodeBatch) flushRun() {
 // sendScatter is send for a read whose reply is read into the pieces of
 // into in turn.
 func (c *completion) sendScatter(rpc *wire.RPC, op wire.Op, into [][]byte, check func(*wire.Call), parts ...[]byte) {
-	c.pending.Add(1)
-	c.st.calls.add(1)
-	rpc.GoThenScatter(op, into, func(call *wire.Call) {
-		check(call)
-		c.done()
-		c.st.calls.add(-1)
-	}, parts...)
+	rpc.GoThenScatter(op, into, c.track(check), parts...)
 }
 
 // flushCommands sends the gathered commands: one alone, several as a node

@@ -259,13 +259,20 @@ func (c *completion) call(v vdev, idx int, op wire.Op, into []byte, parts ...[]b
 // send issues one node call whose completion counts towards c; check sees
 // the call before c counts it done.
 func (c *completion) send(rpc *wire.RPC, op wire.Op, into []byte, check func(*wire.Call), parts ...[]byte) {
+	rpc.GoThen(op, into, c.track(check), parts...)
+}
+
+// track counts a call about to be sent as pending on c and in flight on
+// its stream, and returns its continuation: check the reply, then count it
+// done.
+func (c *completion) track(check func(*wire.Call)) func(*wire.Call) {
 	c.pending.Add(1)
 	c.st.calls.add(1)
-	rpc.GoThen(op, into, func(call *wire.Call) {
+	return func(call *wire.Call) {
 		check(call)
 		c.done()
 		c.st.calls.add(-1)
-	}, parts...)
+	}
 }
 
 // done drops one pending count and answers the tenant after the last.
