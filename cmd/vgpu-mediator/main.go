@@ -251,6 +251,7 @@ func defaultStateDir() string {
 // mediator that started it (a live upgrade): it gets the sockets from it
 // once it has handed over, and tells it when it serves.
 func run(o *options, cfg mediator.Config, sock hostSocket, pred *upgrade.Predecessor) error {
+	signals := daemon.CatchSignals() // before the socket is bound
 	log, err := daemon.Logger("vgpu-mediator", o.level)
 	if err != nil {
 		return err
@@ -354,7 +355,7 @@ func run(o *options, cfg mediator.Config, sock hostSocket, pred *upgrade.Predece
 	}
 	log.WithFields(map[string]any{"socket": sock.path, "nodes": cfg.Nodes, "node_tls": cfg.NodeTLS != nil, "node_timeout": cfg.NodeTimeout.String()}).Info("serving")
 	handOverOnSIGUSR2(m, log)
-	daemon.RunUntilStopped(log, m.Reload)
+	signals.RunUntilStopped(log, m.Reload)
 	if u != nil && u.orphaned.Load() {
 		// Exit 1, so that a service manager restarts the mediator, which
 		// restores from --state-dir.

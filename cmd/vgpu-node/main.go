@@ -180,6 +180,7 @@ func retainText(r retention) string {
 }
 
 func run(o options) error {
+	signals := daemon.CatchSignals() // before the port is bound
 	log, err := daemon.Logger("vgpu-node", o.level)
 	if err != nil {
 		return err
@@ -233,6 +234,6 @@ func run(o options) error {
 	defer leave()
 	log.WithFields(map[string]any{"addr": addr.String(), "devices": o.devices, "memory": api.FormatSize(size), "tls": tlsCfg != nil,
 		"mediator_timeout": o.mediatorTimeout.String(), "retain_weights": retainText(o.retain), "reattach_grace": max(graceOption(o.reattachGrace), 0).String()}).Info("serving")
-	daemon.RunUntilStopped(log, func() error { return nil }) // a node has nothing to reload
+	signals.RunUntilStopped(log, func() error { return nil }) // a node has nothing to reload
 	return node.Close()
 }

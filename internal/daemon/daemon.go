@@ -73,6 +73,23 @@ func ListenUnix(path string, mode os.FileMode, gid int) (net.Listener, error) {
 // that it is stuck.
 const ReloadDeadline = 10 * time.Second
 
+// Signals are a daemon's stop and reload signals, caught from the start of
+// its run — before it binds a socket or restores anything — and served by
+// RunUntilStopped once it serves. A SIGHUP sent as soon as the socket
+// exists (a reload after an edit of the quota file) so never meets the
+// default action, which ends the process; a signal that arrives while the
+// daemon starts waits in the channel until then.
+type Signals struct{ ch chan os.Signal }
+
+// CatchSignals starts catching SIGINT, SIGTERM and SIGHUP.
+func CatchSignals() *Signals {
+	// Buffered for a few: signal.Notify drops what a full channel cannot
+	// take, and a stop must not be lost behind a reload sent during start.
+	ch := make(chan os.Signal, 8)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	return &Signals{ch: ch}
+}
+
 // RunUntilStopped blocks until SIGINT or SIGTERM, calling reload on each
 // SIGHUP (a failed reload is logged; the daemon keeps its old settings).
 //
@@ -82,11 +99,9 @@ const ReloadDeadline = 10 * time.Second
 // coalesced into one more run after it, which reads whatever changed
 // meanwhile. A reload still running after ReloadDeadline is logged as
 // stuck, and later SIGHUPs wait for it.
-func RunUntilStopped(log logrus.FieldLogger, reload func() error) {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(ch)
-	serveSignals(ch, log, reload, ReloadDeadline)
+func (s *Signals) RunUntilStopped(log logrus.FieldLogger, reload func() error) {
+	defer signal.Stop(s.ch)
+	serveSignals(s.ch, log, reload, ReloadDeadline)
 }
 
 // serveSignals is RunUntilStopped's loop over the signals of ch, with the

@@ -108,3 +108,38 @@ func waitLog(t *testing.T, hook *logtest.Hook, want string) {
 	}
 	t.Fatalf("nothing logged with %q within 5s", want)
 }
+
+// TestSignalsCaughtBeforeTheLoop sends this process a real SIGHUP after
+// CatchSignals and before RunUntilStopped, as a reload can arrive while a
+// daemon starts, right after its socket appears: without the early catch
+// its default action ends the test binary. The reload must run once the
+// loop does, and a real SIGTERM then stop it.
+func TestSignalsCaughtBeforeTheLoop(t *testing.T) {
+	s := CatchSignals()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the signal is delivered while no loop runs
+	reloaded := make(chan struct{}, 1)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		s.RunUntilStopped(logrus.New(), func() error {
+			reloaded <- struct{}{}
+			return nil
+		})
+	}()
+	select {
+	case <-reloaded:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the SIGHUP sent before the loop was not served as a reload")
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("SIGTERM did not stop RunUntilStopped")
+	}
+}
