@@ -648,22 +648,31 @@ func TestBodyTimeoutReset(t *testing.T) {
 	}
 }
 
+// serveStalled serves connections that answer their first request with the
+// header of a 64-byte reply and only 32 bytes of its body, then stall until
+// the test ends.
+func serveStalled(t *testing.T) string {
+	stop := make(chan struct{})
+	addr := serve(t, func(c *Conn) {
+		h, _, err := readFrame(c)
+		if err != nil {
+			return
+		}
+		c.NetConn().Write(append(rawHeader(64, h.Op, FlagReply, h.ID), make([]byte, 32)...))
+		<-stop
+	})
+	// Registered after serve's own cleanups, so it runs before them: the
+	// stalled handlers end before the server is closed.
+	t.Cleanup(func() { close(stop) })
+	return addr
+}
+
 // testRPCBodyTimeout: a reply that stalls mid-body fails the calls with
 // ErrUnavailable within BodyTimeout and drops the connection.
 func testRPCBodyTimeout(t *testing.T, dial dialer) {
 	for _, into := range []bool{false, true} {
 		t.Run(fmt.Sprintf("into=%v", into), func(t *testing.T) {
-			stop := make(chan struct{})
-			addr := serve(t, func(c *Conn) {
-				h, _, err := readFrame(c)
-				if err != nil {
-					return
-				}
-				c.NetConn().Write(append(rawHeader(64, h.Op, FlagReply, h.ID), make([]byte, 32)...))
-				<-stop
-			})
-			r := dial(t, addr)
-			defer close(stop)
+			r := dial(t, serveStalled(t))
 			var buf []byte
 			if into {
 				buf = make([]byte, 64)
@@ -690,17 +699,7 @@ func testRPCBodyTimeout(t *testing.T, dial dialer) {
 // testRPCIntoSkipStalls: a wrong-length reply whose body then stalls fails
 // its call as a protocol error and drops the connection like any stalled body.
 func testRPCIntoSkipStalls(t *testing.T, dial dialer) {
-	stop := make(chan struct{})
-	addr := serve(t, func(c *Conn) {
-		h, _, err := readFrame(c)
-		if err != nil {
-			return
-		}
-		c.NetConn().Write(append(rawHeader(64, h.Op, FlagReply, h.ID), make([]byte, 32)...))
-		<-stop
-	})
-	r := dial(t, addr)
-	defer close(stop)
+	r := dial(t, serveStalled(t))
 	c := r.Go(opNodeRead, make([]byte, 8), []byte("read"))
 	other := r.Go(opNodeRead, nil, []byte("other"))
 	if err := waitCall(t, c); !errors.Is(err, vocab.ErrProtocol) {
