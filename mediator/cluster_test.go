@@ -219,7 +219,13 @@ func TestClusterQuotaAcrossMediators(t *testing.T) {
 	if err := m2.Reload(); !errors.Is(err, api.ErrInvalidArgument) || !strings.Contains(err.Error(), "etcd") {
 		t.Fatalf("a local reload in cluster mode: %v, want refused", err)
 	}
-	st := m1.Status().Cluster
+	// The host session closed above releases its 8MiB when m2 reads the
+	// close, which may come after the registrations: wait for it.
+	var st *api.ClusterStatus
+	eventually(t, 5*time.Second, "the closed host session's 8MiB released cluster-wide", func() bool {
+		st = m1.Status().Cluster
+		return st != nil && len(st.Tenants) == 1 && st.Tenants[0].Reserved == 41<<20
+	})
 	if st == nil || len(st.Tenants) != 1 || st.Tenants[0].Name != "t" || st.Tenants[0].Containers != 3 || st.Tenants[0].Reserved != 41<<20 {
 		t.Fatalf("cluster-wide use %+v, want t with 3 containers and 41MiB", st)
 	}
