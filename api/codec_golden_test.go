@@ -47,6 +47,7 @@ func goldenCases() []Message {
 			{Name: "none", Kind: ArgI64, Dims: []string{}},
 		}}}},
 		&NodeAttach{Owner: 12, Token: "tok"},
+		&NodeAttach{Owner: 12, Token: "tok", HasGrace: true, GraceMillis: 10000},
 		&NodeAttach{},
 		&NodeAttached{Owner: 12, Devices: []NodeFrames{{Device: 0, Frames: []uint64{1 << 21}}, {Device: 3}}},
 		&NodeAccess{Device: 1, Extents: ext, Value: 0},

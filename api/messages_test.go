@@ -93,8 +93,12 @@ var messages = map[string]msgCase{
 		return r
 	}), absent: func(m Message) bool { return !m.(*HelloReply).Resumable }},
 	"NodeAttach": {new: func() Message { return new(NodeAttach) }, gen: gen(func(t *rapid.T) *NodeAttach {
-		return &NodeAttach{Owner: genU64.Draw(t, "owner"), Token: rapid.StringN(0, MaxToken, MaxToken).Draw(t, "token")}
-	})},
+		a := &NodeAttach{Owner: genU64.Draw(t, "owner"), Token: rapid.StringN(0, MaxToken, MaxToken).Draw(t, "token")}
+		if a.HasGrace = rapid.Bool().Draw(t, "has_grace"); a.HasGrace {
+			a.GraceMillis = genU32.Draw(t, "grace")
+		}
+		return a
+	}), absent: func(m Message) bool { return !m.(*NodeAttach).HasGrace }},
 	"NodeAttached": {new: func() Message { return new(NodeAttached) }, gen: gen(func(t *rapid.T) *NodeAttached {
 		return &NodeAttached{Owner: genU64.Draw(t, "owner"), Devices: rapid.SliceOfN(rapid.Custom(func(t *rapid.T) NodeFrames {
 			return NodeFrames{Device: genU32.Draw(t, "device"), Frames: rapid.SliceOfN(genU64, 0, 8).Draw(t, "frames")}

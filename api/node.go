@@ -46,10 +46,19 @@ type NodeFrames struct {
 // (Owner 0), or to hand over those it kept of connection Owner (the
 // HelloReply.Session that connection had), whose Token this must be.
 //
+// GraceMillis, an optional trailing field (HasGrace), asks the node to keep
+// the frames at most that many milliseconds after a drop, if that is
+// shorter than its own reattach grace: a mediator with no journal, which
+// cannot reclaim them after its own restart, asks only for long enough to
+// outlast a network blip. A reclaim states it again for the connection
+// going on.
+//
 //vgpu:wire
 type NodeAttach struct {
-	Owner uint64
-	Token string `wire:"max=MaxToken"`
+	Owner       uint64
+	Token       string `wire:"max=MaxToken"`
+	HasGrace    bool   `wire:"-"`
+	GraceMillis uint32 `wire:"if=HasGrace"`
 }
 
 // NodeAttached answers NodeAttach: the connection's id as the node knows

@@ -33,6 +33,9 @@ func (m *NodeFrames) Unmarshal(d *wire.Decoder) {
 func (m *NodeAttach) Marshal(e *wire.Encoder) {
 	e.U64(m.Owner)
 	e.String(m.Token)
+	if m.HasGrace {
+		e.U32(m.GraceMillis)
+	}
 }
 
 func (m *NodeAttach) Unmarshal(d *wire.Decoder) {
@@ -40,6 +43,10 @@ func (m *NodeAttach) Unmarshal(d *wire.Decoder) {
 	m.Token = d.Str()
 	if len(m.Token) > MaxToken {
 		d.Fail("NodeAttach.Token of %d bytes, limit %d", len(m.Token), MaxToken)
+	}
+	if d.More() {
+		m.HasGrace = true
+		m.GraceMillis = d.U32()
 	}
 }
 
@@ -333,6 +340,7 @@ func (m *NodeImportReply) Marshal(e *wire.Encoder) {
 	e.Bool(m.Write)
 	e.U32(m.PageSize)
 	e.I64(m.LeaseNs)
+	e.String(m.Exporter)
 }
 
 func (m *NodeImportReply) Unmarshal(d *wire.Decoder) {
@@ -341,6 +349,38 @@ func (m *NodeImportReply) Unmarshal(d *wire.Decoder) {
 	m.Write = d.Bool()
 	m.PageSize = d.U32()
 	m.LeaseNs = d.I64()
+	m.Exporter = d.Str()
+}
+
+func (m *NodeRestore) Marshal(e *wire.Encoder) {
+	e.U64(m.Object)
+	e.U64(m.Version)
+	e.U64(m.Size)
+	e.U32(uint32(len(m.Grants)))
+	for i33 := range m.Grants {
+		p33 := &m.Grants[i33]
+		e.String(p33.Tenant)
+		e.Bool(p33.Write)
+	}
+	e.U64(m.Off)
+	e.B = append(e.B, m.Payload...)
+}
+
+func (m *NodeRestore) Unmarshal(d *wire.Decoder) {
+	m.Object = d.U64()
+	m.Version = d.U64()
+	m.Size = d.U64()
+	m.Grants = make([]Grant, d.Len(5))
+	for i34 := range m.Grants {
+		p34 := &m.Grants[i34]
+		p34.Tenant = d.Str()
+		p34.Write = d.Bool()
+		if d.Err() != nil {
+			return
+		}
+	}
+	m.Off = d.U64()
+	m.Payload = d.Rest()
 }
 
 func (m *NodeRevoke) Marshal(e *wire.Encoder) {
