@@ -43,6 +43,27 @@ func (v *vaFree) take(n uint64) (uint64, bool) {
 	return 0, false
 }
 
+// takeAt removes [start, start+n), which lies in one free run, as take
+// would have handed it out: a space being rebuilt (RestoreLayout) takes
+// back the chunks it had.
+func (v *vaFree) takeAt(start, n uint64) {
+	i, _ := slices.BinarySearchFunc(v.runs, start, func(r vaRun, s uint64) int {
+		return cmp.Compare(r.end, s+1)
+	})
+	r := v.runs[i]
+	switch {
+	case r.start == start && r.end == start+n:
+		v.runs = slices.Delete(v.runs, i, i+1)
+	case r.start == start:
+		v.runs[i].start += n
+	case r.end == start+n:
+		v.runs[i].end = start
+	default:
+		v.runs[i].end = start
+		v.runs = slices.Insert(v.runs, i+1, vaRun{start + n, r.end})
+	}
+}
+
 // put gives back [start, start+n), which take handed out.
 func (v *vaFree) put(start, n uint64) {
 	end := start + n
