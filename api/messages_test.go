@@ -257,9 +257,17 @@ var messages = map[string]msgCase{
 		return &NodeObject{Object: genU64.Draw(t, "object")}
 	})},
 	"NodeImportReply": {new: func() Message { return new(NodeImportReply) }, gen: gen(func(t *rapid.T) *NodeImportReply {
-		return &NodeImportReply{Size: genU64.Draw(t, "size"), Mode: Mode(genU8.Draw(t, "mode")), Write: rapid.Bool().Draw(t, "write"),
+		r := &NodeImportReply{Size: genU64.Draw(t, "size"), Mode: Mode(genU8.Draw(t, "mode")), Write: rapid.Bool().Draw(t, "write"),
 			PageSize: genU32.Draw(t, "page"), LeaseNs: int64(genU64.Draw(t, "lease"))}
-	})},
+		if rapid.Bool().Draw(t, "has exporter") {
+			r.HasExporter, r.Exporter = true, genStr.Draw(t, "exporter")
+		}
+		return r
+	}), absent: func(m Message) bool { return !m.(*NodeImportReply).HasExporter }},
+	"NodeRestore": {new: func() Message { return new(NodeRestore) }, gen: gen(func(t *rapid.T) *NodeRestore {
+		return &NodeRestore{Object: genU64.Draw(t, "object"), Version: genU64.Draw(t, "version"), Size: genU64.Draw(t, "size"),
+			Grants: genGrants.Draw(t, "grants"), Off: genU64.Draw(t, "off"), Payload: genBytes.Draw(t, "payload")}
+	}), payload: func(m Message) []byte { return m.(*NodeRestore).Payload }},
 	"NodeRevoke": {new: func() Message { return new(NodeRevoke) }, gen: gen(func(t *rapid.T) *NodeRevoke {
 		return &NodeRevoke{Object: genU64.Draw(t, "object"), Tenant: genStr.Draw(t, "tenant")}
 	})},

@@ -340,6 +340,9 @@ func (m *NodeImportReply) Marshal(e *wire.Encoder) {
 	e.Bool(m.Write)
 	e.U32(m.PageSize)
 	e.I64(m.LeaseNs)
+	if m.HasExporter {
+		e.String(m.Exporter)
+	}
 }
 
 func (m *NodeImportReply) Unmarshal(d *wire.Decoder) {
@@ -348,6 +351,41 @@ func (m *NodeImportReply) Unmarshal(d *wire.Decoder) {
 	m.Write = d.Bool()
 	m.PageSize = d.U32()
 	m.LeaseNs = d.I64()
+	if d.More() {
+		m.HasExporter = true
+		m.Exporter = d.Str()
+	}
+}
+
+func (m *NodeRestore) Marshal(e *wire.Encoder) {
+	e.U64(m.Object)
+	e.U64(m.Version)
+	e.U64(m.Size)
+	e.U32(uint32(len(m.Grants)))
+	for i33 := range m.Grants {
+		p33 := &m.Grants[i33]
+		e.String(p33.Tenant)
+		e.Bool(p33.Write)
+	}
+	e.U64(m.Off)
+	e.B = append(e.B, m.Payload...)
+}
+
+func (m *NodeRestore) Unmarshal(d *wire.Decoder) {
+	m.Object = d.U64()
+	m.Version = d.U64()
+	m.Size = d.U64()
+	m.Grants = make([]Grant, d.Len(5))
+	for i34 := range m.Grants {
+		p34 := &m.Grants[i34]
+		p34.Tenant = d.Str()
+		p34.Write = d.Bool()
+		if d.Err() != nil {
+			return
+		}
+	}
+	m.Off = d.U64()
+	m.Payload = d.Rest()
 }
 
 func (m *NodeRevoke) Marshal(e *wire.Encoder) {

@@ -22,15 +22,40 @@ type NodeExport struct {
 type NodeObject struct{ Object uint64 }
 
 // NodeImportReply describes an object to an importer: what it may do, the
-// coherence page size and the read lease the node grants.
+// coherence page size and the read lease the node grants. Exporter, an
+// optional trailing field (HasExporter), is the tenant that exported it,
+// which an importer checks again when it imports an object restored after
+// the node restarted (NodeRestore), so that no other tenant can pass its
+// own bytes off under the object's id.
 //
 //vgpu:wire
 type NodeImportReply struct {
-	Size     uint64
-	Mode     Mode
-	Write    bool
-	PageSize uint32
-	LeaseNs  int64
+	Size        uint64
+	Mode        Mode
+	Write       bool
+	PageSize    uint32
+	LeaseNs     int64
+	HasExporter bool   `wire:"-"`
+	Exporter    string `wire:"if=HasExporter"`
+}
+
+// NodeRestore makes a versioned object again, on a node that restarted and
+// forgot it, from a copy of one of its published versions that its
+// exporter's mediator held: the same Object id, published at Version, of
+// Size bytes, with Grants (OpNodeRestore). The bytes come in pieces,
+// Payload at Off, in order from 0; the object exists once the last piece
+// (ending at Size) has arrived. The restoring connection is its exporter.
+// It holds that version only: it has no draft, so it takes no writes and
+// no publish.
+//
+//vgpu:wire
+type NodeRestore struct {
+	Object  uint64
+	Version uint64
+	Size    uint64
+	Grants  []Grant
+	Off     uint64
+	Payload []byte `wire:"rest"`
 }
 
 // NodeRevoke withdraws a tenant's grant to an object (its exporter only).

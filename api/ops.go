@@ -91,6 +91,7 @@ const (
 	// connection drops; with an Owner it hands the frames it kept of that
 	// connection to this one (a restarted mediator's reclaim).
 	OpNodeAttach
+	OpNodeRestore // NodeRestore: a versioned object's published version, again, after the node restarted
 )
 
 // Tensor graphs (tensor.go): tenant → mediator.
@@ -121,7 +122,7 @@ var opNames = map[wire.Op]string{
 	OpGraphDestroy: "graph-destroy", OpSessionStats: "session-stats",
 	OpNodeBatch: "node-batch", OpNodeSeal: "node-seal", OpNodeDedup: "node-dedup",
 	OpExport: "export", OpImport: "import", OpRevoke: "revoke", OpPublish: "publish", OpPin: "pin",
-	OpNodePublish: "node-publish", OpNodePin: "node-pin", OpNodeUnpin: "node-unpin", OpNodeAttach: "node-attach",
+	OpNodePublish: "node-publish", OpNodePin: "node-pin", OpNodeUnpin: "node-unpin", OpNodeAttach: "node-attach", OpNodeRestore: "node-restore",
 	OpNodeExport: "node-export", OpNodeImport: "node-import", OpNodeRevoke: "node-revoke",
 	OpNodeObjRead: "node-obj-read", OpNodeObjWrite: "node-obj-write", OpNodeInval: "node-inval", OpNodeInvalAck: "node-inval-ack",
 	OpNodeRevoked: "node-revoked", OpNodeRevokedAck: "node-revoked-ack", OpNodeUnexport: "node-unexport",

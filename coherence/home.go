@@ -18,6 +18,11 @@ type HomeConfig struct {
 	// not acknowledge its invalidation.
 	Lease time.Duration
 	Owner CacheID // the one cache of a private object
+	// Published is the version a versioned object starts published at: 0
+	// (as 1) for a new export, the version a copy held elsewhere had for
+	// an object restored after its node restarted, so that readers who
+	// pinned it find it under the same number.
+	Published uint64
 }
 
 // WriteID names a write at its home, from 1 in the order writes began.
@@ -103,7 +108,7 @@ func NewHome(cfg HomeConfig) (*Home, error) {
 	if cfg.Mode == vocab.ModeCoherent && cfg.Lease <= 0 {
 		return nil, fmt.Errorf("coherent object with lease %v: want > 0: %w", cfg.Lease, vocab.ErrInvalidArgument)
 	}
-	return &Home{cfg: cfg, current: 1, pages: make(map[uint32]*homePage), pins: make(map[pin]int)}, nil
+	return &Home{cfg: cfg, current: max(cfg.Published, 1), pages: make(map[uint32]*homePage), pins: make(map[pin]int)}, nil
 }
 
 // Mode is the object's mode.
