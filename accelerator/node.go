@@ -303,9 +303,11 @@ type conn struct {
 	pushes        *pusher // from the handshake on (push.go)
 	graphs        connGraphs
 	// token is the secret a reclaim of this connection's frames must
-	// present, once it attached (reattach.go); set and read by its
-	// requests, which run one at a time, and by end after them.
+	// present, once it attached (reattach.go); grace, if not 0, is the
+	// shorter grace it asked for. Set and read by its requests, which run
+	// one at a time, and by end after them.
 	token string
+	grace time.Duration
 }
 
 type request struct {

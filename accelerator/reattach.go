@@ -9,7 +9,10 @@ package accelerator
 // tenant that presents the owner id and the token (OpNodeAttach with the
 // Owner) takes them over: it becomes that owner, and the node answers
 // with the frames it holds. Once the grace has passed with no reclaim,
-// the frames are scrubbed and freed as for any connection that ended.
+// the frames are scrubbed and freed as for any connection that ended. An
+// attach may ask for a shorter grace than the node's (GraceMillis): a
+// mediator with no journal asks only for long enough to outlast a network
+// blip, since nothing would reclaim its frames after its own restart.
 //
 // Invariants:
 //   - A parked owner is in Node.parked exactly until it is reclaimed or
@@ -60,6 +63,7 @@ type parkedConn struct {
 	c     *conn // ended: its reader and executor are done
 	timer *time.Timer
 	since time.Time
+	grace time.Duration // how long it is kept: the node's, or the shorter one asked
 }
 
 // SetReattachGrace sets how long the frames of an attached connection that
@@ -84,9 +88,13 @@ func (c *conn) attach(h wire.Header, body []byte) error {
 	if len(m.Token) < minToken {
 		return fmt.Errorf("attach: token of %d bytes, want at least %d: %w", len(m.Token), minToken, api.ErrInvalidArgument)
 	}
+	if m.HasGrace && m.GraceMillis == 0 {
+		return fmt.Errorf("attach: a grace of 0 ms asked, which would keep nothing: %w", api.ErrInvalidArgument)
+	}
+	grace := time.Duration(m.GraceMillis) * time.Millisecond
 	if m.Owner == 0 {
 		c.node.mu.Lock()
-		c.token = m.Token
+		c.token, c.grace = m.Token, grace
 		c.node.attached[c.owner] = c
 		c.node.mu.Unlock()
 		return c.c.Reply(h, api.Encode(&api.NodeAttached{Owner: uint64(c.owner)}))
@@ -95,6 +103,7 @@ func (c *conn) attach(h wire.Header, body []byte) error {
 	if err != nil {
 		return err
 	}
+	c.grace = grace
 	return c.c.Reply(h, api.Encode(reply))
 }
 
@@ -116,7 +125,7 @@ func (c *conn) reclaim(o owner, token string) (*api.NodeAttached, error) {
 		return nil, err
 	case p == nil:
 		n.mu.Unlock()
-		return nil, fmt.Errorf("reclaim of connection %d: the node keeps nothing of it (never attached, reclaimed already, or its %v grace ended and its frames were freed): %w",
+		return nil, fmt.Errorf("reclaim of connection %d: the node keeps nothing of it (never attached, reclaimed already, or its %v grace ended (or a shorter one it asked) and its frames were freed): %w",
 			o, n.grace, api.ErrUnavailable)
 	case p.c.tenant != c.tenant:
 		n.mu.Unlock()
@@ -188,7 +197,11 @@ func (c *conn) end() {
 	if n.attached[c.owner] == c {
 		delete(n.attached, c.owner)
 	}
-	if c.token == "" || n.grace <= 0 || n.closed {
+	grace := n.grace
+	if c.grace > 0 {
+		grace = min(grace, c.grace)
+	}
+	if c.token == "" || grace <= 0 || n.closed {
 		// A reclaim waiting for this connection finds nothing parked.
 		close(n.parkedNote)
 		n.parkedNote = make(chan struct{})
@@ -197,12 +210,11 @@ func (c *conn) end() {
 		return
 	}
 	o := c.owner
-	p := &parkedConn{c: c, since: time.Now()}
-	p.timer = time.AfterFunc(n.grace, func() { n.expire(o, p) })
+	p := &parkedConn{c: c, since: time.Now(), grace: grace}
+	p.timer = time.AfterFunc(grace, func() { n.expire(o, p) })
 	n.parked[o] = p
 	close(n.parkedNote)
 	n.parkedNote = make(chan struct{})
-	grace := n.grace
 	n.mu.Unlock()
 	c.log.WithField("grace", grace.String()).Info("mediator connection dropped: its frames are kept for a reclaim")
 }
@@ -220,7 +232,7 @@ func (n *Node) expire(o owner, p *parkedConn) {
 	defer n.wg.Done()
 	p.c.releaseAll()
 	n.expired.Add(1)
-	p.c.log.WithField("grace", n.grace.String()).Info("reattach grace ended with no reclaim: frames scrubbed and freed")
+	p.c.log.WithField("grace", p.grace.String()).Info("reattach grace ended with no reclaim: frames scrubbed and freed")
 }
 
 // releaseParked releases every parked connection; Close calls it once no
