@@ -36,8 +36,9 @@ func (c *conn) batch(h wire.Header, body []byte) error {
 	// commands' indexes.
 	var (
 		runDev *device
-		run    []checkedLaunch
-		runCmd []int
+		run    = make([]checkedLaunch, 0, len(b.Cmds))
+		runCmd = make([]int, 0, len(b.Cmds))
+		arena  api.LaunchArena
 	)
 	flush := func() {
 		if len(run) == 0 {
@@ -54,7 +55,7 @@ func (c *conn) batch(h wire.Header, body []byte) error {
 			fail(i, fmt.Errorf("%v cannot be batched, only %v, %v, %v and %v: %w",
 				cmd.Op, api.OpNodeWrite, api.OpNodeFill, api.OpNodeCopy, api.OpNodeLaunch, api.ErrInvalidArgument))
 		case cmd.Op == api.OpNodeLaunch:
-			d, l, err := c.checkLaunch(cmd.Body)
+			d, l, err := c.checkLaunch(&arena, cmd.Body)
 			if err != nil {
 				fail(i, err)
 				continue

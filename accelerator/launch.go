@@ -62,13 +62,15 @@ type checkedLaunch struct {
 
 // checkLaunch decodes a launch and checks it for c: device, kernel,
 // argument kinds, and the frames of every buffer, which must not be sealed
-// where the kernel may write them.
-func (c *conn) checkLaunch(body []byte) (*device, checkedLaunch, error) {
+// where the kernel may write them. The launch's arguments come from arena,
+// which a batch's launches share.
+func (c *conn) checkLaunch(arena *api.LaunchArena, body []byte) (*device, checkedLaunch, error) {
 	// api.Decode, with the message's type known: neither the decoder nor
-	// l escapes to the heap, which counts in a batch of tiny launches.
+	// l escapes to the heap, and the arena allocates per batch rather than
+	// per launch, which counts in a batch of tiny launches.
 	var l api.NodeLaunch
 	dec := wire.NewDecoder(body)
-	l.Unmarshal(dec)
+	arena.DecodeNodeLaunch(dec, &l)
 	if err := dec.Finish(); err != nil {
 		return nil, checkedLaunch{}, fmt.Errorf("%v: %w", api.OpNodeLaunch, err)
 	}

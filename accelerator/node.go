@@ -673,7 +673,8 @@ func (c *conn) do(r request) error {
 // as a command of a batch.
 func (c *conn) apply(op wire.Op, body []byte) error {
 	if op == api.OpNodeLaunch {
-		d, l, err := c.checkLaunch(body)
+		var arena api.LaunchArena
+		d, l, err := c.checkLaunch(&arena, body)
 		if err != nil {
 			return err
 		}

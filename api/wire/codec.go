@@ -102,13 +102,22 @@ func (d *Decoder) Bool() bool {
 }
 
 // Str reads a string. (Not String: that would make Decoder a fmt.Stringer.)
-func (d *Decoder) Str() string {
+func (d *Decoder) Str() string { return d.StrLike("") }
+
+// StrLike reads a string like Str, but returns prev itself, without
+// allocating, when the bytes read spell it: a batch of launches of one
+// kernel decodes the name once.
+func (d *Decoder) StrLike(prev string) string {
 	n := d.U32()
 	if n > MaxString {
 		d.Fail("string of %d bytes exceeds the limit of %d", n, MaxString)
 		return ""
 	}
-	return string(d.take(int(n), "string"))
+	b := d.take(int(n), "string")
+	if string(b) == prev {
+		return prev
+	}
+	return string(b)
 }
 
 // Len reads a list length and checks it against MaxList and against the
