@@ -109,9 +109,24 @@ type Config struct {
 	// holds (noderestart.go). Off, a node restart loses sealed weights as
 	// it does all else.
 	WeightSums bool
+	// VersionCopies has each session that exports a versioned buffer keep
+	// a host copy of its latest published version, read back at the
+	// export and after each publish it makes, so that after a restart of
+	// its node the version is restored there under the same id and
+	// grants, and importers read on (rehome.go). Off, a node restart ends
+	// such objects as it does all others.
+	VersionCopies bool
 	// ResumeGrace is how long a session restored after a restart waits
 	// for its tenant to resume it (resume.go); 0 means DefaultResumeGrace.
 	ResumeGrace time.Duration
+	// DropGrace is how long a node keeps the frames of a session with no
+	// journal after its connection drops, for the session to reclaim them
+	// once it redials (noderestart.go), if shorter than the node's
+	// --reattach-grace; 0 means DefaultDropGrace. Nothing reclaims them
+	// after this mediator's own restart, so it need only outlast a
+	// network blip: the frames of a mediator that died count against its
+	// tenants' share of the node only that long.
+	DropGrace time.Duration
 	// Requests, when set, is told of every reply to a tenant's or an
 	// operator's request (metrics of latency and errors by operation).
 	Requests wire.ReplyObserver
@@ -207,6 +222,11 @@ func New(cfg Config) (*Mediator, error) {
 	}
 	if cfg.ResumeGrace == 0 {
 		cfg.ResumeGrace = DefaultResumeGrace
+	}
+	if cfg.DropGrace == 0 {
+		cfg.DropGrace = DefaultDropGrace
+	} else if cfg.DropGrace < time.Millisecond {
+		return nil, fmt.Errorf("drop grace %v: want at least 1ms: %w", cfg.DropGrace, api.ErrInvalidArgument)
 	}
 	if cfg.ReclaimInterval == 0 {
 		cfg.ReclaimInterval = time.Second

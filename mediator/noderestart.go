@@ -19,18 +19,24 @@ import (
 
 // A node that restarts takes the session's device memory there with it; a
 // node that only drops a session's connection (a network blip, a reset, its
-// peer timeout) frees the frames of a connection that ends, but for an
-// attached one (a journaled session's, resume.go), which it parks for its
-// reattach grace (accelerator/reattach.go). The session goes on:
+// peer timeout) parks its frames for its reattach grace, since every
+// session's node connections attach (accelerator/reattach.go): a journaled
+// session's under the node's own grace, to outlast this mediator's restart
+// (resume.go); any other's, which nothing could reclaim after this
+// mediator's restart, asking for only Config.DropGrace, long enough to
+// outlast a network blip, so that the frames of a mediator that died
+// without a journal count against its tenants' share of the node no
+// longer than that. The session goes on:
 //
 //   - A watcher per node connection (watchNodes) notices the connection
 //     closing and dials the node again, backing off from redialFirst to
 //     redialMax, until it answers or the session ends. If the node reports
 //     the boot id it had (it did not restart) and the old connection had
 //     attached, the watcher reclaims the parked frames on the new
-//     connection at once, with the owner id and token the journal records
-//     (attach, as a restore does), before the grace can end. It leaves the
-//     new connection pending, with what it reclaimed or why it could not.
+//     connection at once, with the owner id and token the attach gave,
+//     which this process holds (and a journal records), as a restore does
+//     (attach), before the grace can end. It leaves the new connection
+//     pending, with what it reclaimed or why it could not.
 //   - The session's reader installs a pending connection before the next
 //     request it serves (installRedialled): it waits for the streams and
 //     points the node's devices at the new connection under issueMu. A
@@ -39,9 +45,8 @@ import (
 //     allocation keeps its bytes, and the journal stays valid, since the
 //     reclaimed connection goes on under the same owner id and token.
 //     Otherwise — the node restarted, refused the reclaim (grace over,
-//     token wrong), the connection had not attached, or the session
-//     shares buffers (whose ranges name the dropped connection: only a
-//     restart rebuilds them, resumeshared.go) — it records
+//     token wrong), or the connection had not attached (its attach
+//     failed) — it records
 //     that the devices of that node lost their memory (memory.Space.Lose;
 //     the frame source forgets their frames). New allocations there work;
 //     an allocation that had memory there fails every use with
@@ -58,7 +63,9 @@ import (
 //     that no node holds stays lost, its error saying so.
 //   - A journaled session that lost memory gives its journal up: it names
 //     frames the node no longer has, so a mediator restart could not
-//     restore it.
+//     restore it. The new connection attaches afresh, under DropGrace as
+//     for any session with no journal, so that what the session allocates
+//     there from now on outlasts the next drop.
 //
 // Locks: nodeRedial.mu guards pending and is what vdevs' connections are
 // swapped under (besides issueMu, with the streams idle), so that links,
@@ -72,6 +79,12 @@ const (
 	redialFirst = 100 * time.Millisecond
 	redialMax   = 2 * time.Second
 )
+
+// DefaultDropGrace is how long a node keeps the frames of a session with no
+// journal after its connection drops (Config.DropGrace): a network blip
+// that outlasts the node's peer timeout, plus redialMax for the watcher to
+// dial again once the network is back.
+const DefaultDropGrace = 15 * time.Second
 
 // stopRedials, a test's fault injection beside dieBeforeRecord, keeps the
 // watchers from dialling, as a mediator that died would not. false
@@ -89,9 +102,11 @@ type nodeRedial struct {
 	// node index, not yet installed; guarded by mu.
 	pending map[int]redialled
 	// attached is, by node index, how the session's connection there
-	// attached (owner id and token), for a journaled session; guarded by
-	// mu. A connection that lost its memory is no longer there.
+	// attached (owner id and token); grace is what the attach asked of
+	// the nodes (0: their own), which a reclaim asks again. Both are
+	// guarded by mu. A connection whose attach failed is not there.
 	attached map[int]journalConn
+	grace    time.Duration
 	// restored counts the chunks of sealed weights restored from another
 	// node's copy after a node restart; reclaimed the node connections
 	// that dropped and whose frames were reclaimed.
@@ -249,15 +264,33 @@ func (s *session) installRedialled() {
 				s.frames.forget(uint32(i))
 			}
 		}
-		s.nodes.mu.Lock()
-		delete(s.nodes.attached, node) // the new connection did not attach
-		s.nodes.mu.Unlock()
 		s.jr.giveUp(why)
+		s.attachAfresh(node, rpc)
 		go s.watchNode(node, rpc, p.boot)
 		restored := s.restoreSealed(node, lost)
 		s.log.WithError(why).WithFields(logrus.Fields{"node": addr, "lost": len(lost) - restored, "restored": restored}).
 			Warn("node connection replaced: allocations that had memory there are lost, but sealed weights restored from another node")
 	}
+}
+
+// attachAfresh attaches rpc, the session's new connection to node, whose
+// old one lost its memory there: under a new token, asking for DropGrace,
+// as the session has no journal (now). One that cannot attach is not
+// reclaimed at its next drop. The caller holds issueMu.
+func (s *session) attachAfresh(node int, rpc *wire.RPC) {
+	c, _, err := attach(rpc, s.m.node(node).addr, 0, "", s.m.cfg.DropGrace)
+	s.nodes.mu.Lock()
+	defer s.nodes.mu.Unlock()
+	s.nodes.grace = s.m.cfg.DropGrace
+	if err != nil {
+		delete(s.nodes.attached, node)
+		s.log.WithError(err).Warn("new node connection not attached: its next drop will lose the session's memory there")
+		return
+	}
+	if s.nodes.attached == nil {
+		s.nodes.attached = map[int]journalConn{}
+	}
+	s.nodes.attached[node] = c
 }
 
 // reregisterGraphs registers again, on the reclaimed connection to node,
@@ -288,16 +321,17 @@ func (s *session) reclaimDropped(node int, rpc *wire.RPC, boot, now string) ([]a
 	addr := s.m.node(node).addr
 	s.nodes.mu.Lock()
 	jc, ok := s.nodes.attached[node]
+	grace := s.nodes.grace
 	s.nodes.mu.Unlock()
 	switch {
 	case boot != "" && now != "" && boot != now:
 		return nil, lossReason(addr, boot, now, "") // a restarted node keeps nothing
 	case !ok:
-		return nil, lossReason(addr, boot, now, "the connection had not attached: the session has no journal, so the node kept nothing of it")
+		return nil, lossReason(addr, boot, now, "the connection had not attached, so the node kept nothing of it")
 	case s.shares.count() > 0:
 		return nil, lossReason(addr, boot, now, "the session exports or imports shared buffers, whose ranges a dropped node connection does not rebuild (a restart does), so it does not reclaim it")
 	}
-	_, kept, err := attach(rpc, addr, jc.Owner, jc.Token)
+	_, kept, err := attach(rpc, addr, jc.Owner, jc.Token, grace)
 	if err != nil {
 		return nil, lossReason(addr, boot, now, "the reclaim was refused: "+err.Error())
 	}

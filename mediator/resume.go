@@ -44,6 +44,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -75,35 +76,43 @@ func tokenHash(token string) string {
 // journalSession makes new session s resumable, as its hello asks, where
 // the mediator keeps a journal: its node connections attach, and its
 // header is journaled. A session that cannot be journaled is served all
-// the same, with no token: it will not survive a restart.
+// the same, with no token: it will not survive a restart. Its node
+// connections attach all the same, asking their nodes to keep their
+// frames only Config.DropGrace after a drop, so that a drop while this
+// mediator lives loses nothing (noderestart.go).
 func (m *Mediator) journalSession(s *session, hello *api.Hello) {
 	s.resumable = hello.Resumable
-	if !hello.Resumable || m.jr == nil {
+	if hello.Resumable && m.jr != nil && m.journal(s) {
 		return
 	}
+	conns, err := s.attachConns(m.cfg.DropGrace)
+	if err != nil {
+		s.log.WithError(err).Warn("node connections not attached: a drop of one will lose the session's memory there")
+		return
+	}
+	s.nodes.attach(m, conns, m.cfg.DropGrace)
+}
+
+// journal journals new session s, its node connections attached under
+// their nodes' own reattach grace, reporting whether it could.
+func (m *Mediator) journal(s *session) bool {
 	if s.evicts && s.durable == nil {
 		s.log.Info("session not journaled: its evicted memory lives in this process, so it cannot survive a mediator restart")
-		return
+		return false
 	}
 	rec := sessionRecord{ID: s.id, Tenant: s.tenant, Opened: time.Now().UTC()}
 	if s.ctr != nil {
 		rec.Namespace, rec.Container = s.ctr.grant.Namespace, s.ctr.grant.Container
 	}
-	attached := map[*wire.RPC]bool{}
 	for _, v := range s.vdevs {
-		addr := m.node(v.dev.node).addr
-		rec.Devices = append(rec.Devices, journalDevice{Node: addr, Index: v.dev.info.Index})
-		if attached[v.rpc] {
-			continue
-		}
-		attached[v.rpc] = true
-		c, _, err := attach(v.rpc, addr, 0, "")
-		if err != nil {
-			s.log.WithError(err).Warn("session not journaled: its node connection could not attach; it will not survive a mediator restart")
-			return
-		}
-		rec.Conns = append(rec.Conns, c)
+		rec.Devices = append(rec.Devices, journalDevice{Node: m.node(v.dev.node).addr, Index: v.dev.info.Index})
 	}
+	conns, err := s.attachConns(0)
+	if err != nil {
+		s.log.WithError(err).Warn("session not journaled: its node connection could not attach; it will not survive a mediator restart")
+		return false
+	}
+	rec.Conns = conns
 	token, err := secret(32)
 	var jr *sessionLog
 	if err == nil {
@@ -112,18 +121,40 @@ func (m *Mediator) journalSession(s *session, hello *api.Hello) {
 	}
 	if err != nil {
 		s.log.WithError(err).Error("session not journaled; it will not survive a mediator restart")
-		return
+		return false
 	}
 	s.jr, s.token, s.tokenHash = jr, token, rec.TokenHash
-	s.nodes.attach(m, rec.Conns)
+	s.nodes.attach(m, rec.Conns, 0)
+	return true
+}
+
+// attachConns attaches each of the session's node connections under a new
+// token, asking its node for grace (0: the node's own), and returns them.
+// An attach again replaces a connection's token and grace.
+func (s *session) attachConns(grace time.Duration) ([]journalConn, error) {
+	seen := map[*wire.RPC]bool{}
+	var conns []journalConn
+	for _, v := range s.vdevs {
+		if seen[v.rpc] {
+			continue
+		}
+		seen[v.rpc] = true
+		c, _, err := attach(v.rpc, s.m.node(v.dev.node).addr, 0, "", grace)
+		if err != nil {
+			return nil, err
+		}
+		conns = append(conns, c)
+	}
+	return conns, nil
 }
 
 // attach records conns, the session's attached node connections, for a
-// reclaim after one drops (noderestart.go).
-func (r *nodeRedial) attach(m *Mediator, conns []journalConn) {
+// reclaim after one drops (noderestart.go), and grace, what they asked
+// their nodes for (0: the nodes' own), which a reclaim asks again.
+func (r *nodeRedial) attach(m *Mediator, conns []journalConn, grace time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.attached = map[int]journalConn{}
+	r.attached, r.grace = map[int]journalConn{}, grace
 	for _, c := range conns {
 		if i := m.nodeAt(c.Node); i >= 0 {
 			r.attached[i] = c
@@ -136,8 +167,10 @@ func (r *nodeRedial) attach(m *Mediator, conns []journalConn) {
 // frames kept for owner under token, and returns them by device. The
 // reclaimed connection goes on as owner, under token: what the journal
 // records of it stays true. A restore and a live session whose node
-// connection dropped (reclaimDropped) reclaim through it.
-func attach(rpc *wire.RPC, addr string, owner uint64, token string) (journalConn, []api.NodeFrames, error) {
+// connection dropped (reclaimDropped) reclaim through it. grace, if not 0,
+// asks the node to keep the connection's frames at most that long after a
+// drop (Config.DropGrace).
+func attach(rpc *wire.RPC, addr string, owner uint64, token string, grace time.Duration) (journalConn, []api.NodeFrames, error) {
 	c := journalConn{Node: addr, Owner: owner, Token: token}
 	if owner == 0 {
 		var err error
@@ -145,7 +178,11 @@ func attach(rpc *wire.RPC, addr string, owner uint64, token string) (journalConn
 			return c, nil, err
 		}
 	}
-	body, err := rpc.Call(api.OpNodeAttach, nil, api.Encode(&api.NodeAttach{Owner: owner, Token: c.Token}))
+	m := api.NodeAttach{Owner: owner, Token: c.Token}
+	if grace > 0 {
+		m.HasGrace, m.GraceMillis = true, uint32(min(max(grace.Milliseconds(), 1), math.MaxUint32))
+	}
+	body, err := rpc.Call(api.OpNodeAttach, nil, api.Encode(&m))
 	var r api.NodeAttached
 	if err == nil {
 		err = api.Decode(body, &r)
@@ -352,7 +389,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 		}
 		rpcs[ni] = rpc
 		var frames []api.NodeFrames
-		if _, frames, err = attach(rpc, jc.Node, jc.Owner, jc.Token); err != nil {
+		if _, frames, err = attach(rpc, jc.Node, jc.Owner, jc.Token, 0); err != nil {
 			err = fmt.Errorf("reclaiming its frames: %w", err)
 			break
 		}
@@ -434,7 +471,7 @@ func (m *Mediator) rebuild(j journaled, log logrus.FieldLogger) (*session, error
 		return nil, err
 	}
 	s.tokenHash = j.rec.TokenHash
-	s.nodes.attach(m, j.rec.Conns)
+	s.nodes.attach(m, j.rec.Conns, 0)
 	return s, nil
 }
 
