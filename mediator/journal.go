@@ -28,13 +28,23 @@ package mediator
 //     a session keeps a damaged record from touching any other's.
 //   - One mediator at a time uses a state directory: the registration
 //     store's lock (regstore.go) is held first.
-//   - A journal holds at most its session's history since its space was
-//     last empty, once that history passes compactBytes: a space with no
-//     allocation places the next one as a new space would (memory.Space),
-//     so a free that empties the space rewrites the journal — header,
-//     live streams and live graphs — to <id>.journal.new and renames it over the old one
-//     (compact). A leftover .new file is a compaction cut short, and is
-//     deleted at start. Past maxJournal, a journal is given up.
+//   - A journal stays within a small multiple of its session's live
+//     state, however long the session lives: once it has grown to twice
+//     what it was after its last compaction (and past compactBytes), the
+//     session's reader, between two requests, rewrites it as a snapshot
+//     of the session (compact, session.compactJournal) — the header, the
+//     space's layout (memory.Layout: its chunks, with each resident one's
+//     frame and each evicted one's store entry, and its live allocations,
+//     sealed or not), the seals' credits, the live streams and the
+//     allocations freed with them, the live exports and imports, and the
+//     live graphs and tensor graphs — to <id>.journal.new, and renames it
+//     over the old one. The snapshot is taken under the session's
+//     issueMu and the space's allocMu, which every other record's writer
+//     holds one of, so it is the state after the journal's last record,
+//     and records written after it follow it in the new file. A leftover
+//     .new file is a compaction cut short, and is deleted at start; the
+//     old journal it was to replace is whole. Past maxJournal (a live
+//     state too large for it), a journal is given up.
 //
 // Cost and durability: a record is one write(2) to a file opened for
 // appending, with no fsync. It is in the kernel's page cache when the call
@@ -70,6 +80,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/memory"
 )
 
 const journalDir = "sessions"
@@ -80,19 +91,35 @@ const journalDir = "sessions"
 // itself. nil outside tests.
 var dieBeforeRecord func(l *sessionLog) bool
 
-// compactBytes is the size past which a free that empties a session's
-// space rewrites its journal (sessionLog.compact).
-const compactBytes = 64 << 10
+// compactBytes is the size below which a journal is never compacted
+// (sessionLog.compactAt): a snapshot costs a write of the whole state, so
+// a small journal is left to grow. A variable only so tests can lower it.
+var compactBytes int64 = 64 << 10
 
-// maxJournal bounds one session's journal file. Nothing is ever taken out
-// of a journal while its session lives, so a tenant that allocates and
-// frees in a loop would fill the state directory's disk (110 bytes a
-// round, 10 000 rounds a second on one connection: 1 MB/s); past the bound
-// the session's journal is given up (fail), and the session is served on
-// without surviving a restart. 32 MiB holds some 300 000 such rounds, or
-// the grants of terabytes of live allocations. A variable only so tests
-// can lower it.
+// maxJournal bounds one session's journal file. Compactions keep a
+// journal within about twice its snapshot (sessionLog.compactAt), so only
+// a session whose live state takes more than about half of it — the
+// grants of terabytes of live allocations, or a million small ones —
+// reaches it: its journal is then given up (fail), and the session is
+// served on without surviving a restart, so no tenant fills the state
+// directory's disk. A variable only so tests can lower it.
 var maxJournal int64 = 32 << 20
+
+// dieInCompaction, a test's fault injection, is asked at each step of a
+// compaction; true makes the compaction stop there, as a mediator that
+// died at that step would leave the state directory. nil outside tests.
+var dieInCompaction func(l *sessionLog, step compactStep) bool
+
+// compactStep is a step of a compaction at which a mediator may die.
+type compactStep int
+
+const (
+	stepOpenNew     compactStep = iota // nothing written yet
+	stepHalfWritten                    // half the snapshot is in <id>.journal.new
+	stepWritten                        // all of it, not yet renamed
+	stepRenamed                        // renamed over the journal, before the next record
+	compactSteps
+)
 
 // sessionRecord is a journaled session's header: what reopening it needs
 // besides its operations.
@@ -147,6 +174,7 @@ const (
 	opUntgraph = "untgraph" // tensor graph Graph released (its arena's free is a record of its own)
 	opEvict    = "evict"    // the chunk at VA of Dev is evicted to the store file under Key, whose entry has CRC-32C Sum (residency.go)
 	opResident = "resident" // the chunk at VA of Dev is resident in Frame; Keep: it keeps its store entry
+	opLayout   = "layout"   // Layout: the space as a compaction found it; only first, on an empty space
 )
 
 // journalOp is one journaled change of a session.
@@ -175,6 +203,9 @@ type journalOp struct {
 	Object uint64   `json:"object,omitempty"`
 	Mode   api.Mode `json:"mode,omitempty"`
 	Node   string   `json:"node,omitempty"`
+	// Layout is a compaction's snapshot of the space (opLayout), with
+	// each store entry's CRC-32C beside its key.
+	Layout *memory.Layout `json:"layout,omitempty"`
 }
 
 // graphKey names a live graph (op opGraph) or tensor graph (opTGraph) in
@@ -363,7 +394,7 @@ func (j *journal) begin(r sessionRecord, log logrus.FieldLogger) (*sessionLog, e
 		os.Remove(j.path(r.ID))
 		return nil, err
 	}
-	return &sessionLog{j: j, id: r.ID, rec: r, f: f, size: int64(len(b)), log: log, graphs: map[graphKey][]byte{}}, nil
+	return &sessionLog{j: j, id: r.ID, rec: r, f: f, size: int64(len(b)), base: int64(len(b)), log: log, graphs: map[graphKey][]byte{}}, nil
 }
 
 // reopen goes on with the journal of restored session s.
@@ -383,7 +414,9 @@ func (j *journal) reopen(s journaled, log logrus.FieldLogger) (*sessionLog, erro
 		f.Close()
 		return nil, err
 	}
-	return &sessionLog{j: j, id: id, rec: s.rec, f: f, size: fi.Size(), log: log, graphs: live}, nil
+	l := &sessionLog{j: j, id: id, rec: s.rec, f: f, size: fi.Size(), log: log, graphs: live}
+	l.over.Store(l.size >= l.compactAt()) // base 0: compacted at its first request if long
+	return l, nil
 }
 
 // drop deletes what is journaled of session id.
@@ -408,6 +441,14 @@ type sessionLog struct {
 	mu   sync.Mutex // orders records of calls not under issueMu (streams)
 	f    *os.File   // guarded by mu; nil once the journal ended
 	size int64      // guarded by mu: the bytes f holds, at most maxJournal
+	// base is the bytes f held after its last compaction, or as it was
+	// begun or reopened; guarded by mu. It sets the next compaction
+	// (compactAt).
+	base int64
+	// over says size has reached compactAt: the session's reader
+	// compacts the journal after the request it serves. Set under mu;
+	// read without it, on every request.
+	over atomic.Bool
 	// graphs are the records of the session's live graphs and tensor
 	// graphs, which a compaction writes again; guarded by mu. They take
 	// what the journal takes for them, so at most maxJournal.
@@ -441,39 +482,56 @@ func (l *sessionLog) write(op journalOp) []byte {
 	}
 	b, err := record(op)
 	if err == nil && l.size+int64(len(b)) > maxJournal {
-		err = fmt.Errorf("%d bytes, past its bound of %d (nothing leaves a journal while its session lives)", l.size+int64(len(b)), maxJournal)
+		err = fmt.Errorf("%d bytes, past its bound of %d (its last compaction left %d)", l.size+int64(len(b)), maxJournal, l.base)
 	}
 	if err == nil {
 		_, err = l.f.Write(b)
 		l.size += int64(len(b))
+		if l.size >= l.compactAt() {
+			l.over.Store(true)
+		}
 	}
 	if err != nil {
-		l.fail(fmt.Errorf("journal %s: record %s: %w", l.f.Name(), op.Op, err))
+		l.fail(fmt.Errorf("journal %s: record %s: %w", l.j.path(l.id), op.Op, err))
 		return nil
 	}
 	return b
 }
 
-// compact rewrites the journal of a session whose space is empty, with
-// live streams streams, if it has grown past compactBytes: its header,
-// then a record for each stream, then the records of its live graphs and
-// tensor graphs (those have no arena and bind nothing, the space being
-// empty), by id.
-func (l *sessionLog) compact(streams []uint32) {
-	if l == nil {
-		return
-	}
+// compactAt is the size at which the journal is compacted next: twice
+// what its last compaction left, so that a compaction's cost, a write of
+// the live state, is paid for by as many bytes of records since — but
+// halfway from there to maxJournal where that comes first, so a large
+// state is compacted before its journal is given up — and never below
+// compactBytes. The caller holds mu.
+func (l *sessionLog) compactAt() int64 {
+	return max(compactBytes, min(2*l.base, (l.base+maxJournal)/2))
+}
+
+// due says the journal has grown to compactAt and its session should
+// compact it (session.compactJournal).
+func (l *sessionLog) due() bool { return l != nil && l.over.Load() }
+
+// compact rewrites the journal as its header, then ops — the session's
+// state as its snapshot gives it, the space's layout first — then the
+// records of its live graphs and tensor graphs, by id: to <id>.journal.new,
+// renamed over the journal, which it goes on from. The caller holds what
+// keeps records from being written between the snapshot and the rename:
+// the session's issueMu and the space's allocMu. A compaction that fails
+// leaves the journal as it was, and is tried again once it has grown as
+// much again.
+func (l *sessionLog) compact(ops []journalOp) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.f == nil || l.size < compactBytes {
-		return
+	if l.f == nil {
+		return nil
 	}
-	path := l.j.path(l.id)
+	l.over.Store(false)
 	b, err := record(l.rec)
-	for _, id := range streams {
+	for _, op := range ops {
 		var r []byte
 		if err == nil {
-			r, err = record(journalOp{Op: opStream, Stream: id})
+			r, err = record(op)
 		}
 		b = append(b, r...)
 	}
@@ -482,12 +540,32 @@ func (l *sessionLog) compact(streams []uint32) {
 	for _, k := range keys {
 		b = append(b, l.graphs[k]...)
 	}
-	var f *os.File
-	if err == nil {
-		f, err = os.OpenFile(path+".new", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+	if err == nil && int64(len(b)) > maxJournal {
+		err = fmt.Errorf("the session's snapshot takes %d bytes, past the bound of %d", len(b), maxJournal)
 	}
+	if err != nil {
+		l.base = l.size
+		return err
+	}
+	path := l.j.path(l.id)
+	if l.died(stepOpenNew) {
+		return nil
+	}
+	f, err := os.OpenFile(path+".new", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err == nil {
-		if _, err = f.Write(b); err == nil {
+		half := len(b) / 2
+		if _, err = f.Write(b[:half]); err == nil {
+			if l.died(stepHalfWritten) {
+				f.Close()
+				return nil
+			}
+			_, err = f.Write(b[half:])
+		}
+		if err == nil && l.died(stepWritten) {
+			f.Close()
+			return nil
+		}
+		if err == nil {
 			err = os.Rename(path+".new", path)
 		}
 		if err != nil {
@@ -496,11 +574,30 @@ func (l *sessionLog) compact(streams []uint32) {
 		}
 	}
 	if err != nil {
-		l.log.WithError(err).Warn("compacting the session's journal failed; it goes on growing")
-		return
+		l.base = l.size
+		return err
 	}
 	l.f.Close()
-	l.f, l.size = f, int64(len(b))
+	l.f, l.size, l.base = f, int64(len(b)), int64(len(b))
+	if l.died(stepRenamed) {
+		l.f.Close()
+		l.f = nil
+	}
+	return nil
+}
+
+// died asks the test's fault injection whether the mediator dies at step
+// of a compaction; if so the journal ends there, as the process would.
+// The caller holds mu.
+func (l *sessionLog) died(step compactStep) bool {
+	if dieInCompaction == nil || !dieInCompaction(l, step) {
+		return false
+	}
+	if l.f != nil {
+		l.f.Close()
+		l.f = nil
+	}
+	return true
 }
 
 // fail gives up the session's journal: it is deleted, so that no restart

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -13,16 +11,14 @@ import (
 	"github.com/vgpu/vgpu/client"
 )
 
-// A tenant that allocates and frees in a loop, keeping a buffer live all
-// along (so that no free empties its space and compacts the journal:
-// TestJournalCompacted), appends to its session's journal at every call:
-// past maxJournal bytes the journal is given up
-// (deleted, the session served on without surviving a restart), so no
-// tenant fills the state directory's disk. A session within the bound
-// keeps its journal.
+// A session whose live state outgrows maxJournal — more live allocations
+// than a journal of that bound can name, even compacted to a snapshot
+// (TestJournalBoundedByLiveState) — has its journal given up (deleted,
+// the session served on without surviving a restart), so no tenant fills
+// the state directory's disk. A session within the bound keeps its
+// journal.
 func TestJournalBounded(t *testing.T) {
-	defer func(was int64) { maxJournal = was }(maxJournal)
-	maxJournal = 64 << 10
+	lowerJournalBounds(t, 4<<10, 16<<10)
 	h := newHost(t)
 	h.start()
 	sock := h.serveHost()
@@ -34,23 +30,14 @@ func TestJournalBounded(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	path := func(c *client.Client) string {
-		return filepath.Join(h.stateDir(), journalDir, strconv.FormatUint(c.Session(), 10)+".journal")
-	}
+	path := func(c *client.Client) string { return journalPath(h, c) }
 	churn, calm := dial(), dial()
 	if _, err := calm.Malloc(0, 64<<10); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := churn.Malloc(0, 4<<10); err != nil { // live all along
-		t.Fatal(err)
-	}
-	const rounds = 2000
-	for i := range rounds {
-		p, err := churn.Malloc(0, 4<<10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := churn.Free(p); err != nil {
+	const live = 500 // 4 KiB each: some 40 bytes each in a snapshot, 20 KiB in all
+	for i := range live {
+		if _, err := churn.Malloc(0, 4<<10); err != nil {
 			t.Fatal(err)
 		}
 		if i == 10 {
@@ -58,15 +45,15 @@ func TestJournalBounded(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("journal after 11 allocations and frees: %d bytes", fi.Size())
+			t.Logf("journal after 11 allocations: %d bytes", fi.Size())
 		}
 	}
 	if fi, err := os.Stat(path(churn)); err == nil {
-		t.Fatalf("after %d allocations and frees the journal holds %d bytes, bound %d", rounds, fi.Size(), maxJournal)
+		t.Fatalf("after %d live allocations the journal holds %d bytes, bound %d", live, fi.Size(), maxJournal)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		t.Fatal(err)
 	}
-	if !strings.Contains(h.log.String(), "session journal given up") || !strings.Contains(h.log.String(), "bound") {
+	if !strings.Contains(h.log.String(), "session journal given up") || !strings.Contains(h.log.String(), "past its bound") {
 		t.Fatalf("the log does not say the journal was given up for its bound:\n%s", h.log.String())
 	}
 	if _, err := churn.Malloc(0, 4<<10); err != nil {
@@ -87,9 +74,10 @@ func TestJournalBounded(t *testing.T) {
 }
 
 // A tenant that allocates and frees in a loop, its space empty after each
-// free, keeps a short journal: once past compactBytes, the free that
-// empties the space rewrites it. The session is restored from the
-// compacted journal, with what it allocated since.
+// free, keeps a short journal: once past compactBytes, it is rewritten to
+// a snapshot of the session, here little more than its stream. The
+// session is restored from the compacted journal, with what it allocated
+// since.
 func TestJournalCompacted(t *testing.T) {
 	h := newHost(t)
 	h.start()
@@ -98,7 +86,7 @@ func TestJournalCompacted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(h.stateDir(), journalDir, strconv.FormatUint(c.Session(), 10)+".journal")
+	path := journalPath(h, c)
 	var most int64
 	for range 2000 {
 		p, err := c.Malloc(0, 4<<10)

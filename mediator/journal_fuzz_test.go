@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/vgpu/vgpu/memory"
 )
 
 // FuzzJournalRead reads arbitrary bytes as a session's journal file, as a
@@ -26,6 +28,10 @@ func FuzzJournalRead(f *testing.F) {
 		{Op: opStream, Stream: 2}, {Op: opWith, VA: 1 << 40, Stream: 2}, {Op: opUnstream, Stream: 2}, {Op: opFree, VA: 1 << 40},
 		{Op: opGraph, Graph: 1, Body: []byte{2, 0, 0, 0, 0, 0, 0, 0}}, {Op: opGraph, Graph: 2}, {Op: opUngraph, Graph: 1},
 		{Op: opTGraph, Graph: 1, Body: []byte("def"), VA: 1 << 40}, {Op: opUntgraph, Graph: 1},
+		{Op: opLayout, Layout: &memory.Layout{
+			Chunks: []memory.ChunkLayout{{VA: 1 << 32, Resident: true, Frame: 2 << 20}, {VA: 1<<32 + 2<<20, Hint: 3, Key: 4, Sum: 0xabcd}},
+			Allocs: []memory.AllocLayout{{VA: 1 << 32, Size: 3 << 20, Sealed: true}},
+		}},
 	} {
 		b, err := record(op)
 		if err != nil {

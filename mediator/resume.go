@@ -586,6 +586,8 @@ func (s *session) replayOne(op journalOp, r *replay) error {
 		return s.replayResidency(op, r)
 	case opExport, opUnexport, opImport, opUnimport:
 		return s.replayShared(op, r)
+	case opLayout:
+		return s.replayLayout(op, r)
 	default:
 		return fmt.Errorf("unknown operation %q: %w", op.Op, api.ErrInternal)
 	}
@@ -628,16 +630,6 @@ func (s *session) reconcile(r *replay) error {
 		}
 	}
 	return nil
-}
-
-// compactJournal rewrites the session's journal once its space is empty,
-// if it has grown long (sessionLog.compact). The session's reader, which
-// alone journals, calls it.
-func (s *session) compactJournal() {
-	if s.jr == nil || s.space.Stats().Allocations > 0 || s.shares.count() > 0 {
-		return // imports, which are no allocations, live in the records only
-	}
-	s.jr.compact(s.streams.ids())
 }
 
 // heldFrames is the frames f holds, by virtual device.

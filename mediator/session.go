@@ -61,7 +61,10 @@ type vdev struct {
 // Lock order: issueMu, then at most one of streams.mu, regions.mu,
 // graphs.mu and shares.mu, then sessionLog.mu (jr); budget.mu,
 // frameSource.mu and nodes.mu are leaves, as are memory.Space's own locks
-// (held only within its calls, which issueMu encloses). No part's lock is
+// (held only within its calls, which issueMu encloses) — but for allocMu
+// over sessionLog.mu: a residency record is written under it, and a
+// compaction (journalcompact.go) writes the snapshot inside
+// Space.Snapshot. No part's lock is
 // held while issueMu or another part's lock is taken, nor across a node
 // call or a wait for a stream: the collections' methods (sessionparts.go)
 // take only their own. Mediator.mu is held over none of them but the
@@ -503,6 +506,7 @@ func (s *session) readLoop() error {
 		if !queued && pool != nil {
 			s.putIn(pool)
 		}
+		s.compactJournal() // a load of a flag, unless the journal is due
 		if errors.Is(err, errHungUp) {
 			return err
 		}
@@ -609,7 +613,6 @@ func (s *session) handle(h wire.Header, body []byte, pool *[]byte) (queued bool,
 			return false, err
 		}
 		s.streams.forget(m.Addr)
-		s.compactJournal()
 		return false, s.c.Reply(h)
 	case api.OpStreamCreate:
 		id, err := s.streams.create(s.newStream)
