@@ -140,6 +140,10 @@ type connObjects struct {
 	// pinned, whose readers, importers and pins must forget it when it
 	// ends. An object leaves it when it ends.
 	used map[*object]bool
+	// pending is the object being restored (restore.go), nil if none;
+	// restored counts the bytes of those restored, live or pending.
+	pending  *restoring
+	restored uint64
 }
 
 // exporting says whether c has exported objects that have not ended.
@@ -161,7 +165,7 @@ func (t *objectTable) objectsOf(c *conn) *connObjects {
 
 // tidy drops c's entry if it lists nothing. The caller holds t.mu.
 func (t *objectTable) tidy(c *conn) {
-	if r := t.byConn[c]; r != nil && len(r.exported) == 0 && len(r.used) == 0 {
+	if r := t.byConn[c]; r != nil && len(r.exported) == 0 && len(r.used) == 0 && r.pending == nil {
 		delete(t.byConn, c)
 	}
 }
@@ -493,7 +497,7 @@ func (c *conn) importObject(m *api.NodeObject) (*api.NodeImportReply, error) {
 	o.importers[cacheID(c)] = c
 	o.use(c)
 	return &api.NodeImportReply{Size: o.size, Mode: o.home.Mode(), Write: o.exporter == c || o.grants[c.tenant],
-		PageSize: PageSize, LeaseNs: int64(ReadLease)}, nil
+		PageSize: PageSize, LeaseNs: int64(ReadLease), HasExporter: true, Exporter: o.exporter.tenant}, nil
 }
 
 func (c *conn) revoke(m *api.NodeRevoke) error {
@@ -659,6 +663,10 @@ func (c *conn) writeObject(h wire.Header, m *api.NodeObjAccess) error {
 	if err != nil {
 		return err
 	}
+	if err := o.noDraft(); err != nil {
+		o.mu.Unlock()
+		return err
+	}
 	page, _, err := o.span(m.Off, uint64(len(m.Payload)))
 	if err != nil {
 		o.mu.Unlock()
@@ -783,6 +791,9 @@ func (o *object) mayPublish(c *conn) error {
 	if err := o.may(c, true); err != nil {
 		return err
 	}
+	if err := o.noDraft(); err != nil {
+		return err
+	}
 	if mode := o.home.Mode(); mode != api.ModeVersioned {
 		return fmt.Errorf("shared object %d: publish of a %v object: %w", o.id, mode, api.ErrInvalidArgument)
 	}
@@ -806,7 +817,11 @@ func (c *conn) publish(m *api.NodeObject) (uint64, error) {
 		return 0, err
 	}
 	var took time.Duration
-	defer func() { o.dev.chargeOff(c.share, took) }() // after the unlock below
+	defer func() { // after the unlock below
+		if o.dev != nil { // a restored object copies nothing (restore.go)
+			o.dev.chargeOff(c.share, took)
+		}
+	}()
 	defer o.mu.Unlock()
 	for o.publishing && !o.gone { // one copy at a time
 		o.changed.Wait()
@@ -901,9 +916,14 @@ func (c *conn) invalAck(m *api.NodeInval) error {
 }
 
 // dropObjects ends the objects c exported that are made of frames of d
-// about to be freed; with no frames, it forgets c as a user of every
-// object instead (its connection ended).
+// about to be freed; with no device and no frames (its connection ended),
+// it forgets c as a user of every object instead, and ends the objects it
+// restored, which hold no frames (restore.go).
 func (n *Node) dropObjects(c *conn, d *device, frames []uint64) {
+	if d == nil && frames == nil {
+		n.endObjects(c, func(o *object) bool { return o.dev == nil }, true)
+		return
+	}
 	freed := map[uint64]bool{}
 	for _, f := range frames {
 		freed[f] = true
@@ -937,6 +957,9 @@ func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
 	for _, o := range mine {
 		c.exports--
 		c.exportExtents -= len(o.xs)
+		if o.dev == nil {
+			r.restored -= o.size
+		}
 		delete(r.exported, o.id)
 		delete(t.byID, o.id)
 		t.ending[o.id] = o
@@ -959,7 +982,9 @@ func (n *Node) endObjects(c *conn, end func(*object) bool, forget bool) {
 	for _, o := range mine {
 		o.mu.Lock()
 		o.tell("")
-		o.dev.frames.unshare(o.xs)
+		if o.dev != nil {
+			o.dev.frames.unshare(o.xs)
+		}
 		st := o.home.Stats()
 		users := slices.Collect(maps.Keys(o.users))
 		clear(o.users)
@@ -984,6 +1009,7 @@ func (t *objectTable) forget(c *conn) {
 	var used map[*object]bool
 	if r := t.byConn[c]; r != nil {
 		used, r.used = r.used, map[*object]bool{}
+		r.dropPending()
 		t.tidy(c)
 	}
 	t.mu.Unlock()
@@ -1012,7 +1038,10 @@ func (t *objectTable) adopt(from, to *conn) int {
 	var mine []*object
 	if r := t.byConn[from]; r != nil && len(r.exported) > 0 {
 		mine = slices.Collect(maps.Values(r.exported))
-		maps.Copy(t.objectsOf(to).exported, r.exported)
+		into := t.objectsOf(to)
+		maps.Copy(into.exported, r.exported)
+		into.restored += r.restored
+		r.restored = 0
 		clear(r.exported)
 		t.tidy(from)
 	}
@@ -1128,6 +1157,15 @@ func (c *conn) objectOp(r request) (ok bool, err error) {
 			return true, fmt.Errorf("shared object %d: only its exporter may end it: %w", m.Object, api.ErrPermissionDenied)
 		}
 		c.node.endObjects(c, func(o *object) bool { return o.id == m.Object }, false)
+		return true, c.c.Reply(r.h)
+	case api.OpNodeRestore:
+		var m api.NodeRestore
+		if err := api.Decode(r.body, &m); err != nil {
+			return true, fmt.Errorf("%v: %w", r.h.Op, err)
+		}
+		if err := c.restore(&m); err != nil {
+			return true, err
+		}
 		return true, c.c.Reply(r.h)
 	case api.OpNodeRevokedAck:
 		var m api.NodeRevoke

@@ -44,6 +44,8 @@ import (
 //     space maps was kept, those kept beyond are freed); then every
 //     allocation keeps its bytes, and the journal stays valid, since the
 //     reclaimed connection goes on under the same owner id and token.
+//     The shared buffers reached through the dropped connection are
+//     rebuilt on the new one, as a restore rebuilds them (dropshared.go).
 //     Otherwise — the node restarted, refused the reclaim (grace over,
 //     token wrong), or the connection had not attached (its attach
 //     failed) — it records
@@ -111,6 +113,10 @@ type nodeRedial struct {
 	// node's copy after a node restart; reclaimed the node connections
 	// that dropped and whose frames were reclaimed.
 	restored, reclaimed atomic.Uint64
+	// rehomed counts the shared objects the session exported that it
+	// restored on their restarted home; reimported the imports it made
+	// again there (rehome.go).
+	rehomed, reimported atomic.Uint64
 	// installs counts the connections installed; replaced is, by virtual
 	// device, the count when its connection was last replaced, and why. A
 	// tensor graph registered before that (tensorGraph.epoch) went with
@@ -127,6 +133,11 @@ type redialled struct {
 	boot string
 	kept []api.NodeFrames // valid if why is nil
 	why  error
+	// was is the boot id the node had, if it restarted; rehomed then
+	// says, for each export there, why it was not restored on rpc (nil:
+	// it was: rehome.go).
+	was     string
+	rehomed map[*sharedRange]error
 }
 
 // replacedConn is when and why a virtual device's node connection was
@@ -180,6 +191,9 @@ func (s *session) watchNode(node int, rpc *wire.RPC, boot string) {
 			now, _ := bootOf(fresh)
 			p := redialled{rpc: fresh, boot: now}
 			p.kept, p.why = s.reclaimDropped(node, fresh, boot, now)
+			if boot != "" && now != "" && boot != now {
+				p.was, p.rehomed = boot, s.rehomeExports(node, fresh)
+			}
 			s.nodes.mu.Lock()
 			if ctx.Err() != nil { // the session ended meanwhile: nobody installs it
 				s.nodes.mu.Unlock()
@@ -227,7 +241,7 @@ func (s *session) installRedialled() {
 	s.issueMu.Lock()
 	defer s.issueMu.Unlock()
 	for node, p := range pending {
-		addr, rpc := s.m.node(node).addr, p.rpc
+		addr, rpc, old := s.m.node(node).addr, p.rpc, s.vdevRPC(node)
 		s.nodes.installs++
 		if s.nodes.replaced == nil {
 			s.nodes.replaced = map[uint32]replacedConn{}
@@ -252,6 +266,7 @@ func (s *session) installRedialled() {
 				}
 			}
 			s.reregisterGraphs(node)
+			s.rebuildShared(node, old, rpc)
 			go s.watchNode(node, rpc, p.boot)
 			s.log.WithField("node", addr).Info("node connection replaced: its frames reclaimed, every allocation there kept")
 			continue
@@ -266,6 +281,9 @@ func (s *session) installRedialled() {
 		}
 		s.jr.giveUp(why)
 		s.attachAfresh(node, rpc)
+		if p.rehomed != nil {
+			s.adoptRehomed(node, rpc, p.was, p.boot, p.rehomed)
+		}
 		go s.watchNode(node, rpc, p.boot)
 		restored := s.restoreSealed(node, lost)
 		s.log.WithError(why).WithFields(logrus.Fields{"node": addr, "lost": len(lost) - restored, "restored": restored}).
@@ -328,8 +346,6 @@ func (s *session) reclaimDropped(node int, rpc *wire.RPC, boot, now string) ([]a
 		return nil, lossReason(addr, boot, now, "") // a restarted node keeps nothing
 	case !ok:
 		return nil, lossReason(addr, boot, now, "the connection had not attached, so the node kept nothing of it")
-	case s.shares.count() > 0:
-		return nil, lossReason(addr, boot, now, "the session exports or imports shared buffers, whose ranges a dropped node connection does not rebuild (a restart does), so it does not reclaim it")
 	}
 	_, kept, err := attach(rpc, addr, jc.Owner, jc.Token, grace)
 	if err != nil {
@@ -346,9 +362,6 @@ func (s *session) reclaimDropped(node int, rpc *wire.RPC, boot, now string) ([]a
 // pointing at the new connection.
 func (s *session) adoptReclaimed(node int, boot string, kept []api.NodeFrames) error {
 	addr := s.m.node(node).addr
-	if s.shares.count() > 0 { // shared since the reclaim
-		return lossReason(addr, boot, boot, "the session shares buffers now, whose ranges a dropped node connection does not rebuild")
-	}
 	r := &replay{kept: make([]map[uint64]bool, len(s.vdevs))}
 	for i, v := range s.vdevs {
 		if v.dev.node == node {

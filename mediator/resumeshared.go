@@ -132,9 +132,10 @@ func (s *session) restoreShares(sh *replayedShares) error {
 			return err
 		}
 		v := s.vdevs[dev]
-		r := &sharedRange{base: va, size: end - va, node: v.dev.node, rpc: v.rpc,
+		r := &sharedRange{base: va, size: end - va, node: v.dev.node,
 			object: op.Object, mode: op.Mode, write: op.Mode != api.ModeImmutable, pageSize: pageSizeOf(0)}
-		if err := r.pin(s.log); err != nil {
+		r.home.boot = s.m.node(v.dev.node).bootIfUp() // its grants are not journaled: a node restart does not restore it
+		if err := s.readopt(r, v.rpc); err != nil {
 			return fmt.Errorf("export at %#x: %w", va, err)
 		}
 		s.shares.add(r)
@@ -142,14 +143,34 @@ func (s *session) restoreShares(sh *replayedShares) error {
 	imports := slices.SortedFunc(maps.Values(sh.imports), func(a, b journalOp) int { return cmp.Compare(a.VA, b.VA) })
 	for _, op := range imports {
 		r := &sharedRange{base: op.VA, size: op.Size, node: s.m.nodeAt(op.Node), object: op.Object, imported: true, pageSize: pageSizeOf(0)}
-		if err := s.reimport(r); err != nil {
-			err = fmt.Errorf("restored import of object %d of node %s: %w", op.Object, op.Node, err)
-			r.ended.Store(&err)
-			s.log.WithError(err).Info("a shared buffer the session imported is not restored; its range fails with why")
-		}
+		s.remakeImport(r, op.Node, "restored")
 		s.shares.add(r)
 	}
 	return nil
+}
+
+// readopt makes rpc, a new connection to the node of r, an export whose
+// object the node kept with the parked frames and gave that connection
+// (objectTable.adopt), the one r is reached through, and pins its latest
+// version again: the node forgot the old connection's pins.
+func (s *session) readopt(r *sharedRange, rpc *wire.RPC) error {
+	r.version.Store(0)
+	r.via.Store(rpc)
+	return r.pin(s.log)
+}
+
+// remakeImport imports r's object again at r's address (reimport), from
+// node (its address); one the node refuses — a grant revoked or an object
+// ended since — ends r with why, typed, as a revocation pushed to a live
+// session would, and is logged: the rest of the session goes on. what
+// says why the import is made again.
+func (s *session) remakeImport(r *sharedRange, node, what string) {
+	r.version.Store(0) // the node forgot the old connection's pins
+	if err := s.reimport(r); err != nil {
+		err = fmt.Errorf("%s import of object %d of node %s: %w", what, r.object, node, err)
+		r.ended.Store(&err)
+		s.log.WithError(err).Info("a shared buffer the session imported is not made again; its range fails with why")
+	}
 }
 
 // reimport imports r's object again over the session's connection to its
@@ -173,7 +194,9 @@ func (s *session) reimport(r *sharedRange) error {
 	case ir.Size != r.size:
 		return fmt.Errorf("the node says %d bytes, the journal %d: %w", ir.Size, r.size, api.ErrProtocol)
 	}
-	r.rpc, r.mode, r.write, r.pageSize = rpc, ir.Mode, ir.Write, pageSizeOf(ir.PageSize)
+	r.via.Store(rpc)
+	r.mode, r.write, r.pageSize = ir.Mode, ir.Write, pageSizeOf(ir.PageSize)
+	r.home.imported(s.m.node(r.node).bootIfUp(), &ir)
 	return r.pin(s.log)
 }
 

@@ -424,7 +424,7 @@ func (sh *shareSet) revoked(rpc *wire.RPC, object uint64, all bool, err *error) 
 		sh.importing.err = err // it arrived before the import was recorded
 	}
 	for _, r := range sh.ranges {
-		if r.rpc == rpc && r.object == object && r.imported {
+		if r.conn() == rpc && r.object == object && r.imported {
 			r.ended.Store(err)
 			if all {
 				r.version.Store(0) // the object's pins ended with it: nothing to unpin

@@ -111,18 +111,26 @@ func (pc *pageCache) push(rpc *wire.RPC, op wire.Op, body []byte) {
 type sharedRange struct {
 	base, size uint64
 	node       int
-	rpc        *wire.RPC
-	object     uint64
-	mode       api.Mode
-	write      bool
-	pageSize   uint64
-	imported   bool
-	ended      atomic.Pointer[error] // why the node no longer serves it to this session
+	// via is the node connection the range is reached through; a range
+	// whose home restarted moves to a new one when it is restored
+	// (rehome.go).
+	via      atomic.Pointer[wire.RPC]
+	object   uint64
+	mode     api.Mode
+	write    bool
+	pageSize uint64
+	imported bool
+	ended    atomic.Pointer[error] // why the node no longer serves it to this session
 	// version is what a versioned range reads: the version it holds a pin
 	// of at the node (0 before its first pin). Each range holds its own,
 	// though ranges of the session share the node connection.
 	version atomic.Uint64
+	// home is what a restart of the object's home needs (rehome.go).
+	home rangeHome
 }
+
+// conn is the node connection r is reached through.
+func (r *sharedRange) conn() *wire.RPC { return r.via.Load() }
 
 // pin makes a versioned range read the latest published version; other
 // modes have nothing to pin. The new version is pinned before the old one
@@ -133,7 +141,7 @@ func (r *sharedRange) pin(log logrus.FieldLogger) error {
 	if r.mode != api.ModeVersioned {
 		return nil
 	}
-	body, err := r.rpc.Call(api.OpNodePin, nil, api.Encode(&api.NodeObject{Object: r.object}))
+	body, err := r.conn().Call(api.OpNodePin, nil, api.Encode(&api.NodeObject{Object: r.object}))
 	var v api.BufVersion
 	if err == nil {
 		err = api.Decode(body, &v)
@@ -141,6 +149,7 @@ func (r *sharedRange) pin(log logrus.FieldLogger) error {
 	if err != nil {
 		return fmt.Errorf("pin shared object %d: %w", r.object, err)
 	}
+	r.home.stale.Store(nil) // it reads the version it pinned now
 	if err := r.unpinVersion(r.version.Swap(v.Version)); err != nil {
 		log.WithError(err).Info("unpinning the version a shared range read before failed")
 	}
@@ -157,7 +166,7 @@ func (r *sharedRange) unpinVersion(v uint64) error {
 	if v == 0 {
 		return nil
 	}
-	if _, err := r.rpc.Call(api.OpNodeUnpin, nil, api.Encode(&api.NodeVersion{Object: r.object, Version: v})); err != nil {
+	if _, err := r.conn().Call(api.OpNodeUnpin, nil, api.Encode(&api.NodeVersion{Object: r.object, Version: v})); err != nil {
 		return fmt.Errorf("unpin version %d of shared object %d: %w", v, r.object, err)
 	}
 	return nil
@@ -185,13 +194,16 @@ func (s *session) versionOp(op wire.Op, body []byte) (uint64, error) {
 	if !r.write {
 		return 0, fmt.Errorf("publish of shared object %d: this session may only read it: %w", r.object, api.ErrPermissionDenied)
 	}
-	body, err = r.rpc.Call(api.OpNodePublish, nil, api.Encode(&api.NodeObject{Object: r.object}))
+	body, err = r.conn().Call(api.OpNodePublish, nil, api.Encode(&api.NodeObject{Object: r.object}))
 	var v api.BufVersion
 	if err == nil {
 		err = api.Decode(body, &v)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("publish shared object %d: %w", r.object, err)
+	}
+	if !r.imported {
+		s.holdVersion(r)
 	}
 	return v.Version, nil
 }
@@ -240,7 +252,12 @@ func (s *session) sharedAt(va, n uint64) (*sharedRange, error) {
 	if err := r.ended.Load(); err != nil {
 		return nil, *err
 	}
-	if closed(r.rpc) {
+	if closed(r.conn()) && r.imported {
+		// Imported again if its home restarted and has it back.
+		if err := s.rehomeImport(r); err != nil {
+			return nil, err
+		}
+	} else if closed(r.conn()) {
 		// The node forgot the connection's grants and pins with it, and
 		// pushes a later revocation to nobody: copies cached here must
 		// not outlive it.
@@ -308,8 +325,10 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	if err != nil {
 		return nil, fmt.Errorf("export %#x on node %s: %w", m.Addr, s.m.node(v.dev.node).addr, err)
 	}
-	r := &sharedRange{base: m.Addr, size: end - m.Addr, node: v.dev.node, rpc: v.rpc,
+	r := &sharedRange{base: m.Addr, size: end - m.Addr, node: v.dev.node,
 		object: obj.Object, mode: m.Mode, write: m.Mode != api.ModeImmutable, pageSize: pageSizeOf(0)}
+	r.via.Store(v.rpc)
+	r.home.exported(s.m.node(v.dev.node).bootIfUp(), m.Grants)
 	if err := r.pin(s.log); err != nil {
 		// Unpinned, the exporter could not read the object, nor write the
 		// buffer but through it, nor export it again: end it.
@@ -320,6 +339,7 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 	}
 	s.shares.add(r)
 	s.jr.add(journalOp{Op: opExport, VA: m.Addr, Object: obj.Object, Mode: m.Mode})
+	s.holdVersion(r)
 	return &api.Shared{Node: s.m.node(v.dev.node).addr, Object: obj.Object}, nil
 }
 
@@ -371,8 +391,10 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 	if ir.PageSize == 0 || ir.Size == 0 {
 		return nil, fmt.Errorf("node %s describes object %d with page size %d, size %d: %w", m.Node, m.Object, ir.PageSize, ir.Size, api.ErrProtocol)
 	}
-	r := &sharedRange{size: ir.Size, node: idx, rpc: rpc, object: m.Object,
+	r := &sharedRange{size: ir.Size, node: idx, object: m.Object,
 		mode: ir.Mode, write: ir.Write, pageSize: pageSizeOf(ir.PageSize), imported: true}
+	r.via.Store(rpc)
+	r.home.imported(s.m.node(idx).bootIfUp(), &ir)
 	if err := r.pin(s.log); err != nil {
 		return nil, err
 	}
@@ -394,17 +416,9 @@ func (s *session) nodeRPC(idx int) (*wire.RPC, error) {
 		return rpc, nil
 	}
 	// A lost connection is replaced: the imports made over it stay
-	// refused (sharedAt), new ones go over the new one.
-	rpc := s.shares.conn(idx)
-	if rpc != nil && !closed(rpc) {
-		return rpc, nil
-	}
-	n := s.m.node(idx)
-	rpc, _, err := dialNode(n.addr, s.m.nodeTenant(s.tenant), s.m.cfg.NodeTLS, n.cache.push)
-	if err != nil {
-		return nil, err
-	}
-	return s.shares.keepConn(idx, rpc), nil
+	// refused (sharedAt) unless their home restarted and has them back
+	// (rehome.go), new ones go over the new one.
+	return s.importConn(idx)
 }
 
 // closed reports whether rpc's connection has ended.
@@ -430,7 +444,8 @@ func (s *session) revoke(body []byte) error {
 	if err != nil {
 		return err
 	}
-	_, err = r.rpc.Call(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: r.object, Tenant: m.Tenant}))
+	r.home.revoke(m.Tenant)
+	_, err = r.conn().Call(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: r.object, Tenant: m.Tenant}))
 	return err
 }
 
@@ -461,7 +476,7 @@ func (s *session) unshare(va uint64, importsOnly bool) (bool, error) {
 // mediators forget the object; so does this one, whose other sessions may
 // have imported it.
 func (s *session) unexport(r *sharedRange) error {
-	_, err := r.rpc.Call(api.OpNodeUnexport, nil, api.Encode(&api.NodeObject{Object: r.object}))
+	_, err := r.conn().Call(api.OpNodeUnexport, nil, api.Encode(&api.NodeObject{Object: r.object}))
 	pc := s.m.node(r.node).cache
 	pc.mu.Lock()
 	pc.cache.Drop(r.object)
@@ -499,6 +514,9 @@ func (r *sharedRange) pages(off, n uint64, f func(page uint32, inPage, at, k uin
 // copy, with the reads already sent still counted towards c. The copy a
 // miss caches is the tenant's, in its share of the cache (coherence.Cache).
 func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completion, idx int) error {
+	if err := r.home.stale.Load(); err != nil {
+		return *err
+	}
 	pc := st.s.m.node(r.node).cache
 	misses := 0
 	return r.pages(off, uint64(len(dst)), func(page uint32, inPage, at, k uint64) error {
@@ -540,7 +558,7 @@ func (st *stream) readShared(r *sharedRange, off uint64, dst []byte, c *completi
 		piece := dst[at : at+k]
 		// The reply is cached on the connection's reader, in order with
 		// the invalidations that follow it there.
-		c.send(r.rpc, api.OpNodeObjRead, buf, func(call *wire.Call) {
+		c.send(r.conn(), api.OpNodeObjRead, buf, func(call *wire.Call) {
 			pc.mu.Lock()
 			defer pc.mu.Unlock()
 			var g api.NodeGrant
@@ -582,7 +600,7 @@ func (st *stream) writeShared(r *sharedRange, off uint64, src []byte, c *complet
 			return err
 		}
 		req := api.Encode(&api.NodeObjAccess{Object: r.object, Off: off + at})
-		c.send(r.rpc, api.OpNodeObjWrite, nil, func(call *wire.Call) {
+		c.send(r.conn(), api.OpNodeObjWrite, nil, func(call *wire.Call) {
 			var g api.NodeGrant
 			err := call.Err
 			if err == nil {

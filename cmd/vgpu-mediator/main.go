@@ -60,7 +60,7 @@ type options struct {
 	cacheMemory                     string
 	nodeTimeout                     time.Duration
 	dedup                           bool
-	weightSums                      bool
+	weightSums, versionCopies       bool
 	tenantBandwidth                 uint64
 	page                            statuspage.Config // --http, --http-remote
 	metricsAddr                     string
@@ -95,6 +95,7 @@ func addFlags(fs *flag.FlagSet) *options {
 	fs.DurationVar(&o.nodeTimeout, "node-timeout", mediator.DefaultNodeTimeout,
 		"fail the calls on a node, as unavailable, once its host has been silent this long (no TCP acknowledgement, no keepalive answer; a busy node is not silent); at least 2s")
 	fs.BoolVar(&o.dedup, "dedup", true, "send a sealed weight's 2 MiB pieces a node already holds as references, not bytes (a tenant can then tell that contents it has exist on the node)")
+	fs.BoolVar(&o.versionCopies, "version-copies", false, "keep a host copy of each exported versioned buffer's latest published version (read back at the export and at each publish), so that after its node restarts the version is restored there and importers read on (costs one transfer of the buffer per publish, and the copy's host memory)")
 	fs.BoolVar(&o.weightSums, "weight-sums", false, "read each sealed weight back once, at its seal, to learn its SHA-256, so that after its node restarts it is restored from another node's sealed copy (costs one transfer of the weight; needs --dedup)")
 	fs.Func("tenant-bandwidth", "bytes per second each tenant not in the quota file may copy, e.g. 1GiB (0: no cap)", func(v string) (err error) { o.tenantBandwidth, err = api.ParseSize(v); return err })
 	fs.StringVar(&o.page.Addr, "http", "", "serve the operator's status page (nodes, devices, tenants, sessions, charts; /status.json) on this address, such as 127.0.0.1:8080 (\"\": don't)")
@@ -110,7 +111,7 @@ func addFlags(fs *flag.FlagSet) *options {
 // the flag and its value and wrap api.ErrInvalidArgument.
 func (o *options) config() (mediator.Config, hostSocket, error) {
 	cfg := mediator.Config{Nodes: o.nodes, Quota: o.quota, ContainerDir: o.containerDir, Oversubscribe: o.oversubscribe, StateDir: o.stateDir,
-		TenantBandwidth: o.tenantBandwidth, NoDedup: !o.dedup, WeightSums: o.weightSums, NodeTimeout: o.nodeTimeout}
+		TenantBandwidth: o.tenantBandwidth, NoDedup: !o.dedup, WeightSums: o.weightSums, VersionCopies: o.versionCopies, NodeTimeout: o.nodeTimeout}
 	sock, err := hostSocketFlags(o.socket, o.socketMode, o.socketGroup)
 	if err != nil {
 		return cfg, sock, err

@@ -1,0 +1,224 @@
+package mediator_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/vgpu/vgpu/accelerator"
+	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/mediator"
+)
+
+// restartNodeAt is restartNode, returning the node that comes back, and
+// failing unless it drew another boot id.
+func (s *system) restartNodeAt(t *testing.T, i int, addr string) *accelerator.Node {
+	t.Helper()
+	before := s.nodes[i].Status().Boot
+	s.nodes[i].Close()
+	node, _, err := accelerator.StartSim(addr, 1, 64<<20, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+	if now := node.Status().Boot; now == "" || now == before {
+		t.Fatalf("the restarted node's boot id is %q, before %q: want a new one", now, before)
+	}
+	s.nodes[i] = node
+	return node
+}
+
+// readWhenBack reads n bytes at p, trying again while that fails with
+// ErrUnavailable (the exporter's mediator has not restored the object
+// yet), for up to 10 s.
+func readWhenBack(t *testing.T, c *client.Client, p client.Ptr, n int) []byte {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := readRange(c, p, n)
+		if err == nil {
+			return got
+		}
+		if !errors.Is(err, api.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("read of %#x after the node restarted: %v", p, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// readRange reads n bytes at p through c.
+func readRange(c *client.Client, p client.Ptr, n int) ([]byte, error) {
+	b := make([]byte, n)
+	s := c.Stream()
+	s.CopyFromDevice(b, p)
+	return b, s.Synchronize()
+}
+
+// writeRange writes b at p through c and waits for it.
+func writeRange(c *client.Client, p client.Ptr, b []byte) error {
+	s := c.Stream()
+	s.CopyToDevice(p, b)
+	return s.Synchronize()
+}
+
+// copiedIn is what tenant c has copied to the device so far.
+func copiedIn(t *testing.T, c *client.Client) uint64 {
+	t.Helper()
+	st, err := c.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.CopiedIn
+}
+
+// A versioned buffer's published version outlives a restart of its home
+// node: the exporter's mediator keeps a copy (VersionCopies) and restores
+// it there under the same id, with the grants as they stand; the importer
+// reads on, the same bytes, while neither tenant sends a byte again. A
+// tenant revoked before the restart gets no grant back. The exporter's
+// draft is lost: its writes and publishes fail typed. A coherent buffer
+// on the node is not restored: its importer gets ErrUnavailable naming
+// the node and saying why.
+func TestNodeRestartRestoresPublishedVersion(t *testing.T) {
+	const n = 300 << 10 // five coherence pages, the last one short
+	sys := startNodes(t, 1, 1, 64<<20, func(c *mediator.Config) { c.VersionCopies = true })
+	a, b, c := sys.dial(t, "a", 1), sys.dial(t, "b", 1), sys.dial(t, "c", 1)
+	addr := a.Devices()[0].Node
+
+	v1, v2 := randomBytes(7, n), randomBytes(8, n)
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeRange(a, p, v1); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := a.Export(p, api.ModeVersioned, api.Grant{Tenant: "b"}, api.Grant{Tenant: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeRange(a, p, v2); err != nil { // the draft
+		t.Fatal(err)
+	}
+	if v, err := a.Publish(p); err != nil || v != 2 {
+		t.Fatalf("publish: version %d, %v; want 2", v, err)
+	}
+	if _, err := a.Pin(p); err != nil {
+		t.Fatal(err)
+	}
+	pb, _, err := b.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readRange(b, pb, n); err != nil || !bytes.Equal(got, v2) {
+		t.Fatalf("importer before the restart: %v, equal %v", err, bytes.Equal(got, v2))
+	}
+	pc, _, err := c.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Revoke(p, "c"); err != nil {
+		t.Fatal(err)
+	}
+
+	// A coherent buffer on the same node, which nothing restores.
+	q, err := a.Malloc(0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shq, err := a.Export(q, api.ModeCoherent, api.Grant{Tenant: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qb, _, err := b.Import(shq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inA, inB := copiedIn(t, a), copiedIn(t, b)
+
+	node := sys.restartNodeAt(t, 0, addr)
+
+	// The importer reads the published version on, from the new home.
+	if got := readWhenBack(t, b, pb, n); !bytes.Equal(got, v2) {
+		t.Fatal("the importer reads other bytes than the published version after the restart")
+	}
+	if k := mediator.VersionRehomes(sys.med, a.Session()); k != 1 {
+		t.Fatalf("%d objects restored by the exporter's session, want 1 (the versioned one)", k)
+	}
+	if k := mediator.Reimports(sys.med, b.Session()); k != 1 {
+		t.Fatalf("%d imports made again by the importer's session, want 1", k)
+	}
+	if st := node.Status().Coherence; st.Objects != 1 || st.VersionBytes != n {
+		t.Fatalf("the restarted node holds %d objects, %d bytes of versions: want 1, %d", st.Objects, st.VersionBytes, n)
+	}
+
+	// The exporter reads the version it pinned; its draft is gone.
+	if got, err := readRange(a, p, n); err != nil || !bytes.Equal(got, v2) {
+		t.Fatalf("exporter after the restart: %v, equal %v", err, bytes.Equal(got, v2))
+	}
+	if ka, kb := copiedIn(t, a)-inA, copiedIn(t, b)-inB; ka != 0 || kb != 0 {
+		t.Fatalf("the exporter copied %d bytes in after the restart, the importer %d: want none", ka, kb)
+	}
+	wantErr(t, writeRange(a, p, v1), api.ErrUnavailable, "restored after its node restarted", "no writes")
+	_, err = a.Publish(p)
+	wantErr(t, err, api.ErrUnavailable, "restored after its node restarted", "no publish")
+
+	// The revoked tenant gets nothing back, through its old range or anew.
+	if _, err := readRange(c, pc, n); !errors.Is(err, api.ErrPermissionDenied) {
+		t.Fatalf("revoked importer's read after the restart: %v, want %v", err, api.ErrPermissionDenied)
+	}
+	mallocWhenBack(t, c, 0) // its session's connection to the node is back
+	_, _, err = c.Import(sh)
+	wantErr(t, err, api.ErrPermissionDenied, `"c" has no grant`)
+
+	// The coherent buffer is lost, typed, naming the node.
+	_, err = readRange(b, qb, 4096)
+	wantErr(t, err, api.ErrUnavailable, addr+" restarted (boot ", "not restored", "coherent")
+
+	// Freeing the export ends the restored object, and its importer hears.
+	if err := a.Free(p); err != nil {
+		t.Fatal(err)
+	}
+	_, err = readRange(b, pb, n)
+	wantErr(t, err, api.ErrInvalidArgument, "freed")
+}
+
+// Without a held copy, a versioned buffer's published version is lost
+// with its home like any other: the importer and the exporter get
+// ErrUnavailable naming the node and why it was not restored.
+func TestNodeRestartVersionNotHeld(t *testing.T) {
+	const n = 128 << 10
+	sys := startNodes(t, 1, 1, 64<<20, nil)
+	a, b := sys.dial(t, "a", 1), sys.dial(t, "b", 1)
+	addr := a.Devices()[0].Node
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeRange(a, p, randomBytes(9, n)); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := a.Export(p, api.ModeVersioned, api.Grant{Tenant: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb, _, err := b.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readRange(b, pb, n); err != nil {
+		t.Fatal(err)
+	}
+	sys.restartNodeAt(t, 0, addr)
+	mallocWhenBack(t, a, 0) // the exporter's session has installed its new connection
+
+	_, err = readRange(b, pb, n)
+	wantErr(t, err, api.ErrUnavailable, addr+" restarted (boot ", "not restored")
+	_, err = readRange(a, p, n)
+	wantErr(t, err, api.ErrUnavailable, addr+" restarted (boot ", "not restored", "holds no copy of its published version")
+	if k := mediator.VersionRehomes(sys.med, a.Session()); k != 0 {
+		t.Fatalf("%d objects restored without a copy", k)
+	}
+}
