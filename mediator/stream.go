@@ -83,7 +83,7 @@ func decodeInto[T any, P interface {
 }
 
 // decodeOne decodes one stream operation's body.
-func (s *session) decodeOne(op wire.Op, body []byte) (command, error) {
+func (s *session) decodeOne(arena *api.LaunchArena, op wire.Op, body []byte) (command, error) {
 	c := command{op: op}
 	var err error
 	switch op {
@@ -120,9 +120,10 @@ func (s *session) decodeOne(op wire.Op, body []byte) (command, error) {
 	case api.OpLaunch:
 		// With the message's type known, as the node decodes launches
 		// (accelerator's checkLaunch): neither the decoder nor the message
-		// escapes to the heap, which counts in a batch of tiny launches.
+		// escapes to the heap, and the arena allocates per batch rather
+		// than per launch, which counts in a batch of tiny launches.
 		d := wire.NewDecoder(body)
-		c.launch.Unmarshal(d)
+		arena.DecodeLaunch(d, &c.launch)
 		err = d.Finish()
 		c.stream = c.launch.Stream
 	case api.OpSynchronize:
@@ -160,11 +161,12 @@ func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command
 	}
 	cmds := make([]command, len(b.Cmds))
 	var weight int64
+	var arena api.LaunchArena
 	for i, bc := range b.Cmds {
 		if !inBatch[bc.Op] {
 			return 0, nil, fmt.Errorf("command %d: %v may not be batched: %w", i, bc.Op, api.ErrInvalidArgument)
 		}
-		c, err := s.decodeOne(bc.Op, bc.Body)
+		c, err := s.decodeOne(&arena, bc.Op, bc.Body)
 		if err != nil {
 			return 0, nil, fmt.Errorf("command %d: %w", i, err)
 		}
@@ -190,7 +192,8 @@ func (s *session) decodeCommand(h wire.Header, body []byte) (command, error) {
 		}
 		return command{h: h, op: h.Op, stream: id, subs: subs}, nil
 	}
-	c, err := s.decodeOne(h.Op, body)
+	var arena api.LaunchArena
+	c, err := s.decodeOne(&arena, h.Op, body)
 	c.h = h
 	return c, err
 }
