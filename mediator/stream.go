@@ -358,6 +358,11 @@ type stream struct {
 	// nb copies it, so one buffer serves every launch. Like nb, only the
 	// stream's issuer touches it.
 	scratch []byte
+	// translated and extents hold a launch's translations while its node
+	// body is encoded (launch), which keeps none of them; only the
+	// stream's issuer touches them.
+	translated []memory.Translation
+	extents    []api.Extent
 	// hostPending says a copy into host memory may still be landing: the
 	// next command that touches host memory waits for it (stream order).
 	hostPending bool
@@ -733,11 +738,18 @@ func (st *stream) launch(m *api.Launch, c *completion, idx int) error {
 		dev = 0
 	}
 	// All buffers are made resident together, so that faulting one in
-	// cannot evict another.
-	var ts []memory.Translation
+	// cannot evict another. The translations are encoded below and not
+	// kept, so the stream's buffers serve every launch.
+	if cap(st.translated) < len(ranges) {
+		st.translated = make([]memory.Translation, len(ranges))
+	}
+	ts := st.translated[:len(ranges)]
+	defer clear(ts) // keeps no extents alive
 	if len(ranges) > 0 {
-		var err error
-		if ts, err = st.s.space.TranslateAll(ranges); err != nil {
+		if st.extents == nil {
+			st.extents = make([]api.Extent, 0, 4*launchArgsOnStack)
+		}
+		if err := st.s.space.TranslateInto(ranges, ts, st.extents); err != nil {
 			return fmt.Errorf("kernel %s: buffers: %w", m.Kernel, err)
 		}
 	}

@@ -684,7 +684,7 @@ func (s *Space) TranslateWrite(va, n uint64) (dev uint32, xs []vocab.Extent, err
 func (s *Space) translateOne(r Range, end func(*allocation) uint64) (uint32, []vocab.Extent, error) {
 	rs := [1]Range{r}
 	var ts [1]Translation
-	if err := s.translate(rs[:], ts[:], end); err != nil {
+	if err := s.translate(rs[:], ts[:], nil, end); err != nil {
 		return 0, nil, err
 	}
 	return ts[0].Dev, ts[0].Extents, nil
@@ -715,10 +715,19 @@ type Translation struct {
 // translated one by one could find the first evicted by the second.
 func (s *Space) TranslateAll(rs []Range) ([]Translation, error) {
 	ts := make([]Translation, len(rs))
-	if err := s.translate(rs, ts, (*allocation).limit); err != nil {
+	if err := s.translate(rs, ts, nil, (*allocation).limit); err != nil {
 		return nil, err
 	}
 	return ts, nil
+}
+
+// TranslateInto is TranslateAll into ts, one Translation per range, with
+// the extents cut from spare's capacity as far as it goes (and from the
+// heap beyond). A caller that uses the translations before it reuses ts
+// and spare can keep both on its stack: a launch, which encodes them into
+// its node message at once, then allocates nothing for them.
+func (s *Space) TranslateInto(rs []Range, ts []Translation, spare []vocab.Extent) error {
+	return s.translate(rs, ts, spare, (*allocation).limit)
 }
 
 // Resident reports whether every chunk of the ranges is resident, that is
@@ -748,8 +757,9 @@ func (s *Space) Resident(rs ...Range) bool {
 
 // translate is TranslateAll with the end of each allocation given by end:
 // its addressable limit, or (for tests of whole pages) its rounded end. It
-// fills ts, one Translation per range.
-func (s *Space) translate(rs []Range, ts []Translation, end func(*allocation) uint64) error {
+// fills ts, one Translation per range, their extents cut from spare's
+// capacity first (extents).
+func (s *Space) translate(rs []Range, ts []Translation, spare []vocab.Extent, end func(*allocation) uint64) error {
 	s.mu.Lock()
 	if s.store != nil {
 		// Check every range first, so an invalid one neither faults nor
@@ -762,16 +772,16 @@ func (s *Space) translate(rs []Range, ts []Translation, end func(*allocation) ui
 		}
 		if !s.touch(rs) {
 			s.mu.Unlock()
-			return s.translateFaulting(rs, ts, end)
+			return s.translateFaulting(rs, ts, spare, end)
 		}
 	}
 	defer s.mu.Unlock()
-	return s.extents(rs, ts, end)
+	return s.extents(rs, ts, spare, end)
 }
 
 // translateFaulting makes the ranges resident and translates them, holding
 // allocMu throughout so that nothing is evicted in between.
-func (s *Space) translateFaulting(rs []Range, ts []Translation, end func(*allocation) uint64) error {
+func (s *Space) translateFaulting(rs []Range, ts []Translation, spare []vocab.Extent, end func(*allocation) uint64) error {
 	s.allocMu.Lock()
 	defer s.allocMu.Unlock()
 	for _, r := range rs { // again: a Free or Close may have come between
@@ -789,7 +799,7 @@ func (s *Space) translateFaulting(rs []Range, ts []Translation, end func(*alloca
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.touch(rs)
-	return s.extents(rs, ts, end)
+	return s.extents(rs, ts, spare, end)
 }
 
 // resolve checks that r is a valid range and returns its allocation. The
@@ -847,15 +857,18 @@ func (s *Space) touch(rs []Range) bool {
 }
 
 // extents translates each range into ts, and marks the chunks of ranges
-// with SealFrames as holding sealed frames. The caller holds mu.
-func (s *Space) extents(rs []Range, ts []Translation, end func(*allocation) uint64) error {
+// with SealFrames as holding sealed frames. The ranges' extents are cut
+// one after another from one buffer, spare's capacity first, each capped
+// at its length so that none can grow into the next. The caller holds mu.
+func (s *Space) extents(rs []Range, ts []Translation, spare []vocab.Extent, end func(*allocation) uint64) error {
+	xs := spare[:0]
 	for k, r := range rs {
 		a, err := s.resolve(r, end)
 		if err != nil {
 			return err
 		}
 		va, n := r.VA, r.Len
-		var xs []vocab.Extent
+		first := len(xs) // this range's extents are xs[first:]
 		stop := va + n
 		for cur := va; cur < stop; {
 			l, ok := s.lookup(cur)
@@ -865,14 +878,14 @@ func (s *Space) extents(rs []Range, ts []Translation, end func(*allocation) uint
 			}
 			next := min(stop, l.base+l.size())
 			pa := l.pa + (cur - l.base)
-			if k := len(xs) - 1; k >= 0 && xs[k].Addr+xs[k].Len == pa {
+			if k := len(xs) - 1; k >= first && xs[k].Addr+xs[k].Len == pa {
 				xs[k].Len += next - cur
 			} else {
 				xs = append(xs, vocab.Extent{Addr: pa, Len: next - cur})
 			}
 			cur = next
 		}
-		ts[k] = Translation{Dev: a.dev, Extents: xs}
+		ts[k] = Translation{Dev: a.dev, Extents: xs[first:len(xs):len(xs)]}
 		if r.SealFrames {
 			for cva := va; cva < stop; cva += Page2M {
 				s.chunks[cva].frameSealed = true
