@@ -294,3 +294,102 @@ func TestDeathAtEachCompactionStep(t *testing.T) {
 		})
 	}
 }
+
+// compactedWith churns allocations through c until its session's journal
+// is a snapshot that holds a record of op, and returns that record.
+func compactedWith(t *testing.T, h *host, c *client.Client, op string) journalOp {
+	t.Helper()
+	jr := &journal{dir: filepath.Join(h.stateDir(), journalDir)}
+	for range 2000 {
+		q, err := c.Malloc(0, 4<<10)
+		if err == nil {
+			err = c.Free(q)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := jr.read(strconv.FormatUint(c.Session(), 10) + ".journal")
+		if j.err != nil {
+			t.Fatal(j.err)
+		}
+		if len(j.ops) == 0 || j.ops[0].Op != opLayout {
+			continue
+		}
+		for _, o := range j.ops {
+			if o.Op == op {
+				return o
+			}
+		}
+		t.Fatalf("a compacted journal without its %s record: %+v", op, j.ops)
+	}
+	t.Fatalf("no compaction in 2000 allocations")
+	return journalOp{}
+}
+
+// A shared buffer's exporter and importer, in two mediators, whose
+// journals were compacted to snapshots naming the export and the import,
+// go on across both mediators' crash as from a full journal: the
+// importer reads the exporter's writes and the exporter the importer's,
+// and the import, freed after, stays freed.
+func TestSharedBuffersSurviveCompaction(t *testing.T) {
+	lowerJournalBounds(t, 2<<10, 32<<20)
+	ha := newHost(t)
+	hb := ha.sibling()
+	ha.start()
+	hb.start()
+	a := ha.dial(ha.serveHost())
+	b := hb.dial(hb.serveHost())
+	const n = 200 << 10
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := pattern(1, n)
+	if err := writeAt(a, p, data); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := a.Export(p, api.ModeCoherent, api.Grant{Tenant: "shared", Write: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, _, err := b.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := compactedWith(t, ha, a, opExport); x.VA != uint64(p) || x.Object != sh.Object {
+		t.Fatalf("the snapshot's export %+v, want allocation %#x as object %d", x, uint64(p), sh.Object)
+	}
+	if x := compactedWith(t, hb, b, opImport); x.VA != uint64(q) || x.Object != sh.Object || x.Size != n {
+		t.Fatalf("the snapshot's import %+v, want object %d at %#x, %d bytes", x, sh.Object, uint64(q), n)
+	}
+	ha.crash()
+	hb.crash()
+	for _, h := range []*host{ha, hb} {
+		if out := h.start(); !strings.Contains(out, "session restored") {
+			t.Fatalf("not restored from the compacted journal:\n%s", out)
+		}
+		h.serveHost()
+	}
+	if _, err := b.Stats(); err != nil { // the clients resume on calls they may retry
+		t.Fatal(err)
+	}
+	if _, err := a.Stats(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readAll(b, q, n); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the importer after both restarts: %v, equal %v", err, bytes.Equal(got, data))
+	}
+	copy(data[1000:], pattern(2, 70<<10))
+	if err := writeAt(b, q.Add(1000), data[1000:1000+70<<10]); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readAll(a, p, n); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the exporter reads the importer's write: %v, equal %v", err, bytes.Equal(got, data))
+	}
+	if err := b.Free(q); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readAll(b, q, 1); !errors.Is(err, api.ErrInvalidAddress) {
+		t.Fatalf("the freed import: %v, want invalid address", err)
+	}
+}
