@@ -29,11 +29,16 @@ import (
 // A Plan is used by one goroutine at a time (it may change goroutines
 // between slices); its slices may use several goroutines inside.
 type Plan struct {
-	kernel  string
-	n       int
-	slice   func(i, workers int) error
-	next    int
-	workers int // 0: GOMAXPROCS
+	kernel string
+	n      int
+	// slice runs slice i; or, if even is set, even runs items [lo, hi)
+	// for slice i, per items a slice (evenPlan): one closure a launch
+	// fewer, which counts for tiny ones.
+	slice      func(i, workers int) error
+	even       func(lo, hi, workers int) error
+	per, items int
+	next       int
+	workers    int // 0: GOMAXPROCS
 }
 
 // SetWorkers bounds the goroutines each later slice may use (n < 1: as
@@ -57,7 +62,13 @@ func (p *Plan) Step() (more bool, err error) {
 	if workers == 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	if err := p.slice(i, workers); err != nil {
+	if p.even != nil {
+		lo := i * p.per
+		err = p.even(lo, lo+min(p.per, p.items-lo), workers)
+	} else {
+		err = p.slice(i, workers)
+	}
+	if err != nil {
 		p.next = p.n
 		return false, fmt.Errorf("%s: %w", p.kernel, err)
 	}
@@ -107,10 +118,7 @@ func evenPlan(items, cost, maxWork int, fn func(lo, hi, workers int) error) *Pla
 	if items%per != 0 {
 		n++
 	}
-	return &Plan{n: n, slice: func(i, workers int) error {
-		lo := i * per
-		return fn(lo, lo+min(per, items-lo), workers)
-	}}
+	return &Plan{n: n, even: fn, per: per, items: items}
 }
 
 // rowPlan cuts rows of cost each into slices of at most maxWork (at least one
