@@ -248,7 +248,7 @@ func (s *session) adoptRehomed(idx int, rpc *wire.RPC, boot, now string, rehomed
 				continue
 			}
 		}
-		err := fmt.Errorf("shared object %d: %w; it is not restored: %v", r.object, lossReason(addr, boot, now, ""), why)
+		err := fmt.Errorf("shared object %d: %w; it is not restored: %v", r.object, homeRestarted(addr, boot, now), why)
 		r.ended.Store(&err)
 		s.log.WithError(err).Info("a shared buffer the session exported is lost with its node")
 	}
@@ -261,6 +261,12 @@ func (s *session) adoptRehomed(idx int, rpc *wire.RPC, boot, now string, rehomed
 			}
 		}
 	}
+}
+
+// homeRestarted says that the node at addr, home of a shared object,
+// restarted (boot id boot, now now) and forgot it.
+func homeRestarted(addr, boot, now string) error {
+	return fmt.Errorf("its home, node %s, restarted (boot %s, now %s), forgetting it: %w", addr, boot, now, api.ErrUnavailable)
 }
 
 // staleIf records, for r, which read version old and now reads what it
@@ -298,7 +304,7 @@ func (s *session) rehomeImport(r *sharedRange) error {
 		return lost // not restarted: only a restart of this mediator rebuilds the range
 	}
 	boot := r.home.boot
-	gone := lossReason(n.addr, boot, now, "")
+	gone := homeRestarted(n.addr, boot, now)
 	if r.mode != api.ModeVersioned {
 		return fmt.Errorf("shared object %d: %w; it is not restored: only a versioned object's published version comes back, and this one is %v", r.object, gone, r.mode)
 	}

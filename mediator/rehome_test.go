@@ -37,7 +37,7 @@ func readWhenBack(t *testing.T, c *client.Client, p client.Ptr, n int) []byte {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		got, err := readRange(c, p, n)
+		got, err := read(t, c, p, n)
 		if err == nil {
 			return got
 		}
@@ -46,21 +46,6 @@ func readWhenBack(t *testing.T, c *client.Client, p client.Ptr, n int) []byte {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// readRange reads n bytes at p through c.
-func readRange(c *client.Client, p client.Ptr, n int) ([]byte, error) {
-	b := make([]byte, n)
-	s := c.Stream()
-	s.CopyFromDevice(b, p)
-	return b, s.Synchronize()
-}
-
-// writeRange writes b at p through c and waits for it.
-func writeRange(c *client.Client, p client.Ptr, b []byte) error {
-	s := c.Stream()
-	s.CopyToDevice(p, b)
-	return s.Synchronize()
 }
 
 // copiedIn is what tenant c has copied to the device so far.
@@ -80,11 +65,14 @@ func copiedIn(t *testing.T, c *client.Client) uint64 {
 // tenant revoked before the restart gets no grant back. The exporter's
 // draft is lost: its writes and publishes fail typed. A coherent buffer
 // on the node is not restored: its importer gets ErrUnavailable naming
-// the node and saying why.
+// the node and saying why. The importer is in another mediator, the
+// revoked tenant in the exporter's.
 func TestNodeRestartRestoresPublishedVersion(t *testing.T) {
 	const n = 300 << 10 // five coherence pages, the last one short
 	sys := startNodes(t, 1, 1, 64<<20, func(c *mediator.Config) { c.VersionCopies = true })
-	a, b, c := sys.dial(t, "a", 1), sys.dial(t, "b", 1), sys.dial(t, "c", 1)
+	a, c := sys.dial(t, "a", 1), sys.dial(t, "c", 1)
+	m2 := sys.another(t, "m2")
+	b := m2.dial(t, "b", 1)
 	addr := a.Devices()[0].Node
 
 	v1, v2 := randomBytes(7, n), randomBytes(8, n)
@@ -92,14 +80,14 @@ func TestNodeRestartRestoresPublishedVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeRange(a, p, v1); err != nil {
+	if err := write(a, p, v1); err != nil {
 		t.Fatal(err)
 	}
 	sh, err := a.Export(p, api.ModeVersioned, api.Grant{Tenant: "b"}, api.Grant{Tenant: "c"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeRange(a, p, v2); err != nil { // the draft
+	if err := write(a, p, v2); err != nil { // the draft
 		t.Fatal(err)
 	}
 	if v, err := a.Publish(p); err != nil || v != 2 {
@@ -112,7 +100,7 @@ func TestNodeRestartRestoresPublishedVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := readRange(b, pb, n); err != nil || !bytes.Equal(got, v2) {
+	if got, err := read(t, b, pb, n); err != nil || !bytes.Equal(got, v2) {
 		t.Fatalf("importer before the restart: %v, equal %v", err, bytes.Equal(got, v2))
 	}
 	pc, _, err := c.Import(sh)
@@ -147,7 +135,7 @@ func TestNodeRestartRestoresPublishedVersion(t *testing.T) {
 	if k := mediator.VersionRehomes(sys.med, a.Session()); k != 1 {
 		t.Fatalf("%d objects restored by the exporter's session, want 1 (the versioned one)", k)
 	}
-	if k := mediator.Reimports(sys.med, b.Session()); k != 1 {
+	if k := mediator.Reimports(m2.med, b.Session()); k != 1 {
 		t.Fatalf("%d imports made again by the importer's session, want 1", k)
 	}
 	if st := node.Status().Coherence; st.Objects != 1 || st.VersionBytes != n {
@@ -155,18 +143,18 @@ func TestNodeRestartRestoresPublishedVersion(t *testing.T) {
 	}
 
 	// The exporter reads the version it pinned; its draft is gone.
-	if got, err := readRange(a, p, n); err != nil || !bytes.Equal(got, v2) {
+	if got, err := read(t, a, p, n); err != nil || !bytes.Equal(got, v2) {
 		t.Fatalf("exporter after the restart: %v, equal %v", err, bytes.Equal(got, v2))
 	}
 	if ka, kb := copiedIn(t, a)-inA, copiedIn(t, b)-inB; ka != 0 || kb != 0 {
 		t.Fatalf("the exporter copied %d bytes in after the restart, the importer %d: want none", ka, kb)
 	}
-	wantErr(t, writeRange(a, p, v1), api.ErrUnavailable, "restored after its node restarted", "no writes")
+	wantErr(t, write(a, p, v1), api.ErrUnavailable, "restored after its node restarted", "no writes")
 	_, err = a.Publish(p)
 	wantErr(t, err, api.ErrUnavailable, "restored after its node restarted", "no publish")
 
 	// The revoked tenant gets nothing back, through its old range or anew.
-	if _, err := readRange(c, pc, n); !errors.Is(err, api.ErrPermissionDenied) {
+	if _, err := read(t, c, pc, n); !errors.Is(err, api.ErrPermissionDenied) {
 		t.Fatalf("revoked importer's read after the restart: %v, want %v", err, api.ErrPermissionDenied)
 	}
 	mallocWhenBack(t, c, 0) // its session's connection to the node is back
@@ -174,14 +162,14 @@ func TestNodeRestartRestoresPublishedVersion(t *testing.T) {
 	wantErr(t, err, api.ErrPermissionDenied, `"c" has no grant`)
 
 	// The coherent buffer is lost, typed, naming the node.
-	_, err = readRange(b, qb, 4096)
-	wantErr(t, err, api.ErrUnavailable, addr+" restarted (boot ", "not restored", "coherent")
+	_, err = read(t, b, qb, 4096)
+	wantErr(t, err, api.ErrUnavailable, "node "+addr+", restarted (boot ", "not restored", "coherent")
 
 	// Freeing the export ends the restored object, and its importer hears.
 	if err := a.Free(p); err != nil {
 		t.Fatal(err)
 	}
-	_, err = readRange(b, pb, n)
+	_, err = read(t, b, pb, n)
 	wantErr(t, err, api.ErrInvalidArgument, "freed")
 }
 
@@ -197,7 +185,7 @@ func TestNodeRestartVersionNotHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeRange(a, p, randomBytes(9, n)); err != nil {
+	if err := write(a, p, randomBytes(9, n)); err != nil {
 		t.Fatal(err)
 	}
 	sh, err := a.Export(p, api.ModeVersioned, api.Grant{Tenant: "b"})
@@ -208,16 +196,16 @@ func TestNodeRestartVersionNotHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := readRange(b, pb, n); err != nil {
+	if _, err := read(t, b, pb, n); err != nil {
 		t.Fatal(err)
 	}
 	sys.restartNodeAt(t, 0, addr)
 	mallocWhenBack(t, a, 0) // the exporter's session has installed its new connection
 
-	_, err = readRange(b, pb, n)
-	wantErr(t, err, api.ErrUnavailable, addr+" restarted (boot ", "not restored")
-	_, err = readRange(a, p, n)
-	wantErr(t, err, api.ErrUnavailable, addr+" restarted (boot ", "not restored", "holds no copy of its published version")
+	_, err = read(t, b, pb, n)
+	wantErr(t, err, api.ErrUnavailable, "node "+addr+", restarted (boot ", "not restored")
+	_, err = read(t, a, p, n)
+	wantErr(t, err, api.ErrUnavailable, "node "+addr+", restarted (boot ", "not restored", "holds no copy of its published version")
 	if k := mediator.VersionRehomes(sys.med, a.Session()); k != 0 {
 		t.Fatalf("%d objects restored without a copy", k)
 	}
