@@ -21,10 +21,13 @@
 //  3. The successor restores from the state directory, serves the sockets,
 //     and sends {"serving":true,"pid":PID} (or {"error":...}).
 //
-// Invariant: the predecessor hands over only after step 1, and exits only
+// Invariants: the predecessor hands over only after step 1, and exits only
 // after step 3 or once a successor (the new binary, or failing that its
 // own) serves; a successor that fails step 1 leaves the predecessor
-// serving as if nothing happened.
+// serving as if nothing happened. A successor runs in a process group of
+// its own, and one that fails is killed with its whole group: a wrapper
+// script that starts the binary without exec leaves no process behind
+// that could still take the sockets or serve.
 package upgrade
 
 import (
@@ -39,6 +42,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -176,6 +180,7 @@ func Start(binary string, args []string, timeout time.Duration) (*Successor, err
 	s.cmd.Stdout, s.cmd.Stderr = os.Stdout, pw
 	s.cmd.ExtraFiles = []*os.File{theirs, os.Stderr} // 3 and 4
 	s.cmd.Env = append(withoutEnv(os.Environ()), Env+"=3,4")
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its group is killed if it fails (fail)
 	err = s.cmd.Start()
 	pw.Close()
 	theirs.Close() // the successor's alone now: its exit ends the handshake
@@ -205,15 +210,18 @@ func Start(binary string, args []string, timeout time.Duration) (*Successor, err
 	return s, nil
 }
 
-// fail kills s if it still runs and returns why it failed, step naming
-// when: its exit status and what it printed or sent, or err.
+// fail kills s if it still runs, and what it started, and returns why it
+// failed, step naming when: its exit status and what it printed or sent,
+// or err.
 func (s *Successor) fail(when string, err error) error {
 	select {
 	case <-s.exited:
 	case <-time.After(time.Second): // it may be exiting on its own, having said why
-		s.cmd.Process.Kill()
+		s.killGroup()
 		<-s.exited
 	}
+	s.killGroup() // its children, should it have exited before them
+
 	s.hs.Close()
 	select {
 	case <-s.copied:
@@ -231,6 +239,14 @@ func (s *Successor) fail(when string, err error) error {
 		msg += "; it printed: " + out
 	}
 	return fmt.Errorf("%s: %w", msg, vocab.ErrUnavailable)
+}
+
+// killGroup kills the successor's process group: the process Start
+// started and every process it started that did not leave the group. The
+// group's id is the successor's pid, which the kernel gives no new process
+// while the group has a member, so this reaches no one else.
+func (s *Successor) killGroup() {
+	unix.Kill(-s.cmd.Process.Pid, unix.SIGKILL) // ESRCH: none left
 }
 
 // Pid is the successor's process id.

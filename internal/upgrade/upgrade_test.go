@@ -342,3 +342,61 @@ func TestControlSocketRefusesARelativeBinary(t *testing.T) {
 	default:
 	}
 }
+
+// A successor that fails is killed with its whole process group, not
+// only the process Start started: a wrapper script that runs the binary
+// without exec — here one whose child takes over and then stalls, one
+// that never answers, one that exits leaving a child — leaves nothing
+// running. Without the group, the stalled child would live on holding the
+// handshake and whatever sockets it was passed.
+func TestFailedSuccessorKilledWithItsGroup(t *testing.T) {
+	for name, tc := range map[string]struct {
+		env, body string
+		pass      bool // fails at Pass rather than Start
+	}{
+		"child took over, then stalled": {env: "took-then-stall", body: `"` + os.Args[0] + `" & echo $! > "$PIDFILE"; wait`, pass: true},
+		"never answers":                 {body: `sleep 300 & echo $! > "$PIDFILE"; wait`},
+		"exits, leaving a child":        {body: `sleep 300 & echo $! > "$PIDFILE"; exit 1`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			pidfile := filepath.Join(t.TempDir(), "pid")
+			t.Setenv("PIDFILE", pidfile)
+			if tc.env != "" {
+				t.Setenv(childEnv, tc.env)
+			}
+			s, err := Start(script(t, tc.body), nil, 500*time.Millisecond)
+			if tc.pass {
+				if err != nil {
+					t.Fatalf("Start: %v", err)
+				}
+				err = s.Pass(nil, 500*time.Millisecond)
+			}
+			if !errors.Is(err, vocab.ErrUnavailable) {
+				t.Fatalf("a failing successor: %v, want unavailable", err)
+			}
+			b, rerr := os.ReadFile(pidfile)
+			var child int
+			if _, serr := fmt.Sscan(string(b), &child); rerr != nil || serr != nil || child <= 0 {
+				t.Fatalf("the wrapper's child's pid: %q, %v, %v", b, rerr, serr)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for !exited(child) {
+				if time.Now().After(deadline) {
+					syscall.Kill(child, syscall.SIGKILL)
+					t.Fatalf("the failed successor's child, pid %d, still runs", child)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// exited reports whether process pid has ended (a zombie has).
+func exited(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z'
+}
