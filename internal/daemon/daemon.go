@@ -90,8 +90,26 @@ func CatchSignals() *Signals {
 	return &Signals{ch: ch}
 }
 
+// Stop makes RunUntilStopped return as a stop signal does, but with no
+// signal: a daemon that ends itself (a mediator that handed over to its
+// successor), which its caller must tell from an operator's stop.
+func (s *Signals) Stop() {
+	select {
+	case s.ch <- stopSelf{}:
+	default: // full of signals: the loop takes it after them
+		go func() { s.ch <- stopSelf{} }()
+	}
+}
+
+// stopSelf is the stop Signals.Stop puts among the signals.
+type stopSelf struct{}
+
+func (stopSelf) String() string { return "its own stop" }
+func (stopSelf) Signal()        {}
+
 // RunUntilStopped blocks until SIGINT or SIGTERM, calling reload on each
-// SIGHUP (a failed reload is logged; the daemon keeps its old settings).
+// SIGHUP (a failed reload is logged; the daemon keeps its old settings),
+// and returns the stop signal; nil after a Stop.
 //
 // A reload runs off the signal loop, so that a stop signal is answered at
 // once whatever the reload does (a quota file on a hung mount, say).
@@ -99,14 +117,17 @@ func CatchSignals() *Signals {
 // coalesced into one more run after it, which reads whatever changed
 // meanwhile. A reload still running after ReloadDeadline is logged as
 // stuck, and later SIGHUPs wait for it.
-func (s *Signals) RunUntilStopped(log logrus.FieldLogger, reload func() error) {
+func (s *Signals) RunUntilStopped(log logrus.FieldLogger, reload func() error) os.Signal {
 	defer signal.Stop(s.ch)
-	serveSignals(s.ch, log, reload, ReloadDeadline)
+	if sig := serveSignals(s.ch, log, reload, ReloadDeadline); sig != (stopSelf{}) {
+		return sig
+	}
+	return nil
 }
 
 // serveSignals is RunUntilStopped's loop over the signals of ch, with the
-// deadline of a reload.
-func serveSignals(ch <-chan os.Signal, log logrus.FieldLogger, reload func() error, deadline time.Duration) {
+// deadline of a reload; it returns the stop.
+func serveSignals(ch <-chan os.Signal, log logrus.FieldLogger, reload func() error, deadline time.Duration) os.Signal {
 	var (
 		done  chan error       // the running reload's result; nil while none runs
 		stuck <-chan time.Time // the running reload's deadline
@@ -123,7 +144,7 @@ func serveSignals(ch <-chan os.Signal, log logrus.FieldLogger, reload func() err
 			switch {
 			case sig != syscall.SIGHUP:
 				log.WithField("signal", sig.String()).Info("stopping")
-				return
+				return sig
 			case done != nil:
 				again = true
 			default:

@@ -121,10 +121,9 @@ func TestSignalsCaughtBeforeTheLoop(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond) // the signal is delivered while no loop runs
 	reloaded := make(chan struct{}, 1)
-	stopped := make(chan struct{})
+	stopped := make(chan os.Signal, 1)
 	go func() {
-		defer close(stopped)
-		s.RunUntilStopped(logrus.New(), func() error {
+		stopped <- s.RunUntilStopped(logrus.New(), func() error {
 			reloaded <- struct{}{}
 			return nil
 		})
@@ -138,8 +137,29 @@ func TestSignalsCaughtBeforeTheLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-stopped:
+	case sig := <-stopped:
+		if sig != syscall.SIGTERM {
+			t.Fatalf("RunUntilStopped stopped by SIGTERM returned %v", sig)
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("SIGTERM did not stop RunUntilStopped")
+	}
+}
+
+// A daemon that stops itself (Signals.Stop) stops its loop as a stop
+// signal does, and RunUntilStopped says no signal stopped it: a mediator
+// that handed over tells its own stop from an operator's.
+func TestStopOfItsOwn(t *testing.T) {
+	s := CatchSignals()
+	stopped := make(chan os.Signal, 1)
+	go func() { stopped <- s.RunUntilStopped(logrus.New(), func() error { return nil }) }()
+	s.Stop()
+	select {
+	case sig := <-stopped:
+		if sig != nil {
+			t.Fatalf("RunUntilStopped after Stop returned %v, want nil", sig)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not stop RunUntilStopped")
 	}
 }
