@@ -253,13 +253,14 @@ func startKillables(t *testing.T, node string, n int) []*killable {
 type killable struct {
 	t                 *testing.T
 	node, dir, socket string
+	flags             []string // more flags of vgpu-mediator
 	p                 *proc
 }
 
 func (k *killable) start() {
 	k.t.Helper()
-	k.p = startProc(k.t, "vgpu-mediator", "--socket", k.socket, "--node", k.node, "--state-dir", k.dir,
-		"--quota", "", "--containerd", "", "--log-level", "warn")
+	k.p = startProc(k.t, "vgpu-mediator", append([]string{"--socket", k.socket, "--node", k.node, "--state-dir", k.dir,
+		"--quota", "", "--containerd", "", "--log-level", "warn"}, k.flags...)...)
 	waitFor(k.t, "vgpu-mediator to serve", func() bool {
 		c, err := net.Dial("unix", k.socket)
 		if err == nil {

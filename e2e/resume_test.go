@@ -20,6 +20,16 @@ import (
 // its devices are held.
 func nodeUsed(t *testing.T, addr string) uint64 {
 	t.Helper()
+	var used uint64
+	for _, d := range nodeStatusAt(t, addr).Devices {
+		used += d.Used
+	}
+	return used
+}
+
+// nodeStatusAt asks the node at addr for its status, as a mediator would.
+func nodeStatusAt(t *testing.T, addr string) api.NodeStatus {
+	t.Helper()
 	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -37,11 +47,7 @@ func nodeUsed(t *testing.T, addr string) uint64 {
 	if err := json.Unmarshal(body, &st); err != nil {
 		t.Fatal(err)
 	}
-	var used uint64
-	for _, d := range st.Devices {
-		used += d.Used
-	}
-	return used
+	return st
 }
 
 // dial opens a session of tenant team-a that tries to reconnect for
