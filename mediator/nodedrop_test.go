@@ -3,6 +3,7 @@ package mediator_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -109,10 +110,21 @@ func writeBuffers(t *testing.T, c *client.Client, sizes ...int) ([]client.Ptr, [
 
 // A node connection that drops while the node stays up loses nothing: the
 // session reclaims the frames the node parked for it, and every byte of
-// every buffer there reads back; new work goes on.
+// every buffer there reads back; new work goes on. So for a session with
+// no journal (a mediator with no state directory): its connection
+// attached all the same.
 func TestNodeDropReclaimsMemory(t *testing.T) {
+	for _, journal := range []bool{true, false} {
+		t.Run(fmt.Sprintf("journal=%v", journal), func(t *testing.T) { nodeDropReclaimsMemory(t, journal) })
+	}
+}
+
+func nodeDropReclaimsMemory(t *testing.T, journal bool) {
 	var cut *cutter
 	sys := startWith(t, 64<<20, func(c *mediator.Config) {
+		if !journal {
+			c.StateDir = ""
+		}
 		cut = newCutter(t, c.Nodes[0])
 		c.Nodes[0] = cut.addr
 	})
