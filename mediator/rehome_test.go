@@ -3,6 +3,7 @@ package mediator_test
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -208,5 +209,60 @@ func TestNodeRestartVersionNotHeld(t *testing.T) {
 	wantErr(t, err, api.ErrUnavailable, "node "+addr+", restarted (boot ", "not restored", "holds no copy of its published version")
 	if k := mediator.VersionRehomes(sys.med, a.Session()); k != 0 {
 		t.Fatalf("%d objects restored without a copy", k)
+	}
+}
+
+// A version the exporter's mediator does not hold — one an importer with
+// a write grant published — is not restored: the importer that pinned it
+// fails its reads with ErrUnavailable naming the node and both versions,
+// until it Pins, and then reads the version that was restored.
+func TestNodeRestartVersionPublishedElsewhere(t *testing.T) {
+	const n = 192 << 10
+	sys := startNodes(t, 1, 1, 64<<20, func(c *mediator.Config) { c.VersionCopies = true })
+	a := sys.dial(t, "a", 1)
+	m2 := sys.another(t, "m2")
+	b := m2.dial(t, "b", 1)
+	addr := a.Devices()[0].Node
+	v1, v2 := randomBytes(10, n), randomBytes(11, n)
+	p, err := a.Malloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := write(a, p, v1); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := a.Export(p, api.ModeVersioned, api.Grant{Tenant: "b", Write: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb, _, err := b.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := write(b, pb, v2); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := b.Publish(pb); err != nil || v != 2 {
+		t.Fatalf("the importer's publish: version %d, %v; want 2", v, err)
+	}
+	if v, err := b.Pin(pb); err != nil || v != 2 {
+		t.Fatalf("the importer's pin: version %d, %v; want 2", v, err)
+	}
+	sys.restartNodeAt(t, 0, addr)
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err = read(t, b, pb, n)
+		if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "does not exist") || time.Now().After(deadline) {
+			break // restored, or failing otherwise
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	wantErr(t, err, api.ErrUnavailable, "version 2, which this range read, is not restored", "node "+addr+" restarted (boot ", "version 1, which a Pin reads")
+	if v, err := b.Pin(pb); err != nil || v != 1 {
+		t.Fatalf("the importer's pin after the restart: version %d, %v; want 1", v, err)
+	}
+	if got, err := read(t, b, pb, n); err != nil || !bytes.Equal(got, v1) {
+		t.Fatalf("the importer after its pin: %v, equal %v (want version 1's bytes)", err, bytes.Equal(got, v1))
 	}
 }
