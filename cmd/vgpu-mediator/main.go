@@ -330,19 +330,19 @@ func run(o *options, cfg mediator.Config, sock hostSocket, pred *upgrade.Predece
 		pred.Done(nil)
 	}
 	sdNotify(log, "READY=1")
-	var u *upgrader
+	u := &upgrader{o: o, m: m, host: host, log: log, leaveCluster: leave, stopSelf: signals.Stop, stopServices: func() {
+		if page != nil {
+			page.Close()
+		}
+		if metricsSrv != nil {
+			metricsSrv.Close()
+		}
+	}}
 	if ctl, err := upgrade.ListenControl(sock.path); err != nil {
 		log.WithError(err).Warn("no control socket: vgpuctl upgrade cannot reach this mediator")
 	} else {
 		defer ctl.Close()
-		u = &upgrader{o: o, m: m, host: host, ctl: ctl, log: log, leaveCluster: leave, stopServices: func() {
-			if page != nil {
-				page.Close()
-			}
-			if metricsSrv != nil {
-				metricsSrv.Close()
-			}
-		}}
+		u.ctl, u.served = ctl, make(chan struct{})
 		go u.serveUpgrades()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -355,9 +355,9 @@ func run(o *options, cfg mediator.Config, sock hostSocket, pred *upgrade.Predece
 		})
 	}
 	log.WithFields(map[string]any{"socket": sock.path, "nodes": cfg.Nodes, "node_tls": cfg.NodeTLS != nil, "node_timeout": cfg.NodeTimeout.String()}).Info("serving")
-	handOverOnSIGUSR2(m, log)
-	signals.RunUntilStopped(log, m.Reload)
-	if u != nil && u.orphaned.Load() {
+	u.handOverOnSIGUSR2()
+	u.stop(signals.RunUntilStopped(log, u.reload))
+	if u.orphaned.Load() {
 		// Exit 1, so that a service manager restarts the mediator, which
 		// restores from --state-dir.
 		return fmt.Errorf("upgrade: handed over, and neither the new binary nor this one could take over: nothing serves; the state is kept in %s", o.stateDir)

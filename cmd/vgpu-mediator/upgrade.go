@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -19,11 +20,23 @@ import (
 // upgrader answers vgpuctl upgrade on the control socket (internal/upgrade
 // has the protocol): it starts the new binary with this process's
 // arguments, hands over to it with the listening sockets, and stops.
+//
+// It also orders the process's signals with an upgrade (or a SIGUSR2
+// handover, handover.go): a stop (SIGTERM, SIGINT) or a reload (SIGHUP)
+// that arrives while one runs waits for it to end — the handover done and
+// the successor serving, or rolled back from — and then goes to whichever
+// process serves: this one if the upgrade failed before it handed over,
+// else the successor, which gets the same signal. So a stop during an
+// upgrade ends with nothing serving, as any stop does, and never with
+// both processes serving or with the upgrade cut short half done (this
+// one gone while its successor restores, with no one to roll back); a
+// reload reaches the process that serves, whichever read the quota file
+// first. No upgrade starts once a stop has begun, nor after a handover.
 type upgrader struct {
 	o    *options
 	m    *mediator.Mediator
 	host *net.UnixListener // the host socket
-	ctl  net.Listener      // the control socket
+	ctl  net.Listener      // the control socket; nil if it could not be made
 	// stopServices closes the status page and the metrics server, whose
 	// ports the successor listens on.
 	stopServices func()
@@ -31,16 +44,128 @@ type upgrader struct {
 	// cluster mode: the successor registers under the same --cluster-id,
 	// which it waits for while the lease lives.
 	leaveCluster func()
-	log          logrus.FieldLogger
+	// stopSelf ends the signal loop (daemon.Signals.Stop) once this
+	// process handed over.
+	stopSelf func()
+	log      logrus.FieldLogger
 	// orphaned: an upgrade handed over and no successor took over, so
 	// nothing serves; the process exits 1.
 	orphaned atomic.Bool
+	// served is closed when the control socket is served no more (its
+	// last report written); nil without one.
+	served chan struct{}
+
+	mu sync.Mutex
+	// busy is closed when the upgrade or handover in progress ends; nil
+	// while none runs. Guarded by mu.
+	busy chan struct{}
+	// handedOver says this process serves no more; successor is the pid
+	// that serves in its place (0: none, after a SIGUSR2 handover or a
+	// failed roll back). Guarded by mu.
+	handedOver bool
+	successor  int
+	stopping   bool // a stop began: no upgrade starts; guarded by mu
+}
+
+// begin starts an upgrade or a handover, or says why none may start.
+func (u *upgrader) begin() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	switch {
+	case u.stopping:
+		return errors.New("the mediator is stopping")
+	case u.handedOver:
+		return errors.New("the mediator handed over already")
+	case u.busy != nil:
+		return errors.New("an upgrade is in progress")
+	}
+	u.busy = make(chan struct{})
+	return nil
+}
+
+// end ends the upgrade or handover begin started: handedOver says this
+// process serves no more, successor the pid that serves in its place.
+func (u *upgrader) end(handedOver bool, successor int) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.handedOver, u.successor = handedOver, successor
+	close(u.busy)
+	u.busy = nil
+}
+
+// settle waits for the upgrade or handover in progress, if any, to end,
+// and returns the pid of the successor that serves in this process's
+// place (0: this one serves, or nothing does) and whether this one still
+// serves.
+func (u *upgrader) settle(why string) (successor int, serving bool) {
+	u.mu.Lock()
+	if busy := u.busy; busy != nil {
+		u.mu.Unlock()
+		u.log.WithField("signal", why).Info("an upgrade is in progress: the signal waits for it to end, and goes to whichever process serves then")
+		<-busy
+		u.mu.Lock()
+	}
+	defer u.mu.Unlock()
+	return u.successor, !u.handedOver
+}
+
+// reload answers SIGHUP: it reloads this mediator, or passes the signal
+// to the successor that serves in its place.
+func (u *upgrader) reload() error {
+	successor, serving := u.settle("SIGHUP")
+	switch {
+	case serving:
+		return u.m.Reload()
+	case successor != 0:
+		u.log.WithField("pid", successor).Info("SIGHUP: passed on to the mediator that took over")
+		return syscall.Kill(successor, syscall.SIGHUP)
+	}
+	return errors.New("handed over, and no successor serves: nothing to reload")
+}
+
+// stop runs once the signal loop ends: on sig, an operator's stop (nil:
+// this process's own, once it handed over), after an upgrade in progress
+// ends; if a successor serves by then, it gets sig. No upgrade starts
+// from here on, and the last report of the control socket is written
+// before this returns, and so before the process exits.
+func (u *upgrader) stop(sig os.Signal) {
+	u.mu.Lock()
+	u.stopping = true
+	u.mu.Unlock()
+	why := "its own stop"
+	if sig != nil {
+		why = sig.String()
+	}
+	successor, _ := u.settle(why)
+	if u.ctl != nil {
+		u.ctl.Close()
+		<-u.served
+	}
+	if sig == nil || successor == 0 {
+		return
+	}
+	u.log.WithFields(logrus.Fields{"signal": why, "pid": successor}).Info("a stop during the upgrade: passed on to the mediator that took over")
+	if s, ok := sig.(syscall.Signal); ok {
+		syscall.Kill(successor, s)
+	}
 }
 
 // do runs one upgrade; it reports whether this process has handed over
 // (and must stop once the report is written).
 func (u *upgrader) do(req upgrade.Request) (upgrade.Report, bool) {
 	rep := upgrade.Report{OldPid: os.Getpid(), Binary: req.Binary}
+	if err := u.begin(); err != nil {
+		rep.Error = err.Error()
+		return rep, false
+	}
+	handedOver := false
+	defer func() { u.end(handedOver, rep.NewPid) }()
+	rep, handedOver = u.upgrade(req, rep)
+	return rep, handedOver
+}
+
+// upgrade runs the upgrade do began.
+func (u *upgrader) upgrade(req upgrade.Request, rep upgrade.Report) (upgrade.Report, bool) {
 	if rep.Binary == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -112,9 +237,10 @@ func (u *upgrader) do(req upgrade.Request) (upgrade.Report, bool) {
 }
 
 // serveUpgrades answers vgpuctl upgrade until this process hands over,
-// then stops it as SIGTERM does (everything is closed already), or until
-// a stop closes the control socket.
+// then stops it (everything is closed already), or until a stop closes
+// the control socket.
 func (u *upgrader) serveUpgrades() {
+	defer close(u.served)
 	handedOver := false
 	upgrade.ServeControl(u.ctl, func(req upgrade.Request) (upgrade.Report, bool) {
 		rep, done := u.do(req)
@@ -122,7 +248,7 @@ func (u *upgrader) serveUpgrades() {
 		return rep, done
 	})
 	if handedOver {
-		syscall.Kill(os.Getpid(), syscall.SIGTERM)
+		u.stopSelf()
 	}
 }
 
