@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-
 )
 
 // handOverOnSIGUSR2 makes SIGUSR2 an upgrade's stop: the mediator hands
