@@ -58,7 +58,7 @@ type options struct {
 	tlsCert, tlsKey, tlsCA          string
 	level                           string
 	cacheMemory                     string
-	nodeTimeout                     time.Duration
+	nodeTimeout, dropGrace          time.Duration
 	dedup                           bool
 	weightSums, versionCopies       bool
 	tenantBandwidth                 uint64
@@ -94,6 +94,8 @@ func addFlags(fs *flag.FlagSet) *options {
 	fs.StringVar(&o.cacheMemory, "cache-memory", "256MiB", "host memory for copies of shared buffers' pages, split among the nodes")
 	fs.DurationVar(&o.nodeTimeout, "node-timeout", mediator.DefaultNodeTimeout,
 		"fail the calls on a node, as unavailable, once its host has been silent this long (no TCP acknowledgement, no keepalive answer; a busy node is not silent); at least 2s")
+	fs.DurationVar(&o.dropGrace, "drop-grace", mediator.DefaultDropGrace,
+		"how long a node keeps the device memory of a session this mediator does not journal after its connection drops, for the session to reclaim it (shorter than the node's --reattach-grace, which a journaled session gets: nothing reclaims it once this mediator dies); at least 1ms")
 	fs.BoolVar(&o.dedup, "dedup", true, "send a sealed weight's 2 MiB pieces a node already holds as references, not bytes (a tenant can then tell that contents it has exist on the node)")
 	fs.BoolVar(&o.versionCopies, "version-copies", false, "keep a host copy of each exported versioned buffer's latest published version (read back at the export and at each publish), so that after its node restarts the version is restored there and importers read on (costs one transfer of the buffer per publish, and the copy's host memory)")
 	fs.BoolVar(&o.weightSums, "weight-sums", false, "read each sealed weight back once, at its seal, to learn its SHA-256, so that after its node restarts it is restored from another node's sealed copy (costs one transfer of the weight; needs --dedup)")
@@ -111,13 +113,17 @@ func addFlags(fs *flag.FlagSet) *options {
 // the flag and its value and wrap api.ErrInvalidArgument.
 func (o *options) config() (mediator.Config, hostSocket, error) {
 	cfg := mediator.Config{Nodes: o.nodes, Quota: o.quota, ContainerDir: o.containerDir, Oversubscribe: o.oversubscribe, StateDir: o.stateDir,
-		TenantBandwidth: o.tenantBandwidth, NoDedup: !o.dedup, WeightSums: o.weightSums, VersionCopies: o.versionCopies, NodeTimeout: o.nodeTimeout}
+		TenantBandwidth: o.tenantBandwidth, NoDedup: !o.dedup, WeightSums: o.weightSums, VersionCopies: o.versionCopies, NodeTimeout: o.nodeTimeout,
+		DropGrace: o.dropGrace}
 	sock, err := hostSocketFlags(o.socket, o.socketMode, o.socketGroup)
 	if err != nil {
 		return cfg, sock, err
 	}
 	if err := wire.CheckPeerTimeout(o.nodeTimeout); err != nil {
 		return cfg, sock, fmt.Errorf("--node-timeout: %w", err)
+	}
+	if o.dropGrace < time.Millisecond {
+		return cfg, sock, fmt.Errorf("--drop-grace %v: want at least 1ms: %w", o.dropGrace, api.ErrInvalidArgument)
 	}
 	if cfg.TenantMemory, err = hostSessionMemory(o.tenantMemory, o.oversubscribe); err != nil {
 		return cfg, sock, err

@@ -116,14 +116,14 @@ func TestOptionsConfig(t *testing.T) {
 		return o
 	}
 	o := parse("--node", "10.0.0.1:7070", "--node", "10.0.0.2:7070", "--quota", "/q.toml", "--tenant-memory", "1GiB", "--oversubscribe", "2",
-		"--host-memory", "4GiB", "--cache-memory", "64MiB", "--node-timeout", "7s", "--dedup=false", "--weight-sums", "--tenant-bandwidth", "1MiB",
+		"--host-memory", "4GiB", "--cache-memory", "64MiB", "--node-timeout", "7s", "--drop-grace", "5s", "--dedup=false", "--weight-sums", "--tenant-bandwidth", "1MiB",
 		"--state-dir", "", "--container-dir", "/c", "--socket-mode", "0660", "--socket-group", "0")
 	cfg, sock, err := o.config()
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := mediator.Config{Nodes: []string{"10.0.0.1:7070", "10.0.0.2:7070"}, Quota: "/q.toml", TenantMemory: 1 << 30, Oversubscribe: 2,
-		HostMemory: 4 << 30, CacheMemory: 64 << 20, NodeTimeout: 7 * time.Second, NoDedup: true, WeightSums: true, TenantBandwidth: 1 << 20, ContainerDir: "/c"}
+		HostMemory: 4 << 30, CacheMemory: 64 << 20, NodeTimeout: 7 * time.Second, DropGrace: 5 * time.Second, NoDedup: true, WeightSums: true, TenantBandwidth: 1 << 20, ContainerDir: "/c"}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("config:\n got %+v\nwant %+v", cfg, want)
 	}
@@ -133,6 +133,7 @@ func TestOptionsConfig(t *testing.T) {
 	for _, args := range [][]string{
 		{"--socket-mode", "8"},
 		{"--node-timeout", "1s"},
+		{"--drop-grace", "0s"},
 		{"--tenant-memory", "1x"},
 		{"--oversubscribe", "17"},
 		{"--node-tls-cert", "c"},
