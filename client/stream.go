@@ -26,6 +26,10 @@ type Stream struct {
 	err     error       // first error found while settling
 	staging *staging    // this stream's shared bounce buffer, made on first use
 	capture *capture    // non-nil between BeginCapture and EndCapture
+	// bodyHint is the length of the last batch sent, at most batchBytes:
+	// the next batch's body starts with that room, so that a run of full
+	// batches does not regrow each body a dozen times from empty.
+	bodyHint int
 }
 
 // inflight is a request of the stream: a batch (while cur, call is nil) or
@@ -98,7 +102,7 @@ func (s *Stream) add(op wire.Op, m api.Message) {
 // be appended to its body. The caller holds s.mu and calls added after.
 func (s *Stream) batch(op wire.Op) *inflight {
 	if s.cur == nil {
-		s.cur = &inflight{op: api.OpBatch}
+		s.cur = &inflight{op: api.OpBatch, body: make([]byte, 0, s.bodyHint)}
 	}
 	switch op {
 	case api.OpCopyToDevice, api.OpMemset, api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost:
@@ -139,6 +143,7 @@ func (s *Stream) flush() {
 		return
 	}
 	s.cur = nil
+	s.bodyHint = min(len(f.body), batchBytes)
 	var hdr wire.Encoder
 	hdr.U32(s.id)
 	hdr.U32(uint32(f.n))
