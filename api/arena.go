@@ -66,7 +66,10 @@ type block[T any] struct {
 	size int // the length of the last block made
 }
 
-const blockMax = 1024
+// blockMax keeps the largest block (of NodeArgs, 40 bytes each) below the
+// runtime's 32 KiB limit of small objects: a larger one is cleared and
+// freed apart, which costs more than a few more blocks.
+const blockMax = 512
 
 func (b *block[T]) take(n int) []T {
 	if n == 0 {
