@@ -166,6 +166,7 @@ const (
 	opShared   = "shared"   // an export or import as earlier mediators wrote it, which they did not restore: nor is it now
 	opExport   = "export"   // the allocation at VA is exported as Object of its node, in Mode (shared.go)
 	opUnexport = "unexport" // the object exported from VA ends: written before the node is told
+	opRevoke   = "revoke"   // the export at VA no longer grants Tenant: written before the node is told (rehome.go)
 	opImport   = "import"   // Object of node Node is imported at VA, Size bytes
 	opUnimport = "unimport" // the import at VA ends
 	opGraph    = "graph"    // Graph created from Body (an api.Batch); no Body: it copies host memory and is lost with a restart
@@ -203,6 +204,12 @@ type journalOp struct {
 	Object uint64   `json:"object,omitempty"`
 	Mode   api.Mode `json:"mode,omitempty"`
 	Node   string   `json:"node,omitempty"`
+	// Tenants are an export's grants (opExport; a snapshot's, less those
+	// revoked): what a restart of its node restores it with (rehome.go).
+	// nil, as journals written before them have it, if unknown: the
+	// object is then not restored. Tenant is whom an opRevoke names.
+	Tenants *[]api.Grant `json:"tenants,omitempty"`
+	Tenant  string       `json:"tenant,omitempty"`
 	// Layout is a compaction's snapshot of the space (opLayout), with
 	// each store entry's CRC-32C beside its key.
 	Layout *memory.Layout `json:"layout,omitempty"`

@@ -46,7 +46,7 @@ func (s *session) compactJournal() {
 		if r.imported {
 			ops = append(ops, journalOp{Op: opImport, VA: r.base, Size: r.size, Object: r.object, Node: s.m.node(r.node).addr})
 		} else {
-			ops = append(ops, journalOp{Op: opExport, VA: r.base, Object: r.object, Mode: r.mode})
+			ops = append(ops, journalOp{Op: opExport, VA: r.base, Object: r.object, Mode: r.mode, Tenants: r.home.grantList()})
 		}
 	}
 	err := s.space.Snapshot(func(l memory.Layout) error {

@@ -3,6 +3,8 @@ package mediator
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -18,11 +20,15 @@ import (
 //
 //   - A versioned object's published version, where its exporter's
 //     mediator holds a copy of it. With Config.VersionCopies the exporting
-//     session reads the version back once when it exports and after each
-//     Publish it makes (holdVersion; one transfer of the object, and a host
-//     copy of it, per export), and keeps the grants it gave, less every
-//     tenant it revoked (a revocation drops the grant here before the node
-//     is told, so no restore can hand it back). When its node connection
+//     session reads the version back once when it exports, after each
+//     Publish it makes, and when a restart of its mediator restores it
+//     (holdVersion; one transfer of the object, and a host copy of it, per
+//     export), and keeps the grants it gave, less every tenant it revoked
+//     (a revocation drops the grant here, and journals it, before the node
+//     is told, so no restore can hand it back). The journal records the
+//     grants with the export (journalOp.Tenants) and each revocation
+//     (opRevoke), so a session restored after its mediator's restart
+//     knows them. When its node connection
 //     breaks and the node answers with another boot id, the session's
 //     watcher sends the copy back (api.OpNodeRestore) under the object's
 //     old id and version number, with those grants, before anything else
@@ -47,8 +53,8 @@ import (
 //     Pins, which reads the restored one.
 //   - Nothing else: coherent and immutable objects, and versioned ones
 //     whose exporter's mediator holds no copy (Config.VersionCopies off, a
-//     session restored after its mediator's restart, whose journal records
-//     neither grants nor copy, or an exporter that is gone), fail every use
+//     session restored from a journal that did not record its grants, a
+//     version another writer published, or an exporter that is gone), fail every use
 //     with ErrUnavailable naming the node and why they were not restored.
 //     An importer that finds the object not there yet fails that use so,
 //     and tries again at the next.
@@ -97,6 +103,29 @@ func (h *rangeHome) exported(boot string, grants []api.Grant) {
 // imported records an import's boot id and exporter.
 func (h *rangeHome) imported(boot string, ir *api.NodeImportReply) {
 	h.boot, h.exporter = boot, ir.Exporter
+}
+
+// restored records, for an export a restore replayed, its boot id and
+// the grants its journal records (nil: unknown).
+func (h *rangeHome) restored(boot string, grants *[]api.Grant) {
+	h.boot = boot
+	if grants != nil {
+		h.exported(boot, *grants)
+	}
+}
+
+// grantList returns the grants an export keeps, nil if unknown.
+func (h *rangeHome) grantList() *[]api.Grant {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.grants == nil {
+		return nil
+	}
+	out := make([]api.Grant, 0, len(h.grants))
+	for _, t := range slices.Sorted(maps.Keys(h.grants)) {
+		out = append(out, api.Grant{Tenant: t, Write: h.grants[t]})
+	}
+	return &out
 }
 
 // revoke drops tenant's grant before the node is told, so that a restore
@@ -201,24 +230,21 @@ func (s *session) rehomeExports(idx int, rpc *wire.RPC) map[*sharedRange]error {
 // restoreOn sends r's held copy to the node at the other end of rpc as
 // the object it was, with the grants r keeps.
 func (h *rangeHome) restoreOn(rpc *wire.RPC, r *sharedRange) error {
+	grants := h.grantList()
 	h.mu.Lock()
-	held, grants := h.held, make([]api.Grant, 0, len(h.grants))
-	for t, w := range h.grants {
-		grants = append(grants, api.Grant{Tenant: t, Write: w})
-	}
-	known := h.grants != nil
+	held := h.held
 	h.mu.Unlock()
 	switch {
 	case r.mode != api.ModeVersioned:
 		return fmt.Errorf("only versioned objects are restored, and this one is %v", r.mode)
-	case !known:
-		return errors.New("its session was restored after its mediator restarted, and the journal keeps neither its grants nor a copy of its version")
+	case grants == nil:
+		return errors.New("its grants are not known: its session was restored after its mediator restarted from a journal that did not record them")
 	case held == nil:
 		return errors.New("its exporter's mediator holds no copy of its published version (it keeps one with --version-copies)")
 	}
 	for off := uint64(0); ; {
 		n := min(uint64(wire.MaxChunk), uint64(len(held.data))-off)
-		m := api.NodeRestore{Object: r.object, Version: held.version, Size: uint64(len(held.data)), Grants: grants, Off: off}
+		m := api.NodeRestore{Object: r.object, Version: held.version, Size: uint64(len(held.data)), Grants: *grants, Off: off}
 		if _, err := rpc.Call(api.OpNodeRestore, nil, api.Encode(&m), held.data[off:off+n]); err != nil {
 			return fmt.Errorf("the node refused its version %d: %w", held.version, err)
 		}

@@ -62,6 +62,7 @@ func (b *lockedBuffer) String() string {
 type host struct {
 	t     testing.TB
 	node  string
+	sim   **accelerator.Node // the node at node, shared with siblings, which a test may restart
 	dir   string
 	quota string
 	log   *lockedBuffer // every mediator's
@@ -85,7 +86,7 @@ func newHostOf(t testing.TB, mem uint64) *host {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(tmp) })
-	h := &host{t: t, node: addr.String(), dir: tmp, quota: filepath.Join(tmp, "q.toml"), log: &lockedBuffer{}}
+	h := &host{t: t, node: addr.String(), sim: &n, dir: tmp, quota: filepath.Join(tmp, "q.toml"), log: &lockedBuffer{}}
 	h.setQuota(restoreQuota)
 	return h
 }

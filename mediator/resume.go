@@ -584,7 +584,7 @@ func (s *session) replayOne(op journalOp, r *replay) error {
 		s.tgraphs.remove(g) // its launches never went to the node (registerRestored)
 	case opEvict, opResident:
 		return s.replayResidency(op, r)
-	case opExport, opUnexport, opImport, opUnimport:
+	case opExport, opUnexport, opRevoke, opImport, opUnimport:
 		return s.replayShared(op, r)
 	case opLayout:
 		return s.replayLayout(op, r)

@@ -93,6 +93,16 @@ func (s *session) replayShared(op journalOp, r *replay) error {
 		}
 		delete(sh.exports, op.VA)
 		sh.ended = append(sh.ended, endedObject{node: s.vdevs[dev].dev.node, object: x.Object})
+	case opRevoke:
+		x, ok := sh.exports[op.VA]
+		if !ok {
+			return fmt.Errorf("a grant of an export that is not live is revoked: %w", api.ErrInternal)
+		}
+		if x.Tenants != nil {
+			left := slices.DeleteFunc(slices.Clone(*x.Tenants), func(g api.Grant) bool { return g.Tenant == op.Tenant })
+			x.Tenants = &left
+			sh.exports[op.VA] = x
+		}
 	case opImport:
 		if op.VA < importBase || op.Size == 0 || op.VA+op.Size < op.VA {
 			return fmt.Errorf("import of %d bytes at %#x: not where imports go: %w", op.Size, op.VA, api.ErrInternal)
@@ -134,11 +144,12 @@ func (s *session) restoreShares(sh *replayedShares) error {
 		v := s.vdevs[dev]
 		r := &sharedRange{base: va, size: end - va, node: v.dev.node,
 			object: op.Object, mode: op.Mode, write: op.Mode != api.ModeImmutable, pageSize: pageSizeOf(0)}
-		r.home.boot = s.m.node(v.dev.node).bootIfUp() // its grants are not journaled: a node restart does not restore it
+		r.home.restored(s.m.node(v.dev.node).bootIfUp(), op.Tenants)
 		if err := s.readopt(r, v.rpc); err != nil {
 			return fmt.Errorf("export at %#x: %w", va, err)
 		}
 		s.shares.add(r)
+		s.holdVersion(r) // the copy died with the process
 	}
 	imports := slices.SortedFunc(maps.Values(sh.imports), func(a, b journalOp) int { return cmp.Compare(a.VA, b.VA) })
 	for _, op := range imports {

@@ -21,7 +21,7 @@ func (h *host) sibling() *host {
 		h.t.Fatal(err)
 	}
 	h.t.Cleanup(func() { os.RemoveAll(tmp) })
-	o := &host{t: h.t, node: h.node, dir: tmp, quota: filepath.Join(tmp, "q.toml"), log: &lockedBuffer{}}
+	o := &host{t: h.t, node: h.node, sim: h.sim, dir: tmp, quota: filepath.Join(tmp, "q.toml"), log: &lockedBuffer{}}
 	o.setQuota(restoreQuota)
 	return o
 }

@@ -338,7 +338,7 @@ func (s *session) export(body []byte) (*api.Shared, error) {
 		return nil, fmt.Errorf("export %#x: %w", m.Addr, err)
 	}
 	s.shares.add(r)
-	s.jr.add(journalOp{Op: opExport, VA: m.Addr, Object: obj.Object, Mode: m.Mode})
+	s.jr.add(journalOp{Op: opExport, VA: m.Addr, Object: obj.Object, Mode: m.Mode, Tenants: r.home.grantList()})
 	s.holdVersion(r)
 	return &api.Shared{Node: s.m.node(v.dev.node).addr, Object: obj.Object}, nil
 }
@@ -445,6 +445,7 @@ func (s *session) revoke(body []byte) error {
 		return err
 	}
 	r.home.revoke(m.Tenant)
+	s.jr.add(journalOp{Op: opRevoke, VA: m.Addr, Tenant: m.Tenant})
 	_, err = r.conn().Call(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: r.object, Tenant: m.Tenant}))
 	return err
 }
