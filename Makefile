@@ -54,7 +54,7 @@ bench: build
 	$(RECORD) $(BENCH_OUT)/coherence.txt $(GO) test -count=1 -run '^$$' -bench SharedTable -benchtime 3x ./mediator/
 	$(RECORD) $(BENCH_OUT)/tls.txt $(GO) test -run '^$$' -bench NodeLinkTLS -benchtime 1x -count 3 ./internal/bench/
 	$(RECORD) $(BENCH_OUT)/metrics-observer.txt $(GO) test -run '^$$' -bench 'ObservedSmallCall|Replied|Clock' -count 10 -benchtime 20000x ./metrics/
-	$(RECORD) $(BENCH_OUT)/journal.txt $(GO) test -count=1 -run '^$$' -bench 'JournalCost|Restore' -benchtime 1x ./mediator/
+	$(RECORD) $(BENCH_OUT)/journal.txt $(GO) test -count=1 -run '^$$' -bench 'JournalCost|JournalLiveChurn|Restore' -benchtime 1x ./mediator/
 	$(RECORD) $(BENCH_OUT)/journal-paging.txt $(GO) test -count=3 -run '^$$' -bench JournaledPaging -benchtime 1x ./mediator/
 	$(RECORD) $(BENCH_OUT)/caps.txt $(GO) test -count=1 -v -run 'TestFillCopyCharged|TestUnaliasCharged|TestLaunchPreparationIsCharged|TestBandwidthCap' ./accelerator/ ./mediator/
 

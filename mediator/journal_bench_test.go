@@ -82,3 +82,40 @@ func timeOf(b *testing.B, c *client.Client, op func(*client.Client) error, n int
 	}
 	return time.Since(start)
 }
+
+// BenchmarkJournalLiveChurn: what journaling costs a session that
+// allocates and frees while it holds many live allocations (2 000 of
+// 4 KiB), whose journal is compacted to a snapshot of them over and over
+// (mediator/journalcompact.go): the ratio of journaled to unjournaled time
+// of a malloc and free, as BenchmarkJournalCost measures it.
+//
+//	go test -run xxx -bench JournalLiveChurn -benchtime 1x ./mediator/
+func BenchmarkJournalLiveChurn(b *testing.B) {
+	const rounds, live = 15, 2000
+	sys := startWith(b, 1<<30, func(c *mediator.Config) { c.StateDir = "" })
+	open := func(s *system, name string) *client.Client {
+		c := s.dial(b, name, 1)
+		for range live {
+			if _, err := c.Malloc(0, 4<<10); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return c
+	}
+	plain := open(sys, "plain")
+	plain2 := open(sys.another(b, "plain2", func(c *mediator.Config) { c.StateDir = "" }), "plain2")
+	journaled := open(sys.another(b, "journaled"), "journaled")
+	op := func(c *client.Client) error { return mallocFree(c, 4<<10) }
+	for range b.N {
+		var ratio, noise []float64
+		for range rounds {
+			tp, tj, tp2 := timeOf(b, plain, op, 400), timeOf(b, journaled, op, 400), timeOf(b, plain2, op, 400)
+			ratio = append(ratio, float64(tj)/float64(tp))
+			noise = append(noise, float64(tp2)/float64(tp))
+		}
+		r, nz := median(ratio), median(noise)
+		b.ReportMetric(r, "journaled/plain")
+		b.ReportMetric(nz, "plain/plain")
+		b.Logf("malloc+free-4KiB with %d live: journaled/plain median %.3f, plain/plain %.3f over %d rounds of 400", live, r, nz, rounds)
+	}
+}
