@@ -271,3 +271,30 @@ func TestNodeRestartVersionPublishedElsewhere(t *testing.T) {
 		t.Fatalf("the importer after its pin: %v, equal %v (want version 1's bytes)", err, bytes.Equal(got, v1))
 	}
 }
+
+// BenchmarkPublish publishes a 1 MiB versioned buffer, without and with
+// VersionCopies, which reads each published version back into the
+// exporter's mediator: the cost of keeping it restorable.
+func BenchmarkPublish(b *testing.B) {
+	for _, copies := range []bool{false, true} {
+		b.Run(map[bool]string{false: "copies=off", true: "copies=on"}[copies], func(b *testing.B) {
+			const n = 1 << 20
+			sys := startNodes(b, 1, 1, 64<<20, func(c *mediator.Config) { c.VersionCopies = copies })
+			a := sys.dial(b, "a", 1)
+			p, err := a.Malloc(0, n)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := a.Export(p, api.ModeVersioned, api.Grant{Tenant: "b"}); err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(n)
+			b.ResetTimer()
+			for range b.N {
+				if _, err := a.Publish(p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
