@@ -35,8 +35,10 @@ import (
 // is served after it.
 //
 // Imports over a connection the session dialled for imports only, from a
-// node where it has no device, are not watched: one that drops ends those
-// ranges' use (sharedAt), unless their home restarted (rehome.go).
+// node where it has no device, are not watched: once it drops, the next
+// use of such a range dials the node again and, if it did not restart,
+// makes the import again the same way, its copies dropped
+// (rehomeImport); if it restarted, rehome.go says what comes back.
 
 // rebuildShared rebuilds the session's shared ranges that were reached
 // through old, its connection to node that dropped, on rpc, the
@@ -46,9 +48,7 @@ import (
 func (s *session) rebuildShared(node int, old, rpc *wire.RPC) (rebuilt, ended int) {
 	n := s.m.node(node)
 	for _, r := range s.shares.reachedThrough(old) {
-		n.cache.mu.Lock()
-		n.cache.cache.Drop(r.object)
-		n.cache.mu.Unlock()
+		n.cache.drop(r.object)
 		rebuilt++
 		if r.imported {
 			r.via.Store(rpc)
@@ -65,6 +65,26 @@ func (s *session) rebuildShared(node int, old, rpc *wire.RPC) (rebuilt, ended in
 		s.log.WithFields(logrus.Fields{"node": n.addr, "shared": rebuilt, "ended": ended}).Info("shared buffers rebuilt on the reclaimed node connection")
 	}
 	return rebuilt, ended
+}
+
+// onNode reports whether the session has a device on node idx, and so a
+// connection there that its watcher redials. Any of its goroutines may
+// ask: a device's node never changes.
+func (s *session) onNode(idx int) bool {
+	for _, v := range s.vdevs {
+		if v.dev.node == idx {
+			return true
+		}
+	}
+	return false
+}
+
+// drop drops the cache's copies of object's pages, read over a node
+// connection that dropped.
+func (pc *pageCache) drop(object uint64) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	pc.cache.Drop(object)
 }
 
 // reachedThrough lists the live ranges reached through rpc.

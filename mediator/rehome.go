@@ -306,10 +306,10 @@ func (h *rangeHome) staleIf(r *sharedRange, old uint64, addr, boot, now string) 
 	}
 }
 
-// rehomeImport imports r, a versioned import whose connection closed,
-// again under the same id, if its node restarted and has the object back;
-// nil if r may be used now. Called at the range's use, by any of the
-// session's goroutines.
+// rehomeImport imports r, an import whose connection closed, again under
+// the same id, if its node did not restart (any mode), or restarted and
+// has the object back (a versioned one); nil if r may be used now. Called
+// at the range's use, by any of the session's goroutines.
 func (s *session) rehomeImport(r *sharedRange) error {
 	r.home.moving.Lock()
 	defer r.home.moving.Unlock()
@@ -326,8 +326,24 @@ func (s *session) rehomeImport(r *sharedRange) error {
 		return fmt.Errorf("%w, and the node does not answer: %v", lost, err)
 	}
 	now, err := bootOf(rpc)
-	if err != nil || now == r.home.boot {
-		return lost // not restarted: only a restart of this mediator rebuilds the range
+	if err != nil {
+		return lost
+	}
+	if now == r.home.boot {
+		if s.onNode(r.node) {
+			return lost // the session's node connection there: its watcher rebuilds the range (dropshared.go)
+		}
+		// Not restarted: the node only forgot the connection's import and
+		// pins. Imported again over the new one, the grant checked anew,
+		// as after a drop of the session's own node connection
+		// (dropshared.go).
+		s.m.node(r.node).cache.drop(r.object)
+		r.via.Store(rpc)
+		s.remakeImport(r, n.addr, "after its node connection dropped, the")
+		if err := r.ended.Load(); err != nil {
+			return *err
+		}
+		return nil
 	}
 	boot := r.home.boot
 	gone := homeRestarted(n.addr, boot, now)

@@ -253,7 +253,8 @@ func (s *session) sharedAt(va, n uint64) (*sharedRange, error) {
 		return nil, *err
 	}
 	if closed(r.conn()) && r.imported {
-		// Imported again if its home restarted and has it back.
+		// Imported again if its node did not restart, or restarted and
+		// has it back (rehomeImport).
 		if err := s.rehomeImport(r); err != nil {
 			return nil, err
 		}
@@ -415,9 +416,9 @@ func (s *session) nodeRPC(idx int) (*wire.RPC, error) {
 	if rpc := s.vdevRPC(idx); rpc != nil {
 		return rpc, nil
 	}
-	// A lost connection is replaced: the imports made over it stay
-	// refused (sharedAt) unless their home restarted and has them back
-	// (rehome.go), new ones go over the new one.
+	// A lost connection is replaced: the imports made over it are made
+	// again over the new one at their next use (sharedAt, rehomeImport),
+	// as are new ones.
 	return s.importConn(idx)
 }
 
