@@ -326,6 +326,30 @@ func compactedWith(t *testing.T, h *host, c *client.Client, op string) journalOp
 	return journalOp{}
 }
 
+// sharedBetween has a allocate n bytes, write pattern(1, n) there and
+// export them, coherent, to tenant "shared" for writing, and b import
+// them; it returns the exporter's and the importer's addresses, the bytes
+// and the export.
+func sharedBetween(t *testing.T, a, b *client.Client, n int) (p, q client.Ptr, data []byte, sh api.Shared) {
+	t.Helper()
+	p, err := a.Malloc(0, uint64(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data = pattern(1, n)
+	if err := writeAt(a, p, data); err != nil {
+		t.Fatal(err)
+	}
+	if sh, err = a.Export(p, api.ModeCoherent, api.Grant{Tenant: "shared", Write: true}); err != nil {
+		t.Fatal(err)
+	}
+	q, info, err := b.Import(sh)
+	if err != nil || info.Size != uint64(n) {
+		t.Fatalf("import: %+v, %v", info, err)
+	}
+	return p, q, data, sh
+}
+
 // A shared buffer's exporter and importer, in two mediators, whose
 // journals were compacted to snapshots naming the export and the import,
 // go on across both mediators' crash as from a full journal: the
@@ -340,22 +364,7 @@ func TestSharedBuffersSurviveCompaction(t *testing.T) {
 	a := ha.dial(ha.serveHost())
 	b := hb.dial(hb.serveHost())
 	const n = 200 << 10
-	p, err := a.Malloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data := pattern(1, n)
-	if err := writeAt(a, p, data); err != nil {
-		t.Fatal(err)
-	}
-	sh, err := a.Export(p, api.ModeCoherent, api.Grant{Tenant: "shared", Write: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, _, err := b.Import(sh)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, q, data, sh := sharedBetween(t, a, b, n)
 	if x := compactedWith(t, ha, a, opExport); x.VA != uint64(p) || x.Object != sh.Object {
 		t.Fatalf("the snapshot's export %+v, want allocation %#x as object %d", x, uint64(p), sh.Object)
 	}

@@ -57,22 +57,7 @@ func TestSharedBuffersSurviveCrashes(t *testing.T) {
 	a := ha.dial(ha.serveHost())
 	b := hb.dial(hb.serveHost())
 	const n = 300 << 10 // five coherence pages, the last one short
-	p, err := a.Malloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data := pattern(1, n)
-	if err := writeAt(a, p, data); err != nil {
-		t.Fatal(err)
-	}
-	sh, err := a.Export(p, api.ModeCoherent, api.Grant{Tenant: "shared", Write: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, info, err := b.Import(sh)
-	if err != nil || info.Size != n {
-		t.Fatalf("import: %+v, %v", info, err)
-	}
+	p, q, data, _ := sharedBetween(t, a, b, n)
 	patch := func(c *client.Client, at client.Ptr, off int, seed byte, k int) {
 		t.Helper()
 		b := pattern(seed, k)
