@@ -334,11 +334,12 @@ func (s *session) rehomeImport(r *sharedRange) error {
 			return lost // the session's node connection there: its watcher rebuilds the range (dropshared.go)
 		}
 		// Not restarted: the node only forgot the connection's import and
-		// pins. Imported again over the new one, the grant checked anew,
-		// as after a drop of the session's own node connection
-		// (dropshared.go).
+		// pins. Imported again over the new one (which reimport takes
+		// from importConn, and points r at once the import holds, so
+		// that no other goroutine's use meets it before), the grant
+		// checked anew, as after a drop of the session's own node
+		// connection (dropshared.go).
 		s.m.node(r.node).cache.drop(r.object)
-		r.via.Store(rpc)
 		s.remakeImport(r, n.addr, "after its node connection dropped, the")
 		if err := r.ended.Load(); err != nil {
 			return *err

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/api/wire"
 	"github.com/vgpu/vgpu/client"
@@ -533,9 +534,13 @@ func TestSharedImportEndsWithItsNodeConnection(t *testing.T) {
 	if err := a.Revoke(p, "beta"); err != nil {
 		t.Fatal(err)
 	}
-	// Until the watcher has made the import again, reads meet the lost
+	// A revocation cannot reach a mediator cut off before it noticed the
+	// cut, whose copies then live out their lease, as for any cut-off
+	// reader (docs/coherence.md); past that, no read may succeed. Until
+	// the watcher has made the import again, reads meet the lost
 	// connection; then the node refuses the import, or its revocation
 	// reached the import made again.
+	time.Sleep(accelerator.ReadLease + 50*time.Millisecond)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err = read(t, b, q, n)
@@ -581,10 +586,6 @@ func TestSharedImportRedialsALostConnection(t *testing.T) {
 	if got, err := read(t, b, q, n); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("read before the cut: %v", err)
 	}
-	before, err := b.Stats()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cut("beta")
 	if err := a.Revoke(p2, "beta"); err != nil {
 		t.Fatal(err)
@@ -592,11 +593,7 @@ func TestSharedImportRedialsALostConnection(t *testing.T) {
 	if got, err := read(t, b, q, n); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("read after the cut: %v", err)
 	}
-	// The import made again read from the node, not from the copies
-	// cached over the lost connection.
-	if after, err := b.Stats(); err != nil || after.SharedMisses == before.SharedMisses {
-		t.Fatalf("no page read from the node after the cut (%+v, %v)", after, err)
-	}
+	// Made again, not only lost: the revoked one says so.
 	_, err = read(t, b, q2, n)
 	wantErr(t, err, api.ErrPermissionDenied, "after its node connection dropped", "has no grant")
 	r, _, err := b.Import(sh)
