@@ -63,10 +63,14 @@ func (cmd *command) weight() int64 {
 
 // inBatch says which operations a batch or graph may carry: those whose
 // reply is empty (a copy from the device into the reply needs a request of
-// its own).
-var inBatch = map[wire.Op]bool{
-	api.OpCopyToDevice: true, api.OpCopyToDeviceHost: true, api.OpCopyFromDeviceHost: true,
-	api.OpCopyDevice: true, api.OpMemset: true, api.OpLaunch: true, api.OpGraphLaunch: true,
+// its own). A switch, not a map: it is asked for every command of a batch.
+func inBatch(op wire.Op) bool {
+	switch op {
+	case api.OpCopyToDevice, api.OpCopyToDeviceHost, api.OpCopyFromDeviceHost,
+		api.OpCopyDevice, api.OpMemset, api.OpLaunch, api.OpGraphLaunch:
+		return true
+	}
+	return false
 }
 
 // decodeInto decodes body into *dst through a copy of its own, so that
@@ -163,7 +167,7 @@ func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command
 	var weight int64
 	var arena api.LaunchArena
 	for i, bc := range b.Cmds {
-		if !inBatch[bc.Op] {
+		if !inBatch(bc.Op) {
 			return 0, nil, fmt.Errorf("command %d: %v may not be batched: %w", i, bc.Op, api.ErrInvalidArgument)
 		}
 		c, err := s.decodeOne(&arena, bc.Op, bc.Body)
@@ -363,6 +367,10 @@ type stream struct {
 	// stream's issuer touches them.
 	translated []memory.Translation
 	extents    []api.Extent
+	// lastKernel is the kernel the last launch named, lastInfo its
+	// signature (kernel); only the issuer touches them.
+	lastKernel string
+	lastInfo   api.KernelInfo
 	// hostPending says a copy into host memory may still be landing: the
 	// next command that touches host memory waits for it (stream order).
 	hostPending bool
@@ -681,6 +689,22 @@ func (m *Mediator) kernel(l *api.Launch) (api.KernelInfo, error) {
 	return k, nil
 }
 
+// kernel is Mediator.kernel, answered from the stream's last launch while
+// launches name its kernel with as many arguments: a batch's launches
+// share their kernel name's string (api.LaunchArena), which compares
+// equal at once where a map would hash it, and the catalog is fixed
+// before the mediator serves.
+func (st *stream) kernel(l *api.Launch) (api.KernelInfo, error) {
+	if st.lastKernel == "" || l.Kernel != st.lastKernel || len(l.Args) != len(st.lastInfo.Params) {
+		k, err := st.s.m.kernel(l)
+		if err != nil {
+			return k, err
+		}
+		st.lastKernel, st.lastInfo = l.Kernel, k
+	}
+	return st.lastInfo, nil
+}
+
 // launchArgsOnStack is how many arguments a launch translates without
 // allocating its working slices.
 const launchArgsOnStack = 8
@@ -689,7 +713,7 @@ const launchArgsOnStack = 8
 // buffer argument to the physical runs from its address to the end of its
 // allocation (all the kernel may touch), and sends it to the buffers' device.
 func (st *stream) launch(m *api.Launch, c *completion, idx int) error {
-	k, err := st.s.m.kernel(m)
+	k, err := st.kernel(m)
 	if err != nil {
 		return err
 	}
