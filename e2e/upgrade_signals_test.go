@@ -154,3 +154,24 @@ func TestReloadDuringUpgrade(t *testing.T) {
 		t.Fatalf("the new mediator does not serve after the reload\n%s", r.med.out)
 	}
 }
+
+// A SIGUSR2 (the signal path's handover) sent while an upgrade runs is
+// ignored, saying why: the upgrade goes on to the new binary, which
+// serves, rather than the mediator handing over a second time with no
+// one to take over.
+func TestHandoverSignalDuringUpgrade(t *testing.T) {
+	r := newRestartable(t)
+	r.start()
+	oldPid := r.med.cmd.Process.Pid
+	res := upgradeWhileSignalled(t, r, slowBinary(t, `exec "`+filepath.Join(bin, "vgpu-mediator")+`" "$@"`), syscall.SIGUSR2)
+	if res.err != nil || res.rep.NewPid == 0 {
+		t.Fatalf("vgpuctl upgrade with a SIGUSR2 during it: %v, report %+v\n%s\nmediator log:\n%s", res.err, res.rep, res.out, r.med.out)
+	}
+	waitFor(t, "the old mediator to exit", func() bool { return gone(oldPid) })
+	if log := r.med.out.String(); !strings.Contains(log, "SIGUSR2 ignored") || !strings.Contains(log, "an upgrade is in progress") || strings.Contains(log, "SIGUSR2: handing over") {
+		t.Fatalf("the log does not show the SIGUSR2 ignored during the upgrade:\n%s", log)
+	}
+	if gone(res.rep.NewPid) || !serves(r.socket) {
+		t.Fatalf("the new mediator does not serve\n%s", r.med.out)
+	}
+}
