@@ -35,7 +35,11 @@
 // dropped; a later process that replays those changes in order
 // (RestoreEvicted, RestoreResident) after the same allocations, over a
 // store that kept its entries (FileStore, a file that outlives the
-// process), rebuilds the same residency.
+// process), rebuilds the same residency. So that such a history need not
+// grow for as long as the space lives, its owner may write down the
+// space's Layout (Snapshot: every chunk with its frame or store key, every
+// live allocation) in its place; RestoreLayout rebuilds an empty space
+// from it, placing the next allocations where the original would.
 //
 // Seal makes an allocation immutable: translations for writing
 // (TranslateWrite, a Range with Write) that touch it are refused. A chunk
