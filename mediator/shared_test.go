@@ -625,21 +625,6 @@ func exportRandom(t *testing.T, c *client.Client, n int, seed uint64, mode api.M
 	return p, data, sh
 }
 
-// readUntilFails reads n bytes at p through c until a read fails, for at
-// most 5 s (a cut connection is noticed in a moment), and returns the last
-// read's error.
-func readUntilFails(t *testing.T, c *client.Client, p client.Ptr, n int) error {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err := read(t, c, p, n)
-		if err != nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // An export grants at most api.MaxGrants tenants, which the node keeps for the
 // object's life: one more is refused, naming the count and the bound, and
 // exports nothing. The node holds the same bound against any mediator.
