@@ -44,7 +44,7 @@ func (s *session) compactJournal() {
 	}
 	for _, r := range s.shares.list() {
 		if r.imported {
-			ops = append(ops, journalOp{Op: opImport, VA: r.base, Size: r.size, Object: r.object, Node: s.m.node(r.node).addr})
+			ops = append(ops, journalOp{Op: opImport, VA: r.base, Size: r.size, Object: r.object, Node: r.addr})
 		} else {
 			ops = append(ops, journalOp{Op: opExport, VA: r.base, Object: r.object, Mode: r.mode, Tenants: r.home.grantList()})
 		}

@@ -153,7 +153,7 @@ func (s *session) restoreShares(sh *replayedShares) error {
 	}
 	imports := slices.SortedFunc(maps.Values(sh.imports), func(a, b journalOp) int { return cmp.Compare(a.VA, b.VA) })
 	for _, op := range imports {
-		r := &sharedRange{base: op.VA, size: op.Size, node: s.m.nodeAt(op.Node), object: op.Object, imported: true, pageSize: pageSizeOf(0)}
+		r := &sharedRange{base: op.VA, size: op.Size, node: s.m.nodeAt(op.Node), addr: op.Node, object: op.Object, imported: true, pageSize: pageSizeOf(0)}
 		s.remakeImport(r, op.Node, "restored")
 		s.shares.add(r)
 	}

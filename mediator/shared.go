@@ -111,6 +111,10 @@ func (pc *pageCache) push(rpc *wire.RPC, op wire.Op, body []byte) {
 type sharedRange struct {
 	base, size uint64
 	node       int
+	// addr is, for an import, its node's address as the journal names it:
+	// node is -1 where a restore found it no longer among this
+	// mediator's, and a compaction writes the import again (journalcompact.go).
+	addr string
 	// via is the node connection the range is reached through; a range
 	// whose home restarted moves to a new one when it is restored
 	// (rehome.go).
@@ -392,7 +396,7 @@ func (s *session) importShared(body []byte) (*api.ImportReply, error) {
 	if ir.PageSize == 0 || ir.Size == 0 {
 		return nil, fmt.Errorf("node %s describes object %d with page size %d, size %d: %w", m.Node, m.Object, ir.PageSize, ir.Size, api.ErrProtocol)
 	}
-	r := &sharedRange{size: ir.Size, node: idx, object: m.Object,
+	r := &sharedRange{size: ir.Size, node: idx, addr: m.Node, object: m.Object,
 		mode: ir.Mode, write: ir.Write, pageSize: pageSizeOf(ir.PageSize), imported: true}
 	r.via.Store(rpc)
 	r.home.imported(s.m.node(idx).bootIfUp(), &ir)
