@@ -357,12 +357,7 @@ func sharedBetween(t *testing.T, a, b *client.Client, n int) (p, q client.Ptr, d
 // and the import, freed after, stays freed.
 func TestSharedBuffersSurviveCompaction(t *testing.T) {
 	lowerJournalBounds(t, 2<<10, 32<<20)
-	ha := newHost(t)
-	hb := ha.sibling()
-	ha.start()
-	hb.start()
-	a := ha.dial(ha.serveHost())
-	b := hb.dial(hb.serveHost())
+	ha, hb, a, b := twoHosts(t, nil)
 	const n = 200 << 10
 	p, q, data, sh := sharedBetween(t, a, b, n)
 	if x := compactedWith(t, ha, a, opExport); x.VA != uint64(p) || x.Object != sh.Object {

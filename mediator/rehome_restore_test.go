@@ -20,13 +20,8 @@ import (
 // reads the version back into the copy the dead process held. The
 // importer, in another mediator, reads it byte for byte.
 func TestRestoredExportRestoresItsVersionAfterANodeRestart(t *testing.T) {
-	ha := newHost(t)
-	hb := ha.sibling()
 	copies := func(c *Config) { c.VersionCopies = true }
-	ha.startWith(copies)
-	hb.start()
-	a := ha.dial(ha.serveHost())
-	b := hb.dial(hb.serveHost())
+	ha, _, a, b := twoHosts(t, copies)
 	const n = 200 << 10
 	p, err := a.Malloc(0, n)
 	if err != nil {

@@ -26,6 +26,21 @@ func (h *host) sibling() *host {
 	return o
 }
 
+// twoHosts starts two hosts in front of one node, as two machines'
+// mediators (the first configured by setA, if not nil), and dials the
+// tenant through each.
+func twoHosts(t *testing.T, setA func(*Config)) (ha, hb *host, a, b *client.Client) {
+	t.Helper()
+	ha = newHost(t)
+	hb = ha.sibling()
+	if setA == nil {
+		setA = func(*Config) {}
+	}
+	ha.startWith(setA)
+	hb.start()
+	return ha, hb, ha.dial(ha.serveHost()), hb.dial(hb.serveHost())
+}
+
 // readAll reads n bytes at p through c.
 func readAll(c *client.Client, p client.Ptr, n int) ([]byte, error) {
 	b := make([]byte, n)
@@ -50,12 +65,7 @@ func writeAt(c *client.Client, p client.Ptr, b []byte) error {
 // importer's mediator is down ends its restored import, typed; and a freed
 // import and export stay freed across a crash.
 func TestSharedBuffersSurviveCrashes(t *testing.T) {
-	ha := newHost(t)
-	hb := ha.sibling()
-	ha.start()
-	hb.start()
-	a := ha.dial(ha.serveHost())
-	b := hb.dial(hb.serveHost())
+	ha, hb, a, b := twoHosts(t, nil)
 	const n = 300 << 10 // five coherence pages, the last one short
 	p, q, data, _ := sharedBetween(t, a, b, n)
 	patch := func(c *client.Client, at client.Ptr, off int, seed byte, k int) {
@@ -171,12 +181,7 @@ func TestSharedBuffersSurviveCrashes(t *testing.T) {
 // restored importer reads the latest published version, and a publish
 // after the restart reaches it at its next pin.
 func TestSharedImmutableAndVersionedSurviveCrashes(t *testing.T) {
-	ha := newHost(t)
-	hb := ha.sibling()
-	ha.start()
-	hb.start()
-	a := ha.dial(ha.serveHost())
-	b := hb.dial(hb.serveHost())
+	ha, hb, a, b := twoHosts(t, nil)
 	const n = 130 << 10
 	export := func(mode api.Mode, seed byte) (client.Ptr, client.Ptr, []byte) {
 		t.Helper()
