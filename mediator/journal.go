@@ -530,10 +530,10 @@ func (l *sessionLog) due() bool { return l != nil && l.over.Load() }
 func (l *sessionLog) compact(ops []journalOp) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.over.Store(false) // an ended journal is due no more: nothing compacts it
 	if l.f == nil {
 		return nil
 	}
-	l.over.Store(false)
 	b, err := record(l.rec)
 	for _, op := range ops {
 		var r []byte
@@ -591,6 +591,16 @@ func (l *sessionLog) compact(ops []journalOp) error {
 		l.f = nil
 	}
 	return nil
+}
+
+// postpone puts the next compaction off until the journal has grown as
+// much again: a snapshot that could not be taken (memory.Space.Snapshot)
+// is not tried again at every request.
+func (l *sessionLog) postpone() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.base = l.size
+	l.over.Store(false)
 }
 
 // died asks the test's fault injection whether the mediator dies at step

@@ -62,6 +62,7 @@ func (s *session) compactJournal() {
 		return s.jr.compact(append([]journalOp{{Op: opLayout, Layout: &l}}, ops...))
 	})
 	if err != nil {
+		s.jr.postpone()
 		s.log.WithError(err).Warn("compacting the session's journal failed; it goes on growing")
 	}
 }
