@@ -79,8 +79,8 @@ func (s *session) onNode(idx int) bool {
 	return false
 }
 
-// drop drops the cache's copies of object's pages, read over a node
-// connection that dropped.
+// drop drops the cache's copies of object's pages: the object ended, was
+// revoked, or was read over a node connection that dropped.
 func (pc *pageCache) drop(object uint64) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()

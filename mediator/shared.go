@@ -82,9 +82,7 @@ func (pc *pageCache) push(rpc *wire.RPC, op wire.Op, body []byte) {
 		if api.Decode(body, &m) != nil {
 			return
 		}
-		pc.mu.Lock()
-		pc.cache.Drop(m.Object) // other tenants here read it again from the node
-		pc.mu.Unlock()
+		pc.drop(m.Object) // other tenants here read it again from the node
 		pc.m.revoked(rpc, m)
 		rpc.Go(api.OpNodeRevokedAck, nil, body)
 		return
@@ -483,10 +481,7 @@ func (s *session) unshare(va uint64, importsOnly bool) (bool, error) {
 // have imported it.
 func (s *session) unexport(r *sharedRange) error {
 	_, err := r.conn().Call(api.OpNodeUnexport, nil, api.Encode(&api.NodeObject{Object: r.object}))
-	pc := s.m.node(r.node).cache
-	pc.mu.Lock()
-	pc.cache.Drop(r.object)
-	pc.mu.Unlock()
+	s.m.node(r.node).cache.drop(r.object)
 	return err
 }
 
