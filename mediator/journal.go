@@ -36,7 +36,8 @@ package mediator
 //     space's layout (memory.Layout: its chunks, with each resident one's
 //     frame and each evicted one's store entry, and its live allocations,
 //     sealed or not), the seals' credits, the live streams and the
-//     allocations freed with them, the live exports and imports, and the
+//     allocations freed with them, the live exports and imports (and
+//     where the next import goes, past those freed), and the
 //     live graphs and tensor graphs — to <id>.journal.new, and renames it
 //     over the old one. The snapshot is taken under the session's
 //     issueMu and the space's allocMu, which every other record's writer
@@ -175,7 +176,7 @@ const (
 	opUntgraph = "untgraph" // tensor graph Graph released (its arena's free is a record of its own)
 	opEvict    = "evict"    // the chunk at VA of Dev is evicted to the store file under Key, whose entry has CRC-32C Sum (residency.go)
 	opResident = "resident" // the chunk at VA of Dev is resident in Frame; Keep: it keeps its store entry
-	opLayout   = "layout"   // Layout: the space as a compaction found it; only first, on an empty space
+	opLayout   = "layout"   // Layout: the space as a compaction found it, VA where the next import goes (0: importBase); only first, on an empty space
 )
 
 // journalOp is one journaled change of a session.

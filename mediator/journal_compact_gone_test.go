@@ -50,3 +50,45 @@ func TestCompactionKeepsImportOfGoneNode(t *testing.T) {
 	hb.serveHost()
 	gone("restored from the snapshot")
 }
+
+// Imports go at ever higher addresses for as long as a session lives,
+// restarts of its mediator included: a snapshot that names only the live
+// imports still says where the next one goes, so a restored session never
+// places an import where a freed one was, which the tenant may still
+// point at.
+func TestCompactionKeepsImportsAfterFreedOnes(t *testing.T) {
+	lowerJournalBounds(t, 2<<10, 32<<20)
+	ha := newHost(t)
+	hb := ha.sibling()
+	ha.start()
+	hb.start()
+	a := ha.dial(ha.serveHost())
+	b := hb.dial(hb.serveHost())
+	const n = 64 << 10
+	_, q, _, sh := sharedBetween(t, a, b, n)
+	freed, _, err := b.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Free(freed); err != nil {
+		t.Fatal(err)
+	}
+	if x := compactedWith(t, hb, b, opImport); x.VA != uint64(q) {
+		t.Fatalf("the snapshot's import %+v, want the live one at %#x", x, uint64(q))
+	}
+	hb.crash()
+	if out := hb.start(); !strings.Contains(out, "session restored") {
+		t.Fatalf("not restored from the snapshot:\n%s", out)
+	}
+	hb.serveHost()
+	if _, err := b.Stats(); err != nil { // the client resumes on a call it may retry
+		t.Fatal(err)
+	}
+	again, _, err := b.Import(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again <= freed {
+		t.Fatalf("an import after the restore at %#x, not past the freed one at %#x", uint64(again), uint64(freed))
+	}
+}

@@ -59,7 +59,7 @@ func (s *session) compactJournal() {
 			}
 			l.Chunks[i].Sum, _ = s.durable.Sum(c.Key)
 		}
-		return s.jr.compact(append([]journalOp{{Op: opLayout, Layout: &l}}, ops...))
+		return s.jr.compact(append([]journalOp{{Op: opLayout, Layout: &l, VA: s.shares.next()}}, ops...))
 	})
 	if err != nil {
 		s.jr.postpone()
@@ -68,7 +68,9 @@ func (s *session) compactJournal() {
 }
 
 // replayLayout rebuilds the space as a compaction found it (opLayout),
-// the first record after the header: the budget reserves every
+// the first record after the header, and places the next import where
+// the compaction found it would go (past imports freed before, which the
+// records do not name any more): the budget reserves every
 // allocation's footprint, as their own records would have, the store file
 // takes back each entry the layout names, with its CRC-32C (Verify checks
 // them once the replay is done), and each resident chunk asks r for its
@@ -78,6 +80,10 @@ func (s *session) replayLayout(op journalOp, r *replay) error {
 	if l == nil {
 		return fmt.Errorf("a layout record without a layout: %w", api.ErrInternal)
 	}
+	if op.VA != 0 && op.VA < importBase {
+		return fmt.Errorf("a layout record places the next import at %#x, below where imports go (%#x): %w", op.VA, uint64(importBase), api.ErrInternal)
+	}
+	s.shares.placeRestored(op.VA, 0)
 	var foot uint64
 	for _, a := range l.Allocs {
 		f, err := memory.Footprint(a.Size)
@@ -124,6 +130,14 @@ func (ss *streamSet) withLists() map[uint32][]uint64 {
 		out[id] = slices.Clone(vas)
 	}
 	return out
+}
+
+// next is where the next import goes (0: importBase), for a journal's
+// compaction.
+func (sh *shareSet) next() uint64 {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.nextImport
 }
 
 // list returns the exported and imported ranges, in the order they were
