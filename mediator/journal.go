@@ -39,9 +39,12 @@ package mediator
 //     allocations freed with them, the live exports and imports (and
 //     where the next import goes, past those freed), and the
 //     live graphs and tensor graphs — to <id>.journal.new, and renames it
-//     over the old one. The snapshot is taken under the session's
-//     issueMu and the space's allocMu, which every other record's writer
-//     holds one of, so it is the state after the journal's last record,
+//     over the old one. The snapshot is taken by the session's reader,
+//     which alone writes the records of streams, shared buffers and
+//     graphs, under the session's issueMu and the space's allocMu, one of
+//     which every other record's writer holds (an allocation, free, seal
+//     or credit; an eviction or fault-in), so it is the state after the
+//     journal's last record,
 //     and records written after it follow it in the new file. A leftover
 //     .new file is a compaction cut short, and is deleted at start; the
 //     old journal it was to replace is whole. Past maxJournal (a live
