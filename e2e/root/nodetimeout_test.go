@@ -18,7 +18,10 @@ import (
 // mediator's --node-timeout (not before, and within 3 times that), while
 // another tenant's session on another node is served throughout. The
 // partitioned node drops the mediator's connections after its own
-// --mediator-timeout, and once healed serves new sessions.
+// --mediator-timeout, keeping their frames for a reclaim (every session's
+// node connections attach: a journaled one's for the node's
+// --reattach-grace, one with no journal for the mediator's --drop-grace),
+// and once healed serves new sessions.
 func TestNetlabNodeTimeout(t *testing.T) {
 	lab := netlab.New(t, "n1", "n2", "m")
 	bin := netlabBinaries(t)
@@ -107,11 +110,12 @@ wait:
 		t.Errorf("b's session on n2 after a's failed: %v", err)
 	}
 
-	// The node notices too: it drops the mediator's connections (and frees
-	// their memory) once the mediator has been silent for its own timeout.
-	waitFor(t, time.Until(cutAt.Add(3*bound))+time.Second, "n1 to drop the silent mediator's connections", func() bool {
+	// The node notices too: it drops the mediator's connections once the
+	// mediator has been silent for its own timeout, parking their frames
+	// for a reclaim rather than freeing them.
+	waitFor(t, time.Until(cutAt.Add(3*bound))+time.Second, "n1 to drop the silent mediator's connections, keeping their frames", func() bool {
 		b, _ := os.ReadFile(nodes["n1"].Log)
-		return strings.Contains(string(b), "silent for")
+		return strings.Contains(string(b), "silent for") && strings.Contains(string(b), "its frames are kept for a reclaim")
 	})
 
 	lab.Heal("n1")
