@@ -36,6 +36,9 @@ import (
 //     refuses the next access, typed.
 //   - An end journaled is sent to the node again (an unexport the node may
 //     not have heard before the death); an object already gone is fine.
+//     So is each revocation journaled of a live export, which is also
+//     written before the node is told: a tenant that has no grant any
+//     more is fine.
 //
 // The cache of the node's pages starts empty: every read goes to the node
 // first, under a new lease. Leases the dead process held stay in the
@@ -55,6 +58,9 @@ type replayedShares struct {
 	// ended are the objects whose end was journaled, with the node of
 	// each, to tell the node again.
 	ended []endedObject
+	// revoked are the tenants whose grant a live export's journal revokes,
+	// by allocation, to tell the node again.
+	revoked map[uint64][]string
 }
 
 type endedObject struct {
@@ -92,12 +98,17 @@ func (s *session) replayShared(op journalOp, r *replay) error {
 			return err
 		}
 		delete(sh.exports, op.VA)
+		delete(sh.revoked, op.VA)
 		sh.ended = append(sh.ended, endedObject{node: s.vdevs[dev].dev.node, object: x.Object})
 	case opRevoke:
 		x, ok := sh.exports[op.VA]
 		if !ok {
 			return fmt.Errorf("a grant of an export that is not live is revoked: %w", api.ErrInternal)
 		}
+		if sh.revoked == nil {
+			sh.revoked = map[uint64][]string{}
+		}
+		sh.revoked[op.VA] = append(sh.revoked[op.VA], op.Tenant)
 		if x.Tenants != nil {
 			left := slices.DeleteFunc(slices.Clone(*x.Tenants), func(g api.Grant) bool { return g.Tenant == op.Tenant })
 			x.Tenants = &left
@@ -147,6 +158,12 @@ func (s *session) restoreShares(sh *replayedShares) error {
 		r.home.restored(s.m.node(v.dev.node).bootIfUp(), op.Tenants)
 		if err := s.readopt(r, v.rpc); err != nil {
 			return fmt.Errorf("export at %#x: %w", va, err)
+		}
+		for _, tenant := range sh.revoked[va] {
+			_, err := v.rpc.Call(api.OpNodeRevoke, nil, api.Encode(&api.NodeRevoke{Object: op.Object, Tenant: tenant}))
+			if err != nil && !errors.Is(err, api.ErrInvalidArgument) { // no grant: the node heard it before the death
+				return fmt.Errorf("export at %#x: revoking tenant %q's grant again: %w", va, tenant, err)
+			}
 		}
 		s.shares.add(r)
 		s.holdVersion(r) // the copy died with the process
