@@ -22,8 +22,10 @@ package accelerator
 //     another tenant cannot pass its bytes off under a known id. An id
 //     that is live (or still ending) is refused.
 //   - A restored version's bytes are host memory that no tenant's quota
-//     counts, as the versions kept for readers are: a connection has at
-//     most MaxRestoreBytes restored or being restored at once, and its
+//     counts, as the versions kept for readers are: a connection begins
+//     no restore that would take what it has restored, or is restoring,
+//     past MaxRestoreBytes (one that reclaimed others' restored objects
+//     may hold more, and then restores nothing more), and its
 //     restored objects count towards MaxObjects.
 //
 // connObjects.pending and .restored are guarded by objectTable.mu, as the
@@ -38,8 +40,8 @@ import (
 )
 
 // MaxRestoreBytes bounds the bytes of the objects one connection has
-// restored, live or arriving.
-const MaxRestoreBytes = 1 << 30
+// restored, live or arriving. A variable only so tests can lower it.
+var MaxRestoreBytes uint64 = 1 << 30
 
 // restoring is an object whose pieces are arriving.
 type restoring struct {
@@ -112,7 +114,7 @@ func (c *conn) checkRestore(m *api.NodeRestore, r *connObjects) error {
 		return fmt.Errorf("restore of shared object %d with %d grants: at most %d: %w", m.Object, len(m.Grants), api.MaxGrants, api.ErrInvalidArgument)
 	case c.exports >= MaxObjects:
 		return fmt.Errorf("restore of shared object %d: this connection has %d shared objects, the limit: %w", m.Object, MaxObjects, api.ErrQuotaExceeded)
-	case m.Size > MaxRestoreBytes-r.restored:
+	case m.Size > MaxRestoreBytes || r.restored > MaxRestoreBytes-m.Size: // restored may pass the bound (adopt)
 		return fmt.Errorf("restore of shared object %d of %d bytes: this connection's restored objects have %d, and at most %d: %w",
 			m.Object, m.Size, r.restored, MaxRestoreBytes, api.ErrQuotaExceeded)
 	}
