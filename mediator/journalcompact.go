@@ -42,6 +42,7 @@ func (s *session) compactJournal() {
 			ops = append(ops, journalOp{Op: opWith, VA: va, Stream: id})
 		}
 	}
+	nextImport := s.shares.next() // not under allocMu, below: shares.mu is no leaf
 	for _, r := range s.shares.list() {
 		if r.imported {
 			ops = append(ops, journalOp{Op: opImport, VA: r.base, Size: r.size, Object: r.object, Node: r.addr})
@@ -59,7 +60,7 @@ func (s *session) compactJournal() {
 			}
 			l.Chunks[i].Sum, _ = s.durable.Sum(c.Key)
 		}
-		return s.jr.compact(append([]journalOp{{Op: opLayout, Layout: &l, VA: s.shares.next()}}, ops...))
+		return s.jr.compact(append([]journalOp{{Op: opLayout, Layout: &l, VA: nextImport}}, ops...))
 	})
 	if err != nil {
 		s.jr.postpone()
