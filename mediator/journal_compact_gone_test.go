@@ -58,12 +58,7 @@ func TestCompactionKeepsImportOfGoneNode(t *testing.T) {
 // point at.
 func TestCompactionKeepsImportsAfterFreedOnes(t *testing.T) {
 	lowerJournalBounds(t, 2<<10, 32<<20)
-	ha := newHost(t)
-	hb := ha.sibling()
-	ha.start()
-	hb.start()
-	a := ha.dial(ha.serveHost())
-	b := hb.dial(hb.serveHost())
+	_, hb, a, b := twoHosts(t, nil)
 	const n = 64 << 10
 	_, q, _, sh := sharedBetween(t, a, b, n)
 	freed, _, err := b.Import(sh)

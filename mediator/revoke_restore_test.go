@@ -14,12 +14,7 @@ import (
 // again: the revoked tenant's import ends, as the exporter asked, rather
 // than reading on under a grant the journal says is gone.
 func TestRestoreRevokesAgain(t *testing.T) {
-	ha := newHost(t)
-	hb := ha.sibling()
-	ha.start()
-	hb.start()
-	a := ha.dial(ha.serveHost())
-	b := hb.dial(hb.serveHost())
+	ha, _, a, b := twoHosts(t, nil)
 	const n = 64 << 10
 	p, q, _, _ := sharedBetween(t, a, b, n)
 	if _, err := readAll(b, q, n); err != nil {
