@@ -72,7 +72,7 @@ func (s *session) seal(body []byte) error {
 	// a time, a later one could evict an earlier chunk, and the list would
 	// name a frame returned or reused since. The space keeps the sealed
 	// frames from being reused: the node refuses to write them.
-	ts, err := s.space.TranslateAll([]memory.Range{{VA: first, Len: last - first, SealFrames: true}})
+	ts, err := s.translateSealed(first, last-first)
 	if errors.Is(err, api.ErrOutOfMemory) {
 		// A weight larger than the session may keep resident (or than its
 		// device holds now): sealed in the space, as asked, but not on the
@@ -119,6 +119,23 @@ func (s *session) seal(body []byte) error {
 		s.credit(m.Addr, credit)
 	}
 	return nil
+}
+
+// translateSealed translates [va, va+n) with its frames resident together
+// and marked sealed in the space (memory.Range.SealFrames), and journals
+// that they are, before the caller has the node seal them: a restore that
+// did not know would reuse them for other chunks, which the node refuses
+// to write. A mediator that dies before the node is told leaves frames
+// marked sealed that are not, which costs a restored session only a
+// frame returned and asked for again where one could have been reused.
+// The caller holds issueMu, which orders the record with the residency
+// records of the translation's fault-ins and of later evictions.
+func (s *session) translateSealed(va, n uint64) ([]memory.Translation, error) {
+	ts, err := s.space.TranslateAll([]memory.Range{{VA: va, Len: n, SealFrames: true}})
+	if err == nil {
+		s.jr.add(journalOp{Op: opFrames, VA: va, Size: n})
+	}
+	return ts, err
 }
 
 // frameCredit is what a budget is credited for one frame stored once when

@@ -163,6 +163,7 @@ const (
 	opAlloc    = "alloc"    // Dev, Size, Hint → VA, with the frames granted meanwhile
 	opFree     = "free"     // VA
 	opSeal     = "seal"     // VA
+	opFrames   = "frames"   // the frames of the resident chunks of [VA, VA+Size) are sealed on their node: written before the node is told (dedup.go)
 	opCredit   = "credit"   // VA, Credit: the budget credit its seal earned (dedup.go)
 	opStream   = "stream"   // Stream created
 	opUnstream = "unstream" // Stream destroyed

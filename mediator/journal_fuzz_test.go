@@ -24,12 +24,12 @@ func FuzzJournalRead(f *testing.F) {
 	seed := hdr
 	for _, op := range []journalOp{
 		{Op: opAlloc, Dev: 0, Size: 3 << 20, Hint: 1, VA: 1 << 40, Grants: [][]uint64{{0, 2 << 20}}},
-		{Op: opSeal, VA: 1 << 40}, {Op: opCredit, VA: 1 << 40, Credit: 1 << 20},
+		{Op: opSeal, VA: 1 << 40}, {Op: opFrames, VA: 1 << 40, Size: 2 << 20}, {Op: opCredit, VA: 1 << 40, Credit: 1 << 20},
 		{Op: opStream, Stream: 2}, {Op: opWith, VA: 1 << 40, Stream: 2}, {Op: opUnstream, Stream: 2}, {Op: opFree, VA: 1 << 40},
 		{Op: opGraph, Graph: 1, Body: []byte{2, 0, 0, 0, 0, 0, 0, 0}}, {Op: opGraph, Graph: 2}, {Op: opUngraph, Graph: 1},
 		{Op: opTGraph, Graph: 1, Body: []byte("def"), VA: 1 << 40}, {Op: opUntgraph, Graph: 1},
 		{Op: opLayout, Layout: &memory.Layout{
-			Chunks: []memory.ChunkLayout{{VA: 1 << 32, Resident: true, Frame: 2 << 20}, {VA: 1<<32 + 2<<20, Hint: 3, Key: 4, Sum: 0xabcd}},
+			Chunks: []memory.ChunkLayout{{VA: 1 << 32, Resident: true, Frame: 2 << 20, FrameSealed: true}, {VA: 1<<32 + 2<<20, Hint: 3, Key: 4, Sum: 0xabcd}},
 			Allocs: []memory.AllocLayout{{VA: 1 << 32, Size: 3 << 20, Sealed: true}},
 		}},
 	} {

@@ -498,7 +498,7 @@ func (s *session) resealRestored(va uint64) {
 	a, err := s.space.AllocationAt(va)
 	if err == nil {
 		var ts []memory.Translation
-		ts, err = s.space.TranslateAll([]memory.Range{{VA: va, Len: a.End - va, SealFrames: true}})
+		ts, err = s.translateSealed(va, a.End-va)
 		if err == nil {
 			var frames []uint64
 			for _, x := range ts[0].Extents {

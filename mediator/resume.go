@@ -552,6 +552,8 @@ func (s *session) replayOne(op journalOp, r *replay) error {
 		s.streams.forget(op.VA)
 	case opSeal:
 		return s.space.Seal(op.VA)
+	case opFrames:
+		return s.space.RestoreFrameSeal(op.VA, op.Size)
 	case opCredit:
 		if s.space.CheckStart("credit", op.VA) != nil || s.credits[op.VA] != 0 {
 			return fmt.Errorf("credit %d for no allocation, or a second one: %w", op.Credit, api.ErrInternal)

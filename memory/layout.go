@@ -43,6 +43,9 @@ type ChunkLayout struct {
 	// Sum is the owner's checksum of Key's entry, written down beside it;
 	// the space neither fills nor reads it.
 	Sum uint32 `json:"sum,omitempty"`
+	// FrameSealed says the source made the resident chunk's Frame
+	// read-only (Range.SealFrames): the rebuilt space must not reuse it.
+	FrameSealed bool `json:"frame_sealed,omitempty"`
 }
 
 // AllocLayout is one live allocation of a Layout.
@@ -72,17 +75,19 @@ func (s *Space) Snapshot(use func(Layout) error) error {
 		return fmt.Errorf("snapshot: %d chunks' contents were lost by their device: %w", s.lost, vocab.ErrUnavailable)
 	}
 	l := Layout{Chunks: make([]ChunkLayout, 0, len(s.chunks)), Allocs: make([]AllocLayout, 0, len(s.allocs))}
+	s.mu.Lock() // a translation sets chunk.frameSealed under mu alone
 	for _, va := range slices.Sorted(maps.Keys(s.chunks)) {
 		c := s.chunks[va]
 		cl := ChunkLayout{VA: c.va, Dev: c.dev, Hint: c.hint, Resident: c.resident}
 		if c.resident {
-			cl.Frame = c.frame
+			cl.Frame, cl.FrameSealed = c.frame, c.frameSealed
 		}
 		if c.stored {
 			cl.Key = c.key
 		}
 		l.Chunks = append(l.Chunks, cl)
 	}
+	s.mu.Unlock()
 	for _, a := range s.allocs {
 		l.Allocs = append(l.Allocs, AllocLayout{VA: a.va, Size: a.want, Dev: a.dev, Hint: a.hint, Sealed: a.sealed})
 	}
@@ -155,7 +160,7 @@ func (s *Space) checkLayout(l Layout) ([]*chunk, []*allocation, uint64, error) {
 	frames := map[devFrame]bool{}
 	resident := 0
 	for _, cl := range l.Chunks {
-		c := &chunk{va: cl.VA, dev: cl.Dev, hint: cl.Hint, resident: cl.Resident, frame: cl.Frame, stored: cl.Key != 0, key: cl.Key}
+		c := &chunk{va: cl.VA, dev: cl.Dev, hint: cl.Hint, resident: cl.Resident, frame: cl.Frame, stored: cl.Key != 0, key: cl.Key, frameSealed: cl.FrameSealed}
 		switch {
 		case cl.VA%Page2M != 0 || cl.VA < vaBase || cl.VA >= vaTop:
 			return nil, nil, 0, fmt.Errorf("chunk %#x: not a chunk's address: %w", cl.VA, vocab.ErrInvalidArgument)
@@ -165,8 +170,8 @@ func (s *Space) checkLayout(l Layout) ([]*chunk, []*allocation, uint64, error) {
 			return nil, nil, 0, fmt.Errorf("chunk %#x: residency hint %v: %w", cl.VA, cl.Hint, vocab.ErrInvalidArgument)
 		case cl.Resident && (cl.Frame%FrameSize != 0 || frames[devFrame{cl.Dev, cl.Frame}]):
 			return nil, nil, 0, fmt.Errorf("chunk %#x: frame %#x is misaligned or another chunk's: %w", cl.VA, cl.Frame, vocab.ErrInvalidArgument)
-		case !cl.Resident && cl.Frame != 0:
-			return nil, nil, 0, fmt.Errorf("chunk %#x: evicted, in frame %#x: %w", cl.VA, cl.Frame, vocab.ErrInvalidArgument)
+		case !cl.Resident && (cl.Frame != 0 || cl.FrameSealed):
+			return nil, nil, 0, fmt.Errorf("chunk %#x: evicted, in frame %#x (sealed: %v): %w", cl.VA, cl.Frame, cl.FrameSealed, vocab.ErrInvalidArgument)
 		case s.store == nil && (!cl.Resident || cl.Key != 0):
 			return nil, nil, 0, fmt.Errorf("chunk %#x: evicted or stored, but the space does not oversubscribe: %w", cl.VA, vocab.ErrInvalidArgument)
 		}

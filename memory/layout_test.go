@@ -152,6 +152,7 @@ func TestRestoreLayoutRefusesBadLayouts(t *testing.T) {
 		"crosses its chunk":   {Chunks: []ChunkLayout{resident(c0, 0), resident(c1, FrameSize)}, Allocs: []AllocLayout{{VA: c1 - Page64K, Size: 2 * Page64K}}},
 		"evicted, no store":   {Chunks: []ChunkLayout{{VA: c0}}, Allocs: []AllocLayout{{VA: c0, Size: 1}}},
 		"size 0":              {Chunks: []ChunkLayout{resident(c0, 0)}, Allocs: []AllocLayout{{VA: c0}}},
+		"evicted, sealed":     {Chunks: []ChunkLayout{{VA: c0, FrameSealed: true}}, Allocs: []AllocLayout{{VA: c0, Size: 1}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			node := newFakeNode(4)

@@ -162,6 +162,10 @@ type Stats struct {
 	// Faults the source filled from memory it held (Refiller), with no
 	// bytes sent.
 	Refills uint64
+	// SealedFrames are the resident chunks whose frames the source made
+	// read-only (Range.SealFrames): none of them is reused for another
+	// chunk.
+	SealedFrames int
 }
 
 // basePagesOnly is a test hook: while set, NewSpace builds page tables that
@@ -1008,5 +1012,45 @@ func (s *Space) Stats() Stats {
 		WriteBacks:     s.writeBacks,
 		CleanEvictions: s.cleanEvictions,
 		Refills:        s.refills,
+		SealedFrames:   s.sealedFrames(),
 	}
+}
+
+// sealedFrames counts the resident chunks whose frames are sealed. The
+// caller holds mu.
+func (s *Space) sealedFrames() int {
+	n := 0
+	for _, c := range s.chunks {
+		if c.resident && c.frameSealed {
+			n++
+		}
+	}
+	return n
+}
+
+// RestoreFrameSeal marks the frames of the resident chunks of [va, va+n)
+// sealed, as a translation with SealFrames did before a restart: a space
+// being rebuilt replays it where its owner journaled that translation.
+// Evicted chunks of the range are skipped (an eviction since returned the
+// sealed frame); a range not wholly in chunks of the space is refused.
+func (s *Space) RestoreFrameSeal(va, n uint64) error {
+	s.allocMu.Lock()
+	defer s.allocMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n == 0 || va+n < va {
+		return fmt.Errorf("restore frame seal %#x+%d: an empty or wrapping range: %w", va, n, vocab.ErrInvalidArgument)
+	}
+	var cs []*chunk
+	for cva := va &^ (Page2M - 1); cva < va+n; cva += Page2M {
+		c := s.chunks[cva]
+		if c == nil {
+			return fmt.Errorf("restore frame seal %#x+%d: no chunk at %#x: %w", va, n, cva, vocab.ErrInvalidArgument)
+		}
+		cs = append(cs, c)
+	}
+	for _, c := range cs {
+		c.frameSealed = c.frameSealed || c.resident
+	}
+	return nil
 }
