@@ -52,7 +52,7 @@ func (s *session) rebuildShared(node int, old, rpc *wire.RPC) (rebuilt, ended in
 		rebuilt++
 		if r.imported {
 			r.via.Store(rpc)
-			s.remakeImport(r, n.addr, "after its node connection dropped, the")
+			s.remakeImport(r, n.addr, "after its node connection dropped, the", false)
 		} else if err := s.readopt(r, rpc); err != nil {
 			s.log.WithError(err).WithField("object", r.object).Warn("a shared buffer the session exported is not pinned again after its node connection dropped; its range fails with why")
 			r.ended.Store(&err)

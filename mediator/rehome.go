@@ -340,7 +340,7 @@ func (s *session) rehomeImport(r *sharedRange) error {
 		// checked anew, as after a drop of the session's own node
 		// connection (dropshared.go).
 		s.m.node(r.node).cache.drop(r.object)
-		s.remakeImport(r, n.addr, "after its node connection dropped, the")
+		s.remakeImport(r, n.addr, "after its node connection dropped, the", false)
 		if err := r.ended.Load(); err != nil {
 			return *err
 		}

@@ -171,7 +171,7 @@ func (s *session) restoreShares(sh *replayedShares) error {
 	imports := slices.SortedFunc(maps.Values(sh.imports), func(a, b journalOp) int { return cmp.Compare(a.VA, b.VA) })
 	for _, op := range imports {
 		r := &sharedRange{base: op.VA, size: op.Size, node: s.m.nodeAt(op.Node), addr: op.Node, object: op.Object, imported: true, pageSize: pageSizeOf(0)}
-		s.remakeImport(r, op.Node, "restored")
+		s.remakeImport(r, op.Node, "restored", true)
 		s.shares.add(r)
 	}
 	return nil
@@ -191,10 +191,11 @@ func (s *session) readopt(r *sharedRange, rpc *wire.RPC) error {
 // node (its address); one the node refuses — a grant revoked or an object
 // ended since — ends r with why, typed, as a revocation pushed to a live
 // session would, and is logged: the rest of the session goes on. what
-// says why the import is made again.
-func (s *session) remakeImport(r *sharedRange, node, what string) {
+// says why the import is made again; fresh says r is not yet in the
+// session's shares (a restore), so no other goroutine reads it.
+func (s *session) remakeImport(r *sharedRange, node, what string, fresh bool) {
 	r.version.Store(0) // the node forgot the old connection's pins
-	if err := s.reimport(r); err != nil {
+	if err := s.reimport(r, fresh); err != nil {
 		err = fmt.Errorf("%s import of object %d of node %s: %w", what, r.object, node, err)
 		r.ended.Store(&err)
 		s.log.WithError(err).Info("a shared buffer the session imported is not made again; its range fails with why")
@@ -202,8 +203,14 @@ func (s *session) remakeImport(r *sharedRange, node, what string) {
 }
 
 // reimport imports r's object again over the session's connection to its
-// node, checking that it is the size the journal says, and pins it.
-func (s *session) reimport(r *sharedRange) error {
+// node, checking that it is the size the journal says, and pins it. A
+// fresh range takes the object's mode, write access and page size from
+// the node's answer. A live one's streams read those fields with no lock
+// (they are immutable once the range is published: the Go memory model
+// orders no later write with those reads), so the node must answer what
+// they hold already; an object that changed them is not the one the
+// range imported, and fails it.
+func (s *session) reimport(r *sharedRange, fresh bool) error {
 	if r.node < 0 {
 		return fmt.Errorf("not a node of this mediator now: %w", api.ErrUnavailable)
 	}
@@ -222,8 +229,15 @@ func (s *session) reimport(r *sharedRange) error {
 	case ir.Size != r.size:
 		return fmt.Errorf("the node says %d bytes, the journal %d: %w", ir.Size, r.size, api.ErrProtocol)
 	}
+	mode, write, pageSize := ir.Mode, ir.Write, pageSizeOf(ir.PageSize)
+	switch {
+	case fresh:
+		r.mode, r.write, r.pageSize = mode, write, pageSize
+	case mode != r.mode || write != r.write || pageSize != r.pageSize:
+		return fmt.Errorf("the node says mode %v, write %v, pages of %d bytes; the range was imported with mode %v, write %v, pages of %d bytes: %w",
+			mode, write, pageSize, r.mode, r.write, r.pageSize, api.ErrProtocol)
+	}
 	r.via.Store(rpc)
-	r.mode, r.write, r.pageSize = ir.Mode, ir.Write, pageSizeOf(ir.PageSize)
 	r.home.imported(s.m.node(r.node).bootIfUp(), &ir)
 	return r.pin(s.log)
 }
