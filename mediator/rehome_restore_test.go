@@ -77,6 +77,14 @@ func TestRestoredExportRestoresItsVersionAfterANodeRestart(t *testing.T) {
 	if now := node.Status().Boot; now == boot {
 		t.Fatalf("the restarted node has the boot id %q it had", now)
 	}
+	// Once the importer's session has a new connection to the node, it
+	// knows its old one ended: a read before that could be served by its
+	// mediator's cached copies through the dead connection, never asking
+	// the node, whether or not the object was restored.
+	waitFor(t, "the importer's session to connect to the restarted node", func() bool {
+		_, err := b.Malloc(0, 4096)
+		return err == nil
+	})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		got, err := readAll(b, q, n)
