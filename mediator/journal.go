@@ -461,6 +461,12 @@ type sessionLog struct {
 	// compacts the journal after the request it serves. Set under mu;
 	// read without it, on every request.
 	over atomic.Bool
+	// gaveUp says fail ended the journal and the session's reader has
+	// yet to attach its node connections again under the mediator's
+	// DropGrace (session.regraceGivenUp): nothing reclaims their frames
+	// after a restart now. Set under mu; read without it, on every
+	// request.
+	gaveUp atomic.Bool
 	// graphs are the records of the session's live graphs and tensor
 	// graphs, which a compaction writes again; guarded by mu. They take
 	// what the journal takes for them, so at most maxJournal.
@@ -628,6 +634,7 @@ func (l *sessionLog) died(step compactStep) bool {
 func (l *sessionLog) fail(why error) {
 	l.f.Close()
 	l.f, l.graphs = nil, nil
+	l.gaveUp.Store(true)
 	err := l.j.drop(l.id)
 	l.log.WithError(errors.Join(why, err)).Error("session journal given up: the session goes on, but will not survive a mediator restart")
 }

@@ -85,12 +85,37 @@ func (m *Mediator) journalSession(s *session, hello *api.Hello) {
 	if hello.Resumable && m.jr != nil && m.journal(s) {
 		return
 	}
-	conns, err := s.attachConns(m.cfg.DropGrace)
+	s.attachForDrops()
+}
+
+// attachForDrops attaches the session's node connections (again) asking
+// their nodes for Config.DropGrace, for a session without a journal: a
+// drop while this mediator lives loses nothing, and a mediator that dies
+// leaves their frames parked no longer than that, since no restart can
+// reclaim them. An attach again replaces the token and grace.
+func (s *session) attachForDrops() {
+	conns, err := s.attachConns(s.m.cfg.DropGrace)
 	if err != nil {
 		s.log.WithError(err).Warn("node connections not attached: a drop of one will lose the session's memory there")
 		return
 	}
-	s.nodes.attach(m, conns, m.cfg.DropGrace)
+	s.nodes.attach(s.m, conns, s.m.cfg.DropGrace)
+}
+
+// regraceGivenUp attaches the node connections of a session whose journal
+// was given up since (sessionLog.fail: past its bound, unwritable, or its
+// memory lost on a restarted node) again under Config.DropGrace: they
+// were attached under their nodes' full reattach grace for a restart to
+// reclaim, which can no longer happen. The session's reader calls it
+// between requests; it takes issueMu, under which the connections are
+// read.
+func (s *session) regraceGivenUp() {
+	if s.jr == nil || !s.jr.gaveUp.CompareAndSwap(true, false) {
+		return
+	}
+	s.issueMu.Lock()
+	defer s.issueMu.Unlock()
+	s.attachForDrops()
 }
 
 // journal journals new session s, its node connections attached under

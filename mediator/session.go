@@ -507,6 +507,7 @@ func (s *session) readLoop() error {
 			s.putIn(pool)
 		}
 		s.compactJournal() // a load of a flag, unless the journal is due
+		s.regraceGivenUp() // likewise, unless the journal was given up
 		if errors.Is(err, errHungUp) {
 			return err
 		}
