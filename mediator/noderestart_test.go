@@ -131,15 +131,22 @@ func TestNodeRestartKeepsSession(t *testing.T) {
 }
 
 // restartNode stops node i, at addr, and starts an empty one of one
-// 64 MiB device at the same address, as a node that restarts comes back.
-func (s *system) restartNode(t *testing.T, i int, addr string) {
+// 64 MiB device at the same address, as a node that restarts comes back,
+// and returns it, failing unless it drew another boot id.
+func (s *system) restartNode(t *testing.T, i int, addr string) *accelerator.Node {
 	t.Helper()
+	before := s.nodes[i].Status().Boot
 	s.nodes[i].Close()
 	node, _, err := accelerator.StartSim(addr, 1, 64<<20, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { node.Close() })
+	if now := node.Status().Boot; now == "" || now == before {
+		t.Fatalf("the restarted node's boot id is %q, before %q: want a new one", now, before)
+	}
+	s.nodes[i] = node
+	return node
 }
 
 // mallocWhenBack allocates 4 KiB on device dev, whose node restarted,

@@ -7,29 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpu/vgpu/accelerator"
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
 	"github.com/vgpu/vgpu/mediator"
 )
-
-// restartNodeAt is restartNode, returning the node that comes back, and
-// failing unless it drew another boot id.
-func (s *system) restartNodeAt(t *testing.T, i int, addr string) *accelerator.Node {
-	t.Helper()
-	before := s.nodes[i].Status().Boot
-	s.nodes[i].Close()
-	node, _, err := accelerator.StartSim(addr, 1, 64<<20, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Close() })
-	if now := node.Status().Boot; now == "" || now == before {
-		t.Fatalf("the restarted node's boot id is %q, before %q: want a new one", now, before)
-	}
-	s.nodes[i] = node
-	return node
-}
 
 // readWhenBack reads n bytes at p, trying again while that fails with
 // ErrUnavailable (the exporter's mediator has not restored the object
@@ -127,7 +108,7 @@ func TestNodeRestartRestoresPublishedVersion(t *testing.T) {
 	}
 	inA, inB := copiedIn(t, a), copiedIn(t, b)
 
-	node := sys.restartNodeAt(t, 0, addr)
+	node := sys.restartNode(t, 0, addr)
 	// The importer's session has installed its new connection, so it knows
 	// its old one ended: a read before that may be served by the cache's
 	// copies, never asking the node (TestNodeRestartVersionPublishedElsewhere
@@ -210,7 +191,7 @@ func TestNodeRestartVersionNotHeld(t *testing.T) {
 	if _, err := read(t, b, pb, n); err != nil {
 		t.Fatal(err)
 	}
-	sys.restartNodeAt(t, 0, addr)
+	sys.restartNode(t, 0, addr)
 	// Both sessions have installed their new connections, so each knows
 	// its old one ended (TestNodeRestartVersionPublishedElsewhere says why).
 	mallocWhenBack(t, a, 0)
@@ -261,7 +242,7 @@ func TestNodeRestartVersionPublishedElsewhere(t *testing.T) {
 	if v, err := b.Pin(pb); err != nil || v != 2 {
 		t.Fatalf("the importer's pin: version %d, %v; want 2", v, err)
 	}
-	sys.restartNodeAt(t, 0, addr)
+	sys.restartNode(t, 0, addr)
 	// A read sent before the importer's mediator has seen its connection
 	// to the old node end goes down that connection and fails with the
 	// connection's ErrUnavailable ("broken pipe", "lost: EOF"), as any use
