@@ -32,14 +32,5 @@ func TestGivenUpJournalFreesAfterDropGrace(t *testing.T) {
 	}
 
 	h.crash()
-	dropped := time.Now()
-	for nodeUsed(t, h.node) != 0 {
-		if time.Since(dropped) > 20*time.Second {
-			t.Fatalf("frames still held %v after the mediator died, with a drop grace of %v: parked for the node's reattach grace", time.Since(dropped), grace)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if held := time.Since(dropped); held < grace-100*time.Millisecond {
-		t.Fatalf("frames freed %v after the drop, before the %v drop grace", held, grace)
-	}
+	waitFreedAfterDropGrace(t, h.node, time.Now(), grace)
 }

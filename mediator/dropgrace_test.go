@@ -78,7 +78,16 @@ func TestUnjournaledDeathFreesAfterDropGrace(t *testing.T) {
 		t.Fatalf("node uses %d bytes %v after the drop, want the session's %d kept for the drop grace",
 			got, time.Since(dropped), n)
 	}
-	for nodeUsed(t, h.node) != 0 {
+	waitFreedAfterDropGrace(t, h.node, dropped, grace)
+}
+
+// waitFreedAfterDropGrace waits until the node at addr holds no frames,
+// failing if that is before grace has passed since dropped (when the
+// mediator died), or not within 20 s: held for the node's own reattach
+// grace.
+func waitFreedAfterDropGrace(t *testing.T, addr string, dropped time.Time, grace time.Duration) {
+	t.Helper()
+	for nodeUsed(t, addr) != 0 {
 		if time.Since(dropped) > 20*time.Second {
 			t.Fatalf("frames still held %v after the mediator died, with a drop grace of %v", time.Since(dropped), grace)
 		}
