@@ -58,7 +58,7 @@ func benchFlags() (*flag.FlagSet, *benchArgs) {
 	a.out = fs.String("out", "", "also write the JSON, markdown and SVG chart to this directory")
 	a.size = fs.String("size", "256MiB", "headline bulk copy size (h2d_ratio, d2h_ratio); alone, also the largest size")
 	a.maxSize = fs.String("max-size", "1GiB", "largest host↔device copy size (sizes: 4KiB 64KiB 1MiB 16MiB 64MiB 256MiB 1GiB)")
-	a.rounds = fs.Int("rounds", 5, "interleaved rounds of every timed figure (the median counts, the range is reported)")
+	a.rounds = fs.Int("rounds", 9, "interleaved rounds of every timed figure (the median counts, the range is reported)")
 	a.window = fs.Duration("window", bench.DefaultWindow, "least time a timed window of work lasts (small copies and operations are repeated to fill it)")
 	a.pageable = fs.Bool("pageable", false, "bulk host buffers of ordinary memory instead of HostAlloc's shared memory")
 	a.ops = fs.Int("ops", 0, "small operations per window at least (0: as many as fill --window)")

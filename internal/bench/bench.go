@@ -125,7 +125,7 @@ type Options struct {
 	// MaxBytes caps the transfer sizes (DefaultSizes); default 1 GiB, and
 	// at least BulkBytes.
 	MaxBytes int
-	Rounds   int  // interleaved rounds of every timed figure, the median counts; default 5
+	Rounds   int  // interleaved rounds of every timed figure, the median counts; default 9
 	Pageable bool // bulk host buffers from the Go heap instead of HostAlloc
 	// Window is the least time a timed window of work lasts; default
 	// DefaultWindow.
@@ -160,7 +160,7 @@ func (o *Options) defaults() {
 	}
 	o.MaxBytes = max(o.MaxBytes, o.BulkBytes)
 	if o.Rounds <= 0 {
-		o.Rounds = 5
+		o.Rounds = 9
 	}
 	if o.Window <= 0 {
 		o.Window = DefaultWindow
