@@ -65,6 +65,13 @@ type upgrader struct {
 	handedOver bool
 	successor  int
 	stopping   bool // a stop began: no upgrade starts; guarded by mu
+	// passing counts the reloads between their start and the moment they
+	// know where their SIGHUP goes (here, or sent on to the successor):
+	// stop waits for them, so that a reload that waited for the upgrade
+	// reaches the successor before this process exits. Guarded by mu;
+	// passed is signalled (with mu) when it falls.
+	passing int
+	passed  *sync.Cond
 }
 
 // begin starts an upgrade or a handover, or says why none may start.
@@ -112,15 +119,40 @@ func (u *upgrader) settle(why string) (successor int, serving bool) {
 // reload answers SIGHUP: it reloads this mediator, or passes the signal
 // to the successor that serves in its place.
 func (u *upgrader) reload() error {
-	successor, serving := u.settle("SIGHUP")
-	switch {
-	case serving:
-		return u.m.Reload()
-	case successor != 0:
-		u.log.WithField("pid", successor).Info("SIGHUP: passed on to the mediator that took over")
-		return syscall.Kill(successor, syscall.SIGHUP)
+	u.mu.Lock()
+	u.passing++
+	u.mu.Unlock()
+	successor, serving, err := u.passReload()
+	u.mu.Lock()
+	u.passing--
+	u.passingCond().Broadcast()
+	u.mu.Unlock()
+	if serving {
+		return u.m.Reload() // not waited for by stop: it may hang on the quota file
 	}
-	return errors.New("handed over, and no successor serves: nothing to reload")
+	if err == nil && successor == 0 {
+		err = errors.New("handed over, and no successor serves: nothing to reload")
+	}
+	return err
+}
+
+// passReload waits for the upgrade in progress and sends the SIGHUP on to
+// the successor that serves in this process's place, if one does.
+func (u *upgrader) passReload() (successor int, serving bool, err error) {
+	successor, serving = u.settle("SIGHUP")
+	if serving || successor == 0 {
+		return successor, serving, nil
+	}
+	u.log.WithField("pid", successor).Info("SIGHUP: passed on to the mediator that took over")
+	return successor, false, syscall.Kill(successor, syscall.SIGHUP)
+}
+
+// passingCond is the condition passing falls on; mu must be held.
+func (u *upgrader) passingCond() *sync.Cond {
+	if u.passed == nil {
+		u.passed = sync.NewCond(&u.mu)
+	}
+	return u.passed
 }
 
 // stop runs once the signal loop ends: on sig, an operator's stop (nil:
@@ -137,6 +169,11 @@ func (u *upgrader) stop(sig os.Signal) {
 		why = sig.String()
 	}
 	successor, _ := u.settle(why)
+	u.mu.Lock()
+	for u.passing > 0 {
+		u.passingCond().Wait()
+	}
+	u.mu.Unlock()
 	if u.ctl != nil {
 		u.ctl.Close()
 		<-u.served
