@@ -23,8 +23,9 @@ inference for several tenants without and with residency hints, a GPT-style
 decoder as registered graphs against op-by-op launches (and decoding beside
 another tenant's prefills, and several tenants loading one model), and TLS on
 the node link. Timed figures take turns in --rounds interleaved rounds of
-windows of at least --window each, and are reported as the median with the
-range of the rounds. Prints markdown tables (or --json); --out also writes
+windows of at least --window each, each window cut into --slices slices that
+alternate with the other figures' slices, and are reported as the median with
+the range of the rounds. Prints markdown tables (or --json); --out also writes
 ` + bench.JSONFile + `, ` + bench.MarkdownFile + ` and ` + bench.SVGFile + ` there.
 `
 
@@ -35,6 +36,7 @@ type benchArgs struct {
 	size         *string
 	maxSize      *string
 	rounds       *int
+	slices       *int
 	window       *time.Duration
 	pageable     *bool
 	ops          *int
@@ -59,6 +61,7 @@ func benchFlags() (*flag.FlagSet, *benchArgs) {
 	a.size = fs.String("size", "256MiB", "headline bulk copy size (h2d_ratio, d2h_ratio); alone, also the largest size")
 	a.maxSize = fs.String("max-size", "1GiB", "largest host↔device copy size (sizes: 4KiB 64KiB 1MiB 16MiB 64MiB 256MiB 1GiB)")
 	a.rounds = fs.Int("rounds", 9, "interleaved rounds of every timed figure (the median counts, the range is reported)")
+	a.slices = fs.Int("slices", bench.DefaultSlices, "slices each timed window is cut into, taking turns with the other figures' slices within a round (1: windows one after the other)")
 	a.window = fs.Duration("window", bench.DefaultWindow, "least time a timed window of work lasts (small copies and operations are repeated to fill it)")
 	a.pageable = fs.Bool("pageable", false, "bulk host buffers of ordinary memory instead of HostAlloc's shared memory")
 	a.ops = fs.Int("ops", 0, "small operations per window at least (0: as many as fill --window)")
@@ -82,11 +85,11 @@ func benchCmd(socket string, args []string) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if *a.rounds < 1 || *a.window <= 0 || *a.ops < 0 || *a.launches < 0 {
-		return fmt.Errorf("--rounds %d, --window %v, --ops %d, --launches %d: want at least one round, a positive window, no negative counts: %w",
-			*a.rounds, *a.window, *a.ops, *a.launches, api.ErrInvalidArgument)
+	if *a.rounds < 1 || *a.slices < 1 || *a.window <= 0 || *a.ops < 0 || *a.launches < 0 {
+		return fmt.Errorf("--rounds %d, --slices %d, --window %v, --ops %d, --launches %d: want at least one round and one slice, a positive window, no negative counts: %w",
+			*a.rounds, *a.slices, *a.window, *a.ops, *a.launches, api.ErrInvalidArgument)
 	}
-	opt := bench.Options{Socket: socket, Rounds: *a.rounds, Window: *a.window, Pageable: *a.pageable, SmallOps: *a.ops, Launches: *a.launches, Command: *a.command}
+	opt := bench.Options{Socket: socket, Rounds: *a.rounds, Slices: *a.slices, Window: *a.window, Pageable: *a.pageable, SmallOps: *a.ops, Launches: *a.launches, Command: *a.command}
 	if opt.Command == "" {
 		opt.Command = strings.TrimSpace("vgpuctl bench " + strings.Join(args, " "))
 	}

@@ -59,6 +59,7 @@ type Report struct {
 	GoOSArch  string `json:"go_os_arch"` // GOOS/GOARCH
 	HostAlloc bool   `json:"host_alloc"` // bulk host buffers from client.HostAlloc
 	Rounds    int    `json:"rounds"`     // interleaved rounds of every timed figure
+	Slices    int    `json:"slices"`     // slices a window is cut into, alternating with the other figures'
 	// WindowS is the least time, in seconds, a timed window of work lasts.
 	WindowS float64 `json:"window_s"`
 	// The headline bulk size's figures, also in Transfers.
@@ -129,7 +130,10 @@ type Options struct {
 	Pageable bool // bulk host buffers from the Go heap instead of HostAlloc
 	// Window is the least time a timed window of work lasts; default
 	// DefaultWindow.
-	Window   time.Duration
+	Window time.Duration
+	// Slices is how many slices a window is cut into, alternating with
+	// the other contenders' (rounds.go); default DefaultSlices.
+	Slices   int
 	SmallOps int // small operations per window at least; default as many as fill Window
 	Launches int // asynchronous tiny launches per window at least; default as many as fill Window
 	// Tenants are the DLRM tenant counts, each positive; nil: 1, 2, 4, 8;
@@ -143,6 +147,11 @@ type Options struct {
 	Decoder DecoderOptions
 	// Progress, if set, hears what is being measured as the run goes.
 	Progress func(string)
+}
+
+// schedule is how the options say to interleave the timed figures.
+func (o *Options) schedule() schedule {
+	return schedule{rounds: o.Rounds, slices: o.Slices, window: o.Window}
 }
 
 func (o *Options) defaults() {
@@ -161,6 +170,9 @@ func (o *Options) defaults() {
 	o.MaxBytes = max(o.MaxBytes, o.BulkBytes)
 	if o.Rounds <= 0 {
 		o.Rounds = 9
+	}
+	if o.Slices <= 0 {
+		o.Slices = DefaultSlices
 	}
 	if o.Window <= 0 {
 		o.Window = DefaultWindow
@@ -206,7 +218,7 @@ func Run(opt Options) (*Report, error) {
 	r := &Report{
 		Command: opt.Command, Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(),
 		GoOSArch: runtime.GOOS + "/" + runtime.GOARCH, HostAlloc: !opt.Pageable,
-		Rounds: opt.Rounds, WindowS: opt.Window.Seconds(), BulkBytes: opt.BulkBytes, DLRMModel: opt.DLRM,
+		Rounds: opt.Rounds, Slices: opt.Slices, WindowS: opt.Window.Seconds(), BulkBytes: opt.BulkBytes, DLRMModel: opt.DLRM,
 	}
 	if err := oneSession(r, opt); err != nil {
 		return nil, err
@@ -241,7 +253,7 @@ func oneSession(r *Report, opt Options) error {
 		return err
 	}
 	defer c.Close()
-	if r.Transfers, err = transfers(c, sizesFor(opt.MaxBytes, opt.BulkBytes), opt.Rounds, opt.Window, opt.Pageable, opt.Progress); err != nil {
+	if r.Transfers, err = transfers(c, sizesFor(opt.MaxBytes, opt.BulkBytes), opt.schedule(), opt.Pageable, opt.Progress); err != nil {
 		return err
 	}
 	for _, t := range r.Transfers {
@@ -296,7 +308,7 @@ func small(c *client.Client, r *Report, opt Options) error {
 		}},
 		cLaunch: {name: "launches", min: opt.Launches, run: func(n int) (time.Duration, error) { return launches(s, p, n) }},
 	}
-	rates, err := interleave(cs, opt.Rounds, opt.Window)
+	rates, err := interleave(cs, opt.schedule())
 	if err != nil {
 		return err
 	}

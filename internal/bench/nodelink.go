@@ -126,7 +126,7 @@ func nodeLink(nw Network, bytes, rounds int, window time.Duration) (*NodeLinkRep
 	rates, err := interleave([]*contender{
 		{name: "plain TCP", min: 1, run: func(n int) (time.Duration, error) { return plain.write(buf, n) }},
 		{name: "TLS", min: 1, run: func(n int) (time.Duration, error) { return secure.write(buf, n) }},
-	}, rounds, window)
+	}, schedule{rounds: rounds, slices: DefaultSlices, window: window})
 	if err != nil {
 		return nil, err
 	}

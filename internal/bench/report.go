@@ -86,8 +86,9 @@ func (r *Report) WriteMarkdown(w io.Writer, chart string) error {
 	fmt.Fprintf(&b, "# Data-path benchmark\n\n")
 	fmt.Fprintf(&b, "Produced by `%s` on %s, %d CPUs (%s). Every figure beside its baseline from the same run; "+
 		"a ratio is the system over its baseline. Timed figures are taken in %d interleaved rounds, the system and its baselines "+
-		"taking turns, each in windows of at least %s of work; a figure is the median of the rounds, a ratio the median of the "+
-		"rounds' ratios, with their range [min–max].\n\n", r.Command, r.Date, r.CPUs, r.GoOSArch, r.Rounds, time.Duration(r.WindowS*float64(time.Second)))
+		"taking turns, each in windows of at least %s of work cut into %d slices that alternate with the other figures' slices; "+
+		"a figure is the median of the rounds, a ratio the median of the "+
+		"rounds' ratios, with their range [min–max].\n\n", r.Command, r.Date, r.CPUs, r.GoOSArch, r.Rounds, time.Duration(r.WindowS*float64(time.Second)), max(1, r.Slices))
 	if chart != "" {
 		fmt.Fprintf(&b, "![host↔device ratios per size; DLRM bytes moved with and without hints](%s)\n\n", chart)
 	}

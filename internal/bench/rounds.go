@@ -16,6 +16,18 @@ import (
 // always follows the same one), and a figure is the median over the rounds
 // with the range beside it. A ratio is taken per round, between windows
 // timed next to each other, then its median and range are reported.
+//
+// Within a round each window is cut into slices that alternate with the
+// other contenders' slices, so that a round's figures are timed over the
+// same stretch of time rather than one after the other: a slow spell of
+// the host that lasts a fraction of a second (another process's burst, a
+// scheduling regime that the three processes of a round trip fall into and
+// out of) then weighs on every contender of the round alike instead of on
+// whichever window it hit. A slice is a whole number of units, so a window
+// of fewer units than slices has fewer slices.
+
+// DefaultSlices is how many slices a window is cut into by default.
+const DefaultSlices = 8
 
 // DefaultWindow is how long a timed window lasts at least, by default.
 const DefaultWindow = 500 * time.Millisecond
@@ -87,26 +99,49 @@ func calibrate(c *contender, window time.Duration) error {
 	}
 }
 
-// interleave calibrates each contender for window, then runs rounds
-// rounds: in round i the contenders take turns starting from the (i mod
-// len)th. It returns each contender's rate (units per second) in each
-// round, indexed as cs.
-func interleave(cs []*contender, rounds int, window time.Duration) ([][]float64, error) {
+// schedule is how interleave times its contenders: rounds rounds, each
+// contender's window of at least window cut into slices slices.
+type schedule struct {
+	rounds, slices int
+	window         time.Duration
+}
+
+// interleave calibrates each contender for sc.window, then runs sc.rounds
+// rounds: in round i, slice s, the contenders take turns starting from the
+// ((i+s) mod len)th, each running its share of its window's units. It
+// returns each contender's rate (units per second) in each round, its
+// window's units over the time of its slices, indexed as cs.
+func interleave(cs []*contender, sc schedule) ([][]float64, error) {
 	for _, c := range cs {
-		if err := calibrate(c, window); err != nil {
+		if err := calibrate(c, sc.window); err != nil {
 			return nil, err
 		}
 	}
+	slices := max(1, sc.slices)
 	rates := make([][]float64, len(cs))
-	for i := range rounds {
-		for j := range cs {
-			k := (i + j) % len(cs)
-			c := cs[k]
-			d, err := c.run(c.n)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", c.name, err)
+	took := make([]time.Duration, len(cs))
+	done := make([]int, len(cs))
+	for i := range sc.rounds {
+		clear(took)
+		clear(done)
+		for s := range slices {
+			for j := range cs {
+				k := (i + s + j) % len(cs)
+				c := cs[k]
+				n := c.n*(s+1)/slices - done[k] // the units up to this slice's end, less those run
+				if n == 0 {
+					continue
+				}
+				d, err := c.run(n)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", c.name, err)
+				}
+				took[k] += d
+				done[k] += n
 			}
-			rates[k] = append(rates[k], float64(c.n)/max(d, 1).Seconds())
+		}
+		for k, c := range cs {
+			rates[k] = append(rates[k], float64(c.n)/max(took[k], 1).Seconds())
 		}
 	}
 	return rates, nil

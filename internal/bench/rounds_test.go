@@ -74,7 +74,7 @@ func TestInterleave(t *testing.T) {
 	cs := []*contender{a.contender(), b.contender(), c.contender()}
 	cs[2].min = 100
 	const window = 500 * time.Millisecond
-	rates, err := interleave(cs, 5, window)
+	rates, err := interleave(cs, schedule{rounds: 5, slices: 1, window: window})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +104,89 @@ func TestInterleave(t *testing.T) {
 	}
 }
 
+// With slices, a round runs each window in that many slices of whole
+// units, the contenders' slices taking turns (the first rotating from
+// slice to slice); a window of fewer units than slices has fewer slices,
+// and a rate is the window's units over its slices' time.
+func TestInterleaveSlices(t *testing.T) {
+	var order []string
+	a := &fakeWork{name: "a", per: time.Millisecond, order: &order}
+	b := &fakeWork{name: "b", per: 300 * time.Millisecond, order: &order}
+	cs := []*contender{a.contender(), b.contender()}
+	cs[0].min = 10 // calibrated to 500 units: 10 is less
+	rates, err := interleave(cs, schedule{rounds: 2, slices: 4, window: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs[0].n != 500 || cs[1].n != 2 {
+		t.Fatalf("units per window %d and %d, want 500 and 2", cs[0].n, cs[1].n)
+	}
+	// Round 0: slices 0..3 start at a, b, a, b; b's 2 units go in slices 1
+	// and 3. Round 1: slices start at b, a, b, a.
+	want := []string{"a", "b", "a", "a", "b", "a", "a", "a", "b", "a", "a", "b"}
+	if timed := order[len(order)-len(want):]; !slices.Equal(timed, want) {
+		t.Errorf("slices ran %v, want %v", timed, want)
+	}
+	if got := a.calls[len(a.calls)-8:]; !slices.Equal(got, []int{125, 125, 125, 125, 125, 125, 125, 125}) {
+		t.Errorf("a's slices %v", got)
+	}
+	if got := b.calls[len(b.calls)-4:]; !slices.Equal(got, []int{1, 1, 1, 1}) {
+		t.Errorf("b's slices %v", got)
+	}
+	for i, f := range []*fakeWork{a, b} {
+		if len(rates[i]) != 2 || rates[i][0] != 1/f.per.Seconds() {
+			t.Errorf("%s: rates %v, want 2 of %v", f.name, rates[i], 1/f.per.Seconds())
+		}
+	}
+}
+
+// slowSpell is work on a simulated clock whose units take twice as long
+// while the clock is in [from, to): a slow spell of the host.
+type slowSpell struct {
+	now, from, to time.Duration
+}
+
+func (c *slowSpell) contender(name string, per time.Duration) *contender {
+	return &contender{name: name, run: func(n int) (time.Duration, error) {
+		start := c.now
+		for range n {
+			d := per
+			if c.now >= c.from && c.now < c.to {
+				d *= 2
+			}
+			c.now += d
+		}
+		return c.now - start, nil
+	}}
+}
+
+// A slow spell that covers one contender's window and not the other's
+// skews the round's ratio by the whole slowdown; sliced, the two share it
+// and the ratio stays near the truth (1).
+func TestSlicesShareASlowSpell(t *testing.T) {
+	for _, tc := range []struct {
+		slices   int
+		min, max float64
+	}{{1, 1.9, 2.1}, {16, 0.9, 1.1}} {
+		clock := &slowSpell{}
+		cs := []*contender{clock.contender("a", time.Millisecond), clock.contender("b", time.Millisecond)}
+		for _, c := range cs {
+			c.n = 500 // calibrated already: no probes on the clock
+			c.min = 500
+		}
+		// Calibration runs one probe of the minimum each (a second of the
+		// clock); the spell lasts as long as the first window does in it.
+		clock.from, clock.to = time.Second, 2*time.Second
+		rates, err := interleave(cs, schedule{rounds: 1, slices: tc.slices, window: 500 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rates[1][0] / rates[0][0]; r < tc.min || r > tc.max {
+			t.Errorf("%d slices: b/a %.2f, want in [%.1f, %.1f]", tc.slices, r, tc.min, tc.max)
+		}
+	}
+}
+
 // A guess from a smaller size starts the probes near the answer.
 func TestCalibrateStartsFromAGuess(t *testing.T) {
 	var order []string
@@ -120,7 +203,7 @@ func TestCalibrateStartsFromAGuess(t *testing.T) {
 
 func TestInterleaveStopsAtAnError(t *testing.T) {
 	fail := &contender{name: "failing", run: func(int) (time.Duration, error) { return 0, api.ErrInternal }}
-	_, err := interleave([]*contender{fail}, 5, time.Millisecond)
+	_, err := interleave([]*contender{fail}, schedule{rounds: 5, slices: 4, window: time.Millisecond})
 	if !errors.Is(err, api.ErrInternal) || err.Error() != "failing: "+api.ErrInternal.Error() {
 		t.Errorf("err %v", err)
 	}

@@ -102,14 +102,14 @@ func firstDiff(a, b []byte) int {
 	return -1
 }
 
-// transfers measures each size: in interleaved rounds of windows of at
-// least window (rounds.go), the raw TCP stream to a process, to a
+// transfers measures each size: in interleaved rounds of sliced windows
+// (sc, rounds.go), the raw TCP stream to a process, to a
 // goroutine and split over parallel streams, memcpy, host→device and
 // device→host, each a number of copies of the size back to back (a copy's
 // windows one Synchronize each). Host buffers come from c.HostAlloc unless
 // pageable. Every device→host window's bytes are compared with what was
 // copied in.
-func transfers(c *client.Client, sizes []int, rounds int, window time.Duration, pageable bool, progress func(string)) ([]Transfer, error) {
+func transfers(c *client.Client, sizes []int, sc schedule, pageable bool, progress func(string)) ([]Transfer, error) {
 	largest := sizes[len(sizes)-1]
 	var src, dst []byte
 	if pageable {
@@ -149,7 +149,7 @@ func transfers(c *client.Client, sizes []int, rounds int, window time.Duration, 
 	rates := map[string]float64{}
 	for _, size := range sizes {
 		progress(fmt.Sprintf("host↔device copies of %s", api.FormatSize(uint64(size))))
-		t, err := transfer(c, s, links{link, sink, par}, src[:size], dst[:size], rounds, window, rates)
+		t, err := transfer(c, s, links{link, sink, par}, src[:size], dst[:size], sc, rates)
 		if err != nil {
 			return nil, fmt.Errorf("copies of %s: %w", api.FormatSize(uint64(size)), err)
 		}
@@ -175,7 +175,7 @@ const (
 	cD2H
 )
 
-func transfer(c *client.Client, s *client.Stream, link links, src, dst []byte, rounds int, window time.Duration, rates map[string]float64) (Transfer, error) {
+func transfer(c *client.Client, s *client.Stream, link links, src, dst []byte, sc schedule, rates map[string]float64) (Transfer, error) {
 	size := len(src)
 	t := Transfer{Bytes: size}
 	p, err := c.Malloc(0, uint64(size))
@@ -219,9 +219,9 @@ func transfer(c *client.Client, s *client.Stream, link links, src, dst []byte, r
 		}},
 	}
 	for _, c := range cs {
-		c.n = int(rates[c.name] * window.Seconds() / float64(size))
+		c.n = int(rates[c.name] * sc.window.Seconds() / float64(size))
 	}
-	perRound, err := interleave(cs, rounds, window)
+	perRound, err := interleave(cs, sc)
 	if err != nil {
 		return t, err
 	}
