@@ -175,3 +175,44 @@ func TestHandoverSignalDuringUpgrade(t *testing.T) {
 		t.Fatalf("the new mediator does not serve\n%s", r.med.out)
 	}
 }
+
+// A stop during an upgrade that fails after the handover (the new binary
+// takes the sockets, then cannot listen on its status page's port, which
+// is taken) waits for the roll back too: vgpuctl gets the failure and the
+// roll back, and then the stop reaches the process that serves, the old
+// binary started again, which stops; nothing serves, and no mediator is
+// left running.
+func TestStopDuringRollback(t *testing.T) {
+	r := newRestartable(t)
+	r.start()
+	oldPid := r.med.cmd.Process.Pid
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	failsLate := slowBinary(t, fmt.Sprintf(`exec "%s" "$@" --http %s`, filepath.Join(bin, "vgpu-mediator"), taken.Addr()))
+	res := upgradeWhileSignalled(t, r, failsLate, syscall.SIGTERM)
+	if res.err == nil || !res.rep.RolledBack || res.rep.NewPid == 0 || res.rep.NewPid == oldPid || !strings.Contains(res.out, "--http") {
+		t.Fatalf("vgpuctl upgrade to a binary that fails while restoring, with a stop during it: %v, report %+v, want a roll back\n%s\nmediator log:\n%s", res.err, res.rep, res.out, r.med.out)
+	}
+	waitFor(t, "the old mediator to exit", func() bool { return gone(oldPid) })
+	waitFor(t, "the rolled back mediator to stop", func() bool { return gone(res.rep.NewPid) })
+	log := r.med.out.String()
+	for _, want := range []string{"an upgrade is in progress: the signal waits", "upgrade failed after the handover; starting this mediator's own binary again"} {
+		if !strings.Contains(log, want) {
+			t.Fatalf("the log does not say %q:\n%s", want, log)
+		}
+	}
+	i := strings.Index(log, "a stop during the upgrade: passed on to the mediator that took over")
+	if line, _, _ := strings.Cut(log[max(i, 0):], "\n"); i < 0 || !strings.Contains(line, fmt.Sprintf("pid=%d", res.rep.NewPid)) {
+		t.Fatalf("the log does not say the stop was passed on to the rolled back mediator, pid %d:\n%s", res.rep.NewPid, log)
+	}
+	// The old process and the rolled back one each say they stop on it.
+	if n := strings.Count(log, "msg=stopping component=vgpu-mediator signal=terminated"); n != 2 {
+		t.Fatalf("the log has %d stops on SIGTERM, want 2 (the old mediator's and the rolled back one's):\n%s", n, log)
+	}
+	if serves(r.socket) {
+		t.Fatal("a mediator still serves after the stop")
+	}
+}
