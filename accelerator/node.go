@@ -639,9 +639,14 @@ func (c *conn) do(r request) error {
 		}
 		return c.c.Reply(r.h, api.Encode(reply))
 	case api.OpNodeRead:
+		// Decoded with the message's type known, as decode cannot (it
+		// takes an interface): neither the decoder nor the message
+		// escapes to the heap on the small read's path (#25).
 		var m api.NodeAccess
-		if err := decode(r.h.Op, r.body, &m); err != nil {
-			return err
+		dec := wire.NewDecoder(r.body)
+		m.Unmarshal(dec)
+		if err := dec.Finish(); err != nil {
+			return fmt.Errorf("%v: %w", r.h.Op, err)
 		}
 		d, err := c.device(m.Device)
 		if err != nil {

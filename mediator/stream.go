@@ -98,7 +98,12 @@ func (s *session) decodeOne(arena *api.LaunchArena, op wire.Op, body []byte) (co
 			err = fmt.Errorf("copy of 0 bytes to %#x: %w", c.toDev.Dst, api.ErrInvalidArgument)
 		}
 	case api.OpCopyFromDevice:
-		err = decodeInto(body, &c.fromDev)
+		// With the message's type known, as for a launch below: no
+		// allocation for the decoder or a copy of the message on the
+		// small copy's path (#25).
+		d := wire.NewDecoder(body)
+		c.fromDev.Unmarshal(d)
+		err = d.Finish()
 		c.stream = c.fromDev.Stream
 		if err == nil && (c.fromDev.Len == 0 || c.fromDev.Len > wire.MaxChunk) {
 			err = fmt.Errorf("copy of %d bytes from %#x: want 1 to %d per request: %w", c.fromDev.Len, c.fromDev.Src, wire.MaxChunk, api.ErrInvalidArgument)
@@ -256,10 +261,14 @@ func (c *completion) call(v vdev, idx int, op wire.Op, into []byte, parts ...[]b
 		return
 	}
 	st.nb.flush()
-	c.send(v.rpc, op, into, func(call *wire.Call) {
+	// One closure, not send's check wrapped by track's: a small
+	// operation's node call then allocates one continuation (#25).
+	c.begin()
+	v.rpc.GoThen(op, into, func(call *wire.Call) {
 		if call.Err != nil {
 			c.fail(idx, call.Op, call.Err)
 		}
+		c.end()
 	}, parts...)
 }
 
@@ -273,13 +282,23 @@ func (c *completion) send(rpc *wire.RPC, op wire.Op, into []byte, check func(*wi
 // its stream, and returns its continuation: check the reply, then count it
 // done.
 func (c *completion) track(check func(*wire.Call)) func(*wire.Call) {
-	c.pending.Add(1)
-	c.st.calls.add(1)
+	c.begin()
 	return func(call *wire.Call) {
 		check(call)
-		c.done()
-		c.st.calls.add(-1)
+		c.end()
 	}
+}
+
+// begin counts a call about to be sent as pending on c and in flight on
+// its stream; end, run once its reply has been checked, counts it done.
+func (c *completion) begin() {
+	c.pending.Add(1)
+	c.st.calls.add(1)
+}
+
+func (c *completion) end() {
+	c.done()
+	c.st.calls.add(-1)
 }
 
 // done drops one pending count and answers the tenant after the last.
@@ -363,8 +382,8 @@ type stream struct {
 	// stream's issuer touches it.
 	scratch []byte
 	// translated and extents hold a launch's translations while its node
-	// body is encoded (launch), which keeps none of them; only the
-	// stream's issuer touches them.
+	// body is encoded (launch), which keeps none of them, and extents a
+	// read's (fromDevice); only the stream's issuer touches them.
 	translated []memory.Translation
 	extents    []api.Extent
 	// lastKernel is the kernel the last launch named, lastInfo its
@@ -632,14 +651,26 @@ func (st *stream) issueLocked(cmd *command, c *completion, idx int) error {
 // fromDevice issues a copy from the device into the reply. The caller
 // holds issueMu.
 func (st *stream) fromDevice(m *api.CopyFromDevice, c *completion, idx int) error {
-	dev, xs, err := st.s.space.Translate(m.Src, m.Len)
-	if err != nil {
+	// Translated into the stream's buffer of extents, as a launch's
+	// buffers are: they are encoded below and not kept, so a small read
+	// allocates none (#25).
+	var ts [1]memory.Translation
+	if err := st.s.space.TranslateInto([]memory.Range{{VA: m.Src, Len: m.Len}}, ts[:], st.spareExtents()); err != nil {
 		return fmt.Errorf("copy %d bytes from device: %w", m.Len, err)
 	}
-	v := st.on(dev)
+	v := st.on(ts[0].Dev)
 	c.outLen = int(m.Len)
-	c.call(v, idx, api.OpNodeRead, (*c.out)[:m.Len], api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: xs}))
+	c.call(v, idx, api.OpNodeRead, (*c.out)[:m.Len], api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: ts[0].Extents}))
 	return nil
+}
+
+// spareExtents is the stream's room for the extents of a translation
+// that is encoded and not kept. Only the issuer calls it.
+func (st *stream) spareExtents() []api.Extent {
+	if st.extents == nil {
+		st.extents = make([]api.Extent, 0, 4*launchArgsOnStack)
+	}
+	return st.extents
 }
 
 func (st *stream) copyDevice(m *api.CopyDevice, c *completion, idx int) error {
@@ -770,10 +801,7 @@ func (st *stream) launch(m *api.Launch, c *completion, idx int) error {
 	ts := st.translated[:len(ranges)]
 	defer clear(ts) // keeps no extents alive
 	if len(ranges) > 0 {
-		if st.extents == nil {
-			st.extents = make([]api.Extent, 0, 4*launchArgsOnStack)
-		}
-		if err := st.s.space.TranslateInto(ranges, ts, st.extents); err != nil {
+		if err := st.s.space.TranslateInto(ranges, ts, st.spareExtents()); err != nil {
 			return fmt.Errorf("kernel %s: buffers: %w", m.Kernel, err)
 		}
 	}
