@@ -52,7 +52,16 @@ type inflight struct {
 	sentOn uint64
 	unsafe bool
 	fixups []fixup
+	// Room for a small request's one part and its body, so that sending
+	// one costs a single allocation, the inflight's own (#25); parts then
+	// points into them for as long as f may be sent again.
+	part  [1][]byte
+	small [smallReq]byte
 }
+
+// smallReq is room enough for a small request's body (a CopyFromDevice is
+// 20 bytes); a longer one grows onto the heap.
+const smallReq = 32
 
 // fixup is where a batch's body names region r by its id.
 type fixup struct {
@@ -236,7 +245,11 @@ func (s *Stream) CopyFromDevice(dst []byte, src Ptr) {
 		// goes first, so order holds.
 		s.flush()
 		req := api.CopyFromDevice{Stream: s.id, Src: uint64(src), Len: uint64(len(dst))}
-		f := &inflight{op: api.OpCopyFromDevice, into: dst, parts: [][]byte{api.Encode(&req)}}
+		f := &inflight{op: api.OpCopyFromDevice, into: dst}
+		e := wire.Encoder{B: f.small[:0]}
+		req.Marshal(&e)
+		f.part[0] = e.B
+		f.parts = f.part[:]
 		s.c.rpc.send(f)
 		s.sent(f)
 		return
