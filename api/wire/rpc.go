@@ -10,6 +10,10 @@ import (
 
 // Call is one request in flight. Done is closed when the reply (or the
 // failure of the connection) has arrived; then Err and Body are set.
+//
+// Its done channel is made only for whoever asks for it (Done, or a Wait
+// that must block): a call that completes through its continuation alone,
+// as most of the mediator's node calls do, costs no channel (#25).
 type Call struct {
 	Op   Op
 	id   uint64
@@ -19,9 +23,11 @@ type Call struct {
 	// scatter, if set instead of into, are the places the reply body is
 	// read into, in order (GoThenScatter).
 	scatter [][]byte
-	done    chan struct{}
-	then    func(*Call) // run once the call completes, by whoever completes it
-	rpc     *RPC        // set where waiters read replies (NewRPCCallerReads)
+	mu      sync.Mutex    // guards done and over
+	done    chan struct{} // nil until asked for; closed once over
+	over    bool          // the call has completed
+	then    func(*Call)   // run once the call completes, by whoever completes it
+	rpc     *RPC          // set where waiters read replies (NewRPCCallerReads)
 }
 
 // intoLen is how long a reply read into place must be.
@@ -39,14 +45,36 @@ func (c *Call) finish() {
 	if c.then != nil {
 		c.then(c)
 	}
-	close(c.done)
+	c.mu.Lock()
+	c.over = true
+	if c.done != nil {
+		close(c.done)
+	}
+	c.mu.Unlock()
 }
+
+// closedChan is the Done of every call asked once it has completed.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
 
 // Done is closed once the call has completed. On an RPC of
 // NewRPCCallerReads a lone call's reply is read only by Wait (or by the
 // helper while other calls are pending): select on Done alone, with no
 // Wait, may never see it close.
-func (c *Call) Done() <-chan struct{} { return c.done }
+func (c *Call) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.over {
+		return closedChan
+	}
+	if c.done == nil {
+		c.done = make(chan struct{})
+	}
+	return c.done
+}
 
 // Wait blocks until the call completes and returns its error. On an RPC
 // of NewRPCCallerReads, a waiter that finds nobody reading reads replies
@@ -54,27 +82,31 @@ func (c *Call) Done() <-chan struct{} { return c.done }
 func (c *Call) Wait() error {
 	r := c.rpc
 	if r == nil {
-		<-c.done
+		<-c.Done()
 		return c.Err
 	}
-	for {
+	for !isDone(c) {
+		// Nobody reading: read until the reply has come, without a
+		// channel to wait on. Else wait for the reply or the role.
 		select {
-		case <-c.done:
-			return c.Err
 		case <-r.role:
-			r.readWhile(func() bool { return !isDone(c) })
-			r.role <- struct{}{}
+		default:
+			select {
+			case <-c.Done():
+				return c.Err
+			case <-r.role:
+			}
 		}
+		r.readWhile(func() bool { return !isDone(c) })
+		r.role <- struct{}{}
 	}
+	return c.Err
 }
 
 func isDone(c *Call) bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.over
 }
 
 // RPC issues pipelined requests over one Conn and matches replies to them by
@@ -220,7 +252,6 @@ func (r *RPC) registerThen(op Op, into []byte, then func(*Call)) (*Call, bool) {
 }
 
 func (r *RPC) registerCall(c *Call) (*Call, bool) {
-	c.done = make(chan struct{})
 	if r.role != nil {
 		c.rpc = r
 	}
