@@ -226,6 +226,12 @@ type completion struct {
 	outLen   int
 	in, outN uint64 // bytes copied to and from the device, counted on success
 	launches uint64
+
+	// nodeCall is room for the first node call that call issues, a small
+	// operation's only one, so it costs no allocation of its own (#25);
+	// nodeCallTaken says it has been used.
+	nodeCall      wire.Call
+	nodeCallTaken atomic.Bool
 }
 
 func (st *stream) newCompletion(h wire.Header, weight int64) *completion {
@@ -263,8 +269,12 @@ func (c *completion) call(v vdev, idx int, op wire.Op, into []byte, parts ...[]b
 	st.nb.flush()
 	// One closure, not send's check wrapped by track's: a small
 	// operation's node call then allocates one continuation (#25).
+	nc := &c.nodeCall
+	if c.nodeCallTaken.Swap(true) {
+		nc = new(wire.Call)
+	}
 	c.begin()
-	v.rpc.GoThen(op, into, func(call *wire.Call) {
+	v.rpc.GoThenIn(nc, op, into, func(call *wire.Call) {
 		if call.Err != nil {
 			c.fail(idx, call.Op, call.Err)
 		}

@@ -74,3 +74,25 @@ func TestCallDoneOnDemand(t *testing.T) {
 		})
 	}
 }
+
+// TestGoThenInUsesCallersCall: GoThenIn completes the caller's own Call,
+// reply and continuation included, rather than one of its own.
+func TestGoThenInUsesCallersCall(t *testing.T) {
+	for _, m := range rpcModes {
+		t.Run(m.name, func(t *testing.T) {
+			r := m.dial(t, serve(t, echo))
+			var own Call
+			var seen *Call
+			c := r.GoThenIn(&own, opFree, nil, func(c *Call) { seen = c }, []byte("mine"))
+			if c != &own {
+				t.Fatalf("GoThenIn returned %p, not the caller's call %p", c, &own)
+			}
+			if err := waitCall(t, c); err != nil {
+				t.Fatal(err)
+			}
+			if seen != &own || string(own.Body) != "mine" {
+				t.Fatalf("continuation saw %p (want %p), reply %q (want %q)", seen, &own, own.Body, "mine")
+			}
+		})
+	}
+}

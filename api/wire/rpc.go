@@ -217,7 +217,16 @@ func (r *RPC) Go(op Op, into []byte, parts ...[]byte) *Call {
 // behind it. Unlike Go, it leaves the request in the connection's
 // buffer while the connection is held (Hold).
 func (r *RPC) GoThen(op Op, into []byte, then func(*Call), parts ...[]byte) *Call {
-	c, ok := r.registerThen(op, into, then)
+	return r.GoThenIn(new(Call), op, into, then, parts...)
+}
+
+// GoThenIn is GoThen on c, a Call of the caller's that has never been
+// used (the zero value, say a field of an object that outlives the call),
+// which saves the call an allocation of its own. c must serve no other
+// call.
+func (r *RPC) GoThenIn(c *Call, op Op, into []byte, then func(*Call), parts ...[]byte) *Call {
+	c.Op, c.into, c.then = op, into, then
+	c, ok := r.registerCall(c)
 	if ok {
 		if err := r.conn.WriteFrame(op, 0, c.id, parts...); err != nil {
 			r.sendFailed(c, err)
