@@ -1,7 +1,9 @@
 package mediator_test
 
 import (
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vgpu/vgpu/mediator"
 )
@@ -9,7 +11,9 @@ import (
 // BenchmarkSmallOpAllocs: one small synchronous operation — a 4-byte
 // device→host copy, then synchronize — through tenant, mediator and node in
 // one process, with the heap allocations it costs per operation (all three
-// sides together), so the figure in docs/datapath.md can be reproduced:
+// sides together) and the process's CPU time per operation (cpu-ns/op,
+// user and system, every goroutine's), so the figures in docs/datapath.md
+// can be reproduced:
 //
 //	go test -run xxx -bench SmallOpAllocs -benchtime 20000x ./mediator/
 func BenchmarkSmallOpAllocs(b *testing.B) {
@@ -23,10 +27,21 @@ func BenchmarkSmallOpAllocs(b *testing.B) {
 	var buf [4]byte
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := cpuTime(b)
 	for range b.N {
 		s.CopyFromDevice(buf[:], p)
 		if err := s.Synchronize(); err != nil {
 			b.Fatal(err)
 		}
 	}
+	b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/op")
+}
+
+// cpuTime is the CPU time the process has used, user and system.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
