@@ -117,12 +117,23 @@ func (stopSelf) Signal()        {}
 // coalesced into one more run after it, which reads whatever changed
 // meanwhile. A reload still running after ReloadDeadline is logged as
 // stuck, and later SIGHUPs wait for it.
+//
+// The signals stay caught after the stop, until the process exits: a stop
+// under way — a mediator waiting for an upgrade to end before it passes
+// the stop on — is not cut short by a second SIGTERM or SIGINT, nor ended
+// by a SIGHUP's default action; each is logged as ignored. SIGKILL ends a
+// daemon whose stop is stuck.
 func (s *Signals) RunUntilStopped(log logrus.FieldLogger, reload func() error) os.Signal {
-	defer signal.Stop(s.ch)
-	if sig := serveSignals(s.ch, log, reload, ReloadDeadline); sig != (stopSelf{}) {
-		return sig
+	sig := serveSignals(s.ch, log, reload, ReloadDeadline)
+	go func() {
+		for late := range s.ch {
+			log.WithField("signal", late.String()).Warn("a stop is under way: signal ignored (SIGKILL ends the process)")
+		}
+	}()
+	if sig == (stopSelf{}) {
+		return nil
 	}
-	return nil
+	return sig
 }
 
 // serveSignals is RunUntilStopped's loop over the signals of ch, with the

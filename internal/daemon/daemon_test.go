@@ -163,3 +163,39 @@ func TestStopOfItsOwn(t *testing.T) {
 		t.Fatal("Stop did not stop RunUntilStopped")
 	}
 }
+
+// Signals that come after the stop stay caught until the process exits: a
+// second SIGTERM, or a SIGHUP, while a daemon stops (a mediator waiting for
+// an upgrade to end) would otherwise take their default action and end the
+// process — here, the test binary — half way. Each is logged as ignored.
+func TestSignalsAfterTheStopAreCaught(t *testing.T) {
+	s := CatchSignals()
+	log, hook := logtest.NewNullLogger()
+	stopped := make(chan os.Signal, 1)
+	go func() { stopped <- s.RunUntilStopped(log, func() error { return nil }) }()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("SIGTERM did not stop RunUntilStopped")
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGHUP, syscall.SIGINT} {
+		if err := syscall.Kill(os.Getpid(), sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ignored := 0; ignored < 3; time.Sleep(10 * time.Millisecond) {
+		ignored = 0
+		for _, e := range hook.AllEntries() {
+			if strings.Contains(e.Message, "signal ignored") {
+				ignored++
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the 3 signals after the stop logged as ignored", ignored)
+		}
+	}
+}
