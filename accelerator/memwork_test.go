@@ -82,23 +82,78 @@ func TestFillCopyCharged(t *testing.T) {
 
 	free := tn.connectShare(t, "free", 1, 0)
 	freeFrames := free.alloc(0, frames)
-	freeMoved, freeWall := moveFor(t, free, freeFrames, 300*time.Millisecond)
-	s := free.share(0, "free")
-	t.Logf("uncapped: %d MiB in %v, %v charged in %d slices", freeMoved>>20, freeWall, s.DeviceTime, s.Slices)
-	if s.DeviceTime < freeWall/2 {
-		t.Errorf("uncapped: filled and copied for %v, %v of it charged: want at least half", freeWall, s.DeviceTime)
-	}
-	if requests := 2 * freeMoved / ((frames + frames/2) * FrameSize); s.Slices <= requests || s.Launches != 0 {
-		t.Errorf("uncapped: %d requests of megabytes ran in %d slices, counting %d launches: want more slices than requests, no launches",
-			requests, s.Slices, s.Launches)
-	}
-
-	checkCapped(t, capCheck{cap: 0.1, unit: "MiB", per: 1 << 20, freeRate: rate(freeMoved, freeWall),
-		capped: func(d time.Duration) (uint64, time.Duration) { return moveFor(t, capped, cappedFrames, d) },
-		free:   func(d time.Duration) (uint64, time.Duration) { return moveFor(t, free, freeFrames, d) },
-		beside: func(d time.Duration) (uint64, time.Duration) { return moveFor(t, free, freeFrames, d) },
-		share:  func() api.DeviceTenant { return capped.share(0, "capped") },
+	moveFor(t, free, freeFrames, time.Millisecond) // its share appears with its first work
+	onLoadedHost(t, func(r timing) {
+		before := free.share(0, "free")
+		freeMoved, freeWall := moveFor(t, free, freeFrames, 300*time.Millisecond)
+		s := free.share(0, "free")
+		charged, slices := s.DeviceTime-before.DeviceTime, s.Slices-before.Slices
+		r.Logf("uncapped: %d MiB in %v, %v charged in %d slices", freeMoved>>20, freeWall, charged, slices)
+		if charged < freeWall/2 {
+			r.Errorf("uncapped: filled and copied for %v, %v of it charged: want at least half", freeWall, charged)
+		}
+		if requests := 2 * freeMoved / ((frames + frames/2) * FrameSize); slices <= requests || s.Launches != 0 {
+			r.Errorf("uncapped: %d requests of megabytes ran in %d slices, counting %d launches: want more slices than requests, no launches",
+				requests, slices, s.Launches)
+		}
+		checkCapped(r, capCheck{cap: 0.1, unit: "MiB", per: 1 << 20, freeRate: rate(freeMoved, freeWall),
+			capped: func(d time.Duration) (uint64, time.Duration) { return moveFor(t, capped, cappedFrames, d) },
+			free:   func(d time.Duration) (uint64, time.Duration) { return moveFor(t, free, freeFrames, d) },
+			beside: func(d time.Duration) (uint64, time.Duration) { return moveFor(t, free, freeFrames, d) },
+			share:  func() api.DeviceTenant { return capped.share(0, "capped") },
+		})
 	})
+}
+
+// timing is what a check of timing bounds reports to: the test, or one
+// attempt of onLoadedHost's.
+type timing interface {
+	Helper()
+	Logf(format string, args ...any)
+	Errorf(format string, args ...any)
+}
+
+// loadedHostAttempts is how many times onLoadedHost measures at most.
+const loadedHostAttempts = 3
+
+// onLoadedHost runs check, which measures work against wall time and
+// checks bounds on it, up to loadedHostAttempts times, until an attempt
+// keeps every bound; the test fails with the last attempt's errors if none
+// does. The bounds hold on a quiet host, and in most attempts on a loaded
+// one, but the test binaries that run beside this one can take the CPU
+// from an uncapped tenant for a whole 300 ms run (its work then looks slow
+// beside a capped tenant's, which waits on the device, not the CPU); a
+// scheduler that gets the bounds wrong fails every attempt. An attempt
+// that fails is logged, so a pass at a later one shows.
+func onLoadedHost(t *testing.T, check func(timing)) {
+	t.Helper()
+	for i := 1; ; i++ {
+		a := &attempt{t: t}
+		check(a)
+		if len(a.errs) == 0 {
+			return
+		}
+		if i == loadedHostAttempts {
+			for _, e := range a.errs {
+				t.Error(e)
+			}
+			return
+		}
+		t.Logf("attempt %d of %d missed a timing bound (%s); measuring again", i, loadedHostAttempts, a.errs[0])
+	}
+}
+
+// attempt is one of onLoadedHost's: it logs to the test and keeps its
+// errors instead of failing it.
+type attempt struct {
+	t    *testing.T
+	errs []string
+}
+
+func (a *attempt) Helper()                         { a.t.Helper() }
+func (a *attempt) Logf(format string, args ...any) { a.t.Helper(); a.t.Logf(format, args...) }
+func (a *attempt) Errorf(format string, args ...any) {
+	a.errs = append(a.errs, fmt.Sprintf(format, args...))
 }
 
 // rate is work (bytes, launches) per second.
@@ -150,7 +205,7 @@ const (
 // tenant is charged the cap's share of the time, its first bucket, and a
 // step past the bucket's end, with room for a noisy host; and charged at
 // all.
-func checkCapped(t *testing.T, cc capCheck) {
+func checkCapped(t timing, cc capCheck) {
 	t.Helper()
 	c := cc.cap
 	before := cc.share().DeviceTime
