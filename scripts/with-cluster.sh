@@ -4,7 +4,8 @@
 # Both are stopped cleanly afterwards; the exit status is vgpuctl's, or
 # non-zero if a daemon failed to start or to stop.
 # usage: scripts/with-cluster.sh vgpuctl-args...
-#        scripts/with-cluster.sh -- command args...   (run with VGPU_SOCKET set)
+#        scripts/with-cluster.sh -- command args...   (run with VGPU_SOCKET set, and
+#            VGPU_MEDIATOR_PID and VGPU_NODE_PID for tools that watch the daemons)
 set -euo pipefail
 bin=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/bin}
 dir=$(mktemp -d -t vgpu-XXXXXX)
@@ -45,7 +46,7 @@ done
 rc=0
 if [ "${1:-}" = "--" ]; then
   shift
-  VGPU_SOCKET=$sock "$@" || rc=$?
+  VGPU_SOCKET=$sock VGPU_MEDIATOR_PID=$med_pid VGPU_NODE_PID=$node_pid "$@" || rc=$?
 else
   "$bin/vgpuctl" --socket "$sock" "$@" || rc=$?
 fi

@@ -115,7 +115,7 @@ func (t teardown) run() {
 
 // inProcessPingPong connects to a relay goroutine over a Unix socket,
 // which forwards what it gets over TCP to an echo goroutine, and back the
-// same way: processPingPong's hops within one process. stop ends them.
+// same way: ProcessPingPong's hops within one process. stop ends them.
 func inProcessPingPong() (c net.Conn, stop func(), err error) {
 	var td teardown
 	defer func() {

@@ -275,11 +275,12 @@ func small(c *client.Client, r *Report, opt Options) error {
 		return err
 	}
 	defer c.Free(p)
-	ping, stop, err := processPingPong()
+	pp, err := ProcessPingPong()
 	if err != nil {
 		return fmt.Errorf("raw ping-pong: %w", err)
 	}
-	defer stop()
+	defer pp.Close()
+	ping := pp.Conn
 	pingIn, stopIn, err := inProcessPingPong()
 	if err != nil {
 		return fmt.Errorf("raw ping-pong in process: %w", err)

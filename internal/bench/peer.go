@@ -243,38 +243,54 @@ func (l *sinkLink) stream(src []byte, reps int) (time.Duration, error) {
 	return time.Since(start), nil
 }
 
-// processPingPong connects to a relay process that forwards what it gets to
-// an echo process: Unix socket, then TCP, like a tenant's request to its
-// mediator and the mediator's to its node. stop ends them.
-func processPingPong() (c net.Conn, stop func(), err error) {
-	var td teardown
+// PingPong is the raw three-process ping-pong: a connection to a relay
+// process that forwards what it gets to an echo process, Unix socket then
+// TCP, like a tenant's request to its mediator and the mediator's to its
+// node.
+type PingPong struct {
+	Conn              net.Conn // to the relay
+	RelayPid, EchoPid int
+	td                teardown
+}
+
+// ProcessPingPong starts the relay and echo processes, this binary again
+// (ServePeerIfAsked), and connects to the relay. Close ends them.
+func ProcessPingPong() (p *PingPong, err error) {
+	p = &PingPong{}
 	defer func() {
 		if err != nil {
-			td.run()
+			p.td.run()
 		}
 	}()
 	dir, err := os.MkdirTemp("", "vgpu-bench")
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	td.add(func() { os.RemoveAll(dir) })
+	p.td.add(func() { os.RemoveAll(dir) })
 	e, err := startPeer("echo")
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	td.add(e.stop)
+	p.td.add(e.stop)
 	sock := filepath.Join(dir, "relay.sock")
 	r, err := startPeer("relay " + sock + " " + e.line)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	td.add(r.stop)
-	if c, err = net.Dial("unix", sock); err != nil {
-		return nil, nil, err
+	p.td.add(r.stop)
+	if p.Conn, err = net.Dial("unix", sock); err != nil {
+		return nil, err
 	}
-	td.add(func() { c.Close() })
-	return c, td.run, nil
+	p.td.add(func() { p.Conn.Close() })
+	p.RelayPid, p.EchoPid = r.cmd.Process.Pid, e.cmd.Process.Pid
+	return p, nil
 }
+
+// RoundTrips times n round trips of a pingMsg-byte message.
+func (p *PingPong) RoundTrips(n int) (time.Duration, error) { return pingPong(p.Conn, n) }
+
+// Close ends the connection and the peer processes.
+func (p *PingPong) Close() { p.td.run() }
 
 // pingPong times n round trips of a pingMsg-byte message on c.
 func pingPong(c net.Conn, n int) (time.Duration, error) {
