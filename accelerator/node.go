@@ -86,6 +86,8 @@ type Device interface {
 	// WriteFrom is Write with the bytes read from r: exactly the extents'
 	// total length, straight into device memory.
 	WriteFrom(xs []api.Extent, r io.Reader) error
+	// Read hands the memory of xs, in order, to send, before it returns;
+	// it keeps neither xs nor send (a connection reuses both, conn.readExtents).
 	Read(xs []api.Extent, send func(parts ...[]byte) error) error
 	Fill(xs []api.Extent, v byte) error
 	Copy(dst, src []api.Extent) error
@@ -308,7 +310,20 @@ type conn struct {
 	// one at a time, and by end after them.
 	token string
 	grace time.Duration
+	// A small read's request body, extents and reply, kept for the next
+	// one (#25): reads run one at a time (inline when idle, else on the
+	// executor) and keep nothing of their request once answered. body is
+	// the reader's; the rest belong to the read that runs.
+	readBody    [readBodyRoom]byte
+	readExtents [4]api.Extent
+	readH       wire.Header
+	readReply   func(parts ...[]byte) error // replies to readH
 }
+
+// readBodyRoom is room for a read request of a few extents.
+const readBodyRoom = 128
+
+func (c *conn) replyRead(parts ...[]byte) error { return c.c.Reply(c.readH, parts...) }
 
 type request struct {
 	h    wire.Header
@@ -322,6 +337,7 @@ var bodyPool = sync.Pool{New: func() any { b := make([]byte, wire.MaxBody); retu
 
 func (n *Node) serveConn(nc net.Conn) {
 	c := &conn{node: n, c: wire.NewConn(nc), log: n.log.WithField("peer", nc.RemoteAddr().String())}
+	c.readReply = c.replyRead
 	if n.requests != nil {
 		c.c.Observe(n.requests)
 	}
@@ -443,6 +459,9 @@ func (c *conn) readLoop(queue chan<- request) error {
 		if h.Len > 4096 {
 			r.pool = bodyPool.Get().(*[]byte)
 			r.body = (*r.pool)[:h.Len]
+		} else if idle && h.Op == api.OpNodeRead && h.Len <= readBodyRoom {
+			// Run here below, before the next request is read.
+			r.body = c.readBody[:h.Len]
 		} else {
 			r.body = make([]byte, h.Len)
 		}
@@ -644,7 +663,7 @@ func (c *conn) do(r request) error {
 		// escapes to the heap on the small read's path (#25).
 		var m api.NodeAccess
 		dec := wire.NewDecoder(r.body)
-		m.Unmarshal(dec)
+		api.DecodeNodeAccessInto(dec, &m, c.readExtents[:])
 		if err := dec.Finish(); err != nil {
 			return fmt.Errorf("%v: %w", r.h.Op, err)
 		}
@@ -659,7 +678,8 @@ func (c *conn) do(r request) error {
 		if n := api.ExtentsLen(m.Extents); n > wire.MaxChunk {
 			return fmt.Errorf("%s: read of %d bytes exceeds the %d-byte chunk limit: %w", name, n, wire.MaxChunk, api.ErrInvalidArgument)
 		}
-		return d.Read(m.Extents, func(parts ...[]byte) error { return c.c.Reply(r.h, parts...) })
+		c.readH = r.h
+		return d.Read(m.Extents, c.readReply)
 	case api.OpNodeBatch:
 		return c.batch(r.h, r.body)
 	case api.OpNodeAttach:

@@ -86,3 +86,23 @@ func (b *block[T]) take(n int) []T {
 	b.free = b.free[n:]
 	return s
 }
+
+// DecodeNodeAccessInto decodes m as NodeAccess.Unmarshal does, its extents
+// into room's array when they fit there (else a new one): a node reading a
+// small piece of memory for its mediator, one request at a time per
+// connection, reuses one array rather than allocate per read (#25). m's
+// extents then alias room, and its payload the decoder's bytes, until the
+// caller decodes into room again.
+func DecodeNodeAccessInto(d *wire.Decoder, m *NodeAccess, room []Extent) {
+	m.Device = d.U32()
+	if n := d.Len(16); room != nil && n <= cap(room) {
+		m.Extents = room[:n]
+	} else {
+		m.Extents = make([]Extent, n)
+	}
+	for i := range m.Extents {
+		m.Extents[i] = Extent{Addr: d.U64(), Len: d.U64()}
+	}
+	m.Value = d.U8()
+	m.Payload = d.Rest()
+}

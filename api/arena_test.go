@@ -81,6 +81,33 @@ func TestLaunchArenaDecodesAsUnmarshal(t *testing.T) {
 	}
 }
 
+// DecodeNodeAccessInto decodes as the generated Unmarshal does — the same
+// message or the same error — with room enough for the extents, with too
+// little, and with none, and it uses room when the extents fit.
+func TestDecodeNodeAccessIntoDecodesAsUnmarshal(t *testing.T) {
+	room := make([]Extent, 2)
+	for n := range 4 {
+		m := NodeAccess{Device: uint32(n), Extents: []Extent{}, Value: byte(n), Payload: []byte{}}
+		for i := range n {
+			m.Extents = append(m.Extents, Extent{Addr: uint64(i) << 12, Len: uint64(n + i)})
+		}
+		if n == 3 {
+			m.Payload = []byte("payload")
+		}
+		for _, r := range [][]Extent{room, nil} {
+			into := func(d *wire.Decoder, got *NodeAccess) { DecodeNodeAccessInto(d, got, r) }
+			got := decodeBoth(t, Encode(&m), into, &m)
+			if inRoom := len(got.Extents) > 0 && &got.Extents[0] == &room[0]; inRoom != (r != nil && n <= len(room) && n > 0) {
+				t.Errorf("%d extents, room of %d: decoded into the room: %v", n, len(r), inRoom)
+			}
+			body := Encode(&m)
+			for cut := range len(body) - len(m.Payload) { // any payload is whole
+				decodeBoth(t, body[:cut], into, nil)
+			}
+		}
+	}
+}
+
 // decodeBoth decodes body with the generated Unmarshal and with arena and
 // fails unless both give sent, or (sent nil) both fail alike.
 func decodeBoth[M any, PM interface {

@@ -189,6 +189,10 @@ func (l *link) send(f *inflight) {
 	l.requests.Add(1)
 	l.c.fix(f)
 	f.rpc, f.sentOn = rpc, gen
+	if f.call == nil {
+		f.call = rpc.GoIn(&f.callRoom, f.op, f.into, f.parts...)
+		return
+	}
 	f.call = rpc.Go(f.op, f.into, f.parts...)
 }
 

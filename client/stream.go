@@ -57,6 +57,9 @@ type inflight struct {
 	// points into them for as long as f may be sent again.
 	part  [1][]byte
 	small [smallReq]byte
+	// callRoom is the call of its first sending, likewise (#25); one sent
+	// again after a reconnect gets a new call.
+	callRoom wire.Call
 }
 
 // smallReq is room enough for a small request's body (a CopyFromDevice is

@@ -80,6 +80,8 @@ type session struct {
 	log    logrus.FieldLogger
 	vdevs  []vdev
 	ctr    *container // the container whose socket the session came through; nil on the host socket
+	// readRoom is the body of a small CopyFromDevice request; the reader's.
+	readRoom [32]byte
 
 	sessionMemory
 	resumeState
@@ -493,6 +495,11 @@ func (s *session) readLoop() error {
 			}
 			pool = bodyPool.Get().(*[]byte)
 			body = (*pool)[:h.Len]
+		} else if h.Op == api.OpCopyFromDevice && h.Len <= uint32(len(s.readRoom)) {
+			// A small read's request: its fields are decoded into its
+			// command and its body kept by nobody, so one buffer serves
+			// them all (#25).
+			body = s.readRoom[:h.Len]
 		} else {
 			body = make([]byte, h.Len)
 		}

@@ -232,7 +232,15 @@ type completion struct {
 	// nodeCallTaken says it has been used.
 	nodeCall      wire.Call
 	nodeCallTaken atomic.Bool
+	nodeCallIdx   int // the command of nodeCall, for firstCallDone
+	// nodeBody is room for a small read's node request (fromDevice), which
+	// must stay unchanged until its call is done (wire.RPC.Go).
+	nodeBody     [nodeBodyRoom]byte
+	nodeBodyUsed bool // by a read; only the issuer touches it
 }
+
+// nodeBodyRoom holds a node read of one extent.
+const nodeBodyRoom = 48
 
 func (st *stream) newCompletion(h wire.Header, weight int64) *completion {
 	c := &completion{st: st, h: h, batch: h.Op == api.OpBatch, errIdx: -1, weight: weight}
@@ -269,17 +277,28 @@ func (c *completion) call(v vdev, idx int, op wire.Op, into []byte, parts ...[]b
 	st.nb.flush()
 	// One closure, not send's check wrapped by track's: a small
 	// operation's node call then allocates one continuation (#25).
-	nc := &c.nodeCall
-	if c.nodeCallTaken.Swap(true) {
-		nc = new(wire.Call)
-	}
 	c.begin()
-	v.rpc.GoThenIn(nc, op, into, func(call *wire.Call) {
+	if !c.nodeCallTaken.Swap(true) {
+		// Nor a continuation of its own: it finds c in the call.
+		c.nodeCall.Owner, c.nodeCallIdx = c, idx
+		v.rpc.GoThenIn(&c.nodeCall, op, into, firstCallDone, parts...)
+		return
+	}
+	v.rpc.GoThen(op, into, func(call *wire.Call) {
 		if call.Err != nil {
 			c.fail(idx, call.Op, call.Err)
 		}
 		c.end()
 	}, parts...)
+}
+
+// firstCallDone is the continuation of a completion's first node call.
+func firstCallDone(call *wire.Call) {
+	c := call.Owner.(*completion)
+	if call.Err != nil {
+		c.fail(c.nodeCallIdx, call.Op, call.Err)
+	}
+	c.end()
 }
 
 // send issues one node call whose completion counts towards c; check sees
@@ -670,7 +689,14 @@ func (st *stream) fromDevice(m *api.CopyFromDevice, c *completion, idx int) erro
 	}
 	v := st.on(ts[0].Dev)
 	c.outLen = int(m.Len)
-	c.call(v, idx, api.OpNodeRead, (*c.out)[:m.Len], api.Encode(&api.NodeAccess{Device: v.dev.info.Index, Extents: ts[0].Extents}))
+	// Encoded into c's room, once a completion (a batch may read more
+	// than once): c outlives the call (#25). What does not fit grows out.
+	var e wire.Encoder
+	if !c.nodeBodyUsed {
+		e.B, c.nodeBodyUsed = c.nodeBody[:0], true
+	}
+	(&api.NodeAccess{Device: v.dev.info.Index, Extents: ts[0].Extents}).Marshal(&e)
+	c.call(v, idx, api.OpNodeRead, (*c.out)[:m.Len], e.B)
 	return nil
 }
 
