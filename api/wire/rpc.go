@@ -203,13 +203,7 @@ func (r *RPC) readWhile(more func() bool) {
 // error that broke it, which wraps ErrUnavailable or ErrProtocol.
 // The caller must not modify parts until the call is done.
 func (r *RPC) Go(op Op, into []byte, parts ...[]byte) *Call {
-	c, ok := r.register(op, into)
-	if ok {
-		if err := r.conn.writeFrame(true, op, 0, c.id, parts...); err != nil {
-			r.sendFailed(c, err)
-		}
-	}
-	return c
+	return r.GoIn(new(Call), op, into, parts...)
 }
 
 // GoIn is Go on c, a Call of the caller's that has never been used (the
