@@ -13,6 +13,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/daemon"
 )
 
 // The global flags work after the command, and $VGPU_SOCKET stands in for
@@ -77,7 +78,7 @@ func TestNodeDownStatusAndAdmission(t *testing.T) {
 	socket := filepath.Join(dir, "m.sock")
 	startProc(t, "vgpu-mediator", "--socket", socket, "--node", addr, "--state-dir", dir, "--container-dir", filepath.Join(dir, "c"),
 		"--quota", "", "--containerd", "", "--log-level", "warn")
-	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	waitFor(t, "vgpu-mediator to serve on its socket", func() bool { return daemon.Serving(socket) })
 	for _, args := range [][]string{{"status"}, {"status", "--json"}} {
 		if code, stdout, stderr := vgpuctlStatus(t, socket, args...); code != 0 {
 			t.Fatalf("vgpuctl %v with the node up: exit %d\n%s%s", args, code, stdout, stderr)

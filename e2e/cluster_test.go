@@ -11,6 +11,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/etcdtest"
 )
 
@@ -22,7 +23,7 @@ func clusterMediator(t *testing.T, endpoints, id string) (string, *proc) {
 	socket := filepath.Join(dir, "mediator.sock")
 	p := startProc(t, "vgpu-mediator", "--socket", socket, "--etcd", endpoints, "--cluster-id", id, "--etcd-ttl", "2s",
 		"--state-dir", dir, "--container-dir", filepath.Join(dir, "c"), "--quota", "", "--containerd", "", "--log-level", "warn")
-	waitFor(t, "vgpu-mediator "+id+" socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	waitFor(t, "vgpu-mediator "+id+" to serve on its socket", func() bool { return daemon.Serving(socket) })
 	return socket, p
 }
 

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vgpu/vgpu/api"
+	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/fakegpu"
 )
 
@@ -152,7 +153,7 @@ func startMediator(t *testing.T, addr string, mediatorFlags ...string) (socket s
 	socket = filepath.Join(dir, "mediator.sock")
 	startProc(t, "vgpu-mediator", append([]string{"--socket", socket, "--node", addr, "--state-dir", dir,
 		"--quota", "", "--containerd", "", "--log-level", "warn"}, mediatorFlags...)...)
-	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	waitFor(t, "vgpu-mediator to serve on its socket", func() bool { return daemon.Serving(socket) })
 	return socket
 }
 
@@ -274,7 +275,7 @@ func TestEmbeddedDefault(t *testing.T) {
 	socket := filepath.Join(t.TempDir(), "m.sock")
 	med := startProc(t, "vgpu-mediator", "--socket", socket, "--embedded-memory", "512MiB", "--state-dir", "",
 		"--quota", "", "--containerd", "", "--log-level", "warn")
-	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	waitFor(t, "vgpu-mediator to serve on its socket", func() bool { return daemon.Serving(socket) })
 	out, err := run(t, "tenant", "--socket", socket, "--tenant", "solo")
 	if err != nil {
 		t.Fatalf("tenant: %v\n%s", err, out)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/testenv"
 )
 
@@ -90,7 +91,7 @@ func startHostMediator(t *testing.T, dir string, cred *syscall.Credential, flags
 	socket := filepath.Join(dir, "m.sock")
 	startProcAs(t, cred, "vgpu-mediator", append([]string{"--socket", socket, "--embedded-memory", "256MiB",
 		"--state-dir", "", "--container-dir", filepath.Join(dir, "c"), "--containerd", "", "--log-level", "warn"}, flags...)...)
-	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	waitFor(t, "vgpu-mediator to serve on its socket", func() bool { return daemon.Serving(socket) })
 	return socket
 }
 

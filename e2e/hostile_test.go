@@ -22,6 +22,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/api/wire"
+	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/mediator"
 )
 
@@ -56,7 +57,7 @@ func attackedMediator(t *testing.T) (socket string, med *proc) {
 	if err := unix.Prlimit(med.cmd.Process.Pid, unix.RLIMIT_AS, &lim, nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	waitFor(t, "vgpu-mediator to serve on its socket", func() bool { return daemon.Serving(socket) })
 	return socket, med
 }
 

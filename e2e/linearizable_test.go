@@ -3,11 +3,11 @@ package e2e
 import (
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/linearize"
 )
 
@@ -34,7 +34,7 @@ func TestCoherentBufferIsLinearizable(t *testing.T) {
 		mediators = append(mediators, startProc(t, "vgpu-mediator", "--socket", sock, "--node", addr,
 			"--state-dir", dir, "--quota", "", "--containerd", "", "--log-level", "warn"))
 		sockets = append(sockets, sock)
-		waitFor(t, fmt.Sprintf("mediator %d socket", i), func() bool { _, err := os.Stat(sock); return err == nil })
+		waitFor(t, fmt.Sprintf("mediator %d to serve on its socket", i), func() bool { return daemon.Serving(sock) })
 	}
 	const regs = 1200
 	rig, err := linearize.Setup(sockets, regs)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/testenv"
 	"github.com/vgpu/vgpu/metrics"
 )
@@ -125,7 +126,7 @@ func TestMetricsLiveScrape(t *testing.T) {
 	socket := filepath.Join(dir, "m.sock")
 	startProc(t, "vgpu-mediator", "--socket", socket, "--node", nodeAddr, "--state-dir", dir, "--container-dir", filepath.Join(dir, "c"),
 		"--quota", quota, "--containerd", "", "--log-level", "warn", "--metrics", medMetrics)
-	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	waitFor(t, "vgpu-mediator to serve on its socket", func() bool { return daemon.Serving(socket) })
 
 	// The tenant's work: 6 MiB in whole 2 MiB pages, a 1 MiB copy in, two
 	// launches, and one refused free.

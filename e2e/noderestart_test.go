@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	"github.com/vgpu/vgpu/internal/daemon"
 )
 
 // A vgpu-node killed with SIGKILL and started again on its address comes
@@ -28,7 +28,7 @@ func TestNodeKilledAndRestarted(t *testing.T) {
 	socket := filepath.Join(dir, "mediator.sock")
 	startProc(t, "vgpu-mediator", "--socket", socket, "--node", addrA, "--node", addrB, "--state-dir", dir,
 		"--quota", "", "--containerd", "", "--log-level", "warn", "--weight-sums")
-	waitFor(t, "vgpu-mediator socket", func() bool { _, err := os.Stat(socket); return err == nil })
+	waitFor(t, "vgpu-mediator to serve on its socket", func() bool { return daemon.Serving(socket) })
 
 	c, err := client.Dial(client.Options{Socket: socket, Tenant: "a", Devices: 2})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vgpu/vgpu/api"
 	"github.com/vgpu/vgpu/client"
+	vgpudaemon "github.com/vgpu/vgpu/internal/daemon"
 	"github.com/vgpu/vgpu/internal/netlab"
 	"github.com/vgpu/vgpu/mediator"
 )
@@ -218,7 +219,7 @@ func startLabMediator(t *testing.T, lab *netlab.Lab, bin map[string]string, host
 	p := lab.Start(host, bin["vgpu-mediator"], append([]string{"--socket", sock,
 		"--state-dir", filepath.Join(dir, host+"-state"), "--container-dir", filepath.Join(dir, host+"-containers"),
 		"--quota", "", "--containerd", ""}, args...)...)
-	if err := p.WaitUp(15*time.Second, func() bool { _, err := os.Stat(sock); return err == nil }); err != nil {
+	if err := p.WaitUp(15*time.Second, func() bool { return vgpudaemon.Serving(sock) }); err != nil {
 		t.Fatal(err)
 	}
 	return p

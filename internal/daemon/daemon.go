@@ -42,8 +42,7 @@ func ListenUnix(path string, mode os.FileMode, gid int) (net.Listener, error) {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("%s exists and is not a socket; not replacing it", path)
 		}
-		if c, err := net.Dial("unix", path); err == nil {
-			c.Close()
+		if Serving(path) {
 			return nil, fmt.Errorf("%s is in use by a running process", path)
 		}
 		if err := os.Remove(path); err != nil {
@@ -67,6 +66,19 @@ func ListenUnix(path string, mode os.FileMode, gid int) (net.Listener, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// Serving says whether a process accepts connections on the Unix socket
+// at path. A socket's file exists from its bind(2), before its listen(2),
+// and a dial in between is refused: the file alone does not say that the
+// daemon behind it serves.
+func Serving(path string) bool {
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 // ReloadDeadline is how long a reload may run before RunUntilStopped logs
