@@ -37,8 +37,10 @@ done
 "$bin/vgpu-mediator" --socket "$sock" --node "127.0.0.1:$port" --state-dir "$dir" --quota "" --containerd "" \
   --log-level "${VGPU_LOG_LEVEL:-warn}" 2>"$dir/mediator.log" &
 med_pid=$!
+# Serving once a connection is taken: the socket's file exists from bind(2),
+# before listen(2), and a dial in between is refused (daemon.Serving).
 for _ in $(seq 100); do
-  [ -S "$sock" ] && break
+  /usr/bin/python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])' "$sock" 2>/dev/null && break
   kill -0 $med_pid 2>/dev/null || { cat "$dir/mediator.log" >&2; echo "vgpu-mediator failed to start" >&2; exit 1; }
   sleep 0.05
 done
