@@ -199,3 +199,39 @@ func TestSignalsAfterTheStopAreCaught(t *testing.T) {
 		}
 	}
 }
+
+// A socket's file exists once it is bound, before it listens; Serving says
+// no until it listens, and no again once it is closed with its file left.
+func TestServingWaitsForListen(t *testing.T) {
+	path := t.TempDir() + "/s.sock"
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := true
+	defer func() {
+		if open {
+			syscall.Close(fd)
+		}
+	}()
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("bound socket has no file: %v", err)
+	}
+	if Serving(path) {
+		t.Fatal("serving before listen")
+	}
+	if err := syscall.Listen(fd, 1); err != nil {
+		t.Fatal(err)
+	}
+	if !Serving(path) {
+		t.Fatal("not serving once listening")
+	}
+	syscall.Close(fd)
+	open = false
+	if Serving(path) {
+		t.Fatal("serving once closed")
+	}
+}
