@@ -11,10 +11,10 @@ import (
 // hiccup: on a 2-core host a 20 ms copy can take twice as long when a
 // daemon wakes. So every timed figure is a contender in interleave: each
 // is timed in windows of at least Options.Window of work (small units
-// repeated within a window), the contenders take turns within a round (the
-// order rotating from round to round, so that none is always first or
-// always follows the same one), and a figure is the median over the rounds
-// with the range beside it. A ratio is taken per round, between windows
+// repeated within a window), the contenders take turns within a round (in
+// orders that change from turn to turn, so that none is always first or
+// always follows the same one: see balancedOrders), and a figure is the
+// median over the rounds with the range beside it. A ratio is taken per round, between windows
 // timed next to each other, then its median and range are reported.
 //
 // Within a round each window is cut into slices that alternate with the
@@ -107,10 +107,11 @@ type schedule struct {
 }
 
 // interleave calibrates each contender for sc.window, then runs sc.rounds
-// rounds: in round i, slice s, the contenders take turns starting from the
-// ((i+s) mod len)th, each running its share of its window's units. It
-// returns each contender's rate (units per second) in each round, its
-// window's units over the time of its slices, indexed as cs.
+// rounds of slices turns: in turn t (round i, slice s: t = i·slices + s)
+// the contenders run in balancedOrders' (t mod its length)th order, each
+// its share of its window's units. It returns each contender's rate (units
+// per second) in each round, its window's units over the time of its
+// slices, indexed as cs.
 func interleave(cs []*contender, sc schedule) ([][]float64, error) {
 	for _, c := range cs {
 		if err := calibrate(c, sc.window); err != nil {
@@ -118,6 +119,7 @@ func interleave(cs []*contender, sc schedule) ([][]float64, error) {
 		}
 	}
 	slices := max(1, sc.slices)
+	orders := balancedOrders(len(cs))
 	rates := make([][]float64, len(cs))
 	took := make([]time.Duration, len(cs))
 	done := make([]int, len(cs))
@@ -125,8 +127,7 @@ func interleave(cs []*contender, sc schedule) ([][]float64, error) {
 		clear(took)
 		clear(done)
 		for s := range slices {
-			for j := range cs {
-				k := (i + s + j) % len(cs)
+			for _, k := range orders[(i*slices+s)%len(orders)] {
 				c := cs[k]
 				n := c.n*(s+1)/slices - done[k] // the units up to this slice's end, less those run
 				if n == 0 {
@@ -154,4 +155,62 @@ func scaled(xs []float64, f float64) []float64 {
 		out[i] = x * f
 	}
 	return out
+}
+
+// balancedOrders is a balanced Latin square (Williams' design) of n
+// contenders: orders in which each runs once and, over all of them, each
+// runs right after each other one equally often (once in the n orders of
+// an even n; twice in the 2n orders of an odd n, the n and their
+// reverses). A contender's time depends on the one before it: what that
+// one left behind (the CPUs busy or idle, the other processes asleep,
+// caches and collections) carries over. In one cycle rotated from turn to
+// turn each contender would nearly always follow the same one, and a
+// figure would carry that neighbour's leavings alone: in `vgpuctl bench`
+// the small operation followed the in-process ping-pong, and the
+// ping-pong it is judged against followed the launches (#25).
+//
+// Between orders, run one after another, an odd n's are chained so that
+// each starts with the contender the one before ended with, which then
+// simply runs on; an even n's end with contender r+n/2 and the next starts
+// with r+1, so that each contender follows one other once more in n turns.
+func balancedOrders(n int) [][]int {
+	// The first order is 0, 1, n-1, 2, n-2, ...; the others add r
+	// modulo n, so that each step between neighbours (+1, -2, +3, ...)
+	// is taken once from every contender.
+	first := make([]int, n)
+	for j := 1; j < n; j++ {
+		if j%2 == 1 {
+			first[j] = (j + 1) / 2
+		} else {
+			first[j] = n - j/2
+		}
+	}
+	order := func(r int) []int {
+		o := make([]int, n)
+		for j, c := range first {
+			o[j] = (c + r) % n
+		}
+		return o
+	}
+	if n%2 == 0 {
+		orders := make([][]int, n)
+		for r := range orders {
+			orders[r] = order(r)
+		}
+		return orders
+	}
+	// Order r runs from r to r+f (f = first[n-1], and 2f = n+1): taking
+	// r = 0, f, 2f, ... chains all n back to 0, and their reverses, taken
+	// from r = -f down by f, chain back to 0 too.
+	f := first[n-1]
+	orders := make([][]int, 0, 2*n)
+	for i := range n {
+		orders = append(orders, order(i*f%n))
+	}
+	for i := range n {
+		o := order(((-(i+1)*f)%n + n) % n)
+		slices.Reverse(o)
+		orders = append(orders, o)
+	}
+	return orders
 }

@@ -64,8 +64,8 @@ func (f *fakeWork) contender() *contender {
 }
 
 // Each contender is calibrated to windows of at least the window, then
-// the contenders take turns, the first of a round rotating, and the rates
-// come back in the contenders' order.
+// the contenders take turns in balancedOrders' orders, one a round here,
+// and the rates come back in the contenders' order.
 func TestInterleave(t *testing.T) {
 	var order []string
 	a := &fakeWork{name: "a", per: 2 * time.Microsecond, order: &order}
@@ -98,14 +98,14 @@ func TestInterleave(t *testing.T) {
 		t.Errorf("b calibrated with %v", b.calls)
 	}
 	timed := order[len(order)-15:]
-	want := []string{"a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c", "b", "c", "a"}
+	want := []string{"a", "b", "c", "c", "a", "b", "b", "c", "a", "a", "c", "b", "b", "a", "c"}
 	if !slices.Equal(timed, want) {
 		t.Errorf("rounds ran %v, want %v", timed, want)
 	}
 }
 
 // With slices, a round runs each window in that many slices of whole
-// units, the contenders' slices taking turns (the first rotating from
+// units, the contenders' slices taking turns (in the next order from
 // slice to slice); a window of fewer units than slices has fewer slices,
 // and a rate is the window's units over its slices' time.
 func TestInterleaveSlices(t *testing.T) {
@@ -121,9 +121,9 @@ func TestInterleaveSlices(t *testing.T) {
 	if cs[0].n != 500 || cs[1].n != 2 {
 		t.Fatalf("units per window %d and %d, want 500 and 2", cs[0].n, cs[1].n)
 	}
-	// Round 0: slices 0..3 start at a, b, a, b; b's 2 units go in slices 1
-	// and 3. Round 1: slices start at b, a, b, a.
-	want := []string{"a", "b", "a", "a", "b", "a", "a", "a", "b", "a", "a", "b"}
+	// Slices run a then b, b then a, in turn; b's 2 units go in slices 1
+	// and 3 of each round.
+	want := []string{"a", "b", "a", "a", "b", "a", "a", "b", "a", "a", "b", "a"}
 	if timed := order[len(order)-len(want):]; !slices.Equal(timed, want) {
 		t.Errorf("slices ran %v, want %v", timed, want)
 	}
@@ -136,6 +136,83 @@ func TestInterleaveSlices(t *testing.T) {
 	for i, f := range []*fakeWork{a, b} {
 		if len(rates[i]) != 2 || rates[i][0] != 1/f.per.Seconds() {
 			t.Errorf("%s: rates %v, want 2 of %v", f.name, rates[i], 1/f.per.Seconds())
+		}
+	}
+}
+
+// In every balanced order each contender runs once, and over the orders
+// each runs right after each other one equally often; an odd number's
+// orders are chained, each starting where the one before ended.
+func TestBalancedOrders(t *testing.T) {
+	for n := 1; n <= 7; n++ {
+		orders := balancedOrders(n)
+		want := n
+		if n%2 == 1 {
+			want = 2 * n
+		}
+		if len(orders) != want {
+			t.Errorf("n=%d: %d orders, want %d", n, len(orders), want)
+		}
+		after := map[[2]int]int{}
+		for i, o := range orders {
+			if next := orders[(i+1)%len(orders)]; n%2 == 1 && next[0] != o[n-1] {
+				t.Errorf("n=%d: order %v ends with %d, the next (%v) starts with %d", n, o, o[n-1], next, next[0])
+			}
+			if s := slices.Sorted(slices.Values(o)); len(s) != n || s[0] != 0 || s[n-1] != n-1 || len(slices.Compact(s)) != n {
+				t.Fatalf("n=%d: order %v does not run each contender once", n, o)
+			}
+			for j := 1; j < n; j++ {
+				after[[2]int{o[j-1], o[j]}]++
+			}
+		}
+		for a := range n {
+			for b := range n {
+				if a != b && after[[2]int{a, b}] != want/n {
+					t.Errorf("n=%d: %d runs right after %d %d times, want %d (%v)", n, b, a, after[[2]int{a, b}], want/n, orders)
+				}
+			}
+		}
+	}
+}
+
+// carryover is work whose slice takes half as long again when it runs
+// right after slow's: what slow leaves behind (idle CPUs, asleep
+// processes, a collection's debt) weighs on whoever follows it.
+type carryover struct {
+	last, slow string
+}
+
+func (c *carryover) contender(name string) *contender {
+	return &contender{name: name, run: func(n int) (time.Duration, error) {
+		d := time.Duration(n) * time.Millisecond
+		if c.last == c.slow {
+			d = d * 3 / 2
+		}
+		c.last = name
+		return d, nil
+	}}
+}
+
+// Two contenders of the same work, a and b, beside one that slows its
+// follower (s) and perhaps another keep a ratio of 1: each follows s as
+// often as the other does. In the cycle rotated from turn to turn (s a b,
+// a b s, b s a) a would follow s twice as often as b.
+func TestInterleaveBalancesCarryover(t *testing.T) {
+	for _, n := range []int{3, 4} {
+		w := &carryover{slow: "s"}
+		var cs []*contender
+		for _, name := range []string{"s", "a", "b", "c"}[:n] {
+			c := w.contender(name)
+			c.n, c.min = 600, 600 // calibrated already
+			cs = append(cs, c)
+		}
+		// Each round runs every order once.
+		rates, err := interleave(cs, schedule{rounds: 3, slices: len(balancedOrders(n)), window: 600 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := ratioSpread(rates[2], rates[1]); r.Min < 0.99 || r.Max > 1.01 {
+			t.Errorf("%d contenders: rate of b over a's %+v, want 1 in every round", n, r)
 		}
 	}
 }
