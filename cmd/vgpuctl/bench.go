@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -50,6 +52,7 @@ type benchArgs struct {
 	loadTenants  *int
 	nodeLink     *string
 	command      *string
+	sliceLog     *string
 }
 
 func benchFlags() (*flag.FlagSet, *benchArgs) {
@@ -74,6 +77,7 @@ func benchFlags() (*flag.FlagSet, *benchArgs) {
 	a.floodSteps = fs.Int("flood-steps", 400, "decoder: decode steps timed alone, and again beside a prefill flood")
 	a.loadTenants = fs.Int("load-tenants", 8, "decoder: tenants loading one model")
 	a.nodeLink = fs.String("node-link", "", `bytes of the TLS-against-plain node link comparison (default min(--size, 64MiB); "0": skip)`)
+	a.sliceLog = fs.String("slice-log", "", "write a line for each timed slice to this file: round, figure, the figure timed just before it, units, seconds")
 	a.command = fs.String("command", "", "how this run was started, for the reports (default: this vgpuctl command line)")
 	return fs, a
 }
@@ -135,6 +139,21 @@ func benchCmd(socket string, args []string) error {
 			opt.NodeLinkBytes = -1
 		}
 	}
+	closeLog := func() error { return nil }
+	if *a.sliceLog != "" {
+		f, err := os.Create(*a.sliceLog)
+		if err != nil {
+			return fmt.Errorf("--slice-log: %w", err)
+		}
+		w := bufio.NewWriter(f)
+		opt.SliceLog = w
+		closeLog = func() error {
+			if err := errors.Join(w.Flush(), f.Close()); err != nil {
+				return fmt.Errorf("--slice-log %s: %w", *a.sliceLog, err)
+			}
+			return nil
+		}
+	}
 	// On a terminal, one line on stderr says what is being measured, as
 	// step n of the run's; nothing where stderr is piped, or with --json.
 	line := progress.Start(os.Stderr, "bench", *a.asJSON, progress.Terminal)
@@ -142,7 +161,7 @@ func benchCmd(socket string, args []string) error {
 	opt.Progress = line.Step
 	r, err := bench.Run(opt)
 	line.Done()
-	if err != nil {
+	if err := errors.Join(err, closeLog()); err != nil {
 		return err
 	}
 	if *a.out != "" {

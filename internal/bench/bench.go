@@ -40,6 +40,7 @@ package bench
 
 import (
 	"fmt"
+	"io"
 	"runtime"
 	"slices"
 	"time"
@@ -145,13 +146,19 @@ type Options struct {
 	NodeLinkBytes int
 	// Decoder sizes the decoder part; Decoder.Steps negative skips it.
 	Decoder DecoderOptions
+	// SliceLog, if set, gets a line for each slice timed of the copies,
+	// the small operation, the launches and their baselines: round,
+	// contender, the contender timed just before it, units and seconds,
+	// tab-separated (what one contender leaves behind weighs on the next:
+	// docs/datapath.md, "What is measured").
+	SliceLog io.Writer
 	// Progress, if set, hears what is being measured as the run goes.
 	Progress func(string)
 }
 
 // schedule is how the options say to interleave the timed figures.
 func (o *Options) schedule() schedule {
-	return schedule{rounds: o.Rounds, slices: o.Slices, window: o.Window}
+	return schedule{rounds: o.Rounds, slices: o.Slices, window: o.Window, log: o.SliceLog}
 }
 
 func (o *Options) defaults() {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"time"
@@ -104,6 +105,7 @@ func calibrate(c *contender, window time.Duration) error {
 type schedule struct {
 	rounds, slices int
 	window         time.Duration
+	log            io.Writer // if set, a line for each slice timed (Options.SliceLog)
 }
 
 // interleave calibrates each contender for sc.window, then runs sc.rounds
@@ -111,7 +113,9 @@ type schedule struct {
 // the contenders run in balancedOrders' (t mod its length)th order, each
 // its share of its window's units. It returns each contender's rate (units
 // per second) in each round, its window's units over the time of its
-// slices, indexed as cs.
+// slices, indexed as cs. With sc.log set, it writes a line there for each
+// slice timed: round, contender, the contender that ran just before it
+// ("-" for none), units and seconds, tab-separated.
 func interleave(cs []*contender, sc schedule) ([][]float64, error) {
 	for _, c := range cs {
 		if err := calibrate(c, sc.window); err != nil {
@@ -123,6 +127,7 @@ func interleave(cs []*contender, sc schedule) ([][]float64, error) {
 	rates := make([][]float64, len(cs))
 	took := make([]time.Duration, len(cs))
 	done := make([]int, len(cs))
+	before := "-"
 	for i := range sc.rounds {
 		clear(took)
 		clear(done)
@@ -139,6 +144,10 @@ func interleave(cs []*contender, sc schedule) ([][]float64, error) {
 				}
 				took[k] += d
 				done[k] += n
+				if sc.log != nil {
+					fmt.Fprintf(sc.log, "%d\t%s\t%s\t%d\t%.9f\n", i, c.name, before, n, d.Seconds())
+				}
+				before = c.name
 			}
 		}
 		for k, c := range cs {

@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -214,6 +215,27 @@ func TestInterleaveBalancesCarryover(t *testing.T) {
 		if r := ratioSpread(rates[2], rates[1]); r.Min < 0.99 || r.Max > 1.01 {
 			t.Errorf("%d contenders: rate of b over a's %+v, want 1 in every round", n, r)
 		}
+	}
+}
+
+// The slice log has a line for each slice timed, naming the contender
+// timed just before it; calibration's probes are not logged.
+func TestInterleaveSliceLog(t *testing.T) {
+	var order []string
+	a := &fakeWork{name: "a", per: time.Millisecond, order: &order}
+	b := &fakeWork{name: "b", per: 2 * time.Millisecond, order: &order}
+	cs := []*contender{a.contender(), b.contender()}
+	cs[0].n, cs[1].n = 400, 200
+	var log strings.Builder
+	if _, err := interleave(cs, schedule{rounds: 1, slices: 2, window: 400 * time.Millisecond, log: &log}); err != nil {
+		t.Fatal(err)
+	}
+	want := "0\ta\t-\t200\t0.200000000\n" +
+		"0\tb\ta\t100\t0.200000000\n" +
+		"0\tb\tb\t100\t0.200000000\n" +
+		"0\ta\tb\t200\t0.200000000\n"
+	if log.String() != want {
+		t.Errorf("slice log\n%s\nwant\n%s", log.String(), want)
 	}
 }
 
