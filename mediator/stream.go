@@ -168,7 +168,7 @@ func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command
 	if len(b.Cmds) > maxSessionInflight {
 		return 0, nil, fmt.Errorf("%d commands, more than the %d a session may have in flight: %w", len(b.Cmds), maxSessionInflight, api.ErrQuotaExceeded)
 	}
-	cmds := make([]command, len(b.Cmds))
+	cmds := takeCommands(len(b.Cmds))
 	var weight int64
 	var arena api.LaunchArena
 	for i, bc := range b.Cmds {
@@ -189,6 +189,28 @@ func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command
 		cmds[i] = c
 	}
 	return b.Stream, cmds, nil
+}
+
+// commandLists recycles the command lists of tenant batches: a batch of
+// 1024 launches decodes into some 260 KB of commands, the mediator's
+// largest garbage under a stream of launches (#25). A list goes back once
+// its batch is issued (stream.run), cleared so that it keeps no payload
+// or argument alive; a graph's list (decodeCommands too) stays with its
+// graph and never goes back.
+var commandLists sync.Pool
+
+// takeCommands is a list of n zero commands, recycled if one is at hand.
+func takeCommands(n int) []command {
+	if p, ok := commandLists.Get().(*[]command); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]command, n)
+}
+
+// giveCommands recycles cmds, which nothing uses any more.
+func giveCommands(cmds []command) {
+	clear(cmds)
+	commandLists.Put(&cmds)
 }
 
 // decodeCommand decodes a stream request: one operation or a batch.
@@ -498,6 +520,11 @@ func (st *stream) run(cmd *command) {
 		st.issueAll(cmd.subs, c, -1)
 	} else {
 		st.issueOne(cmd, c, 0)
+	}
+	if cmd.op == api.OpBatch {
+		// Issued: the node calls carry encodings of their own.
+		giveCommands(cmd.subs)
+		cmd.subs = nil
 	}
 	st.unblock()
 	if cmd.pool != nil {
