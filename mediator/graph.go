@@ -2,6 +2,7 @@ package mediator
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/vgpu/vgpu/api"
 )
@@ -50,10 +51,15 @@ func (s *session) createGraph(body []byte) (uint32, error) {
 
 // graphCommands decodes and checks a graph's commands.
 func (s *session) graphCommands(body []byte) ([]command, error) {
-	_, cmds, err := s.decodeCommands(body, nil)
+	_, decoded, err := s.decodeCommands(body, nil)
 	if err != nil {
 		return nil, fmt.Errorf("graph: %w", err)
 	}
+	// The graph keeps a list of its own length, not a batch's recycled
+	// room, which may hold thousands of commands: a graph's memory is
+	// bounded by its commands' count (MaxGraphCommands).
+	cmds := slices.Clone(decoded)
+	giveCommands(decoded)
 	for i := range cmds {
 		if err := s.checkGraphCommand(&cmds[i]); err != nil {
 			return nil, fmt.Errorf("graph: command %d: %w", i, err)

@@ -172,31 +172,44 @@ func (s *session) decodeCommands(body []byte, stream *uint32) (uint32, []command
 	var weight int64
 	var arena api.LaunchArena
 	for i, bc := range b.Cmds {
-		if !inBatch(bc.Op) {
-			return 0, nil, fmt.Errorf("command %d: %v may not be batched: %w", i, bc.Op, api.ErrInvalidArgument)
+		c, err := s.decodeBatched(&arena, bc, b.Stream, stream != nil)
+		if err == nil {
+			if weight += c.weight(); weight > maxSessionInflight {
+				err = fmt.Errorf("brings the batch to %d commands with the graphs it launches, more than the %d a session may have in flight: %w",
+					weight, maxSessionInflight, api.ErrQuotaExceeded)
+			}
 		}
-		c, err := s.decodeOne(&arena, bc.Op, bc.Body)
 		if err != nil {
+			giveCommands(cmds)
 			return 0, nil, fmt.Errorf("command %d: %w", i, err)
-		}
-		if stream != nil && c.stream != b.Stream {
-			return 0, nil, fmt.Errorf("command %d names stream %d in a batch of stream %d: %w", i, c.stream, b.Stream, api.ErrInvalidArgument)
-		}
-		if weight += c.weight(); weight > maxSessionInflight {
-			return 0, nil, fmt.Errorf("command %d brings the batch to %d commands with the graphs it launches, more than the %d a session may have in flight: %w",
-				i, weight, maxSessionInflight, api.ErrQuotaExceeded)
 		}
 		cmds[i] = c
 	}
 	return b.Stream, cmds, nil
 }
 
+// decodeBatched decodes command bc of a batch of stream id, which it must
+// name if sameStream.
+func (s *session) decodeBatched(arena *api.LaunchArena, bc api.Cmd, id uint32, sameStream bool) (command, error) {
+	if !inBatch(bc.Op) {
+		return command{}, fmt.Errorf("%v may not be batched: %w", bc.Op, api.ErrInvalidArgument)
+	}
+	c, err := s.decodeOne(arena, bc.Op, bc.Body)
+	if err != nil {
+		return command{}, err
+	}
+	if sameStream && c.stream != id {
+		return command{}, fmt.Errorf("names stream %d in a batch of stream %d: %w", c.stream, id, api.ErrInvalidArgument)
+	}
+	return c, nil
+}
+
 // commandLists recycles the command lists of tenant batches: a batch of
-// 1024 launches decodes into some 260 KB of commands, the mediator's
+// 1024 launches decodes into some 290 KB of commands, the mediator's
 // largest garbage under a stream of launches (#25). A list goes back once
 // its batch is issued (stream.run), cleared so that it keeps no payload
-// or argument alive; a graph's list (decodeCommands too) stays with its
-// graph and never goes back.
+// or argument alive; a graph keeps a copy of its own length
+// (graphCommands).
 var commandLists sync.Pool
 
 // takeCommands is a list of n zero commands, recycled if one is at hand.
@@ -521,12 +534,13 @@ func (st *stream) run(cmd *command) {
 	} else {
 		st.issueOne(cmd, c, 0)
 	}
+	st.unblock()
 	if cmd.op == api.OpBatch {
-		// Issued: the node calls carry encodings of their own.
+		// Issued and what was gathered sent: the node calls carry
+		// encodings of their own.
 		giveCommands(cmd.subs)
 		cmd.subs = nil
 	}
-	st.unblock()
 	if cmd.pool != nil {
 		st.s.putIn(cmd.pool) // the payloads are on the wire already
 	}

@@ -161,18 +161,27 @@ func benchCmd(socket string, args []string) error {
 	opt.Progress = line.Step
 	r, err := bench.Run(opt)
 	line.Done()
-	if err := errors.Join(err, closeLog()); err != nil {
-		return err
+	if err != nil {
+		return errors.Join(err, closeLog())
 	}
-	if *a.out != "" {
-		if err := r.WriteFiles(*a.out); err != nil {
+	// The results are written even if the log fails: its error comes last.
+	if err := writeBench(r, *a.out, *a.asJSON); err != nil {
+		return errors.Join(err, closeLog())
+	}
+	return closeLog()
+}
+
+// writeBench writes r to dir (if set) and prints it, as JSON or markdown.
+func writeBench(r *bench.Report, out string, asJSON bool) error {
+	if out != "" {
+		if err := r.WriteFiles(out); err != nil {
 			return err
 		}
-		if !*a.asJSON {
-			fmt.Fprintf(os.Stderr, "wrote %s/{%s,%s,%s}\n", *a.out, bench.JSONFile, bench.MarkdownFile, bench.SVGFile)
+		if !asJSON {
+			fmt.Fprintf(os.Stderr, "wrote %s/{%s,%s,%s}\n", out, bench.JSONFile, bench.MarkdownFile, bench.SVGFile)
 		}
 	}
-	if *a.asJSON {
+	if asJSON {
 		return r.WriteJSON(os.Stdout)
 	}
 	return r.WriteMarkdown(os.Stdout, "")

@@ -147,10 +147,10 @@ type Options struct {
 	// Decoder sizes the decoder part; Decoder.Steps negative skips it.
 	Decoder DecoderOptions
 	// SliceLog, if set, gets a line for each slice timed of the copies,
-	// the small operation, the launches and their baselines: round,
-	// contender, the contender timed just before it, units and seconds,
-	// tab-separated (what one contender leaves behind weighs on the next:
-	// docs/datapath.md, "What is measured").
+	// the small operation, the launches and their baselines: the part
+	// ("copies of 64 KiB", "small"), round, figure, the figure timed just
+	// before it, units and seconds, tab-separated (what one figure leaves
+	// behind weighs on the next: docs/datapath.md, "What is measured").
 	SliceLog io.Writer
 	// Progress, if set, hears what is being measured as the run goes.
 	Progress func(string)
@@ -316,7 +316,9 @@ func small(c *client.Client, r *Report, opt Options) error {
 		}},
 		cLaunch: {name: "launches", min: opt.Launches, run: func(n int) (time.Duration, error) { return launches(s, p, n) }},
 	}
-	rates, err := interleave(cs, opt.schedule())
+	sc := opt.schedule()
+	sc.part = "small"
+	rates, err := interleave(cs, sc)
 	if err != nil {
 		return err
 	}

@@ -15,8 +15,9 @@ import (
 // repeated within a window), the contenders take turns within a round (in
 // orders that change from turn to turn, so that none is always first or
 // always follows the same one: see balancedOrders), and a figure is the
-// median over the rounds with the range beside it. A ratio is taken per round, between windows
-// timed next to each other, then its median and range are reported.
+// median over the rounds with the range beside it. A ratio is taken per
+// round, between windows timed next to each other, then its median and
+// range are reported.
 //
 // Within a round each window is cut into slices that alternate with the
 // other contenders' slices, so that a round's figures are timed over the
@@ -106,6 +107,7 @@ type schedule struct {
 	rounds, slices int
 	window         time.Duration
 	log            io.Writer // if set, a line for each slice timed (Options.SliceLog)
+	part           string    // what the contenders are part of, for log
 }
 
 // interleave calibrates each contender for sc.window, then runs sc.rounds
@@ -114,9 +116,12 @@ type schedule struct {
 // its share of its window's units. It returns each contender's rate (units
 // per second) in each round, its window's units over the time of its
 // slices, indexed as cs. With sc.log set, it writes a line there for each
-// slice timed: round, contender, the contender that ran just before it
-// ("-" for none), units and seconds, tab-separated.
+// slice timed: sc.part, round, contender, the contender that ran just
+// before it ("-" for none), units and seconds, tab-separated.
 func interleave(cs []*contender, sc schedule) ([][]float64, error) {
+	if len(cs) == 0 {
+		return nil, nil
+	}
 	for _, c := range cs {
 		if err := calibrate(c, sc.window); err != nil {
 			return nil, err
@@ -145,7 +150,7 @@ func interleave(cs []*contender, sc schedule) ([][]float64, error) {
 				took[k] += d
 				done[k] += n
 				if sc.log != nil {
-					fmt.Fprintf(sc.log, "%d\t%s\t%s\t%d\t%.9f\n", i, c.name, before, n, d.Seconds())
+					fmt.Fprintf(sc.log, "%s\t%d\t%s\t%s\t%d\t%.9f\n", sc.part, i, c.name, before, n, d.Seconds())
 				}
 				before = c.name
 			}
@@ -166,23 +171,32 @@ func scaled(xs []float64, f float64) []float64 {
 	return out
 }
 
-// balancedOrders is a balanced Latin square (Williams' design) of n
-// contenders: orders in which each runs once and, over all of them, each
-// runs right after each other one equally often (once in the n orders of
-// an even n; twice in the 2n orders of an odd n, the n and their
-// reverses). A contender's time depends on the one before it: what that
-// one left behind (the CPUs busy or idle, the other processes asleep,
-// caches and collections) carries over. In one cycle rotated from turn to
-// turn each contender would nearly always follow the same one, and a
-// figure would carry that neighbour's leavings alone: in `vgpuctl bench`
-// the small operation followed the in-process ping-pong, and the
-// ping-pong it is judged against followed the launches (#25).
+// balancedOrders is the orders in which interleave's contenders take
+// their turns: in each order every contender runs once, over all of them
+// each runs right after each other one equally often, and run one after
+// another, each order starts with the contender the one before ended
+// with, which then simply runs on. A contender's time depends on the one
+// before it: what that one left behind (the CPUs busy or idle, the other
+// processes asleep, caches and collections) carries over. In one cycle
+// rotated from turn to turn each contender would nearly always follow the
+// same one, and a figure would carry that neighbour's leavings alone: in
+// `vgpuctl bench` the small operation followed the in-process ping-pong,
+// and the ping-pong it is judged against followed the launches (#25).
 //
-// Between orders, run one after another, an odd n's are chained so that
-// each starts with the contender the one before ended with, which then
-// simply runs on; an even n's end with contender r+n/2 and the next starts
-// with r+1, so that each contender follows one other once more in n turns.
+// An odd n takes Williams' design, a balanced Latin square, and its
+// reverses: 2n orders, each pair twice. An even n's Williams orders cannot
+// be chained (each runs from r to r+n/2), so up to maxSearched contenders
+// chainedOrders searches for n orders, or else 2n; beyond, the Williams
+// orders are run unchained, and at their joins each contender follows one
+// other once more in n turns.
 func balancedOrders(n int) [][]int {
+	if n%2 == 0 && n <= maxSearched {
+		for _, m := range []int{n, 2 * n} {
+			if o := chainedOrders(n, m); o != nil {
+				return o
+			}
+		}
+	}
 	// The first order is 0, 1, n-1, 2, n-2, ...; the others add r
 	// modulo n, so that each step between neighbours (+1, -2, +3, ...)
 	// is taken once from every contender.
@@ -222,4 +236,68 @@ func balancedOrders(n int) [][]int {
 		orders = append(orders, o)
 	}
 	return orders
+}
+
+// maxSearched is the most contenders chainedOrders is asked for: it takes
+// microseconds up to 6 (what interleave's callers have) and a fifth of a
+// second for 8.
+const maxSearched = 6
+
+// chainedOrders searches, depth first, for m orders of n contenders in
+// which each ordered pair of different contenders is neighbours m/n times,
+// each order starting with the contender the one before ended with and
+// the last ending where the first starts; nil if there are none.
+func chainedOrders(n, m int) [][]int {
+	want := m / n
+	pairs := make([]int, n*n) // pairs[a*n+b]: times b has followed a
+	used := make([]bool, n)
+	orders := [][]int{}
+	cur := make([]int, 0, n)
+	var extend func() bool
+	// extend grows cur, the order being built, then the orders after it.
+	extend = func() bool {
+		if len(cur) == n {
+			last := cur[n-1]
+			if len(orders)+1 == m {
+				if last != orders[0][0] {
+					return false
+				}
+				orders = append(orders, slices.Clone(cur))
+				return true
+			}
+			orders = append(orders, slices.Clone(cur))
+			saved, savedUsed := slices.Clone(cur), slices.Clone(used)
+			cur = append(cur[:0], last)
+			clear(used)
+			used[last] = true
+			if extend() {
+				return true
+			}
+			orders = orders[:len(orders)-1]
+			cur, used = saved, savedUsed
+			return false
+		}
+		prev := cur[len(cur)-1]
+		for x := range n {
+			if used[x] || pairs[prev*n+x] == want {
+				continue
+			}
+			pairs[prev*n+x]++
+			used[x] = true
+			cur = append(cur, x)
+			if extend() {
+				return true
+			}
+			cur = cur[:len(cur)-1]
+			used[x] = false
+			pairs[prev*n+x]--
+		}
+		return false
+	}
+	cur = append(cur, 0)
+	used[0] = true
+	if extend() {
+		return orders
+	}
+	return nil
 }

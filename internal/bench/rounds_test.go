@@ -142,34 +142,33 @@ func TestInterleaveSlices(t *testing.T) {
 }
 
 // In every balanced order each contender runs once, and over the orders
-// each runs right after each other one equally often; an odd number's
-// orders are chained, each starting where the one before ended.
+// each runs right after each other one equally often; run one after
+// another (the last before the first again), each order starts with the
+// contender the one before ended with, but for the Williams orders of an
+// even count beyond maxSearched.
 func TestBalancedOrders(t *testing.T) {
-	for n := 1; n <= 7; n++ {
+	for n := 1; n <= maxSearched+2; n++ {
 		orders := balancedOrders(n)
-		want := n
-		if n%2 == 1 {
-			want = 2 * n
-		}
-		if len(orders) != want {
-			t.Errorf("n=%d: %d orders, want %d", n, len(orders), want)
-		}
+		chained := n%2 == 1 || n <= maxSearched
 		after := map[[2]int]int{}
 		for i, o := range orders {
-			if next := orders[(i+1)%len(orders)]; n%2 == 1 && next[0] != o[n-1] {
-				t.Errorf("n=%d: order %v ends with %d, the next (%v) starts with %d", n, o, o[n-1], next, next[0])
-			}
 			if s := slices.Sorted(slices.Values(o)); len(s) != n || s[0] != 0 || s[n-1] != n-1 || len(slices.Compact(s)) != n {
 				t.Fatalf("n=%d: order %v does not run each contender once", n, o)
+			}
+			if next := orders[(i+1)%len(orders)]; chained && next[0] != o[n-1] {
+				t.Errorf("n=%d: order %v ends with %d, the next (%v) starts with %d", n, o, o[n-1], next, next[0])
 			}
 			for j := 1; j < n; j++ {
 				after[[2]int{o[j-1], o[j]}]++
 			}
 		}
+		if len(orders)%n != 0 {
+			t.Fatalf("n=%d: %d orders", n, len(orders))
+		}
 		for a := range n {
 			for b := range n {
-				if a != b && after[[2]int{a, b}] != want/n {
-					t.Errorf("n=%d: %d runs right after %d %d times, want %d (%v)", n, b, a, after[[2]int{a, b}], want/n, orders)
+				if a != b && after[[2]int{a, b}] != len(orders)/n {
+					t.Errorf("n=%d: %d runs right after %d %d times, want %d (%v)", n, b, a, after[[2]int{a, b}], len(orders)/n, orders)
 				}
 			}
 		}
@@ -194,15 +193,15 @@ func (c *carryover) contender(name string) *contender {
 	}}
 }
 
-// Two contenders of the same work, a and b, beside one that slows its
-// follower (s) and perhaps another keep a ratio of 1: each follows s as
-// often as the other does. In the cycle rotated from turn to turn (s a b,
-// a b s, b s a) a would follow s twice as often as b.
+// Contenders of the same work beside one that slows its follower (s)
+// keep ratios of 1 among themselves: each follows s as often as another
+// does. In the cycle rotated from turn to turn (s a b, a b s, b s a) a
+// would follow s twice as often as b.
 func TestInterleaveBalancesCarryover(t *testing.T) {
-	for _, n := range []int{3, 4} {
+	for _, n := range []int{3, 4, 6} {
 		w := &carryover{slow: "s"}
 		var cs []*contender
-		for _, name := range []string{"s", "a", "b", "c"}[:n] {
+		for _, name := range []string{"s", "a", "b", "c", "d", "e"}[:n] {
 			c := w.contender(name)
 			c.n, c.min = 600, 600 // calibrated already
 			cs = append(cs, c)
@@ -212,8 +211,10 @@ func TestInterleaveBalancesCarryover(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r := ratioSpread(rates[2], rates[1]); r.Min < 0.99 || r.Max > 1.01 {
-			t.Errorf("%d contenders: rate of b over a's %+v, want 1 in every round", n, r)
+		for i := 2; i < n; i++ {
+			if r := ratioSpread(rates[i], rates[1]); r.Min < 0.99 || r.Max > 1.01 {
+				t.Errorf("%d contenders: rate of %s over %s's %+v, want 1 in every round", n, cs[i].name, cs[1].name, r)
+			}
 		}
 	}
 }
@@ -227,13 +228,13 @@ func TestInterleaveSliceLog(t *testing.T) {
 	cs := []*contender{a.contender(), b.contender()}
 	cs[0].n, cs[1].n = 400, 200
 	var log strings.Builder
-	if _, err := interleave(cs, schedule{rounds: 1, slices: 2, window: 400 * time.Millisecond, log: &log}); err != nil {
+	if _, err := interleave(cs, schedule{rounds: 1, slices: 2, window: 400 * time.Millisecond, log: &log, part: "p"}); err != nil {
 		t.Fatal(err)
 	}
-	want := "0\ta\t-\t200\t0.200000000\n" +
-		"0\tb\ta\t100\t0.200000000\n" +
-		"0\tb\tb\t100\t0.200000000\n" +
-		"0\ta\tb\t200\t0.200000000\n"
+	want := "p\t0\ta\t-\t200\t0.200000000\n" +
+		"p\t0\tb\ta\t100\t0.200000000\n" +
+		"p\t0\tb\tb\t100\t0.200000000\n" +
+		"p\t0\ta\tb\t200\t0.200000000\n"
 	if log.String() != want {
 		t.Errorf("slice log\n%s\nwant\n%s", log.String(), want)
 	}

@@ -221,6 +221,7 @@ func transfer(c *client.Client, s *client.Stream, link links, src, dst []byte, s
 	for _, c := range cs {
 		c.n = int(rates[c.name] * sc.window.Seconds() / float64(size))
 	}
+	sc.part = "copies of " + api.FormatSize(uint64(size))
 	perRound, err := interleave(cs, sc)
 	if err != nil {
 		return t, err
