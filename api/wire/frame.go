@@ -184,9 +184,11 @@ func (c *Conn) Close() error {
 
 // ReadHeader reads and validates the next frame header.
 func (c *Conn) ReadHeader() (Header, error) {
-	if c.bulk && c.r.Buffered() == 0 {
+	if c.bulk && c.r.Buffered() < HeaderSize {
 		// Bulk frames tend to follow each other: take this one's header
 		// and leading fields, and leave its payload to be read into place.
+		// Also when part of the header came with the last frame's end:
+		// the read for the rest would otherwise fill the whole buffer.
 		c.src.max = bulkLead
 	}
 	_, err := io.ReadFull(c.r, c.hdr[:])
