@@ -120,7 +120,7 @@ func (c *Client) Requests() uint64 { return c.rpc.requests.Load() }
 func dial(socket string, hello api.Hello, timeout time.Duration) (*wire.RPC, *api.HelloReply, error) {
 	nc, err := net.DialTimeout("unix", socket, 10*time.Second)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to mediator at %s: %v: %w", socket, err, api.ErrUnavailable)
+		return nil, nil, fmt.Errorf("connect to mediator at %s: %w: %w", socket, err, api.ErrUnavailable)
 	}
 	rpc := wire.NewRPCCallerReads(wire.NewConn(nc), "mediator "+socket)
 	var body []byte

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
@@ -311,12 +312,13 @@ func register(ctx context.Context, cfg *HookConfig, st *specs.State, dial Dialer
 }
 
 // Register registers req with the mediator at socket, again, while the
-// connection was lost before an answer — until ctx ends, or HookDeadline
-// has passed: a mediator that hands over to its successor (vgpuctl
-// upgrade) closes its connections, and the successor takes the next one
-// from the same socket. The mediator answers a repeated registration as
-// the first, should that one have been made. A refusal, or a mediator that
-// cannot be reached at all, is not tried again.
+// connection was lost before an answer, the hello's too — until ctx ends,
+// or HookDeadline has passed: a mediator that hands over to its successor
+// (vgpuctl upgrade) closes its connections, those it accepted and had not
+// yet greeted among them, and the successor takes the next one from the
+// same socket. The mediator answers a repeated registration as the first,
+// should that one have been made. A refusal, or a socket that nobody
+// listens on (none there, or connections refused), is not tried again.
 func Register(ctx context.Context, socket string, dial Dialer, req api.Register) (*api.RegisterReply, error) {
 	deadline := time.Now().Add(HookDeadline)
 	for {
@@ -332,7 +334,7 @@ func Register(ctx context.Context, socket string, dial Dialer, req api.Register)
 			return reply, nil
 		}
 		_, refused := errors.AsType[*api.RemoteError](err)
-		if refused || !connected.Load() || !errors.Is(err, api.ErrUnavailable) || time.Now().After(deadline) {
+		if refused || (!connected.Load() && notListening(err)) || !errors.Is(err, api.ErrUnavailable) || time.Now().After(deadline) {
 			return nil, err // reply is still the abandoned call's
 		}
 		select {
@@ -341,6 +343,12 @@ func Register(ctx context.Context, socket string, dial Dialer, req api.Register)
 		case <-time.After(registerRetry):
 		}
 	}
+}
+
+// notListening says whether a dial failed for want of a listener on the
+// socket, rather than on a connection a listener took and then closed.
+func notListening(err error) bool {
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // registerRetry is the pause before a registration is tried again.

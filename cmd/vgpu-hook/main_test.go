@@ -60,6 +60,8 @@ type fakeMediator struct {
 	regErr     error         // answer to Register, if set
 	relErr     error         // answer to Release, if set
 	hang       chan struct{} // if set, requests after Hello wait for it to close
+	drop       int           // connections to close as accepted, before their hello, as a handover does
+	dropped    int
 }
 
 func startFake(t *testing.T) *fakeMediator {
@@ -91,6 +93,17 @@ func startFake(t *testing.T) *fakeMediator {
 			c, err := f.ln.Accept()
 			if err != nil {
 				return
+			}
+			f.mu.Lock()
+			drop := f.drop > 0
+			if drop {
+				f.drop--
+				f.dropped++
+			}
+			f.mu.Unlock()
+			if drop {
+				c.Close()
+				continue
 			}
 			go f.serve(wire.NewConn(c))
 		}
@@ -260,6 +273,34 @@ func TestHookRegisters(t *testing.T) {
 	}
 	if len(f.hellos) != 1 || f.hellos[0].Tenant != "" {
 		t.Fatalf("hellos %+v: the hook must connect as an operator naming no tenant", f.hellos)
+	}
+}
+
+// TestHookRegistersAcrossAHandover: a mediator handing over to its
+// successor closes the connections it accepted, before their hello too;
+// the hook connects again and registers the container once. A socket that
+// nobody listens on fails at once.
+func TestHookRegistersAcrossAHandover(t *testing.T) {
+	f := startFake(t)
+	f.drop = 2
+	c := newContainer(t, f, runtimehook.StageCreateRuntime)
+	code, stderr := runHook(t, c, nil)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	f.mu.Lock()
+	dropped, registered := f.dropped, len(f.registered)
+	f.mu.Unlock()
+	if dropped != 2 || registered != 1 {
+		t.Fatalf("%d connections dropped before their hello, %d registrations; want 2 dropped, then 1 registration", dropped, registered)
+	}
+	f.ln.Close()
+	start := time.Now()
+	if code, stderr := runHook(t, newContainer(t, f, runtimehook.StageCreateRuntime), nil); code == 0 || !strings.Contains(stderr, "connect to mediator") {
+		t.Fatalf("no listener: exit %d, stderr %q; want a failure to connect", code, stderr)
+	}
+	if d := time.Since(start); d > runtimehook.HookDeadline/2 {
+		t.Fatalf("no listener: gave up after %v, want at once", d)
 	}
 }
 
