@@ -124,7 +124,13 @@ func freePort(t *testing.T) string {
 
 func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	waitWithin(t, 10*time.Second, what, ok)
+}
+
+// waitWithin is waitFor with a time limit of d.
+func waitWithin(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !ok() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -178,7 +184,11 @@ func startNodeAt(t *testing.T, addr string, flags ...string) *proc {
 func startNodeWith(t *testing.T, env []string, addr string, flags ...string) *proc {
 	t.Helper()
 	p := startProcWith(t, nil, env, "vgpu-node", append([]string{"--listen", addr}, flags...)...)
-	waitFor(t, "vgpu-node to listen", func() bool {
+	// A CUDA node creates its device memory before it listens, and the
+	// fake driver fills what it creates with old bytes, as a GPU's memory
+	// holds: page faults on fresh host pages, about 7 s a GiB on these
+	// hosts when quiet, more under load.
+	waitWithin(t, time.Minute, "vgpu-node to listen", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()

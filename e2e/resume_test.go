@@ -286,8 +286,13 @@ func TestContainerReattachGraceExpires(t *testing.T) {
 	if after := time.Since(killed); after < grace*9/10 {
 		t.Fatalf("frames freed %v after the kill, before the %v grace", after, grace)
 	}
-	if out := r.nodeProc.out.String(); !strings.Contains(out, "reattach grace ended with no reclaim: frames scrubbed and freed") {
-		t.Fatalf("the node's log does not say it scrubbed the frames when the grace ended:\n%s", out)
+	// The log line comes through a pipe, and may trail the status that
+	// showed the frames freed.
+	const scrubbed = "reattach grace ended with no reclaim: frames scrubbed and freed"
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(r.nodeProc.out.String(), scrubbed); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the node's log does not say it scrubbed the frames when the grace ended:\n%s", r.nodeProc.out.String())
+		}
 	}
 
 	r.start()
