@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -323,9 +322,7 @@ func Register(ctx context.Context, socket string, dial Dialer, req api.Register)
 	deadline := time.Now().Add(HookDeadline)
 	for {
 		var reply *api.RegisterReply
-		var connected atomic.Bool
 		err := withMediator(ctx, socket, dial, func(m Mediator) error {
-			connected.Store(true)
 			var err error
 			reply, err = m.Register(req)
 			return err
@@ -334,7 +331,7 @@ func Register(ctx context.Context, socket string, dial Dialer, req api.Register)
 			return reply, nil
 		}
 		_, refused := errors.AsType[*api.RemoteError](err)
-		if refused || (!connected.Load() && notListening(err)) || !errors.Is(err, api.ErrUnavailable) || time.Now().After(deadline) {
+		if refused || notListening(err) || !errors.Is(err, api.ErrUnavailable) || time.Now().After(deadline) {
 			return nil, err // reply is still the abandoned call's
 		}
 		select {
