@@ -282,7 +282,9 @@ func TestHookRegisters(t *testing.T) {
 // nobody listens on fails at once.
 func TestHookRegistersAcrossAHandover(t *testing.T) {
 	f := startFake(t)
+	f.mu.Lock() // its accept loop runs already
 	f.drop = 2
+	f.mu.Unlock()
 	c := newContainer(t, f, runtimehook.StageCreateRuntime)
 	code, stderr := runHook(t, c, nil)
 	if code != 0 {
