@@ -585,12 +585,20 @@ func (m *Mediator) ContainerGone(namespace, id string, pid uint32) error {
 
 // releaseIf releases container k if check (nil: always) approves of its
 // registration, deciding and unregistering in one critical section, so that
-// a registration made after the decision is never the one released.
+// a registration made after the decision is never the one released. Unless
+// it fails unavailable, k is released, by this call or another, when it
+// returns.
 func (m *Mediator) releaseIf(k ctrKey, check func(*container) error) error {
 	m.mu.Lock()
 	ctr := m.containers[k]
 	if ctr == nil {
 		m.mu.Unlock()
+		// Another caller (the reclaim loop, an earlier report) may be
+		// releasing it still: answer once that is done, so that what the
+		// caller reads next (its tenant's quota) shows it released.
+		if err := m.awaitRelease(k); err != nil {
+			return fmt.Errorf("release: container %q of namespace %q: %w", k.id, k.namespace, err)
+		}
 		return fmt.Errorf("release: container %q of namespace %q is not registered: %w", k.id, k.namespace, api.ErrInvalidArgument)
 	}
 	if check != nil {
