@@ -71,6 +71,27 @@ func (o *output) String() string {
 	return o.buf.String()
 }
 
+// waitLog waits until the output holds every one of lines, failing t with
+// what and the output after 10 s: a process's log comes through a pipe
+// and may trail what the test saw it do.
+func (o *output) waitLog(t *testing.T, what string, lines ...string) {
+	t.Helper()
+	has := func() bool {
+		out := o.String()
+		for _, l := range lines {
+			if !strings.Contains(out, l) {
+				return false
+			}
+		}
+		return true
+	}
+	for deadline := time.Now().Add(10 * time.Second); !has(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s:\n%s", what, o)
+		}
+	}
+}
+
 func startProc(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
 	return startProcAs(t, nil, name, args...)

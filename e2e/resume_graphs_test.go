@@ -117,9 +117,7 @@ func TestGraphsSurviveMediatorKill(t *testing.T) {
 	if c.Session() != session {
 		t.Fatalf("session %d after the restart, want %d resumed", c.Session(), session)
 	}
-	if out := r.med.out.String(); !strings.Contains(out, "session restored") || !strings.Contains(out, "session resumed") {
-		t.Fatalf("the mediator's log does not say it restored and resumed the session:\n%s", out)
-	}
+	r.med.out.waitLog(t, "the mediator's log does not say it restored and resumed the session", "session restored", "session resumed")
 	s.Replay(hg)
 	if err := s.Synchronize(); !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "host memory") {
 		t.Fatalf("launch of the graph that copies host memory after the restart: %v, want unavailable naming host memory", err)

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"os"
-	"strings"
 	"testing"
 
 	"github.com/vgpu/vgpu/api"
@@ -55,9 +54,7 @@ func TestOversubscribedSessionSurvivesMediatorKill(t *testing.T) {
 		t.Fatalf("the restored session has nothing evicted: %+v", ts)
 	}
 	checkBuffers(t, c, ws, "after the restart") // 24 MiB through 8 MiB: the evicted chunks fault in
-	if out := r.med.out.String(); !strings.Contains(out, "session restored") || !strings.Contains(out, "session resumed") {
-		t.Fatalf("the mediator's log does not say it restored and resumed the session:\n%s", out)
-	}
+	r.med.out.waitLog(t, "the mediator's log does not say it restored and resumed the session", "session restored", "session resumed")
 }
 
 // TestOversubscribedContainerSurvivesMediatorKill: the same through a

@@ -145,9 +145,7 @@ func TestSessionSurvivesMediatorKill(t *testing.T) {
 	if c.Session() != session {
 		t.Fatalf("session %d after the restart, want %d resumed", c.Session(), session)
 	}
-	if out := r.med.out.String(); !strings.Contains(out, "session restored") || !strings.Contains(out, "session resumed") {
-		t.Fatalf("the mediator's log does not say it restored and resumed the session:\n%s", out)
-	}
+	r.med.out.waitLog(t, "the mediator's log does not say it restored and resumed the session", "session restored", "session resumed")
 	// It goes on: new memory, and its sealed weight stays sealed.
 	more := writeBuffers(t, c, 1<<20)
 	s.CopyToDevice(w.p, []byte{1})
@@ -286,14 +284,8 @@ func TestContainerReattachGraceExpires(t *testing.T) {
 	if after := time.Since(killed); after < grace*9/10 {
 		t.Fatalf("frames freed %v after the kill, before the %v grace", after, grace)
 	}
-	// The log line comes through a pipe, and may trail the status that
-	// showed the frames freed.
-	const scrubbed = "reattach grace ended with no reclaim: frames scrubbed and freed"
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(r.nodeProc.out.String(), scrubbed); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the node's log does not say it scrubbed the frames when the grace ended:\n%s", r.nodeProc.out.String())
-		}
-	}
+	r.nodeProc.out.waitLog(t, "the node's log does not say it scrubbed the frames when the grace ended",
+		"reattach grace ended with no reclaim: frames scrubbed and freed")
 
 	r.start()
 	if after := r.tenantLine("team-a"); after.Containers != 1 || after.Reserved != 32<<20 || after.Allocated != 0 || after.Charged != 0 {

@@ -244,12 +244,11 @@ func TestLiveUpgrade(t *testing.T) {
 		t.Fatalf("pid %d runs %q (%v), want the new build %s", rep.NewPid, exe, err, newBin)
 	}
 	waitFor(t, "the old mediator to exit", func() bool { return gone(oldPid) })
-	if log := r.med.out.String(); !strings.Contains(log, "upgrade: the successor serves") || !strings.Contains(log, "session resumed") {
-		t.Fatalf("the log does not show the handover and a resumed session:\n%s", log)
-	}
 
 	before := busy.rounds.Load()
 	waitFor(t, "the computing tenant's rounds after the upgrade", func() bool { return busy.rounds.Load() > before+3 })
+	// The computing tenant has resumed its session with the successor.
+	r.med.out.waitLog(t, "the log does not show the handover and a resumed session", "upgrade: the successor serves", "session resumed")
 	close(busy.stop)
 	if err := <-busy.done; err != nil {
 		t.Fatalf("the computing tenant: %v\nmediator log:\n%s", err, r.med.out)
