@@ -85,10 +85,8 @@ func (o *output) waitLog(t *testing.T, what string, lines ...string) {
 		}
 		return true
 	}
-	for deadline := time.Now().Add(10 * time.Second); !has(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s:\n%s", what, o)
-		}
+	if !poll(10*time.Second, has) {
+		t.Fatalf("%s:\n%s", what, o)
 	}
 }
 
@@ -151,13 +149,21 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 // waitWithin is waitFor with a time limit of d.
 func waitWithin(t *testing.T, d time.Duration, what string, ok func() bool) {
 	t.Helper()
+	if !poll(d, ok) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// poll calls ok until it holds, for at most d, and reports whether it did.
+func poll(d time.Duration, ok func() bool) bool {
 	deadline := time.Now().Add(d)
 	for !ok() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			return false
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	return true
 }
 
 // cluster starts a vgpu-node with two sim devices and a vgpu-mediator using it.
